@@ -1,0 +1,213 @@
+"""The ``rlsift`` command line: run, ingest, bench, ledger, deploy, sync.
+
+Config problems are reported before any work starts. ``--json`` prints exactly one JSON object on stdout;
+logs and progress go to stderr (progress bars only on a terminal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+ENV_DEFAULTS = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "true",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "DS_ACCELERATOR": "cpu",
+}
+
+
+def _env() -> None:
+    for k, v in ENV_DEFAULTS.items():
+        os.environ.setdefault(k, v)
+
+
+def _config(args):
+    from tasks.config import load_config
+
+    return load_config(args.config, args.overrides)
+
+
+def _emit(obj: dict, as_json: bool, text: str) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(obj, default=str) + "\n")
+    else:
+        print(text)
+
+
+def cmd_run(args) -> int:
+    from tasks.config import ConfigError
+
+    try:
+        cfg = _config(args)
+    except ConfigError as err:
+        print(f"rlsift run: {err}", file=sys.stderr)
+        return 2
+    from flows.pipeline import pipeline
+
+    summary = pipeline(config=args.config, overrides=list(args.overrides), resume=args.resume)
+    text = (f"run {summary['run_id']} {summary['status']} in {summary['wall_s']:.0f} s, {summary['steps']} steps\n"
+            f"  held-out greedy accuracy {summary['eval_accuracy_start']:.3f} -> {summary['eval_accuracy_end']:.3f}\n"
+            f"  by level: {summary['eval_by_level_start']} -> {summary['eval_by_level_end']}\n"
+            f"  device hours {summary['device_hours']:.4f} ({summary['device']}), ${summary['cost_usd']:.4f}\n"
+            f"  MLflow run {summary['mlflow_run_id']} at {summary['tracking_uri']}\n"
+            f"  ledger {summary['ledger']}\n  run folder {summary['run_dir']}")
+    _emit(summary, args.json, text)
+    del cfg
+    return 0
+
+
+def cmd_ingest(args) -> int:
+    from tasks.config import ConfigError, SourceConfig
+    from tasks.ingest import ingest
+    from tasks.ledger import Ledger
+
+    try:
+        cfg = _config(args)
+        sources = ([SourceConfig(kind="file", path=p, format=args.format) for p in args.paths] if args.paths
+                   else list(cfg.data.sources))
+    except (ConfigError, ValueError) as err:
+        print(f"rlsift ingest: {err}", file=sys.stderr)
+        return 2
+    from pathlib import Path
+
+    root = Path(cfg.paths.root)
+    with Ledger(root / "ledger.duckdb") as ledger:
+        try:
+            result = ingest(ledger, "ingest", sources)
+        except FileNotFoundError as err:
+            print(f"rlsift ingest: {err}", file=sys.stderr)
+            return 2
+    s = result.summary()
+    out = {k: s[k] for k in ("accepted", "duplicates", "quarantined", "new", "rows", "sources")}
+    lines = [f"{name}: {c['rows']} rows, {c['accepted']} accepted, {c['duplicates']} duplicates, "
+             f"{c['quarantined']} quarantined" for name, c in s["sources"].items()]
+    _emit(out, args.json, "\n".join(lines) + f"\nledger: {root / 'ledger.duckdb'}")
+    return 0
+
+
+def cmd_ledger(args) -> int:
+    from pathlib import Path
+
+    from tasks.config import load_config
+    from tasks.ledger import Ledger
+
+    root = Path(args.root or load_config(args.config, []).paths.root)
+    with Ledger(root / "ledger.duckdb", read_only=True) as ledger:
+        if args.what == "runs":
+            rows = ledger.query("SELECT run_id, status, started_at, finished_at, mlflow_run_id FROM runs "
+                                "ORDER BY started_at")
+        elif args.what == "why":
+            rows = ledger.why(args.run, args.prompt, args.step)
+        elif args.what == "round":
+            rows = ledger.round_selection(args.run, args.round)
+        else:
+            rows = ledger.query(args.sql)
+    if args.json:
+        sys.stdout.write(json.dumps(rows, default=str) + "\n")
+    else:
+        for r in rows:
+            print("  ".join(f"{k}={v}" for k, v in r.items() if k != "question" or args.what != "round"))
+        if not rows:
+            print("(no rows)")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from flows.benchmark import benchmark
+
+    result = benchmark(config=args.config, overrides=list(args.overrides), quick=args.quick, seeds=args.seeds,
+                       presets=args.presets.split(",") if args.presets else None, trl=not args.no_trl)
+    _emit(result, args.json, result.get("table", ""))
+    return 0
+
+
+def cmd_deploy(args) -> int:
+    from flows.deploy import deploy
+
+    print(json.dumps(deploy(), indent=2))
+    return 0
+
+
+def cmd_sync(args) -> int:
+    from tasks.tracking import sync
+
+    ok = sync(args.run_dir, args.uri, args.mlflow_run_id)
+    print("sent" if ok else "MLflow still unreachable; nothing lost, try again later")
+    return 0 if ok else 1
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlsift", description="Data-efficient RL fine-tuning of language models.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def common(sp, overrides=True):
+        sp.add_argument("-c", "--config", help="YAML config (e.g. conf/presets/all.yaml)")
+        if overrides:
+            sp.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.steps=40")
+        sp.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    r = sub.add_parser("run", help="the whole pipeline")
+    common(r)
+    r.add_argument("--resume", metavar="RUN_ID", help="continue a crashed run from its last checkpoint")
+    r.set_defaults(fn=cmd_run)
+
+    i = sub.add_parser("ingest", help="ingestion only")
+    i.add_argument("paths", nargs="*", help="files or folders (default: the configured sources)")
+    i.add_argument("--format", choices=["gsm8k", "math", "math500", "humaneval", "jsonl", "parquet", "hf"])
+    i.add_argument("-c", "--config")
+    i.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(fn=cmd_ingest)
+
+    b = sub.add_parser("bench", help="every preset and TRL on the same budget: time to target")
+    common(b)
+    b.add_argument("--quick", action="store_true", help="about 10 minutes on 2 cores")
+    b.add_argument("--seeds", type=int, default=None)
+    b.add_argument("--presets", help="comma-separated subset of presets")
+    b.add_argument("--no-trl", action="store_true", help="skip TRL's GRPOTrainer control")
+    b.set_defaults(fn=cmd_bench)
+
+    led = sub.add_parser("ledger", help="questions about runs")
+    led.add_argument("what", choices=["runs", "why", "round", "sql"])
+    led.add_argument("--run", help="run id")
+    led.add_argument("--prompt", help="prompt id (or its prefix)")
+    led.add_argument("--step", type=int)
+    led.add_argument("--round", type=int)
+    led.add_argument("--sql", help="a read-only SQL query")
+    led.add_argument("--root", help="run root (default: paths.root of the config)")
+    led.add_argument("-c", "--config")
+    led.add_argument("--json", action="store_true")
+    led.set_defaults(fn=cmd_ledger)
+
+    d = sub.add_parser("deploy", help="register the Prefect deployments with the configured server")
+    d.set_defaults(fn=cmd_deploy)
+
+    s = sub.add_parser("sync", help="send a run's tracking outbox after an MLflow outage")
+    s.add_argument("run_dir")
+    s.add_argument("uri")
+    s.add_argument("mlflow_run_id")
+    s.set_defaults(fn=cmd_sync)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    _env()
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s",
+                        datefmt="%H:%M:%S")
+    if getattr(args, "json", False):
+        logging.getLogger().setLevel(logging.WARNING)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

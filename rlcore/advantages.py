@@ -1,0 +1,85 @@
+"""Group-relative advantages (GRPO family) and the effective-group mask.
+
+Papers:
+    * GRPO: Shao et al. 2024, "DeepSeekMath", arXiv 2402.03300 (advantage (r - mean) / std).
+    * Dr. GRPO: Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv 2503.20783 (no std division).
+    * DOTS / Rollout Replay: Sun et al. 2025, arXiv 2506.05316. Theorem 1 (E||g||^2 = V G p(1-p)(1-1/G),
+      maximal at p = 0.5) is stated for the mean-only advantage A_i = r_i - mean_j r_j.
+    * PODS: Xu et al. 2025, arXiv 2504.13818: advantages are recomputed on the m kept rollouts.
+
+Choices and deviations:
+    * Default is the Dr.-GRPO mean-only form, ``A = r - mean_group(r)``, as the DOTS paper writes it and as
+      its Theorem 1 assumes. One convention is used everywhere (fresh, replayed and down-sampled groups).
+    * ``scale_by_std=True`` gives standard GRPO, ``(r - mean) / (std + eps)``. We use the *population* std
+      (``unbiased=False``), which is 0 (not NaN) for a group of one and does not depend on G through a
+      Bessel factor. The official DOTS code (verl) and PODS code use ``torch.std`` (unbiased, eps 1e-6
+      and 1e-4 respectively); pass ``unbiased_std=True`` to get that form.
+    * A group whose rewards are all equal gets advantage exactly 0 in either form (``effective_mask``
+      tells which groups are not in that case).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["effective_mask", "group_advantages"]
+
+
+def _check_rewards(rewards: torch.Tensor) -> torch.Tensor:
+    if not isinstance(rewards, torch.Tensor):
+        raise ValueError(f"rewards must be a torch.Tensor of shape [B, G], got {type(rewards).__name__}")
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must have shape [B, G] (2 dims), got shape {tuple(rewards.shape)}")
+    if rewards.shape[1] < 1:
+        raise ValueError(f"rewards must have at least one rollout per group, got shape {tuple(rewards.shape)}")
+    if not rewards.is_floating_point():
+        rewards = rewards.to(torch.get_default_dtype())
+    return rewards
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    scale_by_std: bool = False,
+    eps: float = 1e-6,
+    *,
+    unbiased_std: bool = False,
+) -> torch.Tensor:
+    """Group-relative advantages, one group per row.
+
+    Args:
+        rewards: [B, G] rewards of the G rollouts of each of B prompts (integer rewards are cast to the
+            default float dtype).
+        scale_by_std: divide by the group std plus ``eps`` (standard GRPO). Default False (Dr. GRPO).
+        eps: added to the std before dividing; must be > 0 when ``scale_by_std``.
+        unbiased_std: use the unbiased (Bessel-corrected) std as the official DOTS/PODS code does; a group
+            of one then has std NaN, so this needs G >= 2.
+
+    Returns:
+        [B, G] advantages, same dtype as ``rewards`` (float).
+
+    Raises:
+        ValueError: on a non-[B, G] input, eps <= 0 with scaling, or unbiased std with G < 2.
+    """
+    rewards = _check_rewards(rewards)
+    adv = rewards - rewards.mean(dim=1, keepdim=True)
+    if scale_by_std:
+        if not eps > 0:
+            raise ValueError(f"eps must be > 0 when scale_by_std=True, got {eps}")
+        if unbiased_std and rewards.shape[1] < 2:
+            raise ValueError("unbiased_std=True needs at least 2 rollouts per group (G >= 2)")
+        std = rewards.std(dim=1, keepdim=True, unbiased=unbiased_std)
+        adv = adv / (std + eps)
+    return adv
+
+
+def effective_mask(rewards: torch.Tensor) -> torch.Tensor:
+    """Which groups are effective, i.e. have rewards that are not all equal (a non-zero gradient).
+
+    Args:
+        rewards: [B, G] rewards.
+
+    Returns:
+        [B] bool, True where the group's max reward differs from its min reward.
+    """
+    rewards = _check_rewards(rewards)
+    return rewards.amax(dim=1) != rewards.amin(dim=1)

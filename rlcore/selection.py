@@ -1,0 +1,145 @@
+"""DOTS prompt selection: sample prompts whose predicted adaptive difficulty is near a target.
+
+Paper: Sun et al., "Improving Data Efficiency for LLM Reinforcement Fine-tuning Through Difficulty-targeted
+Online Data Selection and Rollout Replay", arXiv 2506.05316; official code
+github.com/ASTRAL-Group/data-efficient-llm-rl (``ray_trainer.py``). Spec: ``shared/docs/algorithms.md``
+sections 1.3 and 6.2 (stage 3).
+
+    d_q = 1 - p_q                       # adaptive difficulty from the predicted success rate
+    w_q = exp(-|d_q - alpha| / tau) * prior_q     (0 for prompts outside ``mask``)
+    P(q) = w_q / sum w
+
+Choices and deviations:
+
+* The weights are computed in log space in float64 and the largest log-weight is subtracted before ``exp``,
+  so tau = 1e-3 (official) never overflows, and with alpha = 0.5 no eligible prompt underflows to 0
+  (exp(-500) is representable in float64; in float32 it is 0). The returned probabilities are float64.
+* ``prior`` is an optional multiplicative prior (a GAIN-RL Gaussian window, an angle/length prior, a
+  ScalingRL DES weight); ``mask`` marks the eligible prompts. Neither is in the paper (section 6.3 of the
+  spec proposes the prior).
+* Sampling without replacement: ``"weighted"`` is the official ``torch.multinomial(replacement=False)``;
+  ``"greedy"`` (top-k of the probabilities, ties broken by lower index) and ``"gumbel"`` (Gumbel-top-k,
+  the same distribution as ``"weighted"``) are the variants left commented out in the official code.
+  All three refuse to draw a prompt with probability 0: asking for more prompts than have positive
+  probability is an error rather than a silent fill.
+* ``uniform`` is plain GRPO's selection (and the code's ``random_selection=True`` baseline).
+* Indices come back in draw order (greedy: by decreasing probability); DOTS shuffles the selection before
+  splitting it into the mu batches of a round, which is the caller's job.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SAMPLE_METHODS = ("weighted", "greedy", "gumbel")
+
+
+def _log_prior_and_mask(m: int, prior: torch.Tensor | None, mask: torch.Tensor | None) -> torch.Tensor:
+    """[M] float64 log prior, -inf outside the mask or where the prior is 0."""
+    logw = torch.zeros(m, dtype=torch.float64)
+    if prior is not None:
+        prior = torch.as_tensor(prior, dtype=torch.float64)
+        if prior.shape != (m,):
+            raise ValueError(f"prior must have shape [{m}], got {tuple(prior.shape)}")
+        if not (torch.isfinite(prior) & (prior >= 0)).all():
+            raise ValueError("prior must be finite and non-negative")
+        logw = logw + torch.log(prior)
+    if mask is not None:
+        mask = torch.as_tensor(mask)
+        if mask.shape != (m,) or mask.dtype != torch.bool:
+            raise ValueError(f"mask must be a bool tensor of shape [{m}], got {mask.dtype} {tuple(mask.shape)}")
+        logw = logw.masked_fill(~mask, float("-inf"))
+    return logw
+
+
+def _normalise(logw: torch.Tensor) -> torch.Tensor:
+    top = logw.max()
+    if not torch.isfinite(top):
+        raise ValueError("no eligible prompt: every prompt is masked out or has prior 0")
+    w = torch.exp(logw - top)  # the largest weight is exactly 1
+    return w / w.sum()
+
+
+def dots_weights(
+    pred_success: torch.Tensor,
+    alpha: float = 0.5,
+    tau: float = 1e-3,
+    prior: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """DOTS selection probabilities, P(q) proportional to exp(-|(1 - p_q) - alpha| / tau) * prior_q.
+
+    Args:
+        pred_success: [M] predicted success rates in [0, 1].
+        alpha: target adaptive difficulty (failure rate), in [0, 1]; official 0.5.
+        tau: temperature > 0; official 1e-3 (near-greedy).
+        prior: optional [M] non-negative multiplicative prior.
+        mask: optional [M] bool, True for eligible prompts.
+
+    Returns:
+        [M] float64 probabilities summing to 1, exactly 0 for ineligible prompts.
+    """
+    p = torch.as_tensor(pred_success, dtype=torch.float64)
+    if p.ndim != 1 or p.numel() == 0:
+        raise ValueError(f"pred_success must be a non-empty 1-D tensor, got shape {tuple(p.shape)}")
+    if not ((p >= 0) & (p <= 1)).all():
+        raise ValueError("pred_success must be success rates in [0, 1] (NaN not allowed)")
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha is a target difficulty and must lie in [0, 1], got {alpha}")
+    if not tau > 0:
+        raise ValueError(f"tau must be > 0, got {tau}")
+    d = 1.0 - p  # adaptive difficulty
+    logw = -(d - alpha).abs() / tau + _log_prior_and_mask(p.numel(), prior, mask)
+    return _normalise(logw)
+
+
+def uniform_weights(num_prompts: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """[M] float64 uniform probabilities over the eligible prompts (plain GRPO)."""
+    if num_prompts < 1:
+        raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
+    return _normalise(_log_prior_and_mask(num_prompts, None, mask))
+
+
+def sample_prompts(
+    probs: torch.Tensor, k: int, generator: torch.Generator | None = None, method: str = "weighted"
+) -> torch.Tensor:
+    """Draw k distinct prompt indices from selection probabilities.
+
+    Args:
+        probs: [M] non-negative probabilities (need not be normalised).
+        k: number of prompts, 0 <= k <= number of prompts with positive probability.
+        generator: torch RNG for ``"weighted"`` and ``"gumbel"``.
+        method: ``"weighted"`` (multinomial without replacement), ``"greedy"`` (top-k) or ``"gumbel"``
+            (Gumbel-top-k).
+
+    Returns:
+        [k] int64 distinct indices, in draw order.
+    """
+    if method not in SAMPLE_METHODS:
+        raise ValueError(f"method must be one of {SAMPLE_METHODS}, got {method!r}")
+    probs = torch.as_tensor(probs, dtype=torch.float64)
+    if probs.ndim != 1 or not (torch.isfinite(probs) & (probs >= 0)).all():
+        raise ValueError("probs must be a 1-D tensor of finite non-negative values")
+    positive = int((probs > 0).sum())
+    if not 0 <= k <= positive:
+        raise ValueError(f"k must be in [0, {positive}] (the prompts with positive probability), got {k}")
+    if k == 0:
+        return torch.zeros(0, dtype=torch.long)
+    if method == "weighted":
+        return torch.multinomial(probs, k, replacement=False, generator=generator)
+    if method == "greedy":
+        return torch.sort(probs, descending=True, stable=True).indices[:k]
+    u = torch.rand(probs.shape, dtype=torch.float64, generator=generator).clamp_min(1e-300)
+    keys = torch.log(probs) - torch.log(-torch.log(u))  # log p + Gumbel(0, 1); -inf where p = 0
+    return torch.topk(keys, k).indices
+
+
+def uniform(
+    num_prompts: int, k: int, generator: torch.Generator | None = None, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Plain GRPO selection: k distinct eligible prompts drawn uniformly at random.
+
+    Returns:
+        [k] int64 indices into the pool of ``num_prompts`` prompts.
+    """
+    return sample_prompts(uniform_weights(num_prompts, mask), k, generator, method="weighted")

@@ -1,0 +1,333 @@
+"""The bundled task: generated multi-step integer arithmetic with worked solutions and graded difficulty.
+
+The embedded default of rlsift (``shared/docs/DESIGN.md``) needs a verifiable task that runs offline, has
+difficulty levels a tiny character-level policy can partly master, and a reference solution for the
+supervised warm start. This module is that task. It is our own construction (no paper); its choices:
+
+- A problem is a flat expression of non-negative integers and the operators ``+ - * // %``, with at most
+  one pair of parentheses, e.g. ``Q: 12+(40-7)*3=?``. The worked solution performs one operation per line
+  in the usual order (the parenthesised group first, then ``* // %`` left to right, then ``+ -`` left to
+  right) and ends with the final-answer marker, GSM8K style::
+
+      40-7=33
+      33*3=99
+      12+99=111
+      #### 111
+
+- Every intermediate value lies in ``[0, LevelSpec.max_value]`` (subtraction never goes negative, the
+  divisor of ``//`` and ``%`` is at least 2), so Python's floor semantics never surprise; an expression
+  that breaks a rule is drawn again. Parentheses are only kept when they change which operations are done.
+- Levels 1..5 (``LEVELS``) add operations, larger operands and harder operators. Prompt plus solution stay
+  within ``MAX_CHARS`` characters, so a character-level model with a 256-token context fits every problem.
+- Splits are disjoint by construction: a question belongs to ``test`` when a hash of its text falls in the
+  first ``TEST_PERCENT`` percent, else to ``train``; ``generate`` draws until it has ``n`` questions of the
+  requested split. Each level draws from its own seeded stream, so the problems of one level do not depend
+  on the weights of the others. Within one call the questions are unique unless ``unique=False``.
+- Level counts follow the mix exactly (largest-remainder rounding of ``n * weight``); the order is shuffled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tasks.records import PromptRecord, prompt_id
+
+#: The final-answer marker; the answer is the rest of its line.
+MARKER = "####"
+#: Percent of the question space (by hash of the question text) that belongs to the ``test`` split.
+TEST_PERCENT = 20
+#: Upper bound on ``len(question) + len(solution)``; with the plain prompt format, BOS and EOS a problem
+#: takes at most ``MAX_CHARS + 7`` tokens of a character-level model.
+MAX_CHARS = 120
+#: An instruction for policies with a chat template (the tiny default model does not use it).
+INSTRUCTION = (
+    "Compute the expression step by step, one operation per line, then give the final integer "
+    f"on a last line that starts with '{MARKER} '."
+)
+
+_HIGH = ("*", "//", "%")  # evaluated before + and -
+
+
+@dataclass(frozen=True)
+class LevelSpec:
+    """How one difficulty level draws its expressions.
+
+    Attributes:
+        n_ops: inclusive range of the number of operators.
+        ops: operators to draw from (uniformly).
+        need: at least one of these operators appears (one position is forced when none was drawn).
+        add_max: operands that touch only ``+``/``-`` are drawn from ``[1, add_max]``.
+        mul_max: operands next to ``*`` are drawn from ``[2, mul_max]``.
+        div_max: the right operand of ``//``/``%`` is drawn from ``[2, div_max]``.
+        paren: probability of one parenthesised group (kept only where it changes the order).
+        max_value: every intermediate result must lie in ``[0, max_value]``.
+    """
+
+    n_ops: tuple[int, int]
+    ops: tuple[str, ...]
+    need: tuple[str, ...] = ()
+    add_max: int = 50
+    mul_max: int = 9
+    div_max: int = 9
+    paren: float = 0.0
+    max_value: int = 999
+
+
+#: Difficulty levels 1..5 (tuned so that a warm-started 0.86M-parameter policy spans solved .. unsolved).
+LEVELS: dict[int, LevelSpec] = {
+    1: LevelSpec(n_ops=(1, 1), ops=("+", "-"), add_max=50),
+    2: LevelSpec(n_ops=(2, 2), ops=("+", "-"), add_max=50),
+    3: LevelSpec(n_ops=(2, 2), ops=("+", "-", "*"), need=("*",), add_max=50, mul_max=12),
+    4: LevelSpec(n_ops=(3, 3), ops=("+", "-", "*"), need=("*",), add_max=99, mul_max=30, paren=0.5),
+    5: LevelSpec(
+        n_ops=(3, 4), ops=("+", "-", "*", "//", "%"), need=("//", "%"), add_max=99, mul_max=40, div_max=9,
+        paren=0.5, max_value=9999,
+    ),
+}
+
+#: Named level mixes (weights need not sum to 1). ``default`` imitates a real RL pool: about a third of the
+#: prompts nearly always solved by the warm-started tiny policy, a third nearly never, a third in between.
+#: ``balanced`` puts most prompts at the levels where that policy is partly right; ``uniform`` is for the
+#: warm start.
+MIXES: dict[str, dict[int, float]] = {
+    "default": {1: 0.2, 2: 0.15, 3: 0.3, 4: 0.15, 5: 0.2},
+    "balanced": {1: 0.05, 2: 0.2, 3: 0.5, 4: 0.2, 5: 0.05},
+    "uniform": {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0},
+}
+
+_SPLITS = ("train", "test")
+_MAX_MISSES = 20_000  # consecutive rejected draws before a level is declared exhausted
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One generated problem: question text, worked solution lines and the final value."""
+
+    question: str
+    steps: tuple[str, ...]
+    value: int
+
+    @property
+    def solution(self) -> str:
+        return "\n".join((*self.steps, f"{MARKER} {self.value}"))
+
+
+def _apply(op: str, a: int, b: int) -> int:
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    if op == "//":
+        return a // b
+    return a % b
+
+
+def _reduce(nums: list[int], ops: list[str], steps: list[str], max_value: int) -> int | None:
+    """Evaluates ``nums``/``ops`` in precedence order, appending one ``a op b=c`` line per operation.
+
+    Returns the value, or None when an intermediate result leaves ``[0, max_value]`` or a divisor is below 2.
+    """
+    nums, ops = list(nums), list(ops)
+    while ops:
+        i = next((k for k, op in enumerate(ops) if op in _HIGH), 0)
+        a, op, b = nums[i], ops[i], nums[i + 1]
+        if op in ("//", "%") and b < 2:
+            return None
+        c = _apply(op, a, b)
+        if not 0 <= c <= max_value:
+            return None
+        steps.append(f"{a}{op}{b}={c}")
+        nums[i : i + 2] = [c]
+        del ops[i]
+    return nums[0]
+
+
+def _evaluate(nums: list[int], ops: list[str], group: tuple[int, int] | None, max_value: int) -> Problem | None:
+    """Builds the problem for an expression; ``group=(i, j)`` parenthesises ``nums[i..j]``."""
+    steps: list[str] = []
+    if group is None:
+        text = str(nums[0]) + "".join(f"{op}{x}" for op, x in zip(ops, nums[1:], strict=True))
+        value = _reduce(nums, ops, steps, max_value)
+    else:
+        i, j = group
+        inner = _reduce(nums[i : j + 1], ops[i:j], steps, max_value)
+        if inner is None:
+            return None
+        value = _reduce(nums[:i] + [inner] + nums[j + 1 :], ops[:i] + ops[j:], steps, max_value)
+        parts = [str(x) for x in nums]
+        parts[i], parts[j] = "(" + parts[i], parts[j] + ")"
+        text = parts[0] + "".join(f"{op}{x}" for op, x in zip(ops, parts[1:], strict=True))
+    if value is None:
+        return None
+    return Problem(question=f"{text}=?", steps=tuple(steps), value=value)
+
+
+def _operand(rng: random.Random, spec: LevelSpec, left: str | None, right: str | None) -> int:
+    if left in ("//", "%"):
+        return rng.randint(2, spec.div_max)
+    if "*" in (left, right):
+        return rng.randint(2, spec.mul_max)
+    return rng.randint(1, spec.add_max)
+
+
+def draw_problem(rng: random.Random, level: int) -> Problem | None:
+    """Draws one expression of ``level``; None when it breaks a rule (the caller draws again)."""
+    spec = LEVELS[level]
+    k = rng.randint(*spec.n_ops)
+    ops = [rng.choice(spec.ops) for _ in range(k)]
+    if spec.need and not any(op in spec.need for op in ops):
+        ops[rng.randrange(k)] = rng.choice(spec.need)
+    nums = [_operand(rng, spec, ops[i - 1] if i > 0 else None, ops[i] if i < k else None) for i in range(k + 1)]
+    group = None
+    if k >= 2 and rng.random() < spec.paren:
+        i = rng.randrange(k)  # a group of at least two numbers that is not the whole expression
+        j = rng.randint(i + 1, k - 1 if i == 0 else k)
+        group = (i, j)
+    problem = _evaluate(nums, ops, group, spec.max_value)
+    if problem is not None and group is not None:
+        flat = _evaluate(nums, ops, None, spec.max_value)
+        if flat is not None and sorted(flat.steps) == sorted(problem.steps):
+            return None  # redundant parentheses: the same operations, at most in another order
+    if problem is None or len(problem.question) + len(problem.solution) > MAX_CHARS:
+        return None
+    return problem
+
+
+def split_of(question: str) -> str:
+    """The split a question belongs to, from a hash of its text (so splits never overlap)."""
+    h = int(hashlib.sha256(("rlsift-arith\0" + question).encode("utf-8")).hexdigest()[:8], 16)
+    return "test" if h % 100 < TEST_PERCENT else "train"
+
+
+def resolve_mix(mix: str | Mapping) -> tuple[str, dict[int, float]]:
+    """Validates a mix name or a ``{level: weight}`` mapping; returns (name, weights for levels 1..5).
+
+    Raises:
+        ValueError: unknown name, a key that is not a level 1..5, a negative or non-numeric weight, or all
+            weights zero.
+    """
+    if isinstance(mix, str):
+        if mix not in MIXES:
+            raise ValueError(f"unknown arithmetic mix {mix!r}; allowed: {sorted(MIXES)} or a {{level: weight}} dict")
+        return mix, dict(MIXES[mix])
+    if not isinstance(mix, Mapping):
+        raise ValueError(f"mix must be a name {sorted(MIXES)} or a {{level: weight}} dict, got {type(mix).__name__}")
+    weights = dict.fromkeys(LEVELS, 0.0)
+    for key, w in mix.items():
+        level = int(key) if isinstance(key, str) and key.strip().isdigit() else key
+        if isinstance(level, bool) or level not in LEVELS:
+            raise ValueError(f"mix key {key!r} is not a difficulty level; allowed keys: 1..{max(LEVELS)}")
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or w != w or w < 0:
+            raise ValueError(f"mix weight for level {key!r} must be a non-negative number, got {w!r}")
+        weights[level] = float(w)
+    if sum(weights.values()) <= 0:
+        raise ValueError(f"mix weights are all zero ({dict(mix)!r}); give at least one level a positive weight")
+    return "custom", weights
+
+
+def level_counts(n: int, weights: Mapping[int, float]) -> dict[int, int]:
+    """Splits ``n`` over levels in proportion to ``weights`` (largest remainder; ties to the lower level)."""
+    total = sum(weights.values())
+    exact = {lv: n * w / total for lv, w in weights.items()}
+    counts = {lv: int(x) for lv, x in exact.items()}
+    by_remainder = sorted(exact, key=lambda lv: (-(exact[lv] - counts[lv]), lv))
+    for lv in by_remainder[: n - sum(counts.values())]:
+        counts[lv] += 1
+    return counts
+
+
+def generate(
+    seed: int, n: int, split: str, mix: str | Mapping = "default", *, unique: bool = True
+) -> list[PromptRecord]:
+    """Generates ``n`` arithmetic prompt records of one split, deterministically for ``seed``.
+
+    Args:
+        seed: any integer; the same seed, split and mix give identical records.
+        n: number of records (>= 0).
+        split: ``train`` or ``test``; the two splits never share a question.
+        mix: a name in ``MIXES`` or a ``{level: weight}`` dict (see ``resolve_mix``).
+        unique: no repeated question within the result (a level with too small a question space raises).
+
+    Returns:
+        ``n`` records with ``reward="arith"``, ``source=f"bundled:{name}"`` (``custom`` for a dict), the level,
+        the worked solution and the final integer as ``answer``; ``meta["steps"]`` is the number of operations.
+
+    Raises:
+        ValueError: bad ``n``, ``split`` or ``mix``, or a level that cannot supply enough unique questions.
+    """
+    if split not in _SPLITS:
+        raise ValueError(f"split must be one of {_SPLITS}, got {split!r}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"n must be a non-negative integer, got {n!r}")
+    name, weights = resolve_mix(mix)
+    records: list[PromptRecord] = []
+    for level, count in level_counts(n, weights).items():
+        rng = random.Random(f"rlsift-arith:{seed}:{split}:{level}")
+        seen: set[str] = set()
+        misses = 0
+        while count > 0:
+            p = draw_problem(rng, level)
+            if p is None or split_of(p.question) != split or (unique and p.question in seen):
+                misses += 1
+                if misses > _MAX_MISSES:
+                    raise ValueError(
+                        f"level {level} ran out of distinct {split} questions after {len(seen)}; "
+                        f"ask for fewer, lower its mix weight, or pass unique=False"
+                    )
+                continue
+            misses = 0
+            seen.add(p.question)
+            count -= 1
+            records.append(
+                PromptRecord(
+                    id=prompt_id(p.question, str(p.value)),
+                    source=f"bundled:{name}",
+                    split=split,
+                    question=p.question,
+                    answer=str(p.value),
+                    solution=p.solution,
+                    level=level,
+                    reward="arith",
+                    meta={"steps": len(p.steps)},
+                )
+            )
+    random.Random(f"rlsift-arith:{seed}:{split}:order").shuffle(records)
+    return records
+
+
+def solution_steps(record: PromptRecord | str) -> list[str]:
+    """The operation lines of a worked solution (everything before the final-answer marker)."""
+    text = record if isinstance(record, str) else record.solution
+    lines = []
+    for line in text.splitlines():
+        if line.startswith(MARKER):
+            break
+        if line.strip():
+            lines.append(line.strip())
+    return lines
+
+
+_INT = re.compile(r"[+-]?\d+")
+
+
+def extract_answer(completion: str) -> str | None:
+    """The text after the last final-answer marker, up to the end of its line (stripped); None if absent."""
+    at = completion.rfind(MARKER)
+    if at < 0:
+        return None
+    answer = completion[at + len(MARKER) :].split("\n", 1)[0].strip()
+    return answer or None
+
+
+def verify(completion: str, answer: str) -> float:
+    """1.0 when the marked final answer is exactly the reference integer (``+5``/``05`` count as 5), else 0.0."""
+    got = extract_answer(completion)
+    if got is None or not _INT.fullmatch(got) or not _INT.fullmatch(answer.strip()):
+        return 0.0
+    return 1.0 if int(got) == int(answer.strip()) else 0.0

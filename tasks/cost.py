@@ -1,0 +1,77 @@
+"""Device-hour and money accounting, per stage and in total.
+
+A stage's device hours are its wall-clock hours times the number of devices it held (one CPU "device"
+per process on a machine with no GPU). Money is device hours times the configured price per device
+hour for the detected device type. Metrics: ``time/<stage>_s``, ``cost/<stage>_device_hours``,
+``cost/<stage>_usd`` and the totals ``cost/device_hours``, ``cost/usd``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+
+def detect_device() -> tuple[str, int]:
+    """(device type, device count): e.g. ('nvidia-h200', 1) or ('cpu', 1)."""
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0).lower()
+        m = re.search(r"(h200|h100|a100|l40s|a10g|l4|v100|t4|b200|rtx ?\w+)", name)
+        return (f"nvidia-{m.group(1).replace(' ', '')}" if m else "cuda"), torch.cuda.device_count()
+    return "cpu", 1
+
+
+@dataclass
+class CostMeter:
+    """Accumulates wall time per stage and converts it to device hours and money."""
+
+    prices: dict[str, float]
+    device: str | None = None
+    devices: int | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        found, count = detect_device()
+        self.device = self.device or found
+        self.devices = self.devices or count
+        if self.device not in self.prices:
+            fallback = "cuda" if self.device.startswith("nvidia") else "cpu"
+            self.prices = {**self.prices, self.device: self.prices.get(fallback, 0.0)}
+
+    @contextmanager
+    def stage(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - t0)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    def device_hours(self, name: str | None = None) -> float:
+        s = self.seconds.get(name, 0.0) if name else sum(self.seconds.values())
+        return s / 3600.0 * (self.devices or 1)
+
+    def usd(self, name: str | None = None) -> float:
+        return self.device_hours(name) * self.prices[self.device]
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, s in self.seconds.items():
+            out[f"time/{name}_s"] = s
+            out[f"cost/{name}_device_hours"] = self.device_hours(name)
+            out[f"cost/{name}_usd"] = self.usd(name)
+        out["cost/device_hours"] = self.device_hours()
+        out["cost/usd"] = self.usd()
+        return out
+
+    def state_dict(self) -> dict:
+        return {"seconds": dict(self.seconds)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seconds = dict(state["seconds"])

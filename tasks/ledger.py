@@ -1,0 +1,178 @@
+"""The selection ledger: every prompt, reject, measurement and decision of every run, in duckdb.
+
+This is the only module that imports duckdb. One ledger file per run root holds all runs; rows carry
+their ``run_id``. Writes for a step are idempotent: :meth:`Ledger.truncate_after` removes whatever a
+crashed run wrote past its last checkpoint, so a resumed run never duplicates a step.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from tasks.records import PromptRecord, Rejected
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id VARCHAR PRIMARY KEY, started_at TIMESTAMP DEFAULT now(), finished_at TIMESTAMP,
+    status VARCHAR, mlflow_run_id VARCHAR, config JSON, summary JSON);
+CREATE TABLE IF NOT EXISTS prompts (
+    prompt_id VARCHAR PRIMARY KEY, source VARCHAR, split VARCHAR, question VARCHAR, answer VARCHAR,
+    solution VARCHAR, level INTEGER, reward VARCHAR, meta JSON, first_run_id VARCHAR,
+    ingested_at TIMESTAMP DEFAULT now());
+CREATE TABLE IF NOT EXISTS quarantine (
+    run_id VARCHAR, source VARCHAR, line INTEGER, reason VARCHAR, raw VARCHAR, logged_at TIMESTAMP DEFAULT now());
+CREATE TABLE IF NOT EXISTS ingests (
+    run_id VARCHAR, source VARCHAR, rows INTEGER, accepted INTEGER, duplicates INTEGER, quarantined INTEGER,
+    new INTEGER, logged_at TIMESTAMP DEFAULT now());
+CREATE TABLE IF NOT EXISTS reference (
+    run_id VARCHAR, round INTEGER, step INTEGER, prompt_id VARCHAR, n INTEGER, successes INTEGER,
+    success_rate DOUBLE, predicted DOUBLE);
+CREATE TABLE IF NOT EXISTS features (
+    run_id VARCHAR, prompt_id VARCHAR, prompt_tokens INTEGER, level INTEGER, cot_tokens INTEGER,
+    angle_intra DOUBLE, angle_inter DOUBLE, angle_score DOUBLE);
+CREATE TABLE IF NOT EXISTS selections (
+    run_id VARCHAR, round INTEGER, step INTEGER, prompt_id VARCHAR, selector VARCHAR, weight DOUBLE,
+    pred_success DOUBLE, angle_score DOUBLE, gain_rank INTEGER, des DOUBLE, des_difficulty DOUBLE,
+    des_cot DOUBLE, des_adaptability DOUBLE);
+CREATE TABLE IF NOT EXISTS groups (
+    run_id VARCHAR, step INTEGER, prompt_id VARCHAR, n INTEGER, successes INTEGER, mean_reward DOUBLE,
+    kept INTEGER, kept_mean_reward DOUBLE, replayed BOOLEAN, from_step INTEGER);
+CREATE TABLE IF NOT EXISTS stages (
+    run_id VARCHAR, stage VARCHAR, wall_s DOUBLE, device VARCHAR, device_hours DOUBLE, cost DOUBLE,
+    logged_at TIMESTAMP DEFAULT now());
+CREATE TABLE IF NOT EXISTS evals (
+    run_id VARCHAR, phase VARCHAR, step INTEGER, grp VARCHAR, n INTEGER, greedy_acc DOUBLE, avg_at_k DOUBLE);
+"""
+
+#: Tables whose rows belong to a training step (removed past a checkpoint on resume).
+STEP_TABLES = ("reference", "selections", "groups")
+
+
+class Ledger:
+    """A duckdb ledger file. Use as a context manager, or call :meth:`close`."""
+
+    def __init__(self, path: str | Path, read_only: bool = False):
+        self.path = Path(path)
+        if read_only and not self.path.exists():
+            raise FileNotFoundError(f"no ledger at {self.path}")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.con = duckdb.connect(str(self.path), read_only=read_only)
+        if not read_only:
+            self.con.execute(SCHEMA)
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.con.close()
+
+    # ---- writes -------------------------------------------------------------------------------
+    def _insert(self, table: str, rows: Sequence[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        cols = list(rows[0])
+        sql = f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+        self.con.executemany(sql, [[_cell(r[c]) for c in cols] for r in rows])
+
+    def start_run(self, run_id: str, config: dict, mlflow_run_id: str | None) -> None:
+        self.con.execute(
+            "INSERT INTO runs (run_id, status, mlflow_run_id, config) VALUES (?, 'running', ?, ?) "
+            "ON CONFLICT (run_id) DO UPDATE SET status = 'running'",
+            [run_id, mlflow_run_id, json.dumps(config)],
+        )
+
+    def finish_run(self, run_id: str, status: str, summary: dict) -> None:
+        self.con.execute(
+            "UPDATE runs SET status = ?, finished_at = now(), summary = ? WHERE run_id = ?",
+            [status, json.dumps(summary), run_id],
+        )
+
+    def add_prompts(self, run_id: str, records: Iterable[PromptRecord]) -> int:
+        """Insert records not yet in the ledger; returns how many were new."""
+        known = self.known_ids()
+        new = [r for r in records if r.id not in known]
+        self._insert("prompts", [
+            {"prompt_id": r.id, "source": r.source, "split": r.split, "question": r.question, "answer": r.answer,
+             "solution": r.solution, "level": r.level, "reward": r.reward, "meta": json.dumps(r.meta),
+             "first_run_id": run_id} for r in new
+        ])
+        return len(new)
+
+    def add_quarantine(self, run_id: str, rejected: Iterable[Rejected]) -> None:
+        self._insert("quarantine", [
+            {"run_id": run_id, "source": r.source, "line": r.line, "reason": r.reason, "raw": r.raw} for r in rejected
+        ])
+
+    def add_rows(self, table: str, run_id: str, rows: Sequence[dict[str, Any]]) -> None:
+        """Append rows (dicts of column -> value) to a table, stamped with the run id."""
+        self._insert(table, [{"run_id": run_id, **r} for r in rows])
+
+    def truncate_after(self, run_id: str, step: int) -> None:
+        """Remove step rows a crashed run wrote after its last checkpoint at ``step``."""
+        for table in STEP_TABLES:
+            self.con.execute(f"DELETE FROM {table} WHERE run_id = ? AND step > ?", [run_id, step])
+        self.con.execute("DELETE FROM evals WHERE run_id = ? AND phase = 'during' AND step > ?", [run_id, step])
+
+    # ---- reads --------------------------------------------------------------------------------
+    def known_ids(self) -> set[str]:
+        return {r[0] for r in self.con.execute("SELECT prompt_id FROM prompts").fetchall()}
+
+    def prompts(self, ids: Sequence[str] | None = None, split: str | None = None,
+                sources: Sequence[str] | None = None) -> list[PromptRecord]:
+        sql, args = "SELECT * FROM prompts WHERE 1=1", []
+        if split:
+            sql, args = sql + " AND split = ?", [*args, split]
+        if sources is not None:
+            sql, args = sql + " AND list_contains(?, source)", [*args, list(sources)]
+        rows = self.query(sql + " ORDER BY prompt_id", args)
+        recs = [PromptRecord(id=r["prompt_id"], source=r["source"], split=r["split"], question=r["question"],
+                             answer=r["answer"], solution=r["solution"], level=r["level"], reward=r["reward"],
+                             meta=json.loads(r["meta"]) if r["meta"] else {}) for r in rows]
+        if ids is not None:
+            by_id = {r.id: r for r in recs}
+            recs = [by_id[i] for i in ids if i in by_id]
+        return recs
+
+    def query(self, sql: str, args: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        cur = self.con.execute(sql, list(args))
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+
+    def last_run(self, status: str | None = None) -> dict[str, Any] | None:
+        sql = "SELECT * FROM runs" + (" WHERE status = ?" if status else "") + " ORDER BY started_at DESC LIMIT 1"
+        rows = self.query(sql, [status] if status else [])
+        return rows[0] if rows else None
+
+    def why(self, run_id: str, prompt_id: str, step: int | None = None) -> list[dict[str, Any]]:
+        """Every selection of a prompt (at one step, or all), joined with its group's outcome."""
+        sql = (
+            "SELECT s.*, g.n, g.successes, g.kept, g.replayed, g.from_step, p.question, p.level "
+            "FROM selections s LEFT JOIN groups g ON g.run_id = s.run_id AND g.step = s.step "
+            "AND g.prompt_id = s.prompt_id AND NOT g.replayed "
+            "LEFT JOIN prompts p ON p.prompt_id = s.prompt_id WHERE s.run_id = ? AND s.prompt_id LIKE ?"
+        )
+        args: list[Any] = [run_id, prompt_id + "%"]
+        if step is not None:
+            sql, args = sql + " AND s.step = ?", [*args, step]
+        return self.query(sql + " ORDER BY s.step", args)
+
+    def round_selection(self, run_id: str, round_: int) -> list[dict[str, Any]]:
+        return self.query(
+            "SELECT s.*, p.level, p.question FROM selections s LEFT JOIN prompts p USING (prompt_id) "
+            "WHERE s.run_id = ? AND s.round = ? ORDER BY s.step, s.weight DESC", [run_id, round_])
+
+
+def _cell(v: Any) -> Any:
+    if isinstance(v, (dict, list)):
+        return json.dumps(v)
+    if hasattr(v, "item"):  # numpy / torch scalars
+        return v.item()
+    return v

@@ -1,0 +1,77 @@
+"""Plots and tables people would rather look at than numbers: training curves, accuracy by level."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+CURVES = (("train/reward_mean", "train reward"), ("train/effective_ratio", "effective-group ratio"),
+          ("eval/accuracy", "held-out greedy accuracy"), ("time/step_s", "step time (s)"))
+
+
+def read_metrics(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def training_curves(metrics_path: Path, out: Path) -> list[Path]:
+    """One panel per curve in ``CURVES`` over training steps."""
+    rows = read_metrics(metrics_path)
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2))
+    for ax, (key, title) in zip(axes, CURVES, strict=True):
+        pts = [(r["step"], r[key]) for r in rows if key in r]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker="." if len(pts) < 30 else None)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return [out]
+
+
+def eval_levels(start: dict, end: dict, out: Path) -> list[Path]:
+    """Greedy accuracy by level, before and after training."""
+    levels = [lv for lv in end["by_level"] if lv is not None]
+    if not levels:
+        return []
+    x = range(len(levels))
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.bar([i - 0.2 for i in x], [start["by_level"].get(lv, {}).get("greedy_acc", 0) for lv in levels], 0.4,
+           label="before RL")
+    ax.bar([i + 0.2 for i in x], [end["by_level"][lv]["greedy_acc"] for lv in levels], 0.4, label="after RL")
+    ax.set_xticks(list(x), [f"level {lv}" for lv in levels])
+    ax.set_ylabel("greedy accuracy")
+    ax.set_ylim(0, 1)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return [out]
+
+
+def eval_table(start: dict, end: dict) -> str:
+    """Markdown: greedy accuracy and avg@k by level and source, before and after."""
+    k = end.get("k", 0)
+    head = "| group | n | greedy before | greedy after |" + (f" avg@{k} before | avg@{k} after |" if k else "")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+
+    def row(name: str, a: dict, b: dict) -> str:
+        s = f"| {name} | {b['n']} | {a.get('greedy_acc', float('nan')):.3f} | {b['greedy_acc']:.3f} |"
+        if k:
+            s += f" {a.get('avg_at_k', float('nan')):.3f} | {b.get('avg_at_k', float('nan')):.3f} |"
+        return s
+
+    lines.append(row("overall", start["overall"], end["overall"]))
+    for lv, c in end["by_level"].items():
+        lines.append(row(f"level {lv}", start["by_level"].get(lv, {}), c))
+    for src, c in end["by_source"].items():
+        lines.append(row(f"source {src}", start["by_source"].get(src, {}), c))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,86 @@
+"""Rollout engines: batched sampling of n completions per prompt.
+
+``HFEngine`` uses ``transformers`` generation (left padding, KV cache, sampling settings from config).
+Each call is seeded from ``(seed, step, purpose)``, so a resumed run samples exactly what an
+uninterrupted one would. The vLLM engine (``tasks/vllm_engine.py``) has the same ``generate`` signature.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from any tuple of parts (explicit, reproducible randomness)."""
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") >> 1
+
+
+@dataclass
+class Generation:
+    """n completions for each of B prompts, flattened prompt-major (rows b*n .. b*n+n-1 belong to prompt b).
+
+    Attributes:
+        prompt_ids: B tensors [P_b] (unpadded prompt ids).
+        completion_ids: [B*n, L] right-padded completion ids.
+        completion_mask: [B*n, L] bool, True up to and including the first EOS.
+        texts: B*n decoded completions.
+        n: rollouts per prompt.
+        tokens: number of generated (real) completion tokens.
+    """
+
+    prompt_ids: list[torch.Tensor]
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    texts: list[str]
+    n: int
+
+    @property
+    def tokens(self) -> int:
+        return int(self.completion_mask.sum())
+
+
+def completion_mask(ids: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """[N, L] bool: True on tokens up to and including the first EOS of each row."""
+    is_eos = ids == eos_id
+    before = is_eos.cumsum(-1) - is_eos.long()  # EOS tokens strictly before position t
+    return before == 0
+
+
+class HFEngine:
+    """Sampling with ``model.generate`` (the default engine; CPU or GPU)."""
+
+    def __init__(self, model, tokenizer, *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+                 top_k: int = 0, chunk: int = 512, device: torch.device | str = "cpu"):
+        self.model, self.tok = model, tokenizer
+        self.max_new_tokens, self.temperature, self.top_p, self.top_k = max_new_tokens, temperature, top_p, top_k
+        self.chunk, self.device = chunk, device
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False) -> Generation:
+        prompt_ids = [torch.tensor(self.tok(p, add_special_tokens=False)["input_ids"], dtype=torch.long)
+                      for p in prompts]
+        per_call = max(1, self.chunk // n)
+        outs: list[torch.Tensor] = []
+        was_training = self.model.training
+        self.model.eval()
+        for c, start in enumerate(range(0, len(prompts), per_call)):
+            enc = self.tok(prompts[start:start + per_call], return_tensors="pt", padding=True,
+                           add_special_tokens=False).to(self.device)
+            torch.manual_seed(derive_seed(seed, c))
+            kw = dict(do_sample=False) if greedy else dict(
+                do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k or None)
+            out = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, num_return_sequences=n,
+                                      pad_token_id=self.tok.pad_token_id, eos_token_id=self.tok.eos_token_id,
+                                      use_cache=True, **kw)
+            outs.append(out[:, enc["input_ids"].shape[1]:].cpu())
+        self.model.train(was_training)
+        width = max(o.shape[1] for o in outs)
+        ids = torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1]), value=self.tok.pad_token_id)
+                         for o in outs])
+        mask = completion_mask(ids, self.tok.eos_token_id) & (width > 0)
+        ids = torch.where(mask, ids, torch.full_like(ids, self.tok.pad_token_id))
+        texts = self.tok.batch_decode(ids, skip_special_tokens=True)
+        return Generation(prompt_ids=prompt_ids, completion_ids=ids, completion_mask=mask, texts=texts, n=n)

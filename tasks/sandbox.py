@@ -1,0 +1,457 @@
+"""Run untrusted candidate programs against their tests in a contained child process.
+
+A code reward is only verifiable if a wrong (or hostile) program cannot hurt the run that scores it.
+Each job runs ``python -I -B runner.py`` in a fresh process session; the runner reads the program,
+the test code and the entry point from its stdin (they are never written to disk), confines itself,
+then executes ``program``, ``test`` and ``check(<entry_point>)`` in one namespace, the HumanEval
+harness convention (Chen et al. 2021, arXiv 2107.03374; github.com/openai/human-eval ``execution.py``).
+
+What is enforced, and by what (``enforcement()`` measures it on the running machine):
+
+* wall clock: the parent waits ``timeout_s`` and then SIGKILLs the whole process group (the child is
+  started with ``start_new_session=True``); verdict ``timeout``.
+* CPU time, address space, file size, process count, open files, core dumps: ``resource.setrlimit``
+  (RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_NOFILE, RLIMIT_CORE), set by the runner
+  before any untrusted code runs; an unprivileged process cannot raise them again. SIGXCPU counts as
+  ``timeout``; SIGXFSZ is ignored so an oversized write fails with EFBIG instead of killing the child.
+* stdout/stderr cap: both go to files (outside the working directory) limited by RLIMIT_FSIZE; only
+  the tail of stderr is read back.
+* identity: when the parent is root, the runner drops to its own unprivileged uid/gid (one uid per
+  concurrent job, from ``uid_base``), so RLIMIT_NPROC counts only that job's processes (a fork bomb is
+  capped without starving parallel jobs), the child cannot signal the test process (EPERM) and cannot
+  write where that uid may not. Import directories the uid cannot traverse to (an interpreter under
+  a 0700 home) are opened before the drop and reached through ``/proc/self/fd/N``. After the job
+  every process still owned by that uid is SIGKILLed (found in /proc), which also catches children
+  that left the process group with ``setsid``.
+* network: the runner calls ``unshare(CLONE_NEWNET)`` through ctypes (Python 3.11 has no
+  ``os.unshare``), so the job sees only a down loopback device; unprivileged it tries
+  ``CLONE_NEWUSER | CLONE_NEWNET``. Independently, an audit hook refuses socket creation.
+* filesystem, processes, introspection: a ``sys.addaudithook`` guard (hooks cannot be removed) refuses
+  opens for writing, mkdir/rename/remove/chmod/... outside the fresh temporary working directory,
+  symlinks and hard links, exec/posix_spawn/subprocess, ``os.kill``/``killpg`` of any process but
+  itself, every ``ctypes`` foreign call, and ``gc`` object enumeration (so the guard cannot be found
+  and edited). ``os._exit`` is replaced so a program cannot fake a pass by exiting early with status 0.
+* environment: the child gets a fresh environment (PATH, LANG, HOME and TMPDIR pointing at its
+  working directory) and none of the parent's variables; ``-I`` also ignores ``PYTHON*`` variables
+  and the user site directory.
+
+Deviations and limits: the audit hook is defence in depth, not a security boundary (CPython's own
+docs say so); when the parent is not root there is no uid separation and no per-uid sweep, so
+RLIMIT_NPROC is set to the user's current process count plus ``max_processes`` and only the process
+group is killed. As in HumanEval's harness, the tests run in the same interpreter as the program, so a
+program that introspects frames could read them; the sandbox contains damage, it does not hide tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+VERDICTS = ("passed", "failed", "timeout", "crashed")
+
+_EXIT_FAILED = 1
+_EXIT_SETUP = 3
+
+_RUNNER = r'''
+import builtins, json, os, resource, signal, sys, traceback
+
+def _main(real_exit=os._exit, err=sys.stderr):
+    cfg = json.loads(sys.argv[1])
+    job = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    try:
+        if cfg["netns"]:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            flags = 0x40000000 if os.geteuid() == 0 else 0x40000000 | 0x10000000
+            libc.unshare(flags)
+            del libc
+        for name, soft, hard in cfg["rlimits"]:
+            resource.setrlimit(getattr(resource, name), (soft, hard))
+        if cfg["uid"] is not None:
+            sys.path[:] = [_reachable(e) for e in sys.path]
+            os.setgroups([])
+            os.setgid(cfg["uid"])
+            os.setuid(cfg["uid"])
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        sys.addaudithook(_make_guard(os.path.realpath(".")))
+    except BaseException:
+        traceback.print_exc(file=err)
+        err.flush()
+        real_exit(3)
+
+    def _no_exit(code=0):
+        raise SystemExit("os._exit is not allowed in the sandbox")
+
+    os._exit = _no_exit
+    import posix
+    posix._exit = _no_exit
+    ns = {"__name__": "__main__", "__builtins__": builtins}
+    code = 0
+    try:
+        exec(compile(job["program"], "<program>", "exec"), ns)
+        exec(compile(job["test"], "<test>", "exec"), ns)
+        ns["check"](ns[job["entry_point"]])
+    except BaseException:
+        code = 1
+        try:
+            traceback.print_exc(file=err)
+        except BaseException:
+            pass
+    for stream in (sys.stdout, err):
+        try:
+            stream.flush()
+        except BaseException:
+            code = code or 1
+    real_exit(code)
+
+
+def _reachable(entry):
+    """An import path the dropped uid can use: a /proc/self/fd link for a dir it cannot traverse to."""
+    import stat
+    if not entry or not os.path.isdir(entry):
+        return entry
+    parts = os.path.abspath(entry).split(os.sep)
+    for i in range(2, len(parts) + 1):
+        if not os.stat(os.sep.join(parts[:i])).st_mode & stat.S_IXOTH:
+            return "/proc/self/fd/%d" % os.open(entry, os.O_RDONLY | os.O_DIRECTORY)
+    return entry
+
+
+def _make_guard(workdir):
+    W = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+    PATH_EVENTS = {"os.mkdir": (0,), "os.rename": (0, 1), "os.remove": (0,), "os.rmdir": (0,),
+                   "os.truncate": (0,), "os.chmod": (0,), "os.chown": (0,), "os.utime": (0,),
+                   "os.mknod": (0,), "os.mkfifo": (0,), "os.chflags": (0,), "os.setxattr": (0,),
+                   "os.removexattr": (0,), "shutil.rmtree": (0,)}
+    BLOCKED = frozenset({"os.link", "os.symlink", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
+                         "subprocess.Popen", "os.killpg", "os.forkpty", "pty.spawn", "socket.__new__",
+                         "socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg",
+                         "socket.getaddrinfo", "socket.gethostbyname", "gc.get_objects",
+                         "gc.get_referrers", "gc.get_referents", "sys._current_frames", "os.chroot",
+                         "sys.remote_exec"})
+
+    def guard(event, args, wd=workdir, wds=workdir + os.sep, realpath=os.path.realpath,
+              fspath=os.fspath, isdir=os.path.isdir, getpid=os.getpid, fsdecode=os.fsdecode,
+              isinstance=isinstance, int=int, str=str, bytes=bytes, W=W, PE=PermissionError,
+              PATH_EVENTS=PATH_EVENTS, BLOCKED=BLOCKED):
+        def inside(p):
+            if p is None or isinstance(p, int):
+                return True
+            p = fspath(p)
+            if isinstance(p, bytes):
+                p = fsdecode(p)
+            r = realpath(p)
+            return r == wd or r.startswith(wds) or r == "/dev/null"
+        if event in BLOCKED or event.startswith("ctypes."):
+            raise PE(f"sandbox: {event} is not allowed")
+        if event == "open":
+            path, mode, flags = args
+            writes = (flags & W) if isinstance(flags, int) else False
+            if isinstance(mode, str) and any(c in mode for c in "wax+"):
+                writes = True
+            if writes and not inside(path):
+                raise PE(f"sandbox: writing outside the working directory: {path!r}")
+            if mode is None and not isinstance(path, int) and not inside(path) and isdir(path):
+                raise PE(f"sandbox: os.open of a directory outside the working directory: {path!r}")
+        elif event in PATH_EVENTS:
+            for i in PATH_EVENTS[event]:
+                if i < len(args) and not inside(args[i]):
+                    raise PE(f"sandbox: {event} outside the working directory: {args[i]!r}")
+        elif event == "os.kill":
+            if args[0] != getpid():
+                raise PE("sandbox: signalling other processes is not allowed")
+    return guard
+
+_main()
+'''
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits for one sandboxed job.
+
+    Attributes:
+        timeout_s: wall-clock limit; the process group is SIGKILLed after it.
+        cpu_s: RLIMIT_CPU soft limit in seconds (hard = soft + 1); None means ``ceil(timeout_s) + 1``.
+        memory_bytes: RLIMIT_AS (address space).
+        file_bytes: RLIMIT_FSIZE: largest file the job may write, which also caps stdout and stderr.
+        max_processes: RLIMIT_NPROC budget (processes and threads) for the job.
+        max_open_files: RLIMIT_NOFILE.
+        stderr_tail_chars: how much of the end of stderr the verdict keeps.
+        uid_base: first uid of the pool used when running as root (one uid per concurrent job).
+        uid_slots: size of that pool (the most jobs that can run at once).
+        network_namespace: try ``unshare(CLONE_NEWNET)``.
+    """
+
+    timeout_s: float = 10.0
+    cpu_s: int | None = None
+    memory_bytes: int = 1 << 30
+    file_bytes: int = 4 << 20
+    max_processes: int = 32
+    max_open_files: int = 64
+    stderr_tail_chars: int = 2000
+    uid_base: int = 61000
+    uid_slots: int = 64
+    network_namespace: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        for name in ("memory_bytes", "file_bytes", "max_processes", "max_open_files", "uid_slots"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of one job: ``verdict`` is one of ``VERDICTS``; ``seconds`` is wall time."""
+
+    verdict: str
+    seconds: float
+    stderr_tail: str = ""
+    returncode: int | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "passed"
+
+
+@dataclass(frozen=True)
+class CodeJob:
+    """One program with its tests: ``check(<entry_point>)`` must return without raising."""
+
+    program: str
+    test: str
+    entry_point: str
+
+
+class _UidPool:
+    """Hands out one unprivileged uid per concurrent job (only used when running as root)."""
+
+    def __init__(self, base: int, slots: int) -> None:
+        self.base, self.slots = base, slots
+        self._free: queue.Queue[int] = queue.Queue()
+        for uid in range(base, base + slots):
+            self._free.put(uid)
+
+    def acquire(self) -> int:
+        return self._free.get()
+
+    def release(self, uid: int) -> None:
+        self._free.put(uid)
+
+
+_POOLS: dict[tuple[int, int], _UidPool] = {}
+
+
+def _pool(limits: Limits) -> _UidPool:
+    key = (limits.uid_base, limits.uid_slots)
+    return _POOLS.setdefault(key, _UidPool(*key))
+
+
+def _processes_of(uid: int) -> list[int]:
+    """Pids of live (not zombie) processes whose real uid is ``uid`` (from /proc)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as fh:
+                status = dict(line.split(":", 1) for line in fh if ":" in line)
+        except OSError:
+            continue
+        state, uids = status.get("State", "").split(), status.get("Uid", "").split()
+        if uids and int(uids[0]) == uid and state and state[0] not in ("Z", "X"):
+            pids.append(int(entry))
+    return pids
+
+
+def _sweep_uid(uid: int) -> None:
+    """SIGKILL every process whose real uid is ``uid``, in rounds until none is left.
+
+    Each round kills every process seen, so a survivor can only be one forked during the round by
+    a process that is now dead; RLIMIT_NPROC bounds how many such there are.
+    """
+    for _ in range(100):
+        pids = _processes_of(uid)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.005)
+    raise RuntimeError(f"could not kill the processes of sandbox uid {uid}: {_processes_of(uid)}")
+
+
+def _rlimits(limits: Limits, uid: int | None) -> list[tuple[str, int, int]]:
+    cpu = limits.cpu_s if limits.cpu_s is not None else int(limits.timeout_s) + 2
+    nproc = limits.max_processes
+    if uid is None:  # RLIMIT_NPROC counts all of this user's processes: leave room for the existing ones
+        nproc += len(_processes_of(os.getuid()))
+    return [("RLIMIT_CPU", cpu, cpu + 1), ("RLIMIT_AS", limits.memory_bytes, limits.memory_bytes),
+            ("RLIMIT_FSIZE", limits.file_bytes, limits.file_bytes), ("RLIMIT_NPROC", nproc, nproc),
+            ("RLIMIT_NOFILE", limits.max_open_files, limits.max_open_files), ("RLIMIT_CORE", 0, 0)]
+
+
+def _tail(path: Path, chars: int) -> str:
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        size = fh.tell()
+        fh.seek(max(0, size - 4 * chars))
+        return fh.read().decode("utf-8", errors="replace")[-chars:]
+
+
+def run_tests(program: str, test: str, entry_point: str, timeout_s: float | None = None,
+              limits: Limits | None = None) -> Verdict:
+    """Run ``program`` then ``test`` then ``check(entry_point)`` in a sandboxed child process.
+
+    Args:
+        program: the candidate's full Python source (for HumanEval: prompt + completion).
+        test: test code defining ``check(candidate)``.
+        entry_point: name of the function in ``program`` handed to ``check``.
+        timeout_s: wall-clock limit; overrides ``limits.timeout_s`` when given.
+        limits: resource limits (defaults: ``Limits()``).
+
+    Returns:
+        ``passed`` (check returned), ``failed`` (an exception, including a refused sandbox
+        operation, a MemoryError or an output-size error), ``timeout`` (wall clock or CPU time) or
+        ``crashed`` (killed by any other signal, or the sandbox could not be set up).
+    """
+    limits = limits or Limits()
+    if timeout_s is not None:
+        limits = dataclasses.replace(limits, timeout_s=timeout_s)
+    if not entry_point.isidentifier():
+        raise ValueError(f"entry_point must be a Python identifier, got {entry_point!r}")
+    root = os.geteuid() == 0
+    pool = _pool(limits) if root else None
+    uid = pool.acquire() if pool else None
+    base = Path(tempfile.mkdtemp(prefix="rlsift-sandbox-"))
+    try:
+        os.chmod(base, 0o711)
+        work = base / "w"
+        work.mkdir(mode=0o700)
+        if uid is not None:
+            os.chown(work, uid, uid)
+        (base / "runner.py").write_text(_RUNNER)
+        cfg = {"netns": limits.network_namespace, "rlimits": _rlimits(limits, uid), "uid": uid}
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(work),
+               "TMPDIR": str(work)}
+        payload = json.dumps({"program": program, "test": test, "entry_point": entry_point}).encode("utf-8")
+        with open(base / "out", "wb") as out, open(base / "err", "wb") as err:
+            t0 = time.perf_counter()
+            proc = subprocess.Popen([sys.executable, "-I", "-B", str(base / "runner.py"), json.dumps(cfg)],
+                                    stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=work, env=env,
+                                    start_new_session=True, close_fds=True)
+            try:
+                proc.stdin.write(payload)
+            except BrokenPipeError:
+                pass
+            finally:
+                try:
+                    proc.stdin.close()
+                except BrokenPipeError:
+                    pass
+            timed_out = False
+            try:
+                rc = proc.wait(timeout=limits.timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _killpg(proc.pid)
+                rc = proc.wait()
+            seconds = time.perf_counter() - t0
+            _killpg(proc.pid)
+        if uid is not None:
+            _sweep_uid(uid)
+        tail = _tail(base / "err", limits.stderr_tail_chars)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        if pool is not None and uid is not None:
+            pool.release(uid)
+    if timed_out or rc == -signal.SIGXCPU:
+        verdict = "timeout"
+    elif rc == 0:
+        verdict = "passed"
+    elif rc == _EXIT_FAILED:
+        verdict = "failed"
+    else:
+        verdict = "crashed"
+        if rc == _EXIT_SETUP:
+            tail = "sandbox setup failed:\n" + tail
+    return Verdict(verdict=verdict, seconds=seconds, stderr_tail=tail, returncode=rc)
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def score_many(jobs: Sequence[CodeJob], workers: int = 4, limits: Limits | None = None) -> list[Verdict]:
+    """Run many jobs in parallel (threads, each waiting on its own child process); order is kept.
+
+    Args:
+        jobs: the jobs, length J.
+        workers: concurrent child processes (at most ``limits.uid_slots`` when running as root).
+        limits: shared limits for every job.
+
+    Returns:
+        J verdicts, in the order of ``jobs``.
+    """
+    limits = limits or Limits()
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    workers = min(workers, limits.uid_slots, max(1, len(jobs)))
+    with ThreadPoolExecutor(max_workers=workers) as ex:
+        return list(ex.map(lambda j: run_tests(j.program, j.test, j.entry_point, limits=limits), jobs))
+
+
+_PROBE = '''
+import os, resource, socket
+def probe():
+    out = {"uid": os.getuid(), "rlimits": {n: resource.getrlimit(getattr(resource, n))[0] for n in
+           ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_FSIZE", "RLIMIT_NPROC", "RLIMIT_NOFILE")}}
+    with open("/proc/self/net/dev") as fh:
+        out["interfaces"] = sorted(ln.split(":")[0].strip() for ln in fh if ":" in ln)
+    out["netns"] = os.readlink("/proc/self/ns/net")
+    try:
+        socket.socket()
+        out["socket"] = "allowed"
+    except PermissionError as e:
+        out["socket"] = "refused"
+    return out
+'''
+
+
+def enforcement(limits: Limits | None = None) -> dict:
+    """Measure, from inside a sandboxed job, which confinements are in force on this machine.
+
+    Returns:
+        dict with ``uid`` (the job's uid; differs from the parent's when uid separation works),
+        ``rlimits`` (soft limits seen by the job), ``interfaces`` (network devices visible: only
+        ``lo`` inside a fresh network namespace), ``socket`` (``refused`` by the audit hook),
+        ``parent_uid`` and ``netns`` (True when the job runs in its own network namespace).
+    """
+    test = _PROBE + "\ndef check(f):\n    import json\n    raise AssertionError(json.dumps(probe()))\n"
+    v = run_tests("def f():\n    pass\n", test, "f", limits=limits)
+    line = [ln for ln in v.stderr_tail.splitlines() if ln.startswith("AssertionError: ")]
+    if not line:
+        raise RuntimeError(f"sandbox probe did not report ({v.verdict}): {v.stderr_tail[-500:]}")
+    out = json.loads(line[-1][len("AssertionError: "):])
+    out["parent_uid"] = os.getuid()
+    out["netns"] = out["netns"] != os.readlink("/proc/self/ns/net")
+    return out

@@ -1,0 +1,235 @@
+"""Prompt selection, composed as algorithms.md §6 lays out: pool (ScalingRL) -> prompt (GAIN-RL, DOTS).
+
+Each round (every ``train.round_steps`` = mu steps):
+
+1. **ScalingRL** (``curriculum.enabled``; a labelled reconstruction, rlcore/curriculum.py): the scheduler
+   moves the active pool's size and explore/exploit mix from the accuracy trend, and the pool is the top
+   prompts by Data Effectiveness Score (difficulty from DOTS's predictions when on, else the last measured
+   success rate) plus still-unlearned prompts seen before.
+2. **GAIN-RL** (``gain.enabled``, rlcore/angle.py + rlcore/gain_sampler.py): a Gaussian window over the
+   angle-concentration order. ``mode=gate`` keeps the ``gate_width`` share of the active pool with the
+   highest window probability (DOTS then chooses inside the gate); ``mode=prior`` multiplies the selection
+   weights by ``window_prob ** prior_lambda``. Without DOTS, prompts are drawn from the window itself.
+3. **DOTS** (``select.method=dots``, rlcore/difficulty.py + rlcore/selection.py): K reference prompts
+   drawn from the active pool are rolled out G times with the current policy; the predictor is labelled
+   with half of them, fitted, scored on the other half (``select/pred_pearson``: held out of the fit),
+   then labelled with the rest; the pool's success rates are predicted with the whole reference set as
+   context and prompts are weighted by exp(-|d - alpha| / tau).
+
+Every trained group's success rate over all n rollouts also labels the predictor (free labels). Steps
+inside a round draw without replacement from the round's weights. With every technique off the weights
+are uniform: plain GRPO.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rlcore.angle import angle_order
+from rlcore.curriculum import CurriculumScheduler, data_effectiveness_score, reward_adaptability
+from rlcore.difficulty import AttentionDifficultyPredictor, pearson
+from rlcore.gain_sampler import GaussianWindowSampler
+from rlcore.selection import dots_weights, sample_prompts, uniform_weights
+from tasks.config import Config
+from tasks.records import PromptRecord
+from tasks.rollout import derive_seed
+
+
+class Selector:
+    """Chooses each step's fresh prompts and records why. Checkpointable (``state_dict``)."""
+
+    def __init__(self, cfg: Config, pool: list[PromptRecord], features: dict):
+        self.cfg, self.pool = cfg, pool
+        m = len(pool)
+        self.emb = features["emb"].float()  # [M, D]
+        self.angle = features["angle"].float()  # [M]
+        self.cot = features["cot"].float()  # [M]
+        self.history: list[list[float]] = [[] for _ in range(m)]
+        self.last_success = torch.full((m,), float("nan"))
+        self.pred = torch.full((m,), float("nan"))
+        self.probs = uniform_weights(m)
+        self.used = torch.zeros(m, dtype=torch.bool)
+        self.info: dict[str, torch.Tensor] = {}
+        self.round_acc: list[float] = []
+        self.heldout_acc: float | None = None
+        sc, cc, gc = cfg.select, cfg.curriculum, cfg.gain
+        self.predictor = AttentionDifficultyPredictor(
+            self.emb.shape[1], hidden=sc.predictor.hidden, layers=sc.predictor.layers, dropout=sc.predictor.dropout,
+            tau_att=sc.predictor.tau_att, calibration=sc.predictor.calibration,
+            linear_recalibration=sc.predictor.linear_recalibration, min_labels=max(2, sc.predictor.min_labels),
+            lr=sc.predictor.lr, seed=cfg.seed) if sc.method == "dots" else None
+        floor = min(m, cfg.train.prompts_per_step * cfg.train.round_steps)
+        self.scheduler = CurriculumScheduler(
+            m, s_min=max(floor, cc.s_min * m), s_max=max(floor, cc.s_max * m), scale0=max(floor, cc.scale0 * m),
+            kappa=cc.kappa, theta_lo=cc.theta_lo, theta_hi=cc.theta_hi, theta_learned=cc.theta_learned,
+            rho0=cc.rho0, rho_step=cc.rho_step) if cc.enabled else None
+        self.order = angle_order(self.angle)  # rank -> pool index
+        self.rank = torch.empty(m, dtype=torch.long)
+        self.rank[self.order] = torch.arange(m)
+        self.window = GaussianWindowSampler(m, sigma_frac=gc.sigma_frac, step_frac=gc.step_frac, alpha=gc.alpha,
+                                            beta=gc.beta, gamma=gc.gamma) if gc.enabled else None
+
+    # ---- round ------------------------------------------------------------------------------------
+    def begin_round(self, round_: int, step: int, measure, run) -> dict[str, float]:
+        """Refresh predictions and pools for a new round. ``measure(records, g, seed) -> rewards [K, g]``."""
+        cfg, m = self.cfg, len(self.pool)
+        metrics: dict[str, float] = {}
+        active = torch.ones(m, dtype=torch.bool)
+        if self.scheduler is not None:
+            if self.round_acc:
+                metrics |= self.scheduler.update(sum(self.round_acc) / len(self.round_acc), self.heldout_acc)
+            difficulty = torch.where(torch.isnan(self.pred), self.last_success, self.pred)
+            difficulty = torch.where(torch.isnan(difficulty), torch.full_like(difficulty, 0.5), difficulty)
+            des, parts = data_effectiveness_score(difficulty, self.cot, reward_adaptability(self.history),
+                                                  weights=cfg.curriculum.weights,
+                                                  difficulty_form=cfg.curriculum.difficulty_form)
+            seen = torch.tensor([bool(h) for h in self.history])
+            idx = self.scheduler.select_pool(des, seen, torch.nan_to_num(self.last_success, nan=0.0),
+                                             torch.Generator().manual_seed(derive_seed(cfg.seed, round_, "pool")))
+            active = torch.zeros(m, dtype=torch.bool)
+            active[idx] = True
+            self.info |= {"des": des, "des_difficulty": parts["difficulty"], "des_cot": parts["cot_complexity"],
+                          "des_adaptability": parts["adaptability"]}
+            metrics |= self.scheduler.metrics() | {"curriculum/active": float(active.sum())}
+        self.round_acc = []
+        prior = None
+        if self.window is not None:
+            wprob = self.window.probs(self.order).float()  # [M] per pool item
+            self.info["gain_window"] = wprob
+            if cfg.gain.mode == "gate" or self.predictor is None:
+                k = max(cfg.train.prompts_per_step * cfg.train.round_steps,
+                        math.ceil(cfg.gain.gate_width * int(active.sum())))
+                keep = torch.topk(torch.where(active, wprob, torch.full_like(wprob, -1.0)), min(k, int(active.sum())))
+                gate = torch.zeros(m, dtype=torch.bool)
+                gate[keep.indices] = True
+                active &= gate
+            else:
+                prior = wprob.clamp_min(1e-300) ** cfg.gain.prior_lambda
+            metrics |= self.window.metrics()
+        if self.predictor is not None:
+            metrics |= self._dots_round(round_, step, measure, run, active)
+            self.probs = dots_weights(self.pred.clamp(0, 1), cfg.select.alpha, cfg.select.tau, prior=prior,
+                                      mask=active)
+        elif self.window is not None:
+            self.probs = (self.info["gain_window"].double() * active).clamp_min(0)
+            self.probs = self.probs / self.probs.sum()
+        else:
+            self.probs = uniform_weights(m, mask=active)
+        self.used = ~active
+        ent = -(self.probs[self.probs > 0] * self.probs[self.probs > 0].log()).sum()
+        metrics["select/entropy"] = float(ent)
+        metrics["select/eligible"] = float(active.sum())
+        return metrics
+
+    def _dots_round(self, round_: int, step: int, measure, run, active: torch.Tensor) -> dict[str, float]:
+        cfg = self.cfg
+        gen = torch.Generator().manual_seed(derive_seed(cfg.seed, round_, "reference"))
+        cand = active.nonzero().squeeze(1)
+        k = min(cfg.calibrate.k, len(cand))
+        ref = cand[torch.randperm(len(cand), generator=gen)[:k]]
+        rewards = measure([self.pool[i] for i in ref], cfg.calibrate.g, derive_seed(cfg.seed, round_, "ref-roll"))
+        labels = rewards.float().mean(1)  # [K]
+        self._record(ref, labels)
+        half = k // 2
+        fit, hold = ref[:half], ref[half:]
+        self.predictor.observe(self.emb[fit], labels[:half], step)
+        fit_stats = self.predictor.fit(cfg.select.predictor.fit_steps, torch.Generator().manual_seed(
+            derive_seed(cfg.seed, round_, "fit"))) if self.predictor.num_labels >= self.predictor.min_labels else {}
+        held_pred = self.predictor.predict(self.emb[hold], self.emb[fit], labels[:half])
+        r = pearson(held_pred, labels[half:]) if len(hold) > 2 else float("nan")
+        self.predictor.observe(self.emb[hold], labels[half:], step)
+        self.pred = self.predictor.predict(self.emb, self.emb[ref], labels)
+        run.ledger.add_rows("reference", run.run_id, [
+            {"round": round_, "step": step, "prompt_id": self.pool[int(i)].id, "n": cfg.calibrate.g,
+             "successes": int(round(float(y) * cfg.calibrate.g)), "success_rate": float(y),
+             "predicted": float(held_pred[j - half]) if j >= half else None}
+            for j, (i, y) in enumerate(zip(ref.tolist(), labels.tolist(), strict=True))])
+        mae = float((held_pred - labels[half:]).abs().mean()) if len(hold) else float("nan")
+        return {"select/pred_pearson": r, "select/pred_mae": mae, "select/ref_success": float(labels.mean()),
+                "select/ref_effective": float(((labels > 0) & (labels < 1)).float().mean()),
+                "select/predictor_trained": float(self.predictor.mode == "trained"),
+                "select/labels": float(self.predictor.num_labels),
+                "select/reference_rollouts": float(k * cfg.calibrate.g),
+                **{f"select/{k_}": v for k_, v in fit_stats.items()}}
+
+    def _record(self, idx: torch.Tensor, success: torch.Tensor) -> None:
+        for i, s in zip(idx.tolist(), success.tolist(), strict=True):
+            self.history[i].append(float(s))
+            self.last_success[i] = s
+
+    def seed_labels(self, idx: list[int], success: torch.Tensor) -> None:
+        """Measurements from the calibrate stage: history, and the predictor's first labels."""
+        t = torch.tensor(idx, dtype=torch.long)
+        self._record(t, success.float())
+        if self.predictor is not None:
+            self.predictor.observe(self.emb[t], success.float(), -1)
+
+    # ---- step -------------------------------------------------------------------------------------
+    def choose(self, k: int, step: int) -> tuple[list[int], list[dict]]:
+        """k distinct prompts for this step, and a ledger row per prompt saying why."""
+        cfg = self.cfg
+        probs = torch.where(self.used, torch.zeros_like(self.probs), self.probs)
+        if int((probs > 0).sum()) < k:  # round exhausted: allow repeats within the round
+            self.used[:] = False
+            probs = self.probs
+        method = cfg.select.sampler if self.predictor is not None else "weighted"
+        gen = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "select"))
+        idx = sample_prompts(probs, min(k, int((probs > 0).sum())), gen, method=method)
+        self.used[idx] = True
+        name = "+".join(n for n, on in (("scalingrl", self.scheduler is not None), ("gain", self.window is not None),
+                                        ("dots", self.predictor is not None)) if on) or "uniform"
+        rows = []
+        for i in idx.tolist():
+            row = {"prompt_id": self.pool[i].id, "selector": name, "weight": float(self.probs[i]),
+                   "pred_success": _num(self.pred[i]), "angle_score": float(self.angle[i]),
+                   "gain_rank": int(self.rank[i])}
+            for key in ("des", "des_difficulty", "des_cot", "des_adaptability"):
+                row[key] = _num(self.info[key][i]) if key in self.info else None
+            rows.append(row)
+        return idx.tolist(), rows
+
+    def observe(self, step: int, idx: list[int], rewards: torch.Tensor, accuracy: float,
+                angle: float | None) -> dict[str, float]:
+        """Feed back a step's outcome (success rates over all n rollouts)."""
+        success = rewards.float().mean(1)
+        t = torch.tensor(idx)
+        self._record(t, success)
+        self.round_acc.append(accuracy)
+        metrics: dict[str, float] = {}
+        if self.predictor is not None:
+            self.predictor.observe(self.emb[t], success, step)
+            pred = self.pred[t]
+            metrics["select/pred_success_mean"] = float(pred.mean())
+            if len(idx) > 2:
+                metrics["select/pred_pearson_trained"] = pearson(pred, success)
+        if self.window is not None:
+            self.window.update(accuracy, angle)
+            metrics |= self.window.metrics()
+        metrics["select/selected_success_mean"] = float(success.mean())
+        return metrics
+
+    def set_heldout_accuracy(self, acc: float) -> None:
+        self.heldout_acc = acc
+
+    # ---- checkpoint -------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"history": self.history, "last_success": self.last_success, "pred": self.pred, "probs": self.probs,
+                "used": self.used, "info": self.info, "round_acc": self.round_acc, "heldout_acc": self.heldout_acc,
+                "predictor": self.predictor.state_dict() if self.predictor is not None else None,
+                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+                "window": self.window.state_dict() if self.window is not None else None}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.history, self.last_success, self.pred, self.probs = s["history"], s["last_success"], s["pred"], s["probs"]
+        self.used, self.info, self.round_acc, self.heldout_acc = s["used"], s["info"], s["round_acc"], s["heldout_acc"]
+        for name in ("predictor", "scheduler", "window"):
+            obj = getattr(self, name)
+            if obj is not None:
+                obj.load_state_dict(s[name])
+
+
+def _num(x: torch.Tensor) -> float | None:
+    v = float(x)
+    return None if math.isnan(v) else v

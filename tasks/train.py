@@ -1,0 +1,188 @@
+"""The training stage: rounds of GRPO steps with selection, PODS down-sampling and rollout replay.
+
+One step (verl-style, every phase timed so the timing metrics read as a table of contents)::
+
+    round start (every mu steps): reference rollouts -> predictor, curriculum and window updates
+    select B_fresh prompts                               (tasks/selector.py: ScalingRL -> GAIN-RL -> DOTS)
+    generate n rollouts each, verify rewards             (rollout engine, tasks/rewards.py)
+    keep m of n per prompt, advantages on the kept m      (rlcore.downsample, rlcore.advantages)
+    mix in B - B_fresh replayed groups                    (rlcore.replay_buffer)
+    clipped policy-gradient step                          (tasks/update.py -> rlcore.grpo_loss)
+    admit fresh groups with 0 < success < 1 (from all n) to the buffer; label the predictor
+    ledger rows for every selection and group; metrics; checkpoint at round ends
+
+With every technique off this is plain GRPO with uniform prompt selection.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from rlcore.advantages import effective_mask, group_advantages
+from rlcore.angle import online_angle_signal
+from rlcore.downsample import downsample
+from rlcore.replay_buffer import ReplayBuffer, mix_counts
+from rlcore.types import RolloutGroup
+from tasks import checkpoint
+from tasks.policy import format_prompt
+from tasks.records import PromptRecord
+from tasks.rewards import batch_rewards
+from tasks.rollout import Generation, derive_seed
+from tasks.run import Run, show_progress
+from tasks.selector import Selector
+from tasks.update import policy_update
+
+log = logging.getLogger("rlsift.train")
+
+
+@dataclass
+class Policy:
+    """A model, its tokenizer and the rollout engine bound to it."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    engine: object
+    system_prompt: str | None = None
+
+    def prompts(self, records: list[PromptRecord]) -> list[str]:
+        return [format_prompt(self.tokenizer, r.question, self.system_prompt) for r in records]
+
+
+def rollout_rewards(policy: Policy, records: list[PromptRecord], n: int, seed: int,
+                    workers: int = 4) -> tuple[Generation, torch.Tensor]:
+    """Generate n completions per record and verify them. Returns the generation and rewards [B, n]."""
+    gen = policy.engine.generate(policy.prompts(records), n=n, seed=seed)
+    rewards = batch_rewards([r for r in records for _ in range(n)], gen.texts, workers=workers)
+    return gen, torch.tensor(rewards, dtype=torch.float32).view(len(records), n)
+
+
+def make_groups(gen: Generation, rewards: torch.Tensor, records: list[PromptRecord], step: int, *, m: int | None,
+                rule: str, scale_std: bool, generator: torch.Generator) -> tuple[list[RolloutGroup], dict]:
+    """PODS down-sampling (when m is set) and group-relative advantages on the kept rollouts."""
+    b, n = rewards.shape
+    if m is None:
+        keep, stats = torch.arange(n).expand(b, n), {}
+    else:
+        keep, stats = downsample(rewards, m, rule=rule, generator=generator)
+    kept_r = rewards.gather(1, keep)  # [B, G]
+    adv = group_advantages(kept_r, scale_by_std=scale_std)  # [B, G]
+    groups = []
+    for i, rec in enumerate(records):
+        rows = i * n + keep[i]
+        groups.append(RolloutGroup(
+            prompt_id=rec.id, prompt_ids=gen.prompt_ids[i], completion_ids=gen.completion_ids[rows],
+            completion_mask=gen.completion_mask[rows], rewards=kept_r[i], advantages=adv[i],
+            behaviour_logp=torch.zeros(0), success_rate=float(rewards[i].mean()), n_generated=n, step=step))
+    return groups, stats
+
+
+def train(run: Run, policy: Policy, pool: list[PromptRecord], features: dict, calibration: dict | None = None,
+          evaluate_fn=None) -> dict:
+    """Run (or resume) the training stage. Returns a summary dict."""
+    cfg, tc = run.cfg, run.cfg.train
+    model = policy.model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tc.betas, weight_decay=tc.weight_decay)
+    ref_model = copy.deepcopy(model).eval() if tc.kl_coef > 0 else None
+    selector = Selector(cfg, pool, features)
+    if calibration is not None:
+        selector.seed_labels(calibration["indices"], calibration["success"])
+    buffer = ReplayBuffer(cfg.replay.capacity, cfg.replay.max_age) if cfg.replay.enabled else None
+    start = checkpoint.restore(run, model, optimizer, selector, buffer)
+    if start:
+        run.ledger.truncate_after(run.run_id, start - 1)
+        log.info("resuming at step %d", start)
+    by_id = {r.id: r for r in pool}
+    pad_id = policy.tokenizer.pad_token_id
+    angle_fn = (lambda h, am: online_angle_signal(h, am)) if cfg.gain.enabled else None
+
+    def measure(records: list[PromptRecord], g: int, seed: int) -> torch.Tensor:
+        return rollout_rewards(policy, records, g, seed)[1]
+
+    metrics_file = run.dir / "metrics.jsonl"
+    if metrics_file.exists():  # a resumed run drops what the crashed one logged past its checkpoint
+        kept = [ln for ln in metrics_file.read_text().splitlines() if ln and json.loads(ln)["step"] < start]
+        metrics_file.write_text("".join(ln + "\n" for ln in kept))
+    bar = tqdm(total=tc.steps, initial=start, desc="train", disable=not show_progress(), unit="step")
+    summary: dict = {"steps": start}
+    for step in range(start, tc.steps):
+        t0 = time.perf_counter()
+        round_, metrics = step // tc.round_steps, {}
+        if step % tc.round_steps == 0:
+            with run.meter.stage("reference"):
+                metrics |= selector.begin_round(round_, step, measure, run)
+        n_fresh, n_replay = (mix_counts(tc.prompts_per_step, cfg.replay.fresh_frac, len(buffer))
+                             if buffer is not None and round_ > 0 else (tc.prompts_per_step, 0))
+        with run.meter.stage("selection"):
+            idx, rows = selector.choose(n_fresh, step)
+        records = [pool[i] for i in idx]
+        with run.meter.stage("rollout"):
+            t_gen = time.perf_counter()
+            gen, rewards = rollout_rewards(policy, records, cfg.rollout.n, derive_seed(cfg.seed, step, "train"))
+            t_gen = time.perf_counter() - t_gen
+        gen_rng = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "pods"))
+        with run.meter.stage("selection"):
+            fresh, pods_stats = make_groups(gen, rewards, records, step, m=cfg.pods.m if cfg.pods.enabled else None,
+                                            rule=cfg.pods.rule, scale_std=tc.scale_std, generator=gen_rng)
+            replayed = buffer.sample(n_replay, step, torch.Generator().manual_seed(
+                derive_seed(cfg.seed, step, "replay"))) if n_replay else []
+        batch = fresh + replayed
+        with run.meter.stage("update"):
+            stats = policy_update(model, optimizer, batch, clip_eps=tc.clip_eps, aggregation=tc.aggregation,
+                                  grad_clip=tc.grad_clip, temperature=cfg.rollout.temperature, pad_id=pad_id,
+                                  minibatches=tc.minibatches, kl_coef=tc.kl_coef, ref_model=ref_model,
+                                  device=run.device, angle_fn=angle_fn)
+        with run.meter.stage("selection"):
+            if buffer is not None:
+                for g in fresh:
+                    buffer.admit(g)
+            accuracy = float(rewards.mean())
+            metrics |= selector.observe(step, idx, rewards, accuracy, stats.get("gain/angle_online"))
+        kept = torch.stack([g.rewards for g in batch]) if len({g.size for g in batch}) == 1 else None
+        eff = effective_mask(kept).float() if kept is not None else torch.tensor(
+            [float(g.rewards.max() > g.rewards.min()) for g in batch])
+        with run.meter.stage("tracking"):
+            run.ledger.add_rows("selections", run.run_id, [{"round": round_, "step": step, **r} for r in rows])
+            run.ledger.add_rows("groups", run.run_id, [{
+                "step": step, "prompt_id": g.prompt_id, "n": g.n_generated,
+                "successes": int(round(g.success_rate * g.n_generated)), "mean_reward": g.success_rate,
+                "kept": g.size, "kept_mean_reward": float(g.rewards.mean()), "replayed": g.replayed_from is not None,
+                "from_step": g.replayed_from if g.replayed_from is not None else step} for g in batch])
+            metrics |= stats | pods_stats
+            metrics |= {
+                "train/reward_mean": accuracy,
+                "train/effective_ratio": float(eff.mean()),
+                "train/effective_ratio_fresh": float(eff[:len(fresh)].mean()),
+                "train/groups": float(len(batch)),
+                "train/level_mean": float(sum(r.level or 0 for r in records) / len(records)),
+                "rollout/generated": float(gen.completion_ids.shape[0]),
+                "rollout/tokens": float(gen.tokens),
+                "rollout/tokens_per_s": gen.tokens / max(t_gen, 1e-9),
+                "rollout/length_mean": gen.tokens / gen.completion_ids.shape[0],
+            }
+            if buffer is not None:
+                metrics |= buffer.stats(step) | {"replay/fresh": float(len(fresh)), "replay/replayed": float(n_replay)}
+        if evaluate_fn is not None and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
+            with run.meter.stage("eval_during"):
+                metrics |= evaluate_fn(step + 1)
+        metrics["time/step_s"] = time.perf_counter() - t0
+        metrics |= run.meter.metrics()
+        with run.meter.stage("tracking"):
+            run.log_metrics(metrics, step)
+            with open(metrics_file, "a") as f:
+                f.write(json.dumps({"step": step, **metrics}) + "\n")
+        summary |= {"steps": step + 1, "last": metrics}
+        bar.update(1)
+        bar.set_postfix(reward=f"{accuracy:.2f}", eff=f"{float(eff.mean()):.2f}", s=f"{metrics['time/step_s']:.1f}")
+        if (step + 1) % tc.round_steps == 0 or (tc.checkpoint_every and (step + 1) % tc.checkpoint_every == 0) \
+                or step + 1 == tc.steps:
+            with run.meter.stage("checkpoint"):
+                checkpoint.save(run, step + 1, model, optimizer, selector, buffer)
+    bar.close()
+    return summary

@@ -1,0 +1,129 @@
+"""Tests of DOTS prompt selection (rlcore/selection.py)."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlcore.selection import dots_weights, sample_prompts, uniform, uniform_weights
+
+rates = st.lists(st.floats(0.0, 1.0), min_size=1, max_size=40)
+
+
+@st.composite
+def pool(draw):
+    p = draw(rates)
+    mask = draw(st.lists(st.booleans(), min_size=len(p), max_size=len(p)))
+    if not any(mask):
+        mask[0] = True
+    prior = draw(st.lists(st.floats(0.01, 100.0), min_size=len(p), max_size=len(p)))
+    return torch.tensor(p, dtype=torch.float64), torch.tensor(mask), torch.tensor(prior, dtype=torch.float64)
+
+
+def test_hand_worked_weights():
+    # p = [0.5, 0.4, 0.9] -> d = [0.5, 0.6, 0.1]; |d - 0.5| = [0, 0.1, 0.4]; tau = 0.1
+    # w = [e^0, e^-1, e^-4] = [1, 0.367879, 0.018316]; sum = 1.386195
+    # P = [0.721399, 0.265388, 0.013213]
+    probs = dots_weights(torch.tensor([0.5, 0.4, 0.9]), alpha=0.5, tau=0.1)
+    assert probs.tolist() == pytest.approx([0.721399, 0.265388, 0.013213], abs=1e-6)
+    # alpha = 0.2 targets d = 0.2, i.e. p = 0.8: |d - 0.2| = [0.3, 0.4, 0.1] -> w = [e^-3, e^-4, e^-1]
+    w = [math.exp(-3), math.exp(-4), math.exp(-1)]
+    probs = dots_weights(torch.tensor([0.5, 0.4, 0.9], dtype=torch.float64), alpha=0.2, tau=0.1)
+    assert probs.tolist() == pytest.approx([x / sum(w) for x in w], abs=1e-9)
+
+
+def test_prior_and_mask_hand_worked():
+    # equal DOTS weights; prior [1, 3, 6] with the last prompt masked out -> [1/4, 3/4, 0]
+    probs = dots_weights(
+        torch.full((3,), 0.5), prior=torch.tensor([1.0, 3.0, 6.0]), mask=torch.tensor([True, True, False])
+    )
+    assert probs.tolist() == pytest.approx([0.25, 0.75, 0.0])
+
+
+def test_sharp_tau_does_not_underflow():
+    # tau = 1e-3 (official): the farthest prompt has weight e^-500 relative to the best: 0 in float32, not float64
+    probs = dots_weights(torch.tensor([0.5, 0.0, 1.0, 0.25]), tau=1e-3)
+    assert (probs > 0).all() and probs[0] == pytest.approx(1.0)
+    assert sample_prompts(probs, 4, torch.Generator().manual_seed(0)).sort().values.tolist() == [0, 1, 2, 3]
+
+
+@settings(max_examples=60, deadline=None)
+@given(pool(), st.floats(0.0, 1.0), st.floats(1e-3, 10.0), st.booleans())
+def test_probs_sum_to_one_non_negative_masked_zero(data, alpha, tau, use_prior):
+    p, mask, prior = data
+    probs = dots_weights(p, alpha=alpha, tau=tau, mask=mask, prior=prior if use_prior else None)
+    assert probs.shape == p.shape and (probs >= 0).all()
+    assert float(probs.sum()) == pytest.approx(1.0, abs=1e-9)
+    assert (probs[~mask] == 0).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(rates, st.floats(0.0, 1.0), st.floats(1e-2, 10.0))
+def test_weight_monotone_in_distance_to_target(p, alpha, tau):
+    p = torch.tensor(p, dtype=torch.float64)
+    probs = dots_weights(p, alpha=alpha, tau=tau)
+    dist = ((1 - p) - alpha).abs()
+    for i in range(len(p)):
+        for j in range(len(p)):
+            if dist[i] < dist[j]:
+                assert probs[i] >= probs[j]
+
+
+@settings(max_examples=30, deadline=None)
+@given(rates)
+def test_large_tau_is_uniform(p):
+    probs = dots_weights(torch.tensor(p), tau=1e9)
+    torch.testing.assert_close(probs, uniform_weights(len(p)), rtol=0, atol=1e-8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(pool(), st.sampled_from(["weighted", "greedy", "gumbel"]), st.integers(0, 2**31 - 1), st.data())
+def test_sample_distinct_in_range_never_masked(data, method, seed, draw):
+    p, mask, prior = data
+    probs = dots_weights(p, tau=0.05, mask=mask, prior=prior)
+    k = draw.draw(st.integers(0, int((probs > 0).sum())))
+    idx = sample_prompts(probs, k, torch.Generator().manual_seed(seed), method=method)
+    assert idx.dtype == torch.long and idx.shape == (k,)
+    assert len(set(idx.tolist())) == k
+    assert all(0 <= i < len(p) and bool(mask[i]) for i in idx.tolist())
+
+
+def test_greedy_is_top_k_ties_by_index():
+    probs = torch.tensor([0.1, 0.3, 0.3, 0.2, 0.1])
+    assert sample_prompts(probs, 3, method="greedy").tolist() == [1, 2, 3]
+
+
+@pytest.mark.parametrize("method", ["weighted", "gumbel"])
+def test_single_draw_frequencies_match_probs(method):
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64)
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(4)
+    n = 4000
+    for _ in range(n):
+        counts[sample_prompts(probs, 1, gen, method=method)] += 1
+    # binomial std at p = 0.5 is sqrt(0.25 / 4000) = 0.0079; allow about 4 std
+    torch.testing.assert_close(counts.double() / n, probs, rtol=0, atol=0.03)
+
+
+def test_uniform_selection():
+    mask = torch.tensor([True, False, True, True, False])
+    assert uniform_weights(5, mask).tolist() == pytest.approx([1 / 3, 0, 1 / 3, 1 / 3, 0])
+    idx = uniform(5, 3, torch.Generator().manual_seed(0), mask=mask)
+    assert sorted(idx.tolist()) == [0, 2, 3]
+
+
+def test_errors_name_the_problem():
+    with pytest.raises(ValueError, match="positive probability"):
+        sample_prompts(torch.tensor([0.5, 0.5, 0.0]), 3)
+    with pytest.raises(ValueError, match="method"):
+        sample_prompts(torch.tensor([1.0]), 1, method="topk")
+    with pytest.raises(ValueError, match="no eligible"):
+        dots_weights(torch.tensor([0.5, 0.5]), mask=torch.tensor([False, False]))
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        dots_weights(torch.tensor([1.2]))
+    with pytest.raises(ValueError, match="tau"):
+        dots_weights(torch.tensor([0.5]), tau=0.0)
+    with pytest.raises(ValueError, match="prior"):
+        dots_weights(torch.tensor([0.5]), prior=torch.tensor([-1.0]))

@@ -1,0 +1,203 @@
+"""The code sandbox: real HumanEval programs pass, empty bodies fail, hostile programs stay contained."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tasks.sandbox import CodeJob, Limits, Verdict, _processes_of, enforcement, run_tests, score_many
+from tasks.sources import read_source
+
+HUMANEVAL = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "humaneval" / "HumanEval.jsonl.gz"
+ROOT = os.geteuid() == 0
+CALL = "def check(f):\n    f()\n"  # test code: just call the entry point
+
+
+def run(program: str, test: str = CALL, **kw) -> Verdict:
+    return run_tests(program, test, "f", **kw)
+
+
+@pytest.fixture(scope="module")
+def humaneval():
+    if not HUMANEVAL.exists():
+        pytest.skip(f"{HUMANEVAL} not present")
+    records, rejected = read_source(HUMANEVAL)
+    assert len(records) == 164 and not rejected
+    return records
+
+
+def test_all_humaneval_canonical_solutions_pass(humaneval):
+    jobs = [CodeJob(r.question + r.meta["canonical_solution"], r.answer, r.meta["entry_point"]) for r in humaneval]
+    t0 = time.perf_counter()
+    verdicts = score_many(jobs, workers=4)
+    elapsed = time.perf_counter() - t0
+    failing = [(r.meta["task_id"], v.verdict, v.stderr_tail[-200:]) for r, v in zip(humaneval, verdicts) if not v.passed]
+    print(f"HumanEval canonical: {164 - len(failing)}/164 passed in {elapsed:.1f} s")
+    assert failing == []
+    assert elapsed < 60  # measured about 5-7 s on 2 cores; not marked slow
+
+
+def test_humaneval_empty_bodies_fail(humaneval):
+    jobs = [CodeJob(r.question + "    pass\n", r.answer, r.meta["entry_point"]) for r in humaneval]
+    verdicts = score_many(jobs, workers=4)
+    assert [v.verdict for v in verdicts] == ["failed"] * 164
+
+
+def test_verdicts_and_order():
+    jobs = [CodeJob("def f(x):\n    return x + 1\n", "def check(c):\n    assert c(1) == 2\n", "f"),
+            CodeJob("def f(x):\n    return x\n", "def check(c):\n    assert c(1) == 2\n", "f"),
+            CodeJob("def f(x):\n    return (\n", "def check(c):\n    pass\n", "f"),
+            CodeJob("def g(x):\n    return x\n", "def check(c):\n    pass\n", "f")]
+    v = score_many(jobs, workers=2)
+    assert [x.verdict for x in v] == ["passed", "failed", "failed", "failed"]
+    assert "AssertionError" in v[1].stderr_tail and "SyntaxError" in v[2].stderr_tail
+    assert "KeyError" in v[3].stderr_tail  # entry point missing
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="entry_point"):
+        run_tests("x = 1", CALL, "not an identifier")
+    with pytest.raises(ValueError, match="timeout_s"):
+        Limits(timeout_s=0)
+    with pytest.raises(ValueError, match="workers"):
+        score_many([], workers=0)
+
+
+def test_early_exit_cannot_fake_a_pass():
+    # os._exit(0) before the tests ran would otherwise look like success (exit status 0)
+    v = run("import os\ndef f():\n    os._exit(0)\n", "def check(f):\n    f()\n    assert False\n")
+    assert v.verdict == "failed" and "os._exit is not allowed" in v.stderr_tail
+    v = run("import sys\nsys.exit(0)\ndef f():\n    pass\n")
+    assert v.verdict == "failed"
+
+
+def test_enforcement_report():
+    e = enforcement()
+    print("sandbox enforcement:", e)
+    assert e["socket"] == "refused"
+    assert e["rlimits"]["RLIMIT_AS"] == Limits().memory_bytes
+    assert e["rlimits"]["RLIMIT_FSIZE"] == Limits().file_bytes
+    if ROOT:
+        assert e["uid"] != 0 and e["rlimits"]["RLIMIT_NPROC"] == Limits().max_processes
+        assert e["netns"] is True and e["interfaces"] == ["lo"]
+
+
+# --- hostile programs -------------------------------------------------------------------------
+
+def test_infinite_loop_times_out():
+    v = run("def f():\n    while True:\n        pass\n", timeout_s=1.0)
+    assert v.verdict == "timeout" and 1.0 <= v.seconds < 3.0
+
+
+def test_cpu_limit_is_a_timeout():
+    # the wall limit is far away; RLIMIT_CPU (1 s) sends SIGXCPU first
+    v = run("def f():\n    while True:\n        pass\n", limits=Limits(timeout_s=20.0, cpu_s=1))
+    assert v.verdict == "timeout" and v.seconds < 10
+
+
+def _sandbox_uid_processes() -> list[int]:
+    lim = Limits()
+    return [pid for uid in range(lim.uid_base, lim.uid_base + lim.uid_slots) for pid in _processes_of(uid)]
+
+
+def test_fork_bomb_is_contained():
+    bomb = ("import os, time\n"
+            "def f():\n"
+            "    n = 0\n"
+            "    while True:\n"
+            "        try:\n"
+            "            if os.fork() == 0:\n"
+            "                os.setsid()  # try to leave the process group the parent kills\n"
+            "            else:\n"
+            "                n += 1\n"
+            "        except (OSError, PermissionError):\n"
+            "            time.sleep(0.01)\n")
+    v = run(bomb, timeout_s=2.0)
+    assert v.verdict == "timeout"
+    if ROOT:
+        assert _sandbox_uid_processes() == []  # the per-uid sweep killed even the setsid() escapees
+    # the host can still start processes and run a normal job
+    assert run("def f():\n    pass\n").passed
+
+
+def test_memory_hog_fails_and_host_is_fine():
+    hog = "def f():\n    chunks = []\n    while True:\n        chunks.append(bytearray(50 * 2**20))\n"
+    v = run(hog, limits=Limits(timeout_s=10.0, memory_bytes=256 << 20))
+    assert v.verdict in ("failed", "crashed") and v.seconds < 10
+    assert "MemoryError" in v.stderr_tail or v.verdict == "crashed"
+    assert run("def f():\n    x = bytearray(10 * 2**20)\n").passed
+
+
+def test_huge_output_is_capped():
+    lim = Limits(file_bytes=1 << 20)
+    v = run("import sys\ndef f():\n    while True:\n        sys.stdout.write('x' * 65536)\n", limits=lim)
+    assert v.verdict == "failed" and v.seconds < 5  # EFBIG at the file-size limit, not a timeout
+    v = run("import sys\ndef f():\n    while True:\n        sys.stderr.write('y' * 65536)\n", limits=lim)
+    assert v.verdict == "failed" and len(v.stderr_tail) <= lim.stderr_tail_chars
+
+
+def test_writing_outside_the_working_directory_fails(tmp_path):
+    outside = tmp_path / "open-to-all"
+    outside.mkdir()
+    outside.chmod(0o777)  # even a directory anyone may write to is refused
+    targets = [outside / "escape.txt", Path("/tmp") / f"rlsift-escape-{uuid.uuid4().hex}"]
+    for target in targets:
+        v = run(f"def f():\n    open({str(target)!r}, 'w').write('pwned')\n")
+        assert v.verdict == "failed" and "PermissionError" in v.stderr_tail
+        assert not target.exists()
+    v = run(f"import os\ndef f():\n    os.mkdir({str(outside / 'd')!r})\n")
+    assert v.verdict == "failed" and not (outside / "d").exists()
+    v = run(f"import os\ndef f():\n    os.symlink({str(outside)!r}, 'link')\n    open('link/x', 'w')\n")
+    assert v.verdict == "failed" and not (outside / "x").exists()
+    # inside its own fresh directory, writing works
+    v = run("import os\ndef f():\n    assert os.listdir('.') == []\n"
+            "    open('ok.txt', 'w').write('fine')\n    assert open('ok.txt').read() == 'fine'\n")
+    assert v.passed, v.stderr_tail
+
+
+def test_network_connection_fails():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(0.5)
+    port = listener.getsockname()[1]
+    try:
+        v = run(f"import socket\ndef f():\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n")
+        assert v.verdict == "failed"
+        with pytest.raises(socket.timeout):
+            listener.accept()  # nothing ever connected
+    finally:
+        listener.close()
+    v = run("import urllib.request\ndef f():\n    urllib.request.urlopen('http://1.1.1.1', timeout=2)\n")
+    assert v.verdict == "failed"
+
+
+def test_environment_is_not_inherited(monkeypatch):
+    monkeypatch.setenv("RLSIFT_TEST_SECRET", "hunter2")
+    program = ("import os\ndef f():\n"
+               "    assert 'RLSIFT_TEST_SECRET' not in os.environ\n"
+               "    assert set(os.environ) <= {'PATH', 'LANG', 'HOME', 'TMPDIR'}, sorted(os.environ)\n")
+    v = run(program)
+    assert v.passed, v.stderr_tail
+    v = run("import os\ndef f():\n    raise RuntimeError(repr(dict(os.environ)))\n")
+    assert "hunter2" not in v.stderr_tail
+
+
+def test_killing_the_parent_is_contained():
+    v = run("import os, signal\ndef f():\n    os.kill(os.getppid(), signal.SIGKILL)\n")
+    assert v.verdict == "failed"
+    v = run("import os, signal\ndef f():\n    os.kill(-1, signal.SIGKILL)\n")
+    assert v.verdict == "failed"
+    assert run("def f():\n    pass\n").passed  # still alive, still scoring
+
+
+def test_ctypes_and_subprocess_are_refused():
+    v = run("import ctypes\ndef f():\n    ctypes.CDLL(None).kill(0, 9)\n")
+    assert v.verdict == "failed" and "PermissionError" in v.stderr_tail
+    v = run("import subprocess\ndef f():\n    subprocess.run(['sh', '-c', 'echo hi'])\n")
+    assert v.verdict == "failed"
