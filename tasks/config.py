@@ -111,6 +111,13 @@ class TrainConfig(_Frozen):
     checkpoint_every: int = Field(0, ge=0, description="Also checkpoint every N steps (0: round boundaries only).")
 
 
+class ScaleConfig(_Frozen):
+    """Training backend (launched with torchrun for the multi-process ones; see README "Scale out")."""
+
+    backend: Literal["single", "ddp", "fsdp2", "deepspeed_zero2", "deepspeed_zero3"] = "single"
+    offload_optimizer: bool = Field(False, description="DeepSpeed: keep optimizer state on the CPU.")
+
+
 class CalibrateConfig(_Frozen):
     k: int = Field(64, ge=2, description="Reference-set size K.")
     g: int = Field(8, ge=2, description="Rollouts per reference prompt.")
@@ -208,6 +215,7 @@ class Config(_Frozen):
     model: ModelConfig = ModelConfig()
     rollout: RolloutConfig = RolloutConfig()
     train: TrainConfig = TrainConfig()
+    scale: ScaleConfig = ScaleConfig()
     calibrate: CalibrateConfig = CalibrateConfig()
     select: SelectConfig = SelectConfig()
     pods: PodsConfig = PodsConfig()
