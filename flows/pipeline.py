@@ -1,26 +1,60 @@
-"""The ``pipeline`` flow: ingest -> prepare policy -> calibrate -> score -> train -> evaluate -> report."""
+"""The ``pipeline`` flow: ingest -> prepare policy -> calibrate -> score -> train -> evaluate -> report.
+
+``rlsift run --resume RUN_ID`` reopens a run: its stored ``config.json`` is used (command-line overrides
+may only change where things live and how they run: :data:`RESUME_MAY_CHANGE`), finished stages are
+reused (tasks/stages.py) and training continues from the last checkpoint into the same MLflow run.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
+from pathlib import Path
 
 from prefect import flow, get_run_logger
 
-from tasks.config import Config, load_config
-from tasks.run import open_run
+from tasks.config import Config, ConfigError, load_config, parse_override, validate
+from tasks.ingest import IngestResult
+from tasks.run import Run, open_run
 from tasks.stages import (calibrate_stage, evaluate_stage, ingest_stage, prepare_stage, report_stage, score_stage,
                           train_stage)
+
+log = logging.getLogger("rlsift")
+
+#: Config keys a resume may override (they do not change what is computed).
+RESUME_MAY_CHANGE = ("paths.", "tracking.uri", "model.threads", "model.device", "rollout.vllm_url")
 
 
 def run_pipeline(cfg: Config, resume: str | None = None, parent_run_id: str | None = None,
                  run_name: str | None = None) -> dict:
     """The stages in order, in the calling flow. Returns the run summary (the CLI's ``--json`` object)."""
+    return execute(open_run(cfg, run_id=resume, parent_run_id=parent_run_id, run_name=run_name))
+
+
+def data_fingerprint(data: IngestResult) -> str:
+    """sha256 of the sorted train and test prompt ids (content hashes): what a model was trained on."""
+    ids = {"train": sorted(r.id for r in data.train), "test": sorted(r.id for r in data.test)}
+    return hashlib.sha256(json.dumps(ids).encode()).hexdigest()
+
+
+def execute(run: Run, only_new: bool = False) -> dict:
+    """Run every stage of an opened run and close it. ``only_new``: train on prompts new to the ledger
+    only, and stop with status ``skipped`` when there are none (the retrain flow)."""
     t0 = time.perf_counter()
-    run = open_run(cfg, run_id=resume, parent_run_id=parent_run_id, run_name=run_name)
     status, summary = "failed", {"run_id": run.run_id, "mlflow_run_id": run.tracker.run_id}
     try:
-        data = ingest_stage(run)
+        data = ingest_stage(run, only_new=only_new)
+        summary["ingest"] = data.summary()
+        if not data.train:
+            status = "skipped"
+            summary |= {"reason": "no new training prompts since the last run", "model_version": None}
+            log.info("run %s: nothing new to train on; skipped", run.run_id)
+            run.tracker.set_tags({"rlsift.skipped": "no new training prompts"})
+            return summary
+        run.info.setdefault("data_fingerprint", data_fingerprint(data))
+        run.save_info()
         policy = prepare_stage(run)
         start = evaluate_stage(run, policy, data.test, "start", 0)
         calibration = calibrate_stage(run, policy, data.train)
@@ -37,21 +71,56 @@ def run_pipeline(cfg: Config, resume: str | None = None, parent_run_id: str | No
             "effective_ratio": trained.get("last", {}).get("train/effective_ratio"),
             "wall_s": time.perf_counter() - t0, "device": run.meter.device,
             "device_hours": run.meter.device_hours(), "cost_usd": run.meter.usd(),
-            "stage_seconds": dict(run.meter.seconds), "ingest": data.summary(),
+            "stage_seconds": dict(run.meter.seconds),
             "model_path": report["model_path"], "model_version": report["model_version"],
-            "ledger": str(run.ledger.path), "tracking_uri": run.tracking_uri, "run_dir": str(run.dir),
+            "parent_version": run.info.get("parent_version"), "data_fingerprint": run.info["data_fingerprint"],
+            "resumed": run.resumed,
         }
         return summary
     finally:
         summary["status"] = status
         summary.setdefault("wall_s", time.perf_counter() - t0)
+        summary |= {"ledger": str(run.ledger.path), "tracking_uri": run.tracking_uri, "run_dir": str(run.dir)}
         run.close(status, summary)
+
+
+def resume_config(config: str | None, overrides: list[str], run_id: str) -> Config:
+    """The stored config of run ``run_id``, with the overrides :data:`RESUME_MAY_CHANGE` allows.
+
+    ``config`` and ``overrides`` locate the run root (``paths.root``). Overrides of any other key that
+    differ from the stored value raise :class:`ConfigError`: a resumed run must compute what it started.
+    """
+    given = load_config(config, overrides)
+    stored_file = Path(given.paths.root).resolve() / "runs" / run_id / "config.json"
+    if not stored_file.is_file():
+        raise ConfigError(f"no run {run_id} under {stored_file.parents[1]}: pass the run's paths.root "
+                          "(e.g. -c the config it ran with, or paths.root=...)")
+    tree = json.loads(stored_file.read_text())
+    stored, wanted = validate(tree).flat(), given.flat()
+    for item in overrides:
+        keys, value = parse_override(item)
+        dotted = ".".join(keys)
+        touched = [k for k in wanted if k == dotted or k.startswith(dotted + ".")]
+        if any(k.startswith(RESUME_MAY_CHANGE) or k in RESUME_MAY_CHANGE for k in touched):
+            node = tree
+            for k in keys[:-1]:
+                node = node.setdefault(k, {})
+            node[keys[-1]] = value
+            continue
+        changed = [k for k in touched if wanted[k] != stored.get(k)]
+        if changed:
+            raise ConfigError(f"resume {run_id}: {', '.join(changed)} differ from the run's stored config "
+                              f"({stored_file}); a resumed run keeps its config (allowed to change: "
+                              f"{', '.join(RESUME_MAY_CHANGE)}). Drop the override or start a new run.")
+    tree.setdefault("paths", {})["root"] = given.paths.root
+    return validate(tree)
 
 
 @flow(name="pipeline", log_prints=True)
 def pipeline(config: str | None = None, overrides: list[str] | None = None, resume: str | None = None) -> dict:
     """The whole rlsift pipeline on one config (a YAML path plus dotted overrides)."""
-    cfg = load_config(config, overrides or [])
+    overrides = list(overrides or [])
+    cfg = resume_config(config, overrides, resume) if resume else load_config(config, overrides)
     logging.getLogger("rlsift").info("config validated")
     summary = run_pipeline(cfg, resume=resume)
     get_run_logger().info("run %s %s: accuracy %.3f -> %.3f in %.0f s", summary["run_id"], summary["status"],

@@ -5,6 +5,12 @@ pool statistics), replay buffer, cost meter, every RNG state and the step counte
 temporary file, fsynced and renamed into place, then the ``latest`` pointer is replaced the same way: a
 kill at any moment leaves either the previous or the new checkpoint, never a torn one. Randomness in the
 loop is seeded from ``(seed, step, purpose)``, so a resumed run continues exactly as an uninterrupted one.
+
+Checkpoints also delimit what reaches MLflow (tasks/run.py): :func:`restore` starts holding step metrics
+from the step it resumes at, and :func:`save` sends the held metrics of the steps it covers, so a step's
+metrics are sent once, by the process whose checkpoint includes that step. The cost meter of a resumed
+run is the checkpoint's plus what the resuming process spent before training (redone stages); the time a
+crashed process spent past its last checkpoint is not counted.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from tasks.rollout import derive_seed
 
 KEEP = 2
 
@@ -50,6 +58,7 @@ def save(run, step: int, model, optimizer, selector, buffer) -> Path:
     _atomic_write(folder / "latest", lambda f: f.write(path.name.encode()))
     for old in sorted(folder.glob("step-*.pt"))[:-KEEP]:
         old.unlink(missing_ok=True)
+    run.commit_metrics(step)
     return path
 
 
@@ -64,7 +73,12 @@ def latest(run) -> Path | None:
 def restore(run, model, optimizer, selector, buffer) -> int:
     """Load the latest checkpoint of ``run`` into the given objects; returns the step to continue from."""
     path = latest(run)
-    if path is None:
+    if path is None:  # a fresh start, or a crash before the first checkpoint: same RNG state either way
+        seed = derive_seed(run.cfg.seed, "train-start")
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        run.defer_metrics(0)
         return 0
     state = torch.load(path, weights_only=False)
     model.load_state_dict(state["model"])
@@ -72,8 +86,12 @@ def restore(run, model, optimizer, selector, buffer) -> int:
     selector.load_state_dict(state["selector"])
     if buffer is not None and state["buffer"] is not None:
         buffer.load_state_dict(state["buffer"])
+    redone = dict(run.meter.seconds)
     run.meter.load_state_dict(state["meter"])
+    for name, seconds in redone.items():
+        run.meter.add(name, seconds)
     torch.set_rng_state(state["rng"]["torch"])
     random.setstate(state["rng"]["python"])
     np.random.set_state(state["rng"]["numpy"])
+    run.defer_metrics(int(state["step"]))
     return int(state["step"])

@@ -53,11 +53,17 @@ class CostMeter:
     def add(self, name: str, seconds: float) -> None:
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds
 
-    def device_hours(self, name: str | None = None) -> float:
-        s = self.seconds.get(name, 0.0) if name else sum(self.seconds.values())
-        return s / 3600.0 * (self.devices or 1)
+    def wall_seconds(self, name: str | tuple[str, ...] | None = None) -> float:
+        """Seconds of one stage, of several (a tuple), or of all (None)."""
+        if name is None:
+            return sum(self.seconds.values())
+        names = (name,) if isinstance(name, str) else name
+        return sum(self.seconds.get(n, 0.0) for n in names)
 
-    def usd(self, name: str | None = None) -> float:
+    def device_hours(self, name: str | tuple[str, ...] | None = None) -> float:
+        return self.wall_seconds(name) / 3600.0 * (self.devices or 1)
+
+    def usd(self, name: str | tuple[str, ...] | None = None) -> float:
         return self.device_hours(name) * self.prices[self.device]
 
     def metrics(self) -> dict[str, float]:

@@ -116,10 +116,19 @@ class Ledger:
         self._insert(table, [{"run_id": run_id, **r} for r in rows])
 
     def truncate_after(self, run_id: str, step: int) -> None:
-        """Remove step rows a crashed run wrote after its last checkpoint at ``step``."""
+        """Remove step rows a crashed run wrote after its last checkpoint (which covers steps <= ``step``).
+
+        In-training evaluations are stamped with the number of steps done (``step + 1``), so the one made
+        at the end of the last covered step is kept.
+        """
         for table in STEP_TABLES:
             self.con.execute(f"DELETE FROM {table} WHERE run_id = ? AND step > ?", [run_id, step])
-        self.con.execute("DELETE FROM evals WHERE run_id = ? AND phase = 'during' AND step > ?", [run_id, step])
+        self.con.execute("DELETE FROM evals WHERE run_id = ? AND phase = 'during' AND step > ?", [run_id, step + 1])
+
+    def delete_rows(self, table: str, run_id: str, **where: Any) -> None:
+        """Delete a run's rows of ``table`` matching ``column=value`` pairs (a redone stage replaces its rows)."""
+        cond = "".join(f" AND {col} = ?" for col in where)
+        self.con.execute(f"DELETE FROM {table} WHERE run_id = ?{cond}", [run_id, *where.values()])
 
     # ---- reads --------------------------------------------------------------------------------
     def known_ids(self) -> set[str]:

@@ -1,4 +1,12 @@
-"""The run context every stage receives: config, folders, ledger, tracker and cost meter of one run."""
+"""The run context every stage receives: config, folders, ledger, tracker and cost meter of one run.
+
+Metrics of training steps are *committed with checkpoints* (docs/operations.md "Resume"): once training
+starts (:meth:`Run.defer_metrics`), metrics logged at a step at or past the last checkpoint are held in
+memory and handed to the tracker only when the checkpoint that covers them is on disk
+(:meth:`Run.commit_metrics`) or the run completes. A run killed between checkpoints therefore never
+leaves metrics in MLflow for steps that its resume recomputes: each step's metrics reach MLflow once.
+Everything logged before training (ingest, calibration, ...) goes to the tracker at once.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +32,16 @@ log = logging.getLogger("rlsift")
 def show_progress() -> bool:
     """Progress bars only on an interactive terminal, never in CI logs."""
     return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+def quiet_libraries() -> None:
+    """No third-party progress bars (transformers' weight loading/saving) off a terminal or in CI."""
+    if show_progress():
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def resolve_device(name: str) -> torch.device:
@@ -54,27 +72,71 @@ class Run:
     device: torch.device
     tracking_uri: str
     info: dict[str, Any] = field(default_factory=dict)
+    resumed: bool = False
+    _hold_from: int | None = field(default=None, repr=False)
+    _held: list[tuple[dict[str, float], int]] = field(default_factory=list, repr=False)
 
     @property
     def checkpoint_dir(self) -> Path:
         return self.dir / "checkpoints"
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self.tracker.log_metrics(metrics, step)
+        if self._hold_from is not None and step >= self._hold_from:
+            self._held.append((dict(metrics), step))
+        else:
+            self.tracker.log_metrics(metrics, step)
 
-    def log_stage_cost(self, stage: str, step: int = 0) -> None:
-        """Record a finished stage's wall time, device hours and money in the ledger and as metrics."""
-        s = self.meter.seconds.get(stage, 0.0)
+    def defer_metrics(self, from_step: int) -> None:
+        """From now on hold metrics of steps >= ``from_step`` until a checkpoint covers them."""
+        self._hold_from = from_step
+
+    def commit_metrics(self, step: int) -> None:
+        """A checkpoint at ``step`` is on disk: send held metrics of earlier steps."""
+        keep = []
+        for metrics, s in self._held:
+            if s < step:
+                self.tracker.log_metrics(metrics, s)
+            else:
+                keep.append((metrics, s))
+        self._held = keep
+        if self._hold_from is not None:
+            self._hold_from = max(self._hold_from, step)
+
+    def save_info(self) -> None:
+        """Persist :attr:`info` (lineage of retrain runs) so a resumed run sees it."""
+        write_json(self.dir / "info.json", self.info)
+
+    def log_stage_cost(self, stage: str, step: int = 0, parts: tuple[str, ...] | None = None) -> None:
+        """Record a finished stage's wall time, device hours and money in the ledger and as metrics.
+
+        ``parts``: the meter's names that make up the stage (the training loop is timed per phase).
+        """
+        names = parts or (stage,)
+        s, hours, usd = self.meter.wall_seconds(names), self.meter.device_hours(names), self.meter.usd(names)
         self.ledger.add_rows("stages", self.run_id, [{
-            "stage": stage, "wall_s": s, "device": self.meter.device,
-            "device_hours": self.meter.device_hours(stage), "cost": self.meter.usd(stage)}])
-        self.log_metrics({k: v for k, v in self.meter.metrics().items() if stage in k or "/" in k and
-                          k in ("cost/device_hours", "cost/usd")}, step)
+            "stage": stage, "wall_s": s, "device": self.meter.device, "device_hours": hours, "cost": usd}])
+        metrics = {k: v for k, v in self.meter.metrics().items()
+                   if k.startswith(tuple(f"{p}/{n}_" for n in names for p in ("time", "cost")))
+                   or k in ("cost/device_hours", "cost/usd")}
+        if parts:
+            metrics |= {f"time/{stage}_s": s, f"cost/{stage}_device_hours": hours, f"cost/{stage}_usd": usd}
+        self.log_metrics(metrics, step)
+        log.info("stage %s done in %.1f s (%.5f device hours, $%.5f; run total $%.5f)", stage, s, hours, usd,
+                 self.meter.usd())
 
     def close(self, status: str, summary: dict[str, Any]) -> None:
+        """Finish the run: ``completed`` and ``skipped`` send every held metric; any other status drops the
+        metrics past the last checkpoint (a resume recomputes and logs them)."""
+        if status in ("completed", "skipped"):
+            self._hold_from = None
+            self.commit_metrics(2**62)
+        elif self._held:
+            log.info("run %s %s: %d steps' metrics past the last checkpoint not sent (metrics.jsonl has them; "
+                     "`rlsift run --resume %s` logs them again)", self.run_id, status, len(self._held), self.run_id)
+            self._held = []
         self.ledger.finish_run(self.run_id, status, summary)
         self.ledger.close()
-        self.tracker.finish("FINISHED" if status == "completed" else "FAILED")
+        self.tracker.finish("FAILED" if status == "failed" else "FINISHED")
 
 
 def open_run(cfg: Config, *, run_id: str | None = None, track: bool = True, parent_run_id: str | None = None,
@@ -105,8 +167,11 @@ def open_run(cfg: Config, *, run_id: str | None = None, track: bool = True, pare
     meter = CostMeter(prices=dict(cfg.cost.prices), device=cfg.cost.device)
     if cfg.model.threads:
         torch.set_num_threads(cfg.model.threads)
+    info_file = run_dir / "info.json"
+    info = json.loads(info_file.read_text()) if resume and info_file.exists() else {}
     run = Run(cfg=cfg, run_id=run_id, root=root, dir=run_dir, ledger=ledger, tracker=tracker, meter=meter,
-              device=device, tracking_uri=uri)
+              device=device, tracking_uri=uri, info=info, resumed=resume)
+    quiet_libraries()
     log.info("run %s: ledger %s, MLflow %s (run %s)", run_id, ledger.path, uri, tracker.run_id)
     return run
 

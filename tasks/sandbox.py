@@ -45,14 +45,16 @@ program that introspects frames could read them; the sandbox contains damage, it
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
-import queue
+import pwd
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -184,14 +186,15 @@ class Limits:
 
     Attributes:
         timeout_s: wall-clock limit; the process group is SIGKILLed after it.
-        cpu_s: RLIMIT_CPU soft limit in seconds (hard = soft + 1); None means ``ceil(timeout_s) + 1``.
+        cpu_s: RLIMIT_CPU soft limit in seconds (hard = soft + 1); None means ``int(timeout_s) + 2``.
         memory_bytes: RLIMIT_AS (address space).
         file_bytes: RLIMIT_FSIZE: largest file the job may write, which also caps stdout and stderr.
         max_processes: RLIMIT_NPROC budget (processes and threads) for the job.
         max_open_files: RLIMIT_NOFILE.
         stderr_tail_chars: how much of the end of stderr the verdict keeps.
-        uid_base: first uid of the pool used when running as root (one uid per concurrent job).
-        uid_slots: size of that pool (the most jobs that can run at once).
+        uid_base: first uid of the pool used when running as root (one uid per concurrent job,
+            locked across processes; uids with an account are skipped).
+        uid_slots: size of that pool (the most jobs that can run at once on the machine).
         network_namespace: try ``unshare(CLONE_NEWNET)``.
     """
 
@@ -238,27 +241,62 @@ class CodeJob:
 
 
 class _UidPool:
-    """Hands out one unprivileged uid per concurrent job (only used when running as root)."""
+    """Hands out one unprivileged uid per concurrent job (only used when running as root).
+
+    Uids that belong to an account are skipped. A uid is held with an exclusive ``flock`` on a file
+    in a root-only folder, so sandboxes in other processes never share (or sweep) a uid in use.
+    """
 
     def __init__(self, base: int, slots: int) -> None:
-        self.base, self.slots = base, slots
-        self._free: queue.Queue[int] = queue.Queue()
-        for uid in range(base, base + slots):
-            self._free.put(uid)
+        self.uids = [u for u in range(base, base + slots) if not _has_account(u)]
+        if not self.uids:
+            raise ValueError(f"every uid in [{base}, {base + slots}) belongs to an account; change uid_base")
+        self._dir = Path(tempfile.gettempdir()) / "rlsift-sandbox-uids"
+        self._dir.mkdir(mode=0o700, exist_ok=True)
+        self._lock = threading.Lock()
+        self._held: dict[int, int] = {}
 
     def acquire(self) -> int:
-        return self._free.get()
+        while True:
+            with self._lock:
+                for uid in self.uids:
+                    if uid in self._held:
+                        continue
+                    fd = os.open(self._dir / f"{uid}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        os.close(fd)
+                        continue
+                    self._held[uid] = fd
+                    return uid
+            time.sleep(0.02)
 
     def release(self, uid: int) -> None:
-        self._free.put(uid)
+        with self._lock:
+            fd = self._held.pop(uid)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _has_account(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        return False
 
 
 _POOLS: dict[tuple[int, int], _UidPool] = {}
+_POOLS_LOCK = threading.Lock()
 
 
 def _pool(limits: Limits) -> _UidPool:
     key = (limits.uid_base, limits.uid_slots)
-    return _POOLS.setdefault(key, _UidPool(*key))
+    with _POOLS_LOCK:
+        if key not in _POOLS:
+            _POOLS[key] = _UidPool(*key)
+        return _POOLS[key]
 
 
 def _processes_of(uid: int) -> list[int]:

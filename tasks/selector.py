@@ -207,6 +207,8 @@ class Selector:
         if self.window is not None:
             self.window.update(accuracy, angle)
             metrics |= self.window.metrics()
+        if self.scheduler is not None:
+            metrics |= self.scheduler.metrics()
         metrics["select/selected_success_mean"] = float(success.mean())
         return metrics
 

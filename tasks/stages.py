@@ -3,10 +3,17 @@
 Tasks take the in-process :class:`~tasks.run.Run` and policy objects, so they use ``NO_CACHE`` (stack.md
 §2: models and connections cannot be hashed) and no retries: a stage reruns from the run's checkpoint via
 ``rlsift run --resume``, never silently from scratch.
+
+Resume-safe: a resumed run (``rlsift run --resume``) reuses what its stages already produced instead of
+redoing and re-recording it: the ingested prompt lists (``ingest.json``; the prompts come back from the
+ledger), the calibration (``calibrate.json``), the features (``features.pt``) and the starting
+evaluation (``eval_start.json``). Only the policy is prepared again. A redone final evaluation replaces
+its ledger rows. Training continues from its checkpoint (tasks/checkpoint.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 
@@ -26,24 +33,43 @@ from tasks.warmstart import warm_start
 log = logging.getLogger("rlsift")
 stage = task(cache_policy=NO_CACHE, persist_result=False)
 
+#: The cost meter's names for the phases of the training loop (tasks/train.py).
+TRAIN_PARTS = ("reference", "selection", "rollout", "update", "tracking", "checkpoint", "eval_during")
 #: Warm-start data: worked solutions over all levels, from a seed the RL pool never uses.
 WARMSTART_SEED = 10_000
 
 
 @stage(name="ingest")
-def ingest_stage(run: Run) -> ingest.IngestResult:
+def ingest_stage(run: Run, only_new: bool = False) -> ingest.IngestResult:
+    """Sources -> ledger. ``only_new``: train only on prompts the ledger did not know (the retrain flow)."""
+    cache = run.dir / "ingest.json"
+    if cache.exists():
+        return _reuse_ingest(run, cache)
     with run.meter.stage("ingest"):
         result = ingest.ingest(run.ledger, run.run_id, list(run.cfg.data.sources))
         ingest.split_holdout(result, run.cfg.data.test_from_train, run.cfg.seed)
-    if not result.train:
+    if only_new:
+        result.train = [r for r in result.train if r.id in result.new_ids]
+    elif not result.train:
         raise ValueError("no training prompts after ingest: check data.sources and the quarantine table")
     t = result.totals
     run.log_metrics({"ingest/rows": t["rows"], "ingest/accepted": t["accepted"], "ingest/duplicates": t["duplicates"],
-                     "ingest/quarantined": t["quarantined"], "ingest/train": len(result.train),
-                     "ingest/test": len(result.test)}, 0)
+                     "ingest/quarantined": t["quarantined"], "ingest/new": t["new"],
+                     "ingest/train": len(result.train), "ingest/test": len(result.test)}, 0)
+    write_json(cache, {"train": [r.id for r in result.train], "test": [r.id for r in result.test],
+                       "new_ids": sorted(result.new_ids), "sources": result.sources})
     run.log_stage_cost("ingest")
     log.info("ingest: %s", json.dumps(result.summary()["sources"]))
     return result
+
+
+def _reuse_ingest(run: Run, cache) -> ingest.IngestResult:
+    data = json.loads(cache.read_text())
+    train, test = run.ledger.prompts(ids=data["train"]), run.ledger.prompts(ids=data["test"])
+    if len(train) != len(data["train"]) or len(test) != len(data["test"]):
+        raise RuntimeError(f"{cache} names prompts the ledger {run.ledger.path} does not have")
+    log.info("ingest: reusing this run's ingest (%d train, %d test prompts)", len(train), len(test))
+    return ingest.IngestResult(train=train, test=test, new_ids=set(data["new_ids"]), sources=data["sources"])
 
 
 @stage(name="prepare-policy")
@@ -69,10 +95,10 @@ def prepare_stage(run: Run) -> Policy:
         engine = HFEngine(model, tok, max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
                           top_k=rc.top_k, chunk=rc.chunk, device=run.device)
     run.info["policy_path"] = str(path)
-    run.tracker.set_tags({"rlsift.policy_path": str(path)})
     run.log_stage_cost("prepare")
-    n_params = sum(p.numel() for p in model.parameters())
-    run.log_metrics({"model/params": n_params}, 0)
+    if not run.resumed:
+        run.tracker.set_tags({"rlsift.policy_path": str(path)})
+        run.log_metrics({"model/params": sum(p.numel() for p in model.parameters())}, 0)
     return Policy(model=model, tokenizer=tok, engine=engine,
                   system_prompt=mc.system_prompt if getattr(tok, "chat_template", None) else None)
 
@@ -81,6 +107,10 @@ def prepare_stage(run: Run) -> Policy:
 def calibrate_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> dict:
     """K reference prompts stratified by level, G rollouts each with the current policy."""
     cfg = run.cfg
+    cache = run.dir / "calibrate.json"
+    if cache.exists():
+        saved = json.loads(cache.read_text())
+        return saved | {"success": torch.tensor(saved["success"], dtype=torch.float32)}
     gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "calibrate"))
     strata: dict = {}
     for i in torch.randperm(len(pool), generator=gen).tolist():
@@ -101,12 +131,18 @@ def calibrate_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> dict:
     metrics = {"calibrate/success_mean": float(rates.mean()), "calibrate/effective": float(eff),
                "calibrate/solved": float((rates == 1).float().mean()), "calibrate/unsolved": float((rates == 0).float().mean())}
     run.log_metrics(metrics, 0)
+    write_json(cache, {"indices": picked, "success": rates.tolist(), **metrics})
     run.log_stage_cost("calibrate")
     return {"indices": picked, "success": rates, **metrics}
 
 
 @stage(name="score")
 def score_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> dict:
+    saved = run.dir / "features.pt"
+    if saved.exists():
+        feats = torch.load(saved, weights_only=False)
+        if feats["ids"] == [r.id for r in pool]:
+            return feats
     with run.meter.stage("score"):
         feats = score.score(policy, pool, inter_weight=run.cfg.gain.inter_weight, batch_size=run.cfg.eval.batch_size,
                             device=run.device, progress=show_progress())
@@ -131,7 +167,7 @@ def train_stage(run: Run, policy: Policy, pool: list[PromptRecord], features: di
         return flat_metrics(res)
 
     summary = train(run, policy, pool, features, calibration, evaluate_fn=eval_during)
-    run.log_stage_cost("train", summary["steps"])
+    run.log_stage_cost("train", summary["steps"], parts=TRAIN_PARTS)
     return summary
 
 
@@ -139,18 +175,34 @@ def train_stage(run: Run, policy: Policy, pool: list[PromptRecord], features: di
 def evaluate_stage(run: Run, policy: Policy, test: list[PromptRecord], phase: str, step: int) -> dict:
     ec = run.cfg.eval
     records = test[: ec.limit] if ec.limit else test
-    done = run.ledger.query("SELECT 1 FROM evals WHERE run_id = ? AND phase = ? LIMIT 1", [run.run_id, phase])
-    if done and phase == "start":  # a resumed run keeps its starting evaluation
-        cached = run.dir / "eval_start.json"
-        if cached.exists():
-            return json.loads(cached.read_text())
+    cached = run.dir / f"eval_{phase}.json"
+    if phase == "start" and cached.exists():  # a resumed run keeps its starting evaluation
+        return _load_eval(cached)
     with run.meter.stage(f"eval_{phase}"):
         result = evaluate(policy, records, samples=ec.samples, seed=run.cfg.seed)
-    write_json(run.dir / f"eval_{phase}.json", result)
+    run.ledger.delete_rows("evals", run.run_id, phase=phase)
     run.ledger.add_rows("evals", run.run_id, table_rows(result, phase, step))
+    write_json(cached, result)
     run.log_metrics(flat_metrics(result, f"eval_{phase}") | flat_metrics(result), step)
-    run.tracker.log_artifact(run.dir / f"eval_{phase}.json")
+    run.tracker.log_artifact(cached)
     run.log_stage_cost(f"eval_{phase}", step)
+    return result
+
+
+def config_tags(cfg) -> dict[str, str]:
+    """A model version's config tags: the resolved config's hash and (when it fits a tag) its JSON."""
+    text = json.dumps(cfg.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    tags = {"config_sha256": hashlib.sha256(text.encode()).hexdigest()}
+    if len(text) <= 5000:  # MLflow's limit on a model version tag value
+        tags["config"] = text
+    return tags
+
+
+def _load_eval(path) -> dict:
+    """An evaluation saved as JSON, with its level keys back to int / None."""
+    result = json.loads(path.read_text())
+    result["by_level"] = {None if k == "null" else int(k) if k.lstrip("-").isdigit() else k: v
+                          for k, v in result["by_level"].items()}
     return result
 
 
@@ -170,5 +222,6 @@ def report_stage(run: Run, policy: Policy, start: dict, end: dict, summary: dict
     if run.cfg.tracking.register_model:
         version = run.tracker.register_model(final, run.cfg.tracking.model_name, {
             "rlsift.run_id": run.run_id, "parent_version": run.info.get("parent_version", ""),
-            "data_fingerprint": run.info.get("data_fingerprint", ""), "steps": str(summary.get("steps"))})
+            "data_fingerprint": run.info.get("data_fingerprint", ""), "steps": str(summary.get("steps")),
+            **config_tags(run.cfg)})
     return {"model_path": str(final), "model_version": version, "table": table}

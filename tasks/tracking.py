@@ -1,11 +1,27 @@
 """Experiment tracking: the only module that imports MLflow.
 
 :class:`MlflowTracker` logs by explicit run id through ``MlflowClient`` (MLflow's fluent "active run" is
-thread-local and Prefect may run tasks on other threads: stack.md §2). Metrics are queued and sent in
-batches by a background thread, so the training loop never waits on the tracking server. When the
-server does not answer, nothing is lost: pending metrics, params and artifacts stay in an on-disk
-outbox (``<run dir>/outbox.jsonl``) and are sent when it answers again, or by :meth:`finish`, with a
-warning while it is away. :class:`NullTracker` is the do-nothing stand-in for tests and dry runs.
+thread-local and Prefect may run tasks on other threads: stack.md §2).
+
+Delivery (choices, see docs/operations.md "Tracking outages"):
+
+* **Write-ahead outbox.** Every call (metrics, params, tags, artifacts, model registration, the final
+  status) is appended as one JSON line to ``<run dir>/outbox.jsonl`` and returns at once; files are copied
+  to ``<run dir>/outbox-artifacts/`` first, so later changes cannot alter them. A background thread sends
+  the outbox every ``flush_s`` seconds, consecutive metric items merged into batches of up to 1000
+  values, and removes what was sent. Training never waits on the tracking server; a killed process or a
+  server that is away loses nothing: the next flush, a resumed run, or ``rlsift sync`` sends the rest.
+* **At least once, without duplicates.** An item may be sent twice (killed between sending and removing
+  it from the outbox; a timeout after the server stored it). Resending is harmless: metric items carry
+  the timestamp of the original call and MLflow's SQL store drops exact (key, step, timestamp, value)
+  repeats; params are re-logged with the same value; tags and artifacts overwrite; a registration first
+  looks for the version this run already registered; setting the status twice is a no-op.
+* **Transient vs. permanent errors.** Transport failures (refused connection, timeout, 5xx: MLflow's
+  ``INTERNAL_ERROR``/``TEMPORARILY_UNAVAILABLE``) keep the outbox and retry with a warning while the server
+  is away. An item the server rejects as invalid would block the queue forever, so it is moved to
+  ``outbox-rejected.jsonl`` with an error log instead.
+
+:class:`NullTracker` is the do-nothing stand-in for tests and dry runs.
 """
 
 from __future__ import annotations
@@ -26,9 +42,16 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 import mlflow  # noqa: E402
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
+from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 log = logging.getLogger("rlsift.tracking")
+
+#: MLflow error codes that mean "this item is invalid", not "the server is away".
+PERMANENT = frozenset({"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "MALFORMED_REQUEST", "RESOURCE_DOES_NOT_EXIST",
+                       "INVALID_STATE", "RESOURCE_ALREADY_EXISTS"})
+#: MLflow's log_batch limit on metrics per request.
+BATCH_METRICS = 1000
 
 
 class Tracker(Protocol):
@@ -39,6 +62,7 @@ class Tracker(Protocol):
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...
     def register_model(self, local_dir: str | Path, name: str, tags: dict[str, str]) -> str | None: ...
+    def flush(self) -> bool: ...
     def finish(self, status: str = "FINISHED") -> None: ...
 
 
@@ -51,18 +75,79 @@ def _clean(key: str) -> str:
     return key.replace("@", "_at_")
 
 
+class Outbox:
+    """A file-backed FIFO of JSON items (one per line): appended by loggers, drained by one sender."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+
+    def append(self, item: dict[str, Any]) -> None:
+        line = json.dumps(item) + "\n"
+        with self._lock, open(self.path, "a") as f:
+            f.write(line)
+
+    def peek(self) -> list[dict[str, Any]]:
+        """Every queued item, oldest first (a torn last line from a killed writer is skipped)."""
+        with self._lock:
+            if not self.path.exists():
+                return []
+            lines = self.path.read_text().splitlines()
+        items = []
+        for i, line in enumerate(lines):
+            try:
+                items.append(json.loads(line))
+            except json.JSONDecodeError:
+                if i < len(lines) - 1:
+                    raise
+        return items
+
+    def drop(self, n: int) -> None:
+        """Remove the ``n`` oldest items (what was sent); items appended meanwhile stay."""
+        if n <= 0:
+            return
+        with self._lock:
+            lines = self.path.read_text().splitlines(keepends=True) if self.path.exists() else []
+            rest = lines[n:]
+            if rest:
+                tmp = self.path.with_name(self.path.name + ".tmp")
+                tmp.write_text("".join(rest))
+                os.replace(tmp, self.path)
+            else:
+                self.path.unlink(missing_ok=True)
+
+    def __len__(self) -> int:
+        return len(self.peek())
+
+
 class MlflowTracker:
-    """Logs one MLflow run, surviving tracking-server outages through an on-disk outbox."""
+    """Logs one MLflow run through a write-ahead outbox (see the module docstring).
+
+    Args:
+        uri: MLflow tracking URI (``sqlite:///...`` or ``http://host:port``).
+        experiment: experiment name (created when missing).
+        run_dir: the run's folder; holds ``outbox.jsonl`` and ``outbox-artifacts/``.
+        run_name: MLflow run name of a new run.
+        run_id: reopen this MLflow run instead of creating one (``rlsift run --resume``).
+        parent_run_id: nest a new run under this one.
+        flush_s: seconds between background sends.
+        final_wait_s: how long :meth:`finish` keeps retrying an unreachable server (default: the
+            ``RLSIFT_TRACKING_FINAL_WAIT_S`` environment variable, else 30).
+        background: start the sending thread (False for :func:`sync`).
+    """
 
     def __init__(self, uri: str, experiment: str, run_dir: str | Path, *, run_name: str | None = None,
-                 run_id: str | None = None, parent_run_id: str | None = None, flush_s: float = 2.0):
+                 run_id: str | None = None, parent_run_id: str | None = None, flush_s: float = 2.0,
+                 final_wait_s: float | None = None, background: bool = True):
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.outbox = self.run_dir / "outbox.jsonl"
-        self._lock = threading.Lock()
-        self._pending: list[dict[str, Any]] = []
+        self.outbox = Outbox(self.run_dir / "outbox.jsonl")
+        self.final_wait_s = float(os.environ.get("RLSIFT_TRACKING_FINAL_WAIT_S", "30")) if final_wait_s is None \
+            else final_wait_s
+        self.registered: dict[str, str] = {}
+        self._send_lock = threading.Lock()
         self._away_since: float | None = None
         if run_id is None:
             exp = self.client.get_experiment_by_name(experiment)
@@ -76,24 +161,24 @@ class MlflowTracker:
             if parent_run_id:
                 tags["mlflow.parentRunId"] = parent_run_id
             run_id = self.client.create_run(exp_id, tags=tags, run_name=run_name).info.run_id
-        else:
+        elif background:
             self.client.update_run(run_id, status="RUNNING")
         self.run_id = run_id
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, args=(flush_s,), daemon=True, name="mlflow-flush")
-        self._thread.start()
+        self._thread = None
+        if background:
+            self._thread = threading.Thread(target=self._loop, args=(flush_s,), daemon=True, name="mlflow-flush")
+            self._thread.start()
 
-    # ---- queueing -------------------------------------------------------------------------------
+    # ---- queueing (fast: one appended line) ---------------------------------------------------------
     def _put(self, item: dict[str, Any]) -> None:
-        with self._lock:
-            self._pending.append(item)
+        self.outbox.append(item)
 
     def log_params(self, params: dict[str, Any]) -> None:
         self._put({"kind": "params", "params": {_clean(k): str(v)[:6000] for k, v in params.items()}})
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        ts = int(time.time() * 1000)
-        self._put({"kind": "metrics", "step": int(step), "ts": ts,
+        self._put({"kind": "metrics", "step": int(step), "ts": int(time.time() * 1000),
                    "metrics": {_clean(k): float(v) for k, v in metrics.items() if v is not None}})
 
     def set_tags(self, tags: dict[str, str]) -> None:
@@ -112,13 +197,16 @@ class MlflowTracker:
         path.write_text(json.dumps(data, indent=2, default=str))
         self.log_artifact(path)
 
-    # ---- sending --------------------------------------------------------------------------------
-    def _send(self, item: dict[str, Any]) -> None:
-        kind = item["kind"]
+    # ---- sending --------------------------------------------------------------------------------------
+    def _send(self, items: list[dict[str, Any]]) -> None:
+        """Send one request's worth of items: a merged metrics batch, or one other item."""
+        kind = items[0]["kind"]
         if kind == "metrics":
             self.client.log_batch(self.run_id, metrics=[
-                Metric(k, v, item["ts"], item["step"]) for k, v in item["metrics"].items()])
-        elif kind == "params":
+                Metric(k, v, it["ts"], it["step"]) for it in items for k, v in it["metrics"].items()])
+            return
+        (item,) = items
+        if kind == "params":
             params = [Param(k, v) for k, v in item["params"].items()]
             for i in range(0, len(params), 90):
                 self.client.log_batch(self.run_id, params=params[i:i + 90])
@@ -128,88 +216,159 @@ class MlflowTracker:
             p = Path(item["path"])
             if p.is_dir():
                 self.client.log_artifacts(self.run_id, str(p), item["artifact_path"] or p.name)
-            else:
+            elif p.exists():
                 self.client.log_artifact(self.run_id, str(p), item["artifact_path"])
+            else:  # sent before, removed, then resent after a kill: nothing left to do
+                log.debug("artifact copy %s already sent", p)
+        elif kind == "register":
+            self.registered[item["name"]] = self._register(item["name"], item["path"], item["tags"])
+        elif kind == "status":
+            self.client.set_terminated(self.run_id, status=item["status"])
+        else:
+            raise ValueError(f"unknown outbox item kind {kind!r}; allowed: metrics, params, tags, artifact, "
+                             "register, status")
+
+    def _register(self, name: str, path: str, tags: dict[str, str]) -> str:
+        mine = self.client.search_model_versions(f"name = '{name}' and run_id = '{self.run_id}'")
+        if mine:  # a resend after a kill: the version exists already
+            return str(max(int(v.version) for v in mine))
+        try:
+            self.client.get_registered_model(name)
+        except MlflowException:
+            self.client.create_registered_model(name)
+        source = f"{self.client.get_run(self.run_id).info.artifact_uri}/{path}"
+        return str(self.client.create_model_version(name, source, run_id=self.run_id, tags=tags).version)
+
+    @staticmethod
+    def _requests(items: list[dict[str, Any]]):
+        """Group items into requests: consecutive metric items merged up to BATCH_METRICS values."""
+        group: list[dict[str, Any]] = []
+        size = 0
+        for item in items:
+            n = len(item["metrics"]) if item["kind"] == "metrics" else 0
+            if group and (item["kind"] != "metrics" or size + n > BATCH_METRICS):
+                yield group
+                group, size = [], 0
+            if item["kind"] != "metrics":
+                yield [item]
+                continue
+            group.append(item)
+            size += n
+        if group:
+            yield group
+
+    def _cleanup(self, items: list[dict[str, Any]]) -> None:
+        for item in items:
+            if item["kind"] == "artifact":
+                shutil.rmtree(Path(item["path"]).parent, ignore_errors=True)
+
+    def _reject(self, items: list[dict[str, Any]], err: Exception) -> None:
+        log.error("MLflow rejected %d outbox item(s) (%s); kept in %s", len(items), err,
+                  self.run_dir / "outbox-rejected.jsonl")
+        with open(self.run_dir / "outbox-rejected.jsonl", "a") as f:
+            f.writelines(json.dumps({**it, "error": str(err)[:500]}) + "\n" for it in items)
 
     def flush(self) -> bool:
-        """Send the outbox, then everything queued. Returns True when nothing is left unsent."""
-        with self._lock:
-            items, self._pending = self._pending, []
-        backlog = [json.loads(x) for x in self.outbox.read_text().splitlines()] if self.outbox.exists() else []
-        todo = backlog + items
-        if not todo:
+        """Send the outbox. Returns True when everything queued before the call was sent."""
+        with self._send_lock:
+            items = self.outbox.peek()
+            done = 0
+            try:
+                for req in self._requests(items):
+                    try:
+                        self._send(req)
+                    except MlflowException as err:
+                        if err.error_code not in PERMANENT:
+                            raise
+                        for one in req:  # isolate the invalid item(s) of a merged batch
+                            try:
+                                self._send([one])
+                            except MlflowException as err1:
+                                if err1.error_code not in PERMANENT:
+                                    raise
+                                self._reject([one], err1)
+                    done += len(req)
+                    self._cleanup(req)
+            except Exception as err:  # noqa: BLE001 -- any transport error: keep the rest, retry later
+                self.outbox.drop(done)
+                if self._away_since is None:
+                    self._away_since = time.time()
+                    log.warning("MLflow at %s is not answering (%s); keeping %d items in %s and retrying",
+                                self.uri, type(err).__name__, len(items) - done, self.outbox.path)
+                return False
+            self.outbox.drop(done)
+            if self._away_since is not None:
+                log.warning("MLflow is back after %.0f s; sent %d kept items", time.time() - self._away_since, done)
+                self._away_since = None
             return True
-        # merge consecutive metric items into fewer requests
-        sent = 0
-        try:
-            for item in todo:
-                self._send(item)
-                sent += 1
-        except Exception as err:  # noqa: BLE001 -- any transport error: keep everything, retry later
-            rest = todo[sent:]
-            self.outbox.write_text("".join(json.dumps(x) + "\n" for x in rest))
-            if self._away_since is None:
-                self._away_since = time.time()
-                log.warning("MLflow at %s is not answering (%s); keeping %d items in %s and retrying",
-                            self.uri, type(err).__name__, len(rest), self.outbox)
-            return False
-        if self.outbox.exists():
-            self.outbox.unlink()
-        if self._away_since is not None:
-            log.warning("MLflow is back after %.0f s; sent %d kept items", time.time() - self._away_since, len(todo))
-            self._away_since = None
-        shutil.rmtree(self.run_dir / "outbox-artifacts", ignore_errors=True) if not self._pending else None
-        return True
 
     def _loop(self, every: float) -> None:
         while not self._stop.wait(every):
             self.flush()
 
     def register_model(self, local_dir: str | Path, name: str, tags: dict[str, str]) -> str | None:
-        """Log a model folder under ``model/`` and register it as a new version of ``name``."""
-        self.log_artifact(local_dir, "model")
-        if not self.flush():
-            log.warning("model not registered: MLflow unreachable (the folder is kept at %s)", local_dir)
-            return None
-        try:
-            self.client.get_registered_model(name)
-        except mlflow.exceptions.MlflowException:
-            self.client.create_registered_model(name)
-        source = f"{self.client.get_run(self.run_id).info.artifact_uri}/model"
-        mv = self.client.create_model_version(name, source, run_id=self.run_id, tags=tags)
-        return str(mv.version)
+        """Log a model folder under ``model/`` and register it as a new version of ``name``.
 
-    def latest_model(self, name: str) -> tuple[str, str] | None:
-        """(version, local path of its files) of the newest registered version, or None."""
-        try:
-            versions = self.client.search_model_versions(f"name = '{name}'")
-        except Exception:  # noqa: BLE001 -- no such model yet
+        Returns the version, or None when MLflow is away: the registration then stays queued and happens
+        when MLflow answers again (or at ``rlsift sync``).
+        """
+        self.log_artifact(local_dir, "model")
+        self._put({"kind": "register", "name": name, "path": "model", "tags": {k: str(v) for k, v in tags.items()}})
+        if not self.flush():
+            log.warning("model %s not registered yet: MLflow unreachable; it is queued in %s", name, self.outbox.path)
             return None
-        if not versions:
-            return None
-        mv = max(versions, key=lambda v: int(v.version))
-        path = mlflow.artifacts.download_artifacts(artifact_uri=mv.source, tracking_uri=self.uri)
-        return str(mv.version), path
+        return self.registered.get(name)
+
+    def latest_model(self, name: str, dst: str | Path | None = None) -> tuple[str, str] | None:
+        return latest_model(self.uri, name, dst)
 
     def finish(self, status: str = "FINISHED") -> None:
+        """Queue the final status, stop the background thread and send everything (waits up to final_wait_s)."""
+        self._put({"kind": "status", "status": status})
         self._stop.set()
-        self._thread.join(timeout=30)
-        deadline = time.time() + float(os.environ.get("RLSIFT_TRACKING_FINAL_WAIT_S", "30"))
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        deadline = time.time() + self.final_wait_s
         while not self.flush():
             if time.time() > deadline:
-                log.warning("MLflow still unreachable: %s keeps the unsent items; `rlsift sync %s` sends them",
-                            self.outbox, self.run_dir)
+                log.warning("MLflow still unreachable: %s keeps the unsent items; `rlsift sync %s %s %s` sends "
+                            "them", self.outbox.path, self.run_dir, self.uri, self.run_id)
                 return
-            time.sleep(2)
-        self.client.set_terminated(self.run_id, status=status)
+            time.sleep(min(2.0, max(0.0, deadline - time.time())))
 
 
 def sync(run_dir: str | Path, uri: str, run_id: str) -> bool:
-    """Send a run folder's outbox (after an outage that outlived the run)."""
-    t = MlflowTracker.__new__(MlflowTracker)
-    t.uri, t.client, t.run_dir, t.run_id = uri, MlflowClient(tracking_uri=uri), Path(run_dir), run_id
-    t.outbox, t._lock, t._pending, t._away_since = Path(run_dir) / "outbox.jsonl", threading.Lock(), [], None
-    return t.flush()
+    """Send a run folder's outbox (after an outage that outlived the run). True when all was sent."""
+    return MlflowTracker(uri, "", run_dir, run_id=run_id, background=False).flush()
+
+
+def latest_model(uri: str, name: str, dst: str | Path | None = None) -> tuple[str, str] | None:
+    """(version, local folder of its files) of the newest registered version of ``name``, or None.
+
+    With ``dst``, the files are downloaded to ``dst/v<version>`` (reused when already there: a version's
+    files never change); otherwise to a temporary folder.
+    """
+    client = MlflowClient(tracking_uri=uri)
+    versions = client.search_model_versions(f"name = '{name}'")
+    if not versions:
+        return None
+    mv = max(versions, key=lambda v: int(v.version))
+    if dst is None:
+        return str(mv.version), mlflow.artifacts.download_artifacts(artifact_uri=mv.source, tracking_uri=uri)
+    target = Path(dst) / f"v{mv.version}"
+    if not target.is_dir():
+        tmp = Path(dst) / f".v{mv.version}.partial-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(tmp), tracking_uri=uri)
+        inner = tmp / Path(mv.source.rstrip("/")).name
+        os.replace(inner if inner.is_dir() else tmp, target)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(mv.version), str(target)
+
+
+def model_version_tags(uri: str, name: str, version: str) -> dict[str, str]:
+    return dict(MlflowClient(tracking_uri=uri).get_model_version(name, version).tags)
 
 
 class NullTracker:
@@ -239,5 +398,7 @@ def run_info(uri: str, run_id: str) -> dict[str, Any]:
 
 
 def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    """(step, value) of every logged value of a metric, in step order."""
     client = MlflowClient(tracking_uri=uri)
-    return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+    hist = sorted(client.get_metric_history(run_id, _clean(key)), key=lambda m: (m.step, m.timestamp))
+    return [(m.step, m.value) for m in hist]

@@ -110,6 +110,7 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: dict, ca
         kept = [ln for ln in metrics_file.read_text().splitlines() if ln and json.loads(ln)["step"] < start]
         metrics_file.write_text("".join(ln + "\n" for ln in kept))
     bar = tqdm(total=tc.steps, initial=start, desc="train", disable=not show_progress(), unit="step")
+    bar_acc = ""  # held-out greedy accuracy of the last in-training evaluation (eval.every)
     summary: dict = {"steps": start}
     for step in range(start, tc.steps):
         t0 = time.perf_counter()
@@ -178,8 +179,11 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: dict, ca
             with open(metrics_file, "a") as f:
                 f.write(json.dumps({"step": step, **metrics}) + "\n")
         summary |= {"steps": step + 1, "last": metrics}
+        if "eval/accuracy" in metrics:
+            bar_acc = f"{metrics['eval/accuracy']:.2f}"
         bar.update(1)
-        bar.set_postfix(reward=f"{accuracy:.2f}", eff=f"{float(eff.mean()):.2f}", s=f"{metrics['time/step_s']:.1f}")
+        bar.set_postfix(reward=f"{accuracy:.2f}", eff=f"{float(eff.mean()):.2f}", s=f"{metrics['time/step_s']:.1f}",
+                        **({"acc": bar_acc} if bar_acc else {}))
         if (step + 1) % tc.round_steps == 0 or (tc.checkpoint_every and (step + 1) % tc.checkpoint_every == 0) \
                 or step + 1 == tc.steps:
             with run.meter.stage("checkpoint"):

@@ -201,3 +201,16 @@ def test_ctypes_and_subprocess_are_refused():
     assert v.verdict == "failed" and "PermissionError" in v.stderr_tail
     v = run("import subprocess\ndef f():\n    subprocess.run(['sh', '-c', 'echo hi'])\n")
     assert v.verdict == "failed"
+
+
+def test_uid_pool_never_hands_out_a_uid_held_elsewhere():
+    from tasks.sandbox import _UidPool
+
+    first, second = _UidPool(62000, 2), _UidPool(62000, 2)  # stand-ins for two processes' pools
+    a = first.acquire()
+    b = second.acquire()  # the flock on a's file is held through another open file: skip it
+    assert {a, b} == {62000, 62001}
+    first.release(a)
+    assert second.acquire() == a
+    second.release(a)
+    second.release(b)

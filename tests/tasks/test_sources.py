@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
 import pytest
 
-from tasks.records import PromptRecord, prompt_id
+from tasks.records import prompt_id
 from tasks.sources import FORMATS, check_paths, dedupe, guess_format, read_source, split_from_name
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "sources"

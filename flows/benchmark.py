@@ -1,0 +1,245 @@
+"""The ``benchmark`` flow: every preset and TRL's GRPOTrainer on the same model, task, reward and budget.
+
+For each seed: the presets in order (``grpo`` first: it is the baseline and supplies the warm-started
+model every other configuration then loads), then the TRL control on the same model and data. Every
+configuration is one nested MLflow run under a parent ``bench-<timestamp>`` run; the report (results
+table in Markdown and JSON, plots) goes to ``<paths.root>/reports/bench-<timestamp>/`` and to the parent
+run. The arithmetic of time to target is in tasks/bench_analysis.py, the report in tasks/bench_report.py,
+the control in tasks/trl_control.py; docs/benchmarks.md explains the conventions and the commands.
+
+Configuration of one run, later items winning: ``-c CONFIG`` (shared settings: model, data, budget) <
+the benchmark's defaults (:data:`DEFAULTS`, and :data:`QUICK` with ``--quick``) < the preset's own keys
+(``conf/presets/<name>.yaml`` and the presets it builds on, not ``base.yaml``) < the command line's
+``key=value`` overrides < ``seed`` and, after the first run, ``model.path`` (the shared warm start).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import traceback
+from pathlib import Path
+
+import yaml
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from flows.pipeline import run_pipeline
+from tasks import bench_report
+from tasks.bench_report import BenchRun
+from tasks.config import Config, ConfigError, conf_dir, load_config
+from tasks.ledger import Ledger
+from tasks.tracking import MlflowTracker, default_uri, run_info
+
+log = logging.getLogger("rlsift.bench")
+
+PRESETS = ("grpo", "dots", "dots_rr", "pods", "gain", "scalingrl", "all")
+BASELINE = "grpo"
+#: Benchmark settings under every configuration: evaluate on a fixed schedule; don't register models.
+DEFAULTS = ("eval.every=10", "tracking.register_model=false")
+#: ``--quick``: one seed, a short budget and a small held-out set (about 10 minutes on 2 cores).
+QUICK = ("train.steps=20", "train.prompts_per_step=16", "train.round_steps=5", "eval.every=5", "eval.limit=100",
+         "eval.samples=0")
+QUICK_SEEDS = 1
+SEEDS = 3
+
+
+def preset_overrides(name: str) -> list[str]:
+    """The keys a preset sets itself (with the presets it builds on, not ``base.yaml``) as dotted overrides."""
+    folder = conf_dir() / "presets"
+    path = folder / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in folder.glob("*.yaml"))
+        raise ConfigError(f"unknown preset {name!r}; allowed: {', '.join(known)}")
+    chain: list[dict] = []
+    while path is not None:
+        tree = yaml.safe_load(path.read_text()) or {}
+        base = tree.pop("base", None)
+        chain.append(tree)
+        nxt = (path.parent / base).resolve() if base else None
+        path = nxt if nxt is not None and nxt.parent == folder.resolve() else None
+    merged: dict = {}
+    for tree in reversed(chain):
+        merged = _merge(merged, tree)
+    return [f"{k}={json.dumps(v)}" for k, v in _flatten(merged)]
+
+
+def _merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _flatten(tree: dict, prefix: str = ""):
+    for k, v in tree.items():
+        if isinstance(v, dict) and v:
+            yield from _flatten(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def configuration(config: str | None, overrides: list[str], preset: str, seed: int, quick: bool,
+                  policy_path: str | None) -> Config:
+    """The validated config of one benchmark run (see the module docstring for the order)."""
+    items = [*DEFAULTS, *(QUICK if quick else ()), *preset_overrides(preset), *overrides, f"seed={seed}"]
+    if policy_path:
+        items.append(f"model.path={json.dumps(policy_path)}")
+    return load_config(config, items)
+
+
+def clock_skips(cfg: Config) -> tuple[str, ...]:
+    """Upfront stages a configuration does not use, left off its clock.
+
+    The pipeline always scores the pool and calibrates, but only DOTS (embeddings, labels), ScalingRL
+    (CoT complexity, measured difficulty) and GAIN-RL (angle) use them; plain GRPO and PODS would not pay.
+    """
+    uses_score = cfg.select.method == "dots" or cfg.curriculum.enabled or cfg.gain.enabled
+    uses_calibration = cfg.select.method == "dots" or cfg.curriculum.enabled
+    return tuple(s for s, used in (("score", uses_score), ("calibrate", uses_calibration)) if not used)
+
+
+def policy_path_of(summary: dict) -> str:
+    """The folder of the model a run started from (summary, the run's info.json, or its MLflow tag)."""
+    if summary.get("policy_path"):
+        return summary["policy_path"]
+    info = Path(summary["run_dir"]) / "info.json"
+    if info.is_file() and json.loads(info.read_text()).get("policy_path"):
+        return json.loads(info.read_text())["policy_path"]
+    return run_info(summary["tracking_uri"], summary["mlflow_run_id"])["tags"]["rlsift.policy_path"]
+
+
+def control_data(cfg: Config, reference: dict) -> tuple[list, list]:
+    """The train and held-out prompts of a finished run of ours, in its order (its ingest.json + the ledger)."""
+    from tasks.ingest import ingest, split_holdout
+
+    saved = Path(reference["run_dir"]) / "ingest.json"
+    if saved.is_file():
+        ids = json.loads(saved.read_text())
+        with Ledger(reference["ledger"], read_only=True) as led:
+            return led.prompts(ids=ids["train"]), led.prompts(ids=ids["test"])
+    with Ledger(":memory:") as led:  # same ingest code, nothing written
+        data = ingest(led, "trl-control", list(cfg.data.sources))
+    split_holdout(data, cfg.data.test_from_train, cfg.seed)
+    return data.train, data.test
+
+
+@task(name="trl-control", cache_policy=NO_CACHE, persist_result=False)
+def trl_stage(cfg: Config, reference: dict, run_dir: Path, tracker) -> dict:
+    from tasks.trl_control import run_trl_control
+
+    train, test = control_data(cfg, reference)
+    return run_trl_control(cfg, policy_path_of(reference), train, test, run_dir, tracker)
+
+
+def _run_one(name: str, seed: int, cfg: Config, fn) -> BenchRun:
+    t0 = time.perf_counter()
+    try:
+        summary = fn()
+    except Exception as err:  # noqa: BLE001 -- one failed configuration must not lose the others
+        log.error("bench %s seed %d failed: %s\n%s", name, seed, err, traceback.format_exc())
+        summary = {"status": "failed", "error": f"{type(err).__name__}: {err}"}
+    log.info("bench %s seed %d: %s in %.0f s", name, seed, summary.get("status"), time.perf_counter() - t0)
+    run = BenchRun(name, seed, summary, skip=clock_skips(cfg) if name != "trl" else ("score", "calibrate"))
+    if run.ok:
+        run.rows = bench_report.read_rows(summary["run_dir"])
+        if name != "trl" and "calibrate" not in run.skip:
+            run.upfront_rollouts = float(min(cfg.calibrate.k, summary.get("ingest", {}).get("train") or cfg.calibrate.k)
+                                         * cfg.calibrate.g)
+    return run
+
+
+def selections(ledger_path: str, runs: list[BenchRun]) -> dict[str, list[dict]]:
+    """Selected prompts' round, level and predicted success per configuration (pooled over seeds)."""
+    out: dict[str, list[dict]] = {}
+    with Ledger(ledger_path, read_only=True) as led:
+        for r in runs:
+            if r.ok and r.name != "trl":
+                out.setdefault(r.name, []).extend(led.query(
+                    "SELECT s.round, p.level, s.pred_success FROM selections s LEFT JOIN prompts p USING (prompt_id) "
+                    "WHERE s.run_id = ? ORDER BY s.step", [r.summary["run_id"]]))
+    return out
+
+
+@flow(name="benchmark", log_prints=True)
+def benchmark(config: str | None = None, overrides: list[str] | None = None, quick: bool = False,
+              seeds: int | None = None, presets: list[str] | None = None, trl: bool = True) -> dict:
+    """Every preset (and TRL) x seeds on one budget; returns the results (``table``: Markdown) and paths."""
+    overrides = list(overrides or [])
+    names = list(dict.fromkeys([BASELINE, *(presets or PRESETS)]))  # the baseline always runs, first
+    n_seeds = seeds or (QUICK_SEEDS if quick else SEEDS)
+    first = configuration(config, overrides, BASELINE, 0, quick, None)  # validates before any work
+    for name in names:
+        preset_overrides(name)
+    base_seed = load_config(config, overrides).seed
+    root = Path(first.paths.root).resolve()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    report_dir = root / "reports" / f"bench-{stamp}"
+    report_dir.mkdir(parents=True, exist_ok=True)
+    uri = first.tracking.uri or default_uri(root)
+    parent = MlflowTracker(uri, first.tracking.experiment, root / "runs" / f"bench-{stamp}", run_name=f"bench-{stamp}")
+    parent.log_params({"bench.presets": ",".join(names), "bench.seeds": n_seeds, "bench.quick": quick,
+                       "bench.trl": trl, "bench.config": config, "bench.overrides": " ".join(overrides),
+                       **{k: v for k, v in first.flat().items() if k.startswith(("train.", "rollout.", "eval."))}})
+    parent.set_tags({"rlsift.kind": "benchmark"})
+    t0 = time.perf_counter()
+    runs: list[BenchRun] = []
+    policy_path: str | None = None
+    for i in range(n_seeds):
+        seed = base_seed + i
+        for name in names:
+            cfg = configuration(config, overrides, name, seed, quick, policy_path)
+            run = _run_one(name, seed, cfg, lambda cfg=cfg, name=name, seed=seed: run_pipeline(
+                cfg, parent_run_id=parent.run_id, run_name=f"{name}-s{seed}"))
+            runs.append(run)
+            if policy_path is None and run.ok:
+                policy_path = policy_path_of(run.summary)
+        reference = next((r.summary for r in runs if r.name == BASELINE and r.seed == seed and r.ok), None)
+        if trl and reference is not None:
+            cfg = configuration(config, overrides, BASELINE, seed, quick, policy_path)
+            run_dir = root / "runs" / f"trl-{stamp}-s{seed}"
+            tracker = MlflowTracker(uri, cfg.tracking.experiment, run_dir, run_name=f"trl-s{seed}",
+                                    parent_run_id=parent.run_id)
+
+            def control(cfg=cfg, reference=reference, run_dir=run_dir, tracker=tracker) -> dict:
+                status = "FAILED"
+                try:
+                    out = trl_stage(cfg, reference, run_dir, tracker)
+                    status = "FINISHED"
+                    return out
+                finally:
+                    tracker.finish(status)
+
+            runs.append(_run_one("trl", seed, cfg, control))
+    result = bench_report.analyse(runs, baseline=BASELINE)
+    ledger = next((r.summary["ledger"] for r in runs if r.ok and r.summary.get("ledger")), None)
+    sel = selections(ledger, runs) if ledger else {}
+    meta = {"command": "rlsift bench" + (" --quick" if quick else "") + (f" -c {config}" if config else "") +
+            "".join(f" {o}" for o in overrides), "presets": ", ".join(names), "seeds": n_seeds, "trl": trl,
+            "steps": first.train.steps, "prompts_per_step": first.train.prompts_per_step,
+            "rollouts_per_prompt": "rollout.n of each preset", "eval_every": first.eval.every,
+            "eval_prompts": first.eval.limit or "all", "policy_path": policy_path,
+            "benchmark_wall_s": round(time.perf_counter() - t0, 1), "mlflow_parent_run": parent.run_id,
+            "tracking_uri": uri}
+    files = bench_report.write_report(report_dir, runs, result, sel, meta)
+    for f in files:
+        parent.log_artifact(f)
+    for r in result["configurations"]:
+        if "budget" in r:
+            parent.log_metrics({f"bench/{r['name']}/final_accuracy": r["final_accuracy"]["mean"],
+                                f"bench/{r['name']}/effective_ratio": r["effective_ratio"]["mean"]}, 0)
+            for key, t in (r.get("to_target") or {}).items():
+                if t["speedup"] is not None:
+                    parent.log_metrics({f"bench/{r['name']}/speedup_{key}": t["speedup"]}, 0)
+    failed = [f"{r.name}-s{r.seed}" for r in runs if not r.ok]
+    parent.finish("FAILED" if failed else "FINISHED")
+    table = (report_dir / "results.md").read_text()
+    get_run_logger().info("benchmark %s: %d runs (%d failed) in %.0f s; report %s", stamp, len(runs), len(failed),
+                          time.perf_counter() - t0, report_dir)
+    return {"table": table, "report_dir": str(report_dir), "mlflow_run_id": parent.run_id, "tracking_uri": uri,
+            "failed": failed, "files": [str(f) for f in files], "wall_s": time.perf_counter() - t0,
+            "runs": [{"name": r.name, "seed": r.seed, "status": r.summary.get("status"),
+                      "run_id": r.summary.get("run_id"), "mlflow_run_id": r.summary.get("mlflow_run_id")}
+                     for r in runs],
+            "targets": result["targets"]}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Start `vllm serve` (from .venv-vllm, see infra/vllm-env.sh) on 127.0.0.1 for a saved model folder.
+# Runs in the foreground; stop it with Ctrl-C (or kill its pid). The pipeline reaches it with
+#   rlsift run rollout.engine=vllm rollout.vllm_url=http://127.0.0.1:PORT
+#
+# Usage: bash infra/vllm-serve.sh MODEL_DIR [PORT] [extra `vllm serve` args, e.g. --dtype bfloat16]
+#
+#   VLLM_SERVER_DEV_MODE=1   exposes /collective_rpc and /reset_prefix_cache, which VLLMEngine.sync_weights
+#                            uses to reload new weights in place at round boundaries. Bound to 127.0.0.1 only:
+#                            the dev endpoints must never face a network.
+#   --logprobs-mode processed_logprobs   log-probs after temperature/top-k/top-p (what the trainer computes)
+#   VLLM_CPU_KVCACHE_SPACE   GiB of KV cache on a CPU host (default here 1; vLLM's default is larger)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VLLM_VENV:-.venv-vllm}
+MODEL=${1:?usage: $0 MODEL_DIR [PORT] [vllm serve args...]}
+shift
+PORT=8000
+if [ $# -gt 0 ] && [[ $1 =~ ^[0-9]+$ ]]; then PORT=$1; shift; fi
+[ -x "$VENV/bin/vllm" ] || { echo "no $VENV: run bash infra/vllm-env.sh first" >&2; exit 2; }
+[ -f "$MODEL/config.json" ] || { echo "$MODEL is not a saved model folder (no config.json)" >&2; exit 2; }
+export VLLM_SERVER_DEV_MODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
+fi
+exec "$VENV/bin/vllm" serve "$(realpath "$MODEL")" --host 127.0.0.1 --port "$PORT" \
+  --served-model-name policy --logprobs-mode processed_logprobs "$@"

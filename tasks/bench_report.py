@@ -1,0 +1,277 @@
+"""Benchmark report: runs' metric files -> curves and aggregates (tasks/bench_analysis.py) -> table and plots.
+
+Input is one :class:`BenchRun` per configuration and seed (our pipeline runs and the TRL control, which
+writes the same ``metrics.jsonl`` format). Output, in the report folder:
+
+- ``results.md`` / ``results.json``: the results table (accuracy, time to both targets with speed-ups,
+  effective-group ratio, cost against plain GRPO, step-time split) and everything behind it;
+- ``accuracy_curves.png``: held-out accuracy against wall-clock, rollouts and steps, seed mean with a
+  min-max band per configuration and the two targets;
+- ``effective_ratio.png``: share of trained groups with unequal rewards, per step (seed mean);
+- ``selected_difficulty.png``: the level mix of the selected prompts per round (pooled over seeds) with the
+  mean predicted success where a predictor ran (the ledger's ``selections`` table).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from tasks import bench_analysis as ba  # noqa: E402
+
+
+@dataclass
+class BenchRun:
+    """One configuration and seed: its summary, metric rows and what its clock leaves out."""
+
+    name: str
+    seed: int
+    summary: dict
+    rows: list[dict] = field(default_factory=list)
+    skip: tuple[str, ...] = ()
+    upfront_rollouts: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.summary.get("status") == "completed" and self.summary.get("eval_accuracy_start") is not None
+
+    def curve(self) -> ba.Curve:
+        steps = int(self.summary.get("steps") or 0)
+        return ba.curve_from_metrics(self.rows, self.summary["eval_accuracy_start"], skip=self.skip,
+                                     upfront_rollouts=self.upfront_rollouts, end_step=steps,
+                                     end_accuracy=self.summary.get("eval_accuracy_end"))
+
+
+def read_rows(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def analyse(runs: list[BenchRun], baseline: str = "grpo", best_frac: float = 0.99) -> dict:
+    """Per-configuration aggregates over seeds, with time to target against the baseline's mean curve."""
+    by_name: dict[str, list[BenchRun]] = defaultdict(list)
+    for r in runs:
+        by_name[r.name].append(r)
+    curves = {n: [r.curve() for r in rs if r.ok] for n, rs in by_name.items()}
+    tgt = ba.targets(curves[baseline], best_frac) if curves.get(baseline) else None
+    base_mean = ba.mean_curve(curves[baseline]) if curves.get(baseline) else None
+    base_hit = {k: ba.time_to_target(base_mean, v) for k, v in tgt.items()} if tgt else {}
+    out = []
+    for name, rs in by_name.items():
+        ok = [r for r in rs if r.ok]
+        row: dict = {"name": name, "seeds": [r.seed for r in ok], "failed_seeds": [r.seed for r in rs if not r.ok],
+                     "runs": [{"seed": r.seed, "run_id": r.summary.get("run_id"), "status": r.summary.get("status"),
+                               "mlflow_run_id": r.summary.get("mlflow_run_id"), "run_dir": r.summary.get("run_dir"),
+                               "error": r.summary.get("error")} for r in rs]}
+        if not ok:
+            out.append(row)
+            continue
+        cs, m = curves[name], ba.mean_curve(curves[name])
+        row |= {
+            "start_accuracy": ba.spread([c.accuracy[0] for c in cs]),
+            "final_accuracy": ba.spread([c.accuracy[-1] for c in cs]),
+            "best_accuracy": max(m.accuracy),
+            "budget": m.point(len(m.steps) - 1),
+            "effective_ratio": ba.spread([ba.spread([x.get("train/effective_ratio") for x in r.rows])["mean"]
+                                          for r in ok]),
+            "step_split": ba.mean_dicts([ba.step_split(r.rows, r.skip) for r in ok]),
+            "curve": ba.accuracy_band(cs),
+            "skipped_stages": list(ok[0].skip),
+        }
+        if tgt:
+            row["to_target"] = {}
+            for key, value in tgt.items():
+                hit = ba.time_to_target(m, value)
+                base_s = base_hit[key]["wall_s"] if base_hit.get(key) else None
+                row["to_target"][key] = {
+                    "target": value, "mean_curve": hit, "per_seed": ba.reach(cs, value),
+                    "speedup": ba.speedup(base_s, hit["wall_s"] if hit else None)}
+        out.append(row)
+    base = next((r for r in out if r["name"] == baseline and "budget" in r), None)
+    for r in out:
+        if base and "budget" in r:
+            r["usd_vs_baseline"] = _ratio(r["budget"]["usd"], base["budget"]["usd"])
+            r["wall_vs_baseline"] = _ratio(r["budget"]["wall_s"], base["budget"]["wall_s"])
+            t = (r.get("to_target") or {}).get("final", {}).get("mean_curve")
+            bt = (base.get("to_target") or {}).get("final", {}).get("mean_curve")
+            r["usd_to_target_vs_baseline"] = _ratio(t["usd"], bt["usd"]) if t and bt else None
+    return {"baseline": baseline, "best_frac": best_frac, "targets": tgt, "configurations": out}
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def _f(x, fmt: str = ".3f", none: str = "-") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return none
+    if isinstance(x, float) and math.isinf(x):
+        return "inf"
+    return format(x, fmt)
+
+
+def markdown(result: dict) -> str:
+    """The results table, the step-time split and the cost table, in Markdown."""
+    tgt = result["targets"] or {}
+    lines = [f"Targets from `{result['baseline']}` (seed-mean curve): (a) final accuracy "
+             f"{_f(tgt.get('final'))}, (b) {result['best_frac']:.0%} of its best = {_f(tgt.get('best'))}. "
+             "Time = training wall-clock without evaluation or setup; speed-up = baseline time / time.", "",
+             "| configuration | seeds | start acc | final acc (mean ± std) | best (mean curve) | effective ratio "
+             "| (a) time s [step] | (a) speed-up | (a) seeds reached | (a) rollouts | (b) time s [step] "
+             "| (b) speed-up | (b) seeds reached |",
+             "|" + "---|" * 13]
+    for r in result["configurations"]:
+        if "budget" not in r:
+            lines.append(f"| {r['name']} | 0 (failed: {r['failed_seeds']}) |" + " - |" * 11)
+            continue
+        cells = [r["name"], str(len(r["seeds"])), _f(r["start_accuracy"]["mean"]),
+                 f"{_f(r['final_accuracy']['mean'])} ± {_f(r['final_accuracy']['std'])}", _f(r["best_accuracy"]),
+                 _f(r["effective_ratio"]["mean"], ".2f")]
+        for key in ("final", "best"):
+            t = (r.get("to_target") or {}).get(key)
+            hit = t["mean_curve"] if t else None
+            cells.append(f"{_f(hit['wall_s'], '.1f')} [{hit['step']}]" if hit else "not reached")
+            cells.append(_f(t["speedup"], ".2f") + "x" if t and t["speedup"] is not None else "-")
+            cells.append(f"{t['per_seed']['reached']}/{t['per_seed']['seeds']}" if t else "-")
+            if key == "final":
+                cells.append(_f(hit["rollouts"], ".0f") if hit else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Cost over the whole budget (training clock, seed mean) and to target (a):", "",
+              "| configuration | steps | wall s | rollouts | device hours | USD | USD vs baseline "
+              "| USD to (a) vs baseline |", "|" + "---|" * 8]
+    for r in result["configurations"]:
+        if "budget" not in r:
+            continue
+        b = r["budget"]
+        lines.append(f"| {r['name']} | {b['step']} | {_f(b['wall_s'], '.1f')} | {_f(b['rollouts'], '.0f')} | "
+                     f"{_f(b['device_hours'], '.5f')} | {_f(b['usd'], '.6f')} | {_f(r.get('usd_vs_baseline'), '.2f')} | "
+                     f"{_f(r.get('usd_to_target_vs_baseline'), '.2f')} |")
+    parts = [*ba.STEP_STAGES, "other"]
+    lines += ["", "Seconds per step by phase (seed mean), and one-off scoring/calibration seconds:", "",
+              "| configuration | " + " | ".join(parts) + " | score (once) | calibrate (once) |",
+              "|" + "---|" * (len(parts) + 3)]
+    for r in result["configurations"]:
+        if "budget" not in r:
+            continue
+        s = r["step_split"]
+        lines.append(f"| {r['name']} | " + " | ".join(_f(s.get(p), ".3f") for p in parts) +
+                     f" | {_f(s.get('score_total'), '.1f', 'not used')} | {_f(s.get('calibrate_total'), '.1f', 'not used')} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(result: dict, out: Path) -> Path:
+    """Accuracy against wall-clock, rollouts and steps: seed mean and min-max band per configuration."""
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6), sharey=True)
+    tgt = result["targets"] or {}
+    for r in result["configurations"]:
+        if "curve" not in r:
+            continue
+        c = r["curve"]
+        for ax, x in zip(axes, (c["wall_s"], c["rollouts"], c["steps"]), strict=True):
+            line, = ax.plot(x, c["mean"], marker=".", label=r["name"], ls="--" if r["name"] == "trl" else "-")
+            if len(r["seeds"]) > 1:
+                ax.fill_between(x, c["lo"], c["hi"], color=line.get_color(), alpha=0.15)
+    for ax, xl in zip(axes, ("training wall-clock (s, evaluation excluded)", "rollouts generated", "step"),
+                      strict=True):
+        for key, style in (("final", ":"), ("best", "-.")):
+            if tgt.get(key) is not None:
+                ax.axhline(tgt[key], color="grey", ls=style, lw=1)
+        ax.set_xlabel(xl)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("held-out greedy accuracy")
+    axes[-1].legend(fontsize=8, loc="lower right")
+    fig.suptitle("accuracy (seed mean, band = min-max over seeds); dotted: target (a), dash-dot: target (b)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_effective(runs: list[BenchRun], out: Path) -> Path:
+    """Effective-group ratio per step, seed mean, smoothed over a few steps."""
+    fig, ax = plt.subplots(figsize=(8, 4))
+    by_name: dict[str, list[list[dict]]] = defaultdict(list)
+    for r in runs:
+        if r.ok:
+            by_name[r.name].append(r.rows)
+    for name, rows in by_name.items():
+        steps, vals = ba.series_mean(rows, "train/effective_ratio")
+        if not steps:
+            continue
+        w = max(1, len(steps) // 30)
+        smooth = [sum(vals[max(0, i - w + 1):i + 1]) / len(vals[max(0, i - w + 1):i + 1]) for i in range(len(vals))]
+        ax.plot([s + 1 for s in steps], smooth, label=name, ls="--" if name == "trl" else "-")
+    ax.set_xlabel("step")
+    ax.set_ylabel("effective-group ratio (seed mean, moving mean)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_difficulty(selections: dict[str, list[dict]], out: Path) -> Path:
+    """Per configuration: level shares of the selected prompts per round, and mean predicted success.
+
+    Args:
+        selections: ``{configuration: rows}`` with ``round``, ``level`` and ``pred_success`` (may be None).
+    """
+    names = [n for n, rows in selections.items() if rows]
+    fig, axes = plt.subplots(len(names) or 1, 1, figsize=(9, 2.3 * max(1, len(names))), squeeze=False)
+    for ax, name in zip(axes[:, 0], names, strict=False):
+        rows = selections[name]
+        rounds = sorted({r["round"] for r in rows})
+        levels = sorted({r["level"] for r in rows if r["level"] is not None})
+        bottom = [0.0] * len(rounds)
+        for lv in levels:
+            share = []
+            for rd in rounds:
+                in_round = [r for r in rows if r["round"] == rd]
+                share.append(sum(r["level"] == lv for r in in_round) / len(in_round))
+            ax.bar(rounds, share, bottom=bottom, label=f"level {lv}", width=0.9)
+            bottom = [b + s for b, s in zip(bottom, share, strict=True)]
+        pred = [(rd, [r["pred_success"] for r in rows if r["round"] == rd and r["pred_success"] is not None])
+                for rd in rounds]
+        pred = [(rd, sum(p) / len(p)) for rd, p in pred if p]
+        if pred:
+            twin = ax.twinx()
+            twin.plot(*zip(*pred, strict=True), color="black", marker=".", label="mean predicted success")
+            twin.set_ylim(0, 1)
+            twin.set_ylabel("pred. success", fontsize=8)
+        ax.set_ylim(0, 1)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(name, fontsize=9, loc="left")
+        ax.set_ylabel("level share", fontsize=8)
+    if names:
+        axes[0, 0].legend(fontsize=7, ncol=6, loc="upper right")
+        axes[-1, 0].set_xlabel("round")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def write_report(report_dir: Path, runs: list[BenchRun], result: dict, selections: dict[str, list[dict]],
+                 meta: dict) -> list[Path]:
+    """Write the table (md + json) and the three plots; returns the files."""
+    report_dir.mkdir(parents=True, exist_ok=True)
+    files = [plot_curves(result, report_dir / "accuracy_curves.png"),
+             plot_effective(runs, report_dir / "effective_ratio.png"),
+             plot_difficulty(selections, report_dir / "selected_difficulty.png")]
+    md = "# rlsift benchmark\n\n" + "".join(f"- {k}: {v}\n" for k, v in meta.items()) + "\n" + markdown(result)
+    (report_dir / "results.md").write_text(md)
+    (report_dir / "results.json").write_text(json.dumps({"meta": meta, **result}, indent=2, default=str))
+    return [report_dir / "results.md", report_dir / "results.json", *files]

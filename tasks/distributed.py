@@ -1,0 +1,359 @@
+"""Training backends beyond one process: torch DDP, FSDP2, DeepSpeed ZeRO-2/3 (config ``scale.backend``).
+
+Every backend here is the real library, launched with ``torchrun`` (``flows/train_dist.py``); nothing is
+re-implemented. Communication is gloo on CPU and NCCL on CUDA (``shared/docs/stack.md`` sections 5 and 9).
+
+- ``ddp``: ``torch.nn.parallel.DistributedDataParallel``; every rank holds the full model and optimizer.
+- ``fsdp2``: ``torch.distributed.fsdp.fully_shard`` on every decoder layer (the classes the model lists in
+  ``_no_split_modules``) and then on the root, over ``init_device_mesh(device_type, (world,))``; params,
+  grads and AdamW state are DTensor shards. The tied embedding / LM head sit in the root group.
+- ``deepspeed_zero2`` / ``deepspeed_zero3``: ``deepspeed.initialize`` with ZeRO stage 2 or 3, a *torch*
+  ``AdamW`` as client optimizer (no JIT-built ``fused_adam``/``cpu_adam``), gradient clipping by the DS
+  config (``gradient_clipping``), ``offload_optimizer: {device: cpu}`` when ``scale.offload_optimizer``
+  (with the torch optimizer kept, so ``zero_force_ds_cpu_optimizer`` is off: ``DeepSpeedCPUAdam`` would be
+  faster on a GPU host but needs a ~45 s JIT build). bf16/fp16 follow the model's dtype (DeepSpeed then keeps
+  fp32 master weights, unlike the single-process path, which trains the weights in their own dtype).
+
+Data parallelism and the loss (``DataShard``, used by ``tasks/update.py``): every rank sees the same batch of
+groups; the rows of each minibatch are split into ``world`` contiguous slices and rank r computes slice r.
+All three libraries *average* gradients over ranks, so rank r must return
+``world * (its share of the global loss)``. With token aggregation the global loss is
+``sum over all tokens / N_tok`` (N_tok: valid tokens of the whole minibatch, summed over ranks with one
+all-reduce), and rank r's local ``clipped_policy_loss`` is ``S_r / n_r``; multiplying it by
+``world * n_r / N_tok`` gives ``world * S_r / N_tok``, whose rank average is exactly the single-process loss
+(``sum_r S_r / N_tok``), hence the same gradient. Sequence aggregation is the same with "sequences with at
+least one valid token" in place of tokens. Normalising each rank by its own count (a plain mean of
+per-rank means) would weight tokens unevenly whenever slices differ in length; that is the bias avoided.
+Metrics are combined the same way (weights ``n_r / N``), so ``train/loss`` is the global loss.
+A rank whose slice has no valid token contributes ``0 * sum(logp)`` so its backward (and the collectives
+in it) still runs. Each minibatch must have at least one row per rank.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import os
+import socket
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+BACKENDS = ("single", "ddp", "fsdp2", "deepspeed_zero2", "deepspeed_zero3")
+#: Metrics that are aggregated like the loss (the rest are token-level means).
+LOSS_LIKE = ("train/loss", "train/pg_loss", "train/kl")
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+
+
+def init_distributed(device: str = "auto", timeout_s: float | None = None) -> DistInfo:
+    """Join the process group that ``torchrun`` describes in the environment (RANK, WORLD_SIZE, ...).
+
+    Without torchrun's variables a one-process group is created (127.0.0.1, a free port), so the sharded
+    backends also run in a plain process (e.g. DeepSpeed ZeRO-offload on one GPU). gloo on CPU, NCCL on CUDA;
+    on CUDA each rank uses ``cuda:LOCAL_RANK``. ``timeout_s`` (default ``$RLSIFT_DIST_TIMEOUT_S`` or 7200)
+    must cover the longest stage rank 0 runs alone (evaluation, scoring) while the others wait.
+    """
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT") or str(_free_port()))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
+    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if cuda:
+        torch.cuda.set_device(local)
+    dev = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if not dist.is_initialized():
+        timeout = datetime.timedelta(seconds=timeout_s or float(os.environ.get("RLSIFT_DIST_TIMEOUT_S", 7200)))
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout, device_id=dev if cuda else None)
+    return DistInfo(rank, world, local, dev)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def is_rank0() -> bool:
+    """True in a plain process and on rank 0 of a process group."""
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def is_deepspeed(model) -> bool:
+    return type(model).__module__.startswith("deepspeed")
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The user's module inside a DDP wrapper or DeepSpeed engine (FSDP2 shards in place: itself)."""
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) or is_deepspeed(model) \
+        else model
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks to shard one by one: modules whose class is in HF's ``_no_split_modules``."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(model).__name__}: no decoder layers found for FSDP2 (its _no_split_modules: "
+                         f"{sorted(names) or 'none'})")
+    return layers
+
+
+def deepspeed_config(stage: int, *, grad_clip: float, dtype: torch.dtype, offload_optimizer: bool) -> dict:
+    """The DeepSpeed config of one engine: one micro-batch per step (the update loops over minibatches)."""
+    zero: dict = {"stage": stage}
+    if offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": grad_clip,
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "bf16": {"enabled": dtype == torch.bfloat16},
+        "fp16": {"enabled": dtype == torch.float16},
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+
+
+def wrap(model: torch.nn.Module, optimizer_factory: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer],
+         cfg, device: torch.device | None = None):
+    """Wrap ``model`` for ``cfg.scale.backend`` and build its optimizer. Call on every rank.
+
+    Args:
+        model: the full model, identical on every rank (e.g. after :func:`broadcast_module`).
+        optimizer_factory: ``params -> optimizer`` (e.g. a ``functools.partial`` of ``torch.optim.AdamW``).
+        cfg: the :class:`tasks.config.Config` (``scale.backend``, ``scale.offload_optimizer``, ``train.grad_clip``).
+        device: where the rank computes (default: cuda:LOCAL_RANK when the group is NCCL, else cpu).
+
+    Returns:
+        (engine-like model, optimizer-like): call :func:`backward_step` with both.
+    """
+    backend = cfg.scale.backend
+    if backend not in BACKENDS:
+        raise ValueError(f"scale.backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    if backend != "single" and not dist.is_initialized():
+        raise RuntimeError(f"scale.backend={backend} needs a process group: launch with torchrun "
+                           "(torchrun --nproc_per_node N -m flows.train_dist ...) or call init_distributed()")
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) \
+            if dist.is_initialized() and dist.get_backend() == "nccl" else torch.device("cpu")
+    model = model.to(device)
+    if backend == "single":
+        return model, optimizer_factory(model.parameters())
+    if backend == "ddp":
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
+                                                        else None)
+        return ddp, optimizer_factory(ddp.parameters())
+    if backend == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        for layer in decoder_layers(model):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model, optimizer_factory(model.parameters())
+    import deepspeed
+
+    stage = 2 if backend == "deepspeed_zero2" else 3
+    dtype = next(model.parameters()).dtype
+    config = deepspeed_config(stage, grad_clip=cfg.train.grad_clip, dtype=dtype,
+                              offload_optimizer=cfg.scale.offload_optimizer)
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer_factory(model.parameters()),
+                                                   config=config)
+    return engine, optimizer
+
+
+def backward_step(model, optimizer, loss: torch.Tensor, grad_clip: float) -> float:
+    """Backward, clip to ``grad_clip`` and one optimizer step; returns the pre-clip global gradient norm.
+
+    DeepSpeed engines use ``engine.backward`` / ``engine.step`` (the clip is in their config); the others
+    ``loss.backward``, ``clip_grad_norm_`` (a DTensor norm for FSDP2, made whole with ``full_tensor``) and
+    ``optimizer.step``.
+    """
+    if is_deepspeed(model):
+        model.backward(loss)
+        model.step()
+        return float(model.get_global_grad_norm())
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    if hasattr(gnorm, "full_tensor"):
+        gnorm = gnorm.full_tensor()
+    optimizer.step()
+    return float(gnorm)
+
+
+def broadcast_module(module: torch.nn.Module, src: int = 0) -> None:
+    """Copy every parameter and buffer of an (unwrapped, full) module from rank ``src`` to all ranks."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    with torch.no_grad():
+        for t in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(t.data, src)
+
+
+def _cpu(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().clone()
+    if isinstance(obj, dict):
+        return {k: _cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_cpu(v) for v in obj)
+    return obj
+
+
+def full_state_dict(model) -> dict[str, torch.Tensor]:
+    """The whole model's state dict on CPU, on rank 0 (other ranks get ``{}``). Call on every rank.
+
+    Collective for FSDP2 (``get_model_state_dict(full_state_dict=True, cpu_offload=True)``) and ZeRO-3
+    (``deepspeed.zero.GatheredParameters``); local for the replicated backends.
+    """
+    rank0 = is_rank0()
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return _cpu(sd) if rank0 else {}  # a copy: on CPU the result can share storage with the live model
+    if is_deepspeed(model) and model.zero_optimization_stage() == 3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(model.module.parameters()), modifier_rank=None):
+            return _cpu(model.module.state_dict()) if rank0 else {}
+    return _cpu(unwrap(model).state_dict()) if rank0 else {}
+
+
+def optimizer_state(model, optimizer) -> object:
+    """The optimizer state needed to resume, on rank 0 (None elsewhere). Call on every rank.
+
+    ``single``/``ddp``: the (replicated) ``state_dict``; FSDP2: the full state from
+    ``get_optimizer_state_dict(full_state_dict=True)``; DeepSpeed: every rank's ZeRO partition state, gathered
+    in rank order (reloading needs the same world size, as DeepSpeed's own rigid checkpoints do).
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        sd = get_optimizer_state_dict(model, optimizer,
+                                      options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return _cpu(sd) if is_rank0() else None  # a copy: on CPU it can alias the live AdamW moments
+    if is_deepspeed(model):
+        mine = _cpu(model.optimizer.state_dict())
+        shards = [None] * dist.get_world_size() if is_rank0() else None
+        dist.gather_object(mine, shards, dst=0)
+        return {"deepspeed_shards": shards} if is_rank0() else None
+    return _cpu(optimizer.state_dict()) if is_rank0() else None
+
+
+def load_state(model, optimizer, model_state: dict | None, optim_state: object) -> None:
+    """Load a full model state dict and :func:`optimizer_state`'s result (both given on rank 0). Every rank."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+
+        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        # the setters replace the given dicts' entries with DTensor shards: hand them copies
+        set_model_state_dict(model, _cpu(model_state) if is_rank0() else {}, options=opts)
+        set_optimizer_state_dict(model, optimizer, _cpu(optim_state) if is_rank0() else {}, options=opts)
+        return
+    inner = unwrap(model)
+    if is_deepspeed(model):
+        shards = optim_state["deepspeed_shards"] if is_rank0() else None
+        box: list = [None]
+        dist.scatter_object_list(box, shards, src=0)
+        states = [None] * dist.get_world_size()
+        states[dist.get_rank()] = box[0]
+        if model.zero_optimization_stage() == 3:  # ZeRO-3 restores the weights from its fp32 partitions
+            model.optimizer.load_state_dict(states, load_optimizer_states=True)
+            return
+        if is_rank0():
+            inner.load_state_dict(model_state)
+        broadcast_module(inner)
+        model.optimizer.load_state_dict(states, load_optimizer_states=True, load_from_fp32_weights=True)
+        return
+    if is_rank0():
+        inner.load_state_dict(model_state)
+    broadcast_module(inner)
+    box = [optim_state if is_rank0() else None]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(box, src=0)
+    optimizer.load_state_dict(box[0])
+
+
+def reference_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A frozen full copy for the KL reference (taken before wrapping; every rank keeps its own)."""
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+@dataclass(frozen=True)
+class DataShard:
+    """This rank's slice of every minibatch, and the sums that make the sharded loss the global one."""
+
+    rank: int
+    world: int
+
+    @classmethod
+    def current(cls) -> DataShard:
+        return cls(dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else cls(0, 1)
+
+    def rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rank r's contiguous part of ``rows`` [n] (``torch.tensor_split`` into ``world`` parts)."""
+        if rows.numel() < self.world:
+            raise ValueError(f"a minibatch of {rows.numel()} rollouts cannot be split over {self.world} ranks: "
+                             "use more prompts per step or fewer train.minibatches")
+        return torch.tensor_split(rows, self.world)[self.rank]
+
+    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Element-wise sum over ranks (a copy; CPU tensors go through the group's device)."""
+        if self.world == 1:
+            return t.clone()
+        dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else t.device
+        out = t.to(dev, copy=True)
+        dist.all_reduce(out)
+        return out.to(t.device)
+
+    def loss_weights(self, mask: torch.Tensor, aggregation: str) -> tuple[float, float]:
+        """(w_agg, w_tok): this rank's share of the minibatch's aggregation units and of its tokens.
+
+        ``w_agg = n_r / N`` where n counts tokens (``aggregation="token"``) or sequences with a valid token
+        (``"sequence"``); the local loss times ``world * w_agg`` is rank r's part of the global loss.
+        """
+        local = torch.tensor([mask.sum(), (mask.sum(1) > 0).sum()], dtype=torch.float64)
+        total = self.all_sum(local)
+        w_tok = float(local[0] / total[0]) if total[0] > 0 else 0.0
+        w_seq = float(local[1] / total[1]) if total[1] > 0 else 0.0
+        return (w_tok if aggregation == "token" else w_seq), w_tok
+
+    def combine(self, metrics: dict[str, float], w_agg: float, w_tok: float) -> dict[str, float]:
+        """Global metrics: the weighted sum over ranks (loss-like by ``w_agg``, the others by ``w_tok``)."""
+        if self.world == 1:
+            return dict(metrics)
+        gathered: list = [None] * self.world
+        dist.all_gather_object(gathered, (metrics, w_agg, w_tok))
+        out: dict[str, float] = {}
+        for m, wa, wt in gathered:
+            for k, v in m.items():
+                out[k] = out.get(k, 0.0) + (wa if k in LOSS_LIKE else wt) * v
+        return out

@@ -1,0 +1,29 @@
+"""Shared fixtures. Test tiers: a bare `pytest` runs the fast CPU tier; `-m slow`, `-m gpu`, `-m vllm` the rest."""
+
+import os
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ROOT / "conf" / "smoke.yaml"
+
+
+@pytest.fixture
+def smoke_cfg(tmp_path):
+    """The smoke config with its run root (and warm-start cache) in a temporary folder."""
+    from tasks.config import load_config
+
+    def make(*overrides: str, path: Path = SMOKE):
+        return load_config(path, [f"paths.root={tmp_path / 'root'}", *overrides])
+
+    return make

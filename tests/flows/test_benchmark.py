@@ -1,0 +1,113 @@
+"""Tests of the benchmark flow (flows/benchmark.py): configuration composition (fast) and, in the slow tier,
+a tiny ``rlsift bench --quick`` end to end with the TRL control, its report files and MLflow runs."""
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from flows.benchmark import DEFAULTS, QUICK, clock_skips, configuration, preset_overrides
+from tasks.config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = str(ROOT / "conf" / "smoke.yaml")
+
+
+def test_preset_overrides_are_the_preset_chain_without_base():
+    dots = preset_overrides("dots")
+    assert 'select.method="dots"' in dots and "calibrate.k=32" in dots
+    assert not any(o.startswith(("train.", "model.", "data.", "paths.")) for o in dots)  # base.yaml's keys stay out
+    rr = preset_overrides("dots_rr")  # builds on dots.yaml, which builds on grpo.yaml
+    assert "replay.enabled=true" in rr and 'select.method="dots"' in rr
+    assert "curriculum.weights=[0.34, 0.33, 0.33]" in preset_overrides("scalingrl")
+    with pytest.raises(ConfigError, match="unknown preset 'nope'; allowed: all, dots"):
+        preset_overrides("nope")
+
+
+def test_configuration_order(tmp_path):
+    root = f"paths.root={tmp_path}"
+    # the smoke file sets the budget; the preset sets the technique; the command line wins over both
+    cfg = configuration(SMOKE, [root, "calibrate.k=8"], "dots", 3, False, None)
+    assert cfg.select.method == "dots" and cfg.calibrate.k == 8 and cfg.train.steps == 4 and cfg.seed == 3
+    assert cfg.eval.every == 10 and not cfg.tracking.register_model  # DEFAULTS
+    quick = configuration(SMOKE, [root], "pods", 0, True, str(tmp_path / "model"))
+    assert quick.train.steps == 20 and quick.eval.limit == 100  # QUICK over the config file
+    assert quick.pods.enabled and quick.rollout.n == 16 and quick.model.path == str(tmp_path / "model")
+    assert set(DEFAULTS) and set(QUICK)
+
+
+def test_clock_skips_only_unused_upfront_stages(tmp_path):
+    def skips(preset):
+        return clock_skips(configuration(SMOKE, [f"paths.root={tmp_path}"], preset, 0, False, None))
+
+    assert skips("grpo") == ("score", "calibrate") and skips("pods") == ("score", "calibrate")
+    assert skips("gain") == ("calibrate",)  # the angle needs the scoring pass, not the calibration
+    assert skips("dots") == () and skips("scalingrl") == () and skips("all") == ()
+
+
+@pytest.mark.slow
+def test_trl_prompts_tokenized_like_our_engine():
+    from tasks.policy import build_tokenizer, format_prompt
+    from tasks.trl_control import _trainer_class
+
+    tok = build_tokenizer()
+    prompts = [format_prompt(tok, "12+(40-7)*3=?"), format_prompt(tok, "5%3=?")]
+    ids, images, extra = _trainer_class()._tokenize_prompts(SimpleNamespace(processing_class=tok), prompts)
+    # tasks.rollout.HFEngine: tok(p, add_special_tokens=False); no BOS prepended
+    assert ids == [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    assert ids[0][0] != tok.bos_token_id and images is None and extra == {}
+
+
+@pytest.fixture(scope="module")
+def prefect_harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.mark.slow
+def test_bench_quick_end_to_end(tmp_path, capsys, prefect_harness):
+    from flows.cli import main
+    from tasks.tracking import run_info
+
+    code = main(["bench", "--quick", "-c", SMOKE, "--presets", "grpo,dots", "--json", f"paths.root={tmp_path}",
+                 "train.steps=4", "train.prompts_per_step=4", "train.round_steps=2", "eval.every=2", "eval.limit=12",
+                 "calibrate.k=8", "calibrate.g=4"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["failed"] == []
+    report = Path(out["report_dir"])
+    assert report.parent == tmp_path / "reports" and report.name.startswith("bench-")
+    for name in ("results.md", "results.json", "accuracy_curves.png", "effective_ratio.png",
+                 "selected_difficulty.png"):
+        assert (report / name).is_file() and (report / name).stat().st_size > 0, name
+    assert "| grpo | 1 |" in out["table"] and "| trl | 1 |" in out["table"]
+
+    result = json.loads((report / "results.json").read_text())
+    by_name = {c["name"]: c for c in result["configurations"]}
+    assert set(by_name) == {"grpo", "dots", "trl"}
+    for c in by_name.values():
+        assert c["curve"]["steps"] == [0, 2, 4]  # the same schedule for our runs and TRL
+        assert c["budget"]["step"] == 4 and c["budget"]["wall_s"] > 0
+        assert "final" in c["to_target"] and "best" in c["to_target"]
+    # the baseline reaches its own final accuracy by definition, at the latest at its last step
+    assert by_name["grpo"]["to_target"]["final"]["mean_curve"] is not None
+    # same budget: 4 steps x 4 prompts x rollout.n = 4 completions, for GRPO and TRL alike
+    assert by_name["grpo"]["budget"]["rollouts"] == by_name["trl"]["budget"]["rollouts"] == 64
+    # same starting model and held-out set: the same starting greedy accuracy
+    assert by_name["trl"]["start_accuracy"]["mean"] == by_name["grpo"]["start_accuracy"]["mean"]
+    assert by_name["grpo"]["skipped_stages"] == ["score", "calibrate"] and by_name["dots"]["skipped_stages"] == []
+
+    parent = run_info(out["tracking_uri"], out["mlflow_run_id"])
+    assert parent["status"] == "FINISHED" and "results.md" in parent["artifacts"]
+    children = {r["name"]: run_info(out["tracking_uri"], r["mlflow_run_id"]) for r in out["runs"]}
+    assert set(children) == {"grpo", "dots", "trl"}
+    for child in children.values():
+        assert child["tags"]["mlflow.parentRunId"] == out["mlflow_run_id"]
+        assert child["status"] == "FINISHED"
+    trl = children["trl"]["params"]
+    assert trl["trl.loss_type"] == "dapo" and trl["trl.scale_rewards"] == "none"
+    assert trl["trl.lr_scheduler_type"] == "constant" and trl["trl.per_device_train_batch_size"] == "16"
+    assert "eval/accuracy" in children["trl"]["metrics"]

@@ -1,0 +1,63 @@
+"""The retrain flow: ingest only what is new, continue from the latest registered model, register its child.
+
+Three retrains in one temporary root with a tiny smoke config: the first has no registered model and trains
+on every prompt (version 1); the second sees a second source and trains only on its prompts, starting from
+version 1 (version 2, parent 1); the third finds nothing new and skips.
+"""
+
+import json
+
+import pytest
+import torch
+
+from flows.retrain import run_retrain
+from tasks.ledger import Ledger
+from tasks.tracking import default_uri, model_version_tags, run_info
+
+TINY = ["model.warmstart.steps=2", "model.hidden=64", "model.heads=2", "model.layers=1", "rollout.n=2",
+        "rollout.max_new_tokens=6", "train.steps=1", "train.prompts_per_step=4", "train.round_steps=1",
+        "calibrate.k=4", "calibrate.g=2", "eval.samples=0"]
+FIRST = "data.sources=[{kind: bundled, n_train: 12, n_test: 4, seed: 0}]"
+SECOND = "data.sources=[{kind: bundled, n_train: 12, n_test: 4, seed: 0}, {kind: bundled, n_train: 6, n_test: 2, seed: 1}]"
+
+
+def test_retrain_continues_from_the_registered_model_on_new_prompts(smoke_cfg):
+    torch.set_num_threads(1)
+    first = run_retrain(smoke_cfg(*TINY, FIRST))
+    assert first["status"] == "completed" and first["model_version"] == "1"
+    assert first["parent_version"] == ""
+    assert first["ingest"]["new"] == 16 and first["ingest"]["train"] == 12  # 12 train + 4 test prompts, all new
+
+    cfg = smoke_cfg(*TINY, SECOND)
+    second = run_retrain(cfg)
+    assert second["status"] == "completed", second
+    assert second["model_version"] == "2" and second["parent_version"] == "1"
+    # only the second source's prompts are new; its 6 train prompts are the whole pool
+    assert second["ingest"]["new"] == 8 and second["ingest"]["train"] == 6
+    uri = default_uri(cfg.paths.root)
+    tags = model_version_tags(uri, cfg.tracking.model_name, "2")
+    assert tags["parent_version"] == "1"
+    assert tags["data_fingerprint"] == second["data_fingerprint"] != first["data_fingerprint"]
+    assert json.loads(tags["config"])["model"]["path"].endswith("/models/rlsift-policy/v1")
+    assert len(tags["config_sha256"]) == 64
+    with Ledger(f"{cfg.paths.root}/ledger.duckdb", read_only=True) as ledger:
+        trained = {r["prompt_id"] for r in ledger.query("SELECT prompt_id FROM groups WHERE run_id = ?",
+                                                        [second["run_id"]])}
+        new_ids = {r["prompt_id"] for r in ledger.query(
+            "SELECT prompt_id FROM prompts WHERE first_run_id = ? AND split = 'train'", [second["run_id"]])}
+    assert trained and trained <= new_ids
+    # the second run started from version 1's weights: its starting evaluation used them
+    info = run_info(uri, second["mlflow_run_id"])
+    assert info["tags"]["rlsift.parent_version"] == "1" and info["status"] == "FINISHED"
+
+    third = run_retrain(cfg)
+    assert third["status"] == "skipped" and third["model_version"] is None
+    assert third["ingest"]["new"] == 0
+    with Ledger(f"{cfg.paths.root}/ledger.duckdb", read_only=True) as ledger:
+        status = ledger.query("SELECT status FROM runs WHERE run_id = ?", [third["run_id"]])[0]["status"]
+    assert status == "skipped"
+
+
+def test_retrain_rejects_an_unknown_pool(smoke_cfg):
+    with pytest.raises(ValueError, match="pool must be 'new' or 'all'"):
+        run_retrain(smoke_cfg(*TINY), pool="everything")

@@ -1,0 +1,176 @@
+"""Tests of the benchmark arithmetic (tasks/bench_analysis.py) on hand-made curves and metric rows."""
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tasks.bench_analysis import (
+    Curve,
+    accuracy_band,
+    counted,
+    curve_from_metrics,
+    first_crossing,
+    mean_curve,
+    mean_dicts,
+    reach,
+    series_mean,
+    speedup,
+    spread,
+    step_split,
+    targets,
+    time_to_target,
+)
+
+
+def curve(acc, wall=None, steps=None):
+    steps = steps or [5 * i for i in range(len(acc))]
+    wall = wall or [10.0 * s for s in steps]
+    return Curve(tuple(steps), tuple(float(w) for w in wall), tuple(100.0 * s for s in steps),
+                 tuple(w / 3600 for w in wall), tuple(0.1 * w / 3600 for w in wall), tuple(acc))
+
+
+def test_first_crossing_is_interpolation_free():
+    # accuracies at steps 0, 5, 10, 15: 0.2, 0.35, 0.5, 0.45; target 0.4 -> first point >= 0.4 is step 10
+    c = curve([0.2, 0.35, 0.5, 0.45])
+    assert first_crossing(c, 0.4) == 2
+    hit = time_to_target(c, 0.4)
+    assert hit["step"] == 10 and hit["wall_s"] == 100.0 and hit["rollouts"] == 1000.0
+    assert first_crossing(c, 0.2) == 0  # already there at the start: time 0
+    assert time_to_target(c, 0.51) is None
+
+
+def test_crossing_tolerates_float_rounding_of_means():
+    # the target is a seed mean (0.1 + 0.2 + 0.3) / 3 = 0.20000000000000004 > 0.2 in floating point
+    target = (0.1 + 0.2 + 0.3) / 3
+    assert target > 0.2
+    assert first_crossing(curve([0.0, 0.2]), target) == 1
+
+
+def test_targets_from_mean_curve():
+    # seed A: 0.2 0.6 0.5; seed B: 0.2 0.4 0.5 -> mean 0.2 0.5 0.5: final 0.5, best 0.99 * 0.5 = 0.495
+    a, b = curve([0.2, 0.6, 0.5]), curve([0.2, 0.4, 0.5])
+    t = targets([a, b])
+    assert t["final"] == pytest.approx(0.5)
+    assert t["best"] == pytest.approx(0.495)
+    # best is the best of the MEAN curve (0.5), not of any single seed (0.6)
+    assert targets([a])["best"] == pytest.approx(0.99 * 0.6)
+    with pytest.raises(ValueError, match="best_frac"):
+        targets([a], best_frac=0)
+
+
+def test_mean_curve_on_common_steps():
+    # wall differs by seed: mean of 10 and 30 is 20 at step 5; step 10 only in the first -> dropped
+    a = curve([0.0, 0.4, 0.8], wall=[0, 10, 20], steps=[0, 5, 10])
+    b = curve([0.2, 0.6], wall=[0, 30], steps=[0, 5])
+    m = mean_curve([a, b])
+    assert m.steps == (0, 5)
+    assert m.accuracy == pytest.approx((0.1, 0.5))
+    assert m.wall_s == pytest.approx((0.0, 20.0))
+    band = accuracy_band([a, b])
+    assert band["lo"] == pytest.approx([0.0, 0.4]) and band["hi"] == pytest.approx([0.2, 0.6])
+    with pytest.raises(ValueError, match="no evaluation step"):
+        mean_curve([curve([0.1], steps=[1]), curve([0.1], steps=[2])])
+
+
+def test_reach_and_speedup():
+    # baseline reaches 0.5 at step 10 (wall 100); config at step 5 (wall 40): speed-up 2.5
+    base = curve([0.2, 0.4, 0.5])
+    fast = curve([0.2, 0.5, 0.6], wall=[0, 40, 80])
+    slow = curve([0.2, 0.3, 0.4])
+    assert speedup(time_to_target(base, 0.5)["wall_s"], time_to_target(fast, 0.5)["wall_s"]) == pytest.approx(2.5)
+    assert speedup(100.0, None) is None
+    assert speedup(0.0, 0.0) == 1.0 and speedup(5.0, 0.0) == math.inf
+    r = reach([fast, slow], 0.5)
+    assert r == {"reached": 1, "seeds": 2, "step_mean": 5, "wall_s_mean": 40.0}
+
+
+def test_spread():
+    # 0.4, 0.5, 0.6: mean 0.5, sample std sqrt(((0.1^2) * 2) / 2) = 0.1
+    s = spread([0.4, 0.5, 0.6])
+    assert s["mean"] == pytest.approx(0.5) and s["std"] == pytest.approx(0.1)
+    assert (s["min"], s["max"], s["n"]) == (0.4, 0.6, 3)
+    assert spread([0.3])["std"] == 0.0
+    assert spread([])["n"] == 0 and math.isnan(spread([])["mean"])
+
+
+def test_counted_stages():
+    assert counted("rollout") and counted("reference") and counted("tracking") and counted("calibrate")
+    assert not counted("eval_during") and not counted("eval_start") and not counted("prepare")
+    assert not counted("ingest") and not counted("score", skip={"score"})
+
+
+def rows_fixture():
+    # Three steps, eval every 2 steps (row step 1 -> point at step 2), calibrate 2 s + score 1 s upfront.
+    # Cumulative stage seconds per row; eval_during and prepare must never count.
+    base = {"time/ingest_s": 0.5, "time/prepare_s": 30.0, "time/eval_start_s": 2.0,
+            "time/calibrate_s": 2.0, "time/score_s": 1.0}
+    return [
+        {"step": 0, **base, "time/rollout_s": 1.0, "time/update_s": 2.0, "time/tracking_s": 0.0,
+         "time/step_s": 3.0, "rollout/generated": 64.0, "select/reference_rollouts": 32.0,
+         "cost/rollout_device_hours": 1.0 / 3600, "cost/update_device_hours": 2.0 / 3600},
+        {"step": 1, **base, "time/rollout_s": 2.0, "time/update_s": 4.0, "time/tracking_s": 0.1,
+         "time/eval_during_s": 5.0, "time/step_s": 8.0, "rollout/generated": 64.0, "eval/accuracy": 0.25},
+        {"step": 2, **base, "time/rollout_s": 3.0, "time/update_s": 6.0, "time/tracking_s": 0.2,
+         "time/eval_during_s": 5.0, "time/checkpoint_s": 0.3, "time/step_s": 3.0, "rollout/generated": 64.0},
+    ]
+
+
+def test_curve_from_metrics_hand_worked():
+    rows = rows_fixture()
+    c = curve_from_metrics(rows, 0.1, upfront_rollouts=16, end_step=3, end_accuracy=0.5)
+    assert c.steps == (0, 2, 3)
+    assert c.accuracy == (0.1, 0.25, 0.5)
+    # step 0: calibrate 2 + score 1 = 3; step 2: 3 + rollout 2 + update 4 + tracking 0.1 = 9.1 (eval 5 left out)
+    # step 3: 3 + 3 + 6 + 0.2 + checkpoint 0.3 = 12.5
+    assert c.wall_s == pytest.approx((3.0, 9.1, 12.5))
+    # rollouts: 16 upfront; + 64 + 32 reference + 64 = 176 at step 2; + 64 = 240 at step 3
+    assert c.rollouts == (16.0, 176.0, 240.0)
+    # GRPO does not pay for calibrate/score: skip them -> 0, 6.1, 9.5
+    g = curve_from_metrics(rows, 0.1, skip={"calibrate", "score"}, end_step=3, end_accuracy=0.5)
+    assert g.wall_s == pytest.approx((0.0, 6.1, 9.5))
+    # without an end evaluation the curve stops at the last scheduled one
+    assert curve_from_metrics(rows, 0.1).steps == (0, 2)
+
+
+def test_curve_device_hours_follow_the_same_stages():
+    rows = rows_fixture()
+    rows[1]["cost/eval_during_device_hours"] = 99.0  # never counted
+    rows[1]["cost/rollout_device_hours"] = 2.0 / 3600
+    rows[1]["cost/update_device_hours"] = 4.0 / 3600
+    c = curve_from_metrics(rows, 0.0)
+    assert c.device_hours[1] == pytest.approx(6.0 / 3600)
+
+
+def test_step_split_per_step_means():
+    # last row (3 steps): rollout 3/3 = 1, update 6/3 = 2, tracking 0.2/3, checkpoint 0.3/3; upfront totals
+    s = step_split(rows_fixture())
+    assert s["rollout"] == pytest.approx(1.0) and s["update"] == pytest.approx(2.0)
+    assert s["checkpoint"] == pytest.approx(0.1) and s["reference"] == 0.0
+    assert s["calibrate_total"] == 2.0 and s["score_total"] == 1.0 and s["other"] == 0.0
+    assert "score_total" not in step_split(rows_fixture(), skip={"score"})
+
+
+def test_series_and_dict_means():
+    a = [{"step": 0, "k": 0.5}, {"step": 1, "k": 1.0}]
+    b = [{"step": 0, "k": 0.0}]
+    assert series_mean([a, b], "k") == ([0], [0.25])
+    assert mean_dicts([{"x": 1.0, "y": 2.0}, {"x": 3.0}]) == {"x": 2.0, "y": 2.0}
+
+
+def test_curve_validation():
+    with pytest.raises(ValueError, match="strictly increasing"):
+        curve([0.1, 0.2], steps=[5, 5])
+    with pytest.raises(ValueError, match="at least one"):
+        Curve((), (), (), (), (), ())
+
+
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=20), st.floats(0, 1))
+def test_crossing_matches_slow_loop(acc, target):
+    c = curve(acc)
+    i = first_crossing(c, target)
+    oracle = next((j for j in range(len(acc)) if acc[j] >= target - 1e-9), None)
+    assert i == oracle
+    if i is not None:
+        assert all(a < target - 1e-9 for a in acc[:i])

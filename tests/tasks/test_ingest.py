@@ -1,0 +1,68 @@
+"""Ingest stage: rows in = accepted + duplicates + quarantined, per source and in total; ledger contents."""
+
+import json
+
+import pytest
+
+from tasks.config import SourceConfig
+from tasks.ingest import ingest
+from tasks.ledger import Ledger
+
+GOOD = {"question": "What is 2 + 3?", "answer": "Two plus three.\n#### 5"}
+
+
+def write(path, lines):
+    path.write_bytes(b"\n".join(x if isinstance(x, bytes) else x.encode() for x in lines) + b"\n")
+    return path
+
+
+@pytest.fixture
+def files(tmp_path):
+    a = write(tmp_path / "a_train.jsonl", [
+        json.dumps(GOOD),
+        json.dumps({"question": "What is 4 + 4?", "answer": "#### 8"}),
+        json.dumps(GOOD),                                    # duplicate within the file
+        "{not json",                                         # malformed
+        json.dumps({"question": "", "answer": "#### 1"}),     # empty field
+        b'{"question": "caf\xe9 \xff?", "answer": "#### 1"}',  # not UTF-8
+        json.dumps({"question": "Unparseable?", "answer": "#### seven"}),  # verifier cannot parse
+    ])
+    b = write(tmp_path / "b_train.jsonl", [
+        json.dumps(GOOD),                                    # duplicate across files
+        json.dumps({"question": "What is 9 - 1?", "answer": "#### 8"}),
+    ])
+    return a, b
+
+
+def test_count_invariant_and_ledger(tmp_path, files):
+    sources = [SourceConfig(kind="file", path=str(f), format="gsm8k") for f in files]
+    with Ledger(tmp_path / "l.duckdb") as led:
+        res = ingest(led, "r1", sources)
+        t = res.totals
+        assert t == {"rows": 9, "accepted": 3, "duplicates": 2, "quarantined": 4, "new": 3}
+        a, b = (res.sources[str(f)] for f in files)
+        assert (a["rows"], a["accepted"], a["duplicates"], a["quarantined"]) == (7, 2, 1, 4)
+        assert (b["rows"], b["accepted"], b["duplicates"], b["quarantined"]) == (2, 1, 1, 0)
+        q = led.query("SELECT line, reason FROM quarantine ORDER BY line")
+        assert [r["line"] for r in q] == [4, 5, 6, 7]
+        assert all(r["reason"].startswith("a_train.jsonl:") for r in q), q
+        assert len(led.prompts(split="train")) == 3
+        # a second ingest of the same files finds nothing new and loses nothing
+        res2 = ingest(led, "r2", sources)
+        assert res2.totals["new"] == 0 and res2.totals["accepted"] == 3
+        assert len(led.prompts()) == 3
+
+
+def test_missing_path_is_an_error_before_any_work(tmp_path, files):
+    sources = [SourceConfig(kind="file", path=str(files[0])), SourceConfig(kind="file", path=str(tmp_path / "no.jsonl"))]
+    with Ledger(tmp_path / "l.duckdb") as led:
+        with pytest.raises(FileNotFoundError, match="no.jsonl"):
+            ingest(led, "r1", sources)
+        assert led.prompts() == []
+
+
+def test_bundled_source_splits_disjoint(tmp_path):
+    with Ledger(tmp_path / "l.duckdb") as led:
+        res = ingest(led, "r1", [SourceConfig(n_train=50, n_test=20)])
+    assert len(res.train) == 50 and len(res.test) == 20
+    assert not {r.question for r in res.train} & {r.question for r in res.test}

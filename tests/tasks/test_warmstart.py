@@ -1,0 +1,129 @@
+"""Tests of the supervised warm start: masking, batching, fingerprint cache, greedy accuracy."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tasks import arith, policy, warmstart
+
+TINY = dict(hidden=64, layers=1, heads=2, batch_size=8, lr=1e-2, seed=0, progress=False)
+
+
+@pytest.fixture(scope="module")
+def records():
+    return arith.generate(0, 40, "train", "uniform")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return policy.build_tokenizer()
+
+
+def test_examples_mask_everything_but_the_solution(tok):
+    r = arith.generate(1, 1, "train", {1: 1})[0]
+    (ids, n_prompt), = warmstart.encode_examples(tok, [r])
+    prompt = "Q: " + r.question + "\n"
+    assert n_prompt == 1 + len(prompt)  # <s> + one token per prompt character
+    assert ids[0] == tok.bos_token_id and ids[-1] == tok.eos_token_id
+    assert tok.decode(ids, skip_special_tokens=True) == prompt + r.solution
+    short = ([1, 10, 11, 12, 2], 2)  # prompt <s> 10 | solution 11 12 </s>
+    batch = warmstart.collate([(ids, n_prompt), short], pad_id=0)
+    width = len(ids)
+    assert batch["input_ids"].shape == (2, width)
+    assert batch["input_ids"][1].tolist() == [1, 10, 11, 12, 2] + [0] * (width - 5)  # right padding
+    assert batch["attention_mask"][1].tolist() == [1] * 5 + [0] * (width - 5)
+    assert batch["labels"][1].tolist() == [-100, -100, 11, 12, 2] + [-100] * (width - 5)
+    assert batch["labels"][0, :n_prompt].eq(-100).all() and batch["labels"][0, n_prompt:].tolist() == ids[n_prompt:]
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 60), batch_size=st.integers(1, 9), seed=st.integers(0, 1000))
+def test_length_grouped_batches_are_epochs(n, batch_size, seed):
+    examples = [([0] * (1 + (i * 7) % 13), 1) for i in range(n)]
+    batches = warmstart._length_grouped_batches(examples, batch_size, seed)
+    group = batch_size * warmstart.GROUP_BATCHES
+    rounds = -(-n // group) * group // batch_size * 3  # enough batches for at least three full epochs
+    drawn = [i for _ in range(rounds) for i in next(batches)]
+    assert all(len(b) == batch_size for b in [drawn[k : k + batch_size] for k in range(0, len(drawn), batch_size)])
+    # the index stream is a concatenation of permutations, so every prefix of k*n indices covers each index k times
+    counts = torch.bincount(torch.tensor(drawn[: (len(drawn) // n) * n]), minlength=n)
+    assert counts.min() >= (len(drawn) // n) - 2 * group // n - 1
+    # a length group is sorted inside each batch boundary and the same seed repeats the stream
+    again = warmstart._length_grouped_batches(examples, batch_size, seed)
+    assert [next(again) for _ in range(rounds)] == [drawn[k : k + batch_size] for k in range(0, len(drawn), batch_size)]
+
+
+def test_warm_start_caches_by_fingerprint(records, tmp_path):
+    t0 = time.perf_counter()
+    path = warmstart.warm_start(records, tmp_path, steps=3, **TINY)
+    first = time.perf_counter() - t0
+    meta = json.loads((path / warmstart.META_FILE).read_text())
+    assert path.parent == tmp_path and path.name == meta["fingerprint"]
+    assert meta["steps"] == 3 and meta["final_loss"] > 0 and meta["code_version"] == warmstart.CODE_VERSION
+    weights = path / "model.safetensors"
+    stamp = weights.stat().st_mtime_ns
+    t0 = time.perf_counter()
+    again = warmstart.warm_start(records, tmp_path, steps=3, **TINY)
+    assert again == path and time.perf_counter() - t0 < min(0.5, first)
+    assert weights.stat().st_mtime_ns == stamp
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary folder left behind
+    # any change of data or settings is a different fingerprint
+    assert warmstart.warm_start(records[:-1], tmp_path, steps=3, **TINY) != path
+    assert warmstart.warm_start(records, tmp_path, steps=4, **TINY) != path
+    model, tok = policy.load_policy(path)
+    assert model.config.hidden_size == 64 and tok.padding_side == "left"
+
+
+def test_warm_start_is_deterministic(records, tmp_path):
+    a = warmstart.warm_start(records, tmp_path / "a", steps=2, **TINY)
+    b = warmstart.warm_start(records, tmp_path / "b", steps=2, **TINY)
+    ma, _ = policy.load_policy(a)
+    mb, _ = policy.load_policy(b)
+    assert a.name == b.name
+    assert all(torch.equal(x, y) for x, y in zip(ma.state_dict().values(), mb.state_dict().values(), strict=True))
+
+
+def test_warm_start_rejects_bad_input(records, tmp_path):
+    with pytest.raises(ValueError, match="at least one"):
+        warmstart.warm_start([], tmp_path, steps=1, **TINY)
+    with pytest.raises(ValueError, match="worked solution"):
+        warmstart.warm_start([arith.generate(0, 1, "train")[0].__class__(
+            id="x", source="s", split="train", question="1+1=?", answer="2")], tmp_path, steps=1, **TINY)
+    with pytest.raises(ValueError, match="lr > 0"):
+        warmstart.warm_start(records, tmp_path, steps=1, **{**TINY, "lr": 0.0})
+
+
+def test_training_lowers_the_solution_loss(records, tok):
+    model = policy.build_tiny_model(hidden=64, layers=1, heads=2, seed=0, tokenizer=tok)
+    ex = warmstart.encode_examples(tok, records)
+    losses = warmstart._train(model, ex, tok.pad_token_id, steps=30, batch_size=8, lr=1e-2, warmup=0.1, seed=0,
+                              progress=False)
+    assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:5]) / 5
+
+
+def test_greedy_accuracy_matches_one_by_one_generation(tok):
+    """Batched left-padded greedy decoding against a loop over single prompts (the oracle)."""
+    recs = arith.generate(3, 6, "train", {1: 1, 2: 1})
+    torch.manual_seed(0)
+    model = policy.build_tiny_model(hidden=64, layers=2, heads=2, seed=0, tokenizer=tok)
+    ex = warmstart.encode_examples(tok, recs)
+    warmstart._train(model, ex, tok.pad_token_id, steps=120, batch_size=6, lr=1e-2, warmup=0.05, seed=0,
+                     progress=False)  # memorises the six problems
+    model.eval()
+    got = warmstart.greedy_accuracy_by_level(model, tok, recs, batch_size=4, max_new_tokens=40)
+    right: dict[int, list[float]] = {}
+    with torch.inference_mode():
+        for r in recs:
+            ids = tok(policy.format_prompt(tok, r.question), return_tensors="pt")["input_ids"]
+            out = model.generate(ids, do_sample=False, max_new_tokens=40, pad_token_id=0, eos_token_id=2)
+            text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+            right.setdefault(r.level, []).append(arith.verify(text, r.answer))
+    expected = {lv: sum(v) / len(v) for lv, v in sorted(right.items())}
+    assert got == expected
+    assert sum(expected.values()) > 0  # the oracle comparison is not only zeros

@@ -1,0 +1,49 @@
+"""The command line: `run --json` contract, `ingest --json` counts, config errors before any work."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIX = ROOT / "tests" / "fixtures" / "sources"
+
+
+def rlsift(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600, env={**__import__("os").environ, "CI": "true"})
+
+
+def test_run_json_contract(tmp_path):
+    p = rlsift("run", "-c", "conf/smoke.yaml", f"paths.root={tmp_path}", "train.steps=2", "--json")
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout)  # exactly one JSON object on stdout
+    for key in ("run_id", "mlflow_run_id", "status", "steps", "eval_accuracy_start", "eval_accuracy_end", "wall_s",
+                "device_hours"):
+        assert key in out, key
+    assert out["status"] == "completed" and out["steps"] == 2
+    assert Path(out["ledger"]).exists()
+    assert "\r" not in p.stderr, "no progress bars outside a terminal"
+
+
+def test_config_error_names_key_and_does_no_work(tmp_path):
+    p = rlsift("run", "-c", "conf/smoke.yaml", f"paths.root={tmp_path}", "train.stepz=2", "--json")
+    assert p.returncode == 2
+    assert "train.stepz: unknown key" in p.stderr
+    assert not any(tmp_path.iterdir()), "nothing may be written before the config is valid"
+
+
+def test_ingest_json_counts(tmp_path):
+    bad = tmp_path / "bad_train.jsonl"
+    bad.write_text('{"question": "q?", "answer": "#### 3"}\n{oops\n{"question": "q?", "answer": "#### 3"}\n')
+    p = rlsift("ingest", str(FIX / "gsm8k_train.jsonl"), str(bad), "--format", "gsm8k", "--set",
+               f"paths.root={tmp_path / 'root'}", "--json")
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout)
+    assert out["accepted"] + out["duplicates"] + out["quarantined"] == sum(s["rows"] for s in out["sources"].values())
+    assert out["sources"][str(bad)] == {"rows": 3, "accepted": 1, "duplicates": 1, "quarantined": 1, "new": 1}
+
+
+def test_ingest_missing_file(tmp_path):
+    p = rlsift("ingest", str(tmp_path / "nope.jsonl"), "--set", f"paths.root={tmp_path}", "--json")
+    assert p.returncode == 2 and "nope.jsonl" in p.stderr
