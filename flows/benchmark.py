@@ -167,12 +167,14 @@ def benchmark(config: str | None = None, overrides: list[str] | None = None, qui
               seeds: int | None = None, presets: list[str] | None = None, trl: bool = True) -> dict:
     """Every preset (and TRL) x seeds on one budget; returns the results (``table``: Markdown) and paths."""
     overrides = list(overrides or [])
-    names = list(dict.fromkeys([BASELINE, *(presets or PRESETS)]))  # the baseline always runs, first
+    names = list(dict.fromkeys([BASELINE, *(p.strip() for p in presets or PRESETS if p.strip())]))  # baseline first
+    if seeds is not None and seeds < 1:
+        raise ConfigError(f"seeds must be at least 1, got {seeds}")
     n_seeds = seeds or (QUICK_SEEDS if quick else SEEDS)
-    first = configuration(config, overrides, BASELINE, 0, quick, None)  # validates before any work
-    for name in names:
-        preset_overrides(name)
     base_seed = load_config(config, overrides).seed
+    first = configuration(config, overrides, BASELINE, base_seed, quick, None)  # validates before any work
+    for name in names:
+        configuration(config, overrides, name, base_seed, quick, None)
     root = Path(first.paths.root).resolve()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     report_dir = root / "reports" / f"bench-{stamp}"

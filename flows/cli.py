@@ -122,6 +122,13 @@ def cmd_ledger(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    from tasks.config import ConfigError
+
+    try:
+        _config(args)
+    except ConfigError as err:
+        print(f"rlsift bench: {err}", file=sys.stderr)
+        return 2
     from flows.benchmark import benchmark
 
     result = benchmark(config=args.config, overrides=list(args.overrides), quick=args.quick, seeds=args.seeds,
@@ -204,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s",
                         datefmt="%H:%M:%S")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Prefect API request otherwise
+    for noisy in ("httpx", "httpcore", "urllib3", "alembic", "mlflow"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     if getattr(args, "json", False):
         logging.getLogger().setLevel(logging.WARNING)
     return args.fn(args)

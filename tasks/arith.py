@@ -15,8 +15,9 @@ supervised warm start. This module is that task. It is our own construction (no 
       #### 111
 
 - Every intermediate value lies in ``[0, LevelSpec.max_value]`` (subtraction never goes negative, the
-  divisor of ``//`` and ``%`` is at least 2), so Python's floor semantics never surprise; an expression
-  that breaks a rule is drawn again. Parentheses are only kept when they change which operations are done.
+  divisor of ``//`` and ``%`` lies between 2 and the dividend), so Python's floor semantics never
+  surprise; an expression that breaks a rule is drawn again. Parentheses are only kept when they change
+  which operations are done.
 - Levels 1..5 (``LEVELS``) add operations, larger operands and harder operators. Prompt plus solution stay
   within ``MAX_CHARS`` characters, so a character-level model with a 256-token context fits every problem.
 - Splits are disjoint by construction: a question belongs to ``test`` when a hash of its text falls in the
@@ -24,6 +25,9 @@ supervised warm start. This module is that task. It is our own construction (no 
   requested split. Each level draws from its own seeded stream, so the problems of one level do not depend
   on the weights of the others. Within one call the questions are unique unless ``unique=False``.
 - Level counts follow the mix exactly (largest-remainder rounding of ``n * weight``); the order is shuffled.
+- ``verify`` gives 1.0 when the integer after the last marker equals the reference; a completion with no
+  marker is judged by its last ``\\boxed{...}`` instead, so a real model prompted for a boxed answer can
+  be scored on this task too.
 """
 
 from __future__ import annotations
@@ -79,24 +83,25 @@ class LevelSpec:
 
 #: Difficulty levels 1..5 (tuned so that a warm-started 0.86M-parameter policy spans solved .. unsolved).
 LEVELS: dict[int, LevelSpec] = {
-    1: LevelSpec(n_ops=(1, 1), ops=("+", "-"), add_max=50),
-    2: LevelSpec(n_ops=(2, 2), ops=("+", "-"), add_max=50),
+    1: LevelSpec(n_ops=(1, 1), ops=("+", "-"), add_max=30),
+    2: LevelSpec(n_ops=(2, 2), ops=("+", "-"), add_max=30),
     3: LevelSpec(n_ops=(2, 2), ops=("+", "-", "*"), need=("*",), add_max=50, mul_max=12),
     4: LevelSpec(n_ops=(3, 3), ops=("+", "-", "*"), need=("*",), add_max=99, mul_max=30, paren=0.5),
     5: LevelSpec(
-        n_ops=(3, 4), ops=("+", "-", "*", "//", "%"), need=("//", "%"), add_max=99, mul_max=40, div_max=9,
+        n_ops=(4, 4), ops=("+", "-", "*", "//", "%"), need=("//", "%"), add_max=99, mul_max=40, div_max=19,
         paren=0.5, max_value=9999,
     ),
 }
 
 #: Named level mixes (weights need not sum to 1). ``default`` imitates a real RL pool: about a third of the
 #: prompts nearly always solved by the warm-started tiny policy, a third nearly never, a third in between.
-#: ``balanced`` puts most prompts at the levels where that policy is partly right; ``uniform`` is for the
-#: warm start.
+#: ``balanced`` puts most prompts at the levels where that policy is partly right; ``warmstart`` is the
+#: supervised warm start's data (weighted to the easy levels, which it must master).
 MIXES: dict[str, dict[int, float]] = {
     "default": {1: 0.2, 2: 0.15, 3: 0.3, 4: 0.15, 5: 0.2},
     "balanced": {1: 0.05, 2: 0.2, 3: 0.5, 4: 0.2, 5: 0.05},
     "uniform": {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0},
+    "warmstart": {1: 0.3, 2: 0.3, 3: 0.2, 4: 0.1, 5: 0.1},
 }
 
 _SPLITS = ("train", "test")
@@ -131,13 +136,14 @@ def _apply(op: str, a: int, b: int) -> int:
 def _reduce(nums: list[int], ops: list[str], steps: list[str], max_value: int) -> int | None:
     """Evaluates ``nums``/``ops`` in precedence order, appending one ``a op b=c`` line per operation.
 
-    Returns the value, or None when an intermediate result leaves ``[0, max_value]`` or a divisor is below 2.
+    Returns the value, or None when an intermediate result leaves ``[0, max_value]`` or a division
+    is degenerate (divisor below 2 or above the dividend).
     """
     nums, ops = list(nums), list(ops)
     while ops:
         i = next((k for k, op in enumerate(ops) if op in _HIGH), 0)
         a, op, b = nums[i], ops[i], nums[i + 1]
-        if op in ("//", "%") and b < 2:
+        if op in ("//", "%") and not 2 <= b <= a:
             return None
         c = _apply(op, a, b)
         if not 0 <= c <= max_value:
@@ -316,11 +322,19 @@ def solution_steps(record: PromptRecord | str) -> list[str]:
 _INT = re.compile(r"[+-]?\d+")
 
 
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
 def extract_answer(completion: str) -> str | None:
-    """The text after the last final-answer marker, up to the end of its line (stripped); None if absent."""
+    """The marked final answer of a completion, stripped; None if there is none.
+
+    The text after the last final-answer marker up to the end of its line; when the completion has no
+    marker, the content of its last ``\\boxed{...}`` (what real models prompted for a boxed answer write).
+    """
     at = completion.rfind(MARKER)
     if at < 0:
-        return None
+        boxed = _BOXED.findall(completion)
+        return (boxed[-1].strip() or None) if boxed else None
     answer = completion[at + len(MARKER) :].split("\n", 1)[0].strip()
     return answer or None
 

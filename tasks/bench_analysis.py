@@ -181,13 +181,14 @@ def mean_curve(curves: Sequence[Curve]) -> Curve:
 
 
 def accuracy_band(curves: Sequence[Curve]) -> dict[str, list[float]]:
-    """Mean, min and max accuracy, mean wall-clock and rollouts over seeds, on the common steps (for plots)."""
+    """Mean, min and max accuracy and the mean clock (wall, rollouts, device hours) over seeds, on the common
+    steps (for plots and the JSON report)."""
     m = mean_curve(curves)
     idx = [{s: i for i, s in enumerate(c.steps)} for c in curves]
     lo = [min(c.accuracy[ix[s]] for c, ix in zip(curves, idx, strict=True)) for s in m.steps]
     hi = [max(c.accuracy[ix[s]] for c, ix in zip(curves, idx, strict=True)) for s in m.steps]
-    return {"steps": list(m.steps), "wall_s": list(m.wall_s), "rollouts": list(m.rollouts), "mean": list(m.accuracy),
-            "lo": lo, "hi": hi}
+    return {"steps": list(m.steps), "wall_s": list(m.wall_s), "rollouts": list(m.rollouts),
+            "device_hours": list(m.device_hours), "mean": list(m.accuracy), "lo": lo, "hi": hi}
 
 
 def targets(baseline: Sequence[Curve], best_frac: float = 0.99) -> dict[str, float]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -87,6 +87,8 @@ def analyse(runs: list[BenchRun], baseline: str = "grpo", best_frac: float = 0.9
                                           for r in ok]),
             "step_split": ba.mean_dicts([ba.step_split(r.rows, r.skip) for r in ok]),
             "curve": ba.accuracy_band(cs),
+            "seed_curves": [{"seed": r.seed, **asdict(c)} for r, c in zip(ok, cs, strict=True)],
+            "run_usd_total": ba.spread([r.summary.get("cost_usd") for r in ok])["mean"],
             "skipped_stages": list(ok[0].skip),
         }
         if tgt:
@@ -147,16 +149,17 @@ def markdown(result: dict) -> str:
             if key == "final":
                 cells.append(_f(hit["rollouts"], ".0f") if hit else "-")
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Cost over the whole budget (training clock, seed mean) and to target (a):", "",
+    lines += ["", "Cost over the whole budget (training clock, seed mean) and to target (a); the last column is "
+              "the runs' own total (every stage, with setup and evaluation):", "",
               "| configuration | steps | wall s | rollouts | device hours | USD | USD vs baseline "
-              "| USD to (a) vs baseline |", "|" + "---|" * 8]
+              "| USD to (a) vs baseline | USD run total |", "|" + "---|" * 9]
     for r in result["configurations"]:
         if "budget" not in r:
             continue
         b = r["budget"]
         lines.append(f"| {r['name']} | {b['step']} | {_f(b['wall_s'], '.1f')} | {_f(b['rollouts'], '.0f')} | "
                      f"{_f(b['device_hours'], '.5f')} | {_f(b['usd'], '.6f')} | {_f(r.get('usd_vs_baseline'), '.2f')} | "
-                     f"{_f(r.get('usd_to_target_vs_baseline'), '.2f')} |")
+                     f"{_f(r.get('usd_to_target_vs_baseline'), '.2f')} | {_f(r.get('run_usd_total'), '.6f')} |")
     parts = [*ba.STEP_STAGES, "other"]
     lines += ["", "Seconds per step by phase (seed mean), and one-off scoring/calibration seconds:", "",
               "| configuration | " + " | ".join(parts) + " | score (once) | calibrate (once) |",

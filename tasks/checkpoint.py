@@ -71,13 +71,18 @@ def latest(run) -> Path | None:
 
 
 def restore(run, model, optimizer, selector, buffer) -> int:
-    """Load the latest checkpoint of ``run`` into the given objects; returns the step to continue from."""
+    """Load the latest checkpoint of ``run`` into the given objects; returns the step to continue from.
+
+    The ledger's step rows past the checkpoint (a crashed process's) are removed, also when there is no
+    checkpoint yet (a crash before the first one: every step row goes).
+    """
     path = latest(run)
     if path is None:  # a fresh start, or a crash before the first checkpoint: same RNG state either way
         seed = derive_seed(run.cfg.seed, "train-start")
         torch.manual_seed(seed)
         random.seed(seed)
         np.random.seed(seed % 2**32)
+        run.ledger.truncate_after(run.run_id, -1)
         run.defer_metrics(0)
         return 0
     state = torch.load(path, weights_only=False)
@@ -93,5 +98,6 @@ def restore(run, model, optimizer, selector, buffer) -> int:
     torch.set_rng_state(state["rng"]["torch"])
     random.setstate(state["rng"]["python"])
     np.random.set_state(state["rng"]["numpy"])
+    run.ledger.truncate_after(run.run_id, int(state["step"]) - 1)
     run.defer_metrics(int(state["step"]))
     return int(state["step"])

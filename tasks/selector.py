@@ -80,8 +80,7 @@ class Selector:
         if self.scheduler is not None:
             if self.round_acc:
                 metrics |= self.scheduler.update(sum(self.round_acc) / len(self.round_acc), self.heldout_acc)
-            difficulty = torch.where(torch.isnan(self.pred), self.last_success, self.pred)
-            difficulty = torch.where(torch.isnan(difficulty), torch.full_like(difficulty, 0.5), difficulty)
+            difficulty = torch.where(torch.isnan(self.pred), self._estimate(), self.pred)
             des, parts = data_effectiveness_score(difficulty, self.cot, reward_adaptability(self.history),
                                                   weights=cfg.curriculum.weights,
                                                   difficulty_form=cfg.curriculum.difficulty_form)
@@ -153,6 +152,15 @@ class Selector:
                 "select/labels": float(self.predictor.num_labels),
                 "select/reference_rollouts": float(k * cfg.calibrate.g),
                 **{f"select/{k_}": v for k_, v in fit_stats.items()}}
+
+    def _estimate(self) -> torch.Tensor:
+        """Success rates of every prompt without DOTS: measured where known, else DOTS's off-the-shelf attention
+        over the prompts measured so far (calibration and trained groups), else 0.5."""
+        known = ~torch.isnan(self.last_success)
+        if not known.any():
+            return torch.full_like(self.last_success, 0.5)
+        est = AttentionDifficultyPredictor(self.emb.shape[1]).predict(self.emb, self.emb[known], self.last_success[known])
+        return torch.where(known, self.last_success, est)
 
     def _record(self, idx: torch.Tensor, success: torch.Tensor) -> None:
         for i, s in zip(idx.tolist(), success.tolist(), strict=True):

@@ -39,6 +39,8 @@ from typing import Any, Protocol
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# MLflow prints "View run ... at: <url>" on stdout when a run on a server ends; stdout is the CLI's --json channel.
+os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 import mlflow  # noqa: E402
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402

@@ -88,7 +88,14 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: dict, ca
     """Run (or resume) the training stage. Returns a summary dict."""
     cfg, tc = run.cfg, run.cfg.train
     model = policy.model
-    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tc.betas, weight_decay=tc.weight_decay)
+    if cfg.scale.backend == "single":
+        optimizer, update_fn = (torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tc.betas,
+                                                  weight_decay=tc.weight_decay), policy_update)
+    else:  # scale-out hook: the update runs sharded over the torchrun ranks; `model` stays rank 0's full copy
+        from tasks.sharded_update import Driver
+
+        optimizer = Driver(cfg, model)  # optimizer-like for checkpoints
+        update_fn = optimizer.update
     ref_model = copy.deepcopy(model).eval() if tc.kl_coef > 0 else None
     selector = Selector(cfg, pool, features)
     if calibration is not None:
@@ -115,6 +122,8 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: dict, ca
     for step in range(start, tc.steps):
         t0 = time.perf_counter()
         round_, metrics = step // tc.round_steps, {}
+        if step % tc.round_steps == 0 or step == start:
+            sync_rollout_weights(run, policy)  # vLLM hook: the server samples with the round's starting weights
         if step % tc.round_steps == 0:
             with run.meter.stage("reference"):
                 metrics |= selector.begin_round(round_, step, measure, run)
@@ -135,10 +144,10 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: dict, ca
                 derive_seed(cfg.seed, step, "replay"))) if n_replay else []
         batch = fresh + replayed
         with run.meter.stage("update"):
-            stats = policy_update(model, optimizer, batch, clip_eps=tc.clip_eps, aggregation=tc.aggregation,
-                                  grad_clip=tc.grad_clip, temperature=cfg.rollout.temperature, pad_id=pad_id,
-                                  minibatches=tc.minibatches, kl_coef=tc.kl_coef, ref_model=ref_model,
-                                  device=run.device, angle_fn=angle_fn)
+            stats = update_fn(model, optimizer, batch, clip_eps=tc.clip_eps, aggregation=tc.aggregation,
+                              grad_clip=tc.grad_clip, temperature=cfg.rollout.temperature, pad_id=pad_id,
+                              minibatches=tc.minibatches, kl_coef=tc.kl_coef, ref_model=ref_model,
+                              device=run.device, angle_fn=angle_fn)
         with run.meter.stage("selection"):
             if buffer is not None:
                 for g in fresh:
@@ -189,4 +198,12 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: dict, ca
             with run.meter.stage("checkpoint"):
                 checkpoint.save(run, step + 1, model, optimizer, selector, buffer)
     bar.close()
+    sync_rollout_weights(run, policy)  # the final evaluation samples with the final weights
     return summary
+
+
+def sync_rollout_weights(run: Run, policy: Policy) -> None:
+    """Hook for server-side rollout engines (``tasks/vllm_engine.py``): push the current weights to it."""
+    if hasattr(policy.engine, "sync_model"):
+        with run.meter.stage("weight_sync"):
+            policy.engine.sync_model(policy.model, policy.tokenizer, run.dir / "vllm_weights")

@@ -20,6 +20,12 @@ this engine talks to it with the standard library's ``urllib``:
   NCCL weight-transfer endpoints (``/init_weight_transfer_engine``, ``/update_weights``) because it works on
   CPU and across machines without a shared process group; restarting the server (about 20 s on CPU) is the
   fallback when dev mode is not allowed.
+- Tied embeddings: vLLM 0.32's in-place reload rebuilds ``embed_tokens`` but puts the *old* tensor back into
+  a tied ``lm_head`` ("ParallelLMHead: Failed to load weights" in the server log), so the served model
+  would mix old and new weights (measured: log-prob errors up to 4 nats). :func:`export_for_vllm` therefore
+  writes serving copies with the head untied (``tie_word_embeddings: false`` plus an explicit
+  ``lm_head.weight`` equal to the embedding): the same function, and reloads become exact (measured 1e-6).
+  ``infra/vllm-serve.sh`` starts the server from such a copy (``python -m tasks.vllm_engine serve-dir``).
 
 Deviation (documented in ``docs/scale-out.md``): with weights synced at round boundaries, rollouts within a
 round come from the round-start policy, not the current one; the update still treats them as on-policy.
@@ -27,7 +33,9 @@ round come from the round-start policy, not the current one; the update still tr
 
 from __future__ import annotations
 
+import argparse
 import json
+import shutil
 import time
 import urllib.error
 import urllib.request
@@ -154,3 +162,84 @@ class VLLMEngine:
             raise
         self._request("/reset_prefix_cache", {})
         return time.perf_counter() - t0
+
+    def sync_model(self, model, tokenizer, folder: str | Path) -> float:
+        """Export ``model`` to ``folder`` (:func:`export_for_vllm`) and :meth:`sync_weights` from it; seconds."""
+        t0 = time.perf_counter()
+        self.sync_weights(export_for_vllm(model, tokenizer, folder))
+        return time.perf_counter() - t0
+
+
+def _tied(config) -> bool:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return bool(getattr(text, "tie_word_embeddings", False))
+
+
+def export_for_vllm(model, tokenizer, path: str | Path) -> Path:
+    """Save ``model`` for the vLLM server: ``save_pretrained`` plus, for a tied LM head, an untied copy.
+
+    The untied copy sets ``tie_word_embeddings: false`` in ``config.json`` and adds a safetensors shard
+    holding the head's weight (= the embedding), listed in ``model.safetensors.index.json`` (a single-file
+    save becomes two shards), so both transformers and vLLM load it.
+    Returns the folder (for :meth:`VLLMEngine.sync_weights` or ``vllm serve``).
+    """
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from tasks.policy import save_policy
+
+    path = Path(path)
+    if path.exists():
+        shutil.rmtree(path)
+    save_policy(model, tokenizer, path)
+    if not _tied(model.config):
+        return path
+    head = model.get_output_embeddings().weight
+    name = next(n for n, p in model.named_parameters(remove_duplicate=False) if p is head and "embed" not in n)
+    index = path / "model.safetensors.index.json"
+    if index.exists():  # already sharded: one more shard, listed in the index
+        head_file = "lm_head.safetensors"
+        data = json.loads(index.read_text())
+    else:  # one file: make it shard 1 of 2 (transformers reads model.safetensors alone when it exists)
+        head_file = "model-00002-of-00002.safetensors"
+        (path / "model.safetensors").rename(path / "model-00001-of-00002.safetensors")
+        with safe_open(str(path / "model-00001-of-00002.safetensors"), "pt") as f:
+            data = {"metadata": {}, "weight_map": dict.fromkeys(f.keys(), "model-00001-of-00002.safetensors")}
+    save_file({name: head.detach().to("cpu").contiguous().clone()}, str(path / head_file), metadata={"format": "pt"})
+    data["weight_map"][name] = head_file
+    data.setdefault("metadata", {})["total_size"] = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    index.write_text(json.dumps(data, indent=2))
+    cfg_file = path / "config.json"
+    cfg = json.loads(cfg_file.read_text())
+    if "text_config" in cfg and "tie_word_embeddings" in cfg["text_config"]:
+        cfg["text_config"]["tie_word_embeddings"] = False
+    cfg["tie_word_embeddings"] = False
+    cfg_file.write_text(json.dumps(cfg, indent=2))
+    return path
+
+
+def serve_dir(model_dir: str | Path, out: str | Path) -> Path:
+    """The folder to start ``vllm serve`` on: ``model_dir`` itself, or an untied export when its head is tied."""
+    from transformers import AutoConfig
+
+    if not _tied(AutoConfig.from_pretrained(model_dir, local_files_only=True)):
+        return Path(model_dir)
+    from tasks.policy import load_policy
+
+    model, tok = load_policy(model_dir)
+    return export_for_vllm(model, tok, out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tasks.vllm_engine", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve-dir", help="print the folder to serve (an untied export when the head is tied)")
+    s.add_argument("model_dir")
+    s.add_argument("out", help="where an untied export goes")
+    args = p.parse_args(argv)
+    print(serve_dir(args.model_dir, args.out))  # noqa: T201 - the shell script reads this line
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -28,11 +28,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from flows.pipeline import resume_config
+from tasks.config import ConfigError
 from tasks.ledger import Ledger
+from tasks.run import open_run
 from tasks.tracking import metric_history
 from tests.flows.conftest import ROOT, cli_env, easy_overrides, rlsift
-
-pytestmark = pytest.mark.slow
 
 STATEFUL = ["select.method=dots", "calibrate.k=8", "calibrate.g=4", "select.predictor.min_labels=8",
             "select.predictor.fit_steps=5", "replay.enabled=true", "replay.fresh_frac=0.5", "pods.enabled=true",
@@ -81,12 +82,15 @@ def kill_during_training(root: Path, argv: list[str], env: dict, after_steps: in
     return files[0].parent.name
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, easy_task):
     env = cli_env(tmp_path)
     root_a, root_b = tmp_path / "a", tmp_path / "b"
-    done = rlsift("run", *args(root_a, easy_task), "--json", env=env)
+    plain = {k: v for k, v in env.items() if k != "CI"}  # the uninterrupted run: not a terminal, not CI
+    done = rlsift("run", *args(root_a, easy_task), "--json", env=plain)
     assert done.returncode == 0, done.stderr[-3000:]
     ref = json.loads(done.stdout)
+    assert not any(noise in done.stderr for noise in ("\r", "%|", "it/s]")), "progress bars off a terminal"
 
     k = int(os.environ.get("RLSIFT_TEST_KILL_AT") or random.randint(1, 4))
     print(f"killing after {k} finished steps")
@@ -102,6 +106,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, easy_task):
 
     resumed = rlsift("run", "--resume", run_id, *args(root_b, easy_task), "--json", env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert not any(noise in resumed.stderr for noise in ("\r", "%|", "it/s]")), "progress bars in CI"
     res = json.loads(resumed.stdout)
     assert res["status"] == "completed" and res["resumed"] and res["run_id"] == run_id
     assert res["mlflow_run_id"] == crashed["mlflow_run_id"], "the resume must continue the same MLflow run"
@@ -132,3 +137,18 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, easy_task):
     assert wa.keys() == wb.keys() and all(torch.equal(wa[n], wb[n]) for n in wa)
     assert ref["eval_by_level_end"] == res["eval_by_level_end"]
     assert ref["eval_accuracy_end"] == res["eval_accuracy_end"]
+
+
+def test_a_resume_keeps_the_stored_config(smoke_cfg, tmp_path):
+    """``--resume`` uses the run's config.json; overrides may only move paths or change how it runs."""
+    run = open_run(smoke_cfg("train.steps=6", "select.method=dots"), track=False)
+    run.close("failed", {})
+    root = f"paths.root={tmp_path / 'root'}"
+    cfg = resume_config(None, [root], run.run_id)  # no -c: the defaults differ, the stored config wins
+    assert cfg.train.steps == 6 and cfg.select.method == "dots" and cfg.data.sources[0].n_train == 120
+    cfg = resume_config(str(ROOT / "conf" / "smoke.yaml"), [root, "train.steps=6", "model.threads=1"], run.run_id)
+    assert cfg.model.threads == 1 and cfg.train.steps == 6  # an equal value and an allowed change
+    with pytest.raises(ConfigError, match="train.steps differ from the run's stored config"):
+        resume_config(None, [root, "train.steps=8"], run.run_id)
+    with pytest.raises(ConfigError, match="no run nope under"):
+        resume_config(None, [root], "nope")

@@ -14,11 +14,21 @@ from flows.retrain import run_retrain
 from tasks.ledger import Ledger
 from tasks.tracking import default_uri, model_version_tags, run_info
 
+@pytest.fixture(scope="module", autouse=True)
+def prefect_server():
+    """A temporary Prefect server and database for the stages (Prefect tasks), stopped before pytest exits."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
 TINY = ["model.warmstart.steps=2", "model.hidden=64", "model.heads=2", "model.layers=1", "rollout.n=2",
         "rollout.max_new_tokens=6", "train.steps=1", "train.prompts_per_step=4", "train.round_steps=1",
         "calibrate.k=4", "calibrate.g=2", "eval.samples=0"]
 FIRST = "data.sources=[{kind: bundled, n_train: 12, n_test: 4, seed: 0}]"
-SECOND = "data.sources=[{kind: bundled, n_train: 12, n_test: 4, seed: 0}, {kind: bundled, n_train: 6, n_test: 2, seed: 1}]"
+SECOND = ("data.sources=[{kind: bundled, n_train: 12, n_test: 4, seed: 0}, "
+          "{kind: bundled, n_train: 6, n_test: 2, seed: 1}]")
 
 
 def test_retrain_continues_from_the_registered_model_on_new_prompts(smoke_cfg):
@@ -49,6 +59,13 @@ def test_retrain_continues_from_the_registered_model_on_new_prompts(smoke_cfg):
     # the second run started from version 1's weights: its starting evaluation used them
     info = run_info(uri, second["mlflow_run_id"])
     assert info["tags"]["rlsift.parent_version"] == "1" and info["status"] == "FINISHED"
+    # cost accounting reaches MLflow and the ledger (the training loop's phases add up to the train stage)
+    assert info["metrics"]["cost/usd"] == pytest.approx(second["cost_usd"]) and second["cost_usd"] > 0
+    assert info["metrics"]["cost/train_device_hours"] > 0 and "cost/rollout_usd" in info["metrics"]
+    with Ledger(f"{cfg.paths.root}/ledger.duckdb", read_only=True) as ledger:
+        stages = {r["stage"]: r for r in ledger.query("SELECT * FROM stages WHERE run_id = ?", [second["run_id"]])}
+    assert {"ingest", "prepare", "eval_start", "calibrate", "score", "train", "eval_end"} <= set(stages)
+    assert stages["train"]["wall_s"] > 0 and stages["train"]["device"] == second["device"]
 
     third = run_retrain(cfg)
     assert third["status"] == "skipped" and third["model_version"] is None

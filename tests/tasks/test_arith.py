@@ -103,11 +103,18 @@ def test_bad_split_and_n():
 
 
 def test_small_question_space_runs_out_when_unique():
-    # level 1 has about 3.8k distinct questions (50*50 sums + 1275 differences), 20% of them in test.
+    # level 1 is a+b or a-b with 1 <= a, b <= 30 and a >= b for a difference: 30*30 + 30*31/2 = 1365 questions
+    space = [f"{a}+{b}=?" for a in range(1, 31) for b in range(1, 31)]
+    space += [f"{a}-{b}=?" for a in range(1, 31) for b in range(1, a + 1)]
+    assert len(set(space)) == 1365
+    in_test = sum(arith.split_of(q) == "test" for q in space)
+    assert 0.15 < in_test / 1365 < 0.25
+    recs = arith.generate(0, in_test, "test", {1: 1})
+    assert sorted(r.question for r in recs) == sorted(q for q in space if arith.split_of(q) == "test")
     with pytest.raises(ValueError, match="level 1 ran out of distinct test questions"):
-        arith.generate(0, 2000, "test", {1: 1})
+        arith.generate(0, in_test + 1, "test", {1: 1})
     recs = arith.generate(0, 2000, "test", {1: 1}, unique=False)
-    assert len(recs) == 2000 and len({r.question for r in recs}) < 2000
+    assert len(recs) == 2000 and len({r.question for r in recs}) == in_test
 
 
 def test_levels_get_harder_by_construction():
@@ -184,6 +191,10 @@ def test_own_solutions_verify_and_wrong_answers_do_not():
         ("#### 12\n#### 33", "33", 1.0),  # the last marker counts
         ("#### 33\nQ: 1+1=?\n#### 2", "2", 0.0),
         ("12+21=33", None, 0.0),  # no marker
+        ("so the answer is \\boxed{33}.", "33", 1.0),  # no marker: the last \\boxed{} counts
+        ("\\boxed{12} then \\boxed{ 33 }", "33", 1.0),
+        ("\\boxed{33}\n#### 34", "34", 0.0),  # the marker wins over a box
+        ("\\boxed{}", None, 0.0),
         ("#### ", None, 0.0),
         ("", None, 0.0),
     ],

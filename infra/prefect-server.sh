@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Start a local Prefect server (API + UI) on 127.0.0.1 in the foreground; Ctrl-C (SIGINT/SIGTERM) stops it.
+# State (SQLite database, logs) lives in $PREFECT_HOME (default: <repo>/rlsift-runs/prefect).
+# Usage: bash infra/prefect-server.sh [PORT]        (default port 4200; UI at http://127.0.0.1:PORT)
+# Then, in other shells: export PREFECT_API_URL=http://127.0.0.1:PORT/api; rlsift deploy; bash infra/worker.sh
+# Stop workers before the server (a worker whose server is gone ignores SIGTERM; SIGINT stops it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PORT="${1:-${PREFECT_SERVER_PORT:-4200}}"
+export PREFECT_HOME="${PREFECT_HOME:-$PWD/rlsift-runs/prefect}"
+export PREFECT_SERVER_ANALYTICS_ENABLED=false
+export PREFECT_SERVER_API_HOST=127.0.0.1
+mkdir -p "$PREFECT_HOME"
+BIN="${RLSIFT_VENV:-$PWD/.venv}/bin"
+echo "Prefect server: UI http://127.0.0.1:$PORT  API http://127.0.0.1:$PORT/api  state $PREFECT_HOME" >&2
+echo "  export PREFECT_API_URL=http://127.0.0.1:$PORT/api" >&2
+exec "$BIN/prefect" server start --host 127.0.0.1 --port "$PORT"

@@ -1,0 +1,49 @@
+"""Visible progress on a terminal, none off it: ``show_progress`` decides, and third-party bars (transformers'
+weight loading and saving) are switched off with ours."""
+
+import os
+
+import pytest
+
+from tasks.run import show_progress
+
+
+@pytest.mark.parametrize("tty, ci, shown", [(True, None, True), (True, "true", False), (False, None, False)])
+def test_progress_only_on_a_terminal_outside_ci(tty, ci, shown, monkeypatch, tmp_path):
+    master, slave = os.openpty()
+    stream = os.fdopen(slave, "w") if tty else open(tmp_path / "log", "w")  # a real terminal, or a file
+    if not tty:
+        os.close(slave)
+    try:
+        monkeypatch.setattr("sys.stderr", stream)
+        if ci:
+            monkeypatch.setenv("CI", ci)
+        else:
+            monkeypatch.delenv("CI", raising=False)
+        assert show_progress() is shown
+    finally:
+        stream.close()
+        os.close(master)
+
+
+def test_no_progress_bar_noise_off_a_terminal(tmp_path, capfd):
+    """Saving, loading and warm-starting a policy print no bars when stderr is not a terminal (as under pytest)."""
+    import torch
+
+    from tasks import arith
+    from tasks.policy import build_tiny_model, build_tokenizer, load_policy, save_policy
+    from tasks.run import quiet_libraries
+    from tasks.warmstart import warm_start
+
+    torch.set_num_threads(1)
+    assert not show_progress()
+    quiet_libraries()
+    tok = build_tokenizer()
+    model = build_tiny_model(hidden=64, layers=1, heads=2, tokenizer=tok, seed=0)
+    save_policy(model, tok, tmp_path / "m")
+    load_policy(tmp_path / "m", dtype=torch.float32, device="cpu")
+    warm_start(arith.generate(1, 8, "train", "uniform"), tmp_path / "cache", hidden=64, layers=1, heads=2, steps=2,
+               batch_size=4, progress=show_progress())
+    out, err = capfd.readouterr()
+    for noise in ("\r", "%|", "it/s]"):
+        assert noise not in out + err, f"progress-bar output {noise!r} off a terminal:\n{err[-2000:]}"

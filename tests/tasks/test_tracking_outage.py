@@ -1,0 +1,207 @@
+"""Tracking that survives MLflow outages: the write-ahead outbox, idempotent resends, rejected items, metrics
+committed with checkpoints, and (slow) a real ``mlflow server`` stopped and restarted under a logging run."""
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tasks.run import open_run
+from tasks.tracking import MlflowTracker, Outbox, metric_history, run_info
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# ---- the outbox -----------------------------------------------------------------------------------------
+def test_outbox_is_a_fifo_that_keeps_items_appended_while_draining(tmp_path):
+    box = Outbox(tmp_path / "outbox.jsonl")
+    for i in range(5):
+        box.append({"i": i})
+    items = box.peek()
+    assert [x["i"] for x in items] == [0, 1, 2, 3, 4]
+    box.append({"i": 5})  # arrives while the sender works on the first five
+    box.drop(len(items))
+    assert [x["i"] for x in box.peek()] == [5]
+    box.drop(1)
+    assert box.peek() == [] and not box.path.exists()
+
+
+def test_outbox_skips_a_torn_last_line_but_not_a_torn_middle_one(tmp_path):
+    path = tmp_path / "outbox.jsonl"
+    path.write_text('{"i": 0}\n{"i": 1}\n{"i": ')  # a writer killed mid-line
+    assert Outbox(path).peek() == [{"i": 0}, {"i": 1}]
+    path.write_text('{"i": 0}\n{"i": \n{"i": 2}\n')
+    with pytest.raises(json.JSONDecodeError):
+        Outbox(path).peek()
+
+
+def test_outbox_concurrent_appends_lose_nothing(tmp_path):
+    box = Outbox(tmp_path / "outbox.jsonl")
+    drained: list[int] = []
+    stop = threading.Event()
+
+    def sender():
+        while not stop.is_set() or box.peek():
+            items = box.peek()
+            drained.extend(x["i"] for x in items)
+            box.drop(len(items))
+
+    t = threading.Thread(target=sender)
+    t.start()
+    for i in range(500):
+        box.append({"i": i})
+    stop.set()
+    t.join()
+    assert drained == list(range(500))
+
+
+# ---- delivery to a real (sqlite) store -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sqlite_uri(tmp_path_factory):
+    """One store for the module's tests (creating an MLflow database takes seconds)."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+def test_resending_the_outbox_creates_no_duplicates(tmp_path, sqlite_uri):
+    """A process killed after sending but before dropping the items resends them: MLflow ignores the repeats."""
+    t = MlflowTracker(sqlite_uri, "resend", tmp_path / "run", flush_s=3600)
+    t.log_params({"lr": 0.1})
+    for step in range(5):
+        t.log_metrics({"loss": 1.0 / (step + 1), "acc": step / 10}, step)
+    (tmp_path / "notes.txt").write_text("hello")
+    t.log_artifact(tmp_path / "notes.txt")
+    unsent = t.outbox.path.read_text()
+    assert t.flush()
+    t.outbox.path.write_text(unsent)  # as if the drop never happened
+    assert t.flush()
+    t.finish()
+    assert metric_history(sqlite_uri, t.run_id, "loss") == [(s, 1.0 / (s + 1)) for s in range(5)]
+    info = run_info(sqlite_uri, t.run_id)
+    assert info["params"] == {"lr": "0.1"} and info["artifacts"] == ["notes.txt"] and info["status"] == "FINISHED"
+    copies = tmp_path / "run" / "outbox-artifacts"
+    assert not copies.exists() or not any(copies.iterdir()), "sent artifact copies are removed"
+
+
+def test_an_item_mlflow_rejects_is_set_aside_and_the_rest_is_sent(tmp_path, sqlite_uri):
+    t = MlflowTracker(sqlite_uri, "reject", tmp_path / "run", flush_s=3600)
+    t.log_params({"seed": 0})
+    assert t.flush()
+    t.log_params({"seed": 1})  # MLflow params are immutable: INVALID_PARAMETER_VALUE
+    t.log_metrics({"loss": 0.5}, 0)
+    assert t.flush()
+    t.finish()
+    rejected = [json.loads(x) for x in (tmp_path / "run" / "outbox-rejected.jsonl").read_text().splitlines()]
+    assert [r["params"] for r in rejected] == [{"seed": "1"}]
+    assert metric_history(sqlite_uri, t.run_id, "loss") == [(0, 0.5)]
+    assert run_info(sqlite_uri, t.run_id)["params"] == {"seed": "0"}
+
+
+def test_step_metrics_reach_mlflow_only_with_their_checkpoint(smoke_cfg, sqlite_uri):
+    """Run.defer_metrics / commit_metrics (called by tasks/checkpoint.py): a failed run drops what no checkpoint
+    covers (a resume recomputes it), a completed run sends everything."""
+    run = open_run(smoke_cfg(f"tracking.uri={sqlite_uri}"))
+    run.log_metrics({"ingest/rows": 3.0}, 0)  # before training: sent at once
+    run.defer_metrics(0)
+    for step in range(3):
+        run.log_metrics({"train/loss": float(step)}, step)
+    run.commit_metrics(2)  # checkpoint after step 1
+    run.tracker.flush()
+    uri, rid = run.tracking_uri, run.tracker.run_id
+    assert metric_history(uri, rid, "train/loss") == [(0, 0.0), (1, 1.0)]
+    run.close("failed", {})
+    assert metric_history(uri, rid, "train/loss") == [(0, 0.0), (1, 1.0)]
+    assert metric_history(uri, rid, "ingest/rows") == [(0, 3.0)]
+
+    again = open_run(smoke_cfg(f"tracking.uri={sqlite_uri}"), run_id=run.run_id)
+    assert again.tracker.run_id == rid and again.resumed
+    again.defer_metrics(2)
+    again.log_metrics({"train/loss": 2.0}, 2)
+    again.log_metrics({"eval/accuracy": 0.5}, 3)
+    again.close("completed", {})
+    assert metric_history(uri, rid, "train/loss") == [(0, 0.0), (1, 1.0), (2, 2.0)]
+    assert metric_history(uri, rid, "eval/accuracy") == [(3, 0.5)]
+    assert run_info(uri, rid)["status"] == "FINISHED"
+
+
+# ---- a real server going away and coming back ----------------------------------------------------------------
+@pytest.mark.slow
+def test_mlflow_server_outage_loses_nothing_and_duplicates_nothing(tmp_path):
+    from tests.servers import free_port, start, stop, wait_http, wait_port_free
+
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    log = tmp_path / "mlflow.log"
+    cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port),
+           "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}",
+           "--artifacts-destination", str(tmp_path / "store" / "artifacts")]
+    (tmp_path / "store").mkdir()
+    env = {**__import__("os").environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    server = start(cmd, env, log)
+    try:
+        wait_http(f"{uri}/health", server, log)
+        a = MlflowTracker(uri, "outage", tmp_path / "a", flush_s=0.5)
+        b = MlflowTracker(uri, "outage", tmp_path / "b", final_wait_s=1.0)
+        a.log_params({"lr": 0.1})
+        for step in range(5):
+            a.log_metrics({"loss": float(step)}, step)
+        (tmp_path / "before.txt").write_text("before")
+        a.log_artifact(tmp_path / "before.txt")
+        assert a.flush()
+
+        stop(server, signal.SIGTERM)
+        wait_port_free(port)
+        slowest = 0.0
+        for step in range(5, 25):  # training goes on
+            t0 = time.perf_counter()
+            a.log_metrics({"loss": float(step)}, step)
+            slowest = max(slowest, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        a.log_params({"batch": 8})
+        a.set_tags({"phase": "outage"})
+        (tmp_path / "during.txt").write_text("during")
+        a.log_artifact(tmp_path / "during.txt")
+        model = tmp_path / "model"
+        model.mkdir()
+        (model / "weights.bin").write_bytes(b"\x00" * 64)
+        assert a.register_model(model, "outage-model", {"parent_version": ""}) is None  # queued, not lost
+        slowest = max(slowest, time.perf_counter() - t0)
+        assert slowest < 0.5, f"a logging call took {slowest:.2f} s while MLflow was down"
+        time.sleep(1.5)  # the background sender tries and keeps everything
+        assert len(a.outbox) > 0
+
+        b.log_metrics({"loss": 1.0}, 0)
+        (tmp_path / "b.txt").write_text("b")
+        b.log_artifact(tmp_path / "b.txt")
+        t0 = time.perf_counter()
+        b.finish()  # at the end of a run, MLflow still down: the outbox stays for `rlsift sync`
+        assert time.perf_counter() - t0 < 10
+        assert (tmp_path / "b" / "outbox.jsonl").exists()
+
+        server = start(cmd, env, log)  # same port, same backend
+        wait_http(f"{uri}/health", server, log)
+        a.finish()
+        assert not a.outbox.path.exists()
+        assert metric_history(uri, a.run_id, "loss") == [(s, float(s)) for s in range(25)]
+        info = run_info(uri, a.run_id)
+        assert info["params"] == {"lr": "0.1", "batch": "8"} and info["tags"]["phase"] == "outage"
+        assert {"before.txt", "during.txt", "model"} <= set(info["artifacts"]) and info["status"] == "FINISHED"
+        from mlflow.tracking import MlflowClient
+
+        versions = MlflowClient(uri).search_model_versions("name = 'outage-model'")
+        assert [(v.version, v.run_id) for v in versions] == [("1", a.run_id)]
+
+        synced = subprocess.run([sys.executable, "-m", "flows.cli", "sync", str(tmp_path / "b"), uri, b.run_id],
+                                cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert synced.returncode == 0, synced.stderr[-2000:]
+        assert synced.stdout == "sent\n"  # nothing else on stdout (MLflow's "View run" line is suppressed)
+        assert metric_history(uri, b.run_id, "loss") == [(0, 1.0)]
+        info_b = run_info(uri, b.run_id)
+        assert info_b["artifacts"] == ["b.txt"] and info_b["status"] == "FINISHED"
+        assert not (tmp_path / "b" / "outbox.jsonl").exists()
+    finally:
+        stop(server, signal.SIGTERM)

@@ -1,0 +1,54 @@
+"""export_for_vllm / serve_dir (no server needed): the untied serving copy computes the same function."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from safetensors.torch import load_file
+
+from tasks.policy import build_tiny_model, build_tokenizer, load_policy, save_policy
+from tasks.vllm_engine import VLLMEngine, VLLMError, export_for_vllm, serve_dir
+
+
+def test_export_unties_the_head_and_keeps_the_function(tmp_path):
+    tok = build_tokenizer()
+    model = build_tiny_model(hidden=64, layers=1, heads=2, seed=3, tokenizer=tok).eval()
+    assert model.config.tie_word_embeddings
+    out = export_for_vllm(model, tok, tmp_path / "serve")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["tie_word_embeddings"] is False
+    head = load_file(str(out / "model-00002-of-00002.safetensors"))
+    assert list(head) == ["lm_head.weight"]
+    assert torch.equal(head["lm_head.weight"], model.model.embed_tokens.weight.detach())
+    served, _ = load_policy(out)
+    assert served.lm_head.weight.data_ptr() != served.model.embed_tokens.weight.data_ptr()  # really untied
+    ids = torch.tensor([[1, 40, 41, 42, 43]])
+    with torch.no_grad():
+        torch.testing.assert_close(served(input_ids=ids).logits, model(input_ids=ids).logits, atol=0, rtol=0)
+    # a second export into the same folder replaces it
+    assert export_for_vllm(model, tok, out) == out
+
+
+def test_serve_dir_exports_only_tied_models(tmp_path):
+    tok = build_tokenizer()
+    tied = save_policy(build_tiny_model(hidden=64, layers=1, heads=2, tokenizer=tok), tok, tmp_path / "tied")
+    assert serve_dir(tied, tmp_path / "out") == tmp_path / "out"
+    untied = tmp_path / "out"  # the export itself is untied: served as is
+    assert serve_dir(untied, tmp_path / "out2") == untied
+
+
+def test_unreachable_server_and_bad_folder(tmp_path):
+    engine = VLLMEngine("http://127.0.0.1:9", build_tokenizer(), max_new_tokens=4)
+    try:
+        engine.generate(["Q: 1+1\n"], n=2, seed=0)
+    except VLLMError as err:
+        assert "unreachable" in str(err) and "vllm-serve.sh" in str(err)
+    else:
+        raise AssertionError("expected VLLMError")
+    try:
+        engine.sync_weights(tmp_path)
+    except ValueError as err:
+        assert "no config.json" in str(err)
+    else:
+        raise AssertionError("expected ValueError")
