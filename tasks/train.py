@@ -114,7 +114,7 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: dict, ca
 
     metrics_file = run.dir / "metrics.jsonl"
     if metrics_file.exists():  # a resumed run drops what the crashed one logged past its checkpoint
-        kept = [ln for ln in metrics_file.read_text().splitlines() if ln and json.loads(ln)["step"] < start]
+        kept = [ln for ln in metrics_file.read_text().splitlines() if _step_of(ln) < start]
         metrics_file.write_text("".join(ln + "\n" for ln in kept))
     bar = tqdm(total=tc.steps, initial=start, desc="train", disable=not show_progress(), unit="step")
     bar_acc = ""  # held-out greedy accuracy of the last in-training evaluation (eval.every)
@@ -207,3 +207,11 @@ def sync_rollout_weights(run: Run, policy: Policy) -> None:
     if hasattr(policy.engine, "sync_model"):
         with run.meter.stage("weight_sync"):
             policy.engine.sync_model(policy.model, policy.tokenizer, run.dir / "vllm_weights")
+
+
+def _step_of(line: str) -> float:
+    """The step of a metrics.jsonl line; a line torn by a kill counts as past every checkpoint."""
+    try:
+        return json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return float("inf")

@@ -1,5 +1,6 @@
-"""Fixtures for the flow tests: a small arithmetic task and a policy that has learned part of it, so real
-verifiers give mixed rewards (real gradients, a non-empty replay buffer, informative PODS choices)."""
+"""Fixtures for the flow tests: a temporary Prefect API, and a small arithmetic task with a policy that has
+learned part of it, so real verifiers give mixed rewards (real gradients, a non-empty replay buffer,
+informative PODS choices); helpers to run ``rlsift`` in subprocesses."""
 
 import json
 import os
@@ -8,8 +9,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from prefect.testing.utilities import prefect_test_harness
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def prefect_harness():
+    """A temporary Prefect API (fresh SQLite) for the flow tests of one module."""
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
 
 
 @pytest.fixture(scope="session")

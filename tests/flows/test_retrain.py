@@ -14,15 +14,6 @@ from flows.retrain import run_retrain
 from tasks.ledger import Ledger
 from tasks.tracking import default_uri, model_version_tags, run_info
 
-@pytest.fixture(scope="module", autouse=True)
-def prefect_server():
-    """A temporary Prefect server and database for the stages (Prefect tasks), stopped before pytest exits."""
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
-
-
 TINY = ["model.warmstart.steps=2", "model.hidden=64", "model.heads=2", "model.layers=1", "rollout.n=2",
         "rollout.max_new_tokens=6", "train.steps=1", "train.prompts_per_step=4", "train.round_steps=1",
         "calibrate.k=4", "calibrate.g=2", "eval.samples=0"]
@@ -31,7 +22,7 @@ SECOND = ("data.sources=[{kind: bundled, n_train: 12, n_test: 4, seed: 0}, "
           "{kind: bundled, n_train: 6, n_test: 2, seed: 1}]")
 
 
-def test_retrain_continues_from_the_registered_model_on_new_prompts(smoke_cfg):
+def test_retrain_continues_from_the_registered_model_on_new_prompts(smoke_cfg, prefect_harness):
     torch.set_num_threads(1)
     first = run_retrain(smoke_cfg(*TINY, FIRST))
     assert first["status"] == "completed" and first["model_version"] == "1"
