@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 
@@ -28,6 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", metavar="RUN_ID", help="continue a crashed run (same backend and world size)")
     p.add_argument("--json", action="store_true", help="rank 0 prints one JSON object on stdout")
     args = p.parse_args(argv)
+    out = sys.stdout
+    if args.json:  # stdout carries exactly one JSON object: anything else (DeepSpeed's build notes) -> stderr
+        sys.stdout.flush()
+        out = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
 
     from tasks.config import ConfigError, load_config
 
@@ -60,11 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     stop_workers()
     dist.destroy_process_group()
     if args.json:
-        sys.stdout.write(json.dumps(summary, default=str) + "\n")
+        out.write(json.dumps(summary, default=str) + "\n")
+        out.flush()
     else:
-        sys.stdout.write(f"run {summary['run_id']} {summary['status']} ({cfg.scale.backend}, {info.world} processes) "
-                         f"in {summary['wall_s']:.0f} s: held-out greedy accuracy {summary['eval_accuracy_start']:.3f}"
-                         f" -> {summary['eval_accuracy_end']:.3f}; run folder {summary['run_dir']}\n")
+        out.write(f"run {summary['run_id']} {summary['status']} ({cfg.scale.backend}, {info.world} processes) "
+                  f"in {summary['wall_s']:.0f} s: held-out greedy accuracy {summary['eval_accuracy_start']:.3f} -> "
+                  f"{summary['eval_accuracy_end']:.3f}; run folder {summary['run_dir']}\n")
     return 0
 
 

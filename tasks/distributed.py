@@ -31,10 +31,12 @@ in it) still runs. Each minibatch must have at least one row per rank.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import os
 import socket
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -173,8 +175,9 @@ def wrap(model: torch.nn.Module, optimizer_factory: Callable[[Iterable[torch.nn.
     dtype = next(model.parameters()).dtype
     config = deepspeed_config(stage, grad_clip=cfg.train.grad_clip, dtype=dtype,
                               offload_optimizer=cfg.scale.offload_optimizer)
-    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer_factory(model.parameters()),
-                                                   config=config)
+    with contextlib.redirect_stdout(sys.stderr):  # it prints op-build notes; stdout may carry a --json result
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer_factory(model.parameters()),
+                                                       config=config)
     return engine, optimizer
 
 
@@ -217,14 +220,19 @@ def _cpu(obj):
     return obj
 
 
-def full_state_dict(model) -> dict[str, torch.Tensor]:
-    """The whole model's state dict on CPU, on rank 0 (other ranks get ``{}``). Call on every rank.
+def full_state_dict(model, to_cpu: bool = True) -> dict[str, torch.Tensor]:
+    """The whole model's state dict (a copy), on rank 0 (other ranks get ``{}``). Call on every rank.
 
-    Collective for FSDP2 (``get_model_state_dict(full_state_dict=True, cpu_offload=True)``) and ZeRO-3
-    (``deepspeed.zero.GatheredParameters``); local for the replicated backends.
+    Collective for FSDP2 (``get_model_state_dict(full_state_dict=True, cpu_offload=True)``: always on CPU,
+    so no rank holds the whole model on its GPU) and ZeRO-3 (``deepspeed.zero.GatheredParameters``); local
+    for the replicated backends. ``to_cpu=False`` keeps the copy on the training device where possible
+    (a device-to-device copy per step instead of two host transfers).
     """
     rank0 = is_rank0()
     from torch.distributed.fsdp import FSDPModule
+
+    def copy_(sd: dict) -> dict:
+        return _cpu(sd) if to_cpu else {k: v.detach().clone() for k, v in sd.items()}
 
     if isinstance(model, FSDPModule):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -235,8 +243,8 @@ def full_state_dict(model) -> dict[str, torch.Tensor]:
         import deepspeed
 
         with deepspeed.zero.GatheredParameters(list(model.module.parameters()), modifier_rank=None):
-            return _cpu(model.module.state_dict()) if rank0 else {}
-    return _cpu(unwrap(model).state_dict()) if rank0 else {}
+            return copy_(model.module.state_dict()) if rank0 else {}
+    return copy_(unwrap(model).state_dict()) if rank0 else {}
 
 
 def optimizer_state(model, optimizer) -> object:
@@ -267,8 +275,11 @@ def load_state(model, optimizer, model_state: dict | None, optim_state: object) 
     from torch.distributed.fsdp import FSDPModule
 
     if isinstance(model, FSDPModule):
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                             set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         # the setters replace the given dicts' entries with DTensor shards: hand them copies

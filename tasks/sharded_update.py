@@ -30,8 +30,17 @@ import torch
 import torch.distributed as dist
 
 from rlcore.angle import online_angle_signal
-from tasks.distributed import (DataShard, broadcast_module, full_state_dict, init_distributed, is_deepspeed, load_state,
-                               optimizer_state, reference_copy, wrap)
+from tasks.distributed import (
+    DataShard,
+    broadcast_module,
+    full_state_dict,
+    init_distributed,
+    is_deepspeed,
+    load_state,
+    optimizer_state,
+    reference_copy,
+    wrap,
+)
 from tasks.update import policy_update
 
 INIT, UPDATE, OPT_STATE, LOAD, STOP = "init", "update", "optim_state", "load", "stop"
@@ -100,7 +109,7 @@ class Driver:
         settings = {**settings, "grad_clip": grad_clip, "angle": angle_fn is not None}
         _send(UPDATE, (groups, settings))
         stats = self.replica.update(groups, settings)
-        state = full_state_dict(self.replica.model)  # collective for the sharded backends
+        state = full_state_dict(self.replica.model, to_cpu=False)  # collective for the sharded backends
         with torch.no_grad():
             self.policy_model.load_state_dict(state)
         return stats
@@ -113,10 +122,6 @@ class Driver:
         """Call after ``policy.model`` holds the restored weights (``checkpoint.restore`` does so)."""
         _send(LOAD)
         load_state(self.replica.model, self.replica.optimizer, self.policy_model.state_dict(), state)
-
-    def close(self) -> None:
-        """Release the other ranks from :func:`serve`."""
-        _send(STOP)
 
 
 def stop_workers() -> None:
@@ -143,7 +148,7 @@ def serve() -> None:
         if cmd == UPDATE:
             groups, settings = payload
             replica.update(groups, settings)
-            full_state_dict(replica.model)
+            full_state_dict(replica.model, to_cpu=False)
         elif cmd == OPT_STATE:
             optimizer_state(replica.model, replica.optimizer)
         elif cmd == LOAD:

@@ -16,10 +16,11 @@ this engine talks to it with the standard library's ``urllib``:
 - Weight synchronisation (``sync_weights``): vLLM 0.32's in-place reload, ``Worker.reload_weights(weights_path=)``,
   called through the dev endpoint ``POST /collective_rpc`` (the server runs with ``VLLM_SERVER_DEV_MODE=1``),
   then ``POST /reset_prefix_cache`` so no KV block computed with the old weights is reused. The folder must
-  hold the same architecture (a ``save_pretrained`` of the policy). Choices: this disk round trip over the
-  NCCL weight-transfer endpoints (``/init_weight_transfer_engine``, ``/update_weights``) because it works on
-  CPU and across machines without a shared process group; restarting the server (about 20 s on CPU) is the
-  fallback when dev mode is not allowed.
+  hold the same architecture (written by :func:`export_for_vllm`; :meth:`VLLMEngine.sync_model` does both).
+  Choices: this disk round trip over the NCCL weight-transfer endpoints (``/init_weight_transfer_engine``,
+  ``/update_weights``) because it works on CPU and across machines without a shared process group. Where
+  dev mode is not allowed, the manual fallback is restarting the server on the new folder (about 30-50 s
+  for the tiny model on a busy CPU).
 - Tied embeddings: vLLM 0.32's in-place reload rebuilds ``embed_tokens`` but puts the *old* tensor back into
   a tied ``lm_head`` ("ParallelLMHead: Failed to load weights" in the server log), so the served model
   would mix old and new weights (measured: log-prob errors up to 4 nats). :func:`export_for_vllm` therefore

@@ -38,7 +38,8 @@ def sharp_model(seed: int):
     that log-prob comparisons and greedy picks are meaningful."""
     model = build_tiny_model(hidden=64, layers=2, heads=2, seed=seed)
     with torch.no_grad():
-        model.model.embed_tokens.weight.mul_(3.0)  # entropy ~2.4 nats at T=0.7 (4.6 unscaled); tied with lm_head: logits scale up too
+        # tied with lm_head, so the logits scale up too: entropy ~2.4 nats at T=0.7 (4.6 unscaled)
+        model.model.embed_tokens.weight.mul_(3.0)
     return model.eval()
 
 

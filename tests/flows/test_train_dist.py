@@ -42,7 +42,8 @@ def _run(cmd: list[str]) -> dict:
 @pytest.mark.parametrize("backend", ["ddp"])
 def test_torchrun_pipeline_matches_single_process(tmp_path, backend):
     cache = f"paths.cache={tmp_path / 'cache'}"
-    single = _run([sys.executable, "-m", "flows.cli", "run", *COMMON, cache, f"paths.root={tmp_path / 'single'}", "--json"])
+    single = _run([sys.executable, "-m", "flows.cli", "run", *COMMON, cache, f"paths.root={tmp_path / 'single'}",
+                   "--json"])
     sharded = _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
                     "127.0.0.1", "--master_port", str(_port()), "-m", "flows.train_dist", *COMMON, cache,
                     f"paths.root={tmp_path / 'dist'}", f"scale.backend={backend}", "--json"])

@@ -19,8 +19,16 @@ import torch
 
 from rlcore.types import RolloutGroup
 from tasks.config import validate
-from tasks.distributed import (DataShard, full_state_dict, init_distributed, is_rank0, load_state, optimizer_state,
-                               reference_copy, wrap)
+from tasks.distributed import (
+    DataShard,
+    full_state_dict,
+    init_distributed,
+    is_rank0,
+    load_state,
+    optimizer_state,
+    reference_copy,
+    wrap,
+)
 from tasks.forward import token_logprobs
 from tasks.policy import build_tiny_model
 from tasks.update import policy_update
