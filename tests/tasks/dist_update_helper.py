@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 import sys
 import time
 
@@ -132,6 +133,13 @@ def main(out: str, backends: list[str]) -> None:
         results[backend] = sharded(backend)
     if is_rank0():
         torch.save(results, out)
+    # Leave together and tear the process group down before interpreter exit: a rank that exits first
+    # while DeepSpeed's shared-memory comm threads are alive aborts ("terminate called without an active
+    # exception"), and torchrun then kills the other rank before it writes the results.
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
