@@ -18,8 +18,15 @@ from prefect import flow, get_run_logger
 from tasks.config import Config, ConfigError, load_config, parse_override, validate
 from tasks.ingest import IngestResult
 from tasks.run import Run, open_run
-from tasks.stages import (calibrate_stage, evaluate_stage, ingest_stage, prepare_stage, report_stage, score_stage,
-                          train_stage)
+from tasks.stages import (
+    calibrate_stage,
+    evaluate_stage,
+    ingest_stage,
+    prepare_stage,
+    report_stage,
+    score_stage,
+    train_stage,
+)
 
 log = logging.getLogger("rlsift")
 

@@ -28,7 +28,7 @@ Choices and deviations:
 from __future__ import annotations
 
 from collections.abc import Callable
-from enum import Enum
+from enum import StrEnum
 
 import numpy as np
 import torch
@@ -40,7 +40,7 @@ __all__ = ["DownsampleRule", "downsample", "max_variance_subset"]
 _TIE_RTOL = 1e-12
 
 
-class DownsampleRule(str, Enum):
+class DownsampleRule(StrEnum):
     """Names of the down-sampling rules."""
 
     MAX_VARIANCE = "max_variance"

@@ -35,14 +35,14 @@ Choices and deviations:
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 import torch
 
 __all__ = ["Aggregation", "clipped_policy_loss", "masked_aggregate"]
 
 
-class Aggregation(str, Enum):
+class Aggregation(StrEnum):
     """How per-token losses are reduced to one number."""
 
     TOKEN = "token"

@@ -158,7 +158,8 @@ def markdown(result: dict) -> str:
             continue
         b = r["budget"]
         lines.append(f"| {r['name']} | {b['step']} | {_f(b['wall_s'], '.1f')} | {_f(b['rollouts'], '.0f')} | "
-                     f"{_f(b['device_hours'], '.5f')} | {_f(b['usd'], '.6f')} | {_f(r.get('usd_vs_baseline'), '.2f')} | "
+                     f"{_f(b['device_hours'], '.5f')} | {_f(b['usd'], '.6f')} | "
+                     f"{_f(r.get('usd_vs_baseline'), '.2f')} | "
                      f"{_f(r.get('usd_to_target_vs_baseline'), '.2f')} | {_f(r.get('run_usd_total'), '.6f')} |")
     parts = [*ba.STEP_STAGES, "other"]
     lines += ["", "Seconds per step by phase (seed mean), and one-off scoring/calibration seconds:", "",
@@ -169,7 +170,8 @@ def markdown(result: dict) -> str:
             continue
         s = r["step_split"]
         lines.append(f"| {r['name']} | " + " | ".join(_f(s.get(p), ".3f") for p in parts) +
-                     f" | {_f(s.get('score_total'), '.1f', 'not used')} | {_f(s.get('calibrate_total'), '.1f', 'not used')} |")
+                     f" | {_f(s.get('score_total'), '.1f', 'not used')}"
+                     f" | {_f(s.get('calibrate_total'), '.1f', 'not used')} |")
     return "\n".join(lines) + "\n"
 
 

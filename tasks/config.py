@@ -80,7 +80,8 @@ class ModelConfig(_Frozen):
     @model_validator(mode="after")
     def _head_size(self) -> ModelConfig:
         if self.hidden % self.heads or self.hidden // self.heads < 32:
-            raise ValueError(f"hidden/heads must be an integer >= 32 (vLLM's CPU kernels); got {self.hidden}/{self.heads}")
+            raise ValueError(
+                f"hidden/heads must be an integer >= 32 (vLLM's CPU kernels); got {self.hidden}/{self.heads}")
         return self
 
 
@@ -286,7 +287,8 @@ def _allowed(model: type[BaseModel], loc: tuple) -> str:
         if field is None:
             return ""
         ann = field.annotation
-        cls = next((a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)), ann)
+        options = getattr(ann, "__args__", (ann,))
+        cls = next((a for a in options if isinstance(a, type) and issubclass(a, BaseModel)), ann)
     fields = getattr(cls, "model_fields", None)
     return f"; allowed keys: {', '.join(fields)}" if fields else ""
 

@@ -29,9 +29,9 @@ from __future__ import annotations
 import ast
 import re
 import threading
+from collections.abc import Sequence
 from fractions import Fraction
 from functools import lru_cache
-from typing import Sequence
 
 from math_verify import parse, verify
 
@@ -216,7 +216,7 @@ def batch_rewards(records: Sequence[PromptRecord], completions: Sequence[str], w
     for i, k in enumerate(kinds):
         if k != "code":
             out[i] = reward(k, completions[i], records[i])
-    for i, v in zip(code_idx, score_many(jobs, workers=workers, limits=limits)):
+    for i, v in zip(code_idx, score_many(jobs, workers=workers, limits=limits), strict=False):
         out[i] = float(v.passed)
     return out
 

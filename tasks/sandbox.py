@@ -56,10 +56,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 VERDICTS = ("passed", "failed", "timeout", "crashed")
 

@@ -159,7 +159,8 @@ class Selector:
         known = ~torch.isnan(self.last_success)
         if not known.any():
             return torch.full_like(self.last_success, 0.5)
-        est = AttentionDifficultyPredictor(self.emb.shape[1]).predict(self.emb, self.emb[known], self.last_success[known])
+        attention = AttentionDifficultyPredictor(self.emb.shape[1])
+        est = attention.predict(self.emb, self.emb[known], self.last_success[known])
         return torch.where(known, self.last_success, est)
 
     def _record(self, idx: torch.Tensor, success: torch.Tensor) -> None:

@@ -29,8 +29,8 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from tasks.records import REWARD_KINDS, PromptRecord, Rejected, prompt_id
 from tasks.rewards import can_parse, last_boxed

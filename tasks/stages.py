@@ -130,7 +130,8 @@ def calibrate_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> dict:
          "success_rate": float(rates[j]), "predicted": None} for j, i in enumerate(picked)])
     eff = ((rates > 0) & (rates < 1)).float().mean()
     metrics = {"calibrate/success_mean": float(rates.mean()), "calibrate/effective": float(eff),
-               "calibrate/solved": float((rates == 1).float().mean()), "calibrate/unsolved": float((rates == 0).float().mean())}
+               "calibrate/solved": float((rates == 1).float().mean()),
+               "calibrate/unsolved": float((rates == 0).float().mean())}
     run.log_metrics(metrics, 0)
     write_json(cache, {"indices": picked, "success": rates.tolist(), **metrics})
     run.log_stage_cost("calibrate")

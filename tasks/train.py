@@ -105,7 +105,6 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: dict, ca
     if start:
         run.ledger.truncate_after(run.run_id, start - 1)
         log.info("resuming at step %d", start)
-    by_id = {r.id: r for r in pool}
     pad_id = policy.tokenizer.pad_token_id
     angle_fn = (lambda h, am: online_angle_signal(h, am)) if cfg.gain.enabled else None
 

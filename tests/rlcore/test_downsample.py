@@ -139,7 +139,7 @@ def test_max_reward_keeps_top_m():
     rng = np.random.default_rng(4)
     rr = torch.from_numpy(rng.integers(0, 5, (30, 8)).astype(float))
     keep, _ = downsample(rr, 3, rule=DownsampleRule.MAX_REWARD)
-    for row, k in zip(rr, keep):
+    for row, k in zip(rr, keep, strict=False):
         assert sorted(row[k].tolist()) == sorted(row.tolist())[-3:]
 
 

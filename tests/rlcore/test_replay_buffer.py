@@ -202,7 +202,7 @@ def test_buffer_properties(capacity, max_age, operations):
             assert all(g.replayed_from == g.step for g in got)
             assert set(ids) <= {e[0] for e in model}
         assert len(buf) <= capacity
-        assert [(pid, s) for pid, s in zip(buf.prompt_ids(), [e[1] for e in model])] == model  # FIFO order
+        assert [(pid, s) for pid, s in zip(buf.prompt_ids(), [e[1] for e in model], strict=False)] == model  # FIFO order
         assert len(buf) == len(model)
         sd = buf.state_dict()
         assert all(0.0 < g["success_rate"] < 1.0 for g in sd["groups"])
@@ -225,7 +225,7 @@ def test_state_round_trip_gives_identical_samples(capacity, admits, seed, k):
     assert other.stats(30) == buf.stats(30)
     a = buf.sample(k, step=30, generator=torch.Generator().manual_seed(seed))
     b = other.sample(k, step=30, generator=torch.Generator().manual_seed(seed))
-    assert len(a) == len(b) and all(same_group(x, y) for x, y in zip(a, b))
+    assert len(a) == len(b) and all(same_group(x, y) for x, y in zip(a, b, strict=False))
 
 
 @settings(max_examples=30, deadline=None)

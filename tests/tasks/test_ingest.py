@@ -54,7 +54,8 @@ def test_count_invariant_and_ledger(tmp_path, files):
 
 
 def test_missing_path_is_an_error_before_any_work(tmp_path, files):
-    sources = [SourceConfig(kind="file", path=str(files[0])), SourceConfig(kind="file", path=str(tmp_path / "no.jsonl"))]
+    sources = [SourceConfig(kind="file", path=str(files[0])),
+               SourceConfig(kind="file", path=str(tmp_path / "no.jsonl"))]
     with Ledger(tmp_path / "l.duckdb") as led:
         with pytest.raises(FileNotFoundError, match="no.jsonl"):
             ingest(led, "r1", sources)

@@ -9,8 +9,16 @@ from pathlib import Path
 import pytest
 
 from tasks.records import PromptRecord, prompt_id
-from tasks.rewards import (batch_rewards, can_parse, extract_number, last_boxed, math_reward, numeric_reward,
-                           program_from_completion, reward)
+from tasks.rewards import (
+    batch_rewards,
+    can_parse,
+    extract_number,
+    last_boxed,
+    math_reward,
+    numeric_reward,
+    program_from_completion,
+    reward,
+)
 
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 MATH500 = DATA / "math500" / "test.jsonl"
@@ -106,7 +114,7 @@ def test_math500_own_boxed_answer_verifies(math500):
 
 def test_math500_other_rows_answer_scores_zero(math500):
     equivalent = {}
-    for row, other in zip(math500, math500[1:] + math500[:1]):
+    for row, other in zip(math500, math500[1:] + math500[:1], strict=False):
         if other["answer"].strip() == row["answer"].strip():
             continue
         if math_reward(f"\\boxed{{{other['answer']}}}", row["answer"]) != 0.0:

@@ -36,7 +36,8 @@ def test_all_humaneval_canonical_solutions_pass(humaneval):
     t0 = time.perf_counter()
     verdicts = score_many(jobs, workers=4)
     elapsed = time.perf_counter() - t0
-    failing = [(r.meta["task_id"], v.verdict, v.stderr_tail[-200:]) for r, v in zip(humaneval, verdicts) if not v.passed]
+    failing = [(r.meta["task_id"], v.verdict, v.stderr_tail[-200:])
+               for r, v in zip(humaneval, verdicts, strict=True) if not v.passed]
     print(f"HumanEval canonical: {164 - len(failing)}/164 passed in {elapsed:.1f} s")
     assert failing == []
     assert elapsed < 60  # measured about 5-7 s on 2 cores; not marked slow
