@@ -54,7 +54,8 @@ def ensure_work_pool(name: str, pool_type: str = "process") -> bool:
             pool = client.read_work_pool(name)
         except ObjectNotFound:
             if pool_type != "process":
-                raise ValueError(f"work pool {name!r}: only 'process' pools are created here; got {pool_type!r}") from None
+                raise ValueError(
+                    f"work pool {name!r}: only 'process' pools are created here; got {pool_type!r}") from None
             client.create_work_pool(WorkPoolCreate(name=name, type="process",
                                                    base_job_template=ProcessWorker.get_default_base_job_template()))
             log.info("created work pool %s (process)", name)

@@ -202,7 +202,8 @@ def test_buffer_properties(capacity, max_age, operations):
             assert all(g.replayed_from == g.step for g in got)
             assert set(ids) <= {e[0] for e in model}
         assert len(buf) <= capacity
-        assert [(pid, s) for pid, s in zip(buf.prompt_ids(), [e[1] for e in model], strict=False)] == model  # FIFO order
+        # FIFO order
+        assert [(pid, s) for pid, s in zip(buf.prompt_ids(), [e[1] for e in model], strict=False)] == model
         assert len(buf) == len(model)
         sd = buf.state_dict()
         assert all(0.0 < g["success_rate"] < 1.0 for g in sd["groups"])
