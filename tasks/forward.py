@@ -13,6 +13,8 @@ from contextlib import contextmanager
 
 import torch
 
+from tasks.rollout import add_special
+
 
 def last_mlp(model: torch.nn.Module) -> torch.nn.Module:
     """The MLP block of the model's last transformer layer (found by name, never a hard-coded index)."""
@@ -90,7 +92,8 @@ def prompt_batches(model: torch.nn.Module, tokenizer, texts: Sequence[str], batc
          mlp_inputs [b, T, H] float32: the last layer's MLP inputs, mask [b, T] bool).
     """
     for i in range(0, len(texts), batch_size):
-        enc = tokenizer(list(texts[i:i + batch_size]), return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = tokenizer(list(texts[i:i + batch_size]), return_tensors="pt", padding=True,
+                        add_special_tokens=add_special(tokenizer))
         am = enc["attention_mask"].to(device)
         pos = (am.cumsum(-1) - 1).clamp(min=0)
         with capture_mlp_input(model) as box:

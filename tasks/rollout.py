@@ -49,6 +49,12 @@ def completion_mask(ids: torch.Tensor, eos_id: int) -> torch.Tensor:
     return before == 0
 
 
+def add_special(tokenizer) -> bool:
+    """Whether prompts get the tokenizer's special tokens (BOS): yes in the plain format, which the warm start
+    trains as ``<s>`` + prompt; no when a chat template has already written them into the text."""
+    return not getattr(tokenizer, "chat_template", None)
+
+
 class HFEngine:
     """Sampling with ``model.generate`` (the default engine; CPU or GPU)."""
 
@@ -60,7 +66,8 @@ class HFEngine:
 
     @torch.inference_mode()
     def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False) -> Generation:
-        prompt_ids = [torch.tensor(self.tok(p, add_special_tokens=False)["input_ids"], dtype=torch.long)
+        special = add_special(self.tok)
+        prompt_ids = [torch.tensor(self.tok(p, add_special_tokens=special)["input_ids"], dtype=torch.long)
                       for p in prompts]
         per_call = max(1, self.chunk // n)
         outs: list[torch.Tensor] = []
@@ -68,7 +75,7 @@ class HFEngine:
         self.model.eval()
         for c, start in enumerate(range(0, len(prompts), per_call)):
             enc = self.tok(prompts[start:start + per_call], return_tensors="pt", padding=True,
-                           add_special_tokens=False).to(self.device)
+                           add_special_tokens=special).to(self.device)
             torch.manual_seed(derive_seed(seed, c))
             kw = dict(do_sample=False) if greedy else dict(
                 do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k or None)

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from rlcore.angle import angle_concentration
 from tasks.forward import prompt_batches
 from tasks.records import PromptRecord
+from tasks.rollout import add_special
 
 
 def prefix_suffix(tokenizer, prompt: str, question: str) -> tuple[int, int]:
@@ -23,7 +24,7 @@ def prefix_suffix(tokenizer, prompt: str, question: str) -> tuple[int, int]:
     at = prompt.rfind(question)
     if at < 0:
         return 0, 0
-    head = len(tokenizer(prompt[:at], add_special_tokens=False)["input_ids"])
+    head = len(tokenizer(prompt[:at], add_special_tokens=add_special(tokenizer))["input_ids"])
     tail = len(tokenizer(prompt[at + len(question):], add_special_tokens=False)["input_ids"])
     return head, tail
 

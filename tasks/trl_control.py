@@ -8,8 +8,8 @@ arm that is not our code. What it shares with our runs:
   as ``processing_class`` (given a path, TRL may load another tokenizer class: stack.md §4).
 - **Data**: the configured sources through the same ingest code, train prompts formatted with
   ``tasks.policy.format_prompt`` (chat template and system prompt when the tokenizer has one). Prompts are
-  tokenized exactly as ``tasks.rollout.HFEngine`` does (no special tokens added): ``_ControlTrainer``
-  overrides TRL's ``_tokenize_prompts`` for plain-text prompts, which would otherwise prepend BOS.
+  tokenized exactly as ``tasks.rollout.HFEngine`` does (``tasks.rollout.add_special``: BOS in the plain
+  format, nothing added under a chat template): ``_ControlTrainer`` overrides TRL's ``_tokenize_prompts``.
 - **Reward**: ``tasks.rewards.batch_rewards`` on the prompt's record (``arith.verify`` for the bundled task).
 - **Budget**: ``train.steps`` optimizer steps, each on ``train.prompts_per_step`` prompts x ``rollout.n``
   completions (one generation per step: ``steps_per_generation=1``, ``num_iterations=1``).
@@ -46,7 +46,7 @@ from tasks.evaluate import evaluate
 from tasks.policy import format_prompt, load_policy
 from tasks.records import PromptRecord
 from tasks.rewards import batch_rewards
-from tasks.rollout import HFEngine
+from tasks.rollout import HFEngine, add_special
 from tasks.run import resolve_device, resolve_dtype, show_progress, write_json
 from tasks.train import Policy
 
@@ -84,7 +84,8 @@ def _trainer_class():
 
         def _tokenize_prompts(self, prompts: list):
             if prompts and isinstance(prompts[0], str):
-                ids = self.processing_class(text=prompts, add_special_tokens=False)["input_ids"]
+                special = add_special(self.processing_class)
+                ids = self.processing_class(text=prompts, add_special_tokens=special)["input_ids"]
                 return ids, None, {}
             return super()._tokenize_prompts(prompts)
 

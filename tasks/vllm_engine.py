@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from tasks.rollout import Generation, derive_seed
+from tasks.rollout import Generation, add_special, derive_seed
 
 
 class VLLMError(RuntimeError):
@@ -119,7 +119,7 @@ class VLLMEngine:
     def generate_with_logprobs(self, prompts: list[str], n: int, seed: int,
                                greedy: bool = False) -> tuple[Generation, torch.Tensor]:
         """Like :meth:`generate`, plus the sampler's log-probs [B*n, L] float32 (0 on padding)."""
-        prompt_ids = [torch.tensor(self.tok(p, add_special_tokens=False)["input_ids"], dtype=torch.long)
+        prompt_ids = [torch.tensor(self.tok(p, add_special_tokens=add_special(self.tok))["input_ids"], dtype=torch.long)
                       for p in prompts]
         with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(prompts)))) as pool:
             per_prompt = list(pool.map(lambda b: self._complete(prompt_ids[b].tolist(), n, derive_seed(seed, b),
