@@ -67,7 +67,8 @@ class LevelSpec:
         add_max: operands that touch only ``+``/``-`` are drawn from ``[1, add_max]``.
         mul_max: operands next to ``*`` are drawn from ``[2, mul_max]``.
         div_max: the right operand of ``//``/``%`` is drawn from ``[2, div_max]``.
-        paren: probability of one parenthesised group (kept only where it changes the order).
+        paren: probability of drawing one parenthesised group (a draw whose parentheses change no operation
+            is rejected, so fewer questions end up with parentheses).
         max_value: every intermediate result must lie in ``[0, max_value]``.
     """
 
@@ -81,31 +82,35 @@ class LevelSpec:
     max_value: int = 999
 
 
-#: Difficulty levels 1..5 (tuned so that a warm-started 0.86M-parameter policy spans solved .. unsolved).
+#: Difficulty levels 1..5. Tuned on the tiny default (0.86M-parameter Llama, ``tasks.warmstart`` defaults:
+#: 1200 steps of 64 worked solutions of the ``warmstart`` mix): greedy accuracy on the test split was about
+#: 98 / 97 / 84 / 37 / 7 percent and sampled accuracy (temperature 1) 91 / 84 / 65 / 26 / 4 percent.
+#: Level 1 has 2420 distinct questions (about 480 in ``test``), level 2 about 160k; levels 3-5 more.
 LEVELS: dict[int, LevelSpec] = {
-    1: LevelSpec(n_ops=(1, 1), ops=("+", "-"), add_max=30),
-    2: LevelSpec(n_ops=(2, 2), ops=("+", "-"), add_max=30),
+    1: LevelSpec(n_ops=(1, 1), ops=("+", "-"), add_max=40),
+    2: LevelSpec(n_ops=(2, 2), ops=("+", "-"), add_max=40),
     3: LevelSpec(n_ops=(2, 2), ops=("+", "-", "*"), need=("*",), add_max=50, mul_max=12),
-    4: LevelSpec(n_ops=(3, 3), ops=("+", "-", "*"), need=("*",), add_max=99, mul_max=30, paren=0.5),
+    4: LevelSpec(n_ops=(3, 3), ops=("+", "-", "*"), need=("*",), add_max=50, mul_max=12, paren=0.5),
     5: LevelSpec(
-        n_ops=(4, 4), ops=("+", "-", "*", "//", "%"), need=("//", "%"), add_max=99, mul_max=40, div_max=19,
+        n_ops=(3, 4), ops=("+", "-", "*", "//", "%"), need=("//", "%"), add_max=99, mul_max=30, div_max=19,
         paren=0.5, max_value=9999,
     ),
 }
 
-#: Named level mixes (weights need not sum to 1). ``default`` imitates a real RL pool: about a third of the
-#: prompts nearly always solved by the warm-started tiny policy, a third nearly never, a third in between.
-#: ``balanced`` puts most prompts at the levels where that policy is partly right; ``warmstart`` is the
-#: supervised warm start's data (weighted to the easy levels, which it must master).
+#: Named level mixes (weights need not sum to 1). ``default`` imitates a real RL pool: with 8 rollouts at
+#: temperature 1 from the warm-started tiny policy, about a third of the groups were all right, a third all
+#: wrong and a third mixed (measured 32 / 34 / 34 percent), so plain GRPO wastes two thirds of its rollouts.
+#: ``balanced`` puts 80 percent of the prompts at the partly solved levels 3-4 (48 percent mixed groups).
+#: ``warmstart`` is the supervised warm start's data (weighted to the easy levels, which it must master).
 MIXES: dict[str, dict[int, float]] = {
-    "default": {1: 0.2, 2: 0.15, 3: 0.3, 4: 0.15, 5: 0.2},
-    "balanced": {1: 0.05, 2: 0.2, 3: 0.5, 4: 0.2, 5: 0.05},
+    "default": {1: 0.3, 2: 0.1, 3: 0.15, 4: 0.1, 5: 0.35},
+    "balanced": {1: 0.0, 2: 0.1, 3: 0.4, 4: 0.4, 5: 0.1},
     "uniform": {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0},
     "warmstart": {1: 0.3, 2: 0.3, 3: 0.2, 4: 0.1, 5: 0.1},
 }
 
 _SPLITS = ("train", "test")
-_MAX_MISSES = 20_000  # consecutive rejected draws before a level is declared exhausted
+_MAX_MISSES = 100_000  # consecutive rejected draws before a level is declared exhausted
 
 
 @dataclass(frozen=True)

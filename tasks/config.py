@@ -61,9 +61,10 @@ class DataConfig(_Frozen):
 
 
 class WarmStartConfig(_Frozen):
-    steps: int = Field(1500, ge=0)
+    steps: int = Field(1200, ge=0)
     batch_size: int = Field(64, ge=1)
-    lr: float = Field(3e-3, gt=0)
+    lr: float = Field(2e-3, gt=0)
+    mix: str = Field("warmstart", description="Level mix of the worked solutions (tasks/arith.py MIXES).")
 
 
 class ModelConfig(_Frozen):
@@ -89,7 +90,7 @@ class RolloutConfig(_Frozen):
     engine: Literal["hf", "vllm"] = "hf"
     vllm_url: str = "http://127.0.0.1:8000"
     n: int = Field(8, ge=2, description="Rollouts generated per prompt (PODS keeps pods.m of them).")
-    max_new_tokens: int = Field(48, ge=1)
+    max_new_tokens: int = Field(64, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)

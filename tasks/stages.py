@@ -80,8 +80,9 @@ def prepare_stage(run: Run) -> Policy:
             path = mc.path
         else:
             cache = run.cfg.paths.cache or str(run.root / "cache")
-            sft = arith.generate(WARMSTART_SEED + cfg.seed, max(mc.warmstart.steps, 1) * 4, "train", "uniform",
-                                 unique=False)
+            ws = mc.warmstart
+            sft = arith.generate(WARMSTART_SEED + cfg.seed, max(ws.steps, 1) * ws.batch_size, "train", ws.mix,
+                                 unique=False)  # one pass over fresh worked solutions
             path = warm_start(sft, cache, hidden=mc.hidden, layers=mc.layers, heads=mc.heads,
                               steps=mc.warmstart.steps, batch_size=mc.warmstart.batch_size, lr=mc.warmstart.lr,
                               seed=cfg.seed, progress=show_progress())

