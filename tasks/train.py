@@ -126,6 +126,8 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: dict, ca
         if step % tc.round_steps == 0:
             with run.meter.stage("reference"):
                 metrics |= selector.begin_round(round_, step, measure, run)
+        if buffer is not None:
+            buffer.prune(step)  # drop groups past replay.max_age so the mix counts only replayable ones
         n_fresh, n_replay = (mix_counts(tc.prompts_per_step, cfg.replay.fresh_frac, len(buffer))
                              if buffer is not None and round_ > 0 else (tc.prompts_per_step, 0))
         with run.meter.stage("selection"):
