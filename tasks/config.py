@@ -102,6 +102,7 @@ class TrainConfig(_Frozen):
     prompts_per_step: int = Field(32, ge=1, description="B: prompt groups per optimizer step (fresh + replayed).")
     round_steps: int = Field(5, ge=1, description="mu: steps per selection round (DOTS's selection interval).")
     lr: float = Field(1e-4, gt=0)
+    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warmup over the first N steps (0: off).")
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.99)
     grad_clip: float = Field(1.0, gt=0)

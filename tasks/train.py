@@ -144,6 +144,9 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: dict, ca
             replayed = buffer.sample(n_replay, step, torch.Generator().manual_seed(
                 derive_seed(cfg.seed, step, "replay"))) if n_replay else []
         batch = fresh + replayed
+        if tc.warmup_steps and hasattr(optimizer, "param_groups"):  # a function of the step: resume-safe
+            for group in optimizer.param_groups:
+                group["lr"] = tc.lr * min(1.0, (step + 1) / tc.warmup_steps)
         with run.meter.stage("update"):
             stats = update_fn(model, optimizer, batch, clip_eps=tc.clip_eps, aggregation=tc.aggregation,
                               grad_clip=tc.grad_clip, temperature=cfg.rollout.temperature, pad_id=pad_id,
