@@ -110,6 +110,8 @@ class TrainConfig(_Frozen):
     aggregation: Literal["token", "sequence"] = "token"
     scale_std: bool = Field(False, description="Divide advantages by the group std (standard GRPO); off = Dr.-GRPO.")
     kl_coef: float = Field(0.0, ge=0, description="KL to the starting policy (k3 estimator); 0 = off.")
+    negative_weight: float = Field(1.0, ge=0, le=1, description=(
+        "Scale of negative advantages (1: GRPO; 0: reinforce successes only, as rejection-sampling fine-tuning)."))
     minibatches: int = Field(1, ge=1)
     checkpoint_every: int = Field(0, ge=0, description="Also checkpoint every N steps (0: round boundaries only).")
 

@@ -64,7 +64,8 @@ def rollout_rewards(policy: Policy, records: list[PromptRecord], n: int, seed: i
 
 
 def make_groups(gen: Generation, rewards: torch.Tensor, records: list[PromptRecord], step: int, *, m: int | None,
-                rule: str, scale_std: bool, generator: torch.Generator) -> tuple[list[RolloutGroup], dict]:
+                rule: str, scale_std: bool, generator: torch.Generator,
+                negative_weight: float = 1.0) -> tuple[list[RolloutGroup], dict]:
     """PODS down-sampling (when m is set) and group-relative advantages on the kept rollouts."""
     b, n = rewards.shape
     if m is None:
@@ -73,6 +74,8 @@ def make_groups(gen: Generation, rewards: torch.Tensor, records: list[PromptReco
         keep, stats = downsample(rewards, m, rule=rule, generator=generator)
     kept_r = rewards.gather(1, keep)  # [B, G]
     adv = group_advantages(kept_r, scale_by_std=scale_std)  # [B, G]
+    if negative_weight != 1.0:
+        adv = torch.where(adv < 0, adv * negative_weight, adv)
     groups = []
     for i, rec in enumerate(records):
         rows = i * n + keep[i]
@@ -140,7 +143,8 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: dict, ca
         gen_rng = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "pods"))
         with run.meter.stage("selection"):
             fresh, pods_stats = make_groups(gen, rewards, records, step, m=cfg.pods.m if cfg.pods.enabled else None,
-                                            rule=cfg.pods.rule, scale_std=tc.scale_std, generator=gen_rng)
+                                            rule=cfg.pods.rule, scale_std=tc.scale_std, generator=gen_rng,
+                                            negative_weight=tc.negative_weight)
             replayed = buffer.sample(n_replay, step, torch.Generator().manual_seed(
                 derive_seed(cfg.seed, step, "replay"))) if n_replay else []
         batch = fresh + replayed

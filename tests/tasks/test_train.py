@@ -105,3 +105,24 @@ def test_all_techniques_compose_and_record_signals(smoke_cfg, pool):
     for key in ("pods/var_after", "replay/size", "curriculum/scale", "gain/mu", "select/entropy",
                 "time/reference_s", "cost/device_hours"):
         assert key in summary["keys"], key
+
+
+def test_make_groups_advantages_and_negative_weight():
+    """rewards [1, 0, 0, 1] -> Dr.-GRPO advantages [0.5, -0.5, -0.5, 0.5]; negative_weight 0.3 -> -0.15."""
+    from tasks.rollout import Generation
+    from tasks.train import make_groups
+
+    rec = arith.generate(0, 1, "train", "default")
+    gen = Generation(prompt_ids=[torch.tensor([1, 5, 6])], completion_ids=torch.arange(8).view(4, 2),
+                     completion_mask=torch.ones(4, 2, dtype=torch.bool), texts=["a"] * 4, n=4)
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
+    (g,), _ = make_groups(gen, rewards, rec, 3, m=None, rule="max_variance", scale_std=False,
+                          generator=torch.Generator())
+    assert g.advantages.tolist() == [0.5, -0.5, -0.5, 0.5] and g.success_rate == 0.5 and g.step == 3
+    (g,), _ = make_groups(gen, rewards, rec, 3, m=None, rule="max_variance", scale_std=False,
+                          generator=torch.Generator(), negative_weight=0.3)
+    assert torch.allclose(g.advantages, torch.tensor([0.5, -0.15, -0.15, 0.5]))
+    # PODS keeps the max-variance pair (one success, one failure) of the four
+    (g,), _ = make_groups(gen, rewards, rec, 3, m=2, rule="max_variance", scale_std=False,
+                          generator=torch.Generator())
+    assert sorted(g.rewards.tolist()) == [0.0, 1.0] and g.n_generated == 4 and g.size == 2
