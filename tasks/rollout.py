@@ -78,7 +78,7 @@ class HFEngine:
                            add_special_tokens=special).to(self.device)
             torch.manual_seed(derive_seed(seed, c))
             kw = dict(do_sample=False) if greedy else dict(
-                do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k or None)
+                do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)  # 0: no top-k
             out = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, num_return_sequences=n,
                                       pad_token_id=self.tok.pad_token_id, eos_token_id=self.tok.eos_token_id,
                                       use_cache=True, **kw)
