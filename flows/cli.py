@@ -47,7 +47,7 @@ def cmd_run(args) -> int:
     from tasks.config import ConfigError
 
     try:
-        cfg = _config(args)
+        _config(args)  # validate before any work
     except ConfigError as err:
         print(f"rlsift run: {err}", file=sys.stderr)
         return 2
@@ -61,7 +61,6 @@ def cmd_run(args) -> int:
             f"  MLflow run {summary['mlflow_run_id']} at {summary['tracking_uri']}\n"
             f"  ledger {summary['ledger']}\n  run folder {summary['run_dir']}")
     _emit(summary, args.json, text)
-    del cfg
     return 0
 
 

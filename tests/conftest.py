@@ -13,6 +13,7 @@ os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "conf" / "smoke.yaml"
@@ -27,3 +28,12 @@ def smoke_cfg(tmp_path):
         return load_config(path, [f"paths.root={tmp_path / 'root'}", *overrides])
 
     return make
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run fastest on one thread, and two threads on a busy 2-core machine can be 20x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

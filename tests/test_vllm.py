@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 
 from tasks.forward import token_logprobs
 from tasks.policy import build_tiny_model, build_tokenizer, format_prompt
+from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / os.environ.get("VLLM_VENV", ".venv-vllm")
@@ -43,11 +43,6 @@ def sharp_model(seed: int):
     return model.eval()
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
@@ -58,7 +53,7 @@ def served(tmp_path_factory):
     models = {name: sharp_model(seed) for name, seed in (("a", 0), ("b", 1))}
     for name, m in models.items():
         export_for_vllm(m, tok, tmp / name)  # the head untied, as the pipeline serves it
-    port = _port()
+    port = free_port()
     log = open(tmp / "server.log", "w")
     proc = subprocess.Popen(["bash", str(ROOT / "infra" / "vllm-serve.sh"), str(tmp / "a"), str(port), "--dtype",
                              "float32", "--enforce-eager", "--max-num-seqs", "64"],

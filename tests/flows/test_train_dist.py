@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,14 +19,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.servers import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["-c", "conf/smoke.yaml", "model.warmstart.steps=400", "tracking.register_model=false"]
 
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run(cmd: list[str]) -> dict:
@@ -45,7 +41,7 @@ def test_torchrun_pipeline_matches_single_process(tmp_path, backend):
     single = _run([sys.executable, "-m", "flows.cli", "run", *COMMON, cache, f"paths.root={tmp_path / 'single'}",
                    "--json"])
     sharded = _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-                    "127.0.0.1", "--master_port", str(_port()), "-m", "flows.train_dist", *COMMON, cache,
+                    "127.0.0.1", "--master_port", str(free_port()), "-m", "flows.train_dist", *COMMON, cache,
                     f"paths.root={tmp_path / 'dist'}", f"scale.backend={backend}", "--json"])
     assert single["status"] == sharded["status"] == "completed"
     assert single["steps"] == sharded["steps"] == 4

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch
 from tasks.config import validate
 from tasks.distributed import DataShard, decoder_layers, deepspeed_config, wrap
 from tasks.update import policy_update
+from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 HELPER = Path(__file__).with_name("dist_update_helper.py")
@@ -41,11 +41,6 @@ def _helper():
     return mod
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def sharded_results(tmp_path_factory):
@@ -53,7 +48,7 @@ def sharded_results(tmp_path_factory):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT),
            "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_port()), str(HELPER), str(out), *BACKENDS]
+           "--master_port", str(free_port()), str(HELPER), str(out), *BACKENDS]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(out, weights_only=False)

@@ -11,15 +11,6 @@ from transformers import AutoTokenizer
 from tasks import arith, policy
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one thread, and two threads on a busy 2-core machine can be 20x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def tok():
     return policy.build_tokenizer()

@@ -12,16 +12,6 @@ from hypothesis import strategies as st
 
 from tasks import arith, policy, warmstart
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one thread, and two threads on a busy 2-core machine can be 20x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 TINY = dict(hidden=64, layers=1, heads=2, batch_size=8, lr=1e-2, seed=0, progress=False)
 
 
