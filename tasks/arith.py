@@ -83,8 +83,9 @@ class LevelSpec:
 
 
 #: Difficulty levels 1..5. Tuned on the tiny default (0.86M-parameter Llama, ``tasks.warmstart`` defaults:
-#: 1200 steps of 64 worked solutions of the ``warmstart`` mix): greedy accuracy on the test split was about
-#: 98 / 97 / 84 / 37 / 7 percent and sampled accuracy (temperature 1) 91 / 84 / 65 / 26 / 4 percent.
+#: 1200 steps of 64 worked solutions of the ``warmstart`` mix, half of those that can slip worked left to
+#: right): greedy accuracy on the test split was 99 / 100 / 65 / 34 / 9 percent and sampled accuracy
+#: (temperature 1) 95 / 87 / 58 / 22 / 4 percent (1000 test prompts of the ``default`` mix).
 #: Level 1 has 2420 distinct questions (about 480 in ``test``), level 2 about 160k; levels 3-5 more.
 LEVELS: dict[int, LevelSpec] = {
     1: LevelSpec(n_ops=(1, 1), ops=("+", "-"), add_max=40),
@@ -208,6 +209,52 @@ def draw_problem(rng: random.Random, level: int) -> Problem | None:
     if problem is None or len(problem.question) + len(problem.solution) > MAX_CHARS:
         return None
     return problem
+
+
+_TOKEN = re.compile(r"\d+|//|[-+*%]")
+_TOKEN_PAREN = re.compile(r"[()]|\d+|//|[-+*%]")
+
+
+def flawed_solution(question: str, level: int) -> Problem | None:
+    """The worked solution of the commonest procedural slip: left to right, ignoring precedence and parentheses.
+
+    The warm start imitates such slips when its demonstrations contain them (``tasks.warmstart``), the way a
+    real policy copies its supervised data's habits; RL with the verifier is then what removes them.
+
+    Returns:
+        The slipped problem (same question, its own steps and wrong final value), or None when left-to-right
+        order gives the right value anyway, or an intermediate leaves the level's range.
+    """
+    parts = _TOKEN.findall(question.split("=", 1)[0])
+    nums, ops = [int(x) for x in parts[0::2]], parts[1::2]
+    limit = LEVELS[level].max_value
+    steps, acc = [], nums[0]
+    for op, b in zip(ops, nums[1:], strict=True):
+        if op in ("//", "%") and not 2 <= b <= acc:
+            return None
+        c = _apply(op, acc, b)
+        if not 0 <= c <= limit:
+            return None
+        steps.append(f"{acc}{op}{b}={c}")
+        acc = c
+    right = _evaluate_text(question, level)
+    return None if right is None or right == acc else Problem(question=question, steps=tuple(steps), value=acc)
+
+
+def _evaluate_text(question: str, level: int) -> int | None:
+    """The right value of a question string, parentheses honoured (the inverse of ``_evaluate``'s text)."""
+    nums: list[int] = []
+    ops: list[str] = []
+    group: list[int] = []
+    for t in _TOKEN_PAREN.findall(question.split("=", 1)[0]):
+        if t in "()":
+            group.append(len(nums) - (t == ")"))
+        elif t[0].isdigit():
+            nums.append(int(t))
+        else:
+            ops.append(t)
+    p = _evaluate(nums, ops, (group[0], group[1]) if group else None, LEVELS[level].max_value)
+    return None if p is None else p.value
 
 
 def split_of(question: str) -> str:

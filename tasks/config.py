@@ -36,7 +36,7 @@ class SourceConfig(_Frozen):
     # bundled generator
     mix: str | dict[int, float] = Field("default", description="Level mix: 'default', 'balanced' or {level: weight}.")
     n_train: int = Field(2000, ge=1)
-    n_test: int = Field(200, ge=0)
+    n_test: int = Field(1000, ge=0)
     seed: int = 0
     # files
     path: str | None = None
@@ -65,6 +65,9 @@ class WarmStartConfig(_Frozen):
     batch_size: int = Field(64, ge=1)
     lr: float = Field(2e-3, gt=0)
     mix: str = Field("warmstart", description="Level mix of the worked solutions (tasks/arith.py MIXES).")
+    flawed: float = Field(0.5, ge=0, le=1, description=(
+        "Share of demonstrations (where it matters) that slip: left to right, ignoring precedence "
+        "(tasks/arith.py flawed_solution); the habit RL then removes."))
 
 
 class ModelConfig(_Frozen):
@@ -101,7 +104,7 @@ class TrainConfig(_Frozen):
     steps: int = Field(150, ge=0)
     prompts_per_step: int = Field(32, ge=1, description="B: prompt groups per optimizer step (fresh + replayed).")
     round_steps: int = Field(5, ge=1, description="mu: steps per selection round (DOTS's selection interval).")
-    lr: float = Field(1e-4, gt=0)
+    lr: float = Field(3e-5, gt=0)
     warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warmup over the first N steps (0: off).")
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.99)

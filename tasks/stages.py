@@ -21,14 +21,14 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks import arith, ingest, plots, score
+from tasks import ingest, plots, score
 from tasks.evaluate import evaluate, flat_metrics, table_rows
 from tasks.policy import load_policy
 from tasks.records import PromptRecord
 from tasks.rollout import HFEngine, derive_seed
 from tasks.run import Run, resolve_dtype, show_progress, write_json
 from tasks.train import Policy, rollout_rewards, train
-from tasks.warmstart import warm_start
+from tasks.warmstart import sft_records, warm_start
 
 log = logging.getLogger("rlsift")
 stage = task(cache_policy=NO_CACHE, persist_result=False)
@@ -81,8 +81,8 @@ def prepare_stage(run: Run) -> Policy:
         else:
             cache = run.cfg.paths.cache or str(run.root / "cache")
             ws = mc.warmstart
-            sft = arith.generate(WARMSTART_SEED + cfg.seed, max(ws.steps, 1) * ws.batch_size, "train", ws.mix,
-                                 unique=False)  # one pass over fresh worked solutions
+            sft = sft_records(WARMSTART_SEED + cfg.seed, max(ws.steps, 1) * ws.batch_size, ws.mix,
+                              ws.flawed)  # one pass over fresh worked solutions
             path = warm_start(sft, cache, hidden=mc.hidden, layers=mc.layers, heads=mc.heads,
                               steps=mc.warmstart.steps, batch_size=mc.warmstart.batch_size, lr=mc.warmstart.lr,
                               seed=cfg.seed, progress=show_progress())

@@ -17,6 +17,13 @@ tiny Llama on the bundled task's worked solutions. Choices:
   7 minutes on one), final loss about 0.07; the per-level accuracy it reaches is in ``tasks.arith.LEVELS``.
   Peak lr 3e-3 and 5e-3 learned more slowly (1e-2, tried with length-grouped batches, hardly at all);
   batch 32 for 2400 steps matched batch 64 for 1200.
+- The demonstrations slip on purpose (``sft_records(flawed=...)``; the run config's
+  ``model.warmstart.flawed`` is 0.5): half of those where it changes the answer are worked left to right,
+  ignoring precedence and parentheses. Measured on the bundled task: with clean demonstrations the tiny
+  policy's remaining errors are arithmetic facts (``24-23=0``), which a few thousand 0/1 rewards do not
+  teach, and GRPO did not move held-out accuracy at any learning rate we tried (1e-5 to 6e-4, KL anchor,
+  larger batches); with a habit copied from its data, as real supervised policies have, GRPO removes the
+  habit and held-out accuracy rises (the README's figures).
 - The result is cached in ``out_dir/<fingerprint>/`` where the fingerprint is a sha256 of the model
   hyper-parameters, the training settings, the tokenizer's vocabulary, a hash of the training data and
   ``CODE_VERSION``; a second call with the same inputs returns that folder at once. The folder is written
@@ -26,11 +33,13 @@ tiny Llama on the bundled task's worked solutions. Choices:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import math
 import os
+import random
 import shutil
 import sys
 import time
@@ -53,12 +62,26 @@ CODE_VERSION = "warmstart-v1"
 META_FILE = "meta.json"
 
 
-def sft_records(seed: int, n: int) -> list[PromptRecord]:
-    """The warm start's training data: ``n`` train-split problems of the ``warmstart`` mix, repeats allowed.
+def sft_records(seed: int, n: int, mix: str = "warmstart", flawed: float = 0.0) -> list[PromptRecord]:
+    """The warm start's training data: ``n`` train-split worked solutions of ``mix``, repeats allowed.
 
     With ``n = steps * batch_size`` every step sees new draws (the small level-1 space repeats, by design).
+    ``flawed`` is the share of demonstrations, among those where it changes the answer, that make the
+    procedural slip of ``arith.flawed_solution`` (left to right, ignoring precedence and parentheses), with
+    its wrong final answer: real supervised data carries habits like this, and removing them is the job RL
+    with a verifier does well. The record keeps its question and true ``answer``; only the solution slips.
     """
-    return arith.generate(seed, n, "train", "warmstart", unique=False)
+    if not 0.0 <= flawed <= 1.0:
+        raise ValueError(f"flawed must lie in [0, 1], got {flawed!r}")
+    recs = arith.generate(seed, n, "train", mix, unique=False)
+    if not flawed:
+        return recs
+    rng = random.Random(f"rlsift-warmstart-flawed:{seed}")
+    out = []
+    for r in recs:
+        slip = arith.flawed_solution(r.question, r.level) if rng.random() < flawed else None
+        out.append(dataclasses.replace(r, solution=slip.solution) if slip else r)
+    return out
 
 
 def data_hash(records: Sequence[PromptRecord]) -> str:

@@ -32,6 +32,26 @@ def test_sft_records_are_the_warmstart_mix_of_the_train_split():
     assert all(sum(r.level == lv for r in recs) == c for lv, c in counts.items())
 
 
+def test_flawed_share_slips_only_where_it_changes_the_answer():
+    clean = warmstart.sft_records(5, 2000)
+    assert warmstart.sft_records(5, 2000, flawed=0.0) == clean
+    slipped = warmstart.sft_records(5, 2000, flawed=0.5)
+    assert slipped == warmstart.sft_records(5, 2000, flawed=0.5)  # deterministic
+    eligible = changed = 0
+    for c, f in zip(clean, slipped, strict=True):
+        assert (f.question, f.answer, f.level) == (c.question, c.answer, c.level)  # the reference stays true
+        slip = arith.flawed_solution(c.question, c.level)
+        eligible += slip is not None
+        if f.solution != c.solution:
+            changed += 1
+            assert f.solution == slip.solution and arith.verify(f.solution, f.answer) == 0.0
+    assert eligible > 300 and 0.4 < changed / eligible < 0.6
+    every = warmstart.sft_records(5, 2000, flawed=1.0)
+    assert sum(f.solution != c.solution for c, f in zip(clean, every, strict=True)) == eligible
+    with pytest.raises(ValueError, match="flawed"):
+        warmstart.sft_records(5, 10, flawed=1.5)
+
+
 def test_examples_mask_everything_but_the_solution(tok):
     r = arith.generate(1, 1, "train", {1: 1})[0]
     (ids, n_prompt), = warmstart.encode_examples(tok, [r])
