@@ -36,6 +36,17 @@ def _config(args):
     return load_config(args.config, args.overrides)
 
 
+def _paired_text(paired: dict | None) -> str:
+    if not paired:
+        return ""
+    return (f" ({paired['turned_right']} prompts turned right, {paired['turned_wrong']} turned wrong; "
+            f"exact McNemar p = {paired['mcnemar_p']:.2g})")
+
+
+def _levels(by_level: dict) -> str:
+    return ", ".join(f"{k}: {v:.3f}" for k, v in by_level.items())
+
+
 def _emit(obj: dict, as_json: bool, text: str) -> None:
     if as_json:
         sys.stdout.write(json.dumps(obj, default=str) + "\n")
@@ -55,8 +66,9 @@ def cmd_run(args) -> int:
 
     summary = pipeline(config=args.config, overrides=list(args.overrides), resume=args.resume)
     text = (f"run {summary['run_id']} {summary['status']} in {summary['wall_s']:.0f} s, {summary['steps']} steps\n"
-            f"  held-out greedy accuracy {summary['eval_accuracy_start']:.3f} -> {summary['eval_accuracy_end']:.3f}\n"
-            f"  by level: {summary['eval_by_level_start']} -> {summary['eval_by_level_end']}\n"
+            f"  held-out greedy accuracy {summary['eval_accuracy_start']:.3f} -> {summary['eval_accuracy_end']:.3f}"
+            f"{_paired_text(summary.get('eval_paired'))}\n"
+            f"  by level: {_levels(summary['eval_by_level_start'])} -> {_levels(summary['eval_by_level_end'])}\n"
             f"  device hours {summary['device_hours']:.4f} ({summary['device']}), ${summary['cost_usd']:.4f}\n"
             f"  MLflow run {summary['mlflow_run_id']} at {summary['tracking_uri']}\n"
             f"  ledger {summary['ledger']}\n  run folder {summary['run_dir']}")

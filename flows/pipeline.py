@@ -16,6 +16,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 
 from tasks.config import Config, ConfigError, load_config, parse_override, validate
+from tasks.evaluate import paired_change
 from tasks.ingest import IngestResult
 from tasks.run import Run, open_run
 from tasks.stages import (
@@ -68,6 +69,9 @@ def execute(run: Run, only_new: bool = False) -> dict:
         features = score_stage(run, policy, data.train)
         trained = train_stage(run, policy, data.train, features, data.test, calibration)
         end = evaluate_stage(run, policy, data.test, "end", trained["steps"])
+        paired = paired_change(start, end)
+        if paired:
+            run.log_metrics({f"eval/{k}": float(v) for k, v in paired.items()}, trained["steps"])
         report = report_stage(run, policy, start, end, trained)
         status = "completed"
         summary |= {
@@ -75,6 +79,7 @@ def execute(run: Run, only_new: bool = False) -> dict:
             "eval_accuracy_start": start["overall"]["greedy_acc"], "eval_accuracy_end": end["overall"]["greedy_acc"],
             "eval_by_level_start": {str(k): v["greedy_acc"] for k, v in start["by_level"].items()},
             "eval_by_level_end": {str(k): v["greedy_acc"] for k, v in end["by_level"].items()},
+            "eval_paired": paired,
             "effective_ratio": trained.get("last", {}).get("train/effective_ratio"),
             "wall_s": time.perf_counter() - t0, "device": run.meter.device,
             "device_hours": run.meter.device_hours(), "cost_usd": run.meter.usd(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
+from scipy.stats import binomtest
 
 from tasks.records import PromptRecord
 from tasks.rewards import batch_rewards
@@ -15,8 +16,9 @@ def evaluate(policy, records: list[PromptRecord], *, samples: int, seed: int, wo
     """Greedy accuracy (and avg@k with ``samples`` = k sampled completions) over ``records``.
 
     Returns:
-        ``{"overall": {...}, "by_level": {level: {...}}, "by_source": {source: {...}}}``, each cell holding
-        ``n``, ``greedy_acc`` and (when k > 0) ``avg_at_k``.
+        ``{"overall": {...}, "by_level": {level: {...}}, "by_source": {source: {...}}, "k": k,
+        "prompt_ids": [...], "greedy_correct": [0/1, ...]}``, each cell holding ``n``, ``greedy_acc`` and
+        (when k > 0) ``avg_at_k``; the last two lists are per record, for ``paired_change``.
     """
     prompts = policy.prompts(records)
     greedy = policy.engine.generate(prompts, n=1, seed=derive_seed(seed, "eval-greedy"), greedy=True)
@@ -41,7 +43,28 @@ def evaluate(policy, records: list[PromptRecord], *, samples: int, seed: int, wo
     return {"overall": cell(list(range(len(records)))),
             "by_level": {lv: cell(ix) for lv, ix in sorted(levels.items(), key=lambda kv: (kv[0] is None, kv[0]))},
             "by_source": {s: cell(ix) for s, ix in sources.items()},
-            "k": samples}
+            "k": samples, "prompt_ids": [r.id for r in records], "greedy_correct": [int(x) for x in g_ok.tolist()]}
+
+
+def paired_change(before: dict, after: dict) -> dict | None:
+    """How greedy correctness changed prompt by prompt between two evaluations of the same prompts.
+
+    A change in accuracy of a point or two on a few hundred prompts can be noise; the paired view counts
+    the prompts that turned right and those that turned wrong, and the exact McNemar test (a two-sided
+    binomial test of ``turned_right`` among the prompts that changed, at p = 1/2) says how surprising the
+    split is if the two policies were equally good.
+
+    Returns:
+        ``{"turned_right", "turned_wrong", "mcnemar_p"}``, or None when either evaluation lacks per-prompt
+        results or they cover different prompts.
+    """
+    if before.get("prompt_ids") is None or before.get("prompt_ids") != after.get("prompt_ids"):
+        return None
+    pairs = list(zip(before["greedy_correct"], after["greedy_correct"], strict=True))
+    right = sum(1 for a, b in pairs if not a and b)
+    wrong = sum(1 for a, b in pairs if a and not b)
+    p = binomtest(right, right + wrong, 0.5).pvalue if right + wrong else 1.0
+    return {"turned_right": right, "turned_wrong": wrong, "mcnemar_p": float(p)}
 
 
 def flat_metrics(result: dict, prefix: str = "eval") -> dict[str, float]:

@@ -15,6 +15,10 @@ def test_pipeline_flow_records_everything(tmp_path, prefect_harness):
     assert s["status"] == "completed" and s["steps"] == 4
     assert 0 <= s["eval_accuracy_start"] <= 1 and 0 <= s["eval_accuracy_end"] <= 1
     assert s["device_hours"] > 0 and s["wall_s"] > 0
+    paired = s["eval_paired"]  # prompt-by-prompt change over the 24 test prompts
+    net = round(24 * (s["eval_accuracy_end"] - s["eval_accuracy_start"]))
+    assert paired["turned_right"] - paired["turned_wrong"] == net
+    assert 0 < paired["mcnemar_p"] <= 1
 
     with Ledger(root / "ledger.duckdb", read_only=True) as led:
         run = led.query("SELECT * FROM runs WHERE run_id = ?", [s["run_id"]])[0]
@@ -35,7 +39,7 @@ def test_pipeline_flow_records_everything(tmp_path, prefect_harness):
     assert info["status"] == "FINISHED"
     assert info["params"]["train.steps"] == "4" and info["params"]["select.method"] == "uniform"
     for key in ("train/reward_mean", "train/effective_ratio", "eval/accuracy", "cost/device_hours",
-                "time/rollout_s", "rollout/tokens_per_s", "calibrate/success_mean"):
+                "time/rollout_s", "rollout/tokens_per_s", "calibrate/success_mean", "eval/mcnemar_p"):
         assert key in info["metrics"], key
     assert [st for st, _ in metric_history(s["tracking_uri"], s["mlflow_run_id"], "train/reward_mean")] == [0, 1, 2, 3]
     for art in ("config.json", "eval_table.md", "training_curves.png", "eval_end.json", "model"):
