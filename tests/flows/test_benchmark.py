@@ -49,14 +49,18 @@ def test_clock_skips_only_unused_upfront_stages(tmp_path):
 @pytest.mark.slow
 def test_trl_prompts_tokenized_like_our_engine():
     from tasks.policy import build_tokenizer, format_prompt
+    from tasks.rollout import add_special
     from tasks.trl_control import _trainer_class
 
     tok = build_tokenizer()
     prompts = [format_prompt(tok, "12+(40-7)*3=?"), format_prompt(tok, "5%3=?")]
     ids, images, extra = _trainer_class()._tokenize_prompts(SimpleNamespace(processing_class=tok), prompts)
-    # tasks.rollout.HFEngine: tok(p, add_special_tokens=False); no BOS prepended
-    assert ids == [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    assert ids[0][0] != tok.bos_token_id and images is None and extra == {}
+    # tasks.rollout.HFEngine: tok(p, add_special_tokens=add_special(tok)); the plain format gets BOS, as in
+    # the warm start's <s> + prompt
+    assert add_special(tok)
+    assert ids == [tok(p, add_special_tokens=True)["input_ids"] for p in prompts]
+    assert all(row[0] == tok.bos_token_id and row.count(tok.bos_token_id) == 1 for row in ids)
+    assert images is None and extra == {}
 
 
 @pytest.fixture(scope="module")
