@@ -26,8 +26,8 @@ def easy_task(tmp_path_factory):
     """(data folder with easy_train.jsonl / easy_test.jsonl, folder of a policy fine-tuned on the train half).
 
     Level 1-2 problems of the bundled task; the tiny policy is warm-started on the 40 train problems' worked
-    solutions for 400 steps (about 10-20 s on one core), which gets it to roughly 40 % sampled accuracy on
-    them: groups of 4 rollouts are often mixed.
+    solutions for 400 steps (about 10-20 s on one core), which gets most of them right when sampled: groups of
+    4 rollouts are now and then mixed (completions need up to 27 tokens: allow 32 new tokens).
     """
     import torch
 

@@ -37,7 +37,7 @@ from tests.flows.conftest import ROOT, cli_env, easy_overrides, rlsift
 
 STATEFUL = ["select.method=dots", "calibrate.k=8", "calibrate.g=4", "select.predictor.min_labels=8",
             "select.predictor.fit_steps=5", "replay.enabled=true", "replay.fresh_frac=0.5", "pods.enabled=true",
-            "pods.m=2", "rollout.n=4", "rollout.max_new_tokens=16", "curriculum.enabled=true", "gain.enabled=true",
+            "pods.m=2", "rollout.n=4", "rollout.max_new_tokens=32", "curriculum.enabled=true", "gain.enabled=true",
             "train.steps=6", "train.round_steps=3", "train.checkpoint_every=2", "train.prompts_per_step=6",
             "eval.every=2", "eval.samples=0", "model.threads=1"]
 STEPS = 6
