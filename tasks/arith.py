@@ -215,14 +215,16 @@ def draw_problem(rng: random.Random, level: int) -> Problem | None:
 
 
 _TOKEN = re.compile(r"\d+|//|[-+*%]")
-_TOKEN_PAREN = re.compile(r"[()]|\d+|//|[-+*%]")
 
 
-def flawed_solution(question: str, level: int) -> Problem | None:
+def flawed_solution(question: str, level: int, answer: int) -> Problem | None:
     """The worked solution of the commonest procedural slip: left to right, ignoring precedence and parentheses.
 
     The warm start imitates such slips when its demonstrations contain them (``tasks.warmstart``), the way a
     real policy copies its supervised data's habits; RL with the verifier is then what removes them.
+
+    Args:
+        question, level, answer: a generated problem's question text, level and right value.
 
     Returns:
         The slipped problem (same question, its own steps and wrong final value), or None when left-to-right
@@ -232,25 +234,9 @@ def flawed_solution(question: str, level: int) -> Problem | None:
     nums, ops = [int(x) for x in parts[0::2]], parts[1::2]
     steps: list[str] = []
     acc = _reduce(nums, ops, steps, LEVELS[level].max_value, left_to_right=True)
-    if acc is None or acc == _evaluate_text(question, level):
+    if acc is None or acc == answer:
         return None
     return Problem(question=question, steps=tuple(steps), value=acc)
-
-
-def _evaluate_text(question: str, level: int) -> int | None:
-    """The right value of a question string, parentheses honoured (the inverse of ``_evaluate``'s text)."""
-    nums: list[int] = []
-    ops: list[str] = []
-    group: list[int] = []
-    for t in _TOKEN_PAREN.findall(question.split("=", 1)[0]):
-        if t in "()":
-            group.append(len(nums) - (t == ")"))
-        elif t[0].isdigit():
-            nums.append(int(t))
-        else:
-            ops.append(t)
-    p = _evaluate(nums, ops, (group[0], group[1]) if group else None, LEVELS[level].max_value)
-    return None if p is None else p.value
 
 
 def split_of(question: str) -> str:

@@ -40,7 +40,7 @@ def test_flawed_share_slips_only_where_it_changes_the_answer():
     eligible = changed = 0
     for c, f in zip(clean, slipped, strict=True):
         assert (f.question, f.answer, f.level) == (c.question, c.answer, c.level)  # the reference stays true
-        slip = arith.flawed_solution(c.question, c.level)
+        slip = arith.flawed_solution(c.question, c.level, int(c.answer))
         eligible += slip is not None
         if f.solution != c.solution:
             changed += 1
