@@ -4,8 +4,8 @@ For each seed: the presets in order (``grpo`` first: it is the baseline and supp
 model every other configuration then loads), then the TRL control on the same model and data. Every
 configuration is one nested MLflow run under a parent ``bench-<timestamp>`` run; the report (results
 table in Markdown and JSON, plots) goes to ``<paths.root>/reports/bench-<timestamp>/`` and to the parent
-run. The arithmetic of time to target is in tasks/bench_analysis.py, the report in tasks/bench_report.py,
-the control in tasks/trl_control.py; docs/benchmarks.md explains the conventions and the commands.
+run. The arithmetic of time to target is in tasks/bench/analysis.py, the report in tasks/bench/report.py,
+the control in tasks/bench/trl_control.py; docs/benchmarks.md explains the conventions and the commands.
 
 Configuration of one run, later items winning: ``-c CONFIG`` (shared settings: model, data, budget) <
 the benchmark's defaults (:data:`DEFAULTS`, and :data:`QUICK` with ``--quick``) < the preset's own keys
@@ -26,11 +26,11 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.pipeline import run_pipeline
-from tasks import bench_report
-from tasks.bench_report import BenchRun
+from tasks.bench import report as bench_report
+from tasks.bench.report import BenchRun
 from tasks.config import Config, ConfigError, conf_dir, load_config
-from tasks.ledger import Ledger
-from tasks.tracking import MlflowTracker, default_uri, run_info
+from tasks.records.ledger import Ledger
+from tasks.records.tracking import MlflowTracker, default_uri, run_info
 
 log = logging.getLogger("rlsift.bench")
 
@@ -112,7 +112,7 @@ def policy_path_of(summary: dict) -> str:
 
 def control_data(cfg: Config, reference: dict) -> tuple[list, list]:
     """The train and held-out prompts of a finished run of ours, in its order (its ingest.json + the ledger)."""
-    from tasks.ingest import ingest, split_holdout
+    from tasks.data.ingest import ingest, split_holdout
 
     saved = Path(reference["run_dir"]) / "ingest.json"
     if saved.is_file():
@@ -127,7 +127,7 @@ def control_data(cfg: Config, reference: dict) -> tuple[list, list]:
 
 @task(name="trl-control", cache_policy=NO_CACHE, persist_result=False)
 def trl_stage(cfg: Config, reference: dict, run_dir: Path, tracker) -> dict:
-    from tasks.trl_control import run_trl_control
+    from tasks.bench.trl_control import run_trl_control
 
     train, test = control_data(cfg, reference)
     return run_trl_control(cfg, policy_path_of(reference), train, test, run_dir, tracker)

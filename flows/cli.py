@@ -78,8 +78,8 @@ def cmd_run(args) -> int:
 
 def cmd_ingest(args) -> int:
     from tasks.config import ConfigError, SourceConfig
-    from tasks.ingest import ingest
-    from tasks.ledger import Ledger
+    from tasks.data.ingest import ingest
+    from tasks.records.ledger import Ledger
 
     try:
         cfg = _config(args)
@@ -109,7 +109,7 @@ def cmd_ledger(args) -> int:
     from pathlib import Path
 
     from tasks.config import load_config
-    from tasks.ledger import Ledger
+    from tasks.records.ledger import Ledger
 
     need = {"why": ("run", "prompt"), "round": ("run", "round"), "sql": ("sql",)}.get(args.what, ())
     missing = [f"--{n}" for n in need if getattr(args, n) is None]
@@ -161,7 +161,7 @@ def cmd_deploy(args) -> int:
 
 
 def cmd_sync(args) -> int:
-    from tasks.tracking import sync
+    from tasks.records.tracking import sync
 
     ok = sync(args.run_dir, args.uri, args.mlflow_run_id)
     print("sent" if ok else "MLflow still unreachable; nothing lost, try again later")

@@ -16,8 +16,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 
 from tasks.config import Config, ConfigError, load_config, parse_override, validate
-from tasks.evaluate import paired_change
-from tasks.ingest import IngestResult
+from tasks.data.ingest import IngestResult
 from tasks.run import Run, open_run
 from tasks.stages import (
     calibrate_stage,
@@ -28,6 +27,7 @@ from tasks.stages import (
     score_stage,
     train_stage,
 )
+from tasks.training.evaluate import paired_change
 
 log = logging.getLogger("rlsift")
 

@@ -29,8 +29,8 @@ from prefect import flow, get_run_logger
 
 from flows.pipeline import execute
 from tasks.config import Config, load_config, validate
+from tasks.records.tracking import default_uri, latest_model
 from tasks.run import open_run
-from tasks.tracking import default_uri, latest_model
 
 log = logging.getLogger("rlsift")
 

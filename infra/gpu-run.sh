@@ -57,10 +57,10 @@ import torch
 
 from rlcore.advantages import group_advantages
 from rlcore.types import RolloutGroup
-from tasks.policy import format_prompt, load_policy
-from tasks.rollout import HFEngine
+from tasks.model.policy import format_prompt, load_policy
+from tasks.model.rollout import HFEngine
 from tasks.run import resolve_device, resolve_dtype
-from tasks.update import policy_update
+from tasks.training.update import policy_update
 
 summary = json.loads(Path(sys.argv[1]).read_text())
 device = resolve_device(os.environ["DEVICE"])

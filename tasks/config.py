@@ -64,10 +64,10 @@ class WarmStartConfig(_Frozen):
     steps: int = Field(1200, ge=0)
     batch_size: int = Field(64, ge=1)
     lr: float = Field(2e-3, gt=0)
-    mix: str = Field("warmstart", description="Level mix of the worked solutions (tasks/arith.py MIXES).")
+    mix: str = Field("warmstart", description="Level mix of the worked solutions (tasks/data/arith.py MIXES).")
     flawed: float = Field(0.5, ge=0, le=1, description=(
         "Share of demonstrations (where it matters) that slip: left to right, ignoring precedence "
-        "(tasks/arith.py flawed_solution); the habit RL then removes."))
+        "(tasks/data/arith.py flawed_solution); the habit RL then removes."))
 
 
 class ModelConfig(_Frozen):

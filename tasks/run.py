@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from tasks.config import Config, to_json
-from tasks.cost import CostMeter
-from tasks.ledger import Ledger
-from tasks.tracking import MlflowTracker, NullTracker, Tracker, default_uri
+from tasks.records.cost import CostMeter
+from tasks.records.ledger import Ledger
+from tasks.records.tracking import MlflowTracker, NullTracker, Tracker, default_uri
 
 log = logging.getLogger("rlsift")
 

@@ -8,7 +8,7 @@ Resume-safe: a resumed run (``rlsift run --resume``) reuses what its stages alre
 redoing and re-recording it: the ingested prompt lists (``ingest.json``; the prompts come back from the
 ledger), the calibration (``calibrate.json``), the features (``features.pt``) and the starting
 evaluation (``eval_start.json``). Only the policy is prepared again. A redone final evaluation replaces
-its ledger rows. Training continues from its checkpoint (tasks/checkpoint.py).
+its ledger rows. Training continues from its checkpoint (tasks/training/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -21,19 +21,22 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks import ingest, plots, score
-from tasks.evaluate import evaluate, flat_metrics, table_rows
-from tasks.policy import load_policy
-from tasks.records import PromptRecord
-from tasks.rollout import HFEngine, derive_seed
+from rlcore.seeding import derive_seed
+from tasks.data import ingest
+from tasks.data.prompts import PromptRecord
+from tasks.model.policy import Policy, load_policy
+from tasks.model.rollout import HFEngine
+from tasks.model.warmstart import sft_records, warm_start
+from tasks.records import plots
 from tasks.run import Run, resolve_dtype, show_progress, write_json
-from tasks.train import Policy, rollout_rewards, train
-from tasks.warmstart import sft_records, warm_start
+from tasks.training import score
+from tasks.training.evaluate import evaluate, flat_metrics, table_rows
+from tasks.training.loop import rollout_rewards, train
 
 log = logging.getLogger("rlsift")
 stage = task(cache_policy=NO_CACHE, persist_result=False)
 
-#: The cost meter's names for the phases of the training loop (tasks/train.py).
+#: The cost meter's names for the phases of the training loop (tasks/training/loop.py).
 TRAIN_PARTS = ("reference", "selection", "rollout", "update", "tracking", "checkpoint", "eval_during")
 #: Warm-start data: worked solutions over all levels, from a seed the RL pool never uses.
 WARMSTART_SEED = 10_000
@@ -89,7 +92,7 @@ def prepare_stage(run: Run) -> Policy:
         model, tok = load_policy(path, dtype=resolve_dtype(mc.dtype, run.device), device=run.device)
     rc = cfg.rollout
     if rc.engine == "vllm":
-        from tasks.vllm_engine import VLLMEngine
+        from tasks.model.vllm_engine import VLLMEngine
         engine = VLLMEngine(rc.vllm_url, tok, max_new_tokens=rc.max_new_tokens, temperature=rc.temperature,
                             top_p=rc.top_p, top_k=rc.top_k)
         engine.sync_model(model, tok, run.dir / "vllm_weights")  # the server samples from exactly this policy
@@ -212,7 +215,7 @@ def _load_eval(path) -> dict:
 @stage(name="report")
 def report_stage(run: Run, policy: Policy, start: dict, end: dict, summary: dict) -> dict:
     """Plots, the eval table, the final model (registered in MLflow)."""
-    from tasks.policy import save_policy
+    from tasks.model.policy import save_policy
 
     files = plots.training_curves(run.dir / "metrics.jsonl", run.dir / "training_curves.png")
     files += plots.eval_levels(start, end, run.dir / "eval_by_level.png")

@@ -1,6 +1,8 @@
-"""Import direction: flows -> tasks -> rlcore; rlcore stays pure; only ledger.py/tracking.py touch duckdb/MLflow."""
+"""Import direction: flows -> tasks -> rlcore; rlcore stays pure; only the ledger module touches duckdb and
+holds SQL, only the tracking module touches MLflow; tasks/ is packages by concern, not a flat folder."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,21 +23,50 @@ def imports(path: Path) -> set[str]:
 
 
 def test_rlcore_imports_only_stdlib_numpy_torch():
-    for f in (ROOT / "rlcore").glob("*.py"):
+    for f in sources("rlcore"):
         bad = {m for m in imports(f) - RLCORE_ALLOWED if m not in sys.stdlib_module_names}
         assert not bad, f"{f.name} imports {bad}"
 
 
+LEDGER = ROOT / "tasks" / "records" / "ledger.py"
+TRACKING = ROOT / "tasks" / "records" / "tracking.py"
+#: A string literal that is a SQL statement (the start of one, in any case).
+SQL = re.compile(r"^\s*(SELECT\s.+\sFROM\s|INSERT\s+INTO\s|DELETE\s+FROM\s|UPDATE\s+\w+\s+SET\s|"
+                 r"CREATE\s+(TABLE|VIEW|INDEX)\s|DROP\s+TABLE\s)", re.I | re.S)
+
+
+def sources(*folders: str) -> list[Path]:
+    return sorted(f for d in folders for f in (ROOT / d).rglob("*.py"))
+
+
 def test_tasks_never_import_flows_and_only_one_module_each_for_duckdb_mlflow():
-    for f in (ROOT / "tasks").glob("*.py"):
+    for f in sources("tasks"):
         mods = imports(f)
-        assert "flows" not in mods, f.name
-        if f.name != "ledger.py":
-            assert "duckdb" not in mods, f.name
-        if f.name != "tracking.py":
-            assert "mlflow" not in mods, f.name
-    for f in (ROOT / "flows").glob("*.py"):
-        assert not {"duckdb", "mlflow"} & imports(f), f.name
+        assert "flows" not in mods, f
+        if f != LEDGER:
+            assert "duckdb" not in mods, f
+        if f != TRACKING:
+            assert "mlflow" not in mods, f
+    for f in sources("flows"):
+        assert not {"duckdb", "mlflow"} & imports(f), f
+
+
+def test_sql_lives_only_in_the_ledger_module():
+    for f in sources("rlcore", "tasks", "flows"):
+        if f == LEDGER:
+            continue
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                assert not SQL.match(node.value), f"{f.relative_to(ROOT)}:{node.lineno} holds SQL: {node.value[:60]!r}"
+
+
+def test_tasks_is_packages_by_concern_each_saying_what_lives_there():
+    top = sorted(f.name for f in (ROOT / "tasks").glob("*.py"))
+    assert len(top) <= 5, f"tasks/ should hold packages, not {len(top)} loose modules: {top}"
+    for pkg in (ROOT / "tasks").iterdir():
+        if pkg.is_dir() and pkg.name != "__pycache__":
+            doc = ast.get_docstring(ast.parse((pkg / "__init__.py").read_text()))
+            assert doc and len(doc) > 40, f"{pkg.name}/__init__.py should say what lives there"
 
 
 def test_rlcore_imports_with_prefect_and_mlflow_blocked():

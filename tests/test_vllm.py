@@ -5,7 +5,7 @@ port for a tiny Llama (head size 32, the smallest the CPU attention kernels take
 ``--enforce-eager`` (no torch.compile warm-up), which takes about 1 minute on 2 busy cores.
 
 Checks: shapes and prompt-major layout; the server's log-probs (``processed_logprobs``, temperature 0.7)
-agree with ``tasks.forward.token_logprobs`` on the same weights (atol 2e-4: two float32 implementations
+agree with ``tasks.model.forward.token_logprobs`` on the same weights (atol 2e-4: two float32 implementations
 of the same network, different kernels and summation order); seeded sampling repeats; greedy picks the
 arg-max token; ``sync_weights`` to a second model's folder makes the log-probs follow the new weights.
 """
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.forward import token_logprobs
-from tasks.policy import build_tiny_model, build_tokenizer, format_prompt
+from tasks.model.forward import token_logprobs
+from tasks.model.policy import build_tiny_model, build_tokenizer, format_prompt
 from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ def sharp_model(seed: int):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from tasks.vllm_engine import VLLMEngine, export_for_vllm
+    from tasks.model.vllm_engine import VLLMEngine, export_for_vllm
 
     tmp = tmp_path_factory.mktemp("vllm")
     tok = build_tokenizer()
@@ -123,7 +123,7 @@ def test_greedy_picks_argmax(served):
     gen = engine.generate(texts, n=1, seed=0, greedy=True)
     lp_chosen = _hf_logprobs(models["a"], gen, tok, 1.0)
     # the arg-max's log-prob is the max over the vocabulary: compare with a full forward per row
-    from tasks.forward import pack
+    from tasks.model.forward import pack
 
     ids, am, pos, width = pack(gen.prompt_ids, gen.completion_ids, gen.completion_mask, tok.pad_token_id)
     with torch.no_grad():

@@ -31,8 +31,8 @@ def easy_task(tmp_path_factory):
     """
     import torch
 
-    from tasks import arith
-    from tasks.warmstart import warm_start
+    from tasks.data import arith
+    from tasks.model.warmstart import warm_start
 
     torch.set_num_threads(1)
     folder = tmp_path_factory.mktemp("easy")

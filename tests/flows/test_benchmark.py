@@ -48,14 +48,14 @@ def test_clock_skips_only_unused_upfront_stages(tmp_path):
 
 @pytest.mark.slow
 def test_trl_prompts_tokenized_like_our_engine():
-    from tasks.policy import build_tokenizer, format_prompt
-    from tasks.rollout import add_special
-    from tasks.trl_control import _trainer_class
+    from tasks.bench.trl_control import _trainer_class
+    from tasks.model.policy import build_tokenizer, format_prompt
+    from tasks.model.rollout import add_special
 
     tok = build_tokenizer()
     prompts = [format_prompt(tok, "12+(40-7)*3=?"), format_prompt(tok, "5%3=?")]
     ids, images, extra = _trainer_class()._tokenize_prompts(SimpleNamespace(processing_class=tok), prompts)
-    # tasks.rollout.HFEngine: tok(p, add_special_tokens=add_special(tok)); the plain format gets BOS, as in
+    # tasks.model.rollout.HFEngine: tok(p, add_special_tokens=add_special(tok)); the plain format gets BOS, as in
     # the warm start's <s> + prompt
     assert add_special(tok)
     assert ids == [tok(p, add_special_tokens=True)["input_ids"] for p in prompts]
@@ -74,7 +74,7 @@ def prefect_harness():
 @pytest.mark.slow
 def test_bench_quick_end_to_end(tmp_path, capsys, prefect_harness):
     from flows.cli import main
-    from tasks.tracking import run_info
+    from tasks.records.tracking import run_info
 
     code = main(["bench", "--quick", "-c", SMOKE, "--presets", "grpo,dots", "--json", f"paths.root={tmp_path}",
                  "train.steps=4", "train.prompts_per_step=4", "train.round_steps=2", "eval.every=2", "eval.limit=12",

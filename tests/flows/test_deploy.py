@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.ledger import Ledger
-from tasks.tracking import default_uri, run_info
+from tasks.records.ledger import Ledger
+from tasks.records.tracking import default_uri, run_info
 from tests.flows.conftest import ROOT, cli_env, rlsift
 from tests.servers import free_port, start, stop, wait_http
 

@@ -3,8 +3,8 @@
 from pathlib import Path
 
 from flows.pipeline import pipeline
-from tasks.ledger import Ledger
-from tasks.tracking import metric_history, run_info
+from tasks.records.ledger import Ledger
+from tasks.records.tracking import metric_history, run_info
 
 SMOKE = str(Path(__file__).resolve().parents[2] / "conf" / "smoke.yaml")
 

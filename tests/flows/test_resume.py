@@ -30,9 +30,9 @@ from safetensors.torch import load_file
 
 from flows.pipeline import resume_config
 from tasks.config import ConfigError
-from tasks.ledger import Ledger
+from tasks.records.ledger import Ledger
+from tasks.records.tracking import metric_history
 from tasks.run import open_run
-from tasks.tracking import metric_history
 from tests.flows.conftest import ROOT, cli_env, easy_overrides, rlsift
 
 STATEFUL = ["select.method=dots", "calibrate.k=8", "calibrate.g=4", "select.predictor.min_labels=8",

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from flows.retrain import run_retrain
-from tasks.ledger import Ledger
-from tasks.tracking import default_uri, model_version_tags, run_info
+from tasks.records.ledger import Ledger
+from tasks.records.tracking import default_uri, model_version_tags, run_info
 
 TINY = ["model.warmstart.steps=2", "model.hidden=64", "model.heads=2", "model.layers=1", "rollout.n=2",
         "rollout.max_new_tokens=6", "train.steps=1", "train.prompts_per_step=4", "train.round_steps=1",

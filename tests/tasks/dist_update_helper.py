@@ -20,7 +20,9 @@ import torch
 
 from rlcore.types import RolloutGroup
 from tasks.config import validate
-from tasks.distributed import (
+from tasks.model.forward import token_logprobs
+from tasks.model.policy import build_tiny_model
+from tasks.training.distributed import (
     DataShard,
     full_state_dict,
     init_distributed,
@@ -30,9 +32,7 @@ from tasks.distributed import (
     reference_copy,
     wrap,
 )
-from tasks.forward import token_logprobs
-from tasks.policy import build_tiny_model
-from tasks.update import policy_update
+from tasks.training.update import policy_update
 
 STEPS = 2
 PAD = 0

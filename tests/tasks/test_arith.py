@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks import arith
-from tasks.records import PromptRecord, prompt_id
+from tasks.data import arith
+from tasks.data.prompts import PromptRecord, prompt_id
 
 _EXPR = re.compile(r"[0-9+\-*/%()]+")
 

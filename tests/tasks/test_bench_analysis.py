@@ -1,4 +1,4 @@
-"""Tests of the benchmark arithmetic (tasks/bench_analysis.py) on hand-made curves and metric rows."""
+"""Tests of the benchmark arithmetic (tasks/bench/analysis.py) on hand-made curves and metric rows."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tasks.bench_analysis import (
+from tasks.bench.analysis import (
     Curve,
     accuracy_band,
     counted,

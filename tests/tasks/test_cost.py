@@ -1,4 +1,4 @@
-"""Device-hour and money accounting (tasks/cost.py) and its records: the ledger's stages table and cost/*
+"""Device-hour and money accounting (tasks/records/cost.py) and its records: the ledger's stages table and cost/*
 metrics in MLflow."""
 
 import time
@@ -6,9 +6,9 @@ import time
 import pytest
 import torch
 
-from tasks.cost import CostMeter, detect_device
+from tasks.records.cost import CostMeter, detect_device
+from tasks.records.tracking import metric_history, run_info
 from tasks.run import open_run
-from tasks.tracking import metric_history, run_info
 
 PRICES = {"cpu": 0.10, "nvidia-h200": 3.50, "cuda": 2.00}
 

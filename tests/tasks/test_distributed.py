@@ -25,8 +25,8 @@ import pytest
 import torch
 
 from tasks.config import validate
-from tasks.distributed import DataShard, decoder_layers, deepspeed_config, wrap
-from tasks.update import policy_update
+from tasks.training.distributed import DataShard, decoder_layers, deepspeed_config, wrap
+from tasks.training.update import policy_update
 from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

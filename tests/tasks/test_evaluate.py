@@ -2,7 +2,7 @@
 
 import pytest
 
-from tasks.evaluate import paired_change
+from tasks.training.evaluate import paired_change
 
 
 def ev(correct: list[int], ids: list[str] | None = None) -> dict:

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from tasks.config import SourceConfig
-from tasks.ingest import ingest
-from tasks.ledger import Ledger
+from tasks.data.ingest import ingest
+from tasks.records.ledger import Ledger
 
 GOOD = {"question": "What is 2 + 3?", "answer": "Two plus three.\n#### 5"}
 

@@ -1,7 +1,7 @@
 """The ledger: schema, idempotent truncation for resume, and the audit questions."""
 
-from tasks.ledger import Ledger
-from tasks.records import PromptRecord, prompt_id
+from tasks.data.prompts import PromptRecord, prompt_id
+from tasks.records.ledger import Ledger
 
 
 def rec(q, a="1"):

@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from tasks import arith, policy
+from tasks.data import arith
+from tasks.model import policy
 
 
 @pytest.fixture(scope="module")

@@ -30,10 +30,10 @@ def test_no_progress_bar_noise_off_a_terminal(tmp_path, capfd):
     """Saving, loading and warm-starting a policy print no bars when stderr is not a terminal (as under pytest)."""
     import torch
 
-    from tasks import arith
-    from tasks.policy import build_tiny_model, build_tokenizer, load_policy, save_policy
+    from tasks.data import arith
+    from tasks.model.policy import build_tiny_model, build_tokenizer, load_policy, save_policy
+    from tasks.model.warmstart import warm_start
     from tasks.run import quiet_libraries
-    from tasks.warmstart import warm_start
 
     torch.set_num_threads(1)
     assert not show_progress()

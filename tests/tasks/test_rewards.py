@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.records import PromptRecord, prompt_id
-from tasks.rewards import (
+from tasks.data.prompts import PromptRecord, prompt_id
+from tasks.data.rewards import (
     batch_rewards,
     can_parse,
     extract_number,
@@ -182,7 +182,7 @@ def test_batch_rewards_mixed_kinds_keep_order():
 
 
 def test_arith_delegates_to_tasks_arith():
-    arith = pytest.importorskip("tasks.arith")
+    arith = pytest.importorskip("tasks.data.arith")
     r = rec("12", "arith")
     for completion in ("3 * 4 = 12", "#### 12", "13"):
         assert reward("arith", completion, r) == float(arith.verify(completion, "12"))

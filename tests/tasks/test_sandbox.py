@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.sandbox import CodeJob, Limits, Verdict, _processes_of, enforcement, run_tests, score_many
-from tasks.sources import read_source
+from tasks.data.sandbox import CodeJob, Limits, Verdict, _processes_of, enforcement, run_tests, score_many
+from tasks.data.sources import read_source
 
 HUMANEVAL = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "humaneval" / "HumanEval.jsonl.gz"
 ROOT = os.geteuid() == 0
@@ -205,7 +205,7 @@ def test_ctypes_and_subprocess_are_refused():
 
 
 def test_uid_pool_never_hands_out_a_uid_held_elsewhere():
-    from tasks.sandbox import _UidPool
+    from tasks.data.sandbox import _UidPool
 
     first, second = _UidPool(62000, 2), _UidPool(62000, 2)  # stand-ins for two processes' pools
     a = first.acquire()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.records import prompt_id
-from tasks.sources import FORMATS, check_paths, dedupe, guess_format, read_source, split_from_name
+from tasks.data.prompts import prompt_id
+from tasks.data.sources import FORMATS, check_paths, dedupe, guess_format, read_source, split_from_name
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "sources"
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"

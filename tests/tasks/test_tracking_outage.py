@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks.records.tracking import MlflowTracker, Outbox, metric_history, run_info
 from tasks.run import open_run
-from tasks.tracking import MlflowTracker, Outbox, metric_history, run_info
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,7 +102,7 @@ def test_an_item_mlflow_rejects_is_set_aside_and_the_rest_is_sent(tmp_path, sqli
 
 
 def test_step_metrics_reach_mlflow_only_with_their_checkpoint(smoke_cfg, sqlite_uri):
-    """Run.defer_metrics / commit_metrics (called by tasks/checkpoint.py): a failed run drops what no checkpoint
+    """Run.defer_metrics / commit_metrics (called by training/checkpoint.py): a failed run drops what no checkpoint
     covers (a resume recomputes it), a completed run sends everything."""
     run = open_run(smoke_cfg(f"tracking.uri={sqlite_uri}"))
     run.log_metrics({"ingest/rows": 3.0}, 0)  # before training: sent at once

@@ -10,11 +10,12 @@ import json
 import pytest
 import torch
 
-from tasks import arith, score
-from tasks.policy import build_tiny_model, build_tokenizer
-from tasks.rollout import HFEngine
+from tasks.data import arith
+from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
+from tasks.model.rollout import HFEngine
 from tasks.run import open_run
-from tasks.train import Policy, train
+from tasks.training import score
+from tasks.training.loop import train
 
 PRESETS = "conf/presets/{}.yaml"
 SMALL = ["train.steps=4", "train.prompts_per_step=6", "train.round_steps=2", "rollout.n=4",
@@ -28,7 +29,7 @@ def text_reward(records, completions, workers=1):
 
 @pytest.fixture(autouse=True)
 def _reward(monkeypatch):
-    monkeypatch.setattr("tasks.train.batch_rewards", text_reward)
+    monkeypatch.setattr("tasks.training.loop.batch_rewards", text_reward)
 
 
 def make_policy():
@@ -109,8 +110,8 @@ def test_all_techniques_compose_and_record_signals(smoke_cfg, pool):
 
 def test_make_groups_advantages_and_negative_weight():
     """rewards [1, 0, 0, 1] -> Dr.-GRPO advantages [0.5, -0.5, -0.5, 0.5]; negative_weight 0.3 -> -0.15."""
-    from tasks.rollout import Generation
-    from tasks.train import make_groups
+    from tasks.model.rollout import Generation
+    from tasks.training.loop import make_groups
 
     rec = arith.generate(0, 1, "train", "default")
     gen = Generation(prompt_ids=[torch.tensor([1, 5, 6])], completion_ids=torch.arange(8).view(4, 2),

@@ -10,7 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks import arith, policy, warmstart
+from tasks.data import arith
+from tasks.model import policy, warmstart
 
 TINY = dict(hidden=64, layers=1, heads=2, batch_size=8, lr=1e-2, seed=0, progress=False)
 

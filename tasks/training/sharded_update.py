@@ -8,11 +8,11 @@ Design (the simplest one that stays exactly equivalent to one process; see ``doc
 - Ranks 1..W-1 run :func:`serve`: a loop that receives one command at a time from rank 0
   (``broadcast_object_list``) and takes part in it. Generation is not repeated on every rank (no seed-lock
   across processes, no W-fold reward work), and the batch each rank trains on is rank 0's, bit for bit.
-- An update (:meth:`Driver.update`, with ``tasks.update.policy_update``'s signature): rank 0 broadcasts the
+- An update (:meth:`Driver.update`, with ``tasks.training.update.policy_update``'s signature): rank 0 broadcasts the
   step's ``RolloutGroup`` list and loss settings; every rank runs ``policy_update`` on its slice with the
-  globally normalised loss (``tasks/distributed.py``); then the full weights are gathered to rank 0
+  globally normalised loss (``tasks/training/distributed.py``); then the full weights are gathered to rank 0
   (collective under FSDP2 / ZeRO-3) and copied into ``policy.model``, so the next rollouts use them.
-- Checkpoints: :class:`Driver` stands in for the optimizer in ``tasks/checkpoint.py``: ``state_dict``
+- Checkpoints: :class:`Driver` stands in for the optimizer in ``tasks/training/checkpoint.py``: ``state_dict``
   gathers the (possibly sharded) optimizer state to rank 0, ``load_state_dict`` pushes rank 0's restored
   weights and optimizer state to every rank. A resume needs the same backend and world size.
 
@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.angle import online_angle_signal
-from tasks.distributed import (
+from tasks.training.distributed import (
     DataShard,
     broadcast_module,
     full_state_dict,
@@ -41,7 +41,7 @@ from tasks.distributed import (
     reference_copy,
     wrap,
 )
-from tasks.update import policy_update
+from tasks.training.update import policy_update
 
 INIT, UPDATE, OPT_STATE, LOAD, STOP = "init", "update", "optim_state", "load", "stop"
 
@@ -94,7 +94,7 @@ class Driver:
         if not dist.is_initialized():  # `rlsift run` with a sharded backend: a one-process group
             init_distributed(cfg.model.device)  # (e.g. DeepSpeed ZeRO-offload on one GPU)
         if dist.get_rank() != 0:
-            raise RuntimeError("the Driver lives on rank 0; the other ranks run tasks.sharded_update.serve()")
+            raise RuntimeError("the Driver lives on rank 0; the other ranks run tasks.training.sharded_update.serve()")
         self.cfg, self.policy_model = cfg, model
         dtype = next(model.parameters()).dtype
         _send(INIT, (cfg, model.config, dtype))

@@ -14,9 +14,9 @@ import torch
 from tqdm.auto import tqdm
 
 from rlcore.angle import angle_concentration
-from tasks.forward import prompt_batches
-from tasks.records import PromptRecord
-from tasks.rollout import add_special
+from tasks.data.prompts import PromptRecord
+from tasks.model.forward import prompt_batches
+from tasks.model.rollout import add_special
 
 
 def prefix_suffix(tokenizer, prompt: str, question: str) -> tuple[int, int]:

@@ -7,9 +7,9 @@ from collections import defaultdict
 import torch
 from scipy.stats import binomtest
 
-from tasks.records import PromptRecord
-from tasks.rewards import batch_rewards
-from tasks.rollout import derive_seed
+from rlcore.seeding import derive_seed
+from tasks.data.prompts import PromptRecord
+from tasks.data.rewards import batch_rewards
 
 
 def evaluate(policy, records: list[PromptRecord], *, samples: int, seed: int, workers: int = 4) -> dict:

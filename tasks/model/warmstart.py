@@ -14,7 +14,7 @@ tiny Llama on the bundled task's worked solutions. Choices:
   to zero (``transformers.get_cosine_schedule_with_warmup``), gradient-norm clip 1.0.
 - Defaults (hidden 128, 4 layers, 4 heads, 1200 steps of 64, peak lr 2e-3, 5 percent warmup) were tuned
   on the bundled task with ``sft_records``: about 4 to 4.5 minutes on 2 idle cores (2 torch threads;
-  7 minutes on one), final loss about 0.08; the per-level accuracy it reaches is in ``tasks.arith.LEVELS``.
+  7 minutes on one), final loss about 0.08; the per-level accuracy it reaches is in ``tasks.data.arith.LEVELS``.
   Peak lr 3e-3 and 5e-3 learned more slowly (1e-2, tried with length-grouped batches, hardly at all);
   batch 32 for 2400 steps matched batch 64 for 1200.
 - The demonstrations slip on purpose (``sft_records(flawed=...)``; the run config's
@@ -51,9 +51,9 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_cosine_schedule_with_warmup
 
-from tasks import arith
-from tasks.policy import build_tiny_model, build_tokenizer, format_prompt, save_policy
-from tasks.records import PromptRecord
+from tasks.data import arith
+from tasks.data.prompts import PromptRecord
+from tasks.model.policy import build_tiny_model, build_tokenizer, format_prompt, save_policy
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def warm_start(
         progress: show a tqdm bar (only when stderr is a terminal).
 
     Returns:
-        The folder, loadable with ``tasks.policy.load_policy``. A cached folder is returned without training.
+        The folder, loadable with ``tasks.model.policy.load_policy``. A cached folder is returned without training.
 
     Raises:
         ValueError: no records, a record without a solution, or a non-positive size / rate.

@@ -4,20 +4,20 @@ TRL (github.com/huggingface/trl, pinned 1.16.0; shared/docs/stack.md §7, peers.
 maintained GRPO trainer that runs end to end on a CPU without vLLM, which makes it a clean "plain GRPO"
 arm that is not our code. What it shares with our runs:
 
-- **Model**: the same warm-started folder (``tasks.policy.load_policy``); the tokenizer *object* is passed
+- **Model**: the same warm-started folder (``tasks.model.policy.load_policy``); the tokenizer *object* is passed
   as ``processing_class`` (given a path, TRL may load another tokenizer class: stack.md §4).
 - **Data**: the configured sources through the same ingest code, train prompts formatted with
-  ``tasks.policy.format_prompt`` (chat template and system prompt when the tokenizer has one). Prompts are
-  tokenized exactly as ``tasks.rollout.HFEngine`` does (``tasks.rollout.add_special``: BOS in the plain
+  ``tasks.model.policy.format_prompt`` (chat template and system prompt when the tokenizer has one). Prompts are
+  tokenized exactly as ``tasks.model.rollout.HFEngine`` does (``tasks.model.rollout.add_special``: BOS in the plain
   format, nothing added under a chat template): ``_ControlTrainer`` overrides TRL's ``_tokenize_prompts``.
-- **Reward**: ``tasks.rewards.batch_rewards`` on the prompt's record (``arith.verify`` for the bundled task).
+- **Reward**: ``tasks.data.rewards.batch_rewards`` on the prompt's record (``arith.verify`` for the bundled task).
 - **Budget**: ``train.steps`` optimizer steps, each on ``train.prompts_per_step`` prompts x ``rollout.n``
   completions (one generation per step: ``steps_per_generation=1``, ``num_iterations=1``).
 - **Loss and optimizer**: ``train.aggregation`` token -> ``loss_type="dapo"`` (token-level, normalised by
   active tokens), sequence -> ``"grpo"``; ``train.scale_std`` -> ``scale_rewards="group"`` else ``"none"``
   (Dr.-GRPO); clip ``epsilon``, ``beta`` = ``train.kl_coef``; AdamW with the same lr, betas, weight decay,
   gradient clipping and a constant learning rate (TRL's default is a linear decay; ours has no schedule).
-- **Evaluation**: :class:`EvalClock` runs the project's ``tasks.evaluate.evaluate`` (greedy, HFEngine) on
+- **Evaluation**: :class:`EvalClock` runs the project's ``tasks.training.evaluate.evaluate`` (greedy, HFEngine) on
   the same held-out prompts at step 0, every ``eval.every`` steps and at the last step, and keeps the clock
   like our runs do: training wall-clock excludes evaluation.
 
@@ -25,7 +25,7 @@ Deviations: ``train.minibatches`` must be 1 (ours would take several optimizer s
 replay, selection and curricula do not exist in TRL (that is the point of the control).
 
 Per-step rows go to ``<run dir>/metrics.jsonl`` in our format (``time/<stage>_s`` cumulative via
-``tasks.cost.CostMeter`` with stages ``rollout`` = generation + reward, ``tracking`` = our logging,
+``tasks.records.cost.CostMeter`` with stages ``rollout`` = generation + reward, ``tracking`` = our logging,
 ``update`` = the rest of the step, ``eval_during``; ``train/effective_ratio`` = 1 - TRL's
 ``frac_reward_zero_std``), so the benchmark reads TRL and our runs the same way.
 """
@@ -41,14 +41,13 @@ import torch
 from transformers import TrainerCallback
 
 from tasks.config import Config
-from tasks.cost import CostMeter
-from tasks.evaluate import evaluate
-from tasks.policy import format_prompt, load_policy
-from tasks.records import PromptRecord
-from tasks.rewards import batch_rewards
-from tasks.rollout import HFEngine, add_special
+from tasks.data.prompts import PromptRecord
+from tasks.data.rewards import batch_rewards
+from tasks.model.policy import Policy, format_prompt, load_policy
+from tasks.model.rollout import HFEngine, add_special
+from tasks.records.cost import CostMeter
 from tasks.run import resolve_device, resolve_dtype, show_progress, write_json
-from tasks.train import Policy
+from tasks.training.evaluate import evaluate
 
 log = logging.getLogger("rlsift.trl")
 
@@ -113,7 +112,7 @@ class EvalClock(TrainerCallback):
         seed: evaluation seed (greedy decoding does not use it).
         meter: shared with the trainer (``rollout`` is timed there).
         rows_path: where the metric rows go (``metrics.jsonl``).
-        tracker: any ``tasks.tracking.Tracker``; each row is logged to it.
+        tracker: any ``tasks.records.tracking.Tracker``; each row is logged to it.
         rollouts_per_step: completions generated per step (B x n).
     """
 
@@ -180,7 +179,7 @@ def run_trl_control(cfg: Config, policy_path: str | Path, train: list[PromptReco
         policy_path: the warm-started model folder our runs started from.
         train, test: the ingested train and held-out prompts (same order as the pipeline's).
         run_dir: folder for ``metrics.jsonl``, ``eval_start.json``/``eval_end.json`` and ``summary.json``.
-        tracker: a ``tasks.tracking.Tracker`` (a nested MLflow run in the benchmark).
+        tracker: a ``tasks.records.tracking.Tracker`` (a nested MLflow run in the benchmark).
 
     Returns:
         A summary with the keys the benchmark reads from our runs: ``run_dir``, ``steps``,

@@ -32,8 +32,8 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from tasks.records import REWARD_KINDS, PromptRecord, Rejected, prompt_id
-from tasks.rewards import can_parse, last_boxed
+from tasks.data.prompts import REWARD_KINDS, PromptRecord, Rejected, prompt_id
+from tasks.data.rewards import can_parse, last_boxed
 
 FORMATS = ("gsm8k", "math", "math500", "humaneval", "jsonl", "parquet", "hf")
 FIELD_KEYS = ("question", "answer", "solution", "level", "entry_point")

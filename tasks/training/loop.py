@@ -3,11 +3,11 @@
 One step (verl-style, every phase timed so the timing metrics read as a table of contents)::
 
     round start (every mu steps): reference rollouts -> predictor, curriculum and window updates
-    select B_fresh prompts                               (tasks/selector.py: ScalingRL -> GAIN-RL -> DOTS)
-    generate n rollouts each, verify rewards             (rollout engine, tasks/rewards.py)
+    select B_fresh prompts                               (tasks/training/selector.py: ScalingRL -> GAIN-RL -> DOTS)
+    generate n rollouts each, verify rewards             (rollout engine, tasks/data/rewards.py)
     keep m of n per prompt, advantages on the kept m      (rlcore.downsample, rlcore.advantages)
     mix in B - B_fresh replayed groups                    (rlcore.replay_buffer)
-    clipped policy-gradient step                          (tasks/update.py -> rlcore.grpo_loss)
+    clipped policy-gradient step                          (tasks/training/update.py -> rlcore.grpo_loss)
     admit fresh groups with 0 < success < 1 (from all n) to the buffer; label the predictor
     ledger rows for every selection and group; metrics; checkpoint at round ends
 
@@ -20,7 +20,6 @@ import copy
 import json
 import logging
 import time
-from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
@@ -29,30 +28,18 @@ from rlcore.advantages import effective_mask, group_advantages
 from rlcore.angle import online_angle_signal
 from rlcore.downsample import downsample
 from rlcore.replay_buffer import ReplayBuffer, mix_counts
+from rlcore.seeding import derive_seed
 from rlcore.types import RolloutGroup
-from tasks import checkpoint
-from tasks.policy import format_prompt
-from tasks.records import PromptRecord
-from tasks.rewards import batch_rewards
-from tasks.rollout import Generation, derive_seed
+from tasks.data.prompts import PromptRecord
+from tasks.data.rewards import batch_rewards
+from tasks.model.policy import Policy
+from tasks.model.rollout import Generation
 from tasks.run import Run, show_progress
-from tasks.selector import Selector
-from tasks.update import policy_update
+from tasks.training import checkpoint
+from tasks.training.selector import Selector
+from tasks.training.update import policy_update
 
 log = logging.getLogger("rlsift.train")
-
-
-@dataclass
-class Policy:
-    """A model, its tokenizer and the rollout engine bound to it."""
-
-    model: torch.nn.Module
-    tokenizer: object
-    engine: object
-    system_prompt: str | None = None
-
-    def prompts(self, records: list[PromptRecord]) -> list[str]:
-        return [format_prompt(self.tokenizer, r.question, self.system_prompt) for r in records]
 
 
 def rollout_rewards(policy: Policy, records: list[PromptRecord], n: int, seed: int,
@@ -95,7 +82,7 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: dict, ca
         optimizer, update_fn = (torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tc.betas,
                                                   weight_decay=tc.weight_decay), policy_update)
     else:  # scale-out hook: the update runs sharded over the torchrun ranks; `model` stays rank 0's full copy
-        from tasks.sharded_update import Driver
+        from tasks.training.sharded_update import Driver
 
         optimizer = Driver(cfg, model)  # optimizer-like for checkpoints
         update_fn = optimizer.update
@@ -211,7 +198,7 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: dict, ca
 
 
 def sync_rollout_weights(run: Run, policy: Policy) -> None:
-    """Hook for server-side rollout engines (``tasks/vllm_engine.py``): push the current weights to it."""
+    """Hook for server-side rollout engines (``tasks/model/vllm_engine.py``): push the current weights to it."""
     if hasattr(policy.engine, "sync_model"):
         with run.meter.stage("weight_sync"):
             policy.engine.sync_model(policy.model, policy.tokenizer, run.dir / "vllm_weights")

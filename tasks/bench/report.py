@@ -1,4 +1,4 @@
-"""Benchmark report: runs' metric files -> curves and aggregates (tasks/bench_analysis.py) -> table and plots.
+"""Benchmark report: runs' metric files -> curves and aggregates (tasks/bench/analysis.py) -> table and plots.
 
 Input is one :class:`BenchRun` per configuration and seed (our pipeline runs and the TRL control, which
 writes the same ``metrics.jsonl`` format). Output, in the report folder:
@@ -26,7 +26,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from tasks import bench_analysis as ba  # noqa: E402
+from tasks.bench import analysis as ba  # noqa: E402
 
 
 @dataclass

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import torch
 
-from tasks.rollout import add_special
+from tasks.model.rollout import add_special
 
 
 def last_mlp(model: torch.nn.Module) -> torch.nn.Module:

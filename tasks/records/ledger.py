@@ -14,7 +14,7 @@ from typing import Any
 
 import duckdb
 
-from tasks.records import PromptRecord, Rejected
+from tasks.data.prompts import PromptRecord, Rejected
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (

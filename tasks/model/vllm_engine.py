@@ -11,7 +11,7 @@ this engine talks to it with the standard library's ``urllib``:
   gets its own seed ``derive_seed(seed, b)``; vLLM gives the n children of a request ``seed + j``.
 - Log-probs: ``infra/vllm-serve.sh`` starts the server with ``--logprobs-mode processed_logprobs`` so the
   returned values are after temperature (and top-k/top-p) scaling, i.e. the sampling distribution, which is
-  what ``tasks.forward.token_logprobs(..., temperature)`` computes on the training side (equal when
+  what ``tasks.model.forward.token_logprobs(..., temperature)`` computes on the training side (equal when
   top_k=0 and top_p=1; the default ``raw_logprobs`` would ignore the temperature).
 - Weight synchronisation (``sync_weights``): vLLM 0.32's in-place reload, ``Worker.reload_weights(weights_path=)``,
   called through the dev endpoint ``POST /collective_rpc`` (the server runs with ``VLLM_SERVER_DEV_MODE=1``),
@@ -26,7 +26,7 @@ this engine talks to it with the standard library's ``urllib``:
   would mix old and new weights (measured: log-prob errors up to 4 nats). :func:`export_for_vllm` therefore
   writes serving copies with the head untied (``tie_word_embeddings: false`` plus an explicit
   ``lm_head.weight`` equal to the embedding): the same function, and reloads become exact (measured 1e-6).
-  ``infra/vllm-serve.sh`` starts the server from such a copy (``python -m tasks.vllm_engine serve-dir``).
+  ``infra/vllm-serve.sh`` starts the server from such a copy (``python -m tasks.model.vllm_engine serve-dir``).
 
 Deviation (documented in ``docs/scale-out.md``): with weights synced at round boundaries, rollouts within a
 round come from the round-start policy, not the current one; the update still treats them as on-policy.
@@ -45,7 +45,8 @@ from pathlib import Path
 
 import torch
 
-from tasks.rollout import Generation, add_special, derive_seed
+from rlcore.seeding import derive_seed
+from tasks.model.rollout import Generation, add_special
 
 
 class VLLMError(RuntimeError):
@@ -53,7 +54,7 @@ class VLLMError(RuntimeError):
 
 
 class VLLMEngine:
-    """Sampling through a running ``vllm serve`` (same ``generate`` as :class:`tasks.rollout.HFEngine`).
+    """Sampling through a running ``vllm serve`` (same ``generate`` as :class:`tasks.model.rollout.HFEngine`).
 
     Args:
         url: the server's base URL, e.g. ``http://127.0.0.1:8000``.
@@ -152,7 +153,7 @@ class VLLMEngine:
         """
         path = Path(model_dir).resolve()
         if not (path / "config.json").is_file():
-            raise ValueError(f"{path} is not a saved model folder (no config.json); use tasks.policy.save_policy")
+            raise ValueError(f"{path} is not a saved model folder (no config.json); use tasks.model.policy.save_policy")
         t0 = time.perf_counter()
         try:
             self._request("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
@@ -187,7 +188,7 @@ def export_for_vllm(model, tokenizer, path: str | Path) -> Path:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from tasks.policy import save_policy
+    from tasks.model.policy import save_policy
 
     path = Path(path)
     if path.exists():
@@ -225,14 +226,14 @@ def serve_dir(model_dir: str | Path, out: str | Path) -> Path:
 
     if not _tied(AutoConfig.from_pretrained(model_dir, local_files_only=True)):
         return Path(model_dir)
-    from tasks.policy import load_policy
+    from tasks.model.policy import load_policy
 
     model, tok = load_policy(model_dir)
     return export_for_vllm(model, tok, out)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tasks.vllm_engine", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tasks.model.vllm_engine", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve-dir", help="print the folder to serve (an untied export when the head is tied)")
     s.add_argument("model_dir")

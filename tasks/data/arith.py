@@ -38,7 +38,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tasks.records import PromptRecord, prompt_id
+from tasks.data.prompts import PromptRecord, prompt_id
 
 #: The final-answer marker; the answer is the rest of its line.
 MARKER = "####"
@@ -82,7 +82,7 @@ class LevelSpec:
     max_value: int = 999
 
 
-#: Difficulty levels 1..5. Tuned on the tiny default (0.86M-parameter Llama, ``tasks.warmstart`` defaults:
+#: Difficulty levels 1..5. Tuned on the tiny default (0.86M-parameter Llama, ``tasks.model.warmstart`` defaults:
 #: 1200 steps of 64 worked solutions of the ``warmstart`` mix, half of those that can slip worked left to
 #: right): greedy accuracy on the test split was 99 / 100 / 65 / 34 / 9 percent and sampled accuracy
 #: (temperature 1) 95 / 87 / 58 / 22 / 4 percent (1000 test prompts of the ``default`` mix).
@@ -220,7 +220,7 @@ _TOKEN = re.compile(r"\d+|//|[-+*%]")
 def flawed_solution(question: str, level: int, answer: int) -> Problem | None:
     """The worked solution of the commonest procedural slip: left to right, ignoring precedence and parentheses.
 
-    The warm start imitates such slips when its demonstrations contain them (``tasks.warmstart``), the way a
+    The warm start imitates such slips when its demonstrations contain them (``tasks.model.warmstart``), the way a
     real policy copies its supervised data's habits; RL with the verifier is then what removes them.
 
     Args:

@@ -1,6 +1,6 @@
 """Verifiable rewards: score a completion against a prompt record's reference answer (1.0 or 0.0).
 
-Kinds (``tasks.records.REWARD_KINDS``):
+Kinds (``tasks.data.prompts.REWARD_KINDS``):
 
 * ``math``: equivalence through the math-verify library (HuggingFace, github.com/huggingface/Math-Verify),
   the verifier used by TRL's ``accuracy_reward`` and open-r1. The reference answer is wrapped as
@@ -13,9 +13,9 @@ Kinds (``tasks.records.REWARD_KINDS``):
 * ``numeric`` (GSM8K): the number after the last ``####``, else the last number inside the last
   ``\\boxed{}``, else the last number in the completion; thousands commas stripped; compared exactly
   as ``fractions.Fraction`` (so ``72``, ``72.0`` and ``$72`` agree).
-* ``arith``: delegated to ``tasks.arith.verify(completion, answer)`` (imported lazily).
+* ``arith``: delegated to ``tasks.data.arith.verify(completion, answer)`` (imported lazily).
 * ``code``: the completion is turned into a program (``program_from_completion``) and run with the
-  record's test code in ``tasks.sandbox``; 1.0 only for the verdict ``passed``.
+  record's test code in ``tasks.data.sandbox``; 1.0 only for the verdict ``passed``.
 
 math-verify's timeouts use ``signal.alarm``, which only works in the main thread of the main
 interpreter. We pass ``parsing_timeout``/``timeout_seconds`` = ``MATH_TIMEOUT_S`` in the main thread
@@ -35,8 +35,8 @@ from functools import lru_cache
 
 from math_verify import parse, verify
 
-from tasks.records import REWARD_KINDS, PromptRecord
-from tasks.sandbox import CodeJob, Limits, run_tests, score_many
+from tasks.data.prompts import REWARD_KINDS, PromptRecord
+from tasks.data.sandbox import CodeJob, Limits, run_tests, score_many
 
 #: Seconds math-verify may spend on one parse or comparison (main thread only; see module docstring).
 MATH_TIMEOUT_S = 5
@@ -182,7 +182,7 @@ def reward(kind: str, completion: str, record: PromptRecord, limits: Limits | No
     if kind == "numeric":
         return numeric_reward(completion, record.answer)
     if kind == "arith":
-        from tasks.arith import verify as arith_verify
+        from tasks.data.arith import verify as arith_verify
 
         return float(arith_verify(completion, record.answer))
     job = _code_job(completion, record)

@@ -2,20 +2,16 @@
 
 ``HFEngine`` uses ``transformers`` generation (left padding, KV cache, sampling settings from config).
 Each call is seeded from ``(seed, step, purpose)``, so a resumed run samples exactly what an
-uninterrupted one would. The vLLM engine (``tasks/vllm_engine.py``) has the same ``generate`` signature.
+uninterrupted one would. The vLLM engine (``tasks/model/vllm_engine.py``) has the same ``generate`` signature.
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import torch
 
-
-def derive_seed(*parts: object) -> int:
-    """A 63-bit seed from any tuple of parts (explicit, reproducible randomness)."""
-    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") >> 1
+from rlcore.seeding import derive_seed
 
 
 @dataclass

@@ -18,6 +18,7 @@ Real models and tokenizers are loaded from local paths through ``AutoModelForCau
 from __future__ import annotations
 
 import string
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,6 +32,8 @@ from transformers import (
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
 )
+
+from tasks.data.prompts import PromptRecord
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
@@ -182,3 +185,16 @@ def format_prompt(tokenizer: PreTrainedTokenizerBase, question: str, system: str
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return PLAIN_PROMPT.format(question=question)
+
+
+@dataclass
+class Policy:
+    """A model, its tokenizer and the rollout engine bound to it."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    engine: object
+    system_prompt: str | None = None
+
+    def prompts(self, records: list[PromptRecord]) -> list[str]:
+        return [format_prompt(self.tokenizer, r.question, self.system_prompt) for r in records]

@@ -31,10 +31,10 @@ from rlcore.angle import angle_order
 from rlcore.curriculum import CurriculumScheduler, data_effectiveness_score, reward_adaptability
 from rlcore.difficulty import AttentionDifficultyPredictor, pearson
 from rlcore.gain_sampler import GaussianWindowSampler
+from rlcore.seeding import derive_seed
 from rlcore.selection import dots_weights, sample_prompts, uniform_weights
 from tasks.config import Config
-from tasks.records import PromptRecord
-from tasks.rollout import derive_seed
+from tasks.data.prompts import PromptRecord
 
 
 class Selector:

@@ -6,7 +6,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-#: Reward kinds a record can ask for; ``tasks/rewards.py`` dispatches on this.
+#: Reward kinds a record can ask for; ``tasks/data/rewards.py`` dispatches on this.
 REWARD_KINDS = ("arith", "numeric", "math", "code")
 
 

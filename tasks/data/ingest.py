@@ -12,10 +12,10 @@ import hashlib
 import logging
 from dataclasses import dataclass, field
 
-from tasks import arith
 from tasks.config import SourceConfig
-from tasks.records import PromptRecord, Rejected
-from tasks.sources import check_paths, read_source
+from tasks.data import arith
+from tasks.data.prompts import PromptRecord, Rejected
+from tasks.data.sources import check_paths, read_source
 
 log = logging.getLogger("rlsift.ingest")
 

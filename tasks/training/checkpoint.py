@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tasks.rollout import derive_seed
+from rlcore.seeding import derive_seed
 
 KEEP = 2
 

@@ -16,8 +16,8 @@ import torch
 
 from rlcore.grpo_loss import clipped_policy_loss
 from rlcore.types import RolloutGroup
-from tasks.distributed import DataShard, backward_step
-from tasks.forward import capture_mlp_input, token_logprobs
+from tasks.model.forward import capture_mlp_input, token_logprobs
+from tasks.training.distributed import DataShard, backward_step
 
 
 def flatten(groups: Sequence[RolloutGroup]):
@@ -45,7 +45,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     Args:
         angle_fn: optional ``(mlp_inputs [N, T, H], attention_mask [N, T]) -> [N]`` per-sequence angle signal
             computed from the same forward pass (GAIN-RL's online signal); its mean is ``gain/angle_online``.
-        shard: scale-out (``tasks/distributed.py``): every rank passes the same ``groups`` and computes its
+        shard: scale-out (``tasks/training/distributed.py``): every rank passes the same ``groups`` and computes its
             slice of each minibatch; the loss is renormalised so the averaged gradient is the single-process
             one, and metrics and behaviour log-probs are combined over ranks. ``model``/``optimizer`` are then
             the wrapped engine and its optimizer. None: one process.

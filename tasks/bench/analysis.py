@@ -20,7 +20,7 @@ Conventions (``docs/benchmarks.md``; algorithms.md §3.3 and §6.2 stage 7):
   per-seed crossings are reported beside it (how many seeds reached the target and their mean time).
 - **Speed-up** = baseline time to target / configuration time to target (wall-clock).
 
-Stage names come from ``tasks.cost.CostMeter`` metrics (``time/<stage>_s``, ``cost/<stage>_device_hours``,
+Stage names come from ``tasks.records.cost.CostMeter`` metrics (``time/<stage>_s``, ``cost/<stage>_device_hours``,
 ``cost/<stage>_usd``): any stage whose name starts with ``eval`` and the setup stages ``SETUP_STAGES``
 are left out of the clock; ``skip`` names more (e.g. calibrate and score for a configuration that does
 not use them: plain GRPO would not pay for them).

@@ -1,0 +1,6 @@
+"""Data: where prompts come from and how answers are checked.
+
+``arith`` (the bundled, generated task), ``sources`` (file adapters: GSM8K, MATH, HumanEval, JSONL,
+Parquet, HF), ``ingest`` (sources -> ledger, duplicates dropped, bad rows quarantined), ``prompts`` (the
+normalised record), ``rewards`` (verifiers) and ``sandbox`` (contained execution of code answers).
+"""
