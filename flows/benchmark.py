@@ -31,6 +31,7 @@ from tasks.bench.report import BenchRun
 from tasks.config import Config, ConfigError, conf_dir, load_config
 from tasks.records.ledger import Ledger
 from tasks.records.tracking import MlflowTracker, default_uri, run_info
+from tasks.run import RunInfo
 
 log = logging.getLogger("rlsift.bench")
 
@@ -105,8 +106,8 @@ def policy_path_of(summary: dict) -> str:
     if summary.get("policy_path"):
         return summary["policy_path"]
     info = Path(summary["run_dir"]) / "info.json"
-    if info.is_file() and json.loads(info.read_text()).get("policy_path"):
-        return json.loads(info.read_text())["policy_path"]
+    if info.is_file() and RunInfo.load(info).policy_path:
+        return RunInfo.load(info).policy_path
     return run_info(summary["tracking_uri"], summary["mlflow_run_id"])["tags"]["rlsift.policy_path"]
 
 
@@ -156,9 +157,7 @@ def selections(ledger_path: str, runs: list[BenchRun]) -> dict[str, list[dict]]:
     with Ledger(ledger_path, read_only=True) as led:
         for r in runs:
             if r.ok and r.name != "trl":
-                out.setdefault(r.name, []).extend(led.query(
-                    "SELECT s.round, p.level, s.pred_success FROM selections s LEFT JOIN prompts p USING (prompt_id) "
-                    "WHERE s.run_id = ? ORDER BY s.step", [r.summary["run_id"]]))
+                out.setdefault(r.name, []).extend(led.selected_levels(r.summary["run_id"]))
     return out
 
 
@@ -193,7 +192,7 @@ def benchmark(config: str | None = None, overrides: list[str] | None = None, qui
         for name in names:
             cfg = configuration(config, overrides, name, seed, quick, policy_path)
             run = _run_one(name, seed, cfg, lambda cfg=cfg, name=name, seed=seed: run_pipeline(
-                cfg, parent_run_id=parent.run_id, run_name=f"{name}-s{seed}"))
+                cfg, parent_run_id=parent.run_id, run_name=f"{name}-s{seed}").to_dict())
             runs.append(run)
             if policy_path is None and run.ok:
                 policy_path = policy_path_of(run.summary)

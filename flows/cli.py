@@ -119,8 +119,7 @@ def cmd_ledger(args) -> int:
     root = Path(args.root or load_config(args.config, []).paths.root)
     with Ledger(root / "ledger.duckdb", read_only=True) as ledger:
         if args.what == "runs":
-            rows = ledger.query("SELECT run_id, status, started_at, finished_at, mlflow_run_id FROM runs "
-                                "ORDER BY started_at")
+            rows = ledger.runs()
         elif args.what == "why":
             rows = ledger.why(args.run, args.prompt, args.step)
         elif args.what == "round":

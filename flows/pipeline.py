@@ -11,7 +11,9 @@ import hashlib
 import json
 import logging
 import time
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 from prefect import flow, get_run_logger
 
@@ -27,7 +29,7 @@ from tasks.stages import (
     score_stage,
     train_stage,
 )
-from tasks.training.evaluate import paired_change
+from tasks.training.evaluate import PairedChange, paired_change
 
 log = logging.getLogger("rlsift")
 
@@ -35,9 +37,66 @@ log = logging.getLogger("rlsift")
 RESUME_MAY_CHANGE = ("paths.", "tracking.uri", "model.threads", "model.device", "rollout.vllm_url")
 
 
+#: RunSummary fields only a run of that status reports (the others report none of them).
+_ONLY = {"skipped": ("reason", "model_version"), "completed": (
+    "steps", "eval_accuracy_start", "eval_accuracy_end", "eval_by_level_start", "eval_by_level_end", "eval_paired",
+    "effective_ratio", "device", "device_hours", "cost_usd", "stage_seconds", "model_path", "model_version",
+    "parent_version", "data_fingerprint", "policy_path", "resumed")}
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a pipeline run did (:func:`execute`): the CLI's ``rlsift run`` output and ``--json`` object.
+
+    Every run reports where it lives (``run_id``, ``mlflow_run_id``, ``ledger``, ``tracking_uri``,
+    ``run_dir``), its ``status`` (``completed``, ``skipped`` or ``failed``), ``wall_s`` and, once ingest
+    ran, the ``ingest`` counts. A ``skipped`` run (retrain with nothing new) adds ``reason`` and
+    ``model_version`` (None); a ``completed`` run adds the rest: steps, held-out greedy accuracy before and
+    after (overall and by level, level keys as strings), the paired change, the last step's effective-group
+    ratio, device hours and money, the final model and its lineage. :meth:`to_dict` holds exactly the
+    fields of the run's status.
+    """
+
+    run_id: str
+    mlflow_run_id: str | None
+    ledger: str
+    tracking_uri: str
+    run_dir: str
+    status: str = "failed"
+    wall_s: float = 0.0
+    ingest: dict[str, Any] | None = None
+    reason: str | None = None
+    steps: int | None = None
+    eval_accuracy_start: float | None = None
+    eval_accuracy_end: float | None = None
+    eval_by_level_start: dict[str, float] = field(default_factory=dict)
+    eval_by_level_end: dict[str, float] = field(default_factory=dict)
+    eval_paired: PairedChange | None = None
+    effective_ratio: float | None = None
+    device: str | None = None
+    device_hours: float | None = None
+    cost_usd: float | None = None
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    model_path: str | None = None
+    model_version: str | None = None
+    parent_version: str | None = None
+    data_fingerprint: str | None = None
+    policy_path: str | None = None
+    resumed: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of ``rlsift run --json`` (and the ledger's ``runs.summary``)."""
+        only = {name for names in _ONLY.values() for name in names} - set(_ONLY.get(self.status, ()))
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name not in only and not (f.name == "ingest" and self.ingest is None)}
+        if self.eval_paired is not None and "eval_paired" in out:
+            out["eval_paired"] = self.eval_paired.to_dict()
+        return out
+
+
 def run_pipeline(cfg: Config, resume: str | None = None, parent_run_id: str | None = None,
-                 run_name: str | None = None) -> dict:
-    """The stages in order, in the calling flow. Returns the run summary (the CLI's ``--json`` object)."""
+                 run_name: str | None = None) -> RunSummary:
+    """The stages in order, in the calling flow. Returns the run summary (``to_dict()``: the CLI's ``--json``)."""
     return execute(open_run(cfg, run_id=resume, parent_run_id=parent_run_id, run_name=run_name))
 
 
@@ -47,54 +106,53 @@ def data_fingerprint(data: IngestResult) -> str:
     return hashlib.sha256(json.dumps(ids).encode()).hexdigest()
 
 
-def execute(run: Run, only_new: bool = False) -> dict:
+def execute(run: Run, only_new: bool = False) -> RunSummary:
     """Run every stage of an opened run and close it. ``only_new``: train on prompts new to the ledger
     only, and stop with status ``skipped`` when there are none (the retrain flow)."""
     t0 = time.perf_counter()
-    status, summary = "failed", {"run_id": run.run_id, "mlflow_run_id": run.tracker.run_id}
+    summary = RunSummary(run_id=run.run_id, mlflow_run_id=run.tracker.run_id, ledger=str(run.ledger.path),
+                         tracking_uri=run.tracking_uri, run_dir=str(run.dir))
     try:
         data = ingest_stage(run, only_new=only_new)
-        summary["ingest"] = data.summary()
+        summary = replace(summary, ingest=data.summary())
         if not data.train:
-            status = "skipped"
-            summary |= {"reason": "no new training prompts since the last run", "model_version": None}
+            summary = replace(summary, status="skipped", reason="no new training prompts since the last run")
             log.info("run %s: nothing new to train on; skipped", run.run_id)
             run.tracker.set_tags({"rlsift.skipped": "no new training prompts"})
-            return summary
-        run.info.setdefault("data_fingerprint", data_fingerprint(data))
-        policy = prepare_stage(run)
-        run.save_info()
-        start = evaluate_stage(run, policy, data.test, "start", 0)
-        calibration = calibrate_stage(run, policy, data.train)
-        features = score_stage(run, policy, data.train)
-        trained = train_stage(run, policy, data.train, features, data.test, calibration)
-        end = evaluate_stage(run, policy, data.test, "end", trained["steps"])
-        paired = paired_change(start, end)
-        if paired:
-            run.log_metrics({f"eval/{k}": float(v) for k, v in paired.items()}, trained["steps"])
-        report = report_stage(run, policy, start, end, trained)
-        status = "completed"
-        summary |= {
-            "status": status, "steps": trained["steps"],
-            "eval_accuracy_start": start["overall"]["greedy_acc"], "eval_accuracy_end": end["overall"]["greedy_acc"],
-            "eval_by_level_start": {str(k): v["greedy_acc"] for k, v in start["by_level"].items()},
-            "eval_by_level_end": {str(k): v["greedy_acc"] for k, v in end["by_level"].items()},
-            "eval_paired": paired,
-            "effective_ratio": trained.get("last", {}).get("train/effective_ratio"),
-            "wall_s": time.perf_counter() - t0, "device": run.meter.device,
-            "device_hours": run.meter.device_hours(), "cost_usd": run.meter.usd(),
-            "stage_seconds": dict(run.meter.seconds),
-            "model_path": report["model_path"], "model_version": report["model_version"],
-            "parent_version": run.info.get("parent_version"), "data_fingerprint": run.info["data_fingerprint"],
-            "policy_path": run.info.get("policy_path"),
-            "resumed": run.resumed,
-        }
-        return summary
+        else:
+            summary = _train(run, data, summary)
     finally:
-        summary["status"] = status
-        summary.setdefault("wall_s", time.perf_counter() - t0)
-        summary |= {"ledger": str(run.ledger.path), "tracking_uri": run.tracking_uri, "run_dir": str(run.dir)}
-        run.close(status, summary)
+        summary = replace(summary, wall_s=time.perf_counter() - t0)
+        run.close(summary.status, summary.to_dict())
+    return summary
+
+
+def _train(run: Run, data: IngestResult, summary: RunSummary) -> RunSummary:
+    """The stages after ingest, on a run with training prompts: ``summary`` completed."""
+    if run.info.data_fingerprint is None:  # a resumed run keeps its own
+        run.info = replace(run.info, data_fingerprint=data_fingerprint(data))
+    policy = prepare_stage(run)
+    run.save_info()
+    start = evaluate_stage(run, policy, data.test, "start", 0)
+    calibration = calibrate_stage(run, policy, data.train)
+    features = score_stage(run, policy, data.train)
+    trained = train_stage(run, policy, data.train, features, data.test, calibration)
+    end = evaluate_stage(run, policy, data.test, "end", trained.steps)
+    paired = paired_change(start, end)
+    if paired is not None:
+        run.log_metrics({f"eval/{k}": float(v) for k, v in paired.to_dict().items()}, trained.steps)
+    report = report_stage(run, policy, start, end, trained)
+    summary = replace(
+        summary, status="completed", steps=trained.steps,
+        eval_accuracy_start=start.overall.greedy_acc, eval_accuracy_end=end.overall.greedy_acc,
+        eval_by_level_start={str(k): v.greedy_acc for k, v in start.by_level.items()},
+        eval_by_level_end={str(k): v.greedy_acc for k, v in end.by_level.items()},
+        eval_paired=paired, effective_ratio=trained.last.get("train/effective_ratio"),
+        device=run.meter.device, device_hours=run.meter.device_hours(), cost_usd=run.meter.usd(),
+        stage_seconds=dict(run.meter.seconds), model_path=report.model_path, model_version=report.model_version,
+        parent_version=run.info.parent_version, data_fingerprint=run.info.data_fingerprint,
+        policy_path=run.info.policy_path, resumed=run.resumed)
+    return summary
 
 
 def resume_config(config: str | None, overrides: list[str], run_id: str) -> Config:
@@ -131,11 +189,12 @@ def resume_config(config: str | None, overrides: list[str], run_id: str) -> Conf
 
 @flow(name="pipeline", log_prints=True)
 def pipeline(config: str | None = None, overrides: list[str] | None = None, resume: str | None = None) -> dict:
-    """The whole rlsift pipeline on one config (a YAML path plus dotted overrides)."""
+    """The whole rlsift pipeline on one config (a YAML path plus dotted overrides). Returns
+    :meth:`RunSummary.to_dict` (what ``rlsift run --json`` prints)."""
     overrides = list(overrides or [])
     cfg = resume_config(config, overrides, resume) if resume else load_config(config, overrides)
     logging.getLogger("rlsift").info("config validated")
     summary = run_pipeline(cfg, resume=resume)
-    get_run_logger().info("run %s %s: accuracy %.3f -> %.3f in %.0f s", summary["run_id"], summary["status"],
-                          summary["eval_accuracy_start"], summary["eval_accuracy_end"], summary["wall_s"])
-    return summary
+    get_run_logger().info("run %s %s: accuracy %.3f -> %.3f in %.0f s", summary.run_id, summary.status,
+                          summary.eval_accuracy_start, summary.eval_accuracy_end, summary.wall_s)
+    return summary.to_dict()

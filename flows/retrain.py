@@ -22,12 +22,13 @@ deployment's concurrency limit is 1.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
 from prefect import flow, get_run_logger
 
-from flows.pipeline import execute
+from flows.pipeline import RunSummary, execute
 from tasks.config import Config, load_config, validate
 from tasks.records.tracking import default_uri, latest_model
 from tasks.run import open_run
@@ -43,7 +44,7 @@ def parent_model(cfg: Config) -> tuple[str, str] | None:
     return latest_model(uri, name, dst=root / "models" / name)
 
 
-def run_retrain(cfg: Config, pool: Literal["new", "all"] = "new") -> dict:
+def run_retrain(cfg: Config, pool: Literal["new", "all"] = "new") -> RunSummary:
     """One retrain on ``cfg`` (see the module docstring). Returns the run summary (``status`` ``completed``
     or ``skipped``; ``model_version`` and ``parent_version`` of what was registered)."""
     if pool not in ("new", "all"):
@@ -54,10 +55,10 @@ def run_retrain(cfg: Config, pool: Literal["new", "all"] = "new") -> dict:
         tree["model"]["path"] = parent[1]
         cfg = validate(tree)
     run = open_run(cfg, run_name=f"retrain-from-v{parent[0]}" if parent else "retrain-first")
-    run.info |= {"flow": "retrain", "parent_version": parent[0] if parent else "",
-                 "parent_path": parent[1] if parent else ""}
+    run.info = replace(run.info, flow="retrain", parent_version=parent[0] if parent else "",
+                       parent_path=parent[1] if parent else "")
     run.save_info()
-    run.tracker.set_tags({"rlsift.flow": "retrain", "rlsift.parent_version": run.info["parent_version"]})
+    run.tracker.set_tags({"rlsift.flow": "retrain", "rlsift.parent_version": run.info.parent_version})
     log.info("retrain %s: starting from %s", run.run_id,
              f"{cfg.tracking.model_name} v{parent[0]}" if parent else "the configured policy (no registered model)")
     return execute(run, only_new=pool == "new")
@@ -66,14 +67,15 @@ def run_retrain(cfg: Config, pool: Literal["new", "all"] = "new") -> dict:
 @flow(name="retrain", log_prints=True)
 def retrain(config: str | None = None, overrides: list[str] | None = None,
             pool: Literal["new", "all"] = "new") -> dict:
-    """Continue the latest registered model on the new prompts of the configured sources."""
+    """Continue the latest registered model on the new prompts of the configured sources. Returns
+    :meth:`~flows.pipeline.RunSummary.to_dict`."""
     cfg = load_config(config, list(overrides or []))
     summary = run_retrain(cfg, pool=pool)
     logger = get_run_logger()
-    if summary["status"] == "skipped":
-        logger.info("retrain %s: %s; nothing trained", summary["run_id"], summary["reason"])
+    if summary.status == "skipped":
+        logger.info("retrain %s: %s; nothing trained", summary.run_id, summary.reason)
     else:
-        logger.info("retrain %s %s: v%s -> v%s, accuracy %.3f -> %.3f", summary["run_id"], summary["status"],
-                    summary.get("parent_version") or "-", summary.get("model_version"),
-                    summary["eval_accuracy_start"], summary["eval_accuracy_end"])
-    return summary
+        logger.info("retrain %s %s: v%s -> v%s, accuracy %.3f -> %.3f", summary.run_id, summary.status,
+                    summary.parent_version or "-", summary.model_version,
+                    summary.eval_accuracy_start, summary.eval_accuracy_end)
+    return summary.to_dict()

@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,8 @@ import torch
 
 from tasks.config import Config, to_json
 from tasks.records.cost import CostMeter
-from tasks.records.ledger import Ledger
+from tasks.records.files import write_json
+from tasks.records.ledger import Ledger, StageRow
 from tasks.records.tracking import MlflowTracker, NullTracker, Tracker, default_uri
 
 log = logging.getLogger("rlsift")
@@ -58,6 +59,31 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
+@dataclass(frozen=True)
+class RunInfo:
+    """What a run learns about itself while it runs, kept in ``<run>/info.json`` so a resume sees it.
+
+    Attributes:
+        policy_path: the folder of the model the run started from (the prepare stage).
+        data_fingerprint: sha256 of the sorted train and test prompt ids (flows/pipeline.py).
+        flow: ``retrain`` for runs of the retrain flow (flows/retrain.py), else None.
+        parent_version: the registered model version a retrain continues ("" when there was none yet).
+        parent_path: that version's local folder.
+
+    Set stage by stage with ``run.info = dataclasses.replace(run.info, ...)``; :meth:`Run.save_info` writes it.
+    """
+
+    policy_path: str | None = None
+    data_fingerprint: str | None = None
+    flow: str | None = None
+    parent_version: str | None = None
+    parent_path: str | None = None
+
+    @classmethod
+    def load(cls, path: Path) -> RunInfo:
+        return cls(**json.loads(Path(path).read_text()))
+
+
 @dataclass
 class Run:
     """One pipeline run. Created by :func:`open_run`; closed by :meth:`close`."""
@@ -71,7 +97,7 @@ class Run:
     meter: CostMeter
     device: torch.device
     tracking_uri: str
-    info: dict[str, Any] = field(default_factory=dict)
+    info: RunInfo = field(default_factory=RunInfo)
     resumed: bool = False
     _hold_from: int | None = field(default=None, repr=False)
     _held: list[tuple[dict[str, float], int]] = field(default_factory=list, repr=False)
@@ -104,7 +130,7 @@ class Run:
 
     def save_info(self) -> None:
         """Persist :attr:`info` (lineage of retrain runs) so a resumed run sees it."""
-        write_json(self.dir / "info.json", self.info)
+        write_json(self.dir / "info.json", asdict(self.info))
 
     def log_stage_cost(self, stage: str, step: int = 0, parts: tuple[str, ...] | None = None) -> None:
         """Record a finished stage's wall time, device hours and money in the ledger and as metrics.
@@ -113,8 +139,8 @@ class Run:
         """
         names = parts or (stage,)
         s, hours, usd = self.meter.wall_seconds(names), self.meter.device_hours(names), self.meter.usd(names)
-        self.ledger.add_rows("stages", self.run_id, [{
-            "stage": stage, "wall_s": s, "device": self.meter.device, "device_hours": hours, "cost": usd}])
+        self.ledger.add_stage(self.run_id, StageRow(stage=stage, wall_s=s, device=self.meter.device,
+                                                    device_hours=hours, cost=usd))
         metrics = {k: v for k, v in self.meter.metrics().items()
                    if k.startswith(tuple(f"{p}/{n}_" for n in names for p in ("time", "cost")))
                    or k in ("cost/device_hours", "cost/usd")}
@@ -153,8 +179,7 @@ def open_run(cfg: Config, *, run_id: str | None = None, track: bool = True, pare
     uri = cfg.tracking.uri or default_uri(root)
     mlflow_id = None
     if resume:
-        row = ledger.query("SELECT mlflow_run_id FROM runs WHERE run_id = ?", [run_id])
-        mlflow_id = row[0]["mlflow_run_id"] if row else None
+        mlflow_id = ledger.mlflow_run_id(run_id)
     tracker: Tracker = (MlflowTracker(uri, cfg.tracking.experiment, run_dir, run_name=run_name or run_id,
                                       run_id=mlflow_id, parent_run_id=parent_run_id) if track else NullTracker())
     ledger.start_run(run_id, cfg.model_dump(mode="json"), tracker.run_id)
@@ -168,15 +193,9 @@ def open_run(cfg: Config, *, run_id: str | None = None, track: bool = True, pare
     if cfg.model.threads:
         torch.set_num_threads(cfg.model.threads)
     info_file = run_dir / "info.json"
-    info = json.loads(info_file.read_text()) if resume and info_file.exists() else {}
+    info = RunInfo.load(info_file) if resume and info_file.exists() else RunInfo()
     run = Run(cfg=cfg, run_id=run_id, root=root, dir=run_dir, ledger=ledger, tracker=tracker, meter=meter,
               device=device, tracking_uri=uri, info=info, resumed=resume)
     quiet_libraries()
     log.info("run %s: ledger %s, MLflow %s (run %s)", run_id, ledger.path, uri, tracker.run_id)
     return run
-
-
-def write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from dataclasses import dataclass, replace
 
 import torch
 from prefect import task
@@ -28,10 +29,14 @@ from tasks.model.policy import Policy, load_policy
 from tasks.model.rollout import HFEngine
 from tasks.model.warmstart import sft_records, warm_start
 from tasks.records import plots
-from tasks.run import Run, resolve_dtype, show_progress, write_json
+from tasks.records.files import write_json
+from tasks.records.ledger import ReferenceRow
+from tasks.run import Run, resolve_dtype, show_progress
 from tasks.training import score
-from tasks.training.evaluate import evaluate, flat_metrics, table_rows
-from tasks.training.loop import rollout_rewards, train
+from tasks.training.calibration import Calibration
+from tasks.training.evaluate import EvalResult, evaluate, flat_metrics, table_rows
+from tasks.training.loop import TrainSummary, rollout_rewards, train
+from tasks.training.score import Features
 
 log = logging.getLogger("rlsift")
 stage = task(cache_policy=NO_CACHE, persist_result=False)
@@ -99,7 +104,7 @@ def prepare_stage(run: Run) -> Policy:
     else:
         engine = HFEngine(model, tok, max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
                           top_k=rc.top_k, chunk=rc.chunk, device=run.device)
-    run.info["policy_path"] = str(path)
+    run.info = replace(run.info, policy_path=str(path))
     run.log_stage_cost("prepare")
     if not run.resumed:
         run.tracker.set_tags({"rlsift.policy_path": str(path)})
@@ -109,13 +114,12 @@ def prepare_stage(run: Run) -> Policy:
 
 
 @stage(name="calibrate")
-def calibrate_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> dict:
+def calibrate_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> Calibration:
     """K reference prompts stratified by level, G rollouts each with the current policy."""
     cfg = run.cfg
     cache = run.dir / "calibrate.json"
     if cache.exists():
-        saved = json.loads(cache.read_text())
-        return saved | {"success": torch.tensor(saved["success"], dtype=torch.float32)}
+        return Calibration.load(cache)
     gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "calibrate"))
     strata: dict = {}
     for i in torch.randperm(len(pool), generator=gen).tolist():
@@ -128,67 +132,63 @@ def calibrate_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> dict:
     with run.meter.stage("calibrate"):
         _, rewards = rollout_rewards(policy, [pool[i] for i in picked], cfg.calibrate.g,
                                      derive_seed(cfg.seed, "calibrate-roll"))
-    rates = rewards.mean(1)
-    run.ledger.add_rows("reference", run.run_id, [
-        {"round": -1, "step": -1, "prompt_id": pool[i].id, "n": cfg.calibrate.g, "successes": int(rewards[j].sum()),
-         "success_rate": float(rates[j]), "predicted": None} for j, i in enumerate(picked)])
-    eff = ((rates > 0) & (rates < 1)).float().mean()
-    metrics = {"calibrate/success_mean": float(rates.mean()), "calibrate/effective": float(eff),
-               "calibrate/solved": float((rates == 1).float().mean()),
-               "calibrate/unsolved": float((rates == 0).float().mean())}
-    run.log_metrics(metrics, 0)
-    write_json(cache, {"indices": picked, "success": rates.tolist(), **metrics})
+    calibration = Calibration(indices=tuple(picked), success=rewards.mean(1))
+    rates = calibration.success
+    run.ledger.add_reference(run.run_id, [
+        ReferenceRow(round=-1, step=-1, prompt_id=pool[i].id, n=cfg.calibrate.g, successes=int(rewards[j].sum()),
+                     success_rate=float(rates[j]), predicted=None) for j, i in enumerate(picked)])
+    run.log_metrics(calibration.metrics, 0)
+    calibration.save(cache)
     run.log_stage_cost("calibrate")
-    return {"indices": picked, "success": rates, **metrics}
+    return calibration
 
 
 @stage(name="score")
-def score_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> dict:
+def score_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> Features:
     saved = run.dir / "features.pt"
     if saved.exists():
-        feats = torch.load(saved, weights_only=False)
-        if feats["ids"] == [r.id for r in pool]:
+        feats = Features.load(saved)
+        if feats.ids == [r.id for r in pool]:
             return feats
     with run.meter.stage("score"):
         feats = score.score(policy, pool, inter_weight=run.cfg.gain.inter_weight, batch_size=run.cfg.eval.batch_size,
                             device=run.device, progress=show_progress())
-    score.save(feats, run.dir / "features.pt")
-    if not run.ledger.query("SELECT 1 FROM features WHERE run_id = ? LIMIT 1", [run.run_id]):
-        run.ledger.add_rows("features", run.run_id, score.ledger_rows(feats))
-    corr = torch.corrcoef(torch.stack([feats["angle"], feats["prompt_tokens"].float()]))[0, 1]
-    run.log_metrics({"gain/angle_mean": float(feats["angle"].mean()), "gain/angle_length_corr": float(corr)}, 0)
+    feats.save(saved)
+    if not run.ledger.has_features(run.run_id):
+        run.ledger.add_features(run.run_id, feats.ledger_rows())
+    corr = torch.corrcoef(torch.stack([feats.angle, feats.prompt_tokens.float()]))[0, 1]
+    run.log_metrics({"gain/angle_mean": float(feats.angle.mean()), "gain/angle_length_corr": float(corr)}, 0)
     run.log_stage_cost("score")
     return feats
 
 
 @stage(name="train")
-def train_stage(run: Run, policy: Policy, pool: list[PromptRecord], features: dict, test: list[PromptRecord],
-                calibration: dict) -> dict:
+def train_stage(run: Run, policy: Policy, pool: list[PromptRecord], features: Features, test: list[PromptRecord],
+                calibration: Calibration) -> TrainSummary:
     ec = run.cfg.eval
     during = test[: ec.limit] if ec.limit else test
 
     def eval_during(step: int) -> dict:
         res = evaluate(policy, during, samples=0, seed=run.cfg.seed)
-        run.ledger.add_rows("evals", run.run_id, table_rows(res, "during", step))
+        run.ledger.add_evals(run.run_id, table_rows(res, "during", step))
         return flat_metrics(res)
 
     summary = train(run, policy, pool, features, calibration, evaluate_fn=eval_during)
-    run.log_stage_cost("train", summary["steps"], parts=TRAIN_PARTS)
+    run.log_stage_cost("train", summary.steps, parts=TRAIN_PARTS)
     return summary
 
 
 @stage(name="evaluate")
-def evaluate_stage(run: Run, policy: Policy, test: list[PromptRecord], phase: str, step: int) -> dict:
+def evaluate_stage(run: Run, policy: Policy, test: list[PromptRecord], phase: str, step: int) -> EvalResult:
     ec = run.cfg.eval
     records = test[: ec.limit] if ec.limit else test
     cached = run.dir / f"eval_{phase}.json"
     if phase == "start" and cached.exists():  # a resumed run keeps its starting evaluation
-        return _load_eval(cached)
+        return EvalResult.load(cached)
     with run.meter.stage(f"eval_{phase}"):
         result = evaluate(policy, records, samples=ec.samples, seed=run.cfg.seed)
-    run.ledger.delete_rows("evals", run.run_id, phase=phase)
-    run.ledger.add_rows("evals", run.run_id, table_rows(result, phase, step))
-    write_json(cached, result)
+    run.ledger.replace_evals(run.run_id, phase, table_rows(result, phase, step))
+    result.save(cached)
     run.log_metrics(flat_metrics(result, f"eval_{phase}") | flat_metrics(result), step)
     run.tracker.log_artifact(cached)
     run.log_stage_cost(f"eval_{phase}", step)
@@ -204,16 +204,18 @@ def config_tags(cfg) -> dict[str, str]:
     return tags
 
 
-def _load_eval(path) -> dict:
-    """An evaluation saved as JSON, with its level keys back to int / None."""
-    result = json.loads(path.read_text())
-    result["by_level"] = {None if k == "null" else int(k) if k.lstrip("-").isdigit() else k: v
-                          for k, v in result["by_level"].items()}
-    return result
+@dataclass(frozen=True)
+class Report:
+    """What the report stage leaves: the final model's folder, its registered version (None when not
+    registered) and the Markdown eval table."""
+
+    model_path: str
+    model_version: str | None
+    table: str
 
 
 @stage(name="report")
-def report_stage(run: Run, policy: Policy, start: dict, end: dict, summary: dict) -> dict:
+def report_stage(run: Run, policy: Policy, start: EvalResult, end: EvalResult, summary: TrainSummary) -> Report:
     """Plots, the eval table, the final model (registered in MLflow)."""
     from tasks.model.policy import save_policy
 
@@ -227,7 +229,7 @@ def report_stage(run: Run, policy: Policy, start: dict, end: dict, summary: dict
     version = None
     if run.cfg.tracking.register_model:
         version = run.tracker.register_model(final, run.cfg.tracking.model_name, {
-            "rlsift.run_id": run.run_id, "parent_version": run.info.get("parent_version", ""),
-            "data_fingerprint": run.info.get("data_fingerprint", ""), "steps": str(summary.get("steps")),
+            "rlsift.run_id": run.run_id, "parent_version": run.info.parent_version or "",
+            "data_fingerprint": run.info.data_fingerprint or "", "steps": str(summary.steps),
             **config_tags(run.cfg)})
-    return {"model_path": str(final), "model_version": version, "table": table}
+    return Report(model_path=str(final), model_version=version, table=table)

@@ -46,8 +46,9 @@ from tasks.data.rewards import batch_rewards
 from tasks.model.policy import Policy, format_prompt, load_policy
 from tasks.model.rollout import HFEngine, add_special
 from tasks.records.cost import CostMeter
-from tasks.run import resolve_device, resolve_dtype, show_progress, write_json
-from tasks.training.evaluate import evaluate
+from tasks.records.files import write_json
+from tasks.run import resolve_device, resolve_dtype, show_progress
+from tasks.training.evaluate import EvalResult, evaluate
 
 log = logging.getLogger("rlsift.trl")
 
@@ -122,10 +123,10 @@ class EvalClock(TrainerCallback):
         self.rows_path, self.tracker, self.rollouts_per_step = rows_path, tracker, rollouts_per_step
         self.t0 = 0.0
         self.pending: dict[int, dict] = {}
-        self.start: dict | None = None
-        self.last: dict | None = None
+        self.start: EvalResult | None = None
+        self.last: EvalResult | None = None
 
-    def _evaluate(self, stage: str = "eval_during") -> dict:
+    def _evaluate(self, stage: str = "eval_during") -> EvalResult:
         with self.meter.stage(stage):
             return evaluate(self.policy, self.records, samples=0, seed=self.seed)
 
@@ -143,7 +144,7 @@ class EvalClock(TrainerCallback):
         row = {"step": step - 1, "rollout/generated": float(self.rollouts_per_step), **self.meter.metrics()}
         if (self.every and step % self.every == 0) or step == state.max_steps:
             self.last = self._evaluate()
-            row["eval/accuracy"] = self.last["overall"]["greedy_acc"]
+            row["eval/accuracy"] = self.last.overall.greedy_acc
         self.pending[step] = row
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -218,13 +219,13 @@ def run_trl_control(cfg: Config, policy_path: str | Path, train: list[PromptReco
                                                  "seed": cfg.seed})
     trainer.train()
     start, end = clock.start, clock.last
-    write_json(run_dir / "eval_start.json", start)
-    write_json(run_dir / "eval_end.json", end)
+    start.save(run_dir / "eval_start.json")
+    end.save(run_dir / "eval_end.json")
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     summary = {
         "run_id": run_dir.name, "mlflow_run_id": tracker.run_id, "status": "completed", "control": "trl",
         "steps": trainer.state.global_step, "policy_path": str(policy_path),
-        "eval_accuracy_start": start["overall"]["greedy_acc"], "eval_accuracy_end": end["overall"]["greedy_acc"],
+        "eval_accuracy_start": start.overall.greedy_acc, "eval_accuracy_end": end.overall.greedy_acc,
         "effective_ratio": rows[-1].get("train/effective_ratio") if rows else None,
         "wall_s": time.perf_counter() - t_all, "device": meter.device, "device_hours": meter.device_hours(),
         "cost_usd": meter.usd(), "stage_seconds": dict(meter.seconds), "run_dir": str(run_dir),

@@ -16,6 +16,7 @@ from tasks.config import SourceConfig
 from tasks.data import arith
 from tasks.data.prompts import PromptRecord, Rejected
 from tasks.data.sources import check_paths, read_source
+from tasks.records.ledger import IngestRow
 
 log = logging.getLogger("rlsift.ingest")
 
@@ -78,7 +79,7 @@ def ingest(ledger, run_id: str, sources: list[SourceConfig]) -> IngestResult:
         counts = {"rows": len(recs) + len(rejected), "accepted": len(accepted), "duplicates": dups,
                   "quarantined": len(rejected), "new": new}
         assert counts["rows"] == counts["accepted"] + counts["duplicates"] + counts["quarantined"]
-        ledger.add_rows("ingests", run_id, [{"source": name, **counts}])
+        ledger.add_ingest(run_id, IngestRow(source=name, **counts))
         out.sources[name] = counts
         out.new_ids |= {r.id for r in accepted if r.id not in known}
         out.train += [r for r in accepted if r.split == "train"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,107 @@ CREATE TABLE IF NOT EXISTS evals (
 STEP_TABLES = ("reference", "selections", "groups")
 
 
+# ---- row records: one per table a run appends to; field names are the table's columns --------------
+@dataclass(frozen=True)
+class IngestRow:
+    """One source of one ingest (table ``ingests``): row counts, ``rows = accepted + duplicates + quarantined``."""
+
+    source: str
+    rows: int
+    accepted: int
+    duplicates: int
+    quarantined: int
+    new: int
+
+
+@dataclass(frozen=True)
+class ReferenceRow:
+    """One reference prompt rolled out ``n`` times (table ``reference``): the calibrate stage (round and step
+    -1) and DOTS's per-round reference set (tasks/training/selector.py). ``predicted``: the predictor's
+    held-out prediction, None for the prompts it was fitted on."""
+
+    round: int
+    step: int
+    prompt_id: str
+    n: int
+    successes: int
+    success_rate: float
+    predicted: float | None
+
+
+@dataclass(frozen=True)
+class FeatureRow:
+    """Static features of one pool prompt (table ``features``; tasks/training/score.py)."""
+
+    prompt_id: str
+    prompt_tokens: int
+    level: int
+    cot_tokens: int
+    angle_intra: float
+    angle_inter: float
+    angle_score: float
+
+
+@dataclass(frozen=True)
+class SelectionRow:
+    """Why one prompt was chosen at a step (table ``selections``; tasks/training/selector.py ``choose``).
+
+    ``selector``: the techniques that chose (``scalingrl+gain+dots``, ..., ``uniform``); ``weight``: its
+    selection probability; ``pred_success``: DOTS's prediction; ``gain_rank``: its rank in GAIN-RL's angle
+    order; ``des*``: ScalingRL's Data Effectiveness Score and its parts (None when a technique is off).
+    """
+
+    prompt_id: str
+    selector: str
+    weight: float
+    pred_success: float | None = None
+    angle_score: float | None = None
+    gain_rank: int | None = None
+    des: float | None = None
+    des_difficulty: float | None = None
+    des_cot: float | None = None
+    des_adaptability: float | None = None
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    """One rollout group that entered an update (table ``groups``; tasks/training/loop.py): ``n`` generated,
+    ``kept`` after PODS, ``replayed`` from step ``from_step`` (its own step when fresh)."""
+
+    prompt_id: str
+    n: int
+    successes: int
+    mean_reward: float
+    kept: int
+    kept_mean_reward: float | None
+    replayed: bool
+    from_step: int
+
+
+@dataclass(frozen=True)
+class StageRow:
+    """A finished stage's wall time, device hours and money (table ``stages``; tasks/run.py)."""
+
+    stage: str
+    wall_s: float
+    device: str
+    device_hours: float
+    cost: float
+
+
+@dataclass(frozen=True)
+class EvalRow:
+    """One group of one evaluation (table ``evals``; tasks/training/evaluate.py ``table_rows``): ``grp`` is
+    ``overall``, ``level_<L>`` or ``source:<name>``; ``phase`` is ``start``, ``during`` or ``end``."""
+
+    phase: str
+    step: int
+    grp: str
+    n: int
+    greedy_acc: float
+    avg_at_k: float | None
+
+
 class Ledger:
     """A duckdb ledger file. Use as a context manager, or call :meth:`close`."""
 
@@ -81,6 +183,10 @@ class Ledger:
         cols = list(rows[0])
         sql = f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
         self.con.executemany(sql, [[_cell(r[c]) for c in cols] for r in rows])
+
+    def _insert_records(self, table: str, stamp: dict[str, Any], rows: Sequence[Any]) -> None:
+        """Insert row records (dataclasses whose fields are columns), each with the ``stamp`` columns."""
+        self._insert(table, [stamp | {f.name: getattr(r, f.name) for f in fields(r)} for r in rows])
 
     def start_run(self, run_id: str, config: dict, mlflow_run_id: str | None) -> None:
         self.con.execute(
@@ -111,9 +217,33 @@ class Ledger:
             {"run_id": run_id, "source": r.source, "line": r.line, "reason": r.reason, "raw": r.raw} for r in rejected
         ])
 
-    def add_rows(self, table: str, run_id: str, rows: Sequence[dict[str, Any]]) -> None:
-        """Append rows (dicts of column -> value) to a table, stamped with the run id."""
-        self._insert(table, [{"run_id": run_id, **r} for r in rows])
+    def add_ingest(self, run_id: str, row: IngestRow) -> None:
+        self._insert_records("ingests", {"run_id": run_id}, [row])
+
+    def add_reference(self, run_id: str, rows: Sequence[ReferenceRow]) -> None:
+        self._insert_records("reference", {"run_id": run_id}, rows)
+
+    def add_features(self, run_id: str, rows: Sequence[FeatureRow]) -> None:
+        self._insert_records("features", {"run_id": run_id}, rows)
+
+    def add_selections(self, run_id: str, round_: int, step: int, rows: Sequence[SelectionRow]) -> None:
+        self._insert_records("selections", {"run_id": run_id, "round": round_, "step": step}, rows)
+
+    def add_groups(self, run_id: str, step: int, rows: Sequence[GroupRow]) -> None:
+        self._insert_records("groups", {"run_id": run_id, "step": step}, rows)
+
+    def add_stage(self, run_id: str, row: StageRow) -> None:
+        self._insert_records("stages", {"run_id": run_id}, [row])
+
+    def add_evals(self, run_id: str, rows: Sequence[EvalRow]) -> None:
+        self._insert_records("evals", {"run_id": run_id}, rows)
+
+    def replace_evals(self, run_id: str, phase: str, rows: Sequence[EvalRow]) -> None:
+        """A redone evaluation of ``phase`` replaces that phase's rows (a resumed run's final evaluation)."""
+        if any(r.phase != phase for r in rows):
+            raise ValueError(f"replace_evals({phase!r}) got rows of phases {sorted({r.phase for r in rows})}")
+        self.con.execute("DELETE FROM evals WHERE run_id = ? AND phase = ?", [run_id, phase])
+        self.add_evals(run_id, rows)
 
     def truncate_after(self, run_id: str, step: int) -> None:
         """Remove step rows a crashed run wrote after its last checkpoint (which covers steps <= ``step``).
@@ -124,11 +254,6 @@ class Ledger:
         for table in STEP_TABLES:
             self.con.execute(f"DELETE FROM {table} WHERE run_id = ? AND step > ?", [run_id, step])
         self.con.execute("DELETE FROM evals WHERE run_id = ? AND phase = 'during' AND step > ?", [run_id, step + 1])
-
-    def delete_rows(self, table: str, run_id: str, **where: Any) -> None:
-        """Delete a run's rows of ``table`` matching ``column=value`` pairs (a redone stage replaces its rows)."""
-        cond = "".join(f" AND {col} = ?" for col in where)
-        self.con.execute(f"DELETE FROM {table} WHERE run_id = ?{cond}", [run_id, *where.values()])
 
     # ---- reads --------------------------------------------------------------------------------
     def known_ids(self) -> set[str]:
@@ -151,14 +276,33 @@ class Ledger:
         return recs
 
     def query(self, sql: str, args: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        """Rows of any SQL as dicts: for ``rlsift ledger sql --sql`` and tests; code asks the named methods."""
         cur = self.con.execute(sql, list(args))
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+
+    def has_features(self, run_id: str) -> bool:
+        return bool(self.query("SELECT 1 FROM features WHERE run_id = ? LIMIT 1", [run_id]))
+
+    def mlflow_run_id(self, run_id: str) -> str | None:
+        """The MLflow run a ledger run logs to (None for an unknown run or one without tracking)."""
+        rows = self.query("SELECT mlflow_run_id FROM runs WHERE run_id = ?", [run_id])
+        return rows[0]["mlflow_run_id"] if rows else None
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Every run, oldest first: id, status, start and finish times, MLflow run id."""
+        return self.query("SELECT run_id, status, started_at, finished_at, mlflow_run_id FROM runs ORDER BY started_at")
 
     def last_run(self, status: str | None = None) -> dict[str, Any] | None:
         sql = "SELECT * FROM runs" + (" WHERE status = ?" if status else "") + " ORDER BY started_at DESC LIMIT 1"
         rows = self.query(sql, [status] if status else [])
         return rows[0] if rows else None
+
+    def selected_levels(self, run_id: str) -> list[dict[str, Any]]:
+        """Each selection of a run in step order: its ``round``, the prompt's ``level`` and DOTS's ``pred_success``."""
+        return self.query(
+            "SELECT s.round, p.level, s.pred_success FROM selections s LEFT JOIN prompts p USING (prompt_id) "
+            "WHERE s.run_id = ? ORDER BY s.step", [run_id])
 
     def why(self, run_id: str, prompt_id: str, step: int | None = None) -> list[dict[str, Any]]:
         """Every selection of a prompt (at one step, or all), joined with its group's outcome."""

@@ -47,6 +47,8 @@ from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
+from tasks.records.files import write_text  # noqa: E402
+
 log = logging.getLogger("rlsift.tracking")
 
 #: MLflow error codes that mean "this item is invalid", not "the server is away".
@@ -112,9 +114,7 @@ class Outbox:
             lines = self.path.read_text().splitlines(keepends=True) if self.path.exists() else []
             rest = lines[n:]
             if rest:
-                tmp = self.path.with_name(self.path.name + ".tmp")
-                tmp.write_text("".join(rest))
-                os.replace(tmp, self.path)
+                write_text(self.path, "".join(rest))
             else:
                 self.path.unlink(missing_ok=True)
 

@@ -15,7 +15,6 @@ crashed process spent past its last checkpoint is not counted.
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
@@ -23,22 +22,9 @@ import numpy as np
 import torch
 
 from rlcore.seeding import derive_seed
+from tasks.records.files import atomic_write
 
 KEEP = 2
-
-
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def save(run, step: int, model, optimizer, selector, buffer) -> Path:
@@ -54,8 +40,8 @@ def save(run, step: int, model, optimizer, selector, buffer) -> Path:
         "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
     }
     path = folder / f"step-{step:06d}.pt"
-    _atomic_write(path, lambda f: torch.save(state, f))
-    _atomic_write(folder / "latest", lambda f: f.write(path.name.encode()))
+    atomic_write(path, lambda f: torch.save(state, f))
+    atomic_write(folder / "latest", lambda f: f.write(path.name.encode()))
     for old in sorted(folder.glob("step-*.pt"))[:-KEEP]:
         old.unlink(missing_ok=True)
     run.commit_metrics(step)

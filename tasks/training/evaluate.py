@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 from scipy.stats import binomtest
@@ -10,16 +14,86 @@ from scipy.stats import binomtest
 from rlcore.seeding import derive_seed
 from tasks.data.prompts import PromptRecord
 from tasks.data.rewards import batch_rewards
+from tasks.records.files import write_json
+from tasks.records.ledger import EvalRow
 
 
-def evaluate(policy, records: list[PromptRecord], *, samples: int, seed: int, workers: int = 4) -> dict:
-    """Greedy accuracy (and avg@k with ``samples`` = k sampled completions) over ``records``.
+@dataclass(frozen=True)
+class EvalCell:
+    """Accuracy over one group of prompts: ``n`` prompts, greedy accuracy, sampled avg@k (None when k = 0)."""
 
-    Returns:
-        ``{"overall": {...}, "by_level": {level: {...}}, "by_source": {source: {...}}, "k": k,
-        "prompt_ids": [...], "greedy_correct": [0/1, ...]}``, each cell holding ``n``, ``greedy_acc`` and
-        (when k > 0) ``avg_at_k``; the last two lists are per record, for ``paired_change``.
+    n: int
+    greedy_acc: float
+    avg_at_k: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"n": self.n, "greedy_acc": self.greedy_acc} | (
+            {"avg_at_k": self.avg_at_k} if self.avg_at_k is not None else {})
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> EvalCell:
+        return cls(n=int(d["n"]), greedy_acc=float(d["greedy_acc"]), avg_at_k=d.get("avg_at_k"))
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """One evaluation: overall, by difficulty level (None: records without one) and by source.
+
+    ``prompt_ids`` and ``greedy_correct`` (0/1) are per record, in record order, for :func:`paired_change`.
+    Saved as ``eval_<phase>.json`` (:meth:`save`); in JSON ``by_level`` is a list of cells each carrying its
+    ``level`` (an int or null), so the level keys come back typed (:meth:`load`).
     """
+
+    overall: EvalCell
+    by_level: dict[int | None, EvalCell]
+    by_source: dict[str, EvalCell]
+    k: int
+    prompt_ids: tuple[str, ...]
+    greedy_correct: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"overall": self.overall.to_json(),
+                "by_level": [{"level": lv, **c.to_json()} for lv, c in self.by_level.items()],
+                "by_source": {s: c.to_json() for s, c in self.by_source.items()},
+                "k": self.k, "prompt_ids": list(self.prompt_ids), "greedy_correct": list(self.greedy_correct)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> EvalResult:
+        if not isinstance(d.get("by_level"), list):
+            raise ValueError("not an evaluation in this version's format (by_level must be a list of cells with "
+                             "their level); re-run the evaluation")
+        return cls(overall=EvalCell.from_json(d["overall"]),
+                   by_level={c["level"]: EvalCell.from_json(c) for c in d["by_level"]},
+                   by_source={s: EvalCell.from_json(c) for s, c in d["by_source"].items()},
+                   k=int(d["k"]), prompt_ids=tuple(d["prompt_ids"]),
+                   greedy_correct=tuple(int(x) for x in d["greedy_correct"]))
+
+    def save(self, path: Path) -> Path:
+        write_json(path, self.to_json())
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> EvalResult:
+        try:
+            return cls.from_json(json.loads(Path(path).read_text()))
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"{path}: {err}") from err
+
+
+@dataclass(frozen=True)
+class PairedChange:
+    """Prompts that turned right and wrong between two evaluations, and the exact McNemar p-value."""
+
+    turned_right: int
+    turned_wrong: int
+    mcnemar_p: float
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def evaluate(policy, records: list[PromptRecord], *, samples: int, seed: int, workers: int = 4) -> EvalResult:
+    """Greedy accuracy (and avg@k with ``samples`` = k sampled completions) over ``records``."""
     prompts = policy.prompts(records)
     greedy = policy.engine.generate(prompts, n=1, seed=derive_seed(seed, "eval-greedy"), greedy=True)
     g_ok = torch.tensor(batch_rewards(records, greedy.texts, workers=workers))
@@ -29,24 +103,23 @@ def evaluate(policy, records: list[PromptRecord], *, samples: int, seed: int, wo
         s_ok = torch.tensor(batch_rewards([r for r in records for _ in range(samples)], gen.texts,
                                           workers=workers)).view(len(records), samples).mean(1)
 
-    def cell(idx: list[int]) -> dict:
+    def cell(idx: list[int]) -> EvalCell:
         t = torch.tensor(idx)
-        out = {"n": len(idx), "greedy_acc": float(g_ok[t].mean())}
-        if s_ok is not None:
-            out["avg_at_k"] = float(s_ok[t].mean())
-        return out
+        return EvalCell(n=len(idx), greedy_acc=float(g_ok[t].mean()),
+                        avg_at_k=float(s_ok[t].mean()) if s_ok is not None else None)
 
     levels, sources = defaultdict(list), defaultdict(list)
     for i, r in enumerate(records):
         levels[r.level].append(i)
         sources[r.source].append(i)
-    return {"overall": cell(list(range(len(records)))),
-            "by_level": {lv: cell(ix) for lv, ix in sorted(levels.items(), key=lambda kv: (kv[0] is None, kv[0]))},
-            "by_source": {s: cell(ix) for s, ix in sources.items()},
-            "k": samples, "prompt_ids": [r.id for r in records], "greedy_correct": [int(x) for x in g_ok.tolist()]}
+    return EvalResult(
+        overall=cell(list(range(len(records)))),
+        by_level={lv: cell(ix) for lv, ix in sorted(levels.items(), key=lambda kv: (kv[0] is None, kv[0]))},
+        by_source={s: cell(ix) for s, ix in sources.items()},
+        k=samples, prompt_ids=tuple(r.id for r in records), greedy_correct=tuple(int(x) for x in g_ok.tolist()))
 
 
-def paired_change(before: dict, after: dict) -> dict | None:
+def paired_change(before: EvalResult, after: EvalResult) -> PairedChange | None:
     """How greedy correctness changed prompt by prompt between two evaluations of the same prompts.
 
     A change in accuracy of a point or two on a few hundred prompts can be noise; the paired view counts
@@ -55,36 +128,31 @@ def paired_change(before: dict, after: dict) -> dict | None:
     split is if the two policies were equally good.
 
     Returns:
-        ``{"turned_right", "turned_wrong", "mcnemar_p"}``, or None when either evaluation lacks per-prompt
-        results or they cover different prompts.
+        The counts and p-value, or None when the two evaluations cover different prompts.
     """
-    if before.get("prompt_ids") is None or before.get("prompt_ids") != after.get("prompt_ids"):
+    if before.prompt_ids != after.prompt_ids:
         return None
-    pairs = list(zip(before["greedy_correct"], after["greedy_correct"], strict=True))
+    pairs = list(zip(before.greedy_correct, after.greedy_correct, strict=True))
     right = sum(1 for a, b in pairs if not a and b)
     wrong = sum(1 for a, b in pairs if a and not b)
     p = binomtest(right, right + wrong, 0.5).pvalue if right + wrong else 1.0
-    return {"turned_right": right, "turned_wrong": wrong, "mcnemar_p": float(p)}
+    return PairedChange(turned_right=right, turned_wrong=wrong, mcnemar_p=float(p))
 
 
-def flat_metrics(result: dict, prefix: str = "eval") -> dict[str, float]:
+def flat_metrics(result: EvalResult, prefix: str = "eval") -> dict[str, float]:
     """``eval/accuracy``, ``eval/avg_at_k``, ``eval/level_3/accuracy``, ... for the tracker."""
-    out = {f"{prefix}/accuracy": result["overall"]["greedy_acc"]}
-    if "avg_at_k" in result["overall"]:
-        out[f"{prefix}/avg_at_k"] = result["overall"]["avg_at_k"]
-    for lv, c in result["by_level"].items():
+    out = {f"{prefix}/accuracy": result.overall.greedy_acc}
+    if result.overall.avg_at_k is not None:
+        out[f"{prefix}/avg_at_k"] = result.overall.avg_at_k
+    for lv, c in result.by_level.items():
         if lv is not None:
-            out[f"{prefix}/level_{lv}/accuracy"] = c["greedy_acc"]
+            out[f"{prefix}/level_{lv}/accuracy"] = c.greedy_acc
     return out
 
 
-def table_rows(result: dict, phase: str, step: int) -> list[dict]:
+def table_rows(result: EvalResult, phase: str, step: int) -> list[EvalRow]:
     """Ledger rows (table ``evals``) for one evaluation."""
-    rows = [{"phase": phase, "step": step, "grp": "overall", **_cell(result["overall"])}]
-    rows += [{"phase": phase, "step": step, "grp": f"level_{lv}", **_cell(c)} for lv, c in result["by_level"].items()]
-    rows += [{"phase": phase, "step": step, "grp": f"source:{s}", **_cell(c)} for s, c in result["by_source"].items()]
-    return rows
-
-
-def _cell(c: dict) -> dict:
-    return {"n": c["n"], "greedy_acc": c["greedy_acc"], "avg_at_k": c.get("avg_at_k")}
+    groups = [("overall", result.overall), *((f"level_{lv}", c) for lv, c in result.by_level.items()),
+              *((f"source:{s}", c) for s, c in result.by_source.items())]
+    return [EvalRow(phase=phase, step=step, grp=grp, n=c.n, greedy_acc=c.greedy_acc, avg_at_k=c.avg_at_k)
+            for grp, c in groups]

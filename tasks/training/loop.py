@@ -20,6 +20,7 @@ import copy
 import json
 import logging
 import time
+from dataclasses import dataclass, field
 
 import torch
 from tqdm.auto import tqdm
@@ -34,8 +35,11 @@ from tasks.data.prompts import PromptRecord
 from tasks.data.rewards import batch_rewards
 from tasks.model.policy import Policy
 from tasks.model.rollout import Generation
+from tasks.records.ledger import GroupRow
 from tasks.run import Run, show_progress
 from tasks.training import checkpoint
+from tasks.training.calibration import Calibration
+from tasks.training.score import Features
 from tasks.training.selector import Selector
 from tasks.training.update import policy_update
 
@@ -73,9 +77,18 @@ def make_groups(gen: Generation, rewards: torch.Tensor, records: list[PromptReco
     return groups, stats
 
 
-def train(run: Run, policy: Policy, pool: list[PromptRecord], features: dict, calibration: dict | None = None,
-          evaluate_fn=None) -> dict:
-    """Run (or resume) the training stage. Returns a summary dict."""
+@dataclass(frozen=True)
+class TrainSummary:
+    """What the training stage did: ``steps`` done in all (a resumed run counts the crashed run's too) and
+    the ``last`` step's metrics (empty when no step ran in this process)."""
+
+    steps: int
+    last: dict[str, float] = field(default_factory=dict)
+
+
+def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features,
+          calibration: Calibration | None = None, evaluate_fn=None) -> TrainSummary:
+    """Run (or resume) the training stage."""
     cfg, tc = run.cfg, run.cfg.train
     model = policy.model
     if cfg.scale.backend == "single":
@@ -89,7 +102,7 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: dict, ca
     ref_model = copy.deepcopy(model).eval() if tc.kl_coef > 0 else None
     selector = Selector(cfg, pool, features)
     if calibration is not None:
-        selector.seed_labels(calibration["indices"], calibration["success"])
+        selector.seed_labels(calibration)
     buffer = ReplayBuffer(cfg.replay.capacity, cfg.replay.max_age) if cfg.replay.enabled else None
     start = checkpoint.restore(run, model, optimizer, selector, buffer)
     if start:
@@ -107,7 +120,7 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: dict, ca
         metrics_file.write_text("".join(ln + "\n" for ln in kept))
     bar = tqdm(total=tc.steps, initial=start, desc="train", disable=not show_progress(), unit="step")
     bar_acc = ""  # held-out greedy accuracy of the last in-training evaluation (eval.every)
-    summary: dict = {"steps": start}
+    summary = TrainSummary(steps=start)
     for step in range(start, tc.steps):
         t0 = time.perf_counter()
         round_, metrics = step // tc.round_steps, {}
@@ -153,12 +166,12 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: dict, ca
         eff = effective_mask(kept).float() if kept is not None else torch.tensor(
             [float(g.rewards.max() > g.rewards.min()) for g in batch])
         with run.meter.stage("tracking"):
-            run.ledger.add_rows("selections", run.run_id, [{"round": round_, "step": step, **r} for r in rows])
-            run.ledger.add_rows("groups", run.run_id, [{
-                "step": step, "prompt_id": g.prompt_id, "n": g.n_generated,
-                "successes": int(round(g.success_rate * g.n_generated)), "mean_reward": g.success_rate,
-                "kept": g.size, "kept_mean_reward": float(g.rewards.mean()), "replayed": g.replayed_from is not None,
-                "from_step": g.replayed_from if g.replayed_from is not None else step} for g in batch])
+            run.ledger.add_selections(run.run_id, round_, step, rows)
+            run.ledger.add_groups(run.run_id, step, [GroupRow(
+                prompt_id=g.prompt_id, n=g.n_generated, successes=int(round(g.success_rate * g.n_generated)),
+                mean_reward=g.success_rate, kept=g.size, kept_mean_reward=float(g.rewards.mean()),
+                replayed=g.replayed_from is not None,
+                from_step=g.replayed_from if g.replayed_from is not None else step) for g in batch])
             metrics |= stats | pods_stats
             metrics |= {
                 "train/reward_mean": accuracy,
@@ -182,7 +195,7 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: dict, ca
             run.log_metrics(metrics, step)
             with open(metrics_file, "a") as f:
                 f.write(json.dumps({"step": step, **metrics}) + "\n")
-        summary |= {"steps": step + 1, "last": metrics}
+        summary = TrainSummary(steps=step + 1, last=metrics)
         if "eval/accuracy" in metrics:
             bar_acc = f"{metrics['eval/accuracy']:.2f}"
         bar.update(1)

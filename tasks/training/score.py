@@ -8,6 +8,7 @@ count (ScalingRL's chain-of-thought complexity). Saved to ``<run>/features.pt`` 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -17,6 +18,61 @@ from rlcore.angle import angle_concentration
 from tasks.data.prompts import PromptRecord
 from tasks.model.forward import prompt_batches
 from tasks.model.rollout import add_special
+from tasks.records.files import atomic_write
+from tasks.records.ledger import FeatureRow
+
+
+@dataclass(frozen=True, eq=False)
+class Features:
+    """Per-prompt features of a pool of M prompts, in pool order (``ids[i]`` is row i of every tensor).
+
+    Attributes:
+        ids: the prompts' ids, length M.
+        emb: [M, D] mean-pooled last hidden state (DOTS's embedding).
+        angle_intra, angle_inter: [M] GAIN-RL's C_intra and C_inter (arXiv 2506.02281; rlcore/angle.py).
+        angle: [M] their combination, the angle-concentration score GAIN-RL orders by.
+        prompt_tokens: [M] int, tokens of the formatted prompt.
+        cot: [M] float, tokens of the reference solution (0 without one): ScalingRL's CoT complexity.
+        level: [M] int, difficulty level (0 without one).
+
+    Saved as ``features.pt``: a plain dict of these fields (:meth:`save`, :meth:`load`).
+    """
+
+    ids: list[str]
+    emb: torch.Tensor
+    angle_intra: torch.Tensor
+    angle_inter: torch.Tensor
+    angle: torch.Tensor
+    prompt_tokens: torch.Tensor
+    cot: torch.Tensor
+    level: torch.Tensor
+
+    def __post_init__(self) -> None:
+        m = len(self.ids)
+        for f in fields(self)[1:]:
+            t = getattr(self, f.name)
+            if t.shape[0] != m:
+                raise ValueError(f"Features.{f.name} has {t.shape[0]} rows for {m} prompts")
+
+    def save(self, path: Path) -> Path:
+        state = {f.name: getattr(self, f.name) for f in fields(self)}
+        atomic_write(Path(path), lambda fh: torch.save(state, fh))
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> Features:
+        state = torch.load(path, weights_only=True)
+        names = {f.name for f in fields(cls)}
+        if set(state) != names:
+            raise ValueError(f"{path} holds {sorted(state)}, not the features {sorted(names)}: delete it to rescore")
+        return cls(**state)
+
+    def ledger_rows(self) -> list[FeatureRow]:
+        """One ledger row (table ``features``) per prompt."""
+        return [FeatureRow(prompt_id=pid, prompt_tokens=int(self.prompt_tokens[i]), level=int(self.level[i]),
+                           cot_tokens=int(self.cot[i]), angle_intra=float(self.angle_intra[i]),
+                           angle_inter=float(self.angle_inter[i]), angle_score=float(self.angle[i]))
+                for i, pid in enumerate(self.ids)]
 
 
 def prefix_suffix(tokenizer, prompt: str, question: str) -> tuple[int, int]:
@@ -30,7 +86,7 @@ def prefix_suffix(tokenizer, prompt: str, question: str) -> tuple[int, int]:
 
 
 def score(policy, records: list[PromptRecord], *, inter_weight: float, batch_size: int, device,
-          progress: bool = False) -> dict:
+          progress: bool = False) -> Features:
     """Features of every record, in record order (see the module docstring)."""
     tok = policy.tokenizer
     prompts = policy.prompts(records)
@@ -49,18 +105,6 @@ def score(policy, records: list[PromptRecord], *, inter_weight: float, batch_siz
         lengths.append(mask.sum(1))
     cot = torch.tensor([len(tok(r.solution, add_special_tokens=False)["input_ids"]) if r.solution else 0
                         for r in records], dtype=torch.float32)
-    return {"ids": [r.id for r in records], "emb": torch.cat(embs), "angle_intra": torch.cat(intra),
-            "angle_inter": torch.cat(inter), "angle": torch.cat(angle), "prompt_tokens": torch.cat(lengths),
-            "cot": cot, "level": torch.tensor([r.level or 0 for r in records])}
-
-
-def ledger_rows(features: dict) -> list[dict]:
-    return [{"prompt_id": pid, "prompt_tokens": int(features["prompt_tokens"][i]), "level": int(features["level"][i]),
-             "cot_tokens": int(features["cot"][i]), "angle_intra": float(features["angle_intra"][i]),
-             "angle_inter": float(features["angle_inter"][i]), "angle_score": float(features["angle"][i])}
-            for i, pid in enumerate(features["ids"])]
-
-
-def save(features: dict, path: Path) -> Path:
-    torch.save(features, path)
-    return path
+    return Features(ids=[r.id for r in records], emb=torch.cat(embs), angle_intra=torch.cat(intra),
+                    angle_inter=torch.cat(inter), angle=torch.cat(angle), prompt_tokens=torch.cat(lengths),
+                    cot=cot, level=torch.tensor([r.level or 0 for r in records]))

@@ -35,17 +35,20 @@ from rlcore.seeding import derive_seed
 from rlcore.selection import dots_weights, sample_prompts, uniform_weights
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
+from tasks.records.ledger import ReferenceRow, SelectionRow
+from tasks.training.calibration import Calibration
+from tasks.training.score import Features
 
 
 class Selector:
     """Chooses each step's fresh prompts and records why. Checkpointable (``state_dict``)."""
 
-    def __init__(self, cfg: Config, pool: list[PromptRecord], features: dict):
+    def __init__(self, cfg: Config, pool: list[PromptRecord], features: Features):
         self.cfg, self.pool = cfg, pool
         m = len(pool)
-        self.emb = features["emb"].float()  # [M, D]
-        self.angle = features["angle"].float()  # [M]
-        self.cot = features["cot"].float()  # [M]
+        self.emb = features.emb.float()  # [M, D]
+        self.angle = features.angle.float()  # [M]
+        self.cot = features.cot.float()  # [M]
         self.history: list[list[float]] = [[] for _ in range(m)]
         self.last_success = torch.full((m,), float("nan"))
         self.pred = torch.full((m,), float("nan"))
@@ -140,10 +143,10 @@ class Selector:
         r = pearson(held_pred, labels[half:]) if len(hold) > 2 else float("nan")
         self.predictor.observe(self.emb[hold], labels[half:], step)
         self.pred = self.predictor.predict(self.emb, self.emb[ref], labels)
-        run.ledger.add_rows("reference", run.run_id, [
-            {"round": round_, "step": step, "prompt_id": self.pool[int(i)].id, "n": cfg.calibrate.g,
-             "successes": int(round(float(y) * cfg.calibrate.g)), "success_rate": float(y),
-             "predicted": float(held_pred[j - half]) if j >= half else None}
+        run.ledger.add_reference(run.run_id, [
+            ReferenceRow(round=round_, step=step, prompt_id=self.pool[int(i)].id, n=cfg.calibrate.g,
+                         successes=int(round(float(y) * cfg.calibrate.g)), success_rate=float(y),
+                         predicted=float(held_pred[j - half]) if j >= half else None)
             for j, (i, y) in enumerate(zip(ref.tolist(), labels.tolist(), strict=True))])
         mae = float((held_pred - labels[half:]).abs().mean()) if len(hold) else float("nan")
         return {"select/pred_pearson": r, "select/pred_mae": mae, "select/ref_success": float(labels.mean()),
@@ -168,15 +171,16 @@ class Selector:
             self.history[i].append(float(s))
             self.last_success[i] = s
 
-    def seed_labels(self, idx: list[int], success: torch.Tensor) -> None:
+    def seed_labels(self, calibration: Calibration) -> None:
         """Measurements from the calibrate stage: history, and the predictor's first labels."""
-        t = torch.tensor(idx, dtype=torch.long)
-        self._record(t, success.float())
+        t = torch.tensor(calibration.indices, dtype=torch.long)
+        success = calibration.success.float()
+        self._record(t, success)
         if self.predictor is not None:
-            self.predictor.observe(self.emb[t], success.float(), -1)
+            self.predictor.observe(self.emb[t], success, -1)
 
     # ---- step -------------------------------------------------------------------------------------
-    def choose(self, k: int, step: int) -> tuple[list[int], list[dict]]:
+    def choose(self, k: int, step: int) -> tuple[list[int], list[SelectionRow]]:
         """k distinct prompts for this step, and a ledger row per prompt saying why."""
         cfg = self.cfg
         probs = torch.where(self.used, torch.zeros_like(self.probs), self.probs)
@@ -189,14 +193,12 @@ class Selector:
         self.used[idx] = True
         name = "+".join(n for n, on in (("scalingrl", self.scheduler is not None), ("gain", self.window is not None),
                                         ("dots", self.predictor is not None)) if on) or "uniform"
-        rows = []
-        for i in idx.tolist():
-            row = {"prompt_id": self.pool[i].id, "selector": name, "weight": float(self.probs[i]),
-                   "pred_success": _num(self.pred[i]), "angle_score": float(self.angle[i]),
-                   "gain_rank": int(self.rank[i])}
-            for key in ("des", "des_difficulty", "des_cot", "des_adaptability"):
-                row[key] = _num(self.info[key][i]) if key in self.info else None
-            rows.append(row)
+        rows = [SelectionRow(prompt_id=self.pool[i].id, selector=name, weight=float(self.probs[i]),
+                             pred_success=_num(self.pred[i]), angle_score=float(self.angle[i]),
+                             gain_rank=int(self.rank[i]),
+                             **{key: _num(self.info[key][i]) if key in self.info else None
+                                for key in ("des", "des_difficulty", "des_cot", "des_adaptability")})
+                for i in idx.tolist()]
         return idx.tolist(), rows
 
     def observe(self, step: int, idx: list[int], rewards: torch.Tensor, accuracy: float,

@@ -25,44 +25,44 @@ SECOND = ("data.sources=[{kind: bundled, n_train: 12, n_test: 4, seed: 0}, "
 def test_retrain_continues_from_the_registered_model_on_new_prompts(smoke_cfg, prefect_harness):
     torch.set_num_threads(1)
     first = run_retrain(smoke_cfg(*TINY, FIRST))
-    assert first["status"] == "completed" and first["model_version"] == "1"
-    assert first["parent_version"] == ""
-    assert first["ingest"]["new"] == 16 and first["ingest"]["train"] == 12  # 12 train + 4 test prompts, all new
+    assert first.status == "completed" and first.model_version == "1"
+    assert first.parent_version == ""
+    assert first.ingest["new"] == 16 and first.ingest["train"] == 12  # 12 train + 4 test prompts, all new
 
     cfg = smoke_cfg(*TINY, SECOND)
     second = run_retrain(cfg)
-    assert second["status"] == "completed", second
-    assert second["model_version"] == "2" and second["parent_version"] == "1"
+    assert second.status == "completed", second.to_dict()
+    assert second.model_version == "2" and second.parent_version == "1"
     # only the second source's prompts are new; its 6 train prompts are the whole pool
-    assert second["ingest"]["new"] == 8 and second["ingest"]["train"] == 6
+    assert second.ingest["new"] == 8 and second.ingest["train"] == 6
     uri = default_uri(cfg.paths.root)
     tags = model_version_tags(uri, cfg.tracking.model_name, "2")
     assert tags["parent_version"] == "1"
-    assert tags["data_fingerprint"] == second["data_fingerprint"] != first["data_fingerprint"]
+    assert tags["data_fingerprint"] == second.data_fingerprint != first.data_fingerprint
     assert json.loads(tags["config"])["model"]["path"].endswith("/models/rlsift-policy/v1")
     assert len(tags["config_sha256"]) == 64
     with Ledger(f"{cfg.paths.root}/ledger.duckdb", read_only=True) as ledger:
         trained = {r["prompt_id"] for r in ledger.query("SELECT prompt_id FROM groups WHERE run_id = ?",
-                                                        [second["run_id"]])}
+                                                        [second.run_id])}
         new_ids = {r["prompt_id"] for r in ledger.query(
-            "SELECT prompt_id FROM prompts WHERE first_run_id = ? AND split = 'train'", [second["run_id"]])}
+            "SELECT prompt_id FROM prompts WHERE first_run_id = ? AND split = 'train'", [second.run_id])}
     assert trained and trained <= new_ids
     # the second run started from version 1's weights: its starting evaluation used them
-    info = run_info(uri, second["mlflow_run_id"])
+    info = run_info(uri, second.mlflow_run_id)
     assert info["tags"]["rlsift.parent_version"] == "1" and info["status"] == "FINISHED"
     # cost accounting reaches MLflow and the ledger (the training loop's phases add up to the train stage)
-    assert info["metrics"]["cost/usd"] == pytest.approx(second["cost_usd"]) and second["cost_usd"] > 0
+    assert info["metrics"]["cost/usd"] == pytest.approx(second.cost_usd) and second.cost_usd > 0
     assert info["metrics"]["cost/train_device_hours"] > 0 and "cost/rollout_usd" in info["metrics"]
     with Ledger(f"{cfg.paths.root}/ledger.duckdb", read_only=True) as ledger:
-        stages = {r["stage"]: r for r in ledger.query("SELECT * FROM stages WHERE run_id = ?", [second["run_id"]])}
+        stages = {r["stage"]: r for r in ledger.query("SELECT * FROM stages WHERE run_id = ?", [second.run_id])}
     assert {"ingest", "prepare", "eval_start", "calibrate", "score", "train", "eval_end"} <= set(stages)
-    assert stages["train"]["wall_s"] > 0 and stages["train"]["device"] == second["device"]
+    assert stages["train"]["wall_s"] > 0 and stages["train"]["device"] == second.device
 
     third = run_retrain(cfg)
-    assert third["status"] == "skipped" and third["model_version"] is None
-    assert third["ingest"]["new"] == 0
+    assert third.status == "skipped" and third.model_version is None
+    assert third.ingest["new"] == 0
     with Ledger(f"{cfg.paths.root}/ledger.duckdb", read_only=True) as ledger:
-        status = ledger.query("SELECT status FROM runs WHERE run_id = ?", [third["run_id"]])[0]["status"]
+        status = ledger.query("SELECT status FROM runs WHERE run_id = ?", [third.run_id])[0]["status"]
     assert status == "skipped"
 
 

@@ -1,11 +1,31 @@
-"""The ledger: schema, idempotent truncation for resume, and the audit questions."""
+"""The ledger: schema, typed row writes read back, idempotent truncation for resume, and the audit questions."""
+
+import pytest
 
 from tasks.data.prompts import PromptRecord, prompt_id
-from tasks.records.ledger import Ledger
+from tasks.records.ledger import (
+    EvalRow,
+    FeatureRow,
+    GroupRow,
+    IngestRow,
+    Ledger,
+    ReferenceRow,
+    SelectionRow,
+    StageRow,
+)
 
 
 def rec(q, a="1"):
     return PromptRecord(id=prompt_id(q, a), source="t", split="train", question=q, answer=a, level=2, reward="arith")
+
+
+def sel(pid: str, pred: float | None = 0.4) -> SelectionRow:
+    return SelectionRow(prompt_id=pid, selector="dots", weight=0.5, pred_success=pred, angle_score=0.1, gain_rank=3)
+
+
+def group(pid: str, step: int) -> GroupRow:
+    return GroupRow(prompt_id=pid, n=8, successes=3, mean_reward=0.375, kept=8, kept_mean_reward=0.375,
+                    replayed=False, from_step=step)
 
 
 def test_why_and_round_and_truncate(tmp_path):
@@ -14,15 +34,66 @@ def test_why_and_round_and_truncate(tmp_path):
         assert led.add_prompts("run", [r1, r2]) == 2
         assert led.add_prompts("run", [r1]) == 0
         for step in range(4):
-            led.add_rows("selections", "run", [{"round": step // 2, "step": step, "prompt_id": r1.id,
-                                                "selector": "dots", "weight": 0.5, "pred_success": 0.4}])
-            led.add_rows("groups", "run", [{"step": step, "prompt_id": r1.id, "n": 8, "successes": 3,
-                                            "mean_reward": 0.375, "kept": 8, "replayed": False, "from_step": step}])
+            led.add_selections("run", step // 2, step, [sel(r1.id)])
+            led.add_groups("run", step, [group(r1.id, step)])
         why = led.why("run", r1.id[:6], step=2)
         assert len(why) == 1 and why[0]["pred_success"] == 0.4 and why[0]["successes"] == 3
         assert why[0]["question"] == "1+0=?"
         assert [r["step"] for r in led.round_selection("run", 1)] == [2, 3]
+        assert led.selected_levels("run") == [{"round": s // 2, "level": 2, "pred_success": 0.4} for s in range(4)]
         led.truncate_after("run", 1)
         assert [r["step"] for r in led.query("SELECT step FROM groups ORDER BY step")] == [0, 1]
     with Ledger(tmp_path / "l.duckdb", read_only=True) as led:
         assert len(led.prompts()) == 2
+
+
+def test_typed_rows_are_written_column_for_field_and_read_back(tmp_path):
+    with Ledger(tmp_path / "l.duckdb") as led:
+        led.start_run("run", {"seed": 0}, "mlf-1")
+        led.add_ingest("run", IngestRow(source="s", rows=5, accepted=3, duplicates=1, quarantined=1, new=3))
+        ref = [ReferenceRow(round=-1, step=-1, prompt_id="p0", n=4, successes=1, success_rate=0.25, predicted=None),
+               ReferenceRow(round=0, step=0, prompt_id="p1", n=4, successes=4, success_rate=1.0, predicted=0.75)]
+        led.add_reference("run", ref)
+        assert not led.has_features("run")
+        feats = [FeatureRow(prompt_id="p0", prompt_tokens=7, level=3, cot_tokens=11, angle_intra=0.5, angle_inter=0.25,
+                            angle_score=0.75)]
+        led.add_features("run", feats)
+        assert led.has_features("run") and not led.has_features("other")
+        led.add_selections("run", 2, 7, [sel("p0", None)])
+        led.add_groups("run", 7, [GroupRow(prompt_id="p0", n=8, successes=2, mean_reward=0.25, kept=4,
+                                           kept_mean_reward=0.5, replayed=True, from_step=5)])
+        led.add_stage("run", StageRow(stage="train", wall_s=2.5, device="cpu", device_hours=0.001, cost=0.02))
+
+        def table(name: str) -> list[dict]:
+            return [{k: v for k, v in r.items() if k not in ("run_id", "logged_at")}
+                    for r in led.query(f"SELECT * FROM {name} WHERE run_id = 'run' ORDER BY ALL")]
+
+        assert table("ingests") == [{"source": "s", "rows": 5, "accepted": 3, "duplicates": 1, "quarantined": 1,
+                                     "new": 3}]
+        assert table("reference") == [vars(r) for r in ref]
+        assert table("features") == [vars(f) for f in feats]
+        assert table("selections") == [{"round": 2, "step": 7, **vars(sel("p0", None)), "des": None,
+                                        "des_difficulty": None, "des_cot": None, "des_adaptability": None}]
+        assert table("groups")[0]["replayed"] is True and table("groups")[0]["from_step"] == 5
+        assert table("stages") == [{"stage": "train", "wall_s": 2.5, "device": "cpu", "device_hours": 0.001,
+                                    "cost": 0.02}]
+        assert led.mlflow_run_id("run") == "mlf-1" and led.mlflow_run_id("nope") is None
+        assert [r["run_id"] for r in led.runs()] == ["run"]
+
+
+def test_replace_evals_replaces_only_that_phase(tmp_path):
+    def rows(phase: str, acc: float) -> list[EvalRow]:
+        return [EvalRow(phase=phase, step=3, grp="overall", n=10, greedy_acc=acc, avg_at_k=None),
+                EvalRow(phase=phase, step=3, grp="level_1", n=4, greedy_acc=acc, avg_at_k=0.5)]
+
+    with Ledger(tmp_path / "l.duckdb") as led:
+        led.add_evals("run", rows("start", 0.1))
+        led.replace_evals("run", "end", rows("end", 0.2))
+        led.replace_evals("run", "end", rows("end", 0.3))  # a resumed run redoes its final evaluation
+        got = led.query("SELECT phase, grp, greedy_acc, avg_at_k FROM evals ORDER BY phase, grp")
+        assert got == [{"phase": "end", "grp": "level_1", "greedy_acc": 0.3, "avg_at_k": 0.5},
+                       {"phase": "end", "grp": "overall", "greedy_acc": 0.3, "avg_at_k": None},
+                       {"phase": "start", "grp": "level_1", "greedy_acc": 0.1, "avg_at_k": 0.5},
+                       {"phase": "start", "grp": "overall", "greedy_acc": 0.1, "avg_at_k": None}]
+        with pytest.raises(ValueError, match="phases"):
+            led.replace_evals("run", "end", rows("start", 0.4))

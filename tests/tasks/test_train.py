@@ -53,24 +53,24 @@ def run_train(cfg, pool):
         groups = run.ledger.query("SELECT * FROM groups WHERE run_id = ? ORDER BY step", [run.run_id])
         sel = run.ledger.query("SELECT * FROM selections WHERE run_id = ? ORDER BY step", [run.run_id])
         logged = [json.loads(line) for line in (run.dir / "metrics.jsonl").read_text().splitlines()]
-        summary["keys"] = set().union(*logged)
+        keys = set().union(*logged)
     finally:
         run.close("completed", {})
-    return policy.model.state_dict(), summary, groups, sel
+    return policy.model.state_dict(), summary, groups, sel, keys
 
 
 def test_grpo_trains_and_records_every_step(smoke_cfg, pool):
     cfg = smoke_cfg(*SMALL, path=PRESETS.format("grpo"))
     before = {k: v.clone() for k, v in make_policy().model.state_dict().items()}
-    after, summary, groups, sel = run_train(cfg, pool)
-    assert summary["steps"] == 4
+    after, summary, groups, sel, _ = run_train(cfg, pool)
+    assert summary.steps == 4
     assert sorted({g["step"] for g in groups}) == [0, 1, 2, 3]
     assert len(groups) == 4 * 6 and len(sel) == 4 * 6
     assert all(g["n"] == 4 and g["kept"] == 4 and not g["replayed"] for g in groups)
     assert all(s["selector"] == "uniform" for s in sel)
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert len(changed) == len(before), "every parameter should move under a real gradient"
-    last = summary["last"]
+    last = summary.last
     assert 0 <= last["train/effective_ratio"] <= 1 and last["time/step_s"] > 0
 
 
@@ -83,8 +83,8 @@ OFF = ["select.method=uniform", "pods.enabled=false", "replay.enabled=false", "c
     ("dots_rr", ["replay.enabled=true", "replay.capacity=0"]),  # a replay buffer of size 0
 ])
 def test_techniques_off_reproduce_grpo_bit_for_bit(smoke_cfg, pool, preset, extra):
-    base, _, g_base, s_base = run_train(smoke_cfg(*SMALL, path=PRESETS.format("grpo")), pool)
-    other, _, g_other, s_other = run_train(smoke_cfg(*SMALL, *OFF, *extra, path=PRESETS.format(preset)), pool)
+    base, _, g_base, s_base, _ = run_train(smoke_cfg(*SMALL, path=PRESETS.format("grpo")), pool)
+    other, _, g_other, s_other, _ = run_train(smoke_cfg(*SMALL, *OFF, *extra, path=PRESETS.format(preset)), pool)
     assert [s["prompt_id"] for s in s_base] == [s["prompt_id"] for s in s_other]
     assert [g["successes"] for g in g_base] == [g["successes"] for g in g_other]
     assert any(0 < g["successes"] < g["n"] for g in g_base), "the comparison needs real gradients"
@@ -94,8 +94,8 @@ def test_techniques_off_reproduce_grpo_bit_for_bit(smoke_cfg, pool, preset, extr
 
 def test_all_techniques_compose_and_record_signals(smoke_cfg, pool):
     cfg = smoke_cfg(*SMALL, "rollout.n=6", "pods.m=4", "replay.capacity=16", path=PRESETS.format("all"))
-    _, summary, groups, sel = run_train(cfg, pool)
-    assert summary["steps"] == 4
+    _, summary, groups, sel, keys = run_train(cfg, pool)
+    assert summary.steps == 4
     assert {s["selector"] for s in sel} == {"scalingrl+gain+dots"}
     assert all(s["pred_success"] is not None and s["des"] is not None for s in sel)
     fresh = [g for g in groups if not g["replayed"]]
@@ -105,7 +105,7 @@ def test_all_techniques_compose_and_record_signals(smoke_cfg, pool):
     assert all(0 < g["mean_reward"] < 1 for g in replayed), "only informative groups are replayed"
     for key in ("pods/var_after", "replay/size", "curriculum/scale", "gain/mu", "select/entropy",
                 "time/reference_s", "cost/device_hours"):
-        assert key in summary["keys"], key
+        assert key in keys, key
 
 
 def test_make_groups_advantages_and_negative_weight():

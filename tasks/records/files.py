@@ -1,0 +1,47 @@
+"""Crash-safe file writes: a file is either its old content or its new content, never a torn mix.
+
+The content goes to ``<name>.tmp`` next to the target, is flushed and fsynced, then renamed over the
+target (``os.replace`` is atomic on POSIX and Windows within one file system) and the folder is fsynced
+so the rename itself survives a power cut. Used for checkpoints (tasks/training/checkpoint.py), the run's
+JSON files (tasks/run.py, tasks/stages.py) and the tracking outbox (tasks/records/tracking.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """Replace ``path`` with what ``write(f)`` puts into a binary file object, atomically. If ``write``
+    raises, ``path`` keeps its old content and the temporary file is removed."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_text(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` (UTF-8), atomically."""
+    data = text.encode()
+    atomic_write(path, lambda f: f.write(data))
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Replace ``path`` with ``data`` as indented JSON (values JSON cannot hold as their ``str``), atomically."""
+    write_text(path, json.dumps(data, indent=2, default=str))

@@ -1,0 +1,88 @@
+"""The records stages hand each other (features, calibration, run info) survive their files, and files are
+written atomically."""
+
+import json
+from dataclasses import asdict, replace
+
+import pytest
+import torch
+
+from tasks.records.files import atomic_write, write_json
+from tasks.run import RunInfo
+from tasks.training.calibration import Calibration
+from tasks.training.score import Features
+
+
+def features(m: int = 3) -> Features:
+    g = torch.Generator().manual_seed(0)
+    return Features(ids=[f"p{i}" for i in range(m)], emb=torch.randn(m, 4, generator=g),
+                    angle_intra=torch.rand(m, generator=g), angle_inter=torch.rand(m, generator=g),
+                    angle=torch.rand(m, generator=g), prompt_tokens=torch.tensor([5, 7, 9][:m]),
+                    cot=torch.tensor([0.0, 12.0, 30.0][:m]), level=torch.tensor([1, 2, 0][:m]))
+
+
+TENSORS = ("emb", "angle_intra", "angle_inter", "angle", "prompt_tokens", "cot", "level")
+
+
+def same(a: Features, b: Features) -> bool:
+    return a.ids == b.ids and all(torch.equal(getattr(a, k), getattr(b, k)) for k in TENSORS)
+
+
+def test_features_save_load_round_trip_and_the_plain_dict_file_of_earlier_runs(tmp_path):
+    f = features()
+    back = Features.load(f.save(tmp_path / "features.pt"))
+    assert same(back, f) and not (tmp_path / "features.pt.tmp").exists()
+    # features.pt as runs wrote it before Features existed: a plain dict of the same keys
+    torch.save({"ids": f.ids, "emb": f.emb, "angle_intra": f.angle_intra, "angle_inter": f.angle_inter,
+                "angle": f.angle, "prompt_tokens": f.prompt_tokens, "cot": f.cot, "level": f.level},
+               tmp_path / "old.pt")
+    assert same(Features.load(tmp_path / "old.pt"), f)
+    torch.save({"ids": f.ids, "emb": f.emb}, tmp_path / "partial.pt")
+    with pytest.raises(ValueError, match="partial.pt"):
+        Features.load(tmp_path / "partial.pt")
+
+
+def test_features_rows_and_shapes():
+    rows = features().ledger_rows()
+    assert [r.prompt_id for r in rows] == ["p0", "p1", "p2"]
+    assert rows[1].prompt_tokens == 7 and rows[1].cot_tokens == 12 and rows[2].level == 0
+    assert isinstance(rows[0].angle_score, float)
+    with pytest.raises(ValueError, match="angle has 2 rows for 3 prompts"):
+        replace(features(), angle=torch.zeros(2))
+
+
+def test_calibration_json_round_trip_and_metrics(tmp_path):
+    cal = Calibration(indices=(4, 0, 2, 7), success=torch.tensor([0.0, 0.25, 1.0, 0.5]))
+    saved = json.loads(cal.save(tmp_path / "calibrate.json").read_text())
+    assert saved["indices"] == [4, 0, 2, 7] and saved["calibrate/effective"] == 0.5
+    back = Calibration.load(tmp_path / "calibrate.json")
+    assert back.indices == cal.indices and torch.equal(back.success, cal.success)
+    assert back.success.dtype == torch.float32
+    assert cal.metrics == {"calibrate/success_mean": 0.4375, "calibrate/effective": 0.5,
+                           "calibrate/solved": 0.25, "calibrate/unsolved": 0.25}
+    with pytest.raises(ValueError, match="3 indices"):
+        Calibration(indices=(1, 2, 3), success=torch.zeros(2))
+
+
+def test_run_info_round_trip(tmp_path):
+    info = replace(RunInfo(), policy_path="/m", data_fingerprint="abc", flow="retrain", parent_version="")
+    write_json(tmp_path / "info.json", asdict(info))
+    assert RunInfo.load(tmp_path / "info.json") == info
+    assert RunInfo.load(tmp_path / "info.json").parent_version == ""  # "" (no parent yet) is not None
+
+
+def test_atomic_write_replaces_whole_or_not_at_all(tmp_path):
+    path = tmp_path / "f.json"
+    write_json(path, {"a": 1})
+    assert json.loads(path.read_text()) == {"a": 1}
+
+    def torn(f):
+        f.write(b'{"a": ')
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        atomic_write(path, torn)
+    assert json.loads(path.read_text()) == {"a": 1}  # the old content, not a torn one
+    assert [p.name for p in tmp_path.iterdir()] == ["f.json"]  # no temporary file left behind
+    write_json(path, {"b": [1, 2]})
+    assert json.loads(path.read_text()) == {"b": [1, 2]}
