@@ -35,6 +35,7 @@ from rlcore.seeding import derive_seed
 from rlcore.selection import dots_weights, sample_prompts, uniform_weights
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
+from tasks.training.rollouts import Measure, random_reference, reference_rollouts
 
 
 class Selector:
@@ -72,8 +73,8 @@ class Selector:
                                             beta=gc.beta, gamma=gc.gamma) if gc.enabled else None
 
     # ---- round ------------------------------------------------------------------------------------
-    def begin_round(self, round_: int, step: int, measure, run) -> dict[str, float]:
-        """Refresh predictions and pools for a new round. ``measure(records, g, seed) -> rewards [K, g]``."""
+    def begin_round(self, round_: int, step: int, measure: Measure, run) -> dict[str, float]:
+        """Refresh predictions and pools for a new round; ``measure`` takes DOTS's reference rollouts."""
         cfg, m = self.cfg, len(self.pool)
         metrics: dict[str, float] = {}
         active = torch.ones(m, dtype=torch.bool)
@@ -122,13 +123,12 @@ class Selector:
         metrics["select/eligible"] = float(active.sum())
         return metrics
 
-    def _dots_round(self, round_: int, step: int, measure, run, active: torch.Tensor) -> dict[str, float]:
+    def _dots_round(self, round_: int, step: int, measure: Measure, run, active: torch.Tensor) -> dict[str, float]:
         cfg = self.cfg
-        gen = torch.Generator().manual_seed(derive_seed(cfg.seed, round_, "reference"))
-        cand = active.nonzero().squeeze(1)
-        k = min(cfg.calibrate.k, len(cand))
-        ref = cand[torch.randperm(len(cand), generator=gen)[:k]]
-        rewards = measure([self.pool[i] for i in ref], cfg.calibrate.g, derive_seed(cfg.seed, round_, "ref-roll"))
+        ref = random_reference(active.nonzero().squeeze(1), cfg.calibrate.k, derive_seed(cfg.seed, round_, "reference"))
+        k = len(ref)
+        rewards = reference_rollouts(measure, self.pool, ref, cfg.calibrate.g,
+                                     derive_seed(cfg.seed, round_, "ref-roll"))
         labels = rewards.float().mean(1)  # [K]
         self._record(ref, labels)
         half = k // 2
