@@ -3,7 +3,9 @@
 Each round (every ``train.round_steps`` = mu steps):
 
 1. **ScalingRL** (``curriculum.enabled``; a labelled reconstruction, rlcore/curriculum.py): the scheduler
-   moves the active pool's size and explore/exploit mix from the accuracy trend, and the pool is the top
+   moves the active pool's size with the train accuracy and the explore/exploit mix rho with the held-out
+   accuracy (the training loop's ``eval.every`` evaluations, :meth:`Selector.set_heldout_accuracy`; without
+   them rho stays at ``curriculum.rho0``), and the pool is the top
    prompts by Data Effectiveness Score (difficulty from DOTS's predictions when on, else the last measured
    success rate) plus still-unlearned prompts seen before.
 2. **GAIN-RL** (``gain.enabled``, rlcore/angle.py + rlcore/gain_sampler.py): a Gaussian window over the
