@@ -5,7 +5,7 @@
 #
 # Usage: bash infra/vllm-serve.sh MODEL_DIR [PORT] [extra `vllm serve` args, e.g. --dtype bfloat16]
 #
-#   VLLM_SERVER_DEV_MODE=1   exposes /collective_rpc and /reset_prefix_cache, which VLLMEngine.sync_weights
+#   VLLM_SERVER_DEV_MODE=1   exposes /collective_rpc and /reset_prefix_cache, which VLLMEngine.reload_weights
 #                            uses to reload new weights in place at round boundaries. Bound to 127.0.0.1 only:
 #                            the dev endpoints must never face a network.
 #   --logprobs-mode processed_logprobs   log-probs after temperature/top-k/top-p (what the trainer computes)

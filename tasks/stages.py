@@ -35,7 +35,8 @@ from tasks.run import Run, resolve_dtype, show_progress
 from tasks.training import score
 from tasks.training.calibration import Calibration
 from tasks.training.evaluate import EvalResult, evaluate, flat_metrics, table_rows
-from tasks.training.loop import TrainSummary, rollout_rewards, train
+from tasks.training.loop import HeldoutEval, TrainSummary, train
+from tasks.training.rollouts import policy_measure, reference_rollouts, stratified_reference
 from tasks.training.score import Features
 
 log = logging.getLogger("rlsift")
@@ -120,17 +121,9 @@ def calibrate_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> Calib
     cache = run.dir / "calibrate.json"
     if cache.exists():
         return Calibration.load(cache)
-    gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "calibrate"))
-    strata: dict = {}
-    for i in torch.randperm(len(pool), generator=gen).tolist():
-        strata.setdefault(pool[i].level, []).append(i)
-    picked, k = [], min(cfg.calibrate.k, len(pool))
-    while len(picked) < k:  # round-robin over levels
-        for lv in sorted(strata, key=lambda x: (x is None, x)):
-            if strata[lv] and len(picked) < k:
-                picked.append(strata[lv].pop())
+    picked = stratified_reference(pool, cfg.calibrate.k, derive_seed(cfg.seed, "calibrate"))
     with run.meter.stage("calibrate"):
-        _, rewards = rollout_rewards(policy, [pool[i] for i in picked], cfg.calibrate.g,
+        rewards = reference_rollouts(policy_measure(policy), pool, picked, cfg.calibrate.g,
                                      derive_seed(cfg.seed, "calibrate-roll"))
     calibration = Calibration(indices=tuple(picked), success=rewards.mean(1))
     rates = calibration.success
@@ -168,10 +161,10 @@ def train_stage(run: Run, policy: Policy, pool: list[PromptRecord], features: Fe
     ec = run.cfg.eval
     during = test[: ec.limit] if ec.limit else test
 
-    def eval_during(step: int) -> dict:
+    def eval_during(step: int) -> HeldoutEval:
         res = evaluate(policy, during, samples=0, seed=run.cfg.seed)
         run.ledger.add_evals(run.run_id, table_rows(res, "during", step))
-        return flat_metrics(res)
+        return HeldoutEval(accuracy=res.overall.greedy_acc, metrics=flat_metrics(res))
 
     summary = train(run, policy, pool, features, calibration, evaluate_fn=eval_during)
     run.log_stage_cost("train", summary.steps, parts=TRAIN_PARTS)

@@ -7,7 +7,7 @@ port for a tiny Llama (head size 32, the smallest the CPU attention kernels take
 Checks: shapes and prompt-major layout; the server's log-probs (``processed_logprobs``, temperature 0.7)
 agree with ``tasks.model.forward.token_logprobs`` on the same weights (atol 2e-4: two float32 implementations
 of the same network, different kernels and summation order); seeded sampling repeats; greedy picks the
-arg-max token; ``sync_weights`` to a second model's folder makes the log-probs follow the new weights.
+arg-max token; ``reload_weights`` from a second model's folder makes the log-probs follow the new weights.
 """
 
 from __future__ import annotations
@@ -132,11 +132,11 @@ def test_greedy_picks_argmax(served):
     assert float(((best - lp_chosen).abs() * gen.completion_mask).max()) < ATOL
 
 
-def test_sync_weights_takes_effect(served):
+def test_reload_weights_takes_effect(served):
     engine, models, tok, tmp = served
     texts = [format_prompt(tok, q) for q in PROMPTS]
-    seconds = engine.sync_weights(tmp / "b")
-    print(f"sync_weights: {seconds:.3f} s")
+    seconds = engine.reload_weights(tmp / "b")
+    print(f"reload_weights: {seconds:.3f} s")
     try:
         gen, lp = engine.generate_with_logprobs(texts, n=4, seed=11)
         on_b = (_hf_logprobs(models["b"], gen, tok, TEMPERATURE) - lp).abs()[gen.completion_mask]
@@ -144,6 +144,6 @@ def test_sync_weights_takes_effect(served):
         assert float(on_b.max()) < ATOL
         assert float(on_a.max()) > 0.1  # and no longer the old weights
     finally:
-        engine.sync_weights(tmp / "a")
+        engine.reload_weights(tmp / "a")
     with pytest.raises(ValueError, match="no config.json"):
-        engine.sync_weights(tmp)
+        engine.reload_weights(tmp)

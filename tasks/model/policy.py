@@ -34,6 +34,7 @@ from transformers import (
 )
 
 from tasks.data.prompts import PromptRecord
+from tasks.model.rollout import RolloutEngine
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
@@ -189,11 +190,12 @@ def format_prompt(tokenizer: PreTrainedTokenizerBase, question: str, system: str
 
 @dataclass
 class Policy:
-    """A model, its tokenizer and the rollout engine bound to it."""
+    """A model, its tokenizer and the rollout engine bound to it (``engine.sync_weights`` brings it up to date
+    with ``model``)."""
 
     model: torch.nn.Module
-    tokenizer: object
-    engine: object
+    tokenizer: PreTrainedTokenizerBase
+    engine: RolloutEngine
     system_prompt: str | None = None
 
     def prompts(self, records: list[PromptRecord]) -> list[str]:

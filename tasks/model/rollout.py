@@ -2,14 +2,18 @@
 
 ``HFEngine`` uses ``transformers`` generation (left padding, KV cache, sampling settings from config).
 Each call is seeded from ``(seed, step, purpose)``, so a resumed run samples exactly what an
-uninterrupted one would. The vLLM engine (``tasks/model/vllm_engine.py``) has the same ``generate`` signature.
+uninterrupted one would. Every engine implements :class:`RolloutEngine` (``generate`` and ``sync_weights``);
+the other one is the vLLM server's (``tasks/model/vllm_engine.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from rlcore.seeding import derive_seed
 
@@ -51,8 +55,26 @@ def add_special(tokenizer) -> bool:
     return not getattr(tokenizer, "chat_template", None)
 
 
-class HFEngine:
-    """Sampling with ``model.generate`` (the default engine; CPU or GPU)."""
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the training loop, the selector and the evaluation need from a rollout engine."""
+
+    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False) -> Generation:
+        """n completions for each of the B ``prompts`` (prompt-major rows), reproducible from ``seed``;
+        ``greedy``: arg-max decoding (then n is usually 1)."""
+        ...
+
+    def sync_weights(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, folder: str | Path) -> float:
+        """Make the next ``generate`` sample from ``model``'s current weights; returns the seconds it took.
+
+        ``folder``: where an engine that runs outside this process may write the weights for it to load.
+        """
+        ...
+
+
+class HFEngine(RolloutEngine):
+    """Sampling with ``model.generate`` (the default engine; CPU or GPU). It samples from the live training
+    model itself, so :meth:`sync_weights` has nothing to do."""
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
                  top_k: int = 0, chunk: int = 512, device: torch.device | str = "cpu"):
@@ -87,3 +109,9 @@ class HFEngine:
         ids = torch.where(mask, ids, torch.full_like(ids, self.tok.pad_token_id))
         texts = self.tok.batch_decode(ids, skip_special_tokens=True)
         return Generation(prompt_ids=prompt_ids, completion_ids=ids, completion_mask=mask, texts=texts, n=n)
+
+    def sync_weights(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, folder: str | Path) -> float:
+        """A no-op: ``generate`` runs the very module the update trains (``model`` is that module)."""
+        if model is not self.model:
+            raise ValueError("HFEngine samples from the model it was built with; it cannot sync another one")
+        return 0.0

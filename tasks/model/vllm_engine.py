@@ -13,10 +13,12 @@ this engine talks to it with the standard library's ``urllib``:
   returned values are after temperature (and top-k/top-p) scaling, i.e. the sampling distribution, which is
   what ``tasks.model.forward.token_logprobs(..., temperature)`` computes on the training side (equal when
   top_k=0 and top_p=1; the default ``raw_logprobs`` would ignore the temperature).
-- Weight synchronisation (``sync_weights``): vLLM 0.32's in-place reload, ``Worker.reload_weights(weights_path=)``,
+- Weight synchronisation (``sync_weights``, the :class:`tasks.model.rollout.RolloutEngine` method): vLLM 0.32's
+  in-place reload, ``Worker.reload_weights(weights_path=)``,
   called through the dev endpoint ``POST /collective_rpc`` (the server runs with ``VLLM_SERVER_DEV_MODE=1``),
   then ``POST /reset_prefix_cache`` so no KV block computed with the old weights is reused. The folder must
-  hold the same architecture (written by :func:`export_for_vllm`; :meth:`VLLMEngine.sync_model` does both).
+  hold the same architecture (written by :func:`export_for_vllm`; :meth:`VLLMEngine.sync_weights` exports, then
+  :meth:`VLLMEngine.reload_weights` loads).
   Choices: this disk round trip over the NCCL weight-transfer endpoints (``/init_weight_transfer_engine``,
   ``/update_weights``) because it works on CPU and across machines without a shared process group. Where
   dev mode is not allowed, the manual fallback is restarting the server on the new folder (about 30-50 s
@@ -46,15 +48,15 @@ from pathlib import Path
 import torch
 
 from rlcore.seeding import derive_seed
-from tasks.model.rollout import Generation, add_special
+from tasks.model.rollout import Generation, RolloutEngine, add_special
 
 
 class VLLMError(RuntimeError):
     """The vLLM server answered with an error or could not be reached."""
 
 
-class VLLMEngine:
-    """Sampling through a running ``vllm serve`` (same ``generate`` as :class:`tasks.model.rollout.HFEngine`).
+class VLLMEngine(RolloutEngine):
+    """Sampling through a running ``vllm serve`` (a :class:`tasks.model.rollout.RolloutEngine`, like ``HFEngine``).
 
     Args:
         url: the server's base URL, e.g. ``http://127.0.0.1:8000``.
@@ -145,7 +147,7 @@ class VLLMEngine:
         return self.generate_with_logprobs(prompts, n, seed, greedy)[0]
 
     # -- weights ----------------------------------------------------------------------------------------
-    def sync_weights(self, model_dir: str | Path) -> float:
+    def reload_weights(self, model_dir: str | Path) -> float:
         """Load the weights saved in ``model_dir`` into the running server, in place. Returns seconds.
 
         Needs the server started with ``VLLM_SERVER_DEV_MODE=1`` (``infra/vllm-serve.sh`` does) and a folder
@@ -165,10 +167,10 @@ class VLLMEngine:
         self._request("/reset_prefix_cache", {})
         return time.perf_counter() - t0
 
-    def sync_model(self, model, tokenizer, folder: str | Path) -> float:
-        """Export ``model`` to ``folder`` (:func:`export_for_vllm`) and :meth:`sync_weights` from it; seconds."""
+    def sync_weights(self, model: torch.nn.Module, tokenizer, folder: str | Path) -> float:
+        """Export ``model`` to ``folder`` (:func:`export_for_vllm`) and :meth:`reload_weights` from it; seconds."""
         t0 = time.perf_counter()
-        self.sync_weights(export_for_vllm(model, tokenizer, folder))
+        self.reload_weights(export_for_vllm(model, tokenizer, folder))
         return time.perf_counter() - t0
 
 
@@ -183,7 +185,7 @@ def export_for_vllm(model, tokenizer, path: str | Path) -> Path:
     The untied copy sets ``tie_word_embeddings: false`` in ``config.json`` and adds a safetensors shard
     holding the head's weight (= the embedding), listed in ``model.safetensors.index.json`` (a single-file
     save becomes two shards), so both transformers and vLLM load it.
-    Returns the folder (for :meth:`VLLMEngine.sync_weights` or ``vllm serve``).
+    Returns the folder (for :meth:`VLLMEngine.reload_weights` or ``vllm serve``).
     """
     from safetensors import safe_open
     from safetensors.torch import save_file

@@ -1,6 +1,7 @@
 """Crash-safe checkpoints of the complete training state.
 
-A checkpoint holds the model, optimizer, selector (DOTS predictor, curriculum scheduler, GAIN-RL window,
+A checkpoint holds the model, the optimizer state (through the run's ``Updater``, tasks/training/update.py,
+whatever the backend), selector (DOTS predictor, curriculum scheduler, GAIN-RL window,
 pool statistics), replay buffer, cost meter, every RNG state and the step counter. It is written to a
 temporary file, fsynced and renamed into place, then the ``latest`` pointer is replaced the same way: a
 kill at any moment leaves either the previous or the new checkpoint, never a torn one. Randomness in the
@@ -23,17 +24,18 @@ import torch
 
 from rlcore.seeding import derive_seed
 from tasks.records.files import atomic_write
+from tasks.training.update import Updater
 
 KEEP = 2
 
 
-def save(run, step: int, model, optimizer, selector, buffer) -> Path:
+def save(run, step: int, model, updater: Updater, selector, buffer) -> Path:
     folder = run.checkpoint_dir
     folder.mkdir(parents=True, exist_ok=True)
     state = {
         "step": step,
         "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
+        "optimizer": updater.state_dict(),
         "selector": selector.state_dict(),
         "buffer": buffer.state_dict() if buffer is not None else None,
         "meter": run.meter.state_dict(),
@@ -56,7 +58,7 @@ def latest(run) -> Path | None:
     return path if path.exists() else None
 
 
-def restore(run, model, optimizer, selector, buffer) -> int:
+def restore(run, model, updater: Updater, selector, buffer) -> int:
     """Load the latest checkpoint of ``run`` into the given objects; returns the step to continue from.
 
     The ledger's step rows past the checkpoint (a crashed process's) are removed, also when there is no
@@ -73,7 +75,7 @@ def restore(run, model, optimizer, selector, buffer) -> int:
         return 0
     state = torch.load(path, weights_only=False)
     model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    updater.load_state_dict(state["optimizer"])  # after the model: the sharded updater pushes its weights
     selector.load_state_dict(state["selector"])
     if buffer is not None and state["buffer"] is not None:
         buffer.load_state_dict(state["buffer"])

@@ -4,54 +4,58 @@ One step (verl-style, every phase timed so the timing metrics read as a table of
 
     round start (every mu steps): reference rollouts -> predictor, curriculum and window updates
     select B_fresh prompts                               (tasks/training/selector.py: ScalingRL -> GAIN-RL -> DOTS)
-    generate n rollouts each, verify rewards             (rollout engine, tasks/data/rewards.py)
+    generate n rollouts each, verify rewards             (tasks/training/rollouts.py)
     keep m of n per prompt, advantages on the kept m      (rlcore.downsample, rlcore.advantages)
     mix in B - B_fresh replayed groups                    (rlcore.replay_buffer)
-    clipped policy-gradient step                          (tasks/training/update.py -> rlcore.grpo_loss)
+    clipped policy-gradient step at the step's lr         (the run's Updater, tasks/training/update.py)
     admit fresh groups with 0 < success < 1 (from all n) to the buffer; label the predictor
     ledger rows for every selection and group; metrics; checkpoint at round ends
+    every eval.every steps: held-out evaluation, whose accuracy feeds the selector (ScalingRL's rho)
 
 With every technique off this is plain GRPO with uniform prompt selection.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from tqdm.auto import tqdm
 
 from rlcore.advantages import effective_mask, group_advantages
-from rlcore.angle import online_angle_signal
 from rlcore.downsample import downsample
 from rlcore.replay_buffer import ReplayBuffer, mix_counts
 from rlcore.seeding import derive_seed
 from rlcore.types import RolloutGroup
 from tasks.data.prompts import PromptRecord
-from tasks.data.rewards import batch_rewards
 from tasks.model.policy import Policy
 from tasks.model.rollout import Generation
 from tasks.records.ledger import GroupRow
 from tasks.run import Run, show_progress
 from tasks.training import checkpoint
 from tasks.training.calibration import Calibration
+from tasks.training.rollouts import policy_measure, rollout_rewards
 from tasks.training.score import Features
 from tasks.training.selector import Selector
-from tasks.training.update import policy_update
+from tasks.training.update import build_updater, scheduled_lr
 
 log = logging.getLogger("rlsift.train")
 
 
-def rollout_rewards(policy: Policy, records: list[PromptRecord], n: int, seed: int,
-                    workers: int = 4) -> tuple[Generation, torch.Tensor]:
-    """Generate n completions per record and verify them. Returns the generation and rewards [B, n]."""
-    gen = policy.engine.generate(policy.prompts(records), n=n, seed=seed)
-    rewards = batch_rewards([r for r in records for _ in range(n)], gen.texts, workers=workers)
-    return gen, torch.tensor(rewards, dtype=torch.float32).view(len(records), n)
+@dataclass(frozen=True)
+class HeldoutEval:
+    """One in-training held-out evaluation (``eval.every``): greedy accuracy in [0, 1] and the metrics to log."""
+
+    accuracy: float
+    metrics: dict[str, float]
+
+
+#: ``step -> HeldoutEval``: evaluates the current policy after ``step`` updates (tasks/stages.py ``train_stage``).
+EvaluateFn = Callable[[int], HeldoutEval]
 
 
 def make_groups(gen: Generation, rewards: torch.Tensor, records: list[PromptRecord], step: int, *, m: int | None,
@@ -87,32 +91,25 @@ class TrainSummary:
 
 
 def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features,
-          calibration: Calibration | None = None, evaluate_fn=None) -> TrainSummary:
-    """Run (or resume) the training stage."""
+          calibration: Calibration | None = None, evaluate_fn: EvaluateFn | None = None) -> TrainSummary:
+    """Run (or resume) the training stage.
+
+    ``evaluate_fn`` runs every ``eval.every`` steps (0: never); its accuracy goes to
+    ``Selector.set_heldout_accuracy``, which ScalingRL's scheduler reads at the next round start.
+    """
     cfg, tc = run.cfg, run.cfg.train
     model = policy.model
-    if cfg.scale.backend == "single":
-        optimizer, update_fn = (torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tc.betas,
-                                                  weight_decay=tc.weight_decay), policy_update)
-    else:  # scale-out hook: the update runs sharded over the torchrun ranks; `model` stays rank 0's full copy
-        from tasks.training.sharded_update import Driver
-
-        optimizer = Driver(cfg, model)  # optimizer-like for checkpoints
-        update_fn = optimizer.update
-    ref_model = copy.deepcopy(model).eval() if tc.kl_coef > 0 else None
+    # one process, or sharded over the torchrun ranks (then `model` stays rank 0's full copy, updated in place)
+    updater = build_updater(cfg, model, pad_id=policy.tokenizer.pad_token_id, device=run.device)
     selector = Selector(cfg, pool, features)
     if calibration is not None:
         selector.seed_labels(calibration)
     buffer = ReplayBuffer(cfg.replay.capacity, cfg.replay.max_age) if cfg.replay.enabled else None
-    start = checkpoint.restore(run, model, optimizer, selector, buffer)
+    start = checkpoint.restore(run, model, updater, selector, buffer)
     if start:
         run.ledger.truncate_after(run.run_id, start - 1)
         log.info("resuming at step %d", start)
-    pad_id = policy.tokenizer.pad_token_id
-    angle_fn = (lambda h, am: online_angle_signal(h, am)) if cfg.gain.enabled else None
-
-    def measure(records: list[PromptRecord], g: int, seed: int) -> torch.Tensor:
-        return rollout_rewards(policy, records, g, seed)[1]
+    measure = policy_measure(policy)
 
     metrics_file = run.dir / "metrics.jsonl"
     if metrics_file.exists():  # a resumed run drops what the crashed one logged past its checkpoint
@@ -148,14 +145,9 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
             replayed = buffer.sample(n_replay, step, torch.Generator().manual_seed(
                 derive_seed(cfg.seed, step, "replay"))) if n_replay else []
         batch = fresh + replayed
-        if tc.warmup_steps and hasattr(optimizer, "param_groups"):  # a function of the step: resume-safe
-            for group in optimizer.param_groups:
-                group["lr"] = tc.lr * min(1.0, (step + 1) / tc.warmup_steps)
+        updater.set_lr(scheduled_lr(cfg, step))
         with run.meter.stage("update"):
-            stats = update_fn(model, optimizer, batch, clip_eps=tc.clip_eps, aggregation=tc.aggregation,
-                              grad_clip=tc.grad_clip, temperature=cfg.rollout.temperature, pad_id=pad_id,
-                              minibatches=tc.minibatches, kl_coef=tc.kl_coef, ref_model=ref_model,
-                              device=run.device, angle_fn=angle_fn)
+            stats = updater.step(batch)
         with run.meter.stage("selection"):
             if buffer is not None:
                 for g in fresh:
@@ -188,7 +180,9 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
                 metrics |= buffer.stats(step) | {"replay/fresh": float(len(fresh)), "replay/replayed": float(n_replay)}
         if evaluate_fn is not None and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
             with run.meter.stage("eval_during"):
-                metrics |= evaluate_fn(step + 1)
+                held = evaluate_fn(step + 1)
+            metrics |= held.metrics
+            selector.set_heldout_accuracy(held.accuracy)  # before the checkpoint below, so a resume keeps it
         metrics["time/step_s"] = time.perf_counter() - t0
         metrics |= run.meter.metrics()
         with run.meter.stage("tracking"):
@@ -204,17 +198,16 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
         if (step + 1) % tc.round_steps == 0 or (tc.checkpoint_every and (step + 1) % tc.checkpoint_every == 0) \
                 or step + 1 == tc.steps:
             with run.meter.stage("checkpoint"):
-                checkpoint.save(run, step + 1, model, optimizer, selector, buffer)
+                checkpoint.save(run, step + 1, model, updater, selector, buffer)
     bar.close()
     sync_rollout_weights(run, policy)  # the final evaluation samples with the final weights
     return summary
 
 
 def sync_rollout_weights(run: Run, policy: Policy) -> None:
-    """Hook for server-side rollout engines (``tasks/model/vllm_engine.py``): push the current weights to it."""
-    if hasattr(policy.engine, "sync_model"):
-        with run.meter.stage("weight_sync"):
-            policy.engine.sync_model(policy.model, policy.tokenizer, run.dir / "vllm_weights")
+    """Bring the rollout engine up to date with the policy's weights (``RolloutEngine.sync_weights``: nothing to do
+    for the in-process HF engine, an export and reload for the vLLM server, tasks/model/vllm_engine.py)."""
+    run.meter.add("weight_sync", policy.engine.sync_weights(policy.model, policy.tokenizer, run.dir / "vllm_weights"))
 
 
 def _step_of(line: str) -> float:

@@ -3,7 +3,9 @@
 Each round (every ``train.round_steps`` = mu steps):
 
 1. **ScalingRL** (``curriculum.enabled``; a labelled reconstruction, rlcore/curriculum.py): the scheduler
-   moves the active pool's size and explore/exploit mix from the accuracy trend, and the pool is the top
+   moves the active pool's size with the train accuracy and the explore/exploit mix rho with the held-out
+   accuracy (the training loop's ``eval.every`` evaluations, :meth:`Selector.set_heldout_accuracy`; without
+   them rho stays at ``curriculum.rho0``), and the pool is the top
    prompts by Data Effectiveness Score (difficulty from DOTS's predictions when on, else the last measured
    success rate) plus still-unlearned prompts seen before.
 2. **GAIN-RL** (``gain.enabled``, rlcore/angle.py + rlcore/gain_sampler.py): a Gaussian window over the
@@ -37,6 +39,7 @@ from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.records.ledger import ReferenceRow, SelectionRow
 from tasks.training.calibration import Calibration
+from tasks.training.rollouts import Measure, random_reference, reference_rollouts
 from tasks.training.score import Features
 
 
@@ -75,8 +78,8 @@ class Selector:
                                             beta=gc.beta, gamma=gc.gamma) if gc.enabled else None
 
     # ---- round ------------------------------------------------------------------------------------
-    def begin_round(self, round_: int, step: int, measure, run) -> dict[str, float]:
-        """Refresh predictions and pools for a new round. ``measure(records, g, seed) -> rewards [K, g]``."""
+    def begin_round(self, round_: int, step: int, measure: Measure, run) -> dict[str, float]:
+        """Refresh predictions and pools for a new round; ``measure`` takes DOTS's reference rollouts."""
         cfg, m = self.cfg, len(self.pool)
         metrics: dict[str, float] = {}
         active = torch.ones(m, dtype=torch.bool)
@@ -125,13 +128,12 @@ class Selector:
         metrics["select/eligible"] = float(active.sum())
         return metrics
 
-    def _dots_round(self, round_: int, step: int, measure, run, active: torch.Tensor) -> dict[str, float]:
+    def _dots_round(self, round_: int, step: int, measure: Measure, run, active: torch.Tensor) -> dict[str, float]:
         cfg = self.cfg
-        gen = torch.Generator().manual_seed(derive_seed(cfg.seed, round_, "reference"))
-        cand = active.nonzero().squeeze(1)
-        k = min(cfg.calibrate.k, len(cand))
-        ref = cand[torch.randperm(len(cand), generator=gen)[:k]]
-        rewards = measure([self.pool[i] for i in ref], cfg.calibrate.g, derive_seed(cfg.seed, round_, "ref-roll"))
+        ref = random_reference(active.nonzero().squeeze(1), cfg.calibrate.k, derive_seed(cfg.seed, round_, "reference"))
+        k = len(ref)
+        rewards = reference_rollouts(measure, self.pool, ref, cfg.calibrate.g,
+                                     derive_seed(cfg.seed, round_, "ref-roll"))
         labels = rewards.float().mean(1)  # [K]
         self._record(ref, labels)
         half = k // 2

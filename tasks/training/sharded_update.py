@@ -8,13 +8,15 @@ Design (the simplest one that stays exactly equivalent to one process; see ``doc
 - Ranks 1..W-1 run :func:`serve`: a loop that receives one command at a time from rank 0
   (``broadcast_object_list``) and takes part in it. Generation is not repeated on every rank (no seed-lock
   across processes, no W-fold reward work), and the batch each rank trains on is rank 0's, bit for bit.
-- An update (:meth:`Driver.update`, with ``tasks.training.update.policy_update``'s signature): rank 0 broadcasts the
-  step's ``RolloutGroup`` list and loss settings; every rank runs ``policy_update`` on its slice with the
+- :class:`Driver` is rank 0's :class:`tasks.training.update.Updater`. An update (:meth:`Driver.step`): rank 0
+  broadcasts the step's ``RolloutGroup`` list, the run's ``LossSettings`` and the step's learning rate (set by
+  :meth:`Driver.set_lr`, so a warm-up reaches every rank's optimizer: torch's ``param_groups``, or the
+  DeepSpeed ZeRO optimizer's); every rank sets that lr and runs ``policy_update`` on its slice with the
   globally normalised loss (``tasks/training/distributed.py``); then the full weights are gathered to rank 0
   (collective under FSDP2 / ZeRO-3) and copied into ``policy.model``, so the next rollouts use them.
-- Checkpoints: :class:`Driver` stands in for the optimizer in ``tasks/training/checkpoint.py``: ``state_dict``
-  gathers the (possibly sharded) optimizer state to rank 0, ``load_state_dict`` pushes rank 0's restored
-  weights and optimizer state to every rank. A resume needs the same backend and world size.
+- Checkpoints (``tasks/training/checkpoint.py``): ``state_dict`` gathers the (possibly sharded) optimizer
+  state to rank 0, ``load_state_dict`` pushes rank 0's restored weights and optimizer state to every rank.
+  A resume needs the same backend and world size.
 
 Costs: rank 0 holds its full generation copy next to its training replica (twice the weights; for DDP and
 ZeRO-2 the replica is itself full), and each step moves the full weights once (gather + copy), as any
@@ -25,23 +27,23 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
-from rlcore.angle import online_angle_signal
+from rlcore.types import RolloutGroup
 from tasks.training.distributed import (
     DataShard,
     broadcast_module,
     full_state_dict,
     init_distributed,
-    is_deepspeed,
     load_state,
     optimizer_state,
     reference_copy,
     wrap,
 )
-from tasks.training.update import policy_update
+from tasks.training.update import LossSettings, Updater, policy_update, set_lr
 
 INIT, UPDATE, OPT_STATE, LOAD, STOP = "init", "update", "optim_state", "load", "stop"
 
@@ -74,45 +76,52 @@ class _Replica:
         self.model, self.optimizer = wrap(model, factory, cfg, self.device)
         self.shard = DataShard.current()
 
-    def update(self, groups, settings: dict) -> dict[str, float]:
-        settings = dict(settings)
-        angle = settings.pop("angle")
-        stats = policy_update(self.model, self.optimizer, groups, ref_model=self.ref, device=self.device,
-                              angle_fn=online_angle_signal if angle else None, shard=self.shard, **settings)
-        return stats
+    def update(self, groups: Sequence[RolloutGroup], settings: LossSettings, lr: float) -> dict[str, float]:
+        set_lr(self.optimizer, lr)
+        return policy_update(self.model, self.optimizer, groups, ref_model=self.ref, device=self.device,
+                             shard=self.shard, **settings.update_kwargs())
 
 
-class Driver:
-    """Rank 0's handle on the sharded update: optimizer-like for checkpoints, ``update`` for the train loop.
+class Driver(Updater):
+    """Rank 0's :class:`~tasks.training.update.Updater` for the sharded backends.
 
     Args:
         cfg: the run's config (broadcast to the other ranks, which build the model from its HF config).
         model: rank 0's full-weight policy (used for generation); updated in place after every step.
+        settings: the loss settings of every step (sent with each update).
+
+    Raises:
+        ValueError: a DeepSpeed backend with ``settings.grad_clip`` other than ``train.grad_clip`` (DeepSpeed
+            clips by its config).
     """
 
-    def __init__(self, cfg, model: torch.nn.Module):
+    def __init__(self, cfg, model: torch.nn.Module, settings: LossSettings):
+        if settings.grad_clip != cfg.train.grad_clip and cfg.scale.backend.startswith("deepspeed"):
+            raise ValueError(f"DeepSpeed clips by its config (train.grad_clip={cfg.train.grad_clip}), "
+                             f"got grad_clip={settings.grad_clip}")
         if not dist.is_initialized():  # `rlsift run` with a sharded backend: a one-process group
             init_distributed(cfg.model.device)  # (e.g. DeepSpeed ZeRO-offload on one GPU)
         if dist.get_rank() != 0:
             raise RuntimeError("the Driver lives on rank 0; the other ranks run tasks.training.sharded_update.serve()")
-        self.cfg, self.policy_model = cfg, model
+        self.cfg, self.policy_model, self.settings = cfg, model, settings
+        self.lr = cfg.train.lr
         dtype = next(model.parameters()).dtype
         _send(INIT, (cfg, model.config, dtype))
         self.replica = _Replica(cfg, copy.deepcopy(model))
 
-    def update(self, model, optimizer, groups, *, grad_clip: float, ref_model=None, device=None, angle_fn=None,
-               **settings) -> dict[str, float]:
-        """``policy_update``'s signature; ``model``/``optimizer``/``ref_model``/``device`` are the ranks' own."""
-        if grad_clip != self.cfg.train.grad_clip and is_deepspeed(self.replica.model):
-            raise ValueError(f"DeepSpeed clips by its config (train.grad_clip={self.cfg.train.grad_clip}), "
-                             f"got grad_clip={grad_clip}")
-        settings = {**settings, "grad_clip": grad_clip, "angle": angle_fn is not None}
-        _send(UPDATE, (groups, settings))
-        stats = self.replica.update(groups, settings)
+    def step(self, groups: Sequence[RolloutGroup]) -> dict[str, float]:
+        """Every rank updates on its slice of ``groups`` with the current lr; rank 0's policy model gets the
+        new full weights."""
+        _send(UPDATE, (groups, self.settings, self.lr))
+        stats = self.replica.update(groups, self.settings, self.lr)
         state = full_state_dict(self.replica.model, to_cpu=False)  # collective for the sharded backends
         with torch.no_grad():
             self.policy_model.load_state_dict(state)
         return stats
+
+    def set_lr(self, lr: float) -> None:
+        """Takes effect at the next :meth:`step`, on every rank (the lr travels with the update command)."""
+        self.lr = float(lr)
 
     def state_dict(self):
         _send(OPT_STATE)
@@ -146,8 +155,8 @@ def serve() -> None:
         if replica is None:
             raise RuntimeError(f"rank {dist.get_rank()}: command {cmd!r} before {INIT!r}")
         if cmd == UPDATE:
-            groups, settings = payload
-            replica.update(groups, settings)
+            groups, settings, lr = payload
+            replica.update(groups, settings, lr)
             full_state_dict(replica.model, to_cpu=False)
         elif cmd == OPT_STATE:
             optimizer_state(replica.model, replica.optimizer)

@@ -6,16 +6,28 @@ log-probs ``old_logp`` are the detached log-probs of the same forward pass (pi_t
 moment), so no extra no-grad pass is spent; with several minibatches a no-grad pass computes them first.
 Fresh groups get ``behaviour_logp = old_logp`` (the policy that sampled them is pi_old), which is what
 Rollout Replay stores.
+
+The training loop (tasks/training/loop.py) meets every backend through one interface, :class:`Updater`
+(``step``, ``set_lr``, ``state_dict``, ``load_state_dict``), built by :func:`build_updater`:
+:class:`LocalUpdater` (one process: AdamW + :func:`policy_update`) or
+``tasks.training.sharded_update.Driver`` (DDP, FSDP2, DeepSpeed ZeRO-2/3 under torchrun). The learning rate
+of every step comes from :func:`scheduled_lr` and reaches the optimizer(s) through ``set_lr``.
 """
 
 from __future__ import annotations
 
+import abc
+import copy
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Literal
 
 import torch
 
+from rlcore.angle import online_angle_signal
 from rlcore.grpo_loss import clipped_policy_loss
 from rlcore.types import RolloutGroup
+from tasks.config import Config
 from tasks.model.forward import capture_mlp_input, token_logprobs
 from tasks.training.distributed import DataShard, backward_step
 
@@ -122,3 +134,122 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     if angle_n:
         stats["gain/angle_online"] = angle_sum / angle_n
     return stats
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The fixed settings of every :func:`policy_update` call of a run (``train.*``, ``rollout.temperature``).
+
+    ``angle``: also compute GAIN-RL's online angle signal (``rlcore.angle.online_angle_signal``, metric
+    ``gain/angle_online``) from the update's forward pass.
+    """
+
+    clip_eps: float
+    aggregation: Literal["token", "sequence"]
+    grad_clip: float
+    temperature: float
+    pad_id: int
+    minibatches: int = 1
+    kl_coef: float = 0.0
+    angle: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: Config, pad_id: int) -> LossSettings:
+        tc = cfg.train
+        return cls(clip_eps=tc.clip_eps, aggregation=tc.aggregation, grad_clip=tc.grad_clip,
+                   temperature=cfg.rollout.temperature, pad_id=pad_id, minibatches=tc.minibatches,
+                   kl_coef=tc.kl_coef, angle=cfg.gain.enabled)
+
+    def update_kwargs(self) -> dict:
+        """Keyword arguments of :func:`policy_update` (``angle`` becomes ``angle_fn``)."""
+        kw = asdict(self)
+        kw["angle_fn"] = online_angle_signal if kw.pop("angle") else None
+        return kw
+
+
+def scheduled_lr(cfg: Config, step: int) -> float:
+    """The learning rate of (0-based) ``step``: ``train.lr``, ramped linearly over the first
+    ``train.warmup_steps`` steps (step s gets ``lr * (s + 1) / warmup``). A function of the step: resume-safe."""
+    tc = cfg.train
+    return tc.lr * min(1.0, (step + 1) / tc.warmup_steps) if tc.warmup_steps else tc.lr
+
+
+def set_lr(optimizer, lr: float) -> None:
+    """Set every param group's lr: a torch optimizer, or DeepSpeed's ZeRO optimizer (whose ``param_groups`` are
+    its wrapped torch optimizer's, read by ``engine.step``)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+class Updater(abc.ABC):
+    """One policy-gradient step per call, whatever the backend; checkpointable (``tasks/training/checkpoint.py``).
+
+    The updater trains the policy model it was built with in place, so the rollout engine sees the new weights
+    (through ``RolloutEngine.sync_weights``, tasks/model/rollout.py).
+    """
+
+    @abc.abstractmethod
+    def step(self, groups: Sequence[RolloutGroup]) -> dict[str, float]:
+        """One update on ``groups`` (fresh groups get their behaviour log-probs); returns :func:`policy_update`'s
+        metrics."""
+
+    @abc.abstractmethod
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the following steps, on every process that holds optimizer state."""
+
+    @abc.abstractmethod
+    def state_dict(self) -> object:
+        """The optimizer state needed to resume (with the model's weights, which the checkpoint saves itself)."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: object) -> None:
+        """Restore :meth:`state_dict`'s result; call after the policy model holds the checkpoint's weights."""
+
+
+class LocalUpdater(Updater):
+    """``scale.backend=single``: AdamW on ``model`` in this process and :func:`policy_update`.
+
+    Args:
+        model: the policy model (trained in place).
+        settings: the loss settings of every step.
+        lr, betas, weight_decay: AdamW's.
+        device: where the update's forward passes run.
+        ref_model: the frozen KL reference (needed when ``settings.kl_coef > 0``).
+    """
+
+    def __init__(self, model: torch.nn.Module, settings: LossSettings, *, lr: float, betas: tuple[float, float],
+                 weight_decay: float, device: torch.device | str = "cpu", ref_model: torch.nn.Module | None = None):
+        if settings.kl_coef > 0 and ref_model is None:
+            raise ValueError("kl_coef > 0 needs a reference model")
+        self.model, self.settings, self.device, self.ref_model = model, settings, device, ref_model
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+
+    def step(self, groups: Sequence[RolloutGroup]) -> dict[str, float]:
+        return policy_update(self.model, self.optimizer, groups, ref_model=self.ref_model, device=self.device,
+                             **self.settings.update_kwargs())
+
+    def set_lr(self, lr: float) -> None:
+        set_lr(self.optimizer, lr)
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state)
+
+
+def build_updater(cfg: Config, model: torch.nn.Module, *, pad_id: int, device: torch.device | str) -> Updater:
+    """The run's updater for ``scale.backend``: :class:`LocalUpdater` or the sharded ``Driver``.
+
+    For ``single`` the KL reference (``train.kl_coef > 0``) is a frozen copy of ``model`` as it is now; the
+    sharded backends keep one per rank (tasks/training/sharded_update.py).
+    """
+    settings = LossSettings.from_config(cfg, pad_id)
+    tc = cfg.train
+    if cfg.scale.backend == "single":
+        ref = copy.deepcopy(model).eval() if tc.kl_coef > 0 else None
+        return LocalUpdater(model, settings, lr=tc.lr, betas=tc.betas, weight_decay=tc.weight_decay, device=device,
+                            ref_model=ref)
+    from tasks.training.sharded_update import Driver  # imports this module: built on demand
+
+    return Driver(cfg, model, settings)

@@ -1,6 +1,9 @@
 """The `pipeline` flow end to end on the smoke budget under Prefect's test harness: ledger and MLflow contents."""
 
+import json
 from pathlib import Path
+
+import pytest
 
 from flows.pipeline import pipeline
 from tasks.records.ledger import Ledger
@@ -45,3 +48,29 @@ def test_pipeline_flow_records_everything(tmp_path, prefect_harness):
     for art in ("config.json", "eval_table.md", "training_curves.png", "eval_end.json", "model"):
         assert art in info["artifacts"], art
     assert s["model_version"] == "1"
+
+
+def test_heldout_accuracy_moves_scalingrl_rho(tmp_path, prefect_harness, easy_task):
+    """In-training evaluations (eval.every) feed ScalingRL's scheduler: when held-out accuracy changes between
+    two evaluations, the exploit share rho moves at the next round start (up when accuracy fell).
+
+    The held-out prompts are a share of the easy task's train prompts, which the fixture's policy has learned;
+    a learning rate of 3e-3 then moves its greedy answers within a few steps, so accuracy changes."""
+    folder, model = easy_task
+    root = tmp_path / "root"
+    s = pipeline(config=SMOKE, overrides=[
+        f"paths.root={root}", f"model.path={model}", "data.test_from_train=0.3",
+        f"data.sources=[{{kind: file, path: {folder / 'easy_train.jsonl'}, reward: arith}}]",
+        "rollout.max_new_tokens=32", "curriculum.enabled=true", "curriculum.rho0=0.2",
+        "curriculum.rho_step=0.05", "eval.every=2", "train.steps=6",
+        "train.round_steps=2", "train.lr=3e-3"])
+    assert s["status"] == "completed" and s["steps"] == 6
+    logged = [json.loads(line) for line in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    heldout = [(m["step"], m["eval/accuracy"]) for m in logged if "eval/accuracy" in m]
+    rho = {m["step"]: m["curriculum/rho"] for m in logged}
+    assert [st for st, _ in heldout] == [1, 3, 5]
+    (_, a1), (_, a2), _ = heldout
+    assert a1 != a2, f"the test needs held-out accuracy to change between evaluations: {heldout}"
+    # round starts at steps 0, 2, 4: step 2's update sees a1 (first held-out value), step 4's sees a2 != a1
+    assert rho[0] == rho[1] == rho[2] == rho[3] == pytest.approx(0.2)
+    assert rho[4] == pytest.approx(0.2 + (0.05 if a2 < a1 else -0.05))

@@ -3,9 +3,13 @@
 For each backend named on the command line: build the same tiny model on every rank, wrap it, run
 ``STEPS`` calls of ``policy_update`` on the same fixed batch with ``shard=DataShard.current()``, gather the
 full state dict; then check the resume path: restore the model and optimizer state saved after step 1 into
-a freshly wrapped model and redo step 2. Rank 0 writes everything to ``OUT`` (a ``torch.save`` file).
+a freshly wrapped model and redo step 2. Then, for each of ``DRIVER_BACKENDS``, the path the training loop
+takes: rank 0's ``Driver`` (tasks/training/sharded_update.py) with a learning-rate warm-up, set through
+``Updater.set_lr`` before each step, while rank 1 serves. Rank 0 writes everything to ``OUT`` (a
+``torch.save`` file).
 
-The single-process reference comes from :func:`reference` (same batch, same settings, ``shard=None``).
+The single-process references come from :func:`reference` (same batch, same settings, ``shard=None``) and
+:func:`local_reference` (the ``LocalUpdater`` with the same lr schedule).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from tasks.training.distributed import (
     reference_copy,
     wrap,
 )
-from tasks.training.update import policy_update
+from tasks.training.sharded_update import Driver, serve, stop_workers
+from tasks.training.update import LocalUpdater, LossSettings, Updater, policy_update, scheduled_lr
 
 STEPS = 2
 PAD = 0
@@ -125,12 +130,59 @@ def sharded(backend: str) -> dict:
             "wrap_s": t_wrap, "step_s": t_steps / STEPS}
 
 
+#: Backends whose Driver runs a warm-up (one replicated, one ZeRO-sharded optimizer).
+DRIVER_BACKENDS = ("ddp", "deepspeed_zero2")
+#: The warm-up: steps 1 and 2 run at lr / 4 and lr / 2.
+WARMUP = 4
+
+
+def updater_config(backend: str, warmup: int = WARMUP):
+    return validate({"scale": {"backend": backend}, "train": {
+        "lr": OPTIM["lr"], "betas": OPTIM["betas"], "weight_decay": OPTIM["weight_decay"], "warmup_steps": warmup,
+        "grad_clip": SETTINGS["grad_clip"], "minibatches": SETTINGS["minibatches"], "aggregation": "token"}})
+
+
+def updater_steps(updater: Updater, cfg, model, batch) -> list[dict]:
+    """``STEPS`` steps at the scheduled lr, as tasks/training/loop.py takes them; the model's state after each."""
+    states = []
+    for step in range(STEPS):
+        updater.set_lr(scheduled_lr(cfg, step))
+        updater.step(copy.deepcopy(batch))
+        states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+    return states
+
+
+def local_reference(warmup: int = WARMUP) -> list[dict]:
+    """The single-process updater with the same schedule (``warmup=0``: no warm-up)."""
+    cfg = updater_config("single", warmup)
+    model = tiny_model()
+    batch = make_batch(model)
+    updater = LocalUpdater(model, LossSettings.from_config(cfg, PAD), lr=cfg.train.lr, betas=cfg.train.betas,
+                           weight_decay=cfg.train.weight_decay)
+    return updater_steps(updater, cfg, model, batch)
+
+
+def driver(backend: str) -> list[dict] | None:
+    """Rank 0: the Driver's policy model after each warm-up step. The other ranks serve until it stops them."""
+    if not is_rank0():
+        serve()
+        return None
+    cfg = updater_config(backend)
+    model = tiny_model()
+    batch = make_batch(model)
+    states = updater_steps(Driver(cfg, model, LossSettings.from_config(cfg, PAD)), cfg, model, batch)
+    stop_workers()
+    return states
+
+
 def main(out: str, backends: list[str]) -> None:
     torch.set_num_threads(1)
     init_distributed("cpu")
     results = {}
     for backend in backends:
         results[backend] = sharded(backend)
+    for backend in DRIVER_BACKENDS:
+        results[f"driver/{backend}"] = driver(backend)
     if is_rank0():
         torch.save(results, out)
     # Leave together and tear the process group down before interpreter exit: a rank that exits first

@@ -4,7 +4,9 @@ One ``torchrun --nproc_per_node 2`` launch runs ``dist_update_helper.py`` for al
 on 2 cores once DeepSpeed's ``deepspeed_shm_comm`` op is in the JIT cache ``.cache/torch_extensions``; the
 very first run also builds it: 30 s to 3 min depending on load). Each backend does two ``policy_update``
 calls (two minibatches each, grad clipping active, one replayed group, uneven completion lengths across
-the two ranks; DDP with sequence aggregation and a KL term) and a resume from its step-1 state.
+the two ranks; DDP with sequence aggregation and a KL term) and a resume from its step-1 state. The same
+launch then runs the training loop's path for DDP and ZeRO-2: rank 0's ``Driver`` with a learning-rate
+warm-up set through ``Updater.set_lr`` (the lr travels with each update to rank 1).
 
 Tolerances (fp32): losses and metrics 1e-6 absolute (measured <= 1.3e-7), weights 1e-5 absolute after two
 AdamW steps that move them by ~4e-3 (measured <= 1.1e-6). The cause of the difference: the rank-averaged
@@ -74,6 +76,23 @@ def test_sharded_update_matches_single_process(sharded_results, backend):
     for name, w in got["state"].items():  # resume from the gathered step-1 state: exactly the same step 2
         torch.testing.assert_close(got["resumed_state"][name], w, atol=0, rtol=0, msg=name)
     assert got["resumed_stats"][0]["train/loss"] == got["stats"][1]["train/loss"]
+
+
+@pytest.mark.parametrize("backend", _helper().DRIVER_BACKENDS)
+def test_warmup_reaches_every_rank(sharded_results, backend):
+    """With ``train.warmup_steps``, the Driver's steps equal the single-process updater's under the same lr
+    schedule, and not the no-warm-up steps (the warm-up did something on both ranks)."""
+    torch.set_num_threads(1)
+    h = _helper()
+    got = sharded_results[f"driver/{backend}"]
+    warm, plain = h.local_reference(), h.local_reference(warmup=0)
+    assert len(got) == len(warm) == h.STEPS
+    for step in range(h.STEPS):
+        for name, w in warm[step].items():
+            torch.testing.assert_close(got[step][name], w, atol=1e-5, rtol=0, msg=f"step {step + 1} {name}")
+    # the first step runs at lr / 4: AdamW's first move (about lr per weight) is a quarter of the plain one
+    gap = max(float((got[0][k] - plain[0][k]).abs().max()) for k in plain[0])
+    assert gap > 100 * 1e-5, gap
 
 
 def test_world_of_one_shard_is_the_plain_update():

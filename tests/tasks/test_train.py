@@ -29,7 +29,7 @@ def text_reward(records, completions, workers=1):
 
 @pytest.fixture(autouse=True)
 def _reward(monkeypatch):
-    monkeypatch.setattr("tasks.training.loop.batch_rewards", text_reward)
+    monkeypatch.setattr("tasks.training.rollouts.batch_rewards", text_reward)
 
 
 def make_policy():
@@ -90,6 +90,13 @@ def test_techniques_off_reproduce_grpo_bit_for_bit(smoke_cfg, pool, preset, extr
     assert any(0 < g["successes"] < g["n"] for g in g_base), "the comparison needs real gradients"
     for k in base:
         assert torch.equal(base[k], other[k]), k
+
+
+def test_warmup_changes_the_single_process_run(smoke_cfg, pool):
+    """train.warmup_steps reaches the optimizer through Updater.set_lr: other weights than without it."""
+    base, *_ = run_train(smoke_cfg(*SMALL, path=PRESETS.format("grpo")), pool)
+    warm, *_ = run_train(smoke_cfg(*SMALL, "train.warmup_steps=8", path=PRESETS.format("grpo")), pool)
+    assert any(not torch.equal(base[k], warm[k]) for k in base)
 
 
 def test_all_techniques_compose_and_record_signals(smoke_cfg, pool):

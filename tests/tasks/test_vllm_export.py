@@ -47,7 +47,7 @@ def test_unreachable_server_and_bad_folder(tmp_path):
     else:
         raise AssertionError("expected VLLMError")
     try:
-        engine.sync_weights(tmp_path)
+        engine.reload_weights(tmp_path)
     except ValueError as err:
         assert "no config.json" in str(err)
     else:

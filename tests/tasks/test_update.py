@@ -1,0 +1,59 @@
+"""The declared interfaces between the training loop and its parts: the rollout engine and the updater."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from tasks.config import validate
+from tasks.model.policy import build_tiny_model, build_tokenizer
+from tasks.model.rollout import HFEngine, RolloutEngine
+from tasks.model.vllm_engine import VLLMEngine
+from tasks.training.sharded_update import Driver
+from tasks.training.update import LocalUpdater, LossSettings, Updater, build_updater, scheduled_lr
+
+
+def test_engines_are_rollout_engines_and_hf_sync_is_a_no_op(tmp_path):
+    tok = build_tokenizer()
+    model = build_tiny_model(hidden=64, layers=2, heads=2, tokenizer=tok, seed=0)
+    engine = HFEngine(model, tok, max_new_tokens=4)
+    assert isinstance(engine, RolloutEngine)
+    assert isinstance(VLLMEngine("http://127.0.0.1:9", tok, max_new_tokens=4), RolloutEngine)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert engine.sync_weights(model, tok, tmp_path / "w") == 0.0
+    assert not (tmp_path / "w").exists() and all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    other = build_tiny_model(hidden=64, layers=2, heads=2, tokenizer=tok, seed=1)
+    with pytest.raises(ValueError, match="cannot sync another"):
+        engine.sync_weights(other, tok, tmp_path / "w")
+
+
+def test_scheduled_lr_ramps_then_holds():
+    cfg = validate({"train": {"lr": 1e-3, "warmup_steps": 4}})
+    assert [scheduled_lr(cfg, s) for s in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    assert scheduled_lr(validate({"train": {"lr": 1e-3}}), 0) == 1e-3  # warmup_steps 0: off
+
+
+def test_local_updater_sets_lr_and_round_trips_state():
+    cfg = validate({"train": {"lr": 1e-3, "kl_coef": 0.1}, "gain": {"enabled": True}})
+    model = build_tiny_model(hidden=64, layers=2, heads=2, seed=0)
+    updater = build_updater(cfg, model, pad_id=0, device="cpu")
+    assert isinstance(updater, LocalUpdater) and isinstance(updater, Updater)
+    assert updater.settings == LossSettings(clip_eps=0.2, aggregation="token", grad_clip=cfg.train.grad_clip,
+                                            temperature=1.0, pad_id=0, minibatches=1, kl_coef=0.1, angle=True)
+    assert updater.ref_model is not None and updater.ref_model is not model
+    updater.set_lr(2e-4)
+    assert [g["lr"] for g in updater.optimizer.param_groups] == [2e-4]
+    state = updater.state_dict()
+    again = build_updater(cfg, model, pad_id=0, device="cpu")
+    again.load_state_dict(state)
+    assert again.optimizer.param_groups[0]["lr"] == 2e-4
+    with pytest.raises(ValueError, match="reference model"):
+        LocalUpdater(model, updater.settings, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0)
+
+
+def test_driver_is_an_updater_and_deepspeed_clips_by_its_config():
+    assert issubclass(Driver, Updater)
+    cfg = validate({"scale": {"backend": "deepspeed_zero2"}, "train": {"grad_clip": 1.0}})
+    settings = LossSettings.from_config(cfg, pad_id=0)
+    with pytest.raises(ValueError, match="DeepSpeed clips by its config"):
+        Driver(cfg, build_tiny_model(hidden=64, layers=2, heads=2, seed=0), replace(settings, grad_clip=0.5))
