@@ -22,7 +22,8 @@ on a tril-masked cosine matrix, has the quirks listed in the spec):
 * Full blocks, no triangular mask, so the means do not count masked zeros. C_intra includes the diagonal
   (cos = 1) by default, as in the paper's formula (1/(m-n)^2) sum_{i>n} sum_{j>n}; with
   ``include_diagonal=False`` it is the mean over ordered pairs i != j (0 when there is one question token).
-* ``inter_weight`` defaults to 1 (the paper's and README's C_inter + C_intra); the official code uses 8.
+* ``inter_weight`` is 1 in rlsift (``gain.inter_weight``: the paper's and README's C_inter + C_intra); the
+  official code uses 8.
 * Vectorised without the [T, T] matrix: the sum of cosines over a block is a dot product of sums of unit
   vectors, sum_{i in A, j in B} <u_i, u_j> = <sum_A u, sum_B u>, so memory is O(B T H). Computed in
   float32 (float64 if the input is float64).
@@ -80,7 +81,8 @@ def angle_concentration(
     mask: torch.Tensor,
     prefix_len: torch.Tensor | int = 0,
     suffix_len: torch.Tensor | int = 0,
-    inter_weight: float = 1.0,
+    *,
+    inter_weight: float,
     include_diagonal: bool = True,
 ) -> AngleScores:
     """C_intra, C_inter and their weighted sum per prompt.
@@ -90,7 +92,7 @@ def angle_concentration(
         mask: [B, T] bool, True on real tokens (left or right padding).
         prefix_len: [B] (or an int for all) number of leading real tokens that form the fixed prefix, >= 0.
         suffix_len: [B] (or an int) number of trailing real tokens excluded (chat-template tail), >= 0.
-        inter_weight: weight of C_inter in the score (paper 1, official code 8).
+        inter_weight: weight of C_inter in the score (paper 1, official code 8) (``gain.inter_weight``).
         include_diagonal: count i = j pairs (cos = 1) in C_intra, as the paper's formula does.
 
     Returns:

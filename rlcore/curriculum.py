@@ -81,8 +81,9 @@ def data_effectiveness_score(
     difficulty: torch.Tensor,
     cot_complexity: torch.Tensor,
     adaptability: torch.Tensor,
-    weights: Sequence[float] = (1 / 3, 1 / 3, 1 / 3),
-    difficulty_form: str = "peak",
+    *,
+    weights: Sequence[float],
+    difficulty_form: str,
     normalise: str = "rank",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Reconstructed DES of every pool prompt (see the module docstring).
@@ -91,8 +92,8 @@ def data_effectiveness_score(
         difficulty: [M] success rates p in [0, 1] (measured or predicted, e.g. by DOTS).
         cot_complexity: [M] non-negative CoT sizes, e.g. reference-solution token counts (log1p is taken).
         adaptability: [M] reward adaptability, e.g. from :func:`reward_adaptability`.
-        weights: (w_D, w_C, w_R), non-negative, not all zero; normalised to sum 1.
-        difficulty_form: ``"peak"`` (1 - 2|p - 0.5|) or ``"monotone"`` (1 - p).
+        weights: (w_D, w_C, w_R), non-negative, not all zero; normalised to sum 1 (``curriculum.weights``).
+        difficulty_form: ``"peak"`` (1 - 2|p - 0.5|) or ``"monotone"`` (1 - p) (``curriculum.difficulty_form``).
         normalise: ``"rank"`` or ``"minmax"``.
 
     Returns:
@@ -160,6 +161,9 @@ def reward_adaptability(history: Sequence[Sequence[float]], trend_weight: float 
 class CurriculumScheduler:
     """Reconstructed ScalingRL scheduler: sets the active pool's size (scale) and explore/exploit mix (rho).
 
+    Every knob the config sets is a required keyword (its default lives in ``tasks/config.py``,
+    ``CurriculumConfig``); only ``window`` has a default here.
+
     Args:
         pool_size: M, prompts in the full pool.
         s_min, s_max: bounds of the scale (active prompts), 1 <= s_min <= s_max (spec: about 500 and 1500).
@@ -178,12 +182,13 @@ class CurriculumScheduler:
         s_min: float,
         s_max: float,
         scale0: float,
-        kappa: float = 0.1,
-        theta_lo: float = 0.3,
-        theta_hi: float = 0.7,
-        theta_learned: float = 0.9,
-        rho0: float = 0.2,
-        rho_step: float = 0.05,
+        *,
+        kappa: float,
+        theta_lo: float,
+        theta_hi: float,
+        theta_learned: float,
+        rho0: float,
+        rho_step: float,
         window: int = 3,
     ) -> None:
         if pool_size < 1 or not 1 <= s_min <= s_max or not s_min <= scale0 <= s_max:

@@ -137,7 +137,8 @@ def max_variance_subset(rewards: torch.Tensor | np.ndarray, m: int) -> torch.Ten
 def downsample(
     rewards: torch.Tensor | np.ndarray,
     m: int,
-    rule: str | DownsampleRule = "max_variance",
+    *,
+    rule: str | DownsampleRule,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Choose m of the n rollouts of every prompt.
@@ -145,7 +146,7 @@ def downsample(
     Args:
         rewards: [B, n] rewards of n rollouts for each of B prompts.
         m: rollouts to keep per prompt, 1 <= m <= n.
-        rule: ``"max_variance"`` (PODS), ``"random"`` or ``"max_reward"`` (the paper's ablations).
+        rule: ``"max_variance"`` (PODS), ``"random"`` or ``"max_reward"`` (the paper's ablations) (``pods.rule``).
         generator: CPU random generator for ``"random"`` (None: torch's global generator).
 
     Returns:

@@ -54,11 +54,11 @@ class ReplayBuffer:
     """FIFO buffer of RolloutGroups keyed by prompt id (oldest first).
 
     Args:
-        capacity: most groups kept, >= 0 (0: never replays).
-        max_age: groups older than this many steps are not replayed (None: no limit).
+        capacity: most groups kept, >= 0 (0: never replays) (``replay.capacity``).
+        max_age: groups older than this many steps are not replayed (None: no limit) (``replay.max_age``).
     """
 
-    def __init__(self, capacity: int, max_age: int | None = None) -> None:
+    def __init__(self, capacity: int, *, max_age: int | None) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
             raise ValueError(f"capacity must be an int >= 0, got {capacity!r}")
         if max_age is not None and (isinstance(max_age, bool) or not isinstance(max_age, int) or max_age < 0):

@@ -62,8 +62,9 @@ def _normalise(logw: torch.Tensor) -> torch.Tensor:
 
 def dots_weights(
     pred_success: torch.Tensor,
-    alpha: float = 0.5,
-    tau: float = 1e-3,
+    *,
+    alpha: float,
+    tau: float,
     prior: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -71,8 +72,8 @@ def dots_weights(
 
     Args:
         pred_success: [M] predicted success rates in [0, 1].
-        alpha: target adaptive difficulty (failure rate), in [0, 1]; official 0.5.
-        tau: temperature > 0; official 1e-3 (near-greedy).
+        alpha: target adaptive difficulty (failure rate), in [0, 1]; official 0.5 (``select.alpha``).
+        tau: temperature > 0; official 1e-3, near-greedy (``select.tau``).
         prior: optional [M] non-negative multiplicative prior.
         mask: optional [M] bool, True for eligible prompts.
 
@@ -101,7 +102,7 @@ def uniform_weights(num_prompts: int, mask: torch.Tensor | None = None) -> torch
 
 
 def sample_prompts(
-    probs: torch.Tensor, k: int, generator: torch.Generator | None = None, method: str = "weighted"
+    probs: torch.Tensor, k: int, generator: torch.Generator | None = None, *, method: str
 ) -> torch.Tensor:
     """Draw k distinct prompt indices from selection probabilities.
 
@@ -110,7 +111,7 @@ def sample_prompts(
         k: number of prompts, 0 <= k <= number of prompts with positive probability.
         generator: torch RNG for ``"weighted"`` and ``"gumbel"``.
         method: ``"weighted"`` (multinomial without replacement), ``"greedy"`` (top-k) or ``"gumbel"``
-            (Gumbel-top-k).
+            (Gumbel-top-k) (``select.sampler``).
 
     Returns:
         [k] int64 distinct indices, in draw order.
