@@ -3,7 +3,7 @@
 Paper: Wang et al., "Angles Don't Lie: Unlocking Training-Efficient RL Through the Model's Own Signals"
 (GAIN-RL), arXiv 2506.02281 (NeurIPS 2025); official code github.com/wangqinsi1/GAINRL
 (``data_processor.py``; online signal in ``trl_gainrl/.../grpo_trainer.py`` and
-``verl_gainrl/.../dp_actor.py``). Spec: ``shared/docs/algorithms.md`` section 5.2.
+``verl_gainrl/.../dp_actor.py``). Summary: docs/algorithms.md section 5.2.
 
 For one prompt with m real tokens whose first n are a fixed prefix (system prompt, few-shot exemplar) and
 whose question tokens are Q (``n <= r < m - suffix``), with x_r the last layer's MLP input at token r::
@@ -13,7 +13,7 @@ whose question tokens are Q (``n <= r < m - suffix``), with x_r the last layer's
     score   = C_intra + inter_weight * C_inter            (prompts ordered by score, descending)
 
 Choices and deviations (the official offline code, ``score = mean(C[110:-6][110:-6]) + 8 mean(C[110:-6][:110])``
-on a tril-masked cosine matrix, has the quirks listed in the spec):
+on a tril-masked cosine matrix, has the quirks that docs/algorithms.md section 5.2 lists):
 
 * Proper 2-D blocks (question x question, question x prefix), not chained row slices.
 * Rows are L2-normalised over the **hidden** axis (the verl version normalises over tokens).

@@ -6,8 +6,8 @@ pp. 7806-7817, doi 10.18653/v1/2025.findings-emnlp.412.
 **Only the abstract of this paper is public and no code is known.** The abstract says DES ranks prompts by
 problem difficulty, chain-of-thought complexity and reward adaptability, and that an adaptive curriculum
 scheduler adjusts the scale and the mix of training prompts, balancing exploration of new challenging data
-against exploitation of learned concepts. Every formula below is the labelled reconstruction of
-``shared/docs/algorithms.md`` section 4.2 [I], not the paper's method; replace it when the paper is obtained.
+against exploitation of learned concepts. Every formula below is rlsift's labelled reconstruction
+(docs/algorithms.md section 4.2), not the paper's method; replace it when the paper is obtained.
 
 DES (per prompt, every component normalised to [0, 1] over the pool)::
 
@@ -166,7 +166,8 @@ class CurriculumScheduler:
 
     Args:
         pool_size: M, prompts in the full pool.
-        s_min, s_max: bounds of the scale (active prompts), 1 <= s_min <= s_max (spec: about 500 and 1500).
+        s_min, s_max: bounds of the scale (active prompts), 1 <= s_min <= s_max (the abstract's 1.5K prompts
+            suggest about 500 and 1500 at its scale).
         scale0: initial scale, in [s_min, s_max].
         kappa: relative scale change per round, >= 0.
         theta_lo, theta_hi: windowed train accuracy below/above which the pool shrinks/grows.

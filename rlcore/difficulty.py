@@ -3,7 +3,7 @@
 Paper: Sun et al., "Improving Data Efficiency for LLM Reinforcement Fine-tuning Through Difficulty-targeted
 Online Data Selection and Rollout Replay", arXiv 2506.05316 (NeurIPS 2025); official code
 github.com/ASTRAL-Group/data-efficient-llm-rl (``adaptive_difficulty_prediction/model.py``,
-``rl_training/.../teacher_utils.py``). Spec: ``shared/docs/algorithms.md`` section 1.2.
+``rl_training/.../teacher_utils.py``). Summary: docs/algorithms.md section 1.2.
 
 The prediction for a query prompt q is an attention-weighted mean of the *measured* success rates y_i of K
 reference prompts (rolled out with the current policy)::

@@ -2,7 +2,7 @@
 
 Paper: Wang et al., "Angles Don't Lie: Unlocking Training-Efficient RL Through the Model's Own Signals"
 (GAIN-RL), arXiv 2506.02281; official code github.com/wangqinsi1/GAINRL (``gainrl_sampler.py``,
-``gainrl_trainer.py``, ``verl_gainrl`` batch sampler). Spec: ``shared/docs/algorithms.md`` section 5.3.
+``gainrl_trainer.py``, ``verl_gainrl`` batch sampler). Summary: docs/algorithms.md section 5.3.
 
 Prompts are sorted by angle concentration (rank 0 = highest, see :func:`rlcore.angle.angle_order`). Rank
 position i is drawn with probability P(i) proportional to exp(-(i - mu)^2 / (2 sigma^2)), mu_0 = 0; after each
@@ -15,7 +15,7 @@ Choices and deviations:
 
 * **0/1 accuracy.** ``acc`` is the mean reward scaled to [0, 1] by the caller, and the accuracy term is
   acc - beta. The trl code uses acc/2 - beta for its reward of 2 per correct answer; with verl's 0/1 rewards
-  that term is never positive (the spec's quirk).
+  that term is never positive (a quirk of the official code, docs/algorithms.md section 5.3).
 * **No lag.** The update applies to the very next draw (the trl script samples one epoch late).
 * **Scale with the pool.** sigma, the step size n and adj_max are fractions of N: sigma = ``sigma_frac`` N,
   n = ``step_frac`` N, adj_max = ``adj_max_frac`` N. The official fixed 1000 / 500 / 1000 are 0.13 / 0.065 /

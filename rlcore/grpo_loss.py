@@ -7,7 +7,8 @@ Papers:
       Through Difficulty-targeted Online Data Selection and Rollout Replay", arXiv 2506.05316, Sec. on RR.
     * Generalized PPO with sample reuse: Queeney et al. 2021, arXiv 2111.00072 (the clip window form).
 
-The loss (algorithms.md §2.2, code form, ``core_algos.compute_policy_loss_temp`` in the official repo)::
+The loss (docs/algorithms.md sections 0.2 and 2.2; the official code's form,
+``core_algos.compute_policy_loss_temp`` in github.com/ASTRAL-Group/data-efficient-llm-rl)::
 
     r       = exp(logp     - mu)        # pi_theta / mu,  mu = behaviour policy that generated the rollout
     r_old   = exp(old_logp - mu)        # pi_old   / mu,  pi_old = policy at the start of this step
@@ -26,7 +27,7 @@ Choices and deviations:
     * KL to a reference policy: GRPO's k3 estimator exp(ref - logp) - (ref - logp) - 1 per token, aggregated
       like the policy loss and added with ``kl_coef`` (``train.kl_coef``, 0 by default: off, as in DOTS,
       PODS and Dr. GRPO).
-    * No dual-clip and no truncation of r_old itself (the paper does not use one; see algorithms.md §2.3 q4).
+    * No dual-clip and no truncation of r_old itself (the paper does not use one; docs/algorithms.md section 2.3).
     * Metrics ``train/clip_frac``, ``train/ratio_mean``, ``train/behaviour_ratio_mean`` and
       ``train/approx_kl`` are token-level masked means whatever the aggregation; ``train/pg_loss`` and
       ``train/kl`` are aggregated like the loss. ``train/approx_kl`` is k3 of pi_theta against pi_old

@@ -1,16 +1,17 @@
 """The policy: loading real causal LMs and building the tiny default (character tokenizer + Llama).
 
 Real models and tokenizers are loaded from local paths through ``AutoModelForCausalLM`` /
-``AutoTokenizer``; the tiny default of the embedded run (``shared/docs/DESIGN.md``) is built here:
+``AutoTokenizer``; the tiny default of the embedded run (README.md, "What the embedded default does today")
+is built here:
 
 - ``build_tokenizer``: a character-level vocabulary built locally with the ``tokenizers`` library (a
   ``BPE`` model with no merges, so every character is one token, and a ``Fuse`` decoder). It holds the
   printable ASCII characters and the newline (every generated arithmetic problem uses only those), plus
   ``<pad> <s> </s> <unk>``; a post-processor prepends ``<s>``. ``padding_side="left"`` is passed to the
-  constructor because setting the attribute later is not saved (``shared/docs/stack.md`` section 4).
+  constructor because setting the attribute later is not saved with the tokenizer.
 - ``build_tiny_model``: a ``LlamaForCausalLM`` from a ``LlamaConfig`` with tied embeddings. A Llama
   config (not Qwen2) matters: ``AutoTokenizer`` on a saved Qwen2 folder swaps in Qwen2's pre-tokenizer
-  and changes the ids, while a Llama folder keeps ours (stack.md section 4; a test checks the round trip).
+  and changes the ids, while a Llama folder keeps ours (tests/tasks/test_policy.py checks the round trip).
 - ``format_prompt``: the tokenizer's chat template (with the system instruction) when it has one, else
   the plain format ``"Q: {question}\\n"`` that the warm start trains the tiny model on.
 """

@@ -1,8 +1,8 @@
 """Supervised warm start of the tiny default policy on worked solutions, cached by a fingerprint.
 
 RL with verifiable rewards needs a policy that is sometimes right (a group whose rewards are all 0 gives no
-gradient), so the embedded default (``shared/docs/DESIGN.md``) first fine-tunes the randomly initialised
-tiny Llama on the bundled task's worked solutions. Choices:
+gradient), so the embedded default (README.md, "What the embedded default does today") first fine-tunes the
+randomly initialised tiny Llama on the bundled task's worked solutions. Choices:
 
 - Each example is ``<s> + format_prompt(question) + solution + </s>``; the loss is the mean next-token
   cross-entropy over the solution and EOS tokens only (prompt and padding are masked with -100).

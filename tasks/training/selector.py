@@ -1,4 +1,4 @@
-"""Prompt selection, composed as algorithms.md §6 lays out: pool (ScalingRL) -> prompt (GAIN-RL, DOTS).
+"""Prompt selection, composed as docs/algorithms.md section 6 lays out: pool (ScalingRL) -> prompt (GAIN-RL, DOTS).
 
 Each round (every ``train.round_steps`` = mu steps):
 

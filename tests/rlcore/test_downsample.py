@@ -44,7 +44,8 @@ def test_tie_prefers_more_top_rewards():
 
 
 def test_binary_closed_form():
-    # algorithms.md §3.1: a = clamp(round(m/2), max(0, m-(n-k)), min(k, m)) successes kept; var = (a/m)(1-a/m)
+    # docs/algorithms.md section 3.2: a = clamp(round(m/2), max(0, m-(n-k)), min(k, m)) successes kept;
+    # var = (a/m)(1-a/m)
     rng = np.random.default_rng(0)
     for _ in range(200):
         n = int(rng.integers(1, 13))
