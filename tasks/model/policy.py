@@ -72,16 +72,20 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def build_tiny_model(
-    hidden: int = 128,
-    layers: int = 4,
-    heads: int = 4,
+    *,
+    hidden: int,
+    layers: int,
+    heads: int,
+    seed: int,
     intermediate: int | None = None,
     max_positions: int = 256,
     vocab_size: int | None = None,
-    seed: int = 0,
     tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> LlamaForCausalLM:
-    """A randomly initialised tiny Llama with tied embeddings (hidden 128, 4 layers: about 0.86M parameters).
+    """A randomly initialised tiny Llama with tied embeddings (the default ``model.hidden`` 128 and
+    ``model.layers`` 4 of ``tasks/config.py``: about 0.86M parameters).
+
+    The sizes and the seed are required: their defaults live in the config (``model.*``, ``seed``).
 
     Args:
         hidden: hidden size H; ``hidden / heads`` (the head size) must be an even integer >= 32.
