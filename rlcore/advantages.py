@@ -8,8 +8,9 @@ Papers:
     * PODS: Xu et al. 2025, arXiv 2504.13818: advantages are recomputed on the m kept rollouts.
 
 Choices and deviations:
-    * Default is the Dr.-GRPO mean-only form, ``A = r - mean_group(r)``, as the DOTS paper writes it and as
-      its Theorem 1 assumes. One convention is used everywhere (fresh, replayed and down-sampled groups).
+    * rlsift's default (``train.scale_std=false``) is the Dr.-GRPO mean-only form, ``A = r - mean_group(r)``,
+      as the DOTS paper writes it and as its Theorem 1 assumes. One convention is used everywhere (fresh,
+      replayed and down-sampled groups).
     * ``scale_by_std=True`` gives standard GRPO, ``(r - mean) / (std + eps)``. We use the *population* std
       (``unbiased=False``), which is 0 (not NaN) for a group of one and does not depend on G through a
       Bessel factor. The official DOTS code (verl) and PODS code use ``torch.std`` (unbiased, eps 1e-6
@@ -39,9 +40,9 @@ def _check_rewards(rewards: torch.Tensor) -> torch.Tensor:
 
 def group_advantages(
     rewards: torch.Tensor,
-    scale_by_std: bool = False,
-    eps: float = 1e-6,
     *,
+    scale_by_std: bool,
+    eps: float = 1e-6,
     unbiased_std: bool = False,
 ) -> torch.Tensor:
     """Group-relative advantages, one group per row.
@@ -49,7 +50,8 @@ def group_advantages(
     Args:
         rewards: [B, G] rewards of the G rollouts of each of B prompts (integer rewards are cast to the
             default float dtype).
-        scale_by_std: divide by the group std plus ``eps`` (standard GRPO). Default False (Dr. GRPO).
+        scale_by_std: divide by the group std plus ``eps`` (standard GRPO); False is Dr. GRPO, rlsift's
+            default (``train.scale_std``).
         eps: added to the std before dividing; must be > 0 when ``scale_by_std``.
         unbiased_std: use the unbiased (Bessel-corrected) std as the official DOTS/PODS code does; a group
             of one then has std NaN, so this needs G >= 2.

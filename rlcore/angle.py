@@ -3,7 +3,7 @@
 Paper: Wang et al., "Angles Don't Lie: Unlocking Training-Efficient RL Through the Model's Own Signals"
 (GAIN-RL), arXiv 2506.02281 (NeurIPS 2025); official code github.com/wangqinsi1/GAINRL
 (``data_processor.py``; online signal in ``trl_gainrl/.../grpo_trainer.py`` and
-``verl_gainrl/.../dp_actor.py``). Spec: ``shared/docs/algorithms.md`` section 5.2.
+``verl_gainrl/.../dp_actor.py``). Summary: docs/algorithms.md section 5.2.
 
 For one prompt with m real tokens whose first n are a fixed prefix (system prompt, few-shot exemplar) and
 whose question tokens are Q (``n <= r < m - suffix``), with x_r the last layer's MLP input at token r::
@@ -13,7 +13,7 @@ whose question tokens are Q (``n <= r < m - suffix``), with x_r the last layer's
     score   = C_intra + inter_weight * C_inter            (prompts ordered by score, descending)
 
 Choices and deviations (the official offline code, ``score = mean(C[110:-6][110:-6]) + 8 mean(C[110:-6][:110])``
-on a tril-masked cosine matrix, has the quirks listed in the spec):
+on a tril-masked cosine matrix, has the quirks that docs/algorithms.md section 5.2 lists):
 
 * Proper 2-D blocks (question x question, question x prefix), not chained row slices.
 * Rows are L2-normalised over the **hidden** axis (the verl version normalises over tokens).
@@ -22,7 +22,8 @@ on a tril-masked cosine matrix, has the quirks listed in the spec):
 * Full blocks, no triangular mask, so the means do not count masked zeros. C_intra includes the diagonal
   (cos = 1) by default, as in the paper's formula (1/(m-n)^2) sum_{i>n} sum_{j>n}; with
   ``include_diagonal=False`` it is the mean over ordered pairs i != j (0 when there is one question token).
-* ``inter_weight`` defaults to 1 (the paper's and README's C_inter + C_intra); the official code uses 8.
+* ``inter_weight`` is 1 in rlsift (``gain.inter_weight``: the paper's and README's C_inter + C_intra); the
+  official code uses 8.
 * Vectorised without the [T, T] matrix: the sum of cosines over a block is a dot product of sums of unit
   vectors, sum_{i in A, j in B} <u_i, u_j> = <sum_A u, sum_B u>, so memory is O(B T H). Computed in
   float32 (float64 if the input is float64).
@@ -80,7 +81,8 @@ def angle_concentration(
     mask: torch.Tensor,
     prefix_len: torch.Tensor | int = 0,
     suffix_len: torch.Tensor | int = 0,
-    inter_weight: float = 1.0,
+    *,
+    inter_weight: float,
     include_diagonal: bool = True,
 ) -> AngleScores:
     """C_intra, C_inter and their weighted sum per prompt.
@@ -90,7 +92,7 @@ def angle_concentration(
         mask: [B, T] bool, True on real tokens (left or right padding).
         prefix_len: [B] (or an int for all) number of leading real tokens that form the fixed prefix, >= 0.
         suffix_len: [B] (or an int) number of trailing real tokens excluded (chat-template tail), >= 0.
-        inter_weight: weight of C_inter in the score (paper 1, official code 8).
+        inter_weight: weight of C_inter in the score (paper 1, official code 8) (``gain.inter_weight``).
         include_diagonal: count i = j pairs (cos = 1) in C_intra, as the paper's formula does.
 
     Returns:

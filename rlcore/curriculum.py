@@ -6,8 +6,8 @@ pp. 7806-7817, doi 10.18653/v1/2025.findings-emnlp.412.
 **Only the abstract of this paper is public and no code is known.** The abstract says DES ranks prompts by
 problem difficulty, chain-of-thought complexity and reward adaptability, and that an adaptive curriculum
 scheduler adjusts the scale and the mix of training prompts, balancing exploration of new challenging data
-against exploitation of learned concepts. Every formula below is the labelled reconstruction of
-``shared/docs/algorithms.md`` section 4.2 [I], not the paper's method; replace it when the paper is obtained.
+against exploitation of learned concepts. Every formula below is rlsift's labelled reconstruction
+(docs/algorithms.md section 4.2), not the paper's method; replace it when the paper is obtained.
 
 DES (per prompt, every component normalised to [0, 1] over the pool)::
 
@@ -81,8 +81,9 @@ def data_effectiveness_score(
     difficulty: torch.Tensor,
     cot_complexity: torch.Tensor,
     adaptability: torch.Tensor,
-    weights: Sequence[float] = (1 / 3, 1 / 3, 1 / 3),
-    difficulty_form: str = "peak",
+    *,
+    weights: Sequence[float],
+    difficulty_form: str,
     normalise: str = "rank",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Reconstructed DES of every pool prompt (see the module docstring).
@@ -91,8 +92,8 @@ def data_effectiveness_score(
         difficulty: [M] success rates p in [0, 1] (measured or predicted, e.g. by DOTS).
         cot_complexity: [M] non-negative CoT sizes, e.g. reference-solution token counts (log1p is taken).
         adaptability: [M] reward adaptability, e.g. from :func:`reward_adaptability`.
-        weights: (w_D, w_C, w_R), non-negative, not all zero; normalised to sum 1.
-        difficulty_form: ``"peak"`` (1 - 2|p - 0.5|) or ``"monotone"`` (1 - p).
+        weights: (w_D, w_C, w_R), non-negative, not all zero; normalised to sum 1 (``curriculum.weights``).
+        difficulty_form: ``"peak"`` (1 - 2|p - 0.5|) or ``"monotone"`` (1 - p) (``curriculum.difficulty_form``).
         normalise: ``"rank"`` or ``"minmax"``.
 
     Returns:
@@ -160,9 +161,13 @@ def reward_adaptability(history: Sequence[Sequence[float]], trend_weight: float 
 class CurriculumScheduler:
     """Reconstructed ScalingRL scheduler: sets the active pool's size (scale) and explore/exploit mix (rho).
 
+    Every knob the config sets is a required keyword (its default lives in ``tasks/config.py``,
+    ``CurriculumConfig``); only ``window`` has a default here.
+
     Args:
         pool_size: M, prompts in the full pool.
-        s_min, s_max: bounds of the scale (active prompts), 1 <= s_min <= s_max (spec: about 500 and 1500).
+        s_min, s_max: bounds of the scale (active prompts), 1 <= s_min <= s_max (the abstract's 1.5K prompts
+            suggest about 500 and 1500 at its scale).
         scale0: initial scale, in [s_min, s_max].
         kappa: relative scale change per round, >= 0.
         theta_lo, theta_hi: windowed train accuracy below/above which the pool shrinks/grows.
@@ -178,12 +183,13 @@ class CurriculumScheduler:
         s_min: float,
         s_max: float,
         scale0: float,
-        kappa: float = 0.1,
-        theta_lo: float = 0.3,
-        theta_hi: float = 0.7,
-        theta_learned: float = 0.9,
-        rho0: float = 0.2,
-        rho_step: float = 0.05,
+        *,
+        kappa: float,
+        theta_lo: float,
+        theta_hi: float,
+        theta_learned: float,
+        rho0: float,
+        rho_step: float,
         window: int = 3,
     ) -> None:
         if pool_size < 1 or not 1 <= s_min <= s_max or not s_min <= scale0 <= s_max:

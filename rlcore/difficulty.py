@@ -3,7 +3,7 @@
 Paper: Sun et al., "Improving Data Efficiency for LLM Reinforcement Fine-tuning Through Difficulty-targeted
 Online Data Selection and Rollout Replay", arXiv 2506.05316 (NeurIPS 2025); official code
 github.com/ASTRAL-Group/data-efficient-llm-rl (``adaptive_difficulty_prediction/model.py``,
-``rl_training/.../teacher_utils.py``). Spec: ``shared/docs/algorithms.md`` section 1.2.
+``rl_training/.../teacher_utils.py``). Summary: docs/algorithms.md section 1.2.
 
 The prediction for a query prompt q is an attention-weighted mean of the *measured* success rates y_i of K
 reference prompts (rolled out with the current policy)::
@@ -27,11 +27,12 @@ Choices and deviations (from the paper and the official code):
   :meth:`predict` uses attention over the raw embeddings with cosine / sqrt(D) scores, no towers and no
   calibration head (the paper's "off-the-shelf embedding" baseline, Table 2, which uses the raw dot product;
   the cosine makes it invariant to embedding scale). :attr:`mode` says which path is active.
-* **Optimiser.** Adam, constant lr 1e-3 (official: Adam 1e-3 with warmup and linear decay over 20 offline
-  epochs); the optimiser state persists across :meth:`fit` calls and in the state dict.
-* **Size.** Default towers are ``hidden=64``, ``layers=2`` (official 896 and 3, for 1536-d embeddings and
-  a large corpus); ``layers`` counts the Linear layers of a tower: LayerNorm -> [Linear -> GELU -> Dropout]
-  x (layers-1) -> Linear -> LayerNorm.
+* **Optimiser.** Adam at a constant lr (``select.predictor.lr``, 1e-3; official: Adam 1e-3 with warmup and
+  linear decay over 20 offline epochs); the optimiser state persists across :meth:`fit` calls and in the
+  state dict.
+* **Size.** rlsift's towers are ``select.predictor.hidden`` = 64, ``select.predictor.layers`` = 2 (official
+  896 and 3, for 1536-d embeddings and a large corpus); ``layers`` counts the Linear layers of a tower:
+  LayerNorm -> [Linear -> GELU -> Dropout] x (layers-1) -> Linear -> LayerNorm.
 * **std of the reference labels** is the unbiased ``torch.std`` as in the code (the paper writes the
   population std); it is 0 when K = 1.
 * **Linear recalibration** (code only, not in the paper; ``linear_recalibration=True``): fit y = a x + b by
@@ -94,6 +95,9 @@ def _attention_mean(scores: torch.Tensor, ref_labels: torch.Tensor, tau: float, 
 class AttentionDifficultyPredictor(nn.Module):
     """Predicts per-prompt success rates under the current policy from embeddings and a labelled reference set.
 
+    The knobs the config sets are required keywords (defaults in ``tasks/config.py``, ``PredictorConfig``;
+    ``seed`` is the run's ``seed``); the label store and episode sizes, which it does not set, keep theirs here.
+
     Args:
         dim: embedding dimension D.
         hidden: width of the projection towers (official 896).
@@ -116,20 +120,21 @@ class AttentionDifficultyPredictor(nn.Module):
     def __init__(
         self,
         dim: int,
-        hidden: int = 64,
-        layers: int = 2,
-        dropout: float = 0.1,
-        tau_att: float = 1.0,
-        calibration: str = "group_logit_temp",
-        linear_recalibration: bool = False,
-        min_labels: int = 64,
+        *,
+        hidden: int,
+        layers: int,
+        dropout: float,
+        tau_att: float,
+        calibration: str,
+        linear_recalibration: bool,
+        min_labels: int,
+        lr: float,
+        seed: int,
         max_labels: int = 8192,
         ref_size: int = 64,
         batch_size: int = 128,
-        lr: float = 1e-3,
         pair_window: int | None = 0,
         top_k: int | None = None,
-        seed: int = 0,
     ) -> None:
         super().__init__()
         if dim < 1 or hidden < 1 or layers < 1:

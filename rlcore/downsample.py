@@ -3,7 +3,7 @@
 Paper: Xu, Savani, Fang, Kolter 2025, "Not All Rollouts are Useful: Down-Sampling Rollouts in LLM
 Reinforcement Learning" (Policy Optimization with Down-Sampling), arXiv 2504.13818. Official code:
 github.com/YixuanEvenXu/pods (``maxvargrpo_trainer.py``; ablations ``maxrewardgrpo_trainer.py``,
-``randomgrpo_trainer.py``). Spec: algorithms.md §3.
+``randomgrpo_trainer.py``). Summary: docs/algorithms.md section 3.
 
 Max-variance rule: pick the size-m subset S maximising the variance of {r_i : i in S}. Some optimal S is
 always the m - k lowest plus the k highest rewards for some k in 0..m, so after one sort every candidate's
@@ -22,7 +22,7 @@ Choices and deviations:
       uniform m-subset. Both are the paper's ablations.
     * Advantages are not computed here: compute them on the kept m (PODS's convention) with
       ``rlcore.advantages.group_advantages``; success rates for DOTS labels and replay admission come from
-      the full n (algorithms.md §6.3).
+      the full n (docs/algorithms.md section 6.3).
 """
 
 from __future__ import annotations
@@ -137,7 +137,8 @@ def max_variance_subset(rewards: torch.Tensor | np.ndarray, m: int) -> torch.Ten
 def downsample(
     rewards: torch.Tensor | np.ndarray,
     m: int,
-    rule: str | DownsampleRule = "max_variance",
+    *,
+    rule: str | DownsampleRule,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Choose m of the n rollouts of every prompt.
@@ -145,7 +146,7 @@ def downsample(
     Args:
         rewards: [B, n] rewards of n rollouts for each of B prompts.
         m: rollouts to keep per prompt, 1 <= m <= n.
-        rule: ``"max_variance"`` (PODS), ``"random"`` or ``"max_reward"`` (the paper's ablations).
+        rule: ``"max_variance"`` (PODS), ``"random"`` or ``"max_reward"`` (the paper's ablations) (``pods.rule``).
         generator: CPU random generator for ``"random"`` (None: torch's global generator).
 
     Returns:

@@ -2,7 +2,7 @@
 
 Paper: Wang et al., "Angles Don't Lie: Unlocking Training-Efficient RL Through the Model's Own Signals"
 (GAIN-RL), arXiv 2506.02281; official code github.com/wangqinsi1/GAINRL (``gainrl_sampler.py``,
-``gainrl_trainer.py``, ``verl_gainrl`` batch sampler). Spec: ``shared/docs/algorithms.md`` section 5.3.
+``gainrl_trainer.py``, ``verl_gainrl`` batch sampler). Summary: docs/algorithms.md section 5.3.
 
 Prompts are sorted by angle concentration (rank 0 = highest, see :func:`rlcore.angle.angle_order`). Rank
 position i is drawn with probability P(i) proportional to exp(-(i - mu)^2 / (2 sigma^2)), mu_0 = 0; after each
@@ -15,13 +15,15 @@ Choices and deviations:
 
 * **0/1 accuracy.** ``acc`` is the mean reward scaled to [0, 1] by the caller, and the accuracy term is
   acc - beta. The trl code uses acc/2 - beta for its reward of 2 per correct answer; with verl's 0/1 rewards
-  that term is never positive (the spec's quirk).
+  that term is never positive (a quirk of the official code, docs/algorithms.md section 5.3).
 * **No lag.** The update applies to the very next draw (the trl script samples one epoch late).
-* **Scale with the pool.** sigma, the step size n and adj_max default to fractions of N: sigma = 0.13 N,
-  n = 0.065 N, adj_max = 0.13 N. On GSM8K (N = 7,473) that is 971 / 486 / 971 against the official fixed
-  1000 / 500 / 1000 (which is only about 2.5 % of DeepScaleR's 40K). Absolute values may be given instead.
+* **Scale with the pool.** sigma, the step size n and adj_max are fractions of N: sigma = ``sigma_frac`` N,
+  n = ``step_frac`` N, adj_max = ``adj_max_frac`` N. The official fixed 1000 / 500 / 1000 are 0.13 / 0.065 /
+  0.13 of GSM8K's N = 7,473 (and only about 2.5 % of DeepScaleR's 40K for sigma). rlsift's defaults
+  (``gain.sigma_frac`` = 0.13, ``gain.step_frac`` = 0.05 in ``tasks/config.py``; adj_max_frac 0.13 here)
+  take a slightly smaller step than the official ratio. Absolute values may be given instead.
 * **gamma** (angle sensitivity): the code uses alpha for both terms, a secondary summary of the paper says
-  gamma = 0.5. We follow the code (``gamma=None`` means gamma = alpha); pass ``gamma=0.5`` for the paper's.
+  gamma = 0.5. ``gamma=None`` means gamma = alpha (the code); rlsift runs ``gain.gamma`` = 0.5 (the paper's).
 * ``angle_signal=None`` drops the angle term (when no online angle is measured).
 * mu is clipped to [0, N - 1] (the code lets it run past the end, where only the last items keep mass).
 * Probabilities are computed in float64 log space, so a window far from some ranks never gives NaN.
@@ -41,15 +43,18 @@ import torch
 class GaussianWindowSampler:
     """A Gaussian window over rank positions 0..N-1 that slides toward lower angle concentration.
 
+    The knobs the config sets are required keywords (defaults in ``tasks/config.py``, ``GainConfig``);
+    the absolute forms and the clamp bounds, which the config does not set, keep their defaults here.
+
     Args:
         num_items: pool size N (rank positions).
-        sigma: window width in rank positions; ``None`` means ``sigma_frac * N``.
         sigma_frac: sigma as a fraction of N (official 1000 on GSM8K's 7.5K, about 0.13).
-        step_size: n, the largest move per update from each term; ``None`` means ``step_frac * N``.
         step_frac: n as a fraction of N (official 500 on 7.5K, about 0.065).
         alpha: accuracy sensitivity (official 2).
         beta: target accuracy in [0, 1] (official 0.5).
         gamma: angle sensitivity; ``None`` means ``alpha`` (official code); the paper's is said to be 0.5.
+        sigma: absolute window width in rank positions, overriding ``sigma_frac * N`` when given.
+        step_size: absolute n, the largest move per update from each term, overriding ``step_frac * N``.
         adj_min: smallest move per update (official 0: mu never moves backward).
         adj_max: largest move per update; ``None`` means ``adj_max_frac * N``.
         adj_max_frac: adj_max as a fraction of N (official 1000 on 7.5K, about 0.13).
@@ -59,13 +64,14 @@ class GaussianWindowSampler:
     def __init__(
         self,
         num_items: int,
+        *,
+        sigma_frac: float,
+        step_frac: float,
+        alpha: float,
+        beta: float,
+        gamma: float | None,
         sigma: float | None = None,
-        sigma_frac: float = 0.13,
         step_size: float | None = None,
-        step_frac: float = 0.065,
-        alpha: float = 2.0,
-        beta: float = 0.5,
-        gamma: float | None = None,
         adj_min: float = 0.0,
         adj_max: float | None = None,
         adj_max_frac: float = 0.13,

@@ -7,7 +7,8 @@ Papers:
       Through Difficulty-targeted Online Data Selection and Rollout Replay", arXiv 2506.05316, Sec. on RR.
     * Generalized PPO with sample reuse: Queeney et al. 2021, arXiv 2111.00072 (the clip window form).
 
-The loss (algorithms.md §2.2, code form, ``core_algos.compute_policy_loss_temp`` in the official repo)::
+The loss (docs/algorithms.md sections 0.2 and 2.2; the official code's form,
+``core_algos.compute_policy_loss_temp`` in github.com/ASTRAL-Group/data-efficient-llm-rl)::
 
     r       = exp(logp     - mu)        # pi_theta / mu,  mu = behaviour policy that generated the rollout
     r_old   = exp(old_logp - mu)        # pi_old   / mu,  pi_old = policy at the start of this step
@@ -19,12 +20,14 @@ Choices and deviations:
     * Clip window: the official code's window centred on r_old (generalized PPO). The paper's formula shows
       a plain [1 - eps, 1 + eps] window around pi_theta / mu; we do not offer it (it lets the trust region
       drift with the age of the rollout).
-    * Aggregation: ``"token"`` (default; the official RR code and Dr. GRPO: masked mean over every token of
-      the batch) or ``"sequence"`` (the GRPO/DOTS paper form: mean over sequences of each sequence's
-      masked mean). Sequences with no valid token are left out of the sequence mean.
+    * Aggregation (``train.aggregation``): ``"token"`` (rlsift's default; the official RR code and Dr. GRPO:
+      masked mean over every token of the batch) or ``"sequence"`` (the GRPO/DOTS paper form: mean over
+      sequences of each sequence's masked mean). Sequences with no valid token are left out of the sequence
+      mean.
     * KL to a reference policy: GRPO's k3 estimator exp(ref - logp) - (ref - logp) - 1 per token, aggregated
-      like the policy loss and added with ``kl_coef`` (default 0: off, as in DOTS, PODS and Dr. GRPO).
-    * No dual-clip and no truncation of r_old itself (the paper does not use one; see algorithms.md §2.3 q4).
+      like the policy loss and added with ``kl_coef`` (``train.kl_coef``, 0 by default: off, as in DOTS,
+      PODS and Dr. GRPO).
+    * No dual-clip and no truncation of r_old itself (the paper does not use one; docs/algorithms.md section 2.3).
     * Metrics ``train/clip_frac``, ``train/ratio_mean``, ``train/behaviour_ratio_mean`` and
       ``train/approx_kl`` are token-level masked means whatever the aggregation; ``train/pg_loss`` and
       ``train/kl`` are aggregated like the loss. ``train/approx_kl`` is k3 of pi_theta against pi_old
@@ -58,7 +61,7 @@ def _aggregation(value: str | Aggregation) -> Aggregation:
 
 
 def masked_aggregate(
-    values: torch.Tensor, mask: torch.Tensor, aggregation: str | Aggregation = "token"
+    values: torch.Tensor, mask: torch.Tensor, aggregation: str | Aggregation
 ) -> torch.Tensor:
     """Reduce per-token values to a scalar over the valid tokens.
 
@@ -117,11 +120,11 @@ def clipped_policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    clip_eps: float = 0.2,
-    aggregation: str | Aggregation = "token",
+    clip_eps: float,
+    aggregation: str | Aggregation,
+    kl_coef: float,
     behaviour_logp: torch.Tensor | None = None,
     ref_logp: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip / GRPO surrogate with the Rollout-Replay clip window centred on pi_old / mu.
 
@@ -130,13 +133,13 @@ def clipped_policy_loss(
         old_logp: [N, L] log-probs under pi_old, the policy at the start of this optimizer step (detached here).
         advantages: [N] one advantage per sequence, broadcast over its tokens.
         mask: [N, L] bool, True on real completion tokens.
-        clip_eps: epsilon of the clip window, in (0, 1).
+        clip_eps: epsilon of the clip window, in (0, 1) (``train.clip_eps``).
         aggregation: ``"token"`` (masked mean over all tokens of the batch) or ``"sequence"`` (mean over
-            sequences of each sequence's masked mean).
+            sequences of each sequence's masked mean) (``train.aggregation``).
         behaviour_logp: [N, L] log-probs under mu, the policy that generated the rollouts (detached here).
             None means mu = pi_old (fresh rollouts), which is ordinary PPO-clip.
         ref_logp: [N, L] log-probs under a reference policy, for the k3 KL term and the ``train/kl`` metric.
-        kl_coef: weight of the KL term in the loss; > 0 needs ``ref_logp``.
+        kl_coef: weight of the KL term in the loss; > 0 needs ``ref_logp`` (``train.kl_coef``).
 
     Returns:
         (loss, metrics): a scalar loss tensor to minimise, and a dict of float metrics ``train/clip_frac``,

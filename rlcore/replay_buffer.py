@@ -2,7 +2,8 @@
 
 Paper: Sun et al. 2025, "Improving Data Efficiency for LLM Reinforcement Fine-tuning Through
 Difficulty-targeted Online Data Selection and Rollout Replay", arXiv 2506.05316 (RR). Official code:
-github.com/ASTRAL-Group/data-efficient-llm-rl, ``ray_trainer.py: select_buffer``. Spec: algorithms.md §2.1.
+github.com/ASTRAL-Group/data-efficient-llm-rl, ``ray_trainer.py: select_buffer``. Summary: docs/algorithms.md
+section 2.1.
 The off-policy-corrected loss that replayed groups need is ``rlcore.grpo_loss.clipped_policy_loss`` with
 ``behaviour_logp = group.behaviour_logp``.
 
@@ -16,7 +17,7 @@ Choices and deviations:
       becomes the newest entry (the code's "keep the LAST occurrence per question").
     * FIFO eviction once more than ``capacity`` groups are stored. Capacity 0 never stores anything, so a run
       with it is plain GRPO.
-    * ``max_age`` (our addition, algorithms.md §6.4; None = no limit as in the paper): at ``sample`` time,
+    * ``max_age`` (our addition, docs/algorithms.md section 6.4; None = no limit as in the paper): at ``sample`` time,
       groups with ``step - group.step > max_age`` are dropped for good (their age only grows).
     * A draw asks for k groups and returns min(k, eligible) of them; replayed groups are deep copies with
       ``replayed_from`` set to the step that generated them. Groups can be replayed again at later steps,
@@ -54,11 +55,11 @@ class ReplayBuffer:
     """FIFO buffer of RolloutGroups keyed by prompt id (oldest first).
 
     Args:
-        capacity: most groups kept, >= 0 (0: never replays).
-        max_age: groups older than this many steps are not replayed (None: no limit).
+        capacity: most groups kept, >= 0 (0: never replays) (``replay.capacity``).
+        max_age: groups older than this many steps are not replayed (None: no limit) (``replay.max_age``).
     """
 
-    def __init__(self, capacity: int, max_age: int | None = None) -> None:
+    def __init__(self, capacity: int, *, max_age: int | None) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
             raise ValueError(f"capacity must be an int >= 0, got {capacity!r}")
         if max_age is not None and (isinstance(max_age, bool) or not isinstance(max_age, int) or max_age < 0):

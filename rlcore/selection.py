@@ -2,8 +2,8 @@
 
 Paper: Sun et al., "Improving Data Efficiency for LLM Reinforcement Fine-tuning Through Difficulty-targeted
 Online Data Selection and Rollout Replay", arXiv 2506.05316; official code
-github.com/ASTRAL-Group/data-efficient-llm-rl (``ray_trainer.py``). Spec: ``shared/docs/algorithms.md``
-sections 1.3 and 6.2 (stage 3).
+github.com/ASTRAL-Group/data-efficient-llm-rl (``ray_trainer.py``). Summary: docs/algorithms.md
+sections 1.3 and 6.2 (stage 4).
 
     d_q = 1 - p_q                       # adaptive difficulty from the predicted success rate
     w_q = exp(-|d_q - alpha| / tau) * prior_q     (0 for prompts outside ``mask``)
@@ -15,8 +15,8 @@ Choices and deviations:
   so tau = 1e-3 (official) never overflows, and with alpha = 0.5 no eligible prompt underflows to 0
   (exp(-500) is representable in float64; in float32 it is 0). The returned probabilities are float64.
 * ``prior`` is an optional multiplicative prior (a GAIN-RL Gaussian window, an angle/length prior, a
-  ScalingRL DES weight); ``mask`` marks the eligible prompts. Neither is in the paper (section 6.3 of the
-  spec proposes the prior).
+  ScalingRL DES weight); ``mask`` marks the eligible prompts. Neither is in the paper (docs/algorithms.md
+  section 6.3).
 * Sampling without replacement: ``"weighted"`` is the official ``torch.multinomial(replacement=False)``;
   ``"greedy"`` (top-k of the probabilities, ties broken by lower index) and ``"gumbel"`` (Gumbel-top-k,
   the same distribution as ``"weighted"``) are the variants left commented out in the official code.
@@ -62,8 +62,9 @@ def _normalise(logw: torch.Tensor) -> torch.Tensor:
 
 def dots_weights(
     pred_success: torch.Tensor,
-    alpha: float = 0.5,
-    tau: float = 1e-3,
+    *,
+    alpha: float,
+    tau: float,
     prior: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -71,8 +72,8 @@ def dots_weights(
 
     Args:
         pred_success: [M] predicted success rates in [0, 1].
-        alpha: target adaptive difficulty (failure rate), in [0, 1]; official 0.5.
-        tau: temperature > 0; official 1e-3 (near-greedy).
+        alpha: target adaptive difficulty (failure rate), in [0, 1]; official 0.5 (``select.alpha``).
+        tau: temperature > 0; official 1e-3, near-greedy (``select.tau``).
         prior: optional [M] non-negative multiplicative prior.
         mask: optional [M] bool, True for eligible prompts.
 
@@ -101,7 +102,7 @@ def uniform_weights(num_prompts: int, mask: torch.Tensor | None = None) -> torch
 
 
 def sample_prompts(
-    probs: torch.Tensor, k: int, generator: torch.Generator | None = None, method: str = "weighted"
+    probs: torch.Tensor, k: int, generator: torch.Generator | None = None, *, method: str
 ) -> torch.Tensor:
     """Draw k distinct prompt indices from selection probabilities.
 
@@ -110,7 +111,7 @@ def sample_prompts(
         k: number of prompts, 0 <= k <= number of prompts with positive probability.
         generator: torch RNG for ``"weighted"`` and ``"gumbel"``.
         method: ``"weighted"`` (multinomial without replacement), ``"greedy"`` (top-k) or ``"gumbel"``
-            (Gumbel-top-k).
+            (Gumbel-top-k) (``select.sampler``).
 
     Returns:
         [k] int64 distinct indices, in draw order.

@@ -25,25 +25,36 @@ class _Frozen(BaseModel):
 
 
 class PathsConfig(_Frozen):
-    root: str = Field("./rlsift-runs", description="Folder for the ledger, MLflow store, checkpoints, reports.")
-    cache: str | None = Field(None, description="Warm-start cache folder (default: <root>/cache).")
+    """Where a run root keeps its files (README "Where the data lives")."""
+
+    root: str = Field("./rlsift-runs", description=(
+        "Folder for the ledger (ledger.duckdb), the MLflow store (mlflow.db), runs/<run_id>/ and the warm-start "
+        "cache (tasks/run.py open_run)."))
+    cache: str | None = Field(None, description=(
+        "Warm-start cache folder, keyed by fingerprint (tasks/model/warmstart.py); None: <root>/cache."))
 
 
 class SourceConfig(_Frozen):
-    """One data source: the bundled generator or a local file/folder."""
+    """One data source: the bundled generator or a local file/folder (tasks/data/sources.py)."""
 
-    kind: Literal["bundled", "file"] = "bundled"
+    kind: Literal["bundled", "file"] = Field("bundled", description=(
+        "bundled: the generated arithmetic task (tasks/data/arith.py); file: a local file or folder at 'path'."))
     # bundled generator
-    mix: str | dict[int, float] = Field("default", description="Level mix: 'default', 'balanced' or {level: weight}.")
-    n_train: int = Field(2000, ge=1)
-    n_test: int = Field(1000, ge=0)
-    seed: int = 0
+    mix: str | dict[int, float] = Field("default", description=(
+        "Bundled only: level mix, 'default', 'balanced' (tasks/data/arith.py MIXES) or {level: weight}."))
+    n_train: int = Field(2000, ge=1, description="Bundled only: prompts generated for the train split.")
+    n_test: int = Field(1000, ge=0, description="Bundled only: prompts generated for the held-out test split.")
+    seed: int = Field(0, description="Bundled only: generator seed (the problems depend on it alone).")
     # files
-    path: str | None = None
-    format: Literal["gsm8k", "math", "math500", "humaneval", "jsonl", "parquet", "hf"] | None = None
-    split: Literal["train", "test"] | None = None
-    fields: dict[str, str] | None = Field(None, description="Field mapping {question, answer, solution, level}.")
-    reward: Literal["arith", "numeric", "math", "code"] | None = None
+    path: str | None = Field(None, description="File only: local file or folder to read (required for kind=file).")
+    format: Literal["gsm8k", "math", "math500", "humaneval", "jsonl", "parquet", "hf"] | None = Field(
+        None, description="File only: row format (tasks/data/sources.py); None: guessed from the content.")
+    split: Literal["train", "test"] | None = Field(None, description=(
+        "File only: split of the rows; None: from the file name (train/test in it), else the format's default."))
+    fields: dict[str, str] | None = Field(None, description=(
+        "File only, generic formats (jsonl, parquet, hf): field mapping {question, answer, solution, level}."))
+    reward: Literal["arith", "numeric", "math", "code"] | None = Field(None, description=(
+        "File only: verifier (tasks/data/rewards.py); None: the format's own, math for generic formats."))
     limit: int | None = Field(None, ge=1, description="Keep at most this many rows per split (after ingest).")
 
     @model_validator(mode="after")
@@ -54,16 +65,21 @@ class SourceConfig(_Frozen):
 
 
 class DataConfig(_Frozen):
-    sources: tuple[SourceConfig, ...] = (SourceConfig(),)
+    """The prompt pool and held-out set (ingest stage, tasks/data/ingest.py)."""
+
+    sources: tuple[SourceConfig, ...] = Field((SourceConfig(),), description=(
+        "Data sources, ingested in order into one pool (exact duplicates dropped, bad rows quarantined)."))
     test_from_train: float = Field(
         0.0, ge=0.0, lt=1.0, description="Hold out this share of train prompts as test when a source has no test split."
     )
 
 
 class WarmStartConfig(_Frozen):
-    steps: int = Field(1200, ge=0)
-    batch_size: int = Field(64, ge=1)
-    lr: float = Field(2e-3, gt=0)
+    """Supervised warm start of the tiny default policy (tasks/model/warmstart.py); unused with model.path."""
+
+    steps: int = Field(1200, ge=0, description="AdamW steps on worked solutions (0: the untrained tiny model).")
+    batch_size: int = Field(64, ge=1, description="Worked solutions per warm-start step.")
+    lr: float = Field(2e-3, gt=0, description="Peak learning rate (5 % linear warmup, then cosine decay to 0).")
     mix: str = Field("warmstart", description="Level mix of the worked solutions (tasks/data/arith.py MIXES).")
     flawed: float = Field(0.5, ge=0, le=1, description=(
         "Share of demonstrations (where it matters) that slip: left to right, ignoring precedence "
@@ -71,15 +87,21 @@ class WarmStartConfig(_Frozen):
 
 
 class ModelConfig(_Frozen):
+    """The policy (tasks/model/policy.py): a local model folder, or the tiny Llama built and warm-started here."""
+
     path: str | None = Field(None, description="Local model folder; None builds and warm-starts the tiny default.")
-    hidden: int = Field(128, ge=32)
-    layers: int = Field(4, ge=1)
-    heads: int = Field(4, ge=1)
-    warmstart: WarmStartConfig = WarmStartConfig()
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    hidden: int = Field(128, ge=32, description="Tiny default only: hidden size of the Llama.")
+    layers: int = Field(4, ge=1, description="Tiny default only: transformer layers.")
+    heads: int = Field(4, ge=1, description="Tiny default only: attention heads (hidden/heads >= 32).")
+    warmstart: WarmStartConfig = Field(WarmStartConfig(), description="Warm start of the tiny default.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description=(
+        "Device of the policy: auto picks cuda when visible, else cpu (tasks/run.py resolve_device)."))
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description=(
+        "Weights dtype: auto is bfloat16 on a CUDA device that supports it, else float32."))
     threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's default).")
-    system_prompt: str = "Let's think step by step and output the final answer within \\boxed{}."
+    system_prompt: str = Field("Let's think step by step and output the final answer within \\boxed{}.", description=(
+        "System message for tokenizers with a chat template (DOTS's template, arXiv 2506.05316); the tiny "
+        "default has none and uses the plain 'Q: ...' prompt."))
 
     @model_validator(mode="after")
     def _head_size(self) -> ModelConfig:
@@ -90,124 +112,174 @@ class ModelConfig(_Frozen):
 
 
 class RolloutConfig(_Frozen):
-    engine: Literal["hf", "vllm"] = "hf"
-    vllm_url: str = "http://127.0.0.1:8000"
+    """Sampling the training rollouts (tasks/model/rollout.py, tasks/model/vllm_engine.py)."""
+
+    engine: Literal["hf", "vllm"] = Field("hf", description=(
+        "hf: transformers generate() in process; vllm: a vLLM server over HTTP (docs/scale-out.md)."))
+    vllm_url: str = Field("http://127.0.0.1:8000", description="Base URL of the vLLM server (engine=vllm).")
     n: int = Field(8, ge=2, description="Rollouts generated per prompt (PODS keeps pods.m of them).")
-    max_new_tokens: int = Field(64, ge=1)
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
+    max_new_tokens: int = Field(64, ge=1, description="Longest completion, in tokens.")
+    temperature: float = Field(1.0, gt=0, description=(
+        "Sampling temperature of the rollouts (and of the log-probs the update computes for them)."))
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1: off).")
+    top_k: int = Field(0, ge=0, description="Sample among the k most likely tokens (0: off).")
     chunk: int = Field(512, ge=1, description="Sequences per generate() call.")
 
 
 class TrainConfig(_Frozen):
-    steps: int = Field(150, ge=0)
+    """The GRPO update (tasks/training/loop.py, update.py; docs/algorithms.md section 0)."""
+
+    steps: int = Field(150, ge=0, description="Optimizer steps of RL training.")
     prompts_per_step: int = Field(32, ge=1, description="B: prompt groups per optimizer step (fresh + replayed).")
     round_steps: int = Field(5, ge=1, description="mu: steps per selection round (DOTS's selection interval).")
-    lr: float = Field(3e-5, gt=0)
+    lr: float = Field(3e-5, gt=0, description="AdamW learning rate (constant after warmup_steps).")
     warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warmup over the first N steps (0: off).")
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.99)
-    grad_clip: float = Field(1.0, gt=0)
-    clip_eps: float = Field(0.2, gt=0, lt=1)
-    aggregation: Literal["token", "sequence"] = "token"
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW (beta1, beta2).")
+    grad_clip: float = Field(1.0, gt=0, description="Clip the gradient's global L2 norm to this value.")
+    clip_eps: float = Field(0.2, gt=0, lt=1, description=(
+        "epsilon of the PPO clip window, centred on pi_old/mu for replayed groups (rlcore/grpo_loss.py)."))
+    aggregation: Literal["token", "sequence"] = Field("token", description=(
+        "Loss reduction: token = mean over every valid token (Dr. GRPO, arXiv 2503.20783); sequence = mean of "
+        "per-sequence means (GRPO paper, arXiv 2402.03300)."))
     scale_std: bool = Field(False, description="Divide advantages by the group std (standard GRPO); off = Dr.-GRPO.")
     kl_coef: float = Field(0.0, ge=0, description="KL to the starting policy (k3 estimator); 0 = off.")
     negative_weight: float = Field(1.0, ge=0, le=1, description=(
         "Scale of negative advantages (1: GRPO; 0: reinforce successes only, as rejection-sampling fine-tuning)."))
-    minibatches: int = Field(1, ge=1)
+    minibatches: int = Field(1, ge=1, description="Optimizer steps per training step, each on a slice of the batch.")
     checkpoint_every: int = Field(0, ge=0, description="Also checkpoint every N steps (0: round boundaries only).")
 
 
 class ScaleConfig(_Frozen):
     """Training backend (launched with torchrun for the multi-process ones; see README "Scale out")."""
 
-    backend: Literal["single", "ddp", "fsdp2", "deepspeed_zero2", "deepspeed_zero3"] = "single"
+    backend: Literal["single", "ddp", "fsdp2", "deepspeed_zero2", "deepspeed_zero3"] = Field("single", description=(
+        "single: one process; the others shard each update over torchrun ranks (tasks/training/distributed.py)."))
     offload_optimizer: bool = Field(False, description="DeepSpeed: keep optimizer state on the CPU.")
 
 
 class CalibrateConfig(_Frozen):
+    """DOTS's reference set (docs/algorithms.md section 1.3): measured with the current policy each round."""
+
     k: int = Field(64, ge=2, description="Reference-set size K.")
     g: int = Field(8, ge=2, description="Rollouts per reference prompt.")
 
 
 class PredictorConfig(_Frozen):
-    hidden: int = Field(64, ge=4)
-    layers: int = Field(2, ge=1)
-    dropout: float = Field(0.1, ge=0, lt=1)
-    tau_att: float = Field(1.0, gt=0)
-    calibration: Literal["group_logit_temp", "none"] = "group_logit_temp"
-    linear_recalibration: bool = False
+    """DOTS's attention-based difficulty predictor (rlcore/difficulty.py; docs/algorithms.md section 1.2)."""
+
+    hidden: int = Field(64, ge=4, description="Width of the two projection towers (official 896).")
+    layers: int = Field(2, ge=1, description="Linear layers per tower (official 3).")
+    dropout: float = Field(0.1, ge=0, lt=1, description="Dropout inside the towers while fitting.")
+    tau_att: float = Field(1.0, gt=0, description="Temperature of the attention over the reference prompts.")
+    calibration: Literal["group_logit_temp", "none"] = Field("group_logit_temp", description=(
+        "group_logit_temp: the official calibration head (temperature and bias from the reference mean and "
+        "std); none: the raw attention mean."))
+    linear_recalibration: bool = Field(False, description=(
+        "Map predictions through a least-squares line fitted on the reference prompts (official code only), "
+        "clipped to [0, 1]."))
     min_labels: int = Field(128, ge=0, description="Labels needed before the towers replace off-the-shelf attention.")
-    fit_steps: int = Field(100, ge=0)
-    lr: float = Field(1e-3, gt=0)
+    fit_steps: int = Field(100, ge=0, description="Adam steps of predictor training per round.")
+    lr: float = Field(1e-3, gt=0, description="Adam learning rate of the predictor.")
 
 
 class SelectConfig(_Frozen):
-    method: Literal["uniform", "dots"] = "uniform"
+    """Which prompts each step rolls out (tasks/training/selector.py; docs/algorithms.md section 1.3)."""
+
+    method: Literal["uniform", "dots"] = Field("uniform", description=(
+        "uniform: plain GRPO; dots: weights exp(-|d - alpha| / tau) from predicted difficulty (arXiv 2506.05316)."))
     alpha: float = Field(0.5, ge=0, le=1, description="DOTS target difficulty.")
     tau: float = Field(1e-3, gt=0, description="DOTS sampling temperature.")
-    sampler: Literal["weighted", "greedy", "gumbel"] = "weighted"
-    predictor: PredictorConfig = PredictorConfig()
+    sampler: Literal["weighted", "greedy", "gumbel"] = Field("weighted", description=(
+        "DOTS draw without replacement: weighted (multinomial, official), greedy (top-k) or gumbel (Gumbel-top-k)."))
+    predictor: PredictorConfig = Field(PredictorConfig(), description="The DOTS difficulty predictor.")
 
 
 class PodsConfig(_Frozen):
-    enabled: bool = False
+    """PODS down-sampling (rlcore/downsample.py; arXiv 2504.13818; docs/algorithms.md section 3)."""
+
+    enabled: bool = Field(False, description="Generate rollout.n per prompt and train on pods.m of them.")
     m: int = Field(8, ge=2, description="Rollouts kept per prompt (of rollout.n generated).")
-    rule: Literal["max_variance", "random", "max_reward"] = "max_variance"
+    rule: Literal["max_variance", "random", "max_reward"] = Field("max_variance", description=(
+        "max_variance: the PODS rule; random and max_reward: the paper's ablations."))
 
 
 class ReplayConfig(_Frozen):
-    enabled: bool = False
+    """Rollout Replay (rlcore/replay_buffer.py; arXiv 2506.05316; docs/algorithms.md section 2)."""
+
+    enabled: bool = Field(False, description="Replay informative groups from a FIFO buffer.")
     fresh_frac: float = Field(0.5, gt=0, le=1, description="delta: share of each batch that is freshly rolled out.")
-    capacity: int = Field(256, ge=0)
-    max_age: int | None = Field(None, ge=1)
+    capacity: int = Field(256, ge=0, description="C: most groups kept in the buffer (FIFO eviction).")
+    max_age: int | None = Field(None, ge=1, description=(
+        "Groups older than this many steps are not replayed (our addition; None: no limit, as in the paper)."))
 
 
 class CurriculumConfig(_Frozen):
-    enabled: bool = False
-    weights: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
-    difficulty_form: Literal["peak", "monotone"] = "peak"
+    """ScalingRL DES and curriculum scheduler, a labelled reconstruction (rlcore/curriculum.py;
+    docs/algorithms.md section 4.2)."""
+
+    enabled: bool = Field(False, description="Each round, the scheduler sets the active pool's size and mix.")
+    weights: tuple[float, float, float] = Field((1 / 3, 1 / 3, 1 / 3), description=(
+        "DES weights (w_D, w_C, w_R) of difficulty, CoT complexity and reward adaptability (normalised to sum 1)."))
+    difficulty_form: Literal["peak", "monotone"] = Field("peak", description=(
+        "DES difficulty: peak = 1 - 2|p - 0.5|; monotone = 1 - p (harder is better)."))
     s_min: float = Field(0.25, gt=0, le=1, description="Smallest active pool, as a share of the pool.")
-    s_max: float = Field(1.0, gt=0, le=1)
-    scale0: float = Field(0.5, gt=0, le=1)
-    kappa: float = Field(0.25, ge=0)
-    theta_lo: float = Field(0.2, ge=0, le=1)
-    theta_hi: float = Field(0.7, ge=0, le=1)
-    theta_learned: float = Field(0.9, ge=0, le=1)
-    rho0: float = Field(0.2, ge=0, le=1)
-    rho_step: float = Field(0.1, ge=0, le=1)
+    s_max: float = Field(1.0, gt=0, le=1, description="Largest active pool, as a share of the pool.")
+    scale0: float = Field(0.5, gt=0, le=1, description=(
+        "Initial active pool, as a share of the pool (at least prompts_per_step * round_steps)."))
+    kappa: float = Field(0.25, ge=0, description="Relative change of the active pool size per round.")
+    theta_lo: float = Field(0.2, ge=0, le=1, description="Windowed train accuracy below which the pool shrinks.")
+    theta_hi: float = Field(0.7, ge=0, le=1, description="Windowed train accuracy above which the pool grows.")
+    theta_learned: float = Field(0.9, ge=0, le=1, description=(
+        "A seen prompt whose success rate reaches this counts as learned and is not exploited."))
+    rho0: float = Field(0.2, ge=0, le=1, description="Initial exploit share (seen, unlearned prompts) of the pool.")
+    rho_step: float = Field(0.1, ge=0, le=1, description=(
+        "Change of the exploit share per round: up when held-out accuracy drops, down when it rises."))
 
 
 class GainConfig(_Frozen):
-    enabled: bool = False
+    """GAIN-RL angle concentration and Gaussian window (rlcore/angle.py, rlcore/gain_sampler.py; arXiv 2506.02281;
+    docs/algorithms.md section 5)."""
+
+    enabled: bool = Field(False, description="Order prompts by angle concentration and move a window over them.")
     mode: Literal["gate", "prior"] = Field("gate", description="gate: DOTS picks inside the window; prior: weight.")
-    prior_lambda: float = Field(0.2, ge=0)
+    prior_lambda: float = Field(0.2, ge=0, description="mode=prior: selection weights times window_prob ** lambda.")
     gate_width: float = Field(0.5, gt=0, le=1, description="Share of the pool the gate keeps.")
-    inter_weight: float = Field(1.0, ge=0)
-    sigma_frac: float = Field(0.13, gt=0)
-    step_frac: float = Field(0.05, ge=0)
-    alpha: float = 2.0
-    beta: float = Field(0.5, ge=0, le=1)
-    gamma: float = 0.5
+    inter_weight: float = Field(1.0, ge=0, description=(
+        "Weight of C_inter in the angle score C_intra + w C_inter (paper 1, official code 8)."))
+    sigma_frac: float = Field(0.13, gt=0, description=(
+        "Window width sigma, as a share of the pool (official: 1000 rank positions of GSM8K's 7.5K)."))
+    step_frac: float = Field(0.05, ge=0, description=(
+        "Step size n of the mu update, as a share of the pool (official: 500 of 7.5K, 0.065)."))
+    alpha: float = Field(2.0, description="Accuracy sensitivity of the mu update.")
+    beta: float = Field(0.5, ge=0, le=1, description="Target accuracy of the mu update.")
+    gamma: float = Field(0.5, description=(
+        "Angle sensitivity of the mu update (paper 0.5; the official code uses alpha)."))
 
 
 class EvalConfig(_Frozen):
+    """Held-out evaluation (tasks/training/evaluate.py): greedy accuracy and sampled avg@k."""
+
     samples: int = Field(4, ge=0, description="k for sampled avg@k (0: greedy only).")
-    temperature: float = Field(1.0, gt=0)
+    temperature: float = Field(1.0, gt=0, description=(
+        "Meant for sampled avg@k; not applied yet: avg@k samples with the rollout engine at rollout.temperature."))
     limit: int | None = Field(None, ge=1, description="Evaluate at most this many test prompts.")
     every: int = Field(0, ge=0, description="Also evaluate greedily every N steps during training (0: off).")
-    batch_size: int = Field(256, ge=1)
+    batch_size: int = Field(256, ge=1, description="Prompts per forward pass of the score stage (embeddings, angles).")
 
 
 class TrackingConfig(_Frozen):
+    """MLflow tracking (tasks/records/tracking.py)."""
+
     uri: str | None = Field(None, description="MLflow tracking URI (default: sqlite under paths.root).")
-    experiment: str = "rlsift"
-    register_model: bool = True
-    model_name: str = "rlsift-policy"
+    experiment: str = Field("rlsift", description="MLflow experiment name (created when missing).")
+    register_model: bool = Field(True, description="Register the final model in the MLflow model registry.")
+    model_name: str = Field("rlsift-policy", description="Registered model name (also the parent that retrain reads).")
 
 
 class CostConfig(_Frozen):
+    """Device hours and money per stage (tasks/records/cost.py)."""
+
     device: str | None = Field(None, description="Device type for pricing (default: detected).")
     prices: dict[str, float] = Field(
         default_factory=lambda: {"cpu": 0.10, "nvidia-h200": 3.50, "nvidia-h100": 2.50, "nvidia-a100": 1.50,
@@ -217,22 +289,24 @@ class CostConfig(_Frozen):
 
 
 class Config(_Frozen):
-    seed: int = 0
-    paths: PathsConfig = PathsConfig()
-    data: DataConfig = DataConfig()
-    model: ModelConfig = ModelConfig()
-    rollout: RolloutConfig = RolloutConfig()
-    train: TrainConfig = TrainConfig()
-    scale: ScaleConfig = ScaleConfig()
-    calibrate: CalibrateConfig = CalibrateConfig()
-    select: SelectConfig = SelectConfig()
-    pods: PodsConfig = PodsConfig()
-    replay: ReplayConfig = ReplayConfig()
-    curriculum: CurriculumConfig = CurriculumConfig()
-    gain: GainConfig = GainConfig()
-    eval: EvalConfig = EvalConfig()
-    tracking: TrackingConfig = TrackingConfig()
-    cost: CostConfig = CostConfig()
+    """The whole run; every default of rlsift's pipeline lives here (conf/base.yaml states them all)."""
+
+    seed: int = Field(0, description="Run seed: every random draw derives from it (rlcore/seeding.py derive_seed).")
+    paths: PathsConfig = Field(PathsConfig(), description="Where results are written.")
+    data: DataConfig = Field(DataConfig(), description="The prompt pool and held-out set.")
+    model: ModelConfig = Field(ModelConfig(), description="The policy.")
+    rollout: RolloutConfig = Field(RolloutConfig(), description="Rollout sampling.")
+    train: TrainConfig = Field(TrainConfig(), description="The GRPO update.")
+    scale: ScaleConfig = Field(ScaleConfig(), description="Training backend.")
+    calibrate: CalibrateConfig = Field(CalibrateConfig(), description="DOTS reference set.")
+    select: SelectConfig = Field(SelectConfig(), description="Prompt selection (uniform or DOTS).")
+    pods: PodsConfig = Field(PodsConfig(), description="PODS rollout down-sampling.")
+    replay: ReplayConfig = Field(ReplayConfig(), description="Rollout Replay.")
+    curriculum: CurriculumConfig = Field(CurriculumConfig(), description="ScalingRL curriculum (reconstruction).")
+    gain: GainConfig = Field(GainConfig(), description="GAIN-RL angle ordering and window.")
+    eval: EvalConfig = Field(EvalConfig(), description="Held-out evaluation.")
+    tracking: TrackingConfig = Field(TrackingConfig(), description="MLflow tracking.")
+    cost: CostConfig = Field(CostConfig(), description="Cost accounting.")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:

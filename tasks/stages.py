@@ -1,7 +1,7 @@
 """The pipeline's stages as Prefect tasks: thin wrappers that time, cost, record and call the plain code.
 
-Tasks take the in-process :class:`~tasks.run.Run` and policy objects, so they use ``NO_CACHE`` (stack.md
-§2: models and connections cannot be hashed) and no retries: a stage reruns from the run's checkpoint via
+Tasks take the in-process :class:`~tasks.run.Run` and policy objects, so they use ``NO_CACHE`` (models
+and connections cannot be hashed) and no retries: a stage reruns from the run's checkpoint via
 ``rlsift run --resume``, never silently from scratch.
 
 Resume-safe: a resumed run (``rlsift run --resume``) reuses what its stages already produced instead of

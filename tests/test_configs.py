@@ -1,10 +1,24 @@
-"""Every config file loads and validates; bad keys and values are errors that name the key."""
+"""Every config file loads and validates; bad keys and values are errors that name the key; every field is
+described, conf/base.yaml states every default, and rlcore repeats none of them."""
 
+import inspect
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
+import yaml
+from pydantic import BaseModel, ValidationError
 
+from rlcore import (
+    advantages,
+    angle,
+    curriculum,
+    difficulty,
+    downsample,
+    gain_sampler,
+    grpo_loss,
+    replay_buffer,
+    selection,
+)
 from tasks.config import Config, ConfigError, load_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -75,3 +89,82 @@ def test_flat_params_cover_every_leaf():
     flat = load_config(None).flat()
     assert flat["train.steps"] == 150 and flat["select.predictor.hidden"] == 64
     assert all(not isinstance(v, dict) for v in flat.values())
+
+
+# ---------------------------------------------------------------- one home for every default
+
+
+def _fields(model: type[BaseModel], prefix: str = ""):
+    """(dotted name, FieldInfo, nested model or None) of every field, recursing into sections and into the
+    model inside a tuple (data.sources holds SourceConfig items)."""
+    for name, info in model.model_fields.items():
+        options = (info.annotation, *getattr(info.annotation, "__args__", ()))
+        nested = next((a for a in options if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        yield prefix + name, info, nested
+        if nested is not None:
+            yield from _fields(nested, f"{prefix}{name}.")
+
+
+def test_every_config_field_is_described():
+    names = [name for name, _, _ in _fields(Config)]
+    assert len(names) > 120 and "data.sources.format" in names and "select.predictor.lr" in names
+    bare = [name for name, info, _ in _fields(Config) if not (info.description or "").strip()]
+    assert not bare, f"config fields without a description: {bare}"
+
+
+def _yaml_leaves(model: type[BaseModel], tree: dict, prefix: str = ""):
+    """Dotted names of ``model``'s leaf fields that ``tree`` (a YAML mapping) states."""
+    for name, info in model.model_fields.items():
+        if name not in tree:
+            continue
+        nested = info.annotation if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel) \
+            else None
+        if nested is not None and isinstance(tree[name], dict):
+            yield from _yaml_leaves(nested, tree[name], f"{prefix}{name}.")
+        else:
+            yield prefix + name
+
+
+def test_base_yaml_states_every_default():
+    tree = yaml.safe_load((CONF / "base.yaml").read_text())
+    stated = set(_yaml_leaves(Config, tree))
+    leaves = {name for name, _, nested in _fields(Config) if nested is None and not name.startswith("data.sources.")}
+    leaves.add("data.sources")  # a list of sources is one value
+    assert leaves - stated == set(), f"conf/base.yaml does not state: {sorted(leaves - stated)}"
+    loaded, default = load_config(CONF / "base.yaml").flat(), Config().flat()
+    differ = {k: (loaded.get(k), v) for k, v in default.items() if loaded.get(k) != v}
+    assert not differ, f"conf/base.yaml differs from Config() (yaml, built-in): {differ}"
+    assert load_config(CONF / "base.yaml") == Config()
+
+
+# rlcore takes every knob the config sets as a required keyword, so no default is written twice:
+# (callable, parameter) -> the config field that holds its default.
+RLCORE_KNOBS = {
+    (advantages.group_advantages, "scale_by_std"): "train.scale_std",
+    (grpo_loss.clipped_policy_loss, "clip_eps"): "train.clip_eps",
+    (grpo_loss.clipped_policy_loss, "aggregation"): "train.aggregation",
+    (grpo_loss.clipped_policy_loss, "kl_coef"): "train.kl_coef",
+    (grpo_loss.masked_aggregate, "aggregation"): "train.aggregation",
+    (downsample.downsample, "rule"): "pods.rule",
+    (replay_buffer.ReplayBuffer, "max_age"): "replay.max_age",
+    (selection.dots_weights, "alpha"): "select.alpha",
+    (selection.dots_weights, "tau"): "select.tau",
+    (selection.sample_prompts, "method"): "select.sampler",
+    (angle.angle_concentration, "inter_weight"): "gain.inter_weight",
+    **{(difficulty.AttentionDifficultyPredictor, k): f"select.predictor.{k}"
+       for k in ("hidden", "layers", "dropout", "tau_att", "calibration", "linear_recalibration", "min_labels", "lr")},
+    (difficulty.AttentionDifficultyPredictor, "seed"): "seed",
+    **{(curriculum.CurriculumScheduler, k): f"curriculum.{k}"
+       for k in ("kappa", "theta_lo", "theta_hi", "theta_learned", "rho0", "rho_step")},
+    (curriculum.data_effectiveness_score, "weights"): "curriculum.weights",
+    (curriculum.data_effectiveness_score, "difficulty_form"): "curriculum.difficulty_form",
+    **{(gain_sampler.GaussianWindowSampler, k): f"gain.{k}"
+       for k in ("sigma_frac", "step_frac", "alpha", "beta", "gamma")},
+}
+
+
+@pytest.mark.parametrize("target, param", list(RLCORE_KNOBS), ids=lambda x: getattr(x, "__name__", x))
+def test_rlcore_has_no_second_default(target, param):
+    assert RLCORE_KNOBS[(target, param)] in Config().flat()
+    p = inspect.signature(target).parameters[param]
+    assert p.default is inspect.Parameter.empty, f"{target.__name__}({param}=...) repeats a default of the config"

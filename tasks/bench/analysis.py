@@ -2,7 +2,7 @@
 
 Pure functions on plain numbers and metric rows (no I/O), so hand-made curves can test them.
 
-Conventions (``docs/benchmarks.md``; algorithms.md §3.3 and §6.2 stage 7):
+Conventions (``docs/benchmarks.md``; docs/algorithms.md sections 3.3 and 6.2, stage 7):
 
 - A run's **curve** has one point per held-out evaluation: step 0 (the starting policy) and every
   ``eval.every`` steps (plus the last step). Each point carries the cumulative training wall-clock,

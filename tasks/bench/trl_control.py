@@ -1,11 +1,11 @@
 """The outside control of the benchmark: TRL's ``GRPOTrainer`` on the same model, data, reward and budget.
 
-TRL (github.com/huggingface/trl, pinned 1.16.0; shared/docs/stack.md §7, peers.md §5) is the one
+TRL (github.com/huggingface/trl, pinned 1.16.0 in requirements.txt) is the one
 maintained GRPO trainer that runs end to end on a CPU without vLLM, which makes it a clean "plain GRPO"
 arm that is not our code. What it shares with our runs:
 
 - **Model**: the same warm-started folder (``tasks.model.policy.load_policy``); the tokenizer *object* is passed
-  as ``processing_class`` (given a path, TRL may load another tokenizer class: stack.md §4).
+  as ``processing_class`` (given a path, TRL may load another tokenizer class).
 - **Data**: the configured sources through the same ingest code, train prompts formatted with
   ``tasks.model.policy.format_prompt`` (chat template and system prompt when the tokenizer has one). Prompts are
   tokenized exactly as ``tasks.model.rollout.HFEngine`` does (``tasks.model.rollout.add_special``: BOS in the plain

@@ -1,8 +1,8 @@
 """The bundled task: generated multi-step integer arithmetic with worked solutions and graded difficulty.
 
-The embedded default of rlsift (``shared/docs/DESIGN.md``) needs a verifiable task that runs offline, has
-difficulty levels a tiny character-level policy can partly master, and a reference solution for the
-supervised warm start. This module is that task. It is our own construction (no paper); its choices:
+The embedded default of rlsift (README.md, "What the embedded default does today") needs a verifiable task
+that runs offline, has difficulty levels a tiny character-level policy can partly master, and a reference
+solution for the supervised warm start. This module is that task. It is our own construction (no paper); its choices:
 
 - A problem is a flat expression of non-negative integers and the operators ``+ - * // %``, with at most
   one pair of parentheses, e.g. ``Q: 12+(40-7)*3=?``. The worked solution performs one operation per line

@@ -1,16 +1,17 @@
 """The policy: loading real causal LMs and building the tiny default (character tokenizer + Llama).
 
 Real models and tokenizers are loaded from local paths through ``AutoModelForCausalLM`` /
-``AutoTokenizer``; the tiny default of the embedded run (``shared/docs/DESIGN.md``) is built here:
+``AutoTokenizer``; the tiny default of the embedded run (README.md, "What the embedded default does today")
+is built here:
 
 - ``build_tokenizer``: a character-level vocabulary built locally with the ``tokenizers`` library (a
   ``BPE`` model with no merges, so every character is one token, and a ``Fuse`` decoder). It holds the
   printable ASCII characters and the newline (every generated arithmetic problem uses only those), plus
   ``<pad> <s> </s> <unk>``; a post-processor prepends ``<s>``. ``padding_side="left"`` is passed to the
-  constructor because setting the attribute later is not saved (``shared/docs/stack.md`` section 4).
+  constructor because setting the attribute later is not saved with the tokenizer.
 - ``build_tiny_model``: a ``LlamaForCausalLM`` from a ``LlamaConfig`` with tied embeddings. A Llama
   config (not Qwen2) matters: ``AutoTokenizer`` on a saved Qwen2 folder swaps in Qwen2's pre-tokenizer
-  and changes the ids, while a Llama folder keeps ours (stack.md section 4; a test checks the round trip).
+  and changes the ids, while a Llama folder keeps ours (tests/tasks/test_policy.py checks the round trip).
 - ``format_prompt``: the tokenizer's chat template (with the system instruction) when it has one, else
   the plain format ``"Q: {question}\\n"`` that the warm start trains the tiny model on.
 """
@@ -72,16 +73,20 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def build_tiny_model(
-    hidden: int = 128,
-    layers: int = 4,
-    heads: int = 4,
+    *,
+    hidden: int,
+    layers: int,
+    heads: int,
+    seed: int,
     intermediate: int | None = None,
     max_positions: int = 256,
     vocab_size: int | None = None,
-    seed: int = 0,
     tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> LlamaForCausalLM:
-    """A randomly initialised tiny Llama with tied embeddings (hidden 128, 4 layers: about 0.86M parameters).
+    """A randomly initialised tiny Llama with tied embeddings (the default ``model.hidden`` 128 and
+    ``model.layers`` 4 of ``tasks/config.py``: about 0.86M parameters).
+
+    The sizes and the seed are required: their defaults live in the config (``model.*``, ``seed``).
 
     Args:
         hidden: hidden size H; ``hidden / heads`` (the head size) must be an even integer >= 32.

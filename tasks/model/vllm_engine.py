@@ -1,8 +1,8 @@
 """Rollout engine backed by a ``vllm serve`` process (OpenAI-compatible HTTP API, vLLM 0.32).
 
-vLLM cannot live in the project's venv (its FastAPI pin conflicts with Prefect; ``shared/docs/stack.md``
-section 6), so it runs as a server from ``.venv-vllm`` (``infra/vllm-env.sh``, ``infra/vllm-serve.sh``) and
-this engine talks to it with the standard library's ``urllib``:
+vLLM cannot live in the project's venv (its FastAPI pin conflicts with Prefect; docs/scale-out.md), so it
+runs as a server from ``.venv-vllm`` (``infra/vllm-env.sh``, ``infra/vllm-serve.sh``) and this engine talks
+to it with the standard library's ``urllib``:
 
 - ``POST /v1/completions`` with the prompt as token ids (our tokenizer is the only one that tokenizes),
   ``n``, ``max_tokens``, ``temperature``/``top_p``/``top_k``, a per-prompt ``seed``, ``logprobs: 0`` (the

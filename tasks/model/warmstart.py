@@ -1,8 +1,8 @@
 """Supervised warm start of the tiny default policy on worked solutions, cached by a fingerprint.
 
 RL with verifiable rewards needs a policy that is sometimes right (a group whose rewards are all 0 gives no
-gradient), so the embedded default (``shared/docs/DESIGN.md``) first fine-tunes the randomly initialised
-tiny Llama on the bundled task's worked solutions. Choices:
+gradient), so the embedded default (README.md, "What the embedded default does today") first fine-tunes the
+randomly initialised tiny Llama on the bundled task's worked solutions. Choices:
 
 - Each example is ``<s> + format_prompt(question) + solution + </s>``; the loss is the mean next-token
   cross-entropy over the solution and EOS tokens only (prompt and padding are masked with -100).
@@ -12,7 +12,8 @@ tiny Llama on the bundled task's worked solutions. Choices:
   task, slowed learning far more (batches of one level at a time), so batches stay mixed.
 - AdamW (betas 0.9/0.95, weight decay 0.01), linear warmup over ``warmup`` of the steps, then cosine decay
   to zero (``transformers.get_cosine_schedule_with_warmup``), gradient-norm clip 1.0.
-- Defaults (hidden 128, 4 layers, 4 heads, 1200 steps of 64, peak lr 2e-3, 5 percent warmup) were tuned
+- The config's defaults (``model.*`` in tasks/config.py: hidden 128, 4 layers, 4 heads, 1200 steps of 64,
+  peak lr 2e-3) and the 5 percent warmup here were tuned
   on the bundled task with ``sft_records``: about 4 to 4.5 minutes on 2 idle cores (2 torch threads;
   7 minutes on one), final loss about 0.08; the per-level accuracy it reaches is in ``tasks.data.arith.LEVELS``.
   Peak lr 3e-3 and 5e-3 learned more slowly (1e-2, tried with length-grouped batches, hardly at all);
@@ -129,17 +130,20 @@ def warm_start(
     records_train: Sequence[PromptRecord],
     out_dir: str | Path,
     *,
-    hidden: int = 128,
-    layers: int = 4,
-    heads: int = 4,
-    steps: int = 1200,
-    batch_size: int = 64,
-    lr: float = 2e-3,
+    hidden: int,
+    layers: int,
+    heads: int,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
     warmup: float = 0.05,
-    seed: int = 0,
     progress: bool = True,
 ) -> Path:
     """Builds the tiny policy and fine-tunes it on worked solutions; returns the folder of the saved policy.
+
+    The sizes, training settings and seed are required: their defaults live in the config
+    (``model.{hidden, layers, heads}``, ``model.warmstart.{steps, batch_size, lr}``, ``seed``).
 
     Args:
         records_train: records with a non-empty ``solution`` (the default: ``sft_records(seed, steps * batch_size)``).

@@ -1,7 +1,7 @@
 """Experiment tracking: the only module that imports MLflow.
 
 :class:`MlflowTracker` logs by explicit run id through ``MlflowClient`` (MLflow's fluent "active run" is
-thread-local and Prefect may run tasks on other threads: stack.md §2).
+thread-local and Prefect may run tasks on other threads).
 
 Delivery (choices, see docs/operations.md "Tracking outages"):
 

@@ -1,7 +1,7 @@
 """Training backends beyond one process: torch DDP, FSDP2, DeepSpeed ZeRO-2/3 (config ``scale.backend``).
 
 Every backend here is the real library, launched with ``torchrun`` (``flows/train_dist.py``); nothing is
-re-implemented. Communication is gloo on CPU and NCCL on CUDA (``shared/docs/stack.md`` sections 5 and 9).
+re-implemented. Communication is gloo on CPU and NCCL on CUDA (docs/scale-out.md).
 
 - ``ddp``: ``torch.nn.parallel.DistributedDataParallel``; every rank holds the full model and optimizer.
 - ``fsdp2``: ``torch.distributed.fsdp.fully_shard`` on every decoder layer (the classes the model lists in

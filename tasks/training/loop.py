@@ -104,7 +104,7 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
     selector = Selector(cfg, pool, features)
     if calibration is not None:
         selector.seed_labels(calibration)
-    buffer = ReplayBuffer(cfg.replay.capacity, cfg.replay.max_age) if cfg.replay.enabled else None
+    buffer = ReplayBuffer(cfg.replay.capacity, max_age=cfg.replay.max_age) if cfg.replay.enabled else None
     start = checkpoint.restore(run, model, updater, selector, buffer)
     if start:
         run.ledger.truncate_after(run.run_id, start - 1)

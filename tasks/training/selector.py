@@ -1,4 +1,4 @@
-"""Prompt selection, composed as algorithms.md §6 lays out: pool (ScalingRL) -> prompt (GAIN-RL, DOTS).
+"""Prompt selection, composed as docs/algorithms.md section 6 lays out: pool (ScalingRL) -> prompt (GAIN-RL, DOTS).
 
 Each round (every ``train.round_steps`` = mu steps):
 
@@ -61,11 +61,8 @@ class Selector:
         self.round_acc: list[float] = []
         self.heldout_acc: float | None = None
         sc, cc, gc = cfg.select, cfg.curriculum, cfg.gain
-        self.predictor = AttentionDifficultyPredictor(
-            self.emb.shape[1], hidden=sc.predictor.hidden, layers=sc.predictor.layers, dropout=sc.predictor.dropout,
-            tau_att=sc.predictor.tau_att, calibration=sc.predictor.calibration,
-            linear_recalibration=sc.predictor.linear_recalibration, min_labels=max(2, sc.predictor.min_labels),
-            lr=sc.predictor.lr, seed=cfg.seed) if sc.method == "dots" else None
+        self.predictor = _predictor(cfg, self.emb.shape[1], linear_recalibration=sc.predictor.linear_recalibration
+                                    ) if sc.method == "dots" else None
         floor = min(m, cfg.train.prompts_per_step * cfg.train.round_steps)
         self.scheduler = CurriculumScheduler(
             m, s_min=max(floor, cc.s_min * m), s_max=max(floor, cc.s_max * m), scale0=max(floor, cc.scale0 * m),
@@ -115,8 +112,8 @@ class Selector:
             metrics |= self.window.metrics()
         if self.predictor is not None:
             metrics |= self._dots_round(round_, step, measure, run, active)
-            self.probs = dots_weights(self.pred.clamp(0, 1), cfg.select.alpha, cfg.select.tau, prior=prior,
-                                      mask=active)
+            self.probs = dots_weights(self.pred.clamp(0, 1), alpha=cfg.select.alpha, tau=cfg.select.tau,
+                                      prior=prior, mask=active)
         elif self.window is not None:
             self.probs = (self.info["gain_window"].double() * active).clamp_min(0)
             self.probs = self.probs / self.probs.sum()
@@ -164,7 +161,7 @@ class Selector:
         known = ~torch.isnan(self.last_success)
         if not known.any():
             return torch.full_like(self.last_success, 0.5)
-        attention = AttentionDifficultyPredictor(self.emb.shape[1])
+        attention = _predictor(self.cfg, self.emb.shape[1], linear_recalibration=False)
         est = attention.predict(self.emb, self.emb[known], self.last_success[known])
         return torch.where(known, self.last_success, est)
 
@@ -243,6 +240,14 @@ class Selector:
             obj = getattr(self, name)
             if obj is not None:
                 obj.load_state_dict(s[name])
+
+
+def _predictor(cfg: Config, dim: int, *, linear_recalibration: bool) -> AttentionDifficultyPredictor:
+    """DOTS's predictor with the run's ``select.predictor`` settings (``_estimate`` uses only its attention)."""
+    pc = cfg.select.predictor
+    return AttentionDifficultyPredictor(
+        dim, hidden=pc.hidden, layers=pc.layers, dropout=pc.dropout, tau_att=pc.tau_att, calibration=pc.calibration,
+        linear_recalibration=linear_recalibration, min_labels=max(2, pc.min_labels), lr=pc.lr, seed=cfg.seed)
 
 
 def _num(x: torch.Tensor) -> float | None:

@@ -1,8 +1,8 @@
 """Deployments end to end: a real Prefect server on a free loopback port, ``rlsift deploy``, a process worker,
 and a pipeline flow run triggered through the API that completes and leaves its MLflow run.
 
-Only the processes the test starts are stopped, each by its own process group: the worker first (SIGINT,
-as stack.md §2 advises), then the server (SIGTERM).
+Only the processes the test starts are stopped, each by its own process group: the worker first (SIGINT: a
+worker whose server is already gone has been seen to ignore SIGTERM), then the server (SIGTERM).
 """
 
 import json

@@ -11,7 +11,7 @@ def test_mean_only_hand_worked():
     # group 1: rewards 1,0,0,0 -> mean 0.25 -> A = 0.75,-0.25,-0.25,-0.25
     r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
     expected = torch.tensor([[0.5, -0.5, -0.5, 0.5], [0.75, -0.25, -0.25, -0.25]])
-    assert torch.equal(group_advantages(r), expected)
+    assert torch.equal(group_advantages(r, scale_by_std=False), expected)
 
 
 def test_scaled_by_population_std_hand_worked():
@@ -34,7 +34,7 @@ def test_scaled_unbiased_std_option():
 
 def test_equal_rewards_give_zero_advantage_both_forms():
     r = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.3, 0.3, 0.3]])
-    assert torch.all(group_advantages(r) == 0)
+    assert torch.all(group_advantages(r, scale_by_std=False) == 0)
     assert torch.all(group_advantages(r, scale_by_std=True) == 0)
 
 
@@ -44,7 +44,7 @@ def test_group_of_one_is_zero_and_finite():
 
 
 def test_integer_rewards_cast_to_float():
-    a = group_advantages(torch.tensor([[1, 0]]))
+    a = group_advantages(torch.tensor([[1, 0]]), scale_by_std=False)
     assert a.is_floating_point()
     assert torch.equal(a, torch.tensor([[0.5, -0.5]]))
 
@@ -81,7 +81,7 @@ def test_effective_mask_loop_oracle():
 @pytest.mark.parametrize("bad", [torch.zeros(3), torch.zeros(2, 3, 4), torch.zeros(2, 0)])
 def test_bad_shapes_raise(bad):
     with pytest.raises(ValueError, match="rewards"):
-        group_advantages(bad)
+        group_advantages(bad, scale_by_std=False)
 
 
 def test_bad_eps_and_unbiased_single_raise():

@@ -63,22 +63,23 @@ def test_hand_worked():
     # tokens: prefix p = [1, 0]; question q1 = [1, 0], q2 = [0, 1]; then one pad token
     hidden = torch.tensor([[[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [5.0, 5.0]]])
     mask = torch.tensor([[True, True, True, False]])
-    out = angle_concentration(hidden, mask, prefix_len=1)
+    out = angle_concentration(hidden, mask, prefix_len=1, inter_weight=1.0)
     # C_intra = (cos(q1,q1) + cos(q1,q2) + cos(q2,q1) + cos(q2,q2)) / 4 = (1 + 0 + 0 + 1) / 4 = 0.5
     # C_inter = (cos(q1,p) + cos(q2,p)) / 2 = (1 + 0) / 2 = 0.5; score = 0.5 + 1 * 0.5 = 1.0
     assert (out.intra.item(), out.inter.item(), out.score.item()) == pytest.approx((0.5, 0.5, 1.0))
     # official weight 8: 0.5 + 8 * 0.5 = 4.5; without the diagonal: (0 + 0) / 2 = 0
     assert angle_concentration(hidden, mask, 1, inter_weight=8.0).score.item() == pytest.approx(4.5)
-    assert angle_concentration(hidden, mask, 1, include_diagonal=False).intra.item() == pytest.approx(0.0)
+    no_diag = angle_concentration(hidden, mask, 1, inter_weight=1.0, include_diagonal=False)
+    assert no_diag.intra.item() == pytest.approx(0.0)
 
 
 def test_identical_maximal_orthogonal_minimal_and_no_prefix():
     same = torch.ones(1, 4, 3)
     ortho = torch.eye(3).unsqueeze(0)
     full = torch.ones(1, 4, dtype=torch.bool)
-    assert angle_concentration(same, full).intra.item() == pytest.approx(1.0)
-    assert angle_concentration(same, full).inter.item() == 0.0  # no prefix -> C_inter = 0
-    out = angle_concentration(ortho, torch.ones(1, 3, dtype=torch.bool), include_diagonal=False)
+    assert angle_concentration(same, full, inter_weight=1.0).intra.item() == pytest.approx(1.0)
+    assert angle_concentration(same, full, inter_weight=1.0).inter.item() == 0.0  # no prefix -> C_inter = 0
+    out = angle_concentration(ortho, torch.ones(1, 3, dtype=torch.bool), inter_weight=1.0, include_diagonal=False)
     assert out.intra.item() == pytest.approx(0.0)
 
 
@@ -88,7 +89,8 @@ def test_normalises_over_hidden_axis_scale_invariant():
     scaled = hidden.clone()
     scaled[:, 3] *= 10.0
     torch.testing.assert_close(
-        angle_concentration(scaled, mask, prefix, suffix).score, angle_concentration(hidden, mask, prefix, suffix).score
+        angle_concentration(scaled, mask, prefix, suffix, inter_weight=1.0).score,
+        angle_concentration(hidden, mask, prefix, suffix, inter_weight=1.0).score
     )
 
 
@@ -101,21 +103,21 @@ def test_padding_side_does_not_matter_and_bf16_works():
     left[0, 2:] = seq
     mr = torch.tensor([[True] * 5 + [False] * 2])
     ml = torch.tensor([[False] * 2 + [True] * 5])
-    a = angle_concentration(right, mr, 2, 1)
-    b = angle_concentration(left, ml, 2, 1)
+    a = angle_concentration(right, mr, 2, 1, inter_weight=1.0)
+    b = angle_concentration(left, ml, 2, 1, inter_weight=1.0)
     torch.testing.assert_close(a.score, b.score)
-    c = angle_concentration(right.bfloat16(), mr, 2, 1)
+    c = angle_concentration(right.bfloat16(), mr, 2, 1, inter_weight=1.0)
     assert c.score.dtype == torch.float32 and c.score.item() == pytest.approx(a.score.item(), abs=2e-2)
 
 
 def test_no_question_token_is_an_error():
     hidden, mask = torch.randn(2, 4, 3), torch.ones(2, 4, dtype=torch.bool)
     with pytest.raises(ValueError, match=r"prompts \[1\]"):
-        angle_concentration(hidden, mask, torch.tensor([1, 3]), torch.tensor([0, 1]))
+        angle_concentration(hidden, mask, torch.tensor([1, 3]), torch.tensor([0, 1]), inter_weight=1.0)
     with pytest.raises(ValueError, match="prefix_len"):
-        angle_concentration(hidden, mask, torch.tensor([1, 1, 1]))
+        angle_concentration(hidden, mask, torch.tensor([1, 1, 1]), inter_weight=1.0)
     with pytest.raises(ValueError, match=r"\[B, T, H\]"):
-        angle_concentration(torch.randn(4, 3), mask)
+        angle_concentration(torch.randn(4, 3), mask, inter_weight=1.0)
 
 
 def test_angle_order_descending_ties_by_index():

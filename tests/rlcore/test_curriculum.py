@@ -17,6 +17,17 @@ from rlcore.curriculum import (
 )
 
 unit = st.floats(0.0, 1.0)
+# the knobs the config sets (tasks/config.py CurriculumConfig) are required; these tests state their own
+KNOBS = {"kappa": 0.1, "theta_lo": 0.3, "theta_hi": 0.7, "theta_learned": 0.9, "rho0": 0.2, "rho_step": 0.05}
+DES = {"weights": (1 / 3, 1 / 3, 1 / 3), "difficulty_form": "peak"}
+
+
+def _scheduler(pool_size, **kw):
+    return CurriculumScheduler(pool_size, **(KNOBS | kw))
+
+
+def _des(*args, **kw):
+    return data_effectiveness_score(*args, **(DES | kw))
 
 
 def _rank_oracle(x):
@@ -43,7 +54,7 @@ def test_des_hand_worked_minmax():
     p = torch.tensor([0.5, 0.9, 0.1], dtype=torch.float64)
     cot = torch.tensor([math.e - 1, 0.0, math.e**2 - 1], dtype=torch.float64)  # log1p -> [1, 0, 2]
     ada = torch.tensor([0.1, 0.3, 0.5], dtype=torch.float64)
-    des, parts = data_effectiveness_score(p, cot, ada, weights=(1, 1, 2), normalise="minmax")
+    des, parts = _des(p, cot, ada, weights=(1, 1, 2), normalise="minmax")
     # peak D = 1 - 2|p - 0.5| = [1, 0.2, 0.2] -> [1, 0, 0]; C: [1, 0, 2] -> [0.5, 0, 1]; R -> [0, 0.5, 1]
     # weights / 4 = (0.25, 0.25, 0.5): DES = [0.25 * 1 + 0.25 * 0.5, 0.5 * 0.5, 0.25 * 1 + 0.5 * 1]
     #                                      = [0.375, 0.25, 0.75]
@@ -52,7 +63,7 @@ def test_des_hand_worked_minmax():
     assert parts["adaptability"].tolist() == pytest.approx([0, 0.5, 1])
     assert des.tolist() == pytest.approx([0.375, 0.25, 0.75])
     # monotone form 1 - p = [0.5, 0.1, 0.9] -> [0.5, 0, 1]
-    _, parts_m = data_effectiveness_score(p, cot, ada, difficulty_form="monotone", normalise="minmax")
+    _, parts_m = _des(p, cot, ada, difficulty_form="monotone", normalise="minmax")
     assert parts_m["difficulty"].tolist() == pytest.approx([0.5, 0, 1])
 
 
@@ -64,7 +75,7 @@ def test_des_hand_worked_minmax():
 )
 def test_des_in_unit_interval(rows, normalise, form):
     p, cot, ada = (torch.tensor([r[i] for r in rows], dtype=torch.float64) for i in range(3))
-    des, parts = data_effectiveness_score(p, cot, ada, difficulty_form=form, normalise=normalise)
+    des, parts = _des(p, cot, ada, difficulty_form=form, normalise=normalise)
     assert des.shape == (len(rows),) and ((des >= 0) & (des <= 1 + 1e-12)).all()
     assert all(((v >= 0) & (v <= 1)).all() for v in parts.values())
 
@@ -80,7 +91,7 @@ def test_reward_adaptability_hand_worked():
 
 
 def test_scheduler_hand_worked():
-    s = CurriculumScheduler(100, s_min=10, s_max=50, scale0=20, kappa=0.5, rho0=0.2, rho_step=0.1, window=2)
+    s = _scheduler(100, s_min=10, s_max=50, scale0=20, kappa=0.5, rho0=0.2, rho_step=0.1, window=2)
     assert s.update(0.9)["curriculum/scale"] == pytest.approx(30)  # mean 0.9 > 0.7: 20 * 1.5
     assert s.update(0.4)["curriculum/scale"] == pytest.approx(30)  # mean (0.9 + 0.4) / 2 = 0.65: hold
     assert s.update(0.1)["curriculum/scale"] == pytest.approx(15)  # mean 0.25 < 0.3: 30 * 0.5
@@ -91,7 +102,7 @@ def test_scheduler_hand_worked():
 
 
 def test_select_pool_hand_worked():
-    s = CurriculumScheduler(6, s_min=1, s_max=6, scale0=4, rho0=0.5, theta_learned=0.9)
+    s = _scheduler(6, s_min=1, s_max=6, scale0=4, rho0=0.5, theta_learned=0.9)
     des = torch.tensor([0.9, 0.8, 0.7, 0.6, 0.5, 0.4])
     seen = torch.tensor([True, False, True, False, False, True])
     success = torch.tensor([0.5, float("nan"), 0.95, float("nan"), float("nan"), 0.2])
@@ -102,7 +113,7 @@ def test_select_pool_hand_worked():
     m = s.metrics()
     assert (m["curriculum/explore"], m["curriculum/exploit"]) == (2.0, 2.0)
     # rho = 0 but only one unseen prompt left: exploit fills the gap, then DES fills the rest
-    s0 = CurriculumScheduler(6, s_min=1, s_max=6, scale0=4, rho0=0.0)
+    s0 = _scheduler(6, s_min=1, s_max=6, scale0=4, rho0=0.0)
     seen1 = torch.tensor([True, True, True, False, True, True])
     succ1 = torch.tensor([0.95, 0.99, 0.1, 0.0, 1.0, 1.0])
     idx = s0.select_pool(des, seen1, succ1, torch.Generator().manual_seed(0))
@@ -113,7 +124,7 @@ def test_select_pool_hand_worked():
 @settings(max_examples=60, deadline=None)
 @given(st.lists(unit, max_size=6), unit, unit, st.floats(10, 200), st.floats(0, 1))
 def test_scale_monotone_in_accuracy_and_bounded(history, a1, a2, scale0, kappa):
-    base = CurriculumScheduler(500, s_min=10, s_max=200, scale0=scale0, kappa=kappa, window=3)
+    base = _scheduler(500, s_min=10, s_max=200, scale0=scale0, kappa=kappa, window=3)
     for a in history:
         base.update(a)
     lo, hi = copy.deepcopy(base), copy.deepcopy(base)
@@ -128,7 +139,7 @@ def test_scale_monotone_in_accuracy_and_bounded(history, a1, a2, scale0, kappa):
 def test_pool_distinct_in_range_and_respects_roles(m, seed, data):
     gen = torch.Generator().manual_seed(seed)
     s_max = data.draw(st.integers(1, 60))
-    s = CurriculumScheduler(
+    s = _scheduler(
         m, s_min=1, s_max=s_max, scale0=data.draw(st.integers(1, s_max)), rho0=data.draw(unit), theta_learned=0.8
     )
     des = torch.rand(m, generator=gen)
@@ -144,12 +155,12 @@ def test_pool_distinct_in_range_and_respects_roles(m, seed, data):
 
 
 def test_state_round_trip():
-    s = CurriculumScheduler(50, s_min=5, s_max=40, scale0=10, kappa=0.3, window=2)
+    s = _scheduler(50, s_min=5, s_max=40, scale0=10, kappa=0.3, window=2)
     for acc, held in [(0.8, 0.5), (0.9, 0.4), (0.2, None)]:
         s.update(acc, held)
     des, seen, success = torch.rand(50), torch.arange(50) % 3 == 0, torch.rand(50)
     s.select_pool(des, seen, success, torch.Generator().manual_seed(0))
-    t = CurriculumScheduler(50, s_min=5, s_max=40, scale0=20, kappa=0.3, window=2)
+    t = _scheduler(50, s_min=5, s_max=40, scale0=20, kappa=0.3, window=2)
     t.load_state_dict(s.state_dict())
     assert t.state_dict() == s.state_dict() and t.metrics() == s.metrics()
     assert t.update(0.75, 0.45) == s.update(0.75, 0.45)
@@ -158,17 +169,18 @@ def test_state_round_trip():
         s.select_pool(des, seen, success, torch.Generator().manual_seed(1)),
     )
     with pytest.raises(ValueError, match="pool"):
-        CurriculumScheduler(10, s_min=1, s_max=5, scale0=2).load_state_dict(s.state_dict())
+        _scheduler(10, s_min=1, s_max=5, scale0=2).load_state_dict(s.state_dict())
 
 
 def test_errors():
     with pytest.raises(ValueError, match="s_min"):
-        CurriculumScheduler(10, s_min=5, s_max=4, scale0=4)
+        _scheduler(10, s_min=5, s_max=4, scale0=4)
     with pytest.raises(ValueError, match="train_accuracy"):
-        CurriculumScheduler(10, s_min=1, s_max=5, scale0=2).update(1.5)
+        _scheduler(10, s_min=1, s_max=5, scale0=2).update(1.5)
     with pytest.raises(ValueError, match="difficulty_form"):
-        data_effectiveness_score(torch.tensor([0.5]), torch.tensor([1.0]), torch.tensor([0.1]), difficulty_form="x")
+        _des(torch.tensor([0.5]), torch.tensor([1.0]), torch.tensor([0.1]), difficulty_form="x")
     with pytest.raises(ValueError, match="length 2"):
-        data_effectiveness_score(torch.tensor([0.5, 0.2]), torch.tensor([1.0]), torch.tensor([0.1, 0.2]))
+        _des(torch.tensor([0.5, 0.2]), torch.tensor([1.0]), torch.tensor([0.1, 0.2]))
     with pytest.raises(ValueError, match="weights"):
-        data_effectiveness_score(torch.tensor([0.5]), torch.tensor([1.0]), torch.tensor([0.1]), weights=(0, 0, 0))
+        _des(torch.tensor([0.5]), torch.tensor([1.0]), torch.tensor([0.1]), weights=(0, 0, 0))
+

@@ -9,6 +9,14 @@ from torch import nn
 
 from rlcore.difficulty import AttentionDifficultyPredictor, pearson
 
+# the knobs the config sets (tasks/config.py PredictorConfig, and the run's seed) are required
+KNOBS = {"hidden": 64, "layers": 2, "dropout": 0.1, "tau_att": 1.0, "calibration": "group_logit_temp",
+         "linear_recalibration": False, "min_labels": 64, "lr": 1e-3, "seed": 0}
+
+
+def _predictor(**kw):
+    return AttentionDifficultyPredictor(**(KNOBS | kw))
+
 torch.set_num_threads(1)
 
 
@@ -45,7 +53,7 @@ def test_pearson_hand_worked():
 
 
 def test_off_the_shelf_hand_worked_two_references():
-    p = AttentionDifficultyPredictor(dim=2)
+    p = _predictor(dim=2)
     refs = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     labels = torch.tensor([1.0, 0.0])
     # query [1, 0]: cos = [1, 0]; scores = cos / sqrt(2) = [0.707107, 0]
@@ -55,15 +63,15 @@ def test_off_the_shelf_hand_worked_two_references():
     assert p.mode == "off_the_shelf"
     assert pred.tolist() == pytest.approx([0.669761, 0.5], abs=1e-6)
     # tau_att = 0.5: scores = [1.414214, 0]; e^1.414214 = 4.113250; 4.113250 / 5.113250 = 0.804430
-    p_half = AttentionDifficultyPredictor(dim=2, tau_att=0.5)
+    p_half = _predictor(dim=2, tau_att=0.5)
     assert p_half.predict(torch.tensor([[1.0, 0.0]]), refs, labels).item() == pytest.approx(0.804430, abs=1e-6)
     # top_k = 1 keeps only the most similar reference
-    p_top = AttentionDifficultyPredictor(dim=2, top_k=1)
+    p_top = _predictor(dim=2, top_k=1)
     assert p_top.predict(torch.tensor([[1.0, 0.2]]), refs, labels).item() == pytest.approx(1.0)
 
 
 def test_trained_path_hand_worked_calibration():
-    p = AttentionDifficultyPredictor(dim=2, hidden=2)
+    p = _predictor(dim=2, hidden=2)
     p.query_tower, p.ref_tower = nn.Identity(), nn.Identity()  # so that P(z) = z
     with torch.no_grad():
         p.calib_head[2].weight.zero_()
@@ -78,7 +86,7 @@ def test_trained_path_hand_worked_calibration():
 
 
 def test_forward_matches_loop_oracle(task):
-    p = AttentionDifficultyPredictor(dim=task["dim"], hidden=16, seed=3).eval()
+    p = _predictor(dim=task["dim"], hidden=16, seed=3).eval()
     zq, zr, yr = task["test"][0][:5], task["ref"][0][:7], task["ref"][1][:7]
     out = p(zq, zr, yr)
     with torch.no_grad():
@@ -97,7 +105,7 @@ def test_forward_matches_loop_oracle(task):
 
 def test_learns_synthetic_mapping(task):
     (ztr, ytr), (zte, yte), (zref, yref) = task["train"], task["test"], task["ref"]
-    p = AttentionDifficultyPredictor(dim=task["dim"], min_labels=64)
+    p = _predictor(dim=task["dim"], min_labels=64)
     p.observe(ztr, ytr)
     off_the_shelf = pearson(p.predict(zte, zref, yref), yte)
     metrics = p.fit(200, torch.Generator().manual_seed(1))
@@ -111,7 +119,7 @@ def test_learns_synthetic_mapping(task):
 
 def test_off_the_shelf_until_min_labels(task):
     (ztr, ytr), (zref, yref) = task["train"], task["ref"]
-    p = AttentionDifficultyPredictor(dim=task["dim"], min_labels=100)
+    p = _predictor(dim=task["dim"], min_labels=100)
     p.observe(ztr[:60], ytr[:60], step=0)
     m = p.fit(20, torch.Generator().manual_seed(0))
     assert m["difficulty/trained"] == 0.0 and m["difficulty/fit_steps"] == 0.0
@@ -127,7 +135,7 @@ def test_off_the_shelf_until_min_labels(task):
 
 
 def test_linear_recalibration_hand_worked_and_clipped():
-    p = AttentionDifficultyPredictor(dim=2, linear_recalibration=True)
+    p = _predictor(dim=2, linear_recalibration=True)
     refs, labels = torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([1.0, 0.0])
     # reference predictions x = [0.669761, 0.330239], y = [1, 0]: the line through both points,
     # a = 1 / 0.339523 = 2.945309, b = -a * 0.330239 = -0.972657, maps 0.5 -> 0.5 and 0.669761 -> 1.
@@ -142,7 +150,7 @@ def test_linear_recalibration_hand_worked_and_clipped():
 def test_predictions_in_unit_interval_all_options(task):
     (ztr, ytr), (zte, _), (zref, yref) = task["train"], task["test"], task["ref"]
     for kw in [{}, {"calibration": "none"}, {"linear_recalibration": True}]:
-        p = AttentionDifficultyPredictor(dim=task["dim"], min_labels=64, **kw)
+        p = _predictor(dim=task["dim"], min_labels=64, **kw)
         p.observe(ztr[:256], ytr[:256])
         p.fit(10, torch.Generator().manual_seed(0))
         pred = p.predict(100 * zte[:64], zref, yref)
@@ -151,14 +159,14 @@ def test_predictions_in_unit_interval_all_options(task):
 
 def test_state_round_trip_identical_predictions_and_training(task):
     (ztr, ytr), (zte, _), (zref, yref) = task["train"], task["test"], task["ref"]
-    p = AttentionDifficultyPredictor(dim=task["dim"], min_labels=64, max_labels=500)
+    p = _predictor(dim=task["dim"], min_labels=64, max_labels=500)
     p.observe(ztr[:300], ytr[:300], step=0)
     p.observe(ztr[300:600], ytr[300:600], step=1)
     p.fit(20, torch.Generator().manual_seed(0))
     buf = io.BytesIO()
     torch.save(p.state_dict(), buf)
     buf.seek(0)
-    q = AttentionDifficultyPredictor(dim=task["dim"], min_labels=64, max_labels=500, seed=99)
+    q = _predictor(dim=task["dim"], min_labels=64, max_labels=500, seed=99)
     q.load_state_dict(torch.load(buf))
     assert q.mode == "trained" and q.num_labels == 500
     torch.testing.assert_close(q.predict(zte, zref, yref), p.predict(zte, zref, yref), rtol=0, atol=0)
@@ -169,7 +177,7 @@ def test_state_round_trip_identical_predictions_and_training(task):
 
 
 def test_label_store_keeps_newest_with_step():
-    p = AttentionDifficultyPredictor(dim=2, min_labels=2, max_labels=3)
+    p = _predictor(dim=2, min_labels=2, max_labels=3)
     p.observe(torch.zeros(2, 2), torch.tensor([0.1, 0.2]), step=5)
     p.observe(torch.ones(2, 2), torch.tensor([0.3, 0.4]))  # default step: number of earlier calls = 1
     state = p.state_dict()["_extra_state"]
@@ -178,7 +186,7 @@ def test_label_store_keeps_newest_with_step():
 
 
 def test_input_validation():
-    p = AttentionDifficultyPredictor(dim=3)
+    p = _predictor(dim=3)
     with pytest.raises(ValueError, match="shape"):
         p.predict(torch.zeros(2, 4), torch.zeros(1, 3), torch.zeros(1))
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
@@ -188,4 +196,4 @@ def test_input_validation():
     with pytest.raises(ValueError, match="K >= 1"):
         p.predict(torch.zeros(2, 3), torch.zeros(0, 3), torch.zeros(0))
     with pytest.raises(ValueError, match="calibration"):
-        AttentionDifficultyPredictor(dim=3, calibration="platt")
+        _predictor(dim=3, calibration="platt")

@@ -44,7 +44,8 @@ def test_tie_prefers_more_top_rewards():
 
 
 def test_binary_closed_form():
-    # algorithms.md §3.1: a = clamp(round(m/2), max(0, m-(n-k)), min(k, m)) successes kept; var = (a/m)(1-a/m)
+    # docs/algorithms.md section 3.2: a = clamp(round(m/2), max(0, m-(n-k)), min(k, m)) successes kept;
+    # var = (a/m)(1-a/m)
     rng = np.random.default_rng(0)
     for _ in range(200):
         n = int(rng.integers(1, 13))
@@ -82,7 +83,7 @@ def test_matches_brute_force(kind, seed):
 def test_batched_matches_per_row_loop():
     g = torch.Generator().manual_seed(0)
     r = torch.randint(0, 4, (40, 9), generator=g).float() / 3
-    keep, _ = downsample(r, 5)
+    keep, _ = downsample(r, 5, rule="max_variance")
     for i in range(40):
         assert keep[i].tolist() == max_variance_subset(r[i], 5).tolist()
 
@@ -91,7 +92,7 @@ def test_large_group_runs_and_beats_random():
     # n = 512 is far beyond brute force; the chosen variance must dominate the whole n and random subsets
     g = torch.Generator().manual_seed(5)
     r = torch.rand(8, 512, generator=g)
-    keep, metrics = downsample(r, 64)
+    keep, metrics = downsample(r, 64, rule="max_variance")
     rand_keep, rand_metrics = downsample(r, 64, rule="random", generator=g)
     assert metrics["pods/var_after"] > metrics["pods/var_before"] > 0
     assert metrics["pods/var_after"] > rand_metrics["pods/var_after"]
@@ -147,7 +148,7 @@ def test_metrics_hand_worked():
     # group 0: 1,1,0,0 -> var 0.25, max-var keeps {0, 1} pair -> var 0.25
     # group 1: 1,1,1,1 -> var 0, kept var 0, not effective
     r = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
-    _, m = downsample(r, 2)
+    _, m = downsample(r, 2, rule="max_variance")
     assert m == {
         "pods/kept_frac": 0.5,
         "pods/var_before": 0.125,  # mean(0.25, 0)
@@ -164,11 +165,11 @@ def test_errors():
     with pytest.raises(ValueError, match="valid names: max_variance, random, max_reward"):
         downsample(torch.zeros(2, 4), 2, rule="top")
     with pytest.raises(ValueError, match="1 <= m <= n"):
-        downsample(torch.zeros(2, 4), 5)
+        downsample(torch.zeros(2, 4), 5, rule="max_variance")
     with pytest.raises(ValueError, match="1 <= m <= n"):
         max_variance_subset(torch.zeros(4), 0)
     with pytest.raises(ValueError, match=r"\[B, n\]"):
-        downsample(torch.zeros(4), 2)
+        downsample(torch.zeros(4), 2, rule="max_variance")
     with pytest.raises(ValueError, match=r"\[n\]"):
         max_variance_subset(torch.zeros(2, 4), 2)
     with pytest.raises(ValueError, match="finite"):

@@ -8,6 +8,14 @@ from rlcore.grpo_loss import clipped_policy_loss, masked_aggregate
 F64 = torch.float64
 
 
+# the knobs the config sets (tasks/config.py TrainConfig) are required; these tests state their own
+KNOBS = {"clip_eps": 0.2, "aggregation": "token", "kl_coef": 0.0}
+
+
+def _loss(*args, **kw):
+    return clipped_policy_loss(*args, **(KNOBS | kw))
+
+
 def _t(rows, dtype=F64, grad=False):
     return torch.tensor(rows, dtype=dtype, requires_grad=grad)
 
@@ -19,7 +27,7 @@ def test_ratio_e_half_clipped_to_1_2_positive_advantage():
     # logp - old = 0.5 -> ratio e^0.5 = 1.6487; clip(1.6487, 0.8, 1.2) = 1.2; A = 1
     # loss = max(-1 * 1.6487, -1 * 1.2) = max(-1.6487, -1.2) = -1.2; clipped -> zero gradient, clip_frac 1
     logp = _t([[0.5]], grad=True)
-    loss, m = clipped_policy_loss(logp, _t([[0.0]]), _t([1.0]), torch.tensor([[True]]))
+    loss, m = _loss(logp, _t([[0.0]]), _t([1.0]), torch.tensor([[True]]))
     assert loss.item() == pytest.approx(-1.2, abs=1e-12)
     loss.backward()
     assert logp.grad.item() == 0.0
@@ -34,7 +42,7 @@ def test_negative_advantage_unclipped_high_ratio():
     # ratio e^0.5 = 1.6487, A = -1: max(+1.6487, +1.2) = 1.6487 (unclipped branch, gradient flows)
     # d loss / d logp = -A * ratio = 1.6487
     logp = _t([[0.5]], grad=True)
-    loss, m = clipped_policy_loss(logp, _t([[0.0]]), _t([-1.0]), torch.tensor([[True]]))
+    loss, m = _loss(logp, _t([[0.0]]), _t([-1.0]), torch.tensor([[True]]))
     assert loss.item() == pytest.approx(math.exp(0.5), abs=1e-12)
     loss.backward()
     assert logp.grad.item() == pytest.approx(math.exp(0.5), abs=1e-12)
@@ -45,7 +53,7 @@ def test_negative_advantage_low_ratio_clipped():
     # logp - old = -0.5 -> ratio e^-0.5 = 0.6065; clip -> 0.8; A = -2
     # loss = max(2 * 0.6065, 2 * 0.8) = 1.6 (clipped, zero gradient)
     logp = _t([[-0.5]], grad=True)
-    loss, m = clipped_policy_loss(logp, _t([[0.0]]), _t([-2.0]), torch.tensor([[True]]))
+    loss, m = _loss(logp, _t([[0.0]]), _t([-2.0]), torch.tensor([[True]]))
     assert loss.item() == pytest.approx(1.6, abs=1e-12)
     loss.backward()
     assert logp.grad.item() == 0.0
@@ -57,7 +65,7 @@ def test_masking_ignores_padded_tokens():
     # loss = mean(-1.10517, -1) = -1.052585
     logp = _t([[0.1, 0.0, 99.0]], grad=True)
     mask = torch.tensor([[True, True, False]])
-    loss, m = clipped_policy_loss(logp, torch.zeros(1, 3, dtype=F64), _t([1.0]), mask)
+    loss, m = _loss(logp, torch.zeros(1, 3, dtype=F64), _t([1.0]), mask)
     assert loss.item() == pytest.approx(-(math.exp(0.1) + 1) / 2, abs=1e-12)
     loss.backward()
     assert logp.grad[0, 2].item() == 0.0
@@ -72,8 +80,8 @@ def test_token_vs_sequence_aggregation_unequal_lengths():
     logp = torch.zeros(2, 3, dtype=F64)
     mask = torch.tensor([[True, True, True], [True, False, False]])
     adv = _t([1.0, -1.0])
-    tok, _ = clipped_policy_loss(logp, logp, adv, mask, aggregation="token")
-    seq, _ = clipped_policy_loss(logp, logp, adv, mask, aggregation="sequence")
+    tok, _ = _loss(logp, logp, adv, mask, aggregation="token")
+    seq, _ = _loss(logp, logp, adv, mask, aggregation="sequence")
     assert tok.item() == pytest.approx(-0.5, abs=1e-15)
     assert seq.item() == pytest.approx(0.0, abs=1e-15)
 
@@ -82,7 +90,7 @@ def test_sequence_aggregation_skips_empty_rows():
     # row 1 has no valid token: sequence mean is over row 0 only -> -A = -2
     logp = torch.zeros(2, 2, dtype=F64)
     mask = torch.tensor([[True, True], [False, False]])
-    loss, _ = clipped_policy_loss(logp, logp, _t([2.0, 5.0]), mask, aggregation="sequence")
+    loss, _ = _loss(logp, logp, _t([2.0, 5.0]), mask, aggregation="sequence")
     assert loss.item() == -2.0
 
 
@@ -92,7 +100,7 @@ def test_replay_form_hand_worked_upper_clip():
     # A = 1: loss = max(-1.648721, -1.619831) = -1.619831 = -1.2 e^0.3  (clipped: zero gradient)
     # plain PPO (mu = old) would give ratio e^0.2 = 1.2214 -> clipped to 1.2 -> -1.2; the replay loss differs
     logp = _t([[0.5]], grad=True)
-    loss, m = clipped_policy_loss(
+    loss, m = _loss(
         logp, _t([[0.3]]), _t([1.0]), torch.tensor([[True]]), behaviour_logp=_t([[0.0]])
     )
     assert loss.item() == pytest.approx(-1.2 * math.exp(0.3), abs=1e-12)
@@ -107,7 +115,7 @@ def test_replay_form_hand_worked_inside_window():
     # mu = 0, old = 0.3, logp = 0.4: r = e^0.4 = 1.491825 inside [1.079887, 1.619831]
     # A = 1: loss = -1.491825, gradient d(-A e^(logp - mu))/dlogp = -1.491825
     logp = _t([[0.4]], grad=True)
-    loss, m = clipped_policy_loss(
+    loss, m = _loss(
         logp, _t([[0.3]]), _t([1.0]), torch.tensor([[True]]), behaviour_logp=_t([[0.0]])
     )
     assert loss.item() == pytest.approx(-math.exp(0.4), abs=1e-12)
@@ -120,7 +128,7 @@ def test_replay_form_hand_worked_lower_clip_negative_advantage():
     # mu = 0, old = 0.3, logp = 0: r = 1 below the window [1.079887, 1.619831] -> clip to 0.8 e^0.3
     # A = -1: loss = max(1, 0.8 e^0.3 = 1.079887) = 1.079887 (clipped, zero gradient)
     logp = _t([[0.0]], grad=True)
-    loss, _ = clipped_policy_loss(
+    loss, _ = _loss(
         logp, _t([[0.3]]), _t([-1.0]), torch.tensor([[True]]), behaviour_logp=_t([[0.0]])
     )
     assert loss.item() == pytest.approx(0.8 * math.exp(0.3), abs=1e-12)
@@ -135,7 +143,7 @@ def test_replay_at_step_start_is_unclipped_importance_weighted():
     mu = old + 0.3 * torch.randn(4, 6, generator=g, dtype=F64)
     adv = torch.randn(4, generator=g, dtype=F64)
     mask = torch.ones(4, 6, dtype=torch.bool)
-    loss, m = clipped_policy_loss(old.clone(), old, adv, mask, behaviour_logp=mu)
+    loss, m = _loss(old.clone(), old, adv, mask, behaviour_logp=mu)
     want = (-adv[:, None] * torch.exp(old - mu)).mean()
     torch.testing.assert_close(loss, want, rtol=0, atol=1e-12)
     assert m["train/clip_frac"] == 0.0
@@ -145,7 +153,7 @@ def test_kl_term_hand_worked():
     # logp = 0 = old, ref = 0.5: k3 = e^0.5 - 0.5 - 1 = 0.148721; pg = -A = -1
     # loss = -1 + 0.1 * 0.148721 = -0.985128
     logp = _t([[0.0]], grad=True)
-    loss, m = clipped_policy_loss(
+    loss, m = _loss(
         logp, _t([[0.0]]), _t([1.0]), torch.tensor([[True]]), ref_logp=_t([[0.5]]), kl_coef=0.1
     )
     k3 = math.exp(0.5) - 0.5 - 1
@@ -153,7 +161,7 @@ def test_kl_term_hand_worked():
     assert m["train/kl"] == pytest.approx(k3)
     assert m["train/pg_loss"] == pytest.approx(-1.0)
     # ref given with kl_coef 0: metric only, loss unchanged
-    loss0, m0 = clipped_policy_loss(logp, _t([[0.0]]), _t([1.0]), torch.tensor([[True]]), ref_logp=_t([[0.5]]))
+    loss0, m0 = _loss(logp, _t([[0.0]]), _t([1.0]), torch.tensor([[True]]), ref_logp=_t([[0.5]]))
     assert loss0.item() == -1.0 and m0["train/kl"] == pytest.approx(k3)
 
 
@@ -186,9 +194,9 @@ def test_reduces_bit_for_bit_to_ppo_clip(dtype, seed):
         if variant == "ref":
             loss = _ppo_clip_reference(logp, old, adv, mask, 0.2)
         elif variant == "none":
-            loss, _ = clipped_policy_loss(logp, old, adv, mask, clip_eps=0.2)
+            loss, _ = _loss(logp, old, adv, mask, clip_eps=0.2)
         else:
-            loss, _ = clipped_policy_loss(logp, old, adv, mask, clip_eps=0.2, behaviour_logp=old.clone())
+            loss, _ = _loss(logp, old, adv, mask, clip_eps=0.2, behaviour_logp=old.clone())
         loss.backward()
         results.append((loss.detach(), logp.grad))
     (l_ref, g_ref), (l_none, g_none), (l_eq, g_eq) = results
@@ -242,7 +250,7 @@ def test_matches_loop_oracle(agg, replay, seed):
     mask = torch.rand(n, length, generator=g) > 0.3
     mask[0] = False  # one empty sequence
     mask[1, 0] = True
-    loss, m = clipped_policy_loss(
+    loss, m = _loss(
         logp, old, adv, mask, clip_eps=0.2, aggregation=agg, behaviour_logp=mu, ref_logp=ref, kl_coef=0.05
     )
     want, pg, kl = _loop_oracle(
@@ -264,7 +272,7 @@ def test_gradient_matches_finite_differences_off_policy():
     mask = torch.ones(3, 4, dtype=torch.bool)
 
     def f(x):
-        return clipped_policy_loss(
+        return _loss(
             x, old, adv, mask, behaviour_logp=mu, ref_logp=ref, kl_coef=0.1, aggregation="sequence"
         )[0]
 
@@ -286,18 +294,18 @@ def test_input_errors():
     mask = torch.ones(2, 3, dtype=torch.bool)
     adv = torch.zeros(2)
     with pytest.raises(ValueError, match="valid names: token, sequence"):
-        clipped_policy_loss(x, x, adv, mask, aggregation="seq")
+        _loss(x, x, adv, mask, aggregation="seq")
     with pytest.raises(ValueError, match="old_logp"):
-        clipped_policy_loss(x, torch.zeros(2, 4), adv, mask)
+        _loss(x, torch.zeros(2, 4), adv, mask)
     with pytest.raises(ValueError, match="advantages"):
-        clipped_policy_loss(x, x, torch.zeros(3), mask)
+        _loss(x, x, torch.zeros(3), mask)
     with pytest.raises(ValueError, match="bool"):
-        clipped_policy_loss(x, x, adv, mask.float())
+        _loss(x, x, adv, mask.float())
     with pytest.raises(ValueError, match="no valid"):
-        clipped_policy_loss(x, x, adv, torch.zeros(2, 3, dtype=torch.bool))
+        _loss(x, x, adv, torch.zeros(2, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match="clip_eps"):
-        clipped_policy_loss(x, x, adv, mask, clip_eps=0.0)
+        _loss(x, x, adv, mask, clip_eps=0.0)
     with pytest.raises(ValueError, match="ref_logp"):
-        clipped_policy_loss(x, x, adv, mask, kl_coef=0.1)
+        _loss(x, x, adv, mask, kl_coef=0.1)
     with pytest.raises(ValueError, match="kl_coef"):
-        clipped_policy_loss(x, x, adv, mask, ref_logp=x, kl_coef=-1.0)
+        _loss(x, x, adv, mask, ref_logp=x, kl_coef=-1.0)

@@ -46,7 +46,7 @@ def same_group(a: RolloutGroup, b: RolloutGroup) -> bool:
 
 
 def test_admission_filter_and_fifo_hand_worked():
-    buf = ReplayBuffer(capacity=2)
+    buf = ReplayBuffer(capacity=2, max_age=None)
     assert not buf.admit(make_group("solved", 1.0))
     assert not buf.admit(make_group("unsolved", 0.0))
     assert buf.admit(make_group("a", 0.25, step=0))
@@ -61,7 +61,7 @@ def test_admission_filter_and_fifo_hand_worked():
 
 
 def test_sample_marks_copies_as_replayed():
-    buf = ReplayBuffer(capacity=4)
+    buf = ReplayBuffer(capacity=4, max_age=None)
     original = make_group("a", 0.5, step=3)
     buf.admit(original)
     (got,) = buf.sample(5, step=4, generator=torch.Generator().manual_seed(0))
@@ -87,7 +87,7 @@ def test_max_age_drops_old_groups():
 
 
 def test_capacity_zero_never_replays():
-    buf = ReplayBuffer(capacity=0)
+    buf = ReplayBuffer(capacity=0, max_age=None)
     assert not buf.admit(make_group("a", 0.5))
     assert len(buf) == 0
     assert buf.sample(4, step=1, generator=torch.Generator().manual_seed(0)) == []
@@ -96,7 +96,7 @@ def test_capacity_zero_never_replays():
 
 
 def test_admit_refuses_replayed_group():
-    buf = ReplayBuffer(capacity=2)
+    buf = ReplayBuffer(capacity=2, max_age=None)
     buf.admit(make_group("a", 0.5, step=0))
     (rep,) = buf.sample(1, step=1, generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="fresh group"):
@@ -119,15 +119,17 @@ def test_state_dict_survives_torch_save():
 
 
 def test_load_state_dict_checks_config():
-    state = ReplayBuffer(capacity=3).state_dict()
+    state = ReplayBuffer(capacity=3, max_age=None).state_dict()
     with pytest.raises(ValueError, match="capacity=3"):
-        ReplayBuffer(capacity=4).load_state_dict(state)
+        ReplayBuffer(capacity=4, max_age=None).load_state_dict(state)
     with pytest.raises(ValueError, match="version"):
-        ReplayBuffer(capacity=3).load_state_dict({**state, "version": 99})
+        ReplayBuffer(capacity=3, max_age=None).load_state_dict({**state, "version": 99})
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"capacity": -1}, {"capacity": 1.5}, {"capacity": 2, "max_age": -1}, {"capacity": True}]
+    "kwargs",
+    [{"capacity": -1, "max_age": None}, {"capacity": 1.5, "max_age": None}, {"capacity": 2, "max_age": -1},
+     {"capacity": True, "max_age": None}],
 )
 def test_constructor_errors(kwargs):
     with pytest.raises(ValueError):
@@ -220,7 +222,7 @@ def test_state_round_trip_gives_identical_samples(capacity, admits, seed, k):
     buf = ReplayBuffer(capacity, max_age=None)
     for i, (p, rate) in enumerate(admits):
         buf.admit(make_group(f"p{p}", rate, step=i))
-    other = ReplayBuffer(capacity)
+    other = ReplayBuffer(capacity, max_age=None)
     other.load_state_dict(buf.state_dict())
     assert other.prompt_ids() == buf.prompt_ids()
     assert other.stats(30) == buf.stats(30)
@@ -233,7 +235,7 @@ def test_state_round_trip_gives_identical_samples(capacity, admits, seed, k):
 @given(st.integers(1, 8), st.integers(0, 8), st.integers(0, 2**31 - 1))
 def test_sample_is_uniform_permutation_prefix(size, k, seed):
     # the draw is exactly randperm(size)[:k] over the FIFO order, so it is reproducible from the seed alone
-    buf = ReplayBuffer(capacity=size)
+    buf = ReplayBuffer(capacity=size, max_age=None)
     for i in range(size):
         buf.admit(make_group(f"p{i}", 0.5, step=i))
     got = [g.prompt_id for g in buf.sample(k, step=size, generator=torch.Generator().manual_seed(seed))]

@@ -37,16 +37,18 @@ def test_hand_worked_weights():
 def test_prior_and_mask_hand_worked():
     # equal DOTS weights; prior [1, 3, 6] with the last prompt masked out -> [1/4, 3/4, 0]
     probs = dots_weights(
-        torch.full((3,), 0.5), prior=torch.tensor([1.0, 3.0, 6.0]), mask=torch.tensor([True, True, False])
+        torch.full((3,), 0.5), alpha=0.5, tau=1e-3, prior=torch.tensor([1.0, 3.0, 6.0]),
+        mask=torch.tensor([True, True, False]),
     )
     assert probs.tolist() == pytest.approx([0.25, 0.75, 0.0])
 
 
 def test_sharp_tau_does_not_underflow():
     # tau = 1e-3 (official): the farthest prompt has weight e^-500 relative to the best: 0 in float32, not float64
-    probs = dots_weights(torch.tensor([0.5, 0.0, 1.0, 0.25]), tau=1e-3)
+    probs = dots_weights(torch.tensor([0.5, 0.0, 1.0, 0.25]), alpha=0.5, tau=1e-3)
     assert (probs > 0).all() and probs[0] == pytest.approx(1.0)
-    assert sample_prompts(probs, 4, torch.Generator().manual_seed(0)).sort().values.tolist() == [0, 1, 2, 3]
+    drawn = sample_prompts(probs, 4, torch.Generator().manual_seed(0), method="weighted")
+    assert drawn.sort().values.tolist() == [0, 1, 2, 3]
 
 
 @settings(max_examples=60, deadline=None)
@@ -74,7 +76,7 @@ def test_weight_monotone_in_distance_to_target(p, alpha, tau):
 @settings(max_examples=30, deadline=None)
 @given(rates)
 def test_large_tau_is_uniform(p):
-    probs = dots_weights(torch.tensor(p), tau=1e9)
+    probs = dots_weights(torch.tensor(p), alpha=0.5, tau=1e9)
     torch.testing.assert_close(probs, uniform_weights(len(p)), rtol=0, atol=1e-8)
 
 
@@ -82,7 +84,7 @@ def test_large_tau_is_uniform(p):
 @given(pool(), st.sampled_from(["weighted", "greedy", "gumbel"]), st.integers(0, 2**31 - 1), st.data())
 def test_sample_distinct_in_range_never_masked(data, method, seed, draw):
     p, mask, prior = data
-    probs = dots_weights(p, tau=0.05, mask=mask, prior=prior)
+    probs = dots_weights(p, alpha=0.5, tau=0.05, mask=mask, prior=prior)
     k = draw.draw(st.integers(0, int((probs > 0).sum())))
     idx = sample_prompts(probs, k, torch.Generator().manual_seed(seed), method=method)
     assert idx.dtype == torch.long and idx.shape == (k,)
@@ -116,14 +118,14 @@ def test_uniform_selection():
 
 def test_errors_name_the_problem():
     with pytest.raises(ValueError, match="positive probability"):
-        sample_prompts(torch.tensor([0.5, 0.5, 0.0]), 3)
+        sample_prompts(torch.tensor([0.5, 0.5, 0.0]), 3, method="weighted")
     with pytest.raises(ValueError, match="method"):
         sample_prompts(torch.tensor([1.0]), 1, method="topk")
     with pytest.raises(ValueError, match="no eligible"):
-        dots_weights(torch.tensor([0.5, 0.5]), mask=torch.tensor([False, False]))
+        dots_weights(torch.tensor([0.5, 0.5]), alpha=0.5, tau=1e-3, mask=torch.tensor([False, False]))
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
-        dots_weights(torch.tensor([1.2]))
+        dots_weights(torch.tensor([1.2]), alpha=0.5, tau=1e-3)
     with pytest.raises(ValueError, match="tau"):
-        dots_weights(torch.tensor([0.5]), tau=0.0)
+        dots_weights(torch.tensor([0.5]), alpha=0.5, tau=0.0)
     with pytest.raises(ValueError, match="prior"):
-        dots_weights(torch.tensor([0.5]), prior=torch.tensor([-1.0]))
+        dots_weights(torch.tensor([0.5]), alpha=0.5, tau=1e-3, prior=torch.tensor([-1.0]))

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from tasks.config import Config
 from tasks.data import arith
 from tasks.model import policy
 
@@ -48,7 +49,8 @@ def test_left_padding_batch(tok):
 
 
 def test_tiny_model_size_by_hand(tok):
-    model = policy.build_tiny_model(tokenizer=tok)
+    m = Config().model  # the embedded default's size
+    model = policy.build_tiny_model(hidden=m.hidden, layers=m.layers, heads=m.heads, seed=0, tokenizer=tok)
     # embeddings 100*128 = 12,800 (tied with the head); per layer q,k,v,o 4*128*128 = 65,536,
     # MLP 3*128*384 = 147,456, two RMSNorms 256 -> 213,248; 4 layers 852,992; final norm 128.
     assert sum(p.numel() for p in model.parameters()) == 12_800 + 4 * 213_248 + 128 == 865_920
@@ -74,7 +76,7 @@ def test_tiny_model_is_seeded_and_leaves_global_rng_alone(tok):
 @pytest.mark.parametrize(("hidden", "heads"), [(64, 4), (100, 3), (66, 2), (0, 1)])
 def test_bad_sizes_are_errors(tok, hidden, heads):
     with pytest.raises(ValueError, match="hidden"):
-        policy.build_tiny_model(hidden=hidden, layers=1, heads=heads, tokenizer=tok)
+        policy.build_tiny_model(hidden=hidden, layers=1, heads=heads, seed=0, tokenizer=tok)
 
 
 def test_save_load_round_trip(tok, tmp_path):
@@ -88,14 +90,14 @@ def test_save_load_round_trip(tok, tmp_path):
     assert tok2.padding_side == "left" and tok2.pad_token_id == 0
     with torch.no_grad():
         assert torch.equal(model(ids).logits, loaded(ids).logits)
-    # AutoTokenizer on a Llama folder keeps our pre-tokenization (a Qwen2 folder would not: stack.md 4)
+    # AutoTokenizer on a Llama folder keeps our pre-tokenization (a Qwen2 folder would not: tasks/model/policy.py)
     auto = AutoTokenizer.from_pretrained(tmp_path / "p")
     assert auto(text)["input_ids"] == ids[0].tolist()
     assert auto.decode(ids[0], skip_special_tokens=True) == text
 
 
 def test_load_policy_dtype_and_missing_path(tok, tmp_path):
-    policy.save_policy(policy.build_tiny_model(hidden=64, layers=1, heads=2, tokenizer=tok), tok, tmp_path)
+    policy.save_policy(policy.build_tiny_model(hidden=64, layers=1, heads=2, seed=0, tokenizer=tok), tok, tmp_path)
     model, _ = policy.load_policy(tmp_path, dtype=torch.bfloat16)
     assert model.dtype == torch.bfloat16 and not model.training
     with pytest.raises(ValueError, match="is not a folder"):

@@ -43,7 +43,7 @@ def test_no_progress_bar_noise_off_a_terminal(tmp_path, capfd):
     save_policy(model, tok, tmp_path / "m")
     load_policy(tmp_path / "m", dtype=torch.float32, device="cpu")
     warm_start(arith.generate(1, 8, "train", "uniform"), tmp_path / "cache", hidden=64, layers=1, heads=2, steps=2,
-               batch_size=4, progress=show_progress())
+               batch_size=4, lr=2e-3, seed=0, progress=show_progress())
     out, err = capfd.readouterr()
     for noise in ("\r", "%|", "it/s]"):
         assert noise not in out + err, f"progress-bar output {noise!r} off a terminal:\n{err[-2000:]}"

@@ -32,7 +32,7 @@ def test_export_unties_the_head_and_keeps_the_function(tmp_path):
 
 def test_serve_dir_exports_only_tied_models(tmp_path):
     tok = build_tokenizer()
-    tied = save_policy(build_tiny_model(hidden=64, layers=1, heads=2, tokenizer=tok), tok, tmp_path / "tied")
+    tied = save_policy(build_tiny_model(hidden=64, layers=1, heads=2, seed=0, tokenizer=tok), tok, tmp_path / "tied")
     assert serve_dir(tied, tmp_path / "out") == tmp_path / "out"
     untied = tmp_path / "out"  # the export itself is untied: served as is
     assert serve_dir(untied, tmp_path / "out2") == untied
