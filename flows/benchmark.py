@@ -34,7 +34,7 @@ from tasks.records.tracking import MlflowTracker, default_uri, run_info
 
 log = logging.getLogger("rlsift.bench")
 
-PRESETS = ("grpo", "dots", "dots_rr", "pods", "gain", "scalingrl", "all")
+PRESETS = ("grpo", "dapo", "dots", "dots_rr", "pods", "gain", "scalingrl", "all")
 BASELINE = "grpo"
 #: Benchmark settings under every configuration: evaluate on a fixed schedule; don't register models.
 DEFAULTS = ("eval.every=10", "tracking.register_model=false")

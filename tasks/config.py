@@ -148,6 +148,10 @@ class SelectConfig(_Frozen):
     alpha: float = Field(0.5, ge=0, le=1, description="DOTS target difficulty.")
     tau: float = Field(1e-3, gt=0, description="DOTS sampling temperature.")
     sampler: Literal["weighted", "greedy", "gumbel"] = "weighted"
+    drop_solved: bool = Field(False, description=(
+        "Never resample solved prompts: a prompt whose measured pass rate reached 1 (reference rollouts or a "
+        "trained group, over all n) leaves the pool, as prime-rl and open-instruct do; solved prompts come back "
+        "only when fewer unsolved prompts remain than a step needs."))
     predictor: PredictorConfig = PredictorConfig()
 
 
@@ -155,6 +159,19 @@ class PodsConfig(_Frozen):
     enabled: bool = False
     m: int = Field(8, ge=2, description="Rollouts kept per prompt (of rollout.n generated).")
     rule: Literal["max_variance", "random", "max_reward"] = "max_variance"
+
+
+class DynamicSamplingConfig(_Frozen):
+    """DAPO's dynamic sampling (arXiv 2503.14476 section 3.2; rlcore/dynamic_sampling.py)."""
+
+    enabled: bool = Field(False, description=(
+        "Over-sample prompts, drop groups whose kept rewards are all equal, and generate again until the "
+        "step's fresh groups are all informative or dynamic.max_rounds is reached. Discarded rollouts count in "
+        "time, rollouts and cost."))
+    oversample: float = Field(2.0, ge=1.0, description=(
+        "Prompts generated per informative group still missing (a round asks ceil(oversample * missing))."))
+    max_rounds: int = Field(3, ge=1, description=(
+        "Generation rounds per step at most (verl's max_num_gen_batches); then the step trains on what it has."))
 
 
 class ReplayConfig(_Frozen):
@@ -227,6 +244,7 @@ class Config(_Frozen):
     calibrate: CalibrateConfig = CalibrateConfig()
     select: SelectConfig = SelectConfig()
     pods: PodsConfig = PodsConfig()
+    dynamic: DynamicSamplingConfig = DynamicSamplingConfig()
     replay: ReplayConfig = ReplayConfig()
     curriculum: CurriculumConfig = CurriculumConfig()
     gain: GainConfig = GainConfig()

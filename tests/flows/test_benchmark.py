@@ -21,7 +21,7 @@ def test_preset_overrides_are_the_preset_chain_without_base():
     rr = preset_overrides("dots_rr")  # builds on dots.yaml, which builds on grpo.yaml
     assert "replay.enabled=true" in rr and 'select.method="dots"' in rr
     assert "curriculum.weights=[0.34, 0.33, 0.33]" in preset_overrides("scalingrl")
-    with pytest.raises(ConfigError, match="unknown preset 'nope'; allowed: all, dots"):
+    with pytest.raises(ConfigError, match="unknown preset 'nope'; allowed: all, dapo, dots"):
         preset_overrides("nope")
 
 

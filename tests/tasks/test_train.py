@@ -53,7 +53,7 @@ def run_train(cfg, pool):
         groups = run.ledger.query("SELECT * FROM groups WHERE run_id = ? ORDER BY step", [run.run_id])
         sel = run.ledger.query("SELECT * FROM selections WHERE run_id = ? ORDER BY step", [run.run_id])
         logged = [json.loads(line) for line in (run.dir / "metrics.jsonl").read_text().splitlines()]
-        summary["keys"] = set().union(*logged)
+        summary["keys"], summary["logged"] = set().union(*logged), logged
     finally:
         run.close("completed", {})
     return policy.model.state_dict(), summary, groups, sel
@@ -127,3 +127,41 @@ def test_make_groups_advantages_and_negative_weight():
     (g,), _ = make_groups(gen, rewards, rec, 3, m=2, rule="max_variance", scale_std=False,
                           generator=torch.Generator())
     assert sorted(g.rewards.tolist()) == [0.0, 1.0] and g.n_generated == 4 and g.size == 2
+
+
+def test_dynamic_sampling_trains_only_informative_groups_and_counts_every_rollout(smoke_cfg, pool):
+    """DAPO's dynamic sampling with n=2 (half the groups all-equal under the text reward): the trained fresh
+    groups are all mixed, the discarded prompts stay in the selection ledger and in the rollout count."""
+    cfg = smoke_cfg(*SMALL, "rollout.n=2", "dynamic.enabled=true", "dynamic.max_rounds=6", "dynamic.oversample=2",
+                    path=PRESETS.format("grpo"))
+    _, summary, groups, sel = run_train(cfg, pool)
+    assert len(groups) == 4 * 6 and all(0 < g["successes"] < g["n"] for g in groups)
+    assert len(sel) > len(groups), "discarded prompts are selections too"
+    logged = summary["logged"]
+    assert sum(m["rollout/generated"] for m in logged) == 2 * len(sel)
+    assert any(m["dynamic/rounds"] > 1 for m in logged) and all(m["dynamic/filled"] == 1.0 for m in logged)
+    assert all(m["train/effective_ratio"] == 1.0 for m in logged)
+
+
+def test_drop_solved_keeps_solved_prompts_out_until_too_few_remain(smoke_cfg, pool):
+    from tasks.training.selector import Selector
+
+    cfg = smoke_cfg(*SMALL, "select.drop_solved=true", path=PRESETS.format("grpo"))
+    feats = score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
+    sel = Selector(cfg, pool, feats)
+    sel.begin_round(0, 0, None, None)
+    solved = list(range(0, 40, 2))  # half the pool solved (pass rate 1 over all n), half not
+    sel.observe(0, solved, torch.ones(len(solved), 4), 1.0, None)
+    sel.observe(0, [1, 3], torch.tensor([[0.0, 1.0, 1.0, 1.0]] * 2), 0.75, None)
+    sel.used[:] = False
+    for step in range(1, 4):
+        idx, _ = sel.choose(6, step)
+        assert not set(idx) & set(solved), "a solved prompt was drawn"
+    idx, _ = sel.choose(30, 4)  # more than the 20 unsolved: solved prompts come back
+    assert len(idx) == 30 and set(idx) & set(solved)
+    off = Selector(smoke_cfg(*SMALL, path=PRESETS.format("grpo")), pool, feats)
+    off.begin_round(0, 0, None, None)
+    off.observe(0, solved, torch.ones(len(solved), 4), 1.0, None)
+    off.used[:] = False
+    drawn = set().union(*(off.choose(6, s)[0] for s in range(1, 4)))
+    assert drawn & set(solved), "without drop_solved, solved prompts are drawn as any other"
