@@ -35,8 +35,17 @@ from tasks.run import RunInfo
 
 log = logging.getLogger("rlsift.bench")
 
-PRESETS = ("grpo", "dots", "dots_rr", "pods", "gain", "scalingrl", "all")
+PRESETS = ("grpo", "dapo", "dots", "dots_rr", "pods", "gain", "scalingrl", "all")
 BASELINE = "grpo"
+#: Leave-one-out arms: the ``all`` preset without one technique each (``--presets ablation`` runs them all).
+#: Without PODS every generated rollout enters the update, so ``rollout.n`` drops to ``all``'s ``pods.m``.
+LEAVE_ONE_OUT: dict[str, tuple[str, ...]] = {
+    "all-dots": ("select.method=uniform",), "all-replay": ("replay.enabled=false",),
+    "all-pods": ("pods.enabled=false", "rollout.n=8"), "all-scalingrl": ("curriculum.enabled=false",),
+    "all-gain": ("gain.enabled=false",),
+}
+#: ``--presets ablation``: every preset and every leave-one-out arm.
+ABLATION = (*PRESETS, *LEAVE_ONE_OUT)
 #: Benchmark settings under every configuration: evaluate on a fixed schedule; don't register models.
 DEFAULTS = ("eval.every=10", "tracking.register_model=false")
 #: ``--quick``: one seed, a short budget and a small held-out set (about 10 minutes on 2 cores).
@@ -47,12 +56,18 @@ SEEDS = 3
 
 
 def preset_overrides(name: str) -> list[str]:
-    """The keys a preset sets itself (with the presets it builds on, not ``base.yaml``) as dotted overrides."""
+    """The keys a preset sets itself (with the presets it builds on, not ``base.yaml``) as dotted overrides.
+
+    A leave-one-out arm (:data:`LEAVE_ONE_OUT`) is ``all``'s keys followed by the switch that turns one off.
+    """
+    if name in LEAVE_ONE_OUT:
+        return [*preset_overrides("all"), *LEAVE_ONE_OUT[name]]
     folder = conf_dir() / "presets"
     path = folder / f"{name}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in folder.glob("*.yaml"))
-        raise ConfigError(f"unknown preset {name!r}; allowed: {', '.join(known)}")
+        raise ConfigError(f"unknown preset {name!r}; allowed: {', '.join(known)} (or a leave-one-out arm: "
+                          f"{', '.join(LEAVE_ONE_OUT)}; or 'ablation' for all of them)")
     chain: list[dict] = []
     while path is not None:
         tree = yaml.safe_load(path.read_text()) or {}
@@ -145,6 +160,7 @@ def _run_one(name: str, seed: int, cfg: Config, fn) -> BenchRun:
     run = BenchRun(name, seed, summary, skip=clock_skips(cfg) if name != "trl" else ("score", "calibrate"))
     if run.ok:
         run.rows = bench_report.read_rows(summary["run_dir"])
+        run.end_correct, run.end_prompts = bench_report.read_end_eval(summary["run_dir"])
         if name != "trl" and "calibrate" not in run.skip:
             run.upfront_rollouts = float(min(cfg.calibrate.k, summary.get("ingest", {}).get("train") or cfg.calibrate.k)
                                          * cfg.calibrate.g)
@@ -166,7 +182,9 @@ def benchmark(config: str | None = None, overrides: list[str] | None = None, qui
               seeds: int | None = None, presets: list[str] | None = None, trl: bool = True) -> dict:
     """Every preset (and TRL) x seeds on one budget; returns the results (``table``: Markdown) and paths."""
     overrides = list(overrides or [])
-    names = list(dict.fromkeys([BASELINE, *(p.strip() for p in presets or PRESETS if p.strip())]))  # baseline first
+    asked = [p.strip() for p in presets or PRESETS if p.strip()]
+    asked = [n for p in asked for n in (ABLATION if p == "ablation" else (p,))]
+    names = list(dict.fromkeys([BASELINE, *asked]))  # baseline first
     if seeds is not None and seeds < 1:
         raise ConfigError(f"seeds must be at least 1, got {seeds}")
     n_seeds = seeds or (QUICK_SEEDS if quick else SEEDS)

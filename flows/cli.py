@@ -194,7 +194,8 @@ def parser() -> argparse.ArgumentParser:
     common(b)
     b.add_argument("--quick", action="store_true", help="about 10 minutes on 2 cores")
     b.add_argument("--seeds", type=int, default=None)
-    b.add_argument("--presets", help="comma-separated subset of presets")
+    b.add_argument("--presets", help=("comma-separated subset of presets, leave-one-out arms (all-dots, ...) "
+                                      "or 'ablation' (every preset and leave-one-out arm)"))
     b.add_argument("--no-trl", action="store_true", help="skip TRL's GRPOTrainer control")
     b.set_defaults(fn=cmd_bench)
 

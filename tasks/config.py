@@ -192,6 +192,10 @@ class SelectConfig(_Frozen):
     tau: float = Field(1e-3, gt=0, description="DOTS sampling temperature.")
     sampler: Literal["weighted", "greedy", "gumbel"] = Field("weighted", description=(
         "DOTS draw without replacement: weighted (multinomial, official), greedy (top-k) or gumbel (Gumbel-top-k)."))
+    drop_solved: bool = Field(False, description=(
+        "Never resample solved prompts: a prompt whose measured pass rate reached 1 (reference rollouts or a "
+        "trained group, over all n) leaves the pool, as prime-rl and open-instruct do; solved prompts come back "
+        "only when fewer unsolved prompts remain than a step needs."))
     predictor: PredictorConfig = Field(PredictorConfig(), description="The DOTS difficulty predictor.")
 
 
@@ -202,6 +206,19 @@ class PodsConfig(_Frozen):
     m: int = Field(8, ge=2, description="Rollouts kept per prompt (of rollout.n generated).")
     rule: Literal["max_variance", "random", "max_reward"] = Field("max_variance", description=(
         "max_variance: the PODS rule; random and max_reward: the paper's ablations."))
+
+
+class DynamicSamplingConfig(_Frozen):
+    """DAPO's dynamic sampling (arXiv 2503.14476 section 3.2; rlcore/dynamic_sampling.py)."""
+
+    enabled: bool = Field(False, description=(
+        "Over-sample prompts, drop groups whose kept rewards are all equal, and generate again until the "
+        "step's fresh groups are all informative or dynamic.max_rounds is reached. Discarded rollouts count in "
+        "time, rollouts and cost."))
+    oversample: float = Field(2.0, ge=1.0, description=(
+        "Prompts generated per informative group still missing (a round asks ceil(oversample * missing))."))
+    max_rounds: int = Field(3, ge=1, description=(
+        "Generation rounds per step at most (verl's max_num_gen_batches); then the step trains on what it has."))
 
 
 class ReplayConfig(_Frozen):
@@ -301,6 +318,7 @@ class Config(_Frozen):
     calibrate: CalibrateConfig = Field(CalibrateConfig(), description="DOTS reference set.")
     select: SelectConfig = Field(SelectConfig(), description="Prompt selection (uniform or DOTS).")
     pods: PodsConfig = Field(PodsConfig(), description="PODS rollout down-sampling.")
+    dynamic: DynamicSamplingConfig = Field(DynamicSamplingConfig(), description="DAPO's dynamic sampling.")
     replay: ReplayConfig = Field(ReplayConfig(), description="Rollout Replay.")
     curriculum: CurriculumConfig = Field(CurriculumConfig(), description="ScalingRL curriculum (reconstruction).")
     gain: GainConfig = Field(GainConfig(), description="GAIN-RL angle ordering and window.")

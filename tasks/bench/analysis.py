@@ -33,6 +33,8 @@ import statistics
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from scipy import stats
+
 #: Stages that set a run up and are the same for every configuration: not on the clock.
 SETUP_STAGES = ("ingest", "prepare")
 #: Stages that happen once before the first step (on the clock at step 0 when counted).
@@ -56,6 +58,7 @@ class Curve:
         device_hours: device hours so far (same stages as ``wall_s``).
         usd: money so far (same stages as ``wall_s``).
         accuracy: held-out greedy accuracy.
+        tokens: completion tokens generated so far in training steps (empty when not logged).
     """
 
     steps: tuple[int, ...]
@@ -64,12 +67,13 @@ class Curve:
     device_hours: tuple[float, ...]
     usd: tuple[float, ...]
     accuracy: tuple[float, ...]
+    tokens: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.steps)
         if n == 0:
             raise ValueError("a curve needs at least one evaluation point")
-        for name in ("wall_s", "rollouts", "device_hours", "usd", "accuracy"):
+        for name in ("wall_s", "rollouts", "device_hours", "usd", "accuracy", *(("tokens",) if self.tokens else ())):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"curve field {name} has {len(getattr(self, name))} points, steps has {n}")
         if any(b <= a for a, b in zip(self.steps, self.steps[1:], strict=False)):
@@ -77,7 +81,8 @@ class Curve:
 
     def point(self, i: int) -> dict[str, float]:
         return {"step": self.steps[i], "wall_s": self.wall_s[i], "rollouts": self.rollouts[i],
-                "device_hours": self.device_hours[i], "usd": self.usd[i], "accuracy": self.accuracy[i]}
+                "device_hours": self.device_hours[i], "usd": self.usd[i], "accuracy": self.accuracy[i],
+                **({"tokens": self.tokens[i]} if self.tokens else {})}
 
 
 def counted(stage: str, skip: Collection[str] = ()) -> bool:
@@ -130,9 +135,11 @@ def curve_from_metrics(rows: Sequence[dict], start_accuracy: float, *, skip: Col
     first = rows[0] if rows else {}
     w0, d0, u0 = _clock(first, skip, only=UPFRONT_STAGES)
     steps, wall, rolls, dh, usd, acc = [0], [w0], [float(upfront_rollouts)], [d0], [u0], [float(start_accuracy)]
-    generated = float(upfront_rollouts)
+    toks = [0.0]
+    generated, tokens = float(upfront_rollouts), 0.0
     for row in rows:
         generated += float(row.get("rollout/generated") or 0.0) + float(row.get("select/reference_rollouts") or 0.0)
+        tokens += float(row.get("rollout/tokens") or 0.0)
         at = int(row["step"]) + 1
         is_end = end_step is not None and at == end_step and end_accuracy is not None
         if row.get(key) is None and not is_end:
@@ -142,8 +149,8 @@ def curve_from_metrics(rows: Sequence[dict], start_accuracy: float, *, skip: Col
         w, d, u = _clock(row, skip)
         value = row[key] if row.get(key) is not None else end_accuracy
         steps.append(at), wall.append(w), rolls.append(generated), dh.append(d), usd.append(u)
-        acc.append(float(value))
-    return Curve(tuple(steps), tuple(wall), tuple(rolls), tuple(dh), tuple(usd), tuple(acc))
+        acc.append(float(value)), toks.append(tokens)
+    return Curve(tuple(steps), tuple(wall), tuple(rolls), tuple(dh), tuple(usd), tuple(acc), tuple(toks))
 
 
 def first_crossing(curve: Curve, target: float, tol: float = TOL) -> int | None:
@@ -177,7 +184,8 @@ def mean_curve(curves: Sequence[Curve]) -> Curve:
         return tuple(statistics.fmean(getattr(c, field)[ix[s]] for c, ix in zip(curves, idx, strict=True))
                      for s in common)
 
-    return Curve(tuple(common), avg("wall_s"), avg("rollouts"), avg("device_hours"), avg("usd"), avg("accuracy"))
+    return Curve(tuple(common), avg("wall_s"), avg("rollouts"), avg("device_hours"), avg("usd"), avg("accuracy"),
+                 avg("tokens") if all(c.tokens for c in curves) else ())
 
 
 def accuracy_band(curves: Sequence[Curve]) -> dict[str, list[float]]:
@@ -268,3 +276,80 @@ def series_mean(rows_per_seed: Sequence[Sequence[dict]], key: str) -> tuple[list
         return [], []
     steps = sorted(set.intersection(*(set(p) for p in per)))
     return steps, [statistics.fmean(p[s] for p in per) for s in steps]
+
+
+#: What "time to target" is measured in, for the verdicts (Curve fields).
+MEASURES = ("step", "rollouts", "tokens", "wall_s")
+#: Verdict words: the confidence interval of (arm - baseline) time lies below 0, contains 0, lies above 0.
+FASTER, SAME, SLOWER = "faster", "no different", "slower"
+
+
+def seed_times(curves: Sequence[Curve], target: float, measure: str) -> list[float | None]:
+    """Per seed, the ``measure`` (a :data:`MEASURES` name) at the first crossing of ``target`` (None: never)."""
+    out = []
+    for c in curves:
+        hit = time_to_target(c, target)
+        out.append(None if hit is None or measure not in hit else float(hit[measure]))
+    return out
+
+
+def compare_times(baseline: Sequence[float | None], arm: Sequence[float | None],
+                  level: float = 0.95) -> dict:
+    """An arm's time to a target against the baseline's, over seeds, with a verdict word.
+
+    The interval is Welch's t interval for the difference of means (arm - baseline; scipy's
+    ``ttest_ind(equal_var=False)``), so seeds need not pair up. Verdict: :data:`FASTER` when the whole
+    interval is below 0, :data:`SLOWER` when above, :data:`SAME` otherwise. With fewer than two seeds per side
+    there is no interval and no verdict. An arm whose seeds did not all reach the target is ``not reached``
+    when fewer of its seeds reached it than the baseline's (its mean would flatter it).
+
+    Returns:
+        ``{"baseline_mean", "arm_mean", "ratio" (arm / baseline), "diff", "ci" ([lo, hi] or None),
+        "reached" ("k/n"), "verdict"}``.
+    """
+    b = [x for x in baseline if x is not None]
+    a = [x for x in arm if x is not None]
+    out: dict = {"baseline_mean": statistics.fmean(b) if b else None, "arm_mean": statistics.fmean(a) if a else None,
+                 "reached": f"{len(a)}/{len(arm)}", "ratio": None, "diff": None, "ci": None, "verdict": None}
+    if not a or len(a) < len(b):
+        out["verdict"] = f"not reached ({len(a)}/{len(arm)} seeds)"
+        return out
+    if not b:
+        out["verdict"] = "baseline never reached it"
+        return out
+    out["diff"] = out["arm_mean"] - out["baseline_mean"]
+    out["ratio"] = out["arm_mean"] / out["baseline_mean"] if out["baseline_mean"] else None
+    if len(a) < 2 or len(b) < 2:
+        out["verdict"] = "one seed: no interval"
+        return out
+    if statistics.pvariance(a) == 0 and statistics.pvariance(b) == 0:
+        lo = hi = out["diff"]
+    else:
+        ci = stats.ttest_ind(a, b, equal_var=False).confidence_interval(level)
+        lo, hi = float(ci.low), float(ci.high)
+    out["ci"] = [lo, hi]
+    out["verdict"] = FASTER if hi < 0 else SLOWER if lo > 0 else SAME
+    return out
+
+
+def mcnemar_pooled(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> dict[str, float]:
+    """Final-accuracy difference of an arm against the baseline, paired prompt by prompt and pooled over seeds.
+
+    Args:
+        pairs: per seed, (baseline's, arm's) 0/1 greedy correctness on the same held-out prompts, same order.
+
+    Returns:
+        ``turned_right`` (right under the arm, wrong under the baseline), ``turned_wrong``, ``diff`` (mean
+        accuracy difference, arm - baseline) and the exact McNemar ``p`` (two-sided binomial test of
+        ``turned_right`` among the discordant prompts at 1/2).
+    """
+    right = wrong = total = 0
+    for base, arm in pairs:
+        if len(base) != len(arm):
+            raise ValueError(f"paired evaluations differ in length: {len(base)} vs {len(arm)}")
+        right += sum(1 for x, y in zip(base, arm, strict=True) if not x and y)
+        wrong += sum(1 for x, y in zip(base, arm, strict=True) if x and not y)
+        total += len(base)
+    p = stats.binomtest(right, right + wrong, 0.5).pvalue if right + wrong else 1.0
+    return {"turned_right": right, "turned_wrong": wrong, "diff": (right - wrong) / total if total else math.nan,
+            "p": float(p), "prompts": total}

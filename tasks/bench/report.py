@@ -39,6 +39,8 @@ class BenchRun:
     rows: list[dict] = field(default_factory=list)
     skip: tuple[str, ...] = ()
     upfront_rollouts: float = 0.0
+    end_correct: tuple[int, ...] = ()  # the final evaluation's 0/1 greedy correctness per held-out prompt
+    end_prompts: tuple[str, ...] = ()  # ... and the prompt ids, in the same order
 
     @property
     def ok(self) -> bool:
@@ -49,6 +51,15 @@ class BenchRun:
         return ba.curve_from_metrics(self.rows, self.summary["eval_accuracy_start"], skip=self.skip,
                                      upfront_rollouts=self.upfront_rollouts, end_step=steps,
                                      end_accuracy=self.summary.get("eval_accuracy_end"))
+
+
+def read_end_eval(run_dir: str | Path) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The final evaluation's per-prompt greedy correctness and prompt ids (``eval_end.json``), or empty."""
+    path = Path(run_dir) / "eval_end.json"
+    if not path.exists():
+        return (), ()
+    data = json.loads(path.read_text())
+    return tuple(int(x) for x in data.get("greedy_correct") or ()), tuple(data.get("prompt_ids") or ())
 
 
 def read_rows(run_dir: str | Path) -> list[dict]:
@@ -100,6 +111,12 @@ def analyse(runs: list[BenchRun], baseline: str = "grpo", best_frac: float = 0.9
                     "target": value, "mean_curve": hit, "per_seed": ba.reach(cs, value),
                     "speedup": ba.speedup(base_s, hit["wall_s"] if hit else None)}
         out.append(row)
+    if tgt:
+        for row in out:
+            if "budget" in row and row["name"] != baseline:
+                ok_base = [r for r in by_name[baseline] if r.ok]
+                ok_arm = [r for r in by_name[row["name"]] if r.ok]
+                row["verdicts"] = verdicts(curves[baseline], curves[row["name"]], tgt, ok_base, ok_arm)
     base = next((r for r in out if r["name"] == baseline and "budget" in r), None)
     for r in out:
         if base and "budget" in r:
@@ -109,6 +126,19 @@ def analyse(runs: list[BenchRun], baseline: str = "grpo", best_frac: float = 0.9
             bt = (base.get("to_target") or {}).get("final", {}).get("mean_curve")
             r["usd_to_target_vs_baseline"] = _ratio(t["usd"], bt["usd"]) if t and bt else None
     return {"baseline": baseline, "best_frac": best_frac, "targets": tgt, "configurations": out}
+
+
+def verdicts(base_curves: list[ba.Curve], arm_curves: list[ba.Curve], tgt: dict[str, float],
+             base_runs: list[BenchRun], arm_runs: list[BenchRun]) -> dict:
+    """An arm against the baseline: time to each target in every measure (``ba.compare_times``), and the
+    final-accuracy difference paired prompt by prompt over the seeds both ran (``ba.mcnemar_pooled``)."""
+    out: dict = {key: {m: ba.compare_times(ba.seed_times(base_curves, value, m), ba.seed_times(arm_curves, value, m))
+                       for m in ba.MEASURES} for key, value in tgt.items()}
+    by_seed = {r.seed: r for r in base_runs if r.end_correct}
+    pairs = [(by_seed[r.seed].end_correct, r.end_correct) for r in arm_runs
+             if r.end_correct and r.seed in by_seed and by_seed[r.seed].end_prompts == r.end_prompts]
+    out["final_paired"] = ba.mcnemar_pooled(pairs) if pairs else None
+    return out
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -123,10 +153,36 @@ def _f(x, fmt: str = ".3f", none: str = "-") -> str:
     return format(x, fmt)
 
 
+def verdict_markdown(result: dict) -> list[str]:
+    """The verdict table: each arm against the baseline, per target, one word per measure."""
+    rows = [r for r in result["configurations"] if r.get("verdicts")]
+    if not rows:
+        return []
+    lines = [f"Verdicts against `{result['baseline']}`: time to each target (arm / baseline, seed means; "
+             "95% Welch interval of the difference decides faster / no different / slower), and the final "
+             "accuracy difference paired prompt by prompt over the seeds (exact McNemar p).", "",
+             "| arm | target | steps | rollouts | tokens | wall-clock | final acc. diff (right/wrong, p) |",
+             "|" + "---|" * 7]
+
+    def cell(v: dict) -> str:
+        ratio = f" ({v['ratio']:.2f}x)" if v.get("ratio") is not None else ""
+        return f"{v['verdict']}{ratio}"
+
+    for r in rows:
+        fp = r["verdicts"].get("final_paired")
+        paired = (f"{fp['diff']:+.3f} ({fp['turned_right']}/{fp['turned_wrong']}, p={fp['p']:.2g})"
+                  if fp else "-")
+        for key in (k for k in r["verdicts"] if k != "final_paired"):
+            v = r["verdicts"][key]
+            lines.append(f"| {r['name']} | ({'a' if key == 'final' else 'b'}) {key} | " +
+                         " | ".join(cell(v[m]) for m in ba.MEASURES) + f" | {paired if key == 'final' else ''} |")
+    return lines + [""]
+
+
 def markdown(result: dict) -> str:
-    """The results table, the step-time split and the cost table, in Markdown."""
+    """The verdict table, the results table, the step-time split and the cost table, in Markdown."""
     tgt = result["targets"] or {}
-    lines = [f"Targets from `{result['baseline']}` (seed-mean curve): (a) final accuracy "
+    lines = [*verdict_markdown(result),f"Targets from `{result['baseline']}` (seed-mean curve): (a) final accuracy "
              f"{_f(tgt.get('final'))}, (b) {result['best_frac']:.0%} of its best = {_f(tgt.get('best'))}. "
              "Time = training wall-clock without evaluation or setup; speed-up = baseline time / time.", "",
              "| configuration | seeds | start acc | final acc (mean ± std) | best (mean curve) | effective ratio "

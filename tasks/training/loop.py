@@ -28,13 +28,14 @@ from tqdm.auto import tqdm
 
 from rlcore.advantages import effective_mask, group_advantages
 from rlcore.downsample import downsample
+from rlcore.dynamic_sampling import BatchFiller
 from rlcore.replay_buffer import ReplayBuffer, mix_counts
 from rlcore.seeding import derive_seed
 from rlcore.types import RolloutGroup
 from tasks.data.prompts import PromptRecord
 from tasks.model.policy import Policy
 from tasks.model.rollout import Generation
-from tasks.records.ledger import GroupRow
+from tasks.records.ledger import GroupRow, SelectionRow
 from tasks.run import Run, show_progress
 from tasks.training import checkpoint
 from tasks.training.calibration import Calibration
@@ -79,6 +80,87 @@ def make_groups(gen: Generation, rewards: torch.Tensor, records: list[PromptReco
             completion_mask=gen.completion_mask[rows], rewards=kept_r[i], advantages=adv[i],
             behaviour_logp=torch.zeros(0), success_rate=float(rewards[i].mean()), n_generated=n, step=step))
     return groups, stats
+
+
+@dataclass(frozen=True)
+class FreshBatch:
+    """One step's freshly generated groups.
+
+    Attributes:
+        groups: the groups that enter the update (all of them, or with dynamic sampling the informative ones).
+        idx: pool indices of every prompt selected this step (every generation round), in draw order.
+        rows: a ledger row per selected prompt.
+        records: the selected prompts.
+        rewards: [len(idx), n] rewards of every generated rollout (labels for the predictor).
+        generated: rollouts generated (discarded ones included); tokens: their completion tokens.
+        gen_s: wall seconds in generation and verification.
+        stats: PODS and dynamic-sampling metrics.
+    """
+
+    groups: list[RolloutGroup]
+    idx: list[int]
+    rows: list[SelectionRow]
+    records: list[PromptRecord]
+    rewards: torch.Tensor
+    generated: int
+    tokens: int
+    gen_s: float
+    stats: dict[str, float]
+
+
+def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[PromptRecord], k: int,
+                 step: int) -> FreshBatch:
+    """Select k prompts, generate n rollouts each, verify, down-sample (PODS) and build groups.
+
+    With ``dynamic.enabled`` (DAPO's dynamic sampling, rlcore/dynamic_sampling.py) further rounds select and
+    generate until k informative groups are found or ``dynamic.max_rounds`` is reached; every round's
+    rollouts count. Round 0 draws with the seeds of a step without dynamic sampling.
+    """
+    cfg, tc = run.cfg, run.cfg.train
+    ds = cfg.dynamic
+    filler = BatchFiller(k, ds.oversample, ds.max_rounds) if ds.enabled else None
+    idx_all, rows_all, records_all, rewards_all, pods_all = [], [], [], [], []
+    generated = tokens = 0
+    gen_s = 0.0
+    groups: list[RolloutGroup] = []
+    attempt = 0
+    while True:
+        want = filler.request() if filler is not None else k
+        with run.meter.stage("selection"):
+            idx, rows = selector.choose(want, step, attempt)
+        records = [pool[i] for i in idx]
+        with run.meter.stage("rollout"):
+            t_gen = time.perf_counter()
+            gen, rewards = rollout_rewards(policy, records, cfg.rollout.n,
+                                           derive_seed(cfg.seed, step, "train", *((attempt,) if attempt else ())))
+            gen_s += time.perf_counter() - t_gen
+        gen_rng = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "pods",
+                                                            *((attempt,) if attempt else ())))
+        with run.meter.stage("selection"):
+            groups, pods_stats = make_groups(gen, rewards, records, step,
+                                             m=cfg.pods.m if cfg.pods.enabled else None, rule=cfg.pods.rule,
+                                             scale_std=tc.scale_std, generator=gen_rng,
+                                             negative_weight=tc.negative_weight)
+        idx_all += idx
+        rows_all += rows
+        records_all += records
+        rewards_all.append(rewards)
+        pods_all.append((len(records), pods_stats))
+        generated += gen.completion_ids.shape[0]
+        tokens += gen.tokens
+        attempt += 1
+        if filler is None:
+            break
+        filler.add(groups)
+        if filler.done:
+            groups = filler.batch()
+            break
+    total = sum(b for b, _ in pods_all)
+    stats = {key: sum(b * st[key] for b, st in pods_all) / total for key in pods_all[0][1]}
+    if filler is not None:
+        stats |= filler.metrics()
+    return FreshBatch(groups=groups, idx=idx_all, rows=rows_all, records=records_all,
+                      rewards=torch.cat(rewards_all), generated=generated, tokens=tokens, gen_s=gen_s, stats=stats)
 
 
 @dataclass(frozen=True)
@@ -130,18 +212,9 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
             buffer.prune(step)  # drop groups past replay.max_age so the mix counts only replayable ones
         n_fresh, n_replay = (mix_counts(tc.prompts_per_step, cfg.replay.fresh_frac, len(buffer))
                              if buffer is not None and round_ > 0 else (tc.prompts_per_step, 0))
+        fs = sample_fresh(run, policy, selector, pool, n_fresh, step)
+        idx, rows, records, rewards, fresh = fs.idx, fs.rows, fs.records, fs.rewards, fs.groups
         with run.meter.stage("selection"):
-            idx, rows = selector.choose(n_fresh, step)
-        records = [pool[i] for i in idx]
-        with run.meter.stage("rollout"):
-            t_gen = time.perf_counter()
-            gen, rewards = rollout_rewards(policy, records, cfg.rollout.n, derive_seed(cfg.seed, step, "train"))
-            t_gen = time.perf_counter() - t_gen
-        gen_rng = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "pods"))
-        with run.meter.stage("selection"):
-            fresh, pods_stats = make_groups(gen, rewards, records, step, m=cfg.pods.m if cfg.pods.enabled else None,
-                                            rule=cfg.pods.rule, scale_std=tc.scale_std, generator=gen_rng,
-                                            negative_weight=tc.negative_weight)
             replayed = buffer.sample(n_replay, step, torch.Generator().manual_seed(
                 derive_seed(cfg.seed, step, "replay"))) if n_replay else []
         batch = fresh + replayed
@@ -164,17 +237,17 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
                 mean_reward=g.success_rate, kept=g.size, kept_mean_reward=float(g.rewards.mean()),
                 replayed=g.replayed_from is not None,
                 from_step=g.replayed_from if g.replayed_from is not None else step) for g in batch])
-            metrics |= stats | pods_stats
+            metrics |= stats | fs.stats
             metrics |= {
                 "train/reward_mean": accuracy,
                 "train/effective_ratio": float(eff.mean()),
                 "train/effective_ratio_fresh": float(eff[:len(fresh)].mean()),
                 "train/groups": float(len(batch)),
                 "train/level_mean": float(sum(r.level or 0 for r in records) / len(records)),
-                "rollout/generated": float(gen.completion_ids.shape[0]),
-                "rollout/tokens": float(gen.tokens),
-                "rollout/tokens_per_s": gen.tokens / max(t_gen, 1e-9),
-                "rollout/length_mean": gen.tokens / gen.completion_ids.shape[0],
+                "rollout/generated": float(fs.generated),
+                "rollout/tokens": float(fs.tokens),
+                "rollout/tokens_per_s": fs.tokens / max(fs.gen_s, 1e-9),
+                "rollout/length_mean": fs.tokens / fs.generated,
             }
             if buffer is not None:
                 metrics |= buffer.stats(step) | {"replay/fresh": float(len(fresh)), "replay/replayed": float(n_replay)}

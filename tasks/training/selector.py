@@ -179,15 +179,29 @@ class Selector:
             self.predictor.observe(self.emb[t], success, -1)
 
     # ---- step -------------------------------------------------------------------------------------
-    def choose(self, k: int, step: int) -> tuple[list[int], list[SelectionRow]]:
-        """k distinct prompts for this step, and a ledger row per prompt saying why."""
+    def solved(self) -> torch.Tensor:
+        """[M] bool: prompts whose last measured pass rate is 1 (``select.drop_solved`` keeps them out)."""
+        return self.last_success == 1.0
+
+    def choose(self, k: int, step: int, attempt: int = 0) -> tuple[list[int], list[SelectionRow]]:
+        """k distinct prompts for this step, and a ledger row per prompt saying why.
+
+        ``attempt``: the generation round within the step (dynamic sampling asks again); 0 draws exactly as a
+        step without dynamic sampling does.
+        """
         cfg = self.cfg
-        probs = torch.where(self.used, torch.zeros_like(self.probs), self.probs)
-        if int((probs > 0).sum()) < k:  # round exhausted: allow repeats within the round
+        probs = self.probs
+        if cfg.select.drop_solved:
+            unsolved = torch.where(self.solved(), torch.zeros_like(probs), probs)
+            if int((unsolved > 0).sum()) >= k:  # solved prompts come back only when too few unsolved remain
+                probs = unsolved
+        fresh = torch.where(self.used, torch.zeros_like(probs), probs)
+        if int((fresh > 0).sum()) < k:  # round exhausted: allow repeats within the round
             self.used[:] = False
-            probs = self.probs
+        else:
+            probs = fresh
         method = cfg.select.sampler if self.predictor is not None else "weighted"
-        gen = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "select"))
+        gen = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "select", *((attempt,) if attempt else ())))
         idx = sample_prompts(probs, min(k, int((probs > 0).sum())), gen, method=method)
         self.used[idx] = True
         name = "+".join(n for n, on in (("scalingrl", self.scheduler is not None), ("gain", self.window is not None),

@@ -21,7 +21,7 @@ def test_preset_overrides_are_the_preset_chain_without_base():
     rr = preset_overrides("dots_rr")  # builds on dots.yaml, which builds on grpo.yaml
     assert "replay.enabled=true" in rr and 'select.method="dots"' in rr
     assert "curriculum.weights=[0.34, 0.33, 0.33]" in preset_overrides("scalingrl")
-    with pytest.raises(ConfigError, match="unknown preset 'nope'; allowed: all, dots"):
+    with pytest.raises(ConfigError, match="unknown preset 'nope'; allowed: all, dapo, dots"):
         preset_overrides("nope")
 
 
@@ -115,3 +115,16 @@ def test_bench_quick_end_to_end(tmp_path, capsys, prefect_harness):
     assert trl["trl.loss_type"] == "dapo" and trl["trl.scale_rewards"] == "none"
     assert trl["trl.lr_scheduler_type"] == "constant" and trl["trl.per_device_train_batch_size"] == "16"
     assert "eval/accuracy" in children["trl"]["metrics"]
+
+
+def test_leave_one_out_arms_switch_off_exactly_one_technique(tmp_path):
+    from flows.benchmark import LEAVE_ONE_OUT, configuration
+
+    full = configuration(None, [f"paths.root={tmp_path}"], "all", 0, True, None).flat()
+    for name in LEAVE_ONE_OUT:
+        arm = configuration(None, [f"paths.root={tmp_path}"], name, 0, True, None).flat()
+        changed = {k for k in full if full[k] != arm[k]}
+        switch = {"all-dots": {"select.method"}, "all-replay": {"replay.enabled"},
+                  "all-pods": {"pods.enabled", "rollout.n"}, "all-scalingrl": {"curriculum.enabled"},
+                  "all-gain": {"gain.enabled"}}[name]
+        assert changed == switch, (name, changed)

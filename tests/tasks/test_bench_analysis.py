@@ -174,3 +174,46 @@ def test_crossing_matches_slow_loop(acc, target):
     assert i == oracle
     if i is not None:
         assert all(a < target - 1e-9 for a in acc[:i])
+
+
+def test_compare_times_hand_worked():
+    """Baseline 100/110/120 s, arm 40/50/60 s: difference -60, Welch se sqrt(100/3 + 100/3) = 8.165 with 4 degrees
+    of freedom (t = 2.776): interval -60 +- 22.67, all below 0 -> faster; ratio 50/110."""
+    from tasks.bench.analysis import FASTER, SAME, compare_times
+
+    v = compare_times([100.0, 110.0, 120.0], [40.0, 50.0, 60.0])
+    assert v["verdict"] == FASTER and v["diff"] == pytest.approx(-60.0)
+    assert v["ci"] == pytest.approx([-82.67, -37.33], abs=0.01) and v["ratio"] == pytest.approx(50 / 110)
+    assert compare_times([100.0, 110.0, 120.0], [95.0, 115.0, 125.0])["verdict"] == SAME
+    assert compare_times([40.0, 50.0, 60.0], [100.0, 110.0, 120.0])["verdict"] == "slower"
+    assert compare_times([1.0, 2.0, 3.0], [None, 1.0, 1.0])["verdict"] == "not reached (2/3 seeds)"
+    assert compare_times([5.0], [1.0])["verdict"] == "one seed: no interval"
+    assert compare_times([5.0, 5.0], [1.0, 1.0])["ci"] == [-4.0, -4.0]  # no spread: the interval is the point
+
+
+def test_mcnemar_pooled_hand_worked():
+    """Seed 1: 2 turned right, 1 wrong of 4; seed 2: 2 right of 2 -> 4/1 discordant, diff 3/6,
+    p = P(X >= 4) + P(X <= 1) for X ~ Bin(5, 1/2) = 12/32."""
+    from tasks.bench.analysis import mcnemar_pooled
+
+    r = mcnemar_pooled([([1, 0, 0, 1], [1, 1, 1, 0]), ([0, 0], [1, 1])])
+    assert (r["turned_right"], r["turned_wrong"], r["prompts"]) == (4, 1, 6)
+    assert r["diff"] == pytest.approx(0.5) and r["p"] == pytest.approx(12 / 32)
+    with pytest.raises(ValueError, match="differ in length"):
+        mcnemar_pooled([([1], [1, 0])])
+
+
+def test_verdict_table_comes_first_in_the_report():
+    from tasks.bench.report import BenchRun, analyse, markdown
+
+    def run(name, seed, accs, correct):
+        rows = [{"step": 5 * i + 4, "eval/accuracy": a, "time/rollout_s": 10.0 * (i + 1),
+                 "rollout/generated": 80.0, "rollout/tokens": 800.0} for i, a in enumerate(accs)]
+        return BenchRun(name, seed, {"status": "completed", "eval_accuracy_start": 0.2, "steps": 5 * len(accs),
+                                     "eval_accuracy_end": accs[-1]}, rows, end_correct=correct, end_prompts=("a", "b"))
+
+    runs = [run("grpo", s, [0.3, 0.4, 0.5], (1, 0)) for s in (0, 1)] + \
+           [run("fast", s, [0.5, 0.55, 0.55], (1, 1)) for s in (0, 1)]
+    md = markdown(analyse(runs))
+    assert md.startswith("Verdicts against `grpo`")
+    assert "| fast | (a) final | faster (0.33x) | faster (0.33x) | faster (0.33x) | faster (0.33x) | +0.500 (2/0" in md

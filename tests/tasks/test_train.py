@@ -53,10 +53,9 @@ def run_train(cfg, pool):
         groups = run.ledger.query("SELECT * FROM groups WHERE run_id = ? ORDER BY step", [run.run_id])
         sel = run.ledger.query("SELECT * FROM selections WHERE run_id = ? ORDER BY step", [run.run_id])
         logged = [json.loads(line) for line in (run.dir / "metrics.jsonl").read_text().splitlines()]
-        keys = set().union(*logged)
     finally:
         run.close("completed", {})
-    return policy.model.state_dict(), summary, groups, sel, keys
+    return policy.model.state_dict(), summary, groups, sel, logged
 
 
 def test_grpo_trains_and_records_every_step(smoke_cfg, pool):
@@ -101,7 +100,8 @@ def test_warmup_changes_the_single_process_run(smoke_cfg, pool):
 
 def test_all_techniques_compose_and_record_signals(smoke_cfg, pool):
     cfg = smoke_cfg(*SMALL, "rollout.n=6", "pods.m=4", "replay.capacity=16", path=PRESETS.format("all"))
-    _, summary, groups, sel, keys = run_train(cfg, pool)
+    _, summary, groups, sel, logged = run_train(cfg, pool)
+    keys = set().union(*logged)
     assert summary.steps == 4
     assert {s["selector"] for s in sel} == {"scalingrl+gain+dots"}
     assert all(s["pred_success"] is not None and s["des"] is not None for s in sel)
@@ -134,3 +134,40 @@ def test_make_groups_advantages_and_negative_weight():
     (g,), _ = make_groups(gen, rewards, rec, 3, m=2, rule="max_variance", scale_std=False,
                           generator=torch.Generator())
     assert sorted(g.rewards.tolist()) == [0.0, 1.0] and g.n_generated == 4 and g.size == 2
+
+
+def test_dynamic_sampling_trains_only_informative_groups_and_counts_every_rollout(smoke_cfg, pool):
+    """DAPO's dynamic sampling with n=2 (half the groups all-equal under the text reward): the trained fresh
+    groups are all mixed, the discarded prompts stay in the selection ledger and in the rollout count."""
+    cfg = smoke_cfg(*SMALL, "rollout.n=2", "dynamic.enabled=true", "dynamic.max_rounds=6", "dynamic.oversample=2",
+                    path=PRESETS.format("grpo"))
+    _, summary, groups, sel, logged = run_train(cfg, pool)
+    assert len(groups) == 4 * 6 and all(0 < g["successes"] < g["n"] for g in groups)
+    assert len(sel) > len(groups), "discarded prompts are selections too"
+    assert sum(m["rollout/generated"] for m in logged) == 2 * len(sel)
+    assert any(m["dynamic/rounds"] > 1 for m in logged) and all(m["dynamic/filled"] == 1.0 for m in logged)
+    assert all(m["train/effective_ratio"] == 1.0 for m in logged)
+
+
+def test_drop_solved_keeps_solved_prompts_out_until_too_few_remain(smoke_cfg, pool):
+    from tasks.training.selector import Selector
+
+    cfg = smoke_cfg(*SMALL, "select.drop_solved=true", path=PRESETS.format("grpo"))
+    feats = score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
+    sel = Selector(cfg, pool, feats)
+    sel.begin_round(0, 0, None, None)
+    solved = list(range(0, 40, 2))  # half the pool solved (pass rate 1 over all n), half not
+    sel.observe(0, solved, torch.ones(len(solved), 4), 1.0, None)
+    sel.observe(0, [1, 3], torch.tensor([[0.0, 1.0, 1.0, 1.0]] * 2), 0.75, None)
+    sel.used[:] = False
+    for step in range(1, 4):
+        idx, _ = sel.choose(6, step)
+        assert not set(idx) & set(solved), "a solved prompt was drawn"
+    idx, _ = sel.choose(30, 4)  # more than the 20 unsolved: solved prompts come back
+    assert len(idx) == 30 and set(idx) & set(solved)
+    off = Selector(smoke_cfg(*SMALL, path=PRESETS.format("grpo")), pool, feats)
+    off.begin_round(0, 0, None, None)
+    off.observe(0, solved, torch.ones(len(solved), 4), 1.0, None)
+    off.used[:] = False
+    drawn = set().union(*(off.choose(6, s)[0] for s in range(1, 4)))
+    assert drawn & set(solved), "without drop_solved, solved prompts are drawn as any other"
