@@ -277,11 +277,13 @@ class GainConfig(_Frozen):
 class EvalConfig(_Frozen):
     """Held-out evaluation (tasks/training/evaluate.py): greedy accuracy and sampled avg@k."""
 
-    samples: int = Field(4, ge=0, description="k for sampled avg@k (0: greedy only).")
-    temperature: float = Field(1.0, gt=0, description=(
-        "Meant for sampled avg@k; not applied yet: avg@k samples with the rollout engine at rollout.temperature."))
+    samples: int = Field(4, ge=0, description=(
+        "k for sampled avg@k (0: greedy only); samples at the rollout engine's settings (rollout.temperature, "
+        "top_p, top_k), i.e. the policy as it is trained."))
     limit: int | None = Field(None, ge=1, description="Evaluate at most this many test prompts.")
-    every: int = Field(0, ge=0, description="Also evaluate greedily every N steps during training (0: off).")
+    every: int = Field(0, ge=0, description=(
+        "Also evaluate greedily every N steps during training (0: off); the accuracy also drives ScalingRL's "
+        "explore/exploit share rho (curriculum.rho_step)."))
     batch_size: int = Field(256, ge=1, description="Prompts per forward pass of the score stage (embeddings, angles).")
 
 

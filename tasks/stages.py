@@ -101,7 +101,7 @@ def prepare_stage(run: Run) -> Policy:
         from tasks.model.vllm_engine import VLLMEngine
         engine = VLLMEngine(rc.vllm_url, tok, max_new_tokens=rc.max_new_tokens, temperature=rc.temperature,
                             top_p=rc.top_p, top_k=rc.top_k)
-        engine.sync_model(model, tok, run.dir / "vllm_weights")  # the server samples from exactly this policy
+        engine.sync_weights(model, tok, run.dir / "vllm_weights")  # the server samples from exactly this policy
     else:
         engine = HFEngine(model, tok, max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
                           top_k=rc.top_k, chunk=rc.chunk, device=run.device)

@@ -58,7 +58,8 @@ def served(tmp_path_factory):
     proc = subprocess.Popen(["bash", str(ROOT / "infra" / "vllm-serve.sh"), str(tmp / "a"), str(port), "--dtype",
                              "float32", "--enforce-eager", "--max-num-seqs", "64"],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    engine = VLLMEngine(f"http://127.0.0.1:{port}", tok, max_new_tokens=12, temperature=TEMPERATURE)
+    engine = VLLMEngine(f"http://127.0.0.1:{port}", tok, max_new_tokens=12, temperature=TEMPERATURE,
+                        top_p=1.0, top_k=0)
     try:
         t0 = time.perf_counter()
         while True:

@@ -76,8 +76,8 @@ class HFEngine(RolloutEngine):
     """Sampling with ``model.generate`` (the default engine; CPU or GPU). It samples from the live training
     model itself, so :meth:`sync_weights` has nothing to do."""
 
-    def __init__(self, model, tokenizer, *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-                 top_k: int = 0, chunk: int = 512, device: torch.device | str = "cpu"):
+    def __init__(self, model, tokenizer, *, max_new_tokens: int, temperature: float, top_p: float,
+                 top_k: int, chunk: int, device: torch.device | str = "cpu"):
         self.model, self.tok = model, tokenizer
         self.max_new_tokens, self.temperature, self.top_p, self.top_k = max_new_tokens, temperature, top_p, top_k
         self.chunk, self.device = chunk, device

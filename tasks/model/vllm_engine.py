@@ -66,8 +66,8 @@ class VLLMEngine(RolloutEngine):
         concurrency: prompts in flight at once.
     """
 
-    def __init__(self, url: str, tokenizer, *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-                 top_k: int = 0, timeout: float = 600.0, concurrency: int = 64):
+    def __init__(self, url: str, tokenizer, *, max_new_tokens: int, temperature: float, top_p: float,
+                 top_k: int, timeout: float = 600.0, concurrency: int = 64):
         self.url = url.rstrip("/")
         self.tok = tokenizer
         self.max_new_tokens, self.temperature, self.top_p, self.top_k = max_new_tokens, temperature, top_p, top_k

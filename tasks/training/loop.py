@@ -61,7 +61,7 @@ EvaluateFn = Callable[[int], HeldoutEval]
 
 def make_groups(gen: Generation, rewards: torch.Tensor, records: list[PromptRecord], step: int, *, m: int | None,
                 rule: str, scale_std: bool, generator: torch.Generator,
-                negative_weight: float = 1.0) -> tuple[list[RolloutGroup], dict]:
+                negative_weight: float) -> tuple[list[RolloutGroup], dict]:
     """PODS down-sampling (when m is set) and group-relative advantages on the kept rollouts."""
     b, n = rewards.shape
     if m is None:

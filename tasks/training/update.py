@@ -48,7 +48,7 @@ def flatten(groups: Sequence[RolloutGroup]):
 
 def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, groups: Sequence[RolloutGroup], *,
                   clip_eps: float, aggregation: str, grad_clip: float, temperature: float, pad_id: int,
-                  minibatches: int = 1, kl_coef: float = 0.0, ref_model: torch.nn.Module | None = None,
+                  minibatches: int, kl_coef: float, ref_model: torch.nn.Module | None = None,
                   device: torch.device | str = "cpu",
                   angle_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                   shard: DataShard | None = None) -> dict[str, float]:

@@ -35,7 +35,7 @@ def _reward(monkeypatch):
 def make_policy():
     tok = build_tokenizer()
     model = build_tiny_model(hidden=64, layers=2, heads=2, tokenizer=tok, seed=0)
-    engine = HFEngine(model, tok, max_new_tokens=12, temperature=1.0)
+    engine = HFEngine(model, tok, max_new_tokens=12, temperature=1.0, top_p=1.0, top_k=0, chunk=512)
     return Policy(model=model, tokenizer=tok, engine=engine)
 
 
@@ -125,14 +125,14 @@ def test_make_groups_advantages_and_negative_weight():
                      completion_mask=torch.ones(4, 2, dtype=torch.bool), texts=["a"] * 4, n=4)
     rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
     (g,), _ = make_groups(gen, rewards, rec, 3, m=None, rule="max_variance", scale_std=False,
-                          generator=torch.Generator())
+                          generator=torch.Generator(), negative_weight=1.0)
     assert g.advantages.tolist() == [0.5, -0.5, -0.5, 0.5] and g.success_rate == 0.5 and g.step == 3
     (g,), _ = make_groups(gen, rewards, rec, 3, m=None, rule="max_variance", scale_std=False,
                           generator=torch.Generator(), negative_weight=0.3)
     assert torch.allclose(g.advantages, torch.tensor([0.5, -0.15, -0.15, 0.5]))
     # PODS keeps the max-variance pair (one success, one failure) of the four
     (g,), _ = make_groups(gen, rewards, rec, 3, m=2, rule="max_variance", scale_std=False,
-                          generator=torch.Generator())
+                          generator=torch.Generator(), negative_weight=1.0)
     assert sorted(g.rewards.tolist()) == [0.0, 1.0] and g.n_generated == 4 and g.size == 2
 
 

@@ -39,7 +39,8 @@ def test_serve_dir_exports_only_tied_models(tmp_path):
 
 
 def test_unreachable_server_and_bad_folder(tmp_path):
-    engine = VLLMEngine("http://127.0.0.1:9", build_tokenizer(), max_new_tokens=4)
+    engine = VLLMEngine("http://127.0.0.1:9", build_tokenizer(), max_new_tokens=4, temperature=1.0, top_p=1.0,
+                        top_k=0)
     try:
         engine.generate(["Q: 1+1\n"], n=2, seed=0)
     except VLLMError as err:
