@@ -38,10 +38,11 @@ log = logging.getLogger("rlsift.bench")
 PRESETS = ("grpo", "dapo", "dots", "dots_rr", "pods", "gain", "scalingrl", "all")
 BASELINE = "grpo"
 #: Leave-one-out arms: the ``all`` preset without one technique each (``--presets ablation`` runs them all).
-#: Without PODS every generated rollout enters the update, so ``rollout.n`` drops to ``all``'s ``pods.m``.
+#: Without PODS every generated rollout enters the update, so ``rollout.n`` drops to ``all``'s ``pods.m``
+#: (added by :func:`preset_overrides`).
 LEAVE_ONE_OUT: dict[str, tuple[str, ...]] = {
     "all-dots": ("select.method=uniform",), "all-replay": ("replay.enabled=false",),
-    "all-pods": ("pods.enabled=false", "rollout.n=8"), "all-scalingrl": ("curriculum.enabled=false",),
+    "all-pods": ("pods.enabled=false",), "all-scalingrl": ("curriculum.enabled=false",),
     "all-gain": ("gain.enabled=false",),
 }
 #: ``--presets ablation``: every preset and every leave-one-out arm.
@@ -61,7 +62,9 @@ def preset_overrides(name: str) -> list[str]:
     A leave-one-out arm (:data:`LEAVE_ONE_OUT`) is ``all``'s keys followed by the switch that turns one off.
     """
     if name in LEAVE_ONE_OUT:
-        return [*preset_overrides("all"), *LEAVE_ONE_OUT[name]]
+        full = preset_overrides("all")
+        n = [f"rollout.n={o.split('=', 1)[1]}" for o in full if o.startswith("pods.m=")] if name == "all-pods" else []
+        return [*full, *LEAVE_ONE_OUT[name], *n]
     folder = conf_dir() / "presets"
     path = folder / f"{name}.yaml"
     if not path.is_file():

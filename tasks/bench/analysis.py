@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 from scipy import stats
 
+from tasks.training.evaluate import paired_counts
+
 #: Stages that set a run up and are the same for every configuration: not on the clock.
 SETUP_STAGES = ("ingest", "prepare")
 #: Stages that happen once before the first step (on the clock at step 0 when counted).
@@ -343,13 +345,11 @@ def mcnemar_pooled(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> dict
         accuracy difference, arm - baseline) and the exact McNemar ``p`` (two-sided binomial test of
         ``turned_right`` among the discordant prompts at 1/2).
     """
-    right = wrong = total = 0
     for base, arm in pairs:
         if len(base) != len(arm):
             raise ValueError(f"paired evaluations differ in length: {len(base)} vs {len(arm)}")
-        right += sum(1 for x, y in zip(base, arm, strict=True) if not x and y)
-        wrong += sum(1 for x, y in zip(base, arm, strict=True) if x and not y)
-        total += len(base)
-    p = stats.binomtest(right, right + wrong, 0.5).pvalue if right + wrong else 1.0
-    return {"turned_right": right, "turned_wrong": wrong, "diff": (right - wrong) / total if total else math.nan,
-            "p": float(p), "prompts": total}
+    change = paired_counts([x for base, _ in pairs for x in base], [y for _, arm in pairs for y in arm])
+    total = sum(len(base) for base, _ in pairs)
+    return {"turned_right": change.turned_right, "turned_wrong": change.turned_wrong,
+            "diff": (change.turned_right - change.turned_wrong) / total if total else math.nan,
+            "p": change.mcnemar_p, "prompts": total}

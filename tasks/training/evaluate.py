@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -132,9 +133,16 @@ def paired_change(before: EvalResult, after: EvalResult) -> PairedChange | None:
     """
     if before.prompt_ids != after.prompt_ids:
         return None
-    pairs = list(zip(before.greedy_correct, after.greedy_correct, strict=True))
-    right = sum(1 for a, b in pairs if not a and b)
-    wrong = sum(1 for a, b in pairs if a and not b)
+    return paired_counts(before.greedy_correct, after.greedy_correct)
+
+
+def paired_counts(before: Sequence[int], after: Sequence[int]) -> PairedChange:
+    """Prompts that turned right (0 -> 1) and wrong (1 -> 0) between two 0/1 correctness lists of the same
+    prompts in the same order, with the exact McNemar p (two-sided binomial test at 1/2; 1 when none changed)."""
+    if len(before) != len(after):
+        raise ValueError(f"paired evaluations differ in length: {len(before)} vs {len(after)}")
+    right = sum(1 for a, b in zip(before, after, strict=True) if not a and b)
+    wrong = sum(1 for a, b in zip(before, after, strict=True) if a and not b)
     p = binomtest(right, right + wrong, 0.5).pvalue if right + wrong else 1.0
     return PairedChange(turned_right=right, turned_wrong=wrong, mcnemar_p=float(p))
 

@@ -124,6 +124,10 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
     gen_s = 0.0
     groups: list[RolloutGroup] = []
     attempt = 0
+
+    def seed(purpose: str) -> int:  # round 0 keeps the seeds of a step without dynamic sampling
+        return derive_seed(cfg.seed, step, purpose, *((attempt,) if attempt else ()))
+
     while True:
         want = filler.request() if filler is not None else k
         with run.meter.stage("selection"):
@@ -131,11 +135,9 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
         records = [pool[i] for i in idx]
         with run.meter.stage("rollout"):
             t_gen = time.perf_counter()
-            gen, rewards = rollout_rewards(policy, records, cfg.rollout.n,
-                                           derive_seed(cfg.seed, step, "train", *((attempt,) if attempt else ())))
+            gen, rewards = rollout_rewards(policy, records, cfg.rollout.n, seed("train"))
             gen_s += time.perf_counter() - t_gen
-        gen_rng = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "pods",
-                                                            *((attempt,) if attempt else ())))
+        gen_rng = torch.Generator().manual_seed(seed("pods"))
         with run.meter.stage("selection"):
             groups, pods_stats = make_groups(gen, rewards, records, step,
                                              m=cfg.pods.m if cfg.pods.enabled else None, rule=cfg.pods.rule,
