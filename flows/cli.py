@@ -21,13 +21,18 @@ ENV_DEFAULTS = {
     "HF_HUB_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
-    "DS_ACCELERATOR": "cpu",
 }
 
 
 def _env() -> None:
+    """Process-wide defaults (a variable already set wins); DeepSpeed goes on the CPU only where no GPU is."""
     for k, v in ENV_DEFAULTS.items():
         os.environ.setdefault(k, v)
+    if "DS_ACCELERATOR" not in os.environ:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ["DS_ACCELERATOR"] = "cpu"
 
 
 def _config(args):

@@ -70,7 +70,7 @@ B, n, L, steps = (int(os.environ.get(k, d)) for k, d in
 model, tok = load_policy(summary["model_path"], dtype=dtype, device=device)
 cuda = device.type == "cuda"
 sync = torch.cuda.synchronize if cuda else (lambda: None)
-engine = HFEngine(model, tok, max_new_tokens=L, temperature=1.0, chunk=B * n, device=device)
+engine = HFEngine(model, tok, max_new_tokens=L, temperature=1.0, top_p=1.0, top_k=0, chunk=B * n, device=device)
 prompts = [format_prompt(tok, f"What is {i} + {2 * i + 1}?") for i in range(B)]
 engine.generate(prompts[:2], n=2, seed=0)  # warm-up (kernels, allocator)
 if cuda:
@@ -82,7 +82,7 @@ peak_gen = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
 
 g = torch.Generator().manual_seed(0)
 rewards = (torch.rand(B, n, generator=g) < 0.5).float()  # synthetic rewards: the update's cost does not
-adv = group_advantages(rewards)                          # depend on their values, only on the shapes
+adv = group_advantages(rewards, scale_by_std=False)                          # depend on their values, only on the shapes
 groups = [RolloutGroup(prompt_id=str(b), prompt_ids=gen.prompt_ids[b], completion_ids=gen.completion_ids[b*n:(b+1)*n],
                        completion_mask=gen.completion_mask[b*n:(b+1)*n], rewards=rewards[b], advantages=adv[b],
                        behaviour_logp=torch.zeros(0), success_rate=float(rewards[b].mean()), n_generated=n, step=0)
@@ -93,7 +93,7 @@ if cuda:
 times = []
 for _ in range(steps):
     sync(); t0 = time.perf_counter()
-    policy_update(model, opt, groups, clip_eps=0.2, aggregation="token", grad_clip=1.0, temperature=1.0,
+    policy_update(model, opt, groups, clip_eps=0.2, aggregation="token", grad_clip=1.0, temperature=1.0, minibatches=1, kl_coef=0.0,
                   pad_id=tok.pad_token_id, device=device)
     sync(); times.append(time.perf_counter() - t0)
 peak_upd = torch.cuda.max_memory_allocated() / 2**30 if cuda else None

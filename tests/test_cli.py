@@ -47,3 +47,31 @@ def test_ingest_json_counts(tmp_path):
 def test_ingest_missing_file(tmp_path):
     p = rlsift("ingest", str(tmp_path / "nope.jsonl"), "--set", f"paths.root={tmp_path}", "--json")
     assert p.returncode == 2 and "nope.jsonl" in p.stderr
+
+
+def test_deepspeed_goes_to_the_cpu_only_without_a_gpu(monkeypatch):
+    import torch
+
+    from flows import cli
+
+    for cuda, expected in ((False, "cpu"), (True, None)):
+        monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
+        cli._env()
+        assert __import__("os").environ.get("DS_ACCELERATOR") == expected
+    monkeypatch.setenv("DS_ACCELERATOR", "xpu")  # the user's choice wins
+    cli._env()
+    assert __import__("os").environ["DS_ACCELERATOR"] == "xpu"
+
+
+def test_gpu_run_script_on_the_cpu(tmp_path):
+    """infra/gpu-run.sh (the GPU check) runs end to end; on the CPU it checks the script itself."""
+    import os
+
+    env = {**os.environ, "DEVICE": "cpu", "ROOT": str(tmp_path), "PY": sys.executable, "BENCH_PROMPTS": "4",
+           "BENCH_N": "2", "BENCH_TOKENS": "8", "BENCH_STEPS": "1", "CI": "true"}
+    p = subprocess.run(["bash", "infra/gpu-run.sh", "conf/smoke.yaml", "train.steps=2"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    result = json.loads(p.stdout.strip().splitlines()[-1])
+    assert result["device"] == "cpu" and result["rollout_tokens"] > 0 and result["update_step_s"] > 0
