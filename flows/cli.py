@@ -146,13 +146,16 @@ def cmd_bench(args) -> int:
 
     try:
         _config(args)
+        if args.jobs < 1:
+            raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
     except ConfigError as err:
         print(f"rlsift bench: {err}", file=sys.stderr)
         return 2
     from flows.benchmark import benchmark
 
     result = benchmark(config=args.config, overrides=list(args.overrides), quick=args.quick, seeds=args.seeds,
-                       presets=args.presets.split(",") if args.presets else None, trl=not args.no_trl)
+                       presets=args.presets.split(",") if args.presets else None, trl=not args.no_trl,
+                       jobs=args.jobs)
     _emit(result, args.json, result.get("table", ""))
     return 0
 
@@ -202,6 +205,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--presets", help=("comma-separated subset of presets, leave-one-out arms (all-dots, ...) "
                                       "or 'ablation' (every preset and leave-one-out arm)"))
     b.add_argument("--no-trl", action="store_true", help="skip TRL's GRPOTrainer control")
+    b.add_argument("--jobs", type=int, default=1, help=("configurations side by side, each in its own process "
+                                                        "with cores/jobs torch threads (2 on a 2-core machine)"))
     b.set_defaults(fn=cmd_bench)
 
     led = sub.add_parser("ledger", help="questions about runs")

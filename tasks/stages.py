@@ -17,12 +17,14 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from rlcore.seeding import derive_seed
+from tasks.config import Config
 from tasks.data import ingest
 from tasks.data.prompts import PromptRecord
 from tasks.model.policy import Policy, load_policy
@@ -81,20 +83,25 @@ def _reuse_ingest(run: Run, cache) -> ingest.IngestResult:
     return ingest.IngestResult(train=train, test=test, new_ids=set(data["new_ids"]), sources=data["sources"])
 
 
+def policy_source(cfg: Config) -> str:
+    """The folder of the run's starting policy: ``model.path``, or the tiny Llama warm-started (cached by
+    fingerprint under ``paths.cache``, default ``<paths.root>/cache``)."""
+    mc = cfg.model
+    if mc.path:
+        return mc.path
+    ws = mc.warmstart
+    sft = sft_records(WARMSTART_SEED + cfg.seed, max(ws.steps, 1) * ws.batch_size, ws.mix,
+                      ws.flawed)  # one pass over fresh worked solutions
+    return str(warm_start(sft, cfg.paths.cache or str(Path(cfg.paths.root).resolve() / "cache"), hidden=mc.hidden,
+                          layers=mc.layers, heads=mc.heads, steps=ws.steps, batch_size=ws.batch_size, lr=ws.lr,
+                          seed=cfg.seed, progress=show_progress()))
+
+
 @stage(name="prepare-policy")
 def prepare_stage(run: Run) -> Policy:
     cfg, mc = run.cfg, run.cfg.model
     with run.meter.stage("prepare"):
-        if mc.path:
-            path = mc.path
-        else:
-            cache = run.cfg.paths.cache or str(run.root / "cache")
-            ws = mc.warmstart
-            sft = sft_records(WARMSTART_SEED + cfg.seed, max(ws.steps, 1) * ws.batch_size, ws.mix,
-                              ws.flawed)  # one pass over fresh worked solutions
-            path = warm_start(sft, cache, hidden=mc.hidden, layers=mc.layers, heads=mc.heads,
-                              steps=mc.warmstart.steps, batch_size=mc.warmstart.batch_size, lr=mc.warmstart.lr,
-                              seed=cfg.seed, progress=show_progress())
+        path = policy_source(cfg)
         model, tok = load_policy(path, dtype=resolve_dtype(mc.dtype, run.device), device=run.device)
     rc = cfg.rollout
     if rc.engine == "vllm":

@@ -128,3 +128,27 @@ def test_leave_one_out_arms_switch_off_exactly_one_technique(tmp_path):
                   "all-pods": {"pods.enabled", "rollout.n"}, "all-scalingrl": {"curriculum.enabled"},
                   "all-gain": {"gain.enabled"}}[name]
         assert changed == switch, (name, changed)
+
+
+def test_bench_jobs_run_side_by_side_in_lanes(tmp_path, capsys, prefect_harness):
+    """``--jobs 2``: two lane processes, each with its own ledger, runs nested under the benchmark's MLflow run."""
+    from flows.cli import main
+    from tasks.records.tracking import run_info
+
+    code = main(["bench", "--quick", "--jobs", "2", "-c", SMOKE, "--presets", "grpo,dapo", "--json",
+                 f"paths.root={tmp_path}", "train.steps=2", "train.prompts_per_step=4", "train.round_steps=2",
+                 "eval.every=2", "eval.limit=8", "calibrate.k=8", "calibrate.g=4"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["failed"] == [] and [r["name"] for r in out["runs"]] == ["grpo", "dapo", "trl"]
+    roots = {run_info(out["tracking_uri"], r["mlflow_run_id"])["tags"]["rlsift.root"] for r in out["runs"]
+             if r["name"] != "trl"}
+    assert roots and roots <= {str(tmp_path / "lanes" / "0"), str(tmp_path / "lanes" / "1")}
+    assert all((Path(r) / "ledger.duckdb").is_file() for r in roots)
+    for r in out["runs"]:
+        child = run_info(out["tracking_uri"], r["mlflow_run_id"])
+        assert child["tags"]["mlflow.parentRunId"] == out["mlflow_run_id"] and child["status"] == "FINISHED"
+        if r["name"] != "trl":
+            assert child["params"]["model.threads"] == str(max(1, (__import__("os").cpu_count() or 1) // 2))
+    assert "| dapo | 1 |" in out["table"] and "--jobs 2" in json.loads(
+        (Path(out["report_dir"]) / "results.json").read_text())["meta"]["command"]
