@@ -322,7 +322,8 @@ def benchmark(config: str | None = None, overrides: list[str] | None = None, qui
         log.info("benchmark: %d runs on %d lanes, %d torch thread(s) each", len(order), jobs, threads)
         done = run_lanes([BenchJob(name, seed, config, tuple(overrides), quick, policy_path, parent.run_id, uri,
                                    str(root), stamp, threads) for name, seed in order], jobs)
-        runs = [_run_one(name, seed, configs[name, seed], lambda out=out: out) for (name, seed), out in zip(order, done)]
+        runs = [_run_one(name, seed, configs[name, seed], lambda out=out: out)
+                for (name, seed), out in zip(order, done, strict=True)]
     else:
         runs = []
         for name, seed in order:
