@@ -136,6 +136,9 @@ class TrainConfig(_Frozen):
     warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warmup over the first N steps (0: off).")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW (beta1, beta2).")
+    adam_eps: float = Field(1e-8, gt=0, description=(
+        "AdamW's epsilon. Where it exceeds a weight's gradient RMS, that weight moves in proportion to its "
+        "gradient instead of by about lr per step, so weights the reward barely touches stay put."))
     grad_clip: float = Field(1.0, gt=0, description="Clip the gradient's global L2 norm to this value.")
     clip_eps: float = Field(0.2, gt=0, lt=1, description=(
         "epsilon of the PPO clip window, centred on pi_old/mu for replayed groups (rlcore/grpo_loss.py)."))

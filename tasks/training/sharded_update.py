@@ -72,7 +72,8 @@ class _Replica:
         broadcast_module(model)  # every rank starts from rank 0's weights
         self.ref = reference_copy(model) if cfg.train.kl_coef > 0 else None
         tc = cfg.train
-        factory = functools.partial(torch.optim.AdamW, lr=tc.lr, betas=tc.betas, weight_decay=tc.weight_decay)
+        factory = functools.partial(torch.optim.AdamW, lr=tc.lr, betas=tc.betas, eps=tc.adam_eps,
+                                    weight_decay=tc.weight_decay)
         self.model, self.optimizer = wrap(model, factory, cfg, self.device)
         self.shard = DataShard.current()
 

@@ -212,17 +212,19 @@ class LocalUpdater(Updater):
     Args:
         model: the policy model (trained in place).
         settings: the loss settings of every step.
-        lr, betas, weight_decay: AdamW's.
+        lr, betas, eps, weight_decay: AdamW's.
         device: where the update's forward passes run.
         ref_model: the frozen KL reference (needed when ``settings.kl_coef > 0``).
     """
 
     def __init__(self, model: torch.nn.Module, settings: LossSettings, *, lr: float, betas: tuple[float, float],
-                 weight_decay: float, device: torch.device | str = "cpu", ref_model: torch.nn.Module | None = None):
+                 eps: float, weight_decay: float, device: torch.device | str = "cpu",
+                 ref_model: torch.nn.Module | None = None):
         if settings.kl_coef > 0 and ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         self.model, self.settings, self.device, self.ref_model = model, settings, device, ref_model
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, eps=eps,
+                                           weight_decay=weight_decay)
 
     def step(self, groups: Sequence[RolloutGroup]) -> dict[str, float]:
         return policy_update(self.model, self.optimizer, groups, ref_model=self.ref_model, device=self.device,
@@ -248,8 +250,8 @@ def build_updater(cfg: Config, model: torch.nn.Module, *, pad_id: int, device: t
     tc = cfg.train
     if cfg.scale.backend == "single":
         ref = copy.deepcopy(model).eval() if tc.kl_coef > 0 else None
-        return LocalUpdater(model, settings, lr=tc.lr, betas=tc.betas, weight_decay=tc.weight_decay, device=device,
-                            ref_model=ref)
+        return LocalUpdater(model, settings, lr=tc.lr, betas=tc.betas, eps=tc.adam_eps, weight_decay=tc.weight_decay,
+                            device=device, ref_model=ref)
     from tasks.training.sharded_update import Driver  # imports this module: built on demand
 
     return Driver(cfg, model, settings)

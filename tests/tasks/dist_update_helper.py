@@ -158,7 +158,7 @@ def local_reference(warmup: int = WARMUP) -> list[dict]:
     model = tiny_model()
     batch = make_batch(model)
     updater = LocalUpdater(model, LossSettings.from_config(cfg, PAD), lr=cfg.train.lr, betas=cfg.train.betas,
-                           weight_decay=cfg.train.weight_decay)
+                           eps=cfg.train.adam_eps, weight_decay=cfg.train.weight_decay)
     return updater_steps(updater, cfg, model, batch)
 
 

@@ -49,7 +49,7 @@ def test_local_updater_sets_lr_and_round_trips_state():
     again.load_state_dict(state)
     assert again.optimizer.param_groups[0]["lr"] == 2e-4
     with pytest.raises(ValueError, match="reference model"):
-        LocalUpdater(model, updater.settings, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0)
+        LocalUpdater(model, updater.settings, lr=1e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0)
 
 
 def test_driver_is_an_updater_and_deepspeed_clips_by_its_config():
@@ -58,3 +58,12 @@ def test_driver_is_an_updater_and_deepspeed_clips_by_its_config():
     settings = LossSettings.from_config(cfg, pad_id=0)
     with pytest.raises(ValueError, match="DeepSpeed clips by its config"):
         Driver(cfg, build_tiny_model(hidden=64, layers=2, heads=2, seed=0), replace(settings, grad_clip=0.5))
+
+
+def test_adam_eps_reaches_the_optimizer():
+    from tasks.config import load_config
+    from tasks.training.update import build_updater
+
+    cfg = load_config(None, ["train.adam_eps=1e-4"])
+    updater = build_updater(cfg, torch.nn.Linear(2, 2), pad_id=0, device="cpu")
+    assert updater.optimizer.param_groups[0]["eps"] == 1e-4
