@@ -373,9 +373,30 @@ def extract_answer(completion: str) -> str | None:
     return answer or None
 
 
+_STEP = re.compile(r"(\d+)(\+|-|\*|//|%)(\d+)=(-?\d+)")
+
+
+def wrong_steps(completion: str) -> int:
+    """How many ``a op b=c`` lines before the final-answer marker are false arithmetic (other lines: ignored)."""
+    bad = 0
+    for line in solution_steps(completion):
+        m = _STEP.fullmatch(line)
+        if m:
+            a, op, b, c = int(m[1]), m[2], int(m[3]), int(m[4])
+            bad += (op in ("//", "%") and b == 0) or _apply(op, a, b) != c
+    return bad
+
+
 def verify(completion: str, answer: str) -> float:
-    """1.0 when the marked final answer is exactly the reference integer (``+5``/``05`` count as 5), else 0.0."""
+    """1.0 when the marked final answer is exactly the reference integer (``+5``/``05`` count as 5) and every
+    operation line written before it is true arithmetic, else 0.0.
+
+    The line check removes lucky answers: from the warm-started tiny policy at temperature 1, two thirds of
+    the right answers at level 5 (whose ``%`` gives small, guessable results) came from a worked solution
+    with a false line; rewarding them taught false arithmetic facts and cost the solved levels accuracy
+    (docs/benchmarks.md, "Why plain GRPO lost accuracy").
+    """
     got = extract_answer(completion)
     if got is None or not _INT.fullmatch(got) or not _INT.fullmatch(answer.strip()):
         return 0.0
-    return 1.0 if int(got) == int(answer.strip()) else 0.0
+    return 1.0 if int(got) == int(answer.strip()) and not wrong_steps(completion) else 0.0

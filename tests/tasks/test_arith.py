@@ -181,6 +181,9 @@ def test_own_solutions_verify_and_wrong_answers_do_not():
     ("completion", "extracted", "reward"),
     [
         ("7*3=21\n12+21=33\n#### 33", "33", 1.0),
+        ("7*3=20\n13+20=33\n#### 33", "33", 0.0),  # a lucky answer: right, from a false line
+        ("7*3=21\nso 12 and 21 make\n12+21=33\n#### 33", "33", 1.0),  # other lines are not checked
+        ("7%0=1\n32+1=33\n#### 33", "33", 0.0),
         ("#### 33\n", "33", 1.0),
         ("####33", "33", 1.0),
         ("#### +33", "+33", 1.0),  # the same integer
@@ -207,6 +210,13 @@ def test_extract_and_verify_by_hand(completion, extracted, reward):
 def test_verify_negative_reference():
     assert arith.verify("#### -4", "-4") == 1.0
     assert arith.verify("#### 4", "-4") == 0.0
+
+
+def test_wrong_steps_counts_false_operation_lines_before_the_marker():
+    assert arith.wrong_steps("26*11=276\n276+34=310\n310//16=20\n#### 20") == 2  # 26*11 is 286, 310//16 is 19
+    assert arith.wrong_steps("26*11=286\n286+34=320\n320//16=20\n#### 20") == 0
+    assert arith.wrong_steps("9%4=1\n25-3=22\n#### 22\n2+2=5") == 0  # after the marker: not part of the work
+    assert arith.wrong_steps("\\boxed{33}") == 0
 
 
 def test_solution_steps():
