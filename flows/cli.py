@@ -21,6 +21,8 @@ ENV_DEFAULTS = {
     "HF_HUB_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
+    "PREFECT_LOGGING_EXTRA_LOGGERS": "rlsift",  # stage summaries in the Prefect UI's flow-run logs
+    "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",  # rlsift lines outside a flow run stay local
 }
 
 
@@ -81,14 +83,23 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _is_override(item: str) -> bool:
+    """``key.sub=value`` (and not a file that happens to contain '=')."""
+    import re
+
+    return re.fullmatch(r"[A-Za-z_][\w.]*=.*", item) is not None and not os.path.exists(item)
+
+
 def cmd_ingest(args) -> int:
     from tasks.config import ConfigError, SourceConfig
     from tasks.data.ingest import ingest
     from tasks.records.ledger import Ledger
 
+    paths = [a for a in args.paths if not _is_override(a)]
+    args.overrides = [*args.overrides, *(a for a in args.paths if _is_override(a))]
     try:
         cfg = _config(args)
-        sources = ([SourceConfig(kind="file", path=p, format=args.format) for p in args.paths] if args.paths
+        sources = ([SourceConfig(kind="file", path=p, format=args.format) for p in paths] if paths
                    else list(cfg.data.sources))
     except (ConfigError, ValueError) as err:
         print(f"rlsift ingest: {err}", file=sys.stderr)
@@ -121,24 +132,59 @@ def cmd_ledger(args) -> int:
     if missing:
         print(f"rlsift ledger {args.what}: needs {' and '.join(missing)}", file=sys.stderr)
         return 2
-    root = Path(args.root or load_config(args.config, []).paths.root)
+    root = Path(args.root or load_config(args.config, args.overrides).paths.root)
+    empty = "(no rows)"
     with Ledger(root / "ledger.duckdb", read_only=True) as ledger:
         if args.what == "runs":
-            rows = ledger.runs()
+            rows = [_run_row(r) for r in ledger.runs()]
         elif args.what == "why":
             rows = ledger.why(args.run, args.prompt, args.step)
+            if not rows:
+                known = ledger.prompts_like(args.prompt)
+                empty = (f"no prompt id starts with {args.prompt!r} in {ledger.path}" if not known else
+                         f"prompt {known[0]['prompt_id']} (level {known[0]['level']}, {known[0]['split']}) was never "
+                         f"selected in run {args.run}" + (f" at step {args.step}" if args.step is not None else ""))
         elif args.what == "round":
             rows = ledger.round_selection(args.run, args.round)
+            empty = f"no selections in round {args.round} of run {args.run}"
         else:
             rows = ledger.query(args.sql)
     if args.json:
         sys.stdout.write(json.dumps(rows, default=str) + "\n")
+    elif rows:
+        _print_table(rows, drop=("question",) if args.what == "round" else ())
     else:
-        for r in rows:
-            print("  ".join(f"{k}={v}" for k, v in r.items() if k != "question" or args.what != "round"))
-        if not rows:
-            print("(no rows)")
+        print(empty)
     return 0
+
+
+def _run_row(r: dict) -> dict:
+    """``rlsift ledger runs``: what a user compares, one row per run."""
+    from tasks.config import ConfigError, validate
+    from tasks.run import run_label
+
+    cfg, s = (json.loads(v) if isinstance(v, str) else (v or {}) for v in (r["config"], r["summary"]))
+    try:
+        what = run_label(validate(cfg))
+    except ConfigError:  # a run of an older config schema
+        what = "?"
+    acc = (f"{s['eval_accuracy_start']:.3f} -> {s['eval_accuracy_end']:.3f}"
+           if s.get("eval_accuracy_end") is not None else None)
+    return {"run": r["run_id"], "status": r["status"], "started": str(r["started_at"])[:16], "what": what,
+            "steps": s.get("steps"), "accuracy": acc, "usd": None if s.get("cost_usd") is None else
+            round(s["cost_usd"], 4), "version": s.get("model_version"), "parent": s.get("parent_version") or None}
+
+
+def _print_table(rows: list[dict], drop: tuple[str, ...] = ()) -> None:
+    """Rows as a table, leaving out the columns that are empty in every row (signals not in use)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    cols = [k for k in rows[0] if k not in drop and any(r.get(k) is not None for r in rows)]
+    table = Table(*cols, box=None, pad_edge=False)
+    for r in rows:
+        table.add_row(*("" if r.get(k) is None else str(r[k]) for k in cols))
+    Console(width=200, soft_wrap=True).print(table)
 
 
 def cmd_bench(args) -> int:
@@ -191,10 +237,12 @@ def parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_run)
 
     i = sub.add_parser("ingest", help="ingestion only")
-    i.add_argument("paths", nargs="*", help="files or folders (default: the configured sources)")
+    i.add_argument("paths", nargs="*", help=("files or folders (default: the configured sources) and dotted "
+                                             "key=value overrides, e.g. paths.root=/data/rlsift-runs"))
     i.add_argument("--format", choices=["gsm8k", "math", "math500", "humaneval", "jsonl", "parquet", "hf"])
     i.add_argument("-c", "--config")
-    i.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    i.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="an override (the same as a positional key=value)")
     i.add_argument("--json", action="store_true")
     i.set_defaults(fn=cmd_ingest)
 
@@ -218,6 +266,7 @@ def parser() -> argparse.ArgumentParser:
     led.add_argument("--sql", help="a read-only SQL query")
     led.add_argument("--root", help="run root (default: paths.root of the config)")
     led.add_argument("-c", "--config")
+    led.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. paths.root=/data/rlsift-runs")
     led.add_argument("--json", action="store_true")
     led.set_defaults(fn=cmd_ledger)
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from tasks.config import ENV_KEYS
+
 log = logging.getLogger("rlsift.deploy")
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -112,6 +114,8 @@ def deploy(prefect_file: str | Path = PREFECT_FILE, names: list[str] | None = No
     for name in chosen:
         cmd += ["--name", name]
     env = dict(os.environ, RLSIFT_PROJECT_DIR=str(PROJECT), PREFECT_API_URL=url)
+    for var in ENV_KEYS:  # the job variables' placeholders: empty (= the flow's config decides) when not set
+        env.setdefault(var, "")
     proc = subprocess.run(cmd, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
         raise RuntimeError(f"prefect deploy failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")

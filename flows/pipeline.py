@@ -187,6 +187,40 @@ def resume_config(config: str | None, overrides: list[str], run_id: str) -> Conf
     return validate(tree)
 
 
+def publish(summary: RunSummary) -> None:
+    """A run's results in the Prefect UI, as artifacts of the calling flow run: held-out accuracy by level,
+    time and cost by stage, and where the MLflow run is (a link on a tracking server, else how to open it)."""
+    from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+
+    from tasks.records.tracking import run_url
+
+    if summary.status != "completed":
+        create_markdown_artifact(key="run-summary", markdown=f"Run `{summary.run_id}`: **{summary.status}**"
+                                 + (f" ({summary.reason})" if summary.reason else ""))
+        return
+    start, end = summary.eval_by_level_start, summary.eval_by_level_end
+    rows = [{"level": k, "start": round(start[k], 3) if k in start else None, "end": round(end[k], 3),
+             "change": round(end[k] - start[k], 3) if k in start else None} for k in sorted(end, key=str)]
+    rows.append({"level": "all", "start": round(summary.eval_accuracy_start, 3),
+                 "end": round(summary.eval_accuracy_end, 3),
+                 "change": round(summary.eval_accuracy_end - summary.eval_accuracy_start, 3)})
+    create_table_artifact(key="eval-by-level", table=rows,
+                          description=f"Held-out greedy accuracy of run {summary.run_id}, before and after")
+    total = sum(summary.stage_seconds.values()) or 1.0
+    create_table_artifact(key="time-by-stage", description=(
+        f"Run {summary.run_id}: {summary.device_hours:.4f} device hours on {summary.device}, "
+        f"${summary.cost_usd:.4f} in all"), table=[
+        {"stage": k, "seconds": round(v, 1), "share": f"{100 * v / total:.1f}%"}
+        for k, v in summary.stage_seconds.items()])
+    url = run_url(summary.tracking_uri, summary.mlflow_run_id) if summary.mlflow_run_id else None
+    if url:
+        create_link_artifact(key="mlflow-run", link=url, link_text=f"MLflow run {summary.mlflow_run_id}")
+    else:
+        create_markdown_artifact(key="mlflow-run", markdown=(
+            f"MLflow run `{summary.mlflow_run_id}` in the local store `{summary.tracking_uri}`: open it with "
+            f"`mlflow ui --backend-store-uri {summary.tracking_uri}`. Run folder: `{summary.run_dir}`."))
+
+
 @flow(name="pipeline", log_prints=True)
 def pipeline(config: str | None = None, overrides: list[str] | None = None, resume: str | None = None) -> dict:
     """The whole rlsift pipeline on one config (a YAML path plus dotted overrides). Returns
@@ -195,6 +229,7 @@ def pipeline(config: str | None = None, overrides: list[str] | None = None, resu
     cfg = resume_config(config, overrides, resume) if resume else load_config(config, overrides)
     logging.getLogger("rlsift").info("config validated")
     summary = run_pipeline(cfg, resume=resume)
+    publish(summary)
     get_run_logger().info("run %s %s: accuracy %.3f -> %.3f in %.0f s", summary.run_id, summary.status,
                           summary.eval_accuracy_start, summary.eval_accuracy_end, summary.wall_s)
     return summary.to_dict()

@@ -11,7 +11,7 @@ One retrain (scheduled nightly by the ``retrain`` deployment, infra/prefect.yaml
    with status ``skipped`` and nothing is trained or registered.
 3. **Train, evaluate, register** exactly as the pipeline (flows/pipeline.py ``execute``); the new model
    version is tagged with ``parent_version``, ``data_fingerprint`` (sha256 of the sorted train and test
-   prompt ids) and the config (``config_sha256``, ``config``).
+   prompt ids) and the config's hash (``config_sha256``; the config is the run's ``config.json`` artifact).
 
 The evaluation uses the sources' whole test split (old and new prompts), so versions stay comparable.
 A crashed retrain resumes with ``rlsift run --resume RUN_ID`` like any run (the lineage is kept in the
@@ -22,16 +22,17 @@ deployment's concurrency limit is 1.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
 from prefect import flow, get_run_logger
 
-from flows.pipeline import RunSummary, execute
+from flows.pipeline import RunSummary, execute, publish
 from tasks.config import Config, load_config, validate
 from tasks.records.tracking import default_uri, latest_model
-from tasks.run import open_run
+from tasks.run import open_run, run_label
 
 log = logging.getLogger("rlsift")
 
@@ -54,7 +55,8 @@ def run_retrain(cfg: Config, pool: Literal["new", "all"] = "new") -> RunSummary:
         tree = cfg.model_dump(mode="json")
         tree["model"]["path"] = parent[1]
         cfg = validate(tree)
-    run = open_run(cfg, run_name=f"retrain-from-v{parent[0]}" if parent else "retrain-first")
+    stamp = time.strftime("%Y-%m-%d %H:%M")
+    run = open_run(cfg, run_name=f"retrain {'from v' + parent[0] if parent else 'first'} {run_label(cfg)} {stamp}")
     run.info = replace(run.info, flow="retrain", parent_version=parent[0] if parent else "",
                        parent_path=parent[1] if parent else "")
     run.save_info()
@@ -71,6 +73,7 @@ def retrain(config: str | None = None, overrides: list[str] | None = None,
     :meth:`~flows.pipeline.RunSummary.to_dict`."""
     cfg = load_config(config, list(overrides or []))
     summary = run_retrain(cfg, pool=pool)
+    publish(summary)
     logger = get_run_logger()
     if summary.status == "skipped":
         logger.info("retrain %s: %s; nothing trained", summary.run_id, summary.reason)

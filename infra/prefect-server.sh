@@ -10,6 +10,11 @@ PORT="${1:-${PREFECT_SERVER_PORT:-4200}}"
 export PREFECT_HOME="${PREFECT_HOME:-$PWD/rlsift-runs/prefect}"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export PREFECT_SERVER_API_HOST=127.0.0.1
+# The UI asks /ui-settings where the API is: name this port there (not Prefect's default 4200, nor an
+# API URL exported in this shell for another server).
+export PREFECT_SERVER_API_PORT="$PORT"
+export PREFECT_API_URL="http://127.0.0.1:$PORT/api"
+export PREFECT_SERVER_UI_API_URL="$PREFECT_API_URL"
 mkdir -p "$PREFECT_HOME"
 BIN="${RLSIFT_VENV:-$PWD/.venv}/bin"
 echo "Prefect server: UI http://127.0.0.1:$PORT  API http://127.0.0.1:$PORT/api  state $PREFECT_HOME" >&2

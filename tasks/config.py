@@ -9,6 +9,7 @@ dotted key and what is allowed.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -297,6 +298,10 @@ class TrackingConfig(_Frozen):
     experiment: str = Field("rlsift", description="MLflow experiment name (created when missing).")
     register_model: bool = Field(True, description="Register the final model in the MLflow model registry.")
     model_name: str = Field("rlsift-policy", description="Registered model name (also the parent that retrain reads).")
+    register_tolerance: float | None = Field(0.02, ge=0, description=(
+        "Quality gate: register only when held-out greedy accuracy after training is at least the starting "
+        "model's (for a retrain: the parent version's, on the same test prompts) minus this; otherwise the run "
+        "records why (tag rlsift.not_registered). None: register whatever was trained."))
 
 
 class CostConfig(_Frozen):
@@ -409,14 +414,24 @@ def _explain(err: ValidationError) -> str:
     return "invalid config:\n  " + "\n  ".join(lines)
 
 
+#: Environment variables that set a config key (see :func:`load_config`).
+ENV_KEYS = {"RLSIFT_ROOT": ["paths", "root"], "RLSIFT_TRACKING_URI": ["tracking", "uri"]}
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Load a YAML file (optional), apply dotted overrides, validate.
 
     A YAML file may name another to start from with a top-level ``base: other.yaml`` (relative to itself).
+    The environment variables :data:`ENV_KEYS` (``RLSIFT_ROOT``, ``RLSIFT_TRACKING_URI``), when set and not
+    empty, set their keys over the file and under the overrides: one rule for every command, script and
+    deployment, so an installation says once where it keeps its root and its MLflow server.
     """
     tree: dict = {}
     if path is not None:
         tree = _read_yaml(Path(path))
+    for var, keys in ENV_KEYS.items():
+        if os.environ.get(var):
+            _set(tree, keys, os.environ[var])
     for item in overrides:
         keys, value = parse_override(item)
         group = conf_dir() / keys[0] / f"{value}.yaml" if len(keys) == 1 and isinstance(value, str) else None

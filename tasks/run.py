@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,6 +34,60 @@ log = logging.getLogger("rlsift")
 def show_progress() -> bool:
     """Progress bars only on an interactive terminal, never in CI logs."""
     return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+class LogProgress:
+    """Progress off a terminal (logs, CI, a Prefect worker): one log line every ``every`` seconds, with the
+    count, the share done, the time so far and left, and the last ``set_postfix`` values; a last line at the
+    end. Same calls as the ``tqdm`` bar it stands in for (iterate, ``update``, ``set_postfix``, ``close``)."""
+
+    def __init__(self, iterable=None, *, total: int | None = None, desc: str, unit: str = "it", initial: int = 0,
+                 every: float = 30.0):
+        self.iterable, self.desc, self.unit, self.every = iterable, desc, unit, every
+        self.total = total if total is not None or iterable is None else len(iterable)
+        self.n = self.start = initial
+        self.t0 = self.last = time.monotonic()
+        self.postfix = ""
+
+    def __iter__(self):
+        for item in self.iterable:
+            yield item
+            self.update(1)
+        self.close()
+
+    def set_postfix(self, refresh: bool = True, **values) -> None:
+        self.postfix = ", ".join(f"{k} {v}" for k, v in values.items())
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.monotonic() - self.last >= self.every:
+            self._log()
+
+    def _log(self, final: bool = False) -> None:
+        self.last = now = time.monotonic()
+        spent = now - self.t0
+        line = f"{self.desc}: {self.n}" + (f"/{self.total}" if self.total else "") + f" {self.unit}"
+        if self.total:
+            line += f" ({100 * self.n / self.total:.0f}%)"
+        line += f", {spent:.0f} s"
+        done = self.n - self.start
+        if self.total and done and not final:
+            line += f", about {spent / done * (self.total - self.n):.0f} s left"
+        logging.getLogger("rlsift.progress").info(line + (f"; {self.postfix}" if self.postfix else ""))
+
+    def close(self) -> None:
+        if self.n > self.start:
+            self._log(final=True)
+            self.start = self.n  # closing twice logs once
+
+
+def progress_bar(iterable=None, *, total: int | None = None, desc: str, unit: str = "it", initial: int = 0):
+    """A tqdm bar on an interactive terminal, else :class:`LogProgress` (a line every half minute)."""
+    if show_progress():
+        from tqdm.auto import tqdm
+
+        return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial)
+    return LogProgress(iterable, total=total, desc=desc, unit=unit, initial=initial)
 
 
 def quiet_libraries() -> None:
@@ -165,6 +220,18 @@ class Run:
         self.tracker.finish("FAILED" if status == "failed" else "FINISHED")
 
 
+def run_label(cfg: Config) -> str:
+    """A readable MLflow run name: the techniques switched on (``grpo`` when none), the data and the seed,
+    e.g. ``dots+replay bundled:default s0`` or ``grpo gsm8k s1``. The run id stays the ``rlsift.run_id`` tag."""
+    on = [name for name, enabled in (
+        ("dots", cfg.select.method == "dots"), ("dynamic", cfg.dynamic.enabled), ("replay", cfg.replay.enabled),
+        ("pods", cfg.pods.enabled), ("scalingrl", cfg.curriculum.enabled), ("gain", cfg.gain.enabled),
+        ("drop-solved", cfg.select.drop_solved)) if enabled]
+    data = ",".join(f"bundled:{s.mix if isinstance(s.mix, str) else 'custom'}" if s.kind == "bundled"
+                    else (s.format or Path(s.path or "file").stem) for s in cfg.data.sources)
+    return f"{'+'.join(on) or 'grpo'} {data} s{cfg.seed}"
+
+
 def open_run(cfg: Config, *, run_id: str | None = None, track: bool = True, parent_run_id: str | None = None,
              run_name: str | None = None) -> Run:
     """Create (or, given an existing ``run_id``, reopen) a run under ``cfg.paths.root``."""
@@ -180,7 +247,7 @@ def open_run(cfg: Config, *, run_id: str | None = None, track: bool = True, pare
     mlflow_id = None
     if resume:
         mlflow_id = ledger.mlflow_run_id(run_id)
-    tracker: Tracker = (MlflowTracker(uri, cfg.tracking.experiment, run_dir, run_name=run_name or run_id,
+    tracker: Tracker = (MlflowTracker(uri, cfg.tracking.experiment, run_dir, run_name=run_name or run_label(cfg),
                                       run_id=mlflow_id, parent_run_id=parent_run_id) if track else NullTracker())
     ledger.start_run(run_id, cfg.model_dump(mode="json"), tracker.run_id)
     (run_dir / "config.json").write_text(to_json(cfg))

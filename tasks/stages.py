@@ -33,7 +33,7 @@ from tasks.model.warmstart import sft_records, warm_start
 from tasks.records import plots
 from tasks.records.files import write_json
 from tasks.records.ledger import ReferenceRow
-from tasks.run import Run, resolve_dtype, show_progress
+from tasks.run import Run, resolve_dtype
 from tasks.training import score
 from tasks.training.calibration import Calibration
 from tasks.training.evaluate import EvalResult, evaluate, flat_metrics, table_rows
@@ -94,7 +94,7 @@ def policy_source(cfg: Config) -> str:
                       ws.flawed)  # one pass over fresh worked solutions
     return str(warm_start(sft, cfg.paths.cache or str(Path(cfg.paths.root).resolve() / "cache"), hidden=mc.hidden,
                           layers=mc.layers, heads=mc.heads, steps=ws.steps, batch_size=ws.batch_size, lr=ws.lr,
-                          seed=cfg.seed, progress=show_progress()))
+                          seed=cfg.seed))
 
 
 @stage(name="prepare-policy")
@@ -152,7 +152,7 @@ def score_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> Features:
             return feats
     with run.meter.stage("score"):
         feats = score.score(policy, pool, inter_weight=run.cfg.gain.inter_weight, batch_size=run.cfg.eval.batch_size,
-                            device=run.device, progress=show_progress())
+                            device=run.device, progress=True)
     feats.save(saved)
     if not run.ledger.has_features(run.run_id):
         run.ledger.add_features(run.run_id, feats.ledger_rows())
@@ -195,13 +195,19 @@ def evaluate_stage(run: Run, policy: Policy, test: list[PromptRecord], phase: st
     return result
 
 
+def refusal(start_acc: float, end_acc: float, tolerance: float | None) -> str | None:
+    """Why the quality gate refuses to register a trained model (``tracking.register_tolerance``), or None."""
+    if tolerance is None or end_acc >= start_acc - tolerance:
+        return None
+    return (f"held-out greedy accuracy {end_acc:.3f} is below the starting model's {start_acc:.3f} by more than "
+            f"tracking.register_tolerance={tolerance}")
+
+
 def config_tags(cfg) -> dict[str, str]:
-    """A model version's config tags: the resolved config's hash and (when it fits a tag) its JSON."""
+    """A model version's config tag: the resolved config's hash (the config itself is the run's
+    ``config.json`` artifact; as a tag it would push the lineage tags out of the registry's view)."""
     text = json.dumps(cfg.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    tags = {"config_sha256": hashlib.sha256(text.encode()).hexdigest()}
-    if len(text) <= 5000:  # MLflow's limit on a model version tag value
-        tags["config"] = text
-    return tags
+    return {"config_sha256": hashlib.sha256(text.encode()).hexdigest()}
 
 
 @dataclass(frozen=True)
@@ -227,7 +233,12 @@ def report_stage(run: Run, policy: Policy, start: EvalResult, end: EvalResult, s
         run.tracker.log_artifact(f)
     final = save_policy(policy.model, policy.tokenizer, run.dir / "final_model")
     version = None
-    if run.cfg.tracking.register_model:
+    tc = run.cfg.tracking
+    why = refusal(start.overall.greedy_acc, end.overall.greedy_acc, tc.register_tolerance)
+    if tc.register_model and why:
+        log.warning("run %s: not registered: %s", run.run_id, why)
+        run.tracker.set_tags({"rlsift.not_registered": why})
+    elif tc.register_model:
         version = run.tracker.register_model(final, run.cfg.tracking.model_name, {
             "rlsift.run_id": run.run_id, "parent_version": run.info.parent_version or "",
             "data_fingerprint": run.info.data_fingerprint or "", "steps": str(summary.steps),

@@ -25,6 +25,20 @@ def test_run_json_contract(tmp_path):
     assert Path(out["ledger"]).exists()
     assert "\r" not in p.stderr, "no progress bars outside a terminal"
 
+    # the ledger answers as tables, with the figures a user compares, and tells its empty cases apart
+    runs = rlsift("ledger", "runs", "--root", str(tmp_path))
+    assert runs.returncode == 0, runs.stderr[-2000:]
+    header, row = runs.stdout.splitlines()[:2]
+    assert header.split() == ["run", "status", "started", "what", "steps", "accuracy", "usd", "version"]
+    assert out["run_id"] in row and "grpo bundled:default s0" in row and "0.000 -> 0.000" in row
+    unknown = rlsift("ledger", "why", "--root", str(tmp_path), "--run", out["run_id"], "--prompt", "zzzz")
+    assert unknown.stdout.strip().startswith("no prompt id starts with 'zzzz'")
+    ledger_rows = json.loads(rlsift("ledger", "sql", "--root", str(tmp_path), "--json", "--sql",
+                                    "SELECT prompt_id FROM prompts WHERE split = 'test' LIMIT 1").stdout)
+    never = rlsift("ledger", "why", "--root", str(tmp_path), "--run", out["run_id"], "--prompt",
+                   ledger_rows[0]["prompt_id"])
+    assert "was never selected in run" in never.stdout
+
 
 def test_config_error_names_key_and_does_no_work(tmp_path):
     p = rlsift("run", "-c", "conf/smoke.yaml", f"paths.root={tmp_path}", "train.stepz=2", "--json")
@@ -42,6 +56,15 @@ def test_ingest_json_counts(tmp_path):
     out = json.loads(p.stdout)
     assert out["accepted"] + out["duplicates"] + out["quarantined"] == sum(s["rows"] for s in out["sources"].values())
     assert out["sources"][str(bad)] == {"rows": 3, "accepted": 1, "duplicates": 1, "quarantined": 1, "new": 1}
+    # one override syntax for every command: positional key=value, or the root from RLSIFT_ROOT
+    again = rlsift("ingest", str(bad), "--format", "gsm8k", f"paths.root={tmp_path / 'root'}", "--json")
+    assert json.loads(again.stdout)["sources"][str(bad)]["new"] == 0  # the same ledger: nothing new
+    import os
+
+    env = {**os.environ, "CI": "true", "RLSIFT_ROOT": str(tmp_path / "root")}
+    runs = subprocess.run([sys.executable, "-m", "flows.cli", "ledger", "sql", "--json", "--sql",
+                           "SELECT count(*) AS n FROM ingests"], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert json.loads(runs.stdout) == [{"n": 3}], runs.stderr[-2000:]  # 2 sources, then 1
 
 
 def test_ingest_missing_file(tmp_path):

@@ -168,3 +168,14 @@ def test_rlcore_has_no_second_default(target, param):
     assert RLCORE_KNOBS[(target, param)] in Config().flat()
     p = inspect.signature(target).parameters[param]
     assert p.default is inspect.Parameter.empty, f"{target.__name__}({param}=...) repeats a default of the config"
+
+
+def test_rlsift_root_is_the_root_over_the_file_and_under_the_overrides(monkeypatch):
+    monkeypatch.setenv("RLSIFT_ROOT", "/data/rlsift")
+    assert load_config(None, []).paths.root == "/data/rlsift"
+    assert load_config("conf/smoke.yaml", []).paths.root == "/data/rlsift"
+    assert load_config(None, ["paths.root=/elsewhere"]).paths.root == "/elsewhere"
+    monkeypatch.setenv("RLSIFT_TRACKING_URI", "http://127.0.0.1:5000")
+    monkeypatch.setenv("RLSIFT_ROOT", "")  # empty: not set
+    cfg = load_config(None, [])
+    assert cfg.tracking.uri == "http://127.0.0.1:5000" and cfg.paths.root == "./rlsift-runs"

@@ -42,19 +42,18 @@ import math
 import os
 import random
 import shutil
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_cosine_schedule_with_warmup
 
 from tasks.data import arith
 from tasks.data.prompts import PromptRecord
 from tasks.model.policy import build_tiny_model, build_tokenizer, format_prompt, save_policy
+from tasks.run import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +153,7 @@ def warm_start(
         lr: peak AdamW learning rate.
         warmup: fraction of ``steps`` with a linear warmup.
         seed: seeds the initialisation and the batch order.
-        progress: show a tqdm bar (only when stderr is a terminal).
+        progress: report progress: a bar on a terminal, else a log line every half minute.
 
     Returns:
         The folder, loadable with ``tasks.model.policy.load_policy``. A cached folder is returned without training.
@@ -238,8 +237,8 @@ def _train(
                                             num_training_steps=max(steps, 1))
     batches = epoch_batches(len(examples), batch_size, seed)
     losses: list[float] = []
-    bar = tqdm(range(steps), desc="warm start", disable=not (progress and sys.stderr.isatty()))
-    for step in bar:
+    bar = progress_bar(range(steps), desc="warm start", unit="step") if progress else None
+    for step in bar if bar is not None else range(steps):
         batch = collate([examples[i] for i in next(batches)], pad_id)
         loss = model(**batch).loss
         opt.zero_grad(set_to_none=True)
@@ -248,7 +247,8 @@ def _train(
         opt.step()
         sched.step()
         losses.append(loss.item())
-        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+        if bar is not None:
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
         if on_step is not None:
             on_step(step + 1, model)
     return losses

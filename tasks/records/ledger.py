@@ -290,8 +290,14 @@ class Ledger:
         return rows[0]["mlflow_run_id"] if rows else None
 
     def runs(self) -> list[dict[str, Any]]:
-        """Every run, oldest first: id, status, start and finish times, MLflow run id."""
-        return self.query("SELECT run_id, status, started_at, finished_at, mlflow_run_id FROM runs ORDER BY started_at")
+        """Every run, oldest first: id, status, start and finish times, MLflow run id, config and summary."""
+        return self.query("SELECT run_id, status, started_at, finished_at, mlflow_run_id, config, summary FROM runs "
+                          "ORDER BY started_at")
+
+    def prompts_like(self, prefix: str) -> list[dict[str, Any]]:
+        """Prompts whose id starts with ``prefix`` (id, split, level)."""
+        return self.query("SELECT prompt_id, split, level FROM prompts WHERE prompt_id LIKE ? ORDER BY prompt_id",
+                          [prefix + "%"])
 
     def last_run(self, status: str | None = None) -> dict[str, Any] | None:
         sql = "SELECT * FROM runs" + (" WHERE status = ?" if status else "") + " ORDER BY started_at DESC LIMIT 1"

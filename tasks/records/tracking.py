@@ -122,6 +122,10 @@ class Outbox:
         return len(self.peek())
 
 
+#: MLflow 3's UI opens an experiment on its GenAI pages (traces) unless its kind says model training.
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+
+
 class MlflowTracker:
     """Logs one MLflow run through a write-ahead outbox (see the module docstring).
 
@@ -156,9 +160,12 @@ class MlflowTracker:
             if exp is None:
                 art = (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").resolve().as_uri() \
                     if uri.startswith("sqlite:") else None
-                exp_id = self.client.create_experiment(experiment, artifact_location=art)
+                exp_id = self.client.create_experiment(experiment, artifact_location=art,
+                                                       tags=dict([EXPERIMENT_KIND]))
             else:
                 exp_id = exp.experiment_id
+                if EXPERIMENT_KIND[0] not in exp.tags:  # made by an older rlsift or by hand
+                    self.client.set_experiment_tag(exp_id, *EXPERIMENT_KIND)
             tags = {"mlflow.runName": run_name} if run_name else {}
             if parent_run_id:
                 tags["mlflow.parentRunId"] = parent_run_id
@@ -388,6 +395,14 @@ class NullTracker:
     def flush(self) -> bool:
         return True
     def finish(self, status: str = "FINISHED") -> None: ...
+
+
+def run_url(uri: str, run_id: str) -> str | None:
+    """The MLflow UI page of a run on a tracking server (None for a local store: no server to link to)."""
+    if not uri.startswith(("http://", "https://")):
+        return None
+    exp = MlflowClient(tracking_uri=uri).get_run(run_id).info.experiment_id
+    return f"{uri.rstrip('/')}/#/experiments/{exp}/runs/{run_id}"
 
 
 def run_info(uri: str, run_id: str) -> dict[str, Any]:

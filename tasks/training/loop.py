@@ -24,7 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from tqdm.auto import tqdm
 
 from rlcore.advantages import effective_mask, group_advantages
 from rlcore.downsample import downsample
@@ -36,7 +35,7 @@ from tasks.data.prompts import PromptRecord
 from tasks.model.policy import Policy
 from tasks.model.rollout import Generation
 from tasks.records.ledger import GroupRow, SelectionRow
-from tasks.run import Run, show_progress
+from tasks.run import Run, progress_bar
 from tasks.training import checkpoint
 from tasks.training.calibration import Calibration
 from tasks.training.rollouts import policy_measure, rollout_rewards
@@ -199,7 +198,7 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
     if metrics_file.exists():  # a resumed run drops what the crashed one logged past its checkpoint
         kept = [ln for ln in metrics_file.read_text().splitlines() if _step_of(ln) < start]
         metrics_file.write_text("".join(ln + "\n" for ln in kept))
-    bar = tqdm(total=tc.steps, initial=start, desc="train", disable=not show_progress(), unit="step")
+    bar = progress_bar(total=tc.steps, initial=start, desc="train", unit="step")
     bar_acc = ""  # held-out greedy accuracy of the last in-training evaluation (eval.every)
     summary = TrainSummary(steps=start)
     for step in range(start, tc.steps):

@@ -12,7 +12,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from rlcore.angle import angle_concentration
 from tasks.data.prompts import PromptRecord
@@ -20,6 +19,7 @@ from tasks.model.forward import prompt_batches
 from tasks.model.rollout import add_special
 from tasks.records.files import atomic_write
 from tasks.records.ledger import FeatureRow
+from tasks.run import progress_bar
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,8 +93,9 @@ def score(policy, records: list[PromptRecord], *, inter_weight: float, batch_siz
     bounds = torch.tensor([prefix_suffix(tok, p, r.question) for p, r in zip(prompts, records, strict=True)])
     embs, intra, inter, angle, lengths = [], [], [], [], []
     batches = prompt_batches(policy.model, tok, prompts, batch_size=batch_size, device=device)
-    for b, (emb, mlp_in, mask) in enumerate(tqdm(batches, total=-(-len(prompts) // batch_size), desc="score",
-                                                 disable=not progress)):
+    n_batches = -(-len(prompts) // batch_size)
+    for b, (emb, mlp_in, mask) in enumerate(progress_bar(batches, total=n_batches, desc="score", unit="batch")
+                                            if progress else batches):
         sl = slice(b * batch_size, b * batch_size + emb.shape[0])
         s = angle_concentration(mlp_in, mask, prefix_len=bounds[sl, 0], suffix_len=bounds[sl, 1],
                                 inter_weight=inter_weight)

@@ -48,6 +48,22 @@ def test_pipeline_flow_records_everything(tmp_path, prefect_harness):
     for art in ("config.json", "eval_table.md", "training_curves.png", "eval_end.json", "model"):
         assert art in info["artifacts"], art
     assert s["model_version"] == "1"
+    assert info["tags"]["mlflow.runName"] == "grpo bundled:default s0" and info["tags"]["rlsift.run_id"] == s["run_id"]
+
+    # what the Prefect UI's Artifacts tab shows for the flow run
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        arts = {a.key: a for a in client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["eval-by-level", "time-by-stage", "mlflow-run"])))}
+    assert set(arts) == {"eval-by-level", "time-by-stage", "mlflow-run"}
+    levels = json.loads(arts["eval-by-level"].data)
+    assert levels[-1] == {"level": "all", "start": round(s["eval_accuracy_start"], 3),
+                          "end": round(s["eval_accuracy_end"], 3),
+                          "change": round(s["eval_accuracy_end"] - s["eval_accuracy_start"], 3)}
+    assert {r["stage"] for r in json.loads(arts["time-by-stage"].data)} >= {"ingest", "prepare", "eval_end"}
+    assert s["mlflow_run_id"] in arts["mlflow-run"].data and "mlflow ui" in arts["mlflow-run"].data
 
 
 def test_heldout_accuracy_moves_scalingrl_rho(tmp_path, prefect_harness, easy_task):

@@ -6,6 +6,7 @@ version 1 (version 2, parent 1); the third finds nothing new and skips.
 """
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,8 +40,11 @@ def test_retrain_continues_from_the_registered_model_on_new_prompts(smoke_cfg, p
     tags = model_version_tags(uri, cfg.tracking.model_name, "2")
     assert tags["parent_version"] == "1"
     assert tags["data_fingerprint"] == second.data_fingerprint != first.data_fingerprint
-    assert json.loads(tags["config"])["model"]["path"].endswith("/models/rlsift-policy/v1")
-    assert len(tags["config_sha256"]) == 64
+    assert "config" not in tags and len(tags["config_sha256"]) == 64  # the config itself: the run's artifact
+    assert "config.json" in run_info(uri, second.mlflow_run_id)["artifacts"]
+    saved = json.loads((Path(second.run_dir) / "config.json").read_text())
+    assert saved["model"]["path"].endswith("/models/rlsift-policy/v1")
+    assert run_info(uri, second.mlflow_run_id)["tags"]["mlflow.runName"].startswith("retrain from v1 grpo ")
     with Ledger(f"{cfg.paths.root}/ledger.duckdb", read_only=True) as ledger:
         trained = {r["prompt_id"] for r in ledger.query("SELECT prompt_id FROM groups WHERE run_id = ?",
                                                         [second.run_id])}

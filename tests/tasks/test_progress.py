@@ -47,3 +47,22 @@ def test_no_progress_bar_noise_off_a_terminal(tmp_path, capfd):
     out, err = capfd.readouterr()
     for noise in ("\r", "%|", "it/s]"):
         assert noise not in out + err, f"progress-bar output {noise!r} off a terminal:\n{err[-2000:]}"
+
+
+def test_off_a_terminal_progress_is_a_log_line_every_interval(caplog, monkeypatch):
+    import logging
+
+    from tasks.run import LogProgress, progress_bar
+
+    monkeypatch.setenv("CI", "true")
+    assert isinstance(progress_bar(range(3), desc="x"), LogProgress)
+    with caplog.at_level(logging.INFO, logger="rlsift.progress"):
+        bar = LogProgress(range(4), desc="warm start", unit="step", every=0.0)
+        for _ in bar:
+            bar.set_postfix(loss="0.500")
+        lines = [r.getMessage() for r in caplog.records if r.name == "rlsift.progress"]
+        assert lines[0].startswith("warm start: 1/4 step (25%), ") and "s left; loss 0.500" in lines[0]
+        assert lines[-1].startswith("warm start: 4/4 step (100%), ") and "left" not in lines[-1]
+        caplog.clear()
+        list(LogProgress(range(4), desc="quiet", every=3600.0))  # only the closing line
+        assert [r.getMessage().split(",")[0] for r in caplog.records] == ["quiet: 4/4 it (100%)"]

@@ -86,3 +86,24 @@ def test_atomic_write_replaces_whole_or_not_at_all(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["f.json"]  # no temporary file left behind
     write_json(path, {"b": [1, 2]})
     assert json.loads(path.read_text()) == {"b": [1, 2]}
+
+
+def test_run_label_names_techniques_data_and_seed():
+    from tasks.config import conf_dir, load_config
+    from tasks.run import run_label
+
+    assert run_label(load_config(None, [])) == "grpo bundled:default s0"
+    assert run_label(load_config(str(conf_dir() / "presets" / "all.yaml"), ["seed=2"])) == \
+        "dots+replay+pods+scalingrl+gain bundled:default s2"
+    assert run_label(load_config(None, ["dynamic.enabled=true", "select.drop_solved=true",
+                                        "data.sources=[{kind: bundled, mix: {3: 1.0}}]"])) == \
+        "dynamic+drop-solved bundled:custom s0"
+
+
+def test_registration_quality_gate():
+    from tasks.stages import refusal
+
+    assert refusal(0.60, 0.59, 0.02) is None and refusal(0.60, 0.585, 0.02) is None  # within the tolerance
+    assert "0.570" in refusal(0.60, 0.57, 0.02) and "register_tolerance=0.02" in refusal(0.60, 0.57, 0.02)
+    assert refusal(0.60, 0.0, None) is None  # gate off
+    assert refusal(0.0, 0.0, 0.0) is None

@@ -205,3 +205,19 @@ def test_mlflow_server_outage_loses_nothing_and_duplicates_nothing(tmp_path):
         assert not (tmp_path / "b" / "outbox.jsonl").exists()
     finally:
         stop(server, signal.SIGTERM)
+
+
+def test_experiments_are_marked_as_model_training(tmp_path, sqlite_uri):
+    """MLflow 3 opens an experiment on runs and charts (not its GenAI pages) when its kind says so; an
+    experiment made without the tag gets it from the next run."""
+    from mlflow import MlflowClient
+
+    from tasks.records.tracking import EXPERIMENT_KIND
+
+    client = MlflowClient(tracking_uri=sqlite_uri)
+    for name in ("fresh", "older"):
+        if name == "older":
+            client.create_experiment(name)
+        t = MlflowTracker(sqlite_uri, name, tmp_path / name, background=False)
+        assert client.get_experiment_by_name(name).tags[EXPERIMENT_KIND[0]] == EXPERIMENT_KIND[1]
+        t.client.set_terminated(t.run_id)
