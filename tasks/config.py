@@ -298,6 +298,9 @@ class TrackingConfig(_Frozen):
     experiment: str = Field("rlsift", description="MLflow experiment name (created when missing).")
     register_model: bool = Field(True, description="Register the final model in the MLflow model registry.")
     model_name: str = Field("rlsift-policy", description="Registered model name (also the parent that retrain reads).")
+    system_metrics_s: float | None = Field(10.0, gt=0, description=(
+        "Sample CPU, memory, disk, network and GPU use every this many seconds into the run's system/* metrics "
+        "(MLflow's system-metrics monitor); None: off."))
     register_tolerance: float | None = Field(0.02, ge=0, description=(
         "Quality gate: register only when held-out greedy accuracy after training is at least the starting "
         "model's (for a retrain: the parent version's, on the same test prompts) minus this; otherwise the run "

@@ -248,7 +248,8 @@ def open_run(cfg: Config, *, run_id: str | None = None, track: bool = True, pare
     if resume:
         mlflow_id = ledger.mlflow_run_id(run_id)
     tracker: Tracker = (MlflowTracker(uri, cfg.tracking.experiment, run_dir, run_name=run_name or run_label(cfg),
-                                      run_id=mlflow_id, parent_run_id=parent_run_id) if track else NullTracker())
+                                      run_id=mlflow_id, parent_run_id=parent_run_id,
+                                      system_metrics_s=cfg.tracking.system_metrics_s) if track else NullTracker())
     ledger.start_run(run_id, cfg.model_dump(mode="json"), tracker.run_id)
     (run_dir / "config.json").write_text(to_json(cfg))
     if not resume:

@@ -161,7 +161,8 @@ def _code_job(completion: str, record: PromptRecord) -> CodeJob:
     entry = record.meta.get("entry_point")
     if not entry:
         raise ValueError(f"record {record.id} has reward 'code' but no meta['entry_point']")
-    return CodeJob(program_from_completion(record.question, completion, entry), record.answer, entry)
+    return CodeJob(program_from_completion(record.question, completion, entry), record.answer, entry,
+                   context=record.question)
 
 
 def reward(kind: str, completion: str, record: PromptRecord, limits: Limits | None = None) -> float:
@@ -186,7 +187,7 @@ def reward(kind: str, completion: str, record: PromptRecord, limits: Limits | No
 
         return float(arith_verify(completion, record.answer))
     job = _code_job(completion, record)
-    return float(run_tests(job.program, job.test, job.entry_point, limits=limits).passed)
+    return float(run_tests(job.program, job.test, job.entry_point, limits=limits, context=job.context).passed)
 
 
 def batch_rewards(records: Sequence[PromptRecord], completions: Sequence[str], workers: int = 4,

@@ -1,10 +1,25 @@
 """Run untrusted candidate programs against their tests in a contained child process.
 
-A code reward is only verifiable if a wrong (or hostile) program cannot hurt the run that scores it.
-Each job runs ``python -I -B runner.py`` in a fresh process session; the runner reads the program,
-the test code and the entry point from its stdin (they are never written to disk), confines itself,
-then executes ``program``, ``test`` and ``check(<entry_point>)`` in one namespace, the HumanEval
-harness convention (Chen et al. 2021, arXiv 2107.03374; github.com/openai/human-eval ``execution.py``).
+A code reward is only verifiable if a wrong (or hostile) program can neither hurt the run that scores it
+nor forge its verdict. A policy trained with RL learns whatever earns reward, so the threat model is a
+program written to pass without being right: exiting 0 early, reaching the harness's exit function or
+its frames, replacing ``exec``/``compile`` or the test source, returning an object that compares equal to
+anything. HumanEval's harness (Chen et al. 2021, arXiv 2107.03374; github.com/openai/human-eval
+``execution.py``) runs program, tests and ``check`` in one interpreter and trusts its exit status; all of
+the above beat it. Here the verdict comes from a process the candidate never ran in:
+
+* the **candidate** process (``python -I -B runner.py``, fresh process session) reads the program and the
+  entry point from its stdin (never written to disk), confines itself (below), executes the program,
+  says "ready" and then serves calls: it reads arguments from one pipe, calls the entry point, and
+  writes the result to another;
+* the **checker** process runs trusted code only: the task's ``context`` (HumanEval's prompt, for helpers
+  such as ``poly`` that the tests use) and the ``test`` code, with ``check`` given a stand-in for the
+  entry point that forwards each call. Values cross only as plain data (None, bool, int, float, str,
+  bytes, complex, list, tuple, dict, set, frozenset; exact builtin types, decoded by the checker's own
+  code), so an object that compares equal to everything cannot cross, and a builtin exception raised by
+  the candidate is raised again in the checker;
+* **passed** means the checker's ``check`` returned after the candidate's program had loaded. Whatever the
+  candidate does to its own interpreter, exit status or pipes, it can only change the values it returns.
 
 What is enforced, and by what (``enforcement()`` measures it on the running machine):
 
@@ -38,8 +53,10 @@ What is enforced, and by what (``enforcement()`` measures it on the running mach
 Deviations and limits: the audit hook is defence in depth, not a security boundary (CPython's own
 docs say so); when the parent is not root there is no uid separation and no per-uid sweep, so
 RLIMIT_NPROC is set to the user's current process count plus ``max_processes`` and only the process
-group is killed. As in HumanEval's harness, the tests run in the same interpreter as the program, so a
-program that introspects frames could read them; the sandbox contains damage, it does not hide tests.
+group is killed, and the candidate runs as the checker's user (it could signal it, which fails the job,
+or, where ptrace is allowed between a user's processes, ptrace it: the audit hook refuses ``ctypes``).
+Calls pass arguments by value: a test that relies on the candidate mutating an argument in place does not
+see the mutation (no HumanEval test does). The checker runs the dataset's tests without the confinement.
 """
 
 from __future__ import annotations
@@ -103,14 +120,25 @@ def _main(real_exit=os._exit, err=sys.stderr):
     code = 0
     try:
         exec(compile(job["program"], "<program>", "exec"), ns)
-        exec(compile(job["test"], "<test>", "exec"), ns)
-        ns["check"](ns[job["entry_point"]])
+        fn = ns[job["entry_point"]]
     except BaseException:
         code = 1
         try:
             traceback.print_exc(file=err)
         except BaseException:
             pass
+    if code == 0:  # serve the checker's calls: arguments in, results out, plain data both ways
+        requests, write = os.fdopen(cfg["req_fd"], "rb"), os.write
+        write(cfg["resp_fd"], b'{"ready": true}\n')
+        for line in requests:
+            try:
+                call = _dec(json.loads(line))
+                out = {"ok": _enc(fn(*call["args"], **call["kwargs"]))}
+            except BaseException as e:
+                out = {"error": type(e).__name__, "message": str(e)[:500]}
+            data = (json.dumps(out) + "\n").encode()
+            while data:
+                data = data[write(cfg["resp_fd"], data):]
     for stream in (sys.stdout, err):
         try:
             stream.flush()
@@ -179,6 +207,105 @@ def _make_guard(workdir):
 _main()
 '''
 
+#: How values cross between the candidate and the checker: JSON with tags for the plain Python types JSON
+#: lacks. Only exact builtin types pass (an ``int`` subclass with its own ``__eq__`` does not); anything
+#: else is a ``TypeError``. The same source runs in both processes; the checker trusts only its own copy.
+_CODEC = r'''
+import math as _math
+
+
+def _enc(x):
+    t = type(x)
+    if x is None or t is bool or t is str:
+        return x
+    if t is int:
+        return x if abs(x) < 2 ** 53 else {"int": str(x)}
+    if t is float:
+        return x if _math.isfinite(x) else {"float": repr(x)}
+    if t is list:
+        return [_enc(v) for v in x]
+    if t is tuple:
+        return {"tuple": [_enc(v) for v in x]}
+    if t is set or t is frozenset:
+        return {t.__name__: [_enc(v) for v in x]}
+    if t is dict:
+        return {"dict": [[_enc(k), _enc(v)] for k, v in x.items()]}
+    if t is bytes:
+        return {"bytes": x.hex()}
+    if t is complex:
+        return {"complex": [x.real, x.imag]}
+    raise TypeError("not plain data: " + t.__name__)
+
+
+def _dec(x):
+    t = type(x)
+    if x is None or t in (bool, str, int, float):
+        return x
+    if t is list:
+        return [_dec(v) for v in x]
+    if t is dict and len(x) == 1:
+        (tag, v), = x.items()
+        if tag == "int" and type(v) is str:
+            return int(v)
+        if tag == "float" and v in ("nan", "inf", "-inf"):
+            return float(v)
+        if tag == "tuple" and type(v) is list:
+            return tuple(_dec(e) for e in v)
+        if tag in ("set", "frozenset") and type(v) is list:
+            return (set if tag == "set" else frozenset)(_dec(e) for e in v)
+        if tag == "dict" and type(v) is list and all(type(kv) is list and len(kv) == 2 for kv in v):
+            return {_dec(k): _dec(e) for k, e in v}
+        if tag == "bytes" and type(v) is str:
+            return bytes.fromhex(v)
+        if tag == "complex" and type(v) is list and len(v) == 2:
+            return complex(float(v[0]), float(v[1]))
+    if t is dict and set(x) == {"args", "kwargs"}:  # a call: {"args": [...], "kwargs": {"dict": ...}}
+        return {"args": _dec(x["args"]), "kwargs": _dec(x["kwargs"])}
+    raise TypeError("not plain data: " + repr(x)[:100])
+'''
+
+#: The checker: trusted code only (the task's context, e.g. HumanEval's prompt with its helpers, and its
+#: tests), in a process the candidate never ran in. ``candidate(...)`` sends the arguments to the candidate
+#: process and returns what came back, decoded by this process's own codec; an error there is raised here.
+_CHECKER = r'''
+import builtins, json, os, sys
+
+
+class CandidateError(Exception):
+    """The candidate raised an exception that is not a builtin one, or its process ended."""
+
+
+def _main():
+    cfg = json.loads(sys.argv[1])
+    job = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    requests = os.fdopen(cfg["req_fd"], "wb", buffering=0)
+    replies = os.fdopen(cfg["resp_fd"], "rb")
+
+    def candidate(*args, **kwargs):
+        requests.write((json.dumps({"args": _enc(list(args)), "kwargs": _enc(kwargs)}) + "\n").encode())
+        line = replies.readline()
+        if not line:
+            raise CandidateError("the candidate's process ended before answering")
+        out = json.loads(line)
+        if type(out) is dict and set(out) == {"ok"}:
+            return _dec(out["ok"])
+        exc = getattr(builtins, str(out.get("error")), None) if type(out) is dict else None
+        if not (isinstance(exc, type) and issubclass(exc, Exception)):
+            exc = CandidateError
+        raise exc(str(out.get("message", "")) if type(out) is dict else "malformed reply")
+
+    if replies.readline() != b'{"ready": true}\n':  # the candidate's program loaded (it may have said so
+        raise CandidateError("the candidate's program did not load")  # only by loading: the line is fixed)
+    ns = {"__name__": "__main__"}
+    exec(compile(job["context"], "<context>", "exec"), ns)
+    exec(compile(job["test"], "<test>", "exec"), ns)
+    ns[job["entry_point"]] = candidate
+    ns["check"](candidate)
+
+
+_main()
+'''
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -233,11 +360,13 @@ class Verdict:
 
 @dataclass(frozen=True)
 class CodeJob:
-    """One program with its tests: ``check(<entry_point>)`` must return without raising."""
+    """One program with its tests: ``check(<entry_point>)`` must return without raising. ``context``: trusted
+    code the tests may use (HumanEval: the prompt), run by the checker, never by the candidate."""
 
     program: str
     test: str
     entry_point: str
+    context: str = ""
 
 
 class _UidPool:
@@ -354,20 +483,24 @@ def _tail(path: Path, chars: int) -> str:
 
 
 def run_tests(program: str, test: str, entry_point: str, timeout_s: float | None = None,
-              limits: Limits | None = None) -> Verdict:
-    """Run ``program`` then ``test`` then ``check(entry_point)`` in a sandboxed child process.
+              limits: Limits | None = None, context: str = "") -> Verdict:
+    """Test ``program``'s ``entry_point`` with ``check`` from ``test``: the candidate and the tests run in
+    two processes (see the module docstring).
 
     Args:
-        program: the candidate's full Python source (for HumanEval: prompt + completion).
-        test: test code defining ``check(candidate)``.
-        entry_point: name of the function in ``program`` handed to ``check``.
+        program: the candidate's full Python source (for HumanEval: prompt + completion); runs sandboxed.
+        test: trusted test code defining ``check(candidate)``; runs in the checker process.
+        entry_point: name of the function in ``program`` that ``check`` calls.
         timeout_s: wall-clock limit; overrides ``limits.timeout_s`` when given.
-        limits: resource limits (defaults: ``Limits()``).
+        limits: resource limits of the candidate (defaults: ``Limits()``).
+        context: trusted code the checker runs before ``test`` (HumanEval: the prompt, whose helpers such
+            as ``poly`` the tests use); never the candidate's.
 
     Returns:
-        ``passed`` (check returned), ``failed`` (an exception, including a refused sandbox
-        operation, a MemoryError or an output-size error), ``timeout`` (wall clock or CPU time) or
-        ``crashed`` (killed by any other signal, or the sandbox could not be set up).
+        ``passed`` (check returned), ``failed`` (an exception in the checker: a failed assertion, an error
+        raised by the candidate, a result that is not plain data, the candidate's program failing to load or
+        its process ending), ``timeout`` (wall clock or the candidate's CPU time) or ``crashed`` (the
+        candidate killed by any other signal, or the sandbox could not be set up).
     """
     limits = limits or Limits()
     if timeout_s is not None:
@@ -378,58 +511,94 @@ def run_tests(program: str, test: str, entry_point: str, timeout_s: float | None
     pool = _pool(limits) if root else None
     uid = pool.acquire() if pool else None
     base = Path(tempfile.mkdtemp(prefix="rlsift-sandbox-"))
+    fds: list[int] = []
     try:
         os.chmod(base, 0o711)
-        work = base / "w"
+        work, checks = base / "w", base / "c"
         work.mkdir(mode=0o700)
+        checks.mkdir(mode=0o700)
         if uid is not None:
             os.chown(work, uid, uid)
-        (base / "runner.py").write_text(_RUNNER)
-        cfg = {"netns": limits.network_namespace, "rlimits": _rlimits(limits, uid), "uid": uid}
+        (base / "runner.py").write_text(_CODEC + _RUNNER)
+        (base / "checker.py").write_text(_CODEC + _CHECKER)
+        req_r, req_w = os.pipe()  # checker -> candidate: calls
+        resp_r, resp_w = os.pipe()  # candidate -> checker: results
+        fds = [req_r, req_w, resp_r, resp_w]
+        cfg = {"netns": limits.network_namespace, "rlimits": _rlimits(limits, uid), "uid": uid,
+               "req_fd": req_r, "resp_fd": resp_w}
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(work),
                "TMPDIR": str(work)}
-        payload = json.dumps({"program": program, "test": test, "entry_point": entry_point}).encode("utf-8")
-        with open(base / "out", "wb") as out, open(base / "err", "wb") as err:
+        with open(base / "out", "wb") as out, open(base / "err", "wb") as err, \
+                open(base / "check-err", "wb") as check_err:
             t0 = time.perf_counter()
-            proc = subprocess.Popen([sys.executable, "-I", "-B", str(base / "runner.py"), json.dumps(cfg)],
+            cand = subprocess.Popen([sys.executable, "-I", "-B", str(base / "runner.py"), json.dumps(cfg)],
                                     stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=work, env=env,
-                                    start_new_session=True, close_fds=True)
-            try:
-                proc.stdin.write(payload)
-            except BrokenPipeError:
-                pass
-            finally:
-                try:
-                    proc.stdin.close()
-                except BrokenPipeError:
-                    pass
+                                    start_new_session=True, close_fds=True, pass_fds=(req_r, resp_w))
+            pipes = json.dumps({"req_fd": req_w, "resp_fd": resp_r})
+            checker = subprocess.Popen(
+                [sys.executable, "-I", "-B", str(base / "checker.py"), pipes], stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL, stderr=check_err, cwd=checks,
+                env={**env, "HOME": str(checks), "TMPDIR": str(checks)}, start_new_session=True, close_fds=True,
+                pass_fds=(req_w, resp_r))
+            for fd in fds:  # only the two children hold the pipes: either one ending ends the other's reads
+                os.close(fd)
+            fds = []
+            _send(cand, {"program": program, "entry_point": entry_point})
+            _send(checker, {"context": context, "test": test, "entry_point": entry_point})
             timed_out = False
             try:
-                rc = proc.wait(timeout=limits.timeout_s)
+                rc = checker.wait(timeout=limits.timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                _killpg(proc.pid)
-                rc = proc.wait()
+                _killpg(checker.pid)
+                rc = checker.wait()
+            cand_rc = None
+            if not timed_out:
+                try:  # the candidate ends when the checker closes its end of the calls
+                    cand_rc = cand.wait(timeout=1.0)
+                except subprocess.TimeoutExpired:
+                    pass
             seconds = time.perf_counter() - t0
-            _killpg(proc.pid)
+            _killpg(cand.pid)
+            cand.wait()
+            _killpg(checker.pid)
         if uid is not None:
             _sweep_uid(uid)
         tail = _tail(base / "err", limits.stderr_tail_chars)
+        check_tail = _tail(base / "check-err", limits.stderr_tail_chars)
     finally:
+        for fd in fds:
+            os.close(fd)
         shutil.rmtree(base, ignore_errors=True)
         if pool is not None and uid is not None:
             pool.release(uid)
-    if timed_out or rc == -signal.SIGXCPU:
+    if timed_out or cand_rc == -signal.SIGXCPU:
         verdict = "timeout"
+    elif cand_rc == _EXIT_SETUP:
+        verdict, tail = "crashed", "sandbox setup failed:\n" + tail
+    elif cand_rc is not None and cand_rc < 0:
+        verdict = "crashed"
     elif rc == 0:
         verdict = "passed"
     elif rc == _EXIT_FAILED:
         verdict = "failed"
     else:
         verdict = "crashed"
-        if rc == _EXIT_SETUP:
-            tail = "sandbox setup failed:\n" + tail
-    return Verdict(verdict=verdict, seconds=seconds, stderr_tail=tail, returncode=rc)
+    joined = "\n".join(t for t in (tail, check_tail) if t)[-limits.stderr_tail_chars:]
+    return Verdict(verdict=verdict, seconds=seconds, stderr_tail=joined, returncode=rc)
+
+
+def _send(proc: subprocess.Popen, job: dict) -> None:
+    """Write a job to a child's stdin and close it (a child that already ended is not an error here)."""
+    try:
+        proc.stdin.write(json.dumps(job).encode("utf-8"))
+    except BrokenPipeError:
+        pass
+    finally:
+        try:
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
 
 
 def _killpg(pgid: int) -> None:
@@ -455,7 +624,8 @@ def score_many(jobs: Sequence[CodeJob], workers: int = 4, limits: Limits | None 
         raise ValueError(f"workers must be >= 1, got {workers}")
     workers = min(workers, limits.uid_slots, max(1, len(jobs)))
     with ThreadPoolExecutor(max_workers=workers) as ex:
-        return list(ex.map(lambda j: run_tests(j.program, j.test, j.entry_point, limits=limits), jobs))
+        return list(ex.map(lambda j: run_tests(j.program, j.test, j.entry_point, limits=limits, context=j.context),
+                           jobs))
 
 
 _PROBE = '''
@@ -484,8 +654,8 @@ def enforcement(limits: Limits | None = None) -> dict:
         ``lo`` inside a fresh network namespace), ``socket`` (``refused`` by the audit hook),
         ``parent_uid`` and ``netns`` (True when the job runs in its own network namespace).
     """
-    test = _PROBE + "\ndef check(f):\n    import json\n    raise AssertionError(json.dumps(probe()))\n"
-    v = run_tests("def f():\n    pass\n", test, "f", limits=limits)
+    test = "def check(probe):\n    import json\n    raise AssertionError(json.dumps(probe()))\n"
+    v = run_tests(_PROBE, test, "probe", limits=limits)  # probe() runs in the candidate's process
     line = [ln for ln in v.stderr_tail.splitlines() if ln.startswith("AssertionError: ")]
     if not line:
         raise RuntimeError(f"sandbox probe did not report ({v.verdict}): {v.stderr_tail[-500:]}")

@@ -140,11 +140,15 @@ class MlflowTracker:
         final_wait_s: how long :meth:`finish` keeps retrying an unreachable server (default: the
             ``RLSIFT_TRACKING_FINAL_WAIT_S`` environment variable, else 30).
         background: start the sending thread (False for :func:`sync`).
+        system_metrics_s: sample CPU, memory, disk, network (and GPU where present) every this many seconds
+            with MLflow's own system-metrics monitor (metrics ``system/*``); None: off. Unlike everything
+            else here it logs directly, not through the outbox: samples taken while the server is away are lost.
     """
 
     def __init__(self, uri: str, experiment: str, run_dir: str | Path, *, run_name: str | None = None,
                  run_id: str | None = None, parent_run_id: str | None = None, flush_s: float = 2.0,
-                 final_wait_s: float | None = None, background: bool = True):
+                 final_wait_s: float | None = None, background: bool = True,
+                 system_metrics_s: float | None = None):
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
         self.run_dir = Path(run_dir)
@@ -175,6 +179,12 @@ class MlflowTracker:
         self.run_id = run_id
         self._stop = threading.Event()
         self._thread = None
+        self._monitor = None
+        if system_metrics_s:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            self._monitor = SystemMetricsMonitor(run_id, sampling_interval=system_metrics_s, tracking_uri=uri)
+            self._monitor.start()
         if background:
             self._thread = threading.Thread(target=self._loop, args=(flush_s,), daemon=True, name="mlflow-flush")
             self._thread.start()
@@ -333,6 +343,9 @@ class MlflowTracker:
 
     def finish(self, status: str = "FINISHED") -> None:
         """Queue the final status, stop the background thread and send everything (waits up to final_wait_s)."""
+        if self._monitor is not None:
+            self._monitor.finish()
+            self._monitor = None
         self._put({"kind": "status", "status": status})
         self._stop.set()
         if self._thread is not None:

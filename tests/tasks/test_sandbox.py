@@ -32,7 +32,8 @@ def humaneval():
 
 
 def test_all_humaneval_canonical_solutions_pass(humaneval):
-    jobs = [CodeJob(r.question + r.meta["canonical_solution"], r.answer, r.meta["entry_point"]) for r in humaneval]
+    jobs = [CodeJob(r.question + r.meta["canonical_solution"], r.answer, r.meta["entry_point"], context=r.question)
+            for r in humaneval]
     t0 = time.perf_counter()
     verdicts = score_many(jobs, workers=4)
     elapsed = time.perf_counter() - t0
@@ -44,7 +45,8 @@ def test_all_humaneval_canonical_solutions_pass(humaneval):
 
 
 def test_humaneval_empty_bodies_fail(humaneval):
-    jobs = [CodeJob(r.question + "    pass\n", r.answer, r.meta["entry_point"]) for r in humaneval]
+    jobs = [CodeJob(r.question + "    pass\n", r.answer, r.meta["entry_point"], context=r.question)
+            for r in humaneval]
     verdicts = score_many(jobs, workers=4)
     assert [v.verdict for v in verdicts] == ["failed"] * 164
 
@@ -215,3 +217,70 @@ def test_uid_pool_never_hands_out_a_uid_held_elsewhere():
     assert second.acquire() == a
     second.release(a)
     second.release(b)
+
+
+# --- forging a pass (the verdict comes from a process the candidate never ran in) -------------------------
+
+ADD_TEST = "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(2, 5) == 7\n"
+FORGERIES = {
+    "the runner's real exit through __main__": (
+        "import sys\nsys.modules['__main__']._main.__defaults__[0](0)\ndef add(a, b):\n    return 42\n"),
+    "the runner's real exit through the caller's frame": (
+        "import sys\nf = sys._getframe(1)\nfor v in list(f.f_locals.values()) + list(f.f_globals.values()):\n"
+        "    d = getattr(v, '__defaults__', None)\n    if d and callable(d[0]):\n        d[0](0)\n"
+        "def add(a, b):\n    return 42\n"),
+    "the real exit from a thread": (
+        "import sys, threading\nex = sys.modules['__main__']._main.__defaults__[0]\n"
+        "threading.Thread(target=lambda: ex(0)).start()\ndef add(a, b):\n    import time\n    time.sleep(1)\n"
+        "    return 42\n"),
+    "rewriting the tests through a frame": (
+        "import sys\nf = sys._getframe(1)\nfor d in (f.f_locals, f.f_globals):\n    for v in list(d.values()):\n"
+        "        if isinstance(v, dict) and 'test' in v:\n            v['test'] = 'def check(c):\\n    pass\\n'\n"
+        "def add(a, b):\n    return 42\n"),
+    "exec replaced by a no-op and its own check": (
+        "import builtins\nbuiltins.exec = lambda *a, **k: None\ndef check(c):\n    pass\n"
+        "def add(a, b):\n    return 42\n"),
+    "compile wrapped to swap the test code": (
+        "import builtins\n_c = builtins.compile\n"
+        "builtins.compile = lambda s, f, m, *a, **k: _c('def check(c):\\n    pass\\n' if f == '<test>' else s, f, m)\n"
+        "def add(a, b):\n    return 42\n"),
+    "an object equal to everything": (
+        "class Any:\n    __eq__ = lambda s, o: True\n    __ne__ = lambda s, o: False\n    __lt__ = __le__ = __eq__\n"
+        "    __sub__ = __rsub__ = lambda s, o: s\n    __abs__ = lambda s: 0\n    __bool__ = lambda s: True\n"
+        "def add(a, b):\n    return Any()\n"),
+    "an int subclass equal to everything": (
+        "class I(int):\n    __eq__ = lambda s, o: True\ndef add(a, b):\n    return I(42)\n"),
+    "writing fake replies on the results pipe": (
+        "import json, os, sys\nfd = json.loads(sys.argv[1])['resp_fd']\n"
+        "os.write(fd, b'{\"ready\": true}\\n{\"ok\": true}\\n{\"ok\": true}\\n')\ndef add(a, b):\n    return 42\n"),
+}
+
+
+@pytest.mark.parametrize("how", list(FORGERIES))
+def test_a_wrong_program_cannot_forge_a_pass(how):
+    v = run_tests(FORGERIES[how], ADD_TEST, "add", timeout_s=5.0)
+    assert v.verdict != "passed", (how, v)
+    assert run_tests("def add(a, b):\n    return a + b\n", ADD_TEST, "add").verdict == "passed"
+
+
+def test_values_cross_as_plain_data_both_ways():
+    program = ("def f(x):\n    return {'t': tuple(x), 's': {1, 2}, 'big': 2 ** 70, 'inf': float('inf'),\n"
+               "            'b': b'\\x00', (1, 2): None, 'f': frozenset([3]), 'c': 1j}\n")
+    test = ("def check(f):\n    out = f([1, 2])\n    assert out['t'] == (1, 2) and type(out['t']) is tuple\n"
+            "    assert out['s'] == {1, 2} and out['big'] == 2 ** 70 and out['inf'] == float('inf')\n"
+            "    assert out['b'] == b'\\x00' and out[(1, 2)] is None and out['f'] == frozenset([3])\n"
+            "    assert out['c'] == 1j\n")
+    assert run_tests(program, test, "f").verdict == "passed"
+    raising = run_tests("def f():\n    raise ValueError('no')\n",
+                        "def check(f):\n    try:\n        f()\n    except ValueError as e:\n"
+                        "        assert str(e) == 'no'\n    else:\n        assert False\n", "f")
+    assert raising.verdict == "passed"  # the candidate's builtin exception is raised in the checker
+
+
+def test_tests_use_the_trusted_context_not_the_candidates():
+    context = "def helper(x):\n    return x * 10\n"
+    test = "def check(c):\n    assert helper(c(1)) == 20\n"
+    honest = "def helper(x):\n    return x * 10\ndef f(x):\n    return x + 1\n"
+    cheat = "def helper(x):\n    return 20\ndef f(x):\n    return 0\n"  # its own helper is not the one used
+    assert run_tests(honest, test, "f", context=context).verdict == "passed"
+    assert run_tests(cheat, test, "f", context=context).verdict == "failed"

@@ -221,3 +221,11 @@ def test_experiments_are_marked_as_model_training(tmp_path, sqlite_uri):
         t = MlflowTracker(sqlite_uri, name, tmp_path / name, background=False)
         assert client.get_experiment_by_name(name).tags[EXPERIMENT_KIND[0]] == EXPERIMENT_KIND[1]
         t.client.set_terminated(t.run_id)
+
+
+def test_system_metrics_are_sampled_into_the_run(tmp_path, sqlite_uri):
+    t = MlflowTracker(sqlite_uri, "system", tmp_path / "run", flush_s=3600, system_metrics_s=0.5)
+    time.sleep(2.0)
+    t.finish()
+    metrics = run_info(sqlite_uri, t.run_id)["metrics"]
+    assert "system/cpu_utilization_percentage" in metrics and "system/system_memory_usage_megabytes" in metrics
