@@ -66,8 +66,14 @@ def cmd_run(args) -> int:
 
     try:
         _config(args)  # validate before any work
+        if args.resume:
+            from flows.pipeline import resume_config
+
+            resume_config(args.config, list(args.overrides), args.resume)
     except ConfigError as err:
         print(f"rlsift run: {err}", file=sys.stderr)
+        if args.json:
+            sys.stdout.write(json.dumps({"status": "error", "error": str(err)}) + "\n")
         return 2
     from flows.pipeline import pipeline
 

@@ -19,6 +19,7 @@ from prefect import flow, get_run_logger
 
 from tasks.config import Config, ConfigError, load_config, parse_override, validate
 from tasks.data.ingest import IngestResult
+from tasks.records.ledger import Ledger
 from tasks.run import Run, open_run
 from tasks.stages import (
     calibrate_stage,
@@ -166,6 +167,11 @@ def resume_config(config: str | None, overrides: list[str], run_id: str) -> Conf
     if not stored_file.is_file():
         raise ConfigError(f"no run {run_id} under {stored_file.parents[1]}: pass the run's paths.root "
                           "(e.g. -c the config it ran with, or paths.root=...)")
+    ledger_file = stored_file.parents[2] / "ledger.duckdb"
+    if ledger_file.is_file():
+        with Ledger(ledger_file, read_only=True) as ledger:
+            if ledger.run_status(run_id) in ("completed", "skipped"):
+                raise ConfigError(f"run {run_id} already {ledger.run_status(run_id)}: nothing to resume")
     tree = json.loads(stored_file.read_text())
     stored, wanted = validate(tree).flat(), given.flat()
     for item in overrides:

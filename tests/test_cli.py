@@ -39,6 +39,14 @@ def test_run_json_contract(tmp_path):
                    ledger_rows[0]["prompt_id"])
     assert "was never selected in run" in never.stdout
 
+    # resuming a completed run, or an unknown one, is refused before any work: one line, exit 2
+    again = rlsift("run", "--resume", out["run_id"], f"paths.root={tmp_path}", "--json")
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    assert f"run {out['run_id']} already completed: nothing to resume" in again.stderr
+    assert json.loads(again.stdout)["status"] == "error"
+    unknown = rlsift("run", "--resume", "nope", f"paths.root={tmp_path}")
+    assert unknown.returncode == 2 and "no run nope under" in unknown.stderr and "Traceback" not in unknown.stderr
+
 
 def test_config_error_names_key_and_does_no_work(tmp_path):
     p = rlsift("run", "-c", "conf/smoke.yaml", f"paths.root={tmp_path}", "train.stepz=2", "--json")

@@ -299,6 +299,11 @@ class Ledger:
         return self.query("SELECT prompt_id, split, level FROM prompts WHERE prompt_id LIKE ? ORDER BY prompt_id",
                           [prefix + "%"])
 
+    def run_status(self, run_id: str) -> str | None:
+        """A run's status (running, completed, failed, skipped), or None when the ledger has no such run."""
+        rows = self.query("SELECT status FROM runs WHERE run_id = ?", [run_id])
+        return rows[0]["status"] if rows else None
+
     def last_run(self, status: str | None = None) -> dict[str, Any] | None:
         sql = "SELECT * FROM runs" + (" WHERE status = ?" if status else "") + " ORDER BY started_at DESC LIMIT 1"
         rows = self.query(sql, [status] if status else [])
