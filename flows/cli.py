@@ -297,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if getattr(args, "json", False):
         logging.getLogger().setLevel(logging.WARNING)
+        logging.getLogger("rlsift").setLevel(logging.WARNING)
     return args.fn(args)
 
 

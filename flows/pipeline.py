@@ -33,6 +33,8 @@ from tasks.stages import (
 from tasks.training.evaluate import PairedChange, paired_change
 
 log = logging.getLogger("rlsift")
+if log.level == logging.NOTSET:  # stage summaries at INFO also where the root logger is quieter (a Prefect
+    log.setLevel(logging.INFO)   # worker's flow run, whose log Prefect's extra-logger handler sends to the UI)
 
 #: Config keys a resume may override (they do not change what is computed).
 RESUME_MAY_CHANGE = ("paths.", "tracking.uri", "model.threads", "model.device", "rollout.vllm_url")
