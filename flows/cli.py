@@ -65,11 +65,12 @@ def cmd_run(args) -> int:
     from tasks.config import ConfigError
 
     try:
-        _config(args)  # validate before any work
-        if args.resume:
-            from flows.pipeline import resume_config
+        cfg = _config(args)  # validate before any work
+        from flows.pipeline import preflight, resume_config
 
-            resume_config(args.config, list(args.overrides), args.resume)
+        if args.resume:
+            cfg = resume_config(args.config, list(args.overrides), args.resume)
+        preflight(cfg)
     except ConfigError as err:
         print(f"rlsift run: {err}", file=sys.stderr)
         if args.json:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -158,6 +159,19 @@ def _train(run: Run, data: IngestResult, summary: RunSummary) -> RunSummary:
     return summary
 
 
+def preflight(cfg: Config) -> None:
+    """What would fail later, checked before any work: data files that do not exist, a root that cannot
+    be written. Raises :class:`ConfigError` naming the key."""
+    for i, s in enumerate(cfg.data.sources):
+        if s.kind == "file" and not Path(s.path).exists():
+            raise ConfigError(f"data.sources[{i}].path: {s.path} does not exist")
+    root = Path(cfg.paths.root).resolve()
+    here = next(p for p in (root, *root.parents) if p.exists())
+    if not here.is_dir() or not os.access(here, os.W_OK | os.X_OK):
+        raise ConfigError(f"paths.root: cannot create or write {root} ({here} is "
+                          f"{'not a folder' if not here.is_dir() else 'not writable'})")
+
+
 def resume_config(config: str | None, overrides: list[str], run_id: str) -> Config:
     """The stored config of run ``run_id``, with the overrides :data:`RESUME_MAY_CHANGE` allows.
 
@@ -235,6 +249,7 @@ def pipeline(config: str | None = None, overrides: list[str] | None = None, resu
     :meth:`RunSummary.to_dict` (what ``rlsift run --json`` prints)."""
     overrides = list(overrides or [])
     cfg = resume_config(config, overrides, resume) if resume else load_config(config, overrides)
+    preflight(cfg)
     logging.getLogger("rlsift").info("config validated")
     summary = run_pipeline(cfg, resume=resume)
     publish(summary)

@@ -106,3 +106,20 @@ def test_gpu_run_script_on_the_cpu(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     result = json.loads(p.stdout.strip().splitlines()[-1])
     assert result["device"] == "cpu" and result["rollout_tokens"] > 0 and result["update_step_s"] > 0
+
+
+def test_problems_are_found_before_any_work(tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    p = rlsift("run", "-c", str(empty), "--json")
+    assert p.returncode == 2 and "the config file is empty" in p.stderr
+    assert json.loads(p.stdout)["status"] == "error"
+    root = tmp_path / "root"
+    p = rlsift("run", "-c", "conf/smoke.yaml", f"paths.root={root}",
+               "data.sources=[{kind: file, path: /nonexistent/x.jsonl}]", "--json")
+    assert p.returncode == 2 and "data.sources[0].path: /nonexistent/x.jsonl does not exist" in p.stderr
+    assert "Traceback" not in p.stderr and not root.exists()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    p = rlsift("run", "-c", "conf/smoke.yaml", f"paths.root={blocker / 'root'}")
+    assert p.returncode == 2 and "paths.root: cannot create or write" in p.stderr

@@ -193,7 +193,10 @@ def warm_start(
     model.eval()
 
     tmp = out_dir / f".{fp}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    for left in out_dir.glob(f".{fp}.tmp-*"):  # this one, and those of killed writers
+        pid = left.name.rsplit("-", 1)[-1]
+        if left == tmp or (pid.isdigit() and not _alive(int(pid))):
+            shutil.rmtree(left, ignore_errors=True)
     save_policy(model, tokenizer, tmp)
     tail = losses[-max(1, min(50, len(losses) // 10)) :]
     meta = {
@@ -215,6 +218,16 @@ def warm_start(
             raise
     log.info("warm start: %d steps in %.1f s, final loss %s -> %s", steps, meta["wall_s"], meta["final_loss"], final)
     return final
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _train(

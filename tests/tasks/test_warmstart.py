@@ -151,3 +151,15 @@ def test_greedy_accuracy_matches_one_by_one_generation(tok):
     expected = {lv: sum(v) / len(v) for lv, v in sorted(right.items())}
     assert got == expected
     assert sum(expected.values()) > 0  # the oracle comparison is not only zeros
+
+
+def test_a_killed_writers_temporary_folder_is_cleaned_up(tmp_path):
+    import shutil
+
+    recs = arith.generate(1, 16, "train", "uniform")
+    final = warmstart.warm_start(recs, tmp_path, steps=2, **TINY)
+    shutil.rmtree(final)
+    dead = tmp_path / f".{final.name}.tmp-999999999"  # a pid that cannot exist
+    dead.mkdir()
+    again = warmstart.warm_start(recs, tmp_path, steps=2, **TINY)
+    assert again == final and not dead.exists() and not list(tmp_path.glob(".*.tmp-*"))
