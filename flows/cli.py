@@ -290,7 +290,12 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     _env()
-    args = parser().parse_args(argv)
+    p = parser()
+    args, extra = p.parse_known_args(argv)  # key=value overrides may also follow options (`--json a=b`)
+    if extra and (not hasattr(args, "overrides") or not all(_is_override(e) for e in extra)):
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s",
                         datefmt="%H:%M:%S")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Prefect API request otherwise

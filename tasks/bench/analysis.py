@@ -152,7 +152,9 @@ def curve_from_metrics(rows: Sequence[dict], start_accuracy: float, *, skip: Col
         value = row[key] if row.get(key) is not None else end_accuracy
         steps.append(at), wall.append(w), rolls.append(generated), dh.append(d), usd.append(u)
         acc.append(float(value)), toks.append(tokens)
-    return Curve(tuple(steps), tuple(wall), tuple(rolls), tuple(dh), tuple(usd), tuple(acc), tuple(toks))
+    logged = any("rollout/tokens" in row for row in rows)  # a run that does not log them (TRL) has none
+    return Curve(tuple(steps), tuple(wall), tuple(rolls), tuple(dh), tuple(usd), tuple(acc),
+                 tuple(toks) if logged else ())
 
 
 def first_crossing(curve: Curve, target: float, tol: float = TOL) -> int | None:

@@ -132,7 +132,9 @@ def verdicts(base_curves: list[ba.Curve], arm_curves: list[ba.Curve], tgt: dict[
              base_runs: list[BenchRun], arm_runs: list[BenchRun]) -> dict:
     """An arm against the baseline: time to each target in every measure (``ba.compare_times``), and the
     final-accuracy difference paired prompt by prompt over the seeds both ran (``ba.mcnemar_pooled``)."""
-    out: dict = {key: {m: ba.compare_times(ba.seed_times(base_curves, value, m), ba.seed_times(arm_curves, value, m))
+    unlogged = {"verdict": "not logged", "ratio": None, "ci": None}
+    out: dict = {key: {m: unlogged if m == "tokens" and not all(c.tokens for c in base_curves + arm_curves) else
+                       ba.compare_times(ba.seed_times(base_curves, value, m), ba.seed_times(arm_curves, value, m))
                        for m in ba.MEASURES} for key, value in tgt.items()}
     by_seed = {r.seed: r for r in base_runs if r.end_correct}
     pairs = [(by_seed[r.seed].end_correct, r.end_correct) for r in arm_runs

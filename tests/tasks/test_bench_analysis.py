@@ -132,6 +132,10 @@ def test_curve_from_metrics_hand_worked():
     assert g.wall_s == pytest.approx((0.0, 6.1, 9.5))
     # without an end evaluation the curve stops at the last scheduled one
     assert curve_from_metrics(rows, 0.1).steps == (0, 2)
+    # these rows log no rollout/tokens (as TRL's do not): no token counts, not zeros that would look fast
+    assert c.tokens == ()
+    assert curve_from_metrics([{**r, "rollout/tokens": 10.0} for r in rows], 0.1, end_step=3,
+                              end_accuracy=0.5).tokens == (0.0, 20.0, 30.0)
 
 
 def test_curve_device_hours_follow_the_same_stages():
