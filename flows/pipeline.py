@@ -186,8 +186,9 @@ def resume_config(config: str | None, overrides: list[str], run_id: str) -> Conf
     ledger_file = stored_file.parents[2] / "ledger.duckdb"
     if ledger_file.is_file():
         with Ledger(ledger_file, read_only=True) as ledger:
-            if ledger.run_status(run_id) in ("completed", "skipped"):
-                raise ConfigError(f"run {run_id} already {ledger.run_status(run_id)}: nothing to resume")
+            status = ledger.run_status(run_id)
+        if status in ("completed", "skipped"):
+            raise ConfigError(f"run {run_id} already {status}: nothing to resume")
     tree = json.loads(stored_file.read_text())
     stored, wanted = validate(tree).flat(), given.flat()
     for item in overrides:
