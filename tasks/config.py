@@ -82,7 +82,7 @@ class WarmStartConfig(_Frozen):
     batch_size: int = Field(64, ge=1, description="Worked solutions per warm-start step.")
     lr: float = Field(2e-3, gt=0, description="Peak learning rate (5 % linear warmup, then cosine decay to 0).")
     mix: str = Field("warmstart", description="Level mix of the worked solutions (tasks/data/arith.py MIXES).")
-    flawed: float = Field(0.5, ge=0, le=1, description=(
+    flawed: float = Field(0.7, ge=0, le=1, description=(
         "Share of demonstrations (where it matters) that slip: left to right, ignoring precedence "
         "(tasks/data/arith.py flawed_solution); the habit RL then removes."))
 

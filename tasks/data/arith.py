@@ -70,6 +70,8 @@ class LevelSpec:
         paren: probability of drawing one parenthesised group (a draw whose parentheses change no operation
             is rejected, so fewer questions end up with parentheses).
         max_value: every intermediate result must lie in ``[0, max_value]``.
+        slip_prone: keep only questions whose left-to-right reading (``flawed_solution``) gives another
+            value, so that the level measures the warm start's habit rather than its arithmetic.
     """
 
     n_ops: tuple[int, int]
@@ -80,6 +82,7 @@ class LevelSpec:
     div_max: int = 9
     paren: float = 0.0
     max_value: int = 999
+    slip_prone: bool = False
 
 
 #: Difficulty levels 1..5. Tuned on the tiny default (0.86M-parameter Llama, ``tasks.model.warmstart`` defaults:
@@ -90,7 +93,7 @@ class LevelSpec:
 LEVELS: dict[int, LevelSpec] = {
     1: LevelSpec(n_ops=(1, 1), ops=("+", "-"), add_max=40),
     2: LevelSpec(n_ops=(2, 2), ops=("+", "-"), add_max=40),
-    3: LevelSpec(n_ops=(2, 2), ops=("+", "-", "*"), need=("*",), add_max=50, mul_max=12),
+    3: LevelSpec(n_ops=(2, 2), ops=("+", "-", "*"), need=("*",), add_max=50, mul_max=12, slip_prone=True),
     4: LevelSpec(n_ops=(3, 3), ops=("+", "-", "*"), need=("*",), add_max=50, mul_max=12, paren=0.5),
     5: LevelSpec(
         n_ops=(3, 4), ops=("+", "-", "*", "//", "%"), need=("//", "%"), add_max=99, mul_max=30, div_max=19,
@@ -105,7 +108,7 @@ LEVELS: dict[int, LevelSpec] = {
 #: ``balanced`` puts 80 percent of the prompts at the partly solved levels 3-4 (48 percent mixed groups).
 #: ``warmstart`` is the supervised warm start's data (weighted to the easy levels, which it must master).
 MIXES: dict[str, dict[int, float]] = {
-    "default": {1: 0.3, 2: 0.1, 3: 0.15, 4: 0.1, 5: 0.35},
+    "default": {1: 0.25, 2: 0.1, 3: 0.3, 4: 0.05, 5: 0.3},
     "balanced": {1: 0.0, 2: 0.1, 3: 0.4, 4: 0.4, 5: 0.1},
     "uniform": {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0},
     "warmstart": {1: 0.3, 2: 0.3, 3: 0.2, 4: 0.1, 5: 0.1},
@@ -210,6 +213,8 @@ def draw_problem(rng: random.Random, level: int) -> Problem | None:
         if flat is not None and sorted(flat.steps) == sorted(problem.steps):
             return None  # redundant parentheses: the same operations, at most in another order
     if problem is None or len(problem.question) + len(problem.solution) > MAX_CHARS:
+        return None
+    if spec.slip_prone and _reduce(nums, ops, [], spec.max_value, left_to_right=True) in (None, problem.value):
         return None
     return problem
 
