@@ -16,7 +16,11 @@ Choices and deviations:
       Bessel factor. The official DOTS code (verl) and PODS code use ``torch.std`` (unbiased, eps 1e-6
       and 1e-4 respectively); pass ``unbiased_std=True`` to get that form.
     * A group whose rewards are all equal gets advantage exactly 0 in either form (``effective_mask``
-      tells which groups are not in that case).
+      tells which groups are not in that case), also when the value is not exactly representable: the
+      float mean of eight 1.075s is not 1.075, and dividing that rounding error by its own tiny std would
+      give every rollout +0.11, so equal groups are set to 0 explicitly.
+    * Non-finite rewards (NaN, inf) are an error, with the group and rollout named: a verifier that returns
+      NaN is broken, and a NaN advantage would reach the weights.
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ def _check_rewards(rewards: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"rewards must have at least one rollout per group, got shape {tuple(rewards.shape)}")
     if not rewards.is_floating_point():
         rewards = rewards.to(torch.get_default_dtype())
+    bad = ~torch.isfinite(rewards)
+    if bool(bad.any()):
+        b, g = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"rewards must be finite; {int(bad.sum())} are not, the first at group {b}, rollout {g} "
+                         f"({float(rewards[b, g])})")
     return rewards
 
 
@@ -60,17 +69,18 @@ def group_advantages(
         [B, G] advantages, same dtype as ``rewards`` (float).
 
     Raises:
-        ValueError: on a non-[B, G] input, eps <= 0 with scaling, or unbiased std with G < 2.
+        ValueError: on a non-[B, G] input, a non-finite reward, eps <= 0 with scaling, or unbiased std with G < 2.
     """
     rewards = _check_rewards(rewards)
-    adv = rewards - rewards.mean(dim=1, keepdim=True)
+    equal = (rewards.amax(dim=1) == rewards.amin(dim=1)).unsqueeze(1)  # [B, 1]
+    adv = torch.where(equal, 0.0, rewards - rewards.mean(dim=1, keepdim=True))
     if scale_by_std:
         if not eps > 0:
             raise ValueError(f"eps must be > 0 when scale_by_std=True, got {eps}")
         if unbiased_std and rewards.shape[1] < 2:
             raise ValueError("unbiased_std=True needs at least 2 rollouts per group (G >= 2)")
         std = rewards.std(dim=1, keepdim=True, unbiased=unbiased_std)
-        adv = adv / (std + eps)
+        adv = torch.where(equal, 0.0, adv / (std + eps))
     return adv
 
 
@@ -82,6 +92,9 @@ def effective_mask(rewards: torch.Tensor) -> torch.Tensor:
 
     Returns:
         [B] bool, True where the group's max reward differs from its min reward.
+
+    Raises:
+        ValueError: on a non-[B, G] input or a non-finite reward (an all-NaN group is neither effective nor not).
     """
     rewards = _check_rewards(rewards)
     return rewards.amax(dim=1) != rewards.amin(dim=1)

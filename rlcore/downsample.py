@@ -12,7 +12,9 @@ variance comes from prefix sums in O(1): O(n log n) per prompt, all prompts at o
 Choices and deviations:
     * Ordering and ties: rewards are sorted ascending with a stable sort, so equal rewards keep their
       original order; "lowest m - k" are the first m - k and "top k" the last k of that order. Among splits
-      k with equal variance (within a relative 1e-12) the largest k (the most high-reward rollouts) wins.
+      k with equal variance (within a relative 1e-12 of the best, however small the spread: an absolute
+      floor would let a zero-variance split tie with the best when rewards differ by less than about 1e-6 / m)
+      the largest k (the most high-reward rollouts) wins.
       The official code searches the splits in O(m^2) starting from the top-m; it states no tie rule.
     * Returned indices are sorted ascending (original rollout order), for every rule. With m == n every rule
       returns 0..n-1 in order and draws nothing from the generator, so the kept group is the input group.
@@ -64,7 +66,7 @@ def _max_variance_batch(rewards: torch.Tensor, m: int, generator: torch.Generato
     s2 = p2.gather(1, low) + p2[:, n : n + 1] - p2.gather(1, top_start)  # [B, m + 1]
     score = m * s2 - s1 * s1  # [B, m + 1] = m^2 * population variance of the split
     best = score.amax(dim=1, keepdim=True)  # [B, 1]
-    near_best = score >= best - _TIE_RTOL * best.abs().clamp(min=1.0)  # [B, m + 1]
+    near_best = score >= best - _TIE_RTOL * best.abs()  # [B, m + 1] relative: spreads of any size
     k_best = (near_best * k).amax(dim=1)  # [B] largest k among the best splits
     pos = torch.arange(m).expand(b, -1)  # [B, m] positions j of the kept set in sorted order
     n_low = (m - k_best).unsqueeze(1)  # [B, 1]

@@ -34,6 +34,11 @@ Choices and deviations:
       ((rho - 1) - log rho with rho = pi_theta / pi_old), as in CleanRL.
     * Padded positions must hold finite log-probs: they are excluded with ``torch.where`` so they do not
       change the loss, but a non-finite value there could still poison the gradient.
+    * Non-finite input: advantages and the detached log-probs (old, behaviour, reference) come from data
+      and earlier passes, so a NaN or inf among them (on a valid token) is a ``ValueError`` naming the
+      tensor. A non-finite ``logp`` (the live policy's own output) is not checked here: it gives a
+      non-finite loss, and the training loop skips that update (``tasks/training/distributed.py``,
+      ``backward_step``). A mask with no valid token is an error, not 0/0.
 """
 
 from __future__ import annotations
@@ -73,8 +78,13 @@ def masked_aggregate(
 
     Returns:
         A scalar tensor.
+
+    Raises:
+        ValueError: ``mask`` has no valid token (the mean over nothing is 0/0), or an unknown aggregation.
     """
     agg = _aggregation(aggregation)
+    if not bool(mask.any()):
+        raise ValueError("mask has no valid (True) token: the mean over no token is 0/0")
     masked = torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
     if agg is Aggregation.TOKEN:
         return masked.sum() / mask.sum()
@@ -82,6 +92,11 @@ def masked_aggregate(
     has_tokens = counts > 0
     per_seq = masked.sum(dim=1)[has_tokens] / counts[has_tokens]
     return per_seq.mean()
+
+
+def _bad_rows(t: torch.Tensor, first: int = 5) -> list[int]:
+    """Indices of the first rows of [N, L] ``t`` that hold a non-finite value (for error messages)."""
+    return (~torch.isfinite(t)).any(dim=1).nonzero().flatten()[:first].tolist()
 
 
 def _check_inputs(
@@ -106,6 +121,12 @@ def _check_inputs(
         raise ValueError(f"mask must be a bool tensor, got dtype {mask.dtype}")
     if not bool(mask.any()):
         raise ValueError("mask has no valid (True) token: the loss would be 0/0")
+    if not bool(torch.isfinite(advantages).all()):
+        raise ValueError(f"advantages must be finite; rows {_bad_rows(advantages.unsqueeze(1))} are not")
+    for name, t in (("old_logp", old_logp), ("behaviour_logp", behaviour_logp), ("ref_logp", ref_logp)):
+        if t is not None and not bool(torch.isfinite(t[mask]).all()):
+            raise ValueError(f"{name} must be finite on valid tokens; rows {_bad_rows(torch.where(mask, t, 0.0))} "
+                             "are not")
     if not 0 < clip_eps < 1:
         raise ValueError(f"clip_eps must be in (0, 1), got {clip_eps}")
     if kl_coef < 0:
@@ -147,8 +168,9 @@ def clipped_policy_loss(
         when ``ref_logp`` is given, ``train/kl``.
 
     Raises:
-        ValueError: on mismatched shapes, a non-bool or empty mask, clip_eps outside (0, 1), a negative
-            kl_coef, kl_coef > 0 without ref_logp, or an unknown aggregation.
+        ValueError: on mismatched shapes, a non-bool or empty mask, non-finite advantages or detached
+            log-probs, clip_eps outside (0, 1), a negative kl_coef, kl_coef > 0 without ref_logp, or an
+            unknown aggregation.
     """
     _check_inputs(logp, old_logp, advantages, mask, behaviour_logp, ref_logp, clip_eps, kl_coef)
     agg = _aggregation(aggregation)

@@ -155,7 +155,7 @@ class Run:
     info: RunInfo = field(default_factory=RunInfo)
     resumed: bool = False
     _hold_from: int | None = field(default=None, repr=False)
-    _held: list[tuple[dict[str, float], int]] = field(default_factory=list, repr=False)
+    _held: list[tuple[dict[str, float], int, int]] = field(default_factory=list, repr=False)  # metrics, step, ts
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -163,7 +163,7 @@ class Run:
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         if self._hold_from is not None and step >= self._hold_from:
-            self._held.append((dict(metrics), step))
+            self._held.append((dict(metrics), step, int(time.time() * 1000)))
         else:
             self.tracker.log_metrics(metrics, step)
 
@@ -171,14 +171,20 @@ class Run:
         """From now on hold metrics of steps >= ``from_step`` until a checkpoint covers them."""
         self._hold_from = from_step
 
-    def commit_metrics(self, step: int) -> None:
-        """A checkpoint at ``step`` is on disk: send held metrics of earlier steps."""
+    def held_metrics(self, step: int) -> list[tuple[dict[str, float], int, int]]:
+        """The held metrics a checkpoint at ``step`` covers (steps before it), with their timestamps: the
+        checkpoint keeps them, so a kill between writing it and :meth:`commit_metrics` loses none."""
+        return [h for h in self._held if h[1] < step]
+
+    def commit_metrics(self, step: int, held: list[tuple[dict[str, float], int, int]] | None = None) -> None:
+        """A checkpoint at ``step`` is on disk: send held metrics of earlier steps. ``held``: those a restored
+        checkpoint kept (sent again with their own timestamps; MLflow drops exact repeats)."""
         keep = []
-        for metrics, s in self._held:
+        for metrics, s, ts in [*(held or []), *self._held]:
             if s < step:
-                self.tracker.log_metrics(metrics, s)
+                self.tracker.log_metrics(metrics, s, ts)
             else:
-                keep.append((metrics, s))
+                keep.append((metrics, s, ts))
         self._held = keep
         if self._hold_from is not None:
             self._hold_from = max(self._hold_from, step)

@@ -1,5 +1,8 @@
 """Ingest stage: sources -> prompt records in the ledger, duplicates dropped, bad rows quarantined.
 
+Each source is written in one ledger transaction (its prompts, quarantine rows and ``ingests`` row): a kill
+mid-ingest leaves a source either fully recorded or not at all, so a rerun counts it right.
+
 The invariant, per source and in total: rows in = accepted + duplicates + quarantined. A duplicate is a
 row whose content id (question + answer) was already accepted earlier in the same ingest, within or
 across files. Accepted rows already in the ledger from an earlier run count as accepted (``new`` counts
@@ -74,12 +77,13 @@ def ingest(ledger, run_id: str, sources: list[SourceConfig]) -> IngestResult:
                 continue
             seen.add(r.id)
             accepted.append(r)
-        new = ledger.add_prompts(run_id, accepted)
-        ledger.add_quarantine(run_id, rejected)
-        counts = {"rows": len(recs) + len(rejected), "accepted": len(accepted), "duplicates": dups,
-                  "quarantined": len(rejected), "new": new}
-        assert counts["rows"] == counts["accepted"] + counts["duplicates"] + counts["quarantined"]
-        ledger.add_ingest(run_id, IngestRow(source=name, **counts))
+        with ledger.transaction():  # a source's prompts, rejects and counts land together or not at all
+            new = ledger.add_prompts(run_id, accepted)
+            ledger.add_quarantine(run_id, rejected)
+            counts = {"rows": len(recs) + len(rejected), "accepted": len(accepted), "duplicates": dups,
+                      "quarantined": len(rejected), "new": new}
+            assert counts["rows"] == counts["accepted"] + counts["duplicates"] + counts["quarantined"]
+            ledger.add_ingest(run_id, IngestRow(source=name, **counts))
         out.sources[name] = counts
         out.new_ids |= {r.id for r in accepted if r.id not in known}
         out.train += [r for r in accepted if r.split == "train"]

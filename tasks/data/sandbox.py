@@ -23,6 +23,19 @@ the above beat it. Here the verdict comes from a process the candidate never ran
 
 What is enforced, and by what (``enforcement()`` measures it on the running machine):
 
+* operating-system isolation (``Limits.isolation``, on by default): the candidate runs under bubblewrap
+  (``bwrap``, Debian's ``bubblewrap``; ``infra/setup.sh`` installs it where it can) in its own pid, mount,
+  network, IPC and UTS namespaces (and, for a non-root user, a user namespace). Its filesystem is a fresh
+  root with only the system directories (``/usr`` and the ``/bin``, ``/lib*``, ``/sbin`` links), the
+  Python installation, a private ``/proc`` and a minimal ``/dev`` mounted read-only, plus its own working
+  folder read-write: the checkout, the ledger, run folders, ``/tmp``, ``/etc`` and home folders are not
+  there, so a path trick (``os.open`` with ``dir_fd``, a raw ``fork_exec``) finds nothing to read or write.
+  It cannot see or signal any process outside its pid namespace, and when the job ends the namespace's
+  first process dies and the kernel kills every process left in it, ``setsid`` or not. As root, bwrap
+  keeps only ``CAP_SETUID``/``CAP_SETGID`` so the runner can drop to its pool uid (below); as any other user
+  the user namespace maps the job to that user. Without ``bwrap`` on the machine the job falls back to the
+  measures below alone, with a warning (once per process); ``enforcement()["isolation"]`` says which.
+
 * wall clock: the parent waits ``timeout_s`` and then SIGKILLs the whole process group (the child is
   started with ``start_new_session=True``); verdict ``timeout``.
 * CPU time, address space, file size, process count, open files, core dumps: ``resource.setrlimit``
@@ -64,6 +77,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
+import logging
 import os
 import pwd
 import shutil
@@ -102,6 +116,7 @@ class Limits:
             locked across processes; uids with an account are skipped).
         uid_slots: size of that pool (the most jobs that can run at once on the machine).
         network_namespace: try ``unshare(CLONE_NEWNET)``.
+        isolation: run the candidate under bubblewrap (see the module docstring) when ``bwrap`` is found.
     """
 
     timeout_s: float = 10.0
@@ -114,6 +129,7 @@ class Limits:
     uid_base: int = 61000
     uid_slots: int = 64
     network_namespace: bool = True
+    isolation: bool = True
 
     def __post_init__(self) -> None:
         if not self.timeout_s > 0:
@@ -253,6 +269,48 @@ def _rlimits(limits: Limits, uid: int | None) -> list[tuple[str, int, int]]:
             ("RLIMIT_NOFILE", limits.max_open_files, limits.max_open_files), ("RLIMIT_CORE", 0, 0)]
 
 
+#: System directories the isolated candidate sees (read-only); the rest of the host's tree is not there.
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_warned_no_bwrap = False
+
+
+def _interpreter() -> str:
+    """The base Python interpreter (not a virtual environment's link to it): with ``-I`` the runner needs
+    only the standard library, so neither the venv nor the checkout that may hold it must be visible."""
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+
+
+def _isolated(argv: list[str], mounts: Sequence[Path], work: Path, root: bool) -> list[str]:
+    """``argv`` wrapped in bubblewrap (module docstring), or unchanged when bwrap is missing or off.
+
+    ``mounts``: files the candidate reads (its runner); ``work``: its working folder, the only writable one.
+    """
+    global _warned_no_bwrap
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        if not _warned_no_bwrap:
+            _warned_no_bwrap = True
+            logging.getLogger("rlsift.sandbox").warning(
+                "bubblewrap (bwrap) not found: sandboxed code runs without operating-system isolation "
+                "(install Debian's 'bubblewrap'; README, 'Code rewards')")
+        return argv
+    out = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+           "--unshare-uts", "--unshare-cgroup-try"]
+    out += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if root else ["--unshare-user"]
+    for d in _SYSTEM_DIRS:
+        if os.path.islink(d):
+            out += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            out += ["--ro-bind", d, d]
+    prefix = os.path.realpath(sys.base_prefix)
+    if not prefix.startswith("/usr/"):
+        out += ["--ro-bind", prefix, prefix]
+    out += ["--proc", "/proc", "--dev", "/dev"]
+    for m in mounts:
+        out += ["--ro-bind", str(m), str(m)]
+    return [*out, "--bind", str(work), str(work), "--chdir", str(work), "--", *argv]
+
+
 def _tail(path: Path, chars: int) -> str:
     with open(path, "rb") as fh:
         fh.seek(0, os.SEEK_END)
@@ -310,8 +368,10 @@ def run_tests(program: str, test: str, entry_point: str, timeout_s: float | None
         with open(base / "out", "wb") as out, open(base / "err", "wb") as err, \
                 open(base / "check-err", "wb") as check_err:
             t0 = time.perf_counter()
-            cand = subprocess.Popen([sys.executable, "-I", "-B", str(base / "runner.py"), json.dumps(cfg)],
-                                    stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=work, env=env,
+            argv = [_interpreter(), "-I", "-B", str(base / "runner.py"), json.dumps(cfg)]
+            if limits.isolation:
+                argv = _isolated(argv, [base / "runner.py"], work, root)
+            cand = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=work, env=env,
                                     start_new_session=True, close_fds=True, pass_fds=(req_r, resp_w))
             pipes = json.dumps({"req_fd": req_w, "resp_fd": resp_r})
             checker = subprocess.Popen(
@@ -414,7 +474,10 @@ def enforcement(limits: Limits | None = None) -> dict:
         dict with ``uid`` (the job's uid; differs from the parent's when uid separation works),
         ``rlimits`` (soft limits seen by the job), ``interfaces`` (network devices visible: only
         ``lo`` inside a fresh network namespace), ``socket`` (``refused`` by the audit hook),
-        ``parent_uid`` and ``netns`` (True when the job runs in its own network namespace).
+        ``parent_uid``, ``netns`` (True when the job runs in its own network namespace), ``isolation``
+        (``"bubblewrap"`` when the job runs under it, else ``"none"``), ``sees`` (the top-level folders the
+        job can see; the host's other ones are not there) and ``pid_namespace`` (the job is pid 1's
+        descendant in its own pid namespace: it sees no process of the host).
     """
     test = "def check(probe):\n    import json\n    raise AssertionError(json.dumps(probe()))\n"
     v = run_tests(programs.PROBE, test, "probe", limits=limits)  # probe() runs in the candidate's process
@@ -424,4 +487,6 @@ def enforcement(limits: Limits | None = None) -> dict:
     out = json.loads(line[-1][len("AssertionError: "):])
     out["parent_uid"] = os.getuid()
     out["netns"] = out["netns"] != os.readlink("/proc/self/ns/net")
+    out["isolation"] = "bubblewrap" if (limits or Limits()).isolation and shutil.which("bwrap") else "none"
+    out["pid_namespace"] = out.pop("pidns") != os.readlink("/proc/self/ns/pid")
     return out

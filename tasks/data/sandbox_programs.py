@@ -246,6 +246,8 @@ def probe():
     with open("/proc/self/net/dev") as fh:
         out["interfaces"] = sorted(ln.split(":")[0].strip() for ln in fh if ":" in ln)
     out["netns"] = os.readlink("/proc/self/ns/net")
+    out["pidns"] = os.readlink("/proc/self/ns/pid")
+    out["sees"] = sorted(os.listdir("/"))
     try:
         socket.socket()
         out["socket"] = "allowed"

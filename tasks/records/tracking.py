@@ -21,6 +21,14 @@ Delivery (choices, see docs/operations.md "Tracking outages"):
   is away. An item the server rejects as invalid would block the queue forever, so it is moved to
   ``outbox-rejected.jsonl`` with an error log instead.
 
+Registered models are MLflow Models with the ``transformers`` flavour (task ``text-generation``, a string
+in / string out signature), saved from the run's final checkpoint folder with
+``mlflow.transformers.save_model`` and logged as an MLflow 3 *logged model* of the run (the run's "Logged
+models" list), whose version in the registry points at ``models:/<model id>``. So
+``mlflow.pyfunc.load_model("models:/rlsift-policy/<version>")``, ``mlflow.transformers.load_model`` and
+``mlflow models serve`` work, and the folder's ``model/`` subfolder is a plain transformers checkpoint
+(weights and tokenizer: ``from_pretrained`` loads it; :func:`latest_model` returns it for retraining).
+
 :class:`NullTracker` is the do-nothing stand-in for tests and dry runs.
 """
 
@@ -62,7 +70,7 @@ class Tracker(Protocol):
     run_id: str
 
     def log_params(self, params: dict[str, Any]) -> None: ...
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+    def log_metrics(self, metrics: dict[str, float], step: int, ts: int | None = None) -> None: ...
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...
     def register_model(self, local_dir: str | Path, name: str, tags: dict[str, str]) -> str | None: ...
@@ -196,8 +204,9 @@ class MlflowTracker:
     def log_params(self, params: dict[str, Any]) -> None:
         self._put({"kind": "params", "params": {_clean(k): str(v)[:6000] for k, v in params.items()}})
 
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self._put({"kind": "metrics", "step": int(step), "ts": int(time.time() * 1000),
+    def log_metrics(self, metrics: dict[str, float], step: int, ts: int | None = None) -> None:
+        """``ts``: the values' timestamp in ms (default now); resending with the same one adds no duplicate."""
+        self._put({"kind": "metrics", "step": int(step), "ts": int(time.time() * 1000) if ts is None else int(ts),
                    "metrics": {_clean(k): float(v) for k, v in metrics.items() if v is not None}})
 
     def set_tags(self, tags: dict[str, str]) -> None:
@@ -255,8 +264,15 @@ class MlflowTracker:
             self.client.get_registered_model(name)
         except MlflowException:
             self.client.create_registered_model(name)
-        source = f"{self.client.get_run(self.run_id).info.artifact_uri}/{path}"
-        return str(self.client.create_model_version(name, source, run_id=self.run_id, tags=tags).version)
+        run = self.client.get_run(self.run_id)
+        model = self.client.create_logged_model(run.info.experiment_id, name=name, source_run_id=self.run_id,
+                                                model_type="transformers")
+        self.client.log_model_artifacts(model.model_id, path)
+        self.client.finalize_logged_model(model.model_id, "READY")
+        version = self.client.create_model_version(name, f"models:/{model.model_id}", run_id=self.run_id,
+                                                   tags=tags, model_id=model.model_id).version
+        shutil.rmtree(path, ignore_errors=True)  # sent: the server holds it now
+        return str(version)
 
     @staticmethod
     def _requests(items: list[dict[str, Any]]):
@@ -326,13 +342,18 @@ class MlflowTracker:
             self.flush()
 
     def register_model(self, local_dir: str | Path, name: str, tags: dict[str, str]) -> str | None:
-        """Log a model folder under ``model/`` and register it as a new version of ``name``.
+        """Save a transformers checkpoint folder as an MLflow Model (:func:`save_mlflow_model`), log it as
+        this run's logged model and register it as a new version of ``name``.
 
         Returns the version, or None when MLflow is away: the registration then stays queued and happens
-        when MLflow answers again (or at ``rlsift sync``).
+        when MLflow answers again (or at ``rlsift sync``); the saved MLflow Model waits in the run folder.
         """
-        self.log_artifact(local_dir, "model")
-        self._put({"kind": "register", "name": name, "path": "model", "tags": {k: str(v) for k, v in tags.items()}})
+        model_dir = self.run_dir / "outbox-artifacts" / f"mlflow-model-{name}"
+        if not (model_dir / "MLmodel").is_file():  # a resume after a kill reuses a complete one
+            shutil.rmtree(model_dir, ignore_errors=True)
+            save_mlflow_model(local_dir, model_dir)
+        self._put({"kind": "register", "name": name, "path": str(model_dir),
+                   "tags": {k: str(v) for k, v in tags.items()}})
         if not self.flush():
             log.warning("model %s not registered yet: MLflow unreachable; it is queued in %s", name, self.outbox.path)
             return None
@@ -364,9 +385,40 @@ def sync(run_dir: str | Path, uri: str, run_id: str) -> bool:
     return MlflowTracker(uri, "", run_dir, run_id=run_id, background=False).flush()
 
 
-def latest_model(uri: str, name: str, dst: str | Path | None = None) -> tuple[str, str] | None:
-    """(version, local folder of its files) of the newest registered version of ``name``, or None.
+def save_mlflow_model(checkpoint: str | Path, path: str | Path) -> Path:
+    """Save a transformers checkpoint folder (weights and tokenizer) as an MLflow Model at ``path``.
 
+    The ``transformers`` flavour with task ``text-generation`` (pyfunc: a string or list of strings in, the
+    generated text out), that signature written out, the requirements pinned to the versions running now
+    (MLflow's own inference of them imports and probes the model), and a model card naming rlsift (MLflow
+    would otherwise ask the Hugging Face Hub for one, by the folder's name). ``path/model`` is a copy of the
+    checkpoint, loadable with ``from_pretrained``.
+    """
+    import huggingface_hub
+    import torch
+    import transformers
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, Schema
+
+    signature = ModelSignature(inputs=Schema([ColSpec("string")]), outputs=Schema([ColSpec("string")]))
+    card = huggingface_hub.ModelCard("---\nlibrary_name: transformers\n---\nA policy trained by rlsift.\n")
+    requirements = [f"mlflow=={mlflow.__version__}", f"transformers=={transformers.__version__}",
+                    f"torch=={torch.__version__.split('+')[0]}"]
+    mlflow.transformers.save_model(str(checkpoint), str(path), task="text-generation", signature=signature,
+                                   model_card=card, pip_requirements=requirements)
+    return Path(path)
+
+
+def checkpoint_folder(folder: str | Path) -> Path:
+    """The transformers checkpoint inside an MLflow Model folder (``model/``); any other folder as it is."""
+    folder = Path(folder)
+    return folder / "model" if (folder / "MLmodel").is_file() and (folder / "model").is_dir() else folder
+
+
+def latest_model(uri: str, name: str, dst: str | Path | None = None) -> tuple[str, str] | None:
+    """(version, local checkpoint folder) of the newest registered version of ``name``, or None.
+
+    The folder is the transformers checkpoint (:func:`checkpoint_folder`) of the downloaded MLflow Model.
     With ``dst``, the files are downloaded to ``dst/v<version>`` (reused when already there: a version's
     files never change); otherwise to a temporary folder.
     """
@@ -376,7 +428,8 @@ def latest_model(uri: str, name: str, dst: str | Path | None = None) -> tuple[st
         return None
     mv = max(versions, key=lambda v: int(v.version))
     if dst is None:
-        return str(mv.version), mlflow.artifacts.download_artifacts(artifact_uri=mv.source, tracking_uri=uri)
+        folder = mlflow.artifacts.download_artifacts(artifact_uri=mv.source, tracking_uri=uri)
+        return str(mv.version), str(checkpoint_folder(folder))
     target = Path(dst) / f"v{mv.version}"
     if not target.is_dir():
         tmp = Path(dst) / f".v{mv.version}.partial-{os.getpid()}"
@@ -384,9 +437,9 @@ def latest_model(uri: str, name: str, dst: str | Path | None = None) -> tuple[st
         tmp.mkdir(parents=True)
         mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(tmp), tracking_uri=uri)
         inner = tmp / Path(mv.source.rstrip("/")).name
-        os.replace(inner if inner.is_dir() else tmp, target)
+        os.replace(inner if inner.is_dir() and not (tmp / "MLmodel").is_file() else tmp, target)
         shutil.rmtree(tmp, ignore_errors=True)
-    return str(mv.version), str(target)
+    return str(mv.version), str(checkpoint_folder(target))
 
 
 def model_version_tags(uri: str, name: str, version: str) -> dict[str, str]:
@@ -399,7 +452,7 @@ class NullTracker:
     run_id = "none"
 
     def log_params(self, params: dict[str, Any]) -> None: ...
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+    def log_metrics(self, metrics: dict[str, float], step: int, ts: int | None = None) -> None: ...
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
     def log_dict(self, data: Any, name: str) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...

@@ -9,7 +9,10 @@ loop is seeded from ``(seed, step, purpose)``, so a resumed run continues exactl
 
 Checkpoints also delimit what reaches MLflow (tasks/run.py): :func:`restore` starts holding step metrics
 from the step it resumes at, and :func:`save` sends the held metrics of the steps it covers, so a step's
-metrics are sent once, by the process whose checkpoint includes that step. The cost meter of a resumed
+metrics are sent once, by the process whose checkpoint includes that step. The checkpoint also keeps those
+held metrics (with their timestamps), and :func:`restore` sends them again: a kill between the ``latest``
+pointer's update and :func:`save`'s send would otherwise lose them for good; a repeat is an exact
+(key, step, timestamp, value) duplicate, which MLflow's SQL store drops. The cost meter of a resumed
 run is the checkpoint's plus what the resuming process spent before training (redone stages); the time a
 crashed process spent past its last checkpoint is not counted.
 """
@@ -40,6 +43,7 @@ def save(run, step: int, model, updater: Updater, selector, buffer) -> Path:
         "buffer": buffer.state_dict() if buffer is not None else None,
         "meter": run.meter.state_dict(),
         "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+        "metrics": run.held_metrics(step),
     }
     path = folder / f"step-{step:06d}.pt"
     atomic_write(path, lambda f: torch.save(state, f))
@@ -88,4 +92,5 @@ def restore(run, model, updater: Updater, selector, buffer) -> int:
     np.random.set_state(state["rng"]["numpy"])
     run.ledger.truncate_after(run.run_id, int(state["step"]) - 1)
     run.defer_metrics(int(state["step"]))
+    run.commit_metrics(int(state["step"]), held=state.get("metrics"))  # a kill may have beaten save's send
     return int(state["step"])

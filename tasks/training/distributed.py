@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime
+import math
 import os
 import socket
 import sys
@@ -181,13 +182,32 @@ def wrap(model: torch.nn.Module, optimizer_factory: Callable[[Iterable[torch.nn.
     return engine, optimizer
 
 
+def _all_finite(loss: torch.Tensor) -> bool:
+    """Whether ``loss`` is finite on every rank (one all-reduce when a process group is up)."""
+    ok = torch.isfinite(loss.detach()).all().to(torch.float32).reshape(1)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    return bool(ok.item() > 0)
+
+
 def backward_step(model, optimizer, loss: torch.Tensor, grad_clip: float) -> float:
     """Backward, clip to ``grad_clip`` and one optimizer step; returns the pre-clip global gradient norm.
 
     DeepSpeed engines use ``engine.backward`` / ``engine.step`` (the clip is in their config); the others
     ``loss.backward``, ``clip_grad_norm_`` (a DTensor norm for FSDP2, made whole with ``full_tensor``) and
     ``optimizer.step``.
+
+    NaN never reaches the weights: an update whose loss (on any rank) or global gradient norm is not finite
+    is not applied; the gradients are dropped and the returned norm is NaN (or inf), which is how the caller
+    knows (``policy_update`` counts it in ``train/skipped_updates`` and logs why). The norm is global, so
+    every rank takes the same decision. Deviation: under DeepSpeed only the loss is checked before the step
+    (its engine clips and steps in one call); a finite loss with a non-finite gradient is left to DeepSpeed's
+    own overflow check (fp16's loss scaler skips such steps).
     """
+    if not _all_finite(loss):
+        if not is_deepspeed(model):
+            optimizer.zero_grad(set_to_none=True)
+        return float("nan")
     if is_deepspeed(model):
         model.backward(loss)
         model.step()
@@ -197,8 +217,12 @@ def backward_step(model, optimizer, loss: torch.Tensor, grad_clip: float) -> flo
     gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     if hasattr(gnorm, "full_tensor"):
         gnorm = gnorm.full_tensor()
-    optimizer.step()
-    return float(gnorm)
+    gnorm = float(gnorm)
+    if math.isfinite(gnorm):
+        optimizer.step()
+    else:
+        optimizer.zero_grad(set_to_none=True)
+    return gnorm
 
 
 def broadcast_module(module: torch.nn.Module, src: int = 0) -> None:

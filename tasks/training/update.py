@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import abc
 import copy
+import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
@@ -30,6 +32,8 @@ from rlcore.types import RolloutGroup
 from tasks.config import Config
 from tasks.model.forward import capture_mlp_input, token_logprobs
 from tasks.training.distributed import DataShard, backward_step
+
+log = logging.getLogger(__name__)
 
 
 def flatten(groups: Sequence[RolloutGroup]):
@@ -63,7 +67,9 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
             the wrapped engine and its optimizer. None: one process.
 
     Returns:
-        Metrics: ``train/loss``, ``train/grad_norm`` and the loss's own metrics (averaged over minibatches).
+        Metrics: ``train/loss``, ``train/grad_norm`` and the loss's own metrics (averaged over the applied
+        minibatches), and ``train/skipped_updates``: minibatches whose loss or gradient was not finite, so
+        their update was not applied (``backward_step``).
     """
     prompts, comp, mask, adv, width = flatten(groups)
     n_rows = comp.shape[0]
@@ -91,6 +97,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
 
     model.train()
     stats: dict[str, float] = {}
+    skipped = 0
     angle_sum, angle_n = 0.0, 0
     old_out = torch.zeros(n_rows, width)
     for mb in chunks:
@@ -119,9 +126,16 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
             loss = loss * (shard.world * w_agg)
             m = shard.combine(m, w_agg, w_tok)
         gnorm = backward_step(model, optimizer, loss, grad_clip)
+        if not math.isfinite(gnorm):  # not applied (backward_step): log why, keep NaN out of the averages
+            skipped += 1
+            log.warning("update skipped, not applied: loss %s, gradient norm %s (minibatch of %d rows)",
+                        m.get("train/loss", float(loss.detach())), gnorm, len(mb))
+            continue
         m["train/grad_norm"] = gnorm
         for k, v in m.items():
-            stats[k] = stats.get(k, 0.0) + float(v) / minibatches
+            stats[k] = stats.get(k, 0.0) + float(v)
+    stats = {k: v / (minibatches - skipped) for k, v in stats.items()}
+    stats["train/skipped_updates"] = float(skipped)
     if shard is not None:  # every row was computed by exactly one rank
         old_out = shard.all_sum(old_out)
         angle_sum, angle_n = (float(v) for v in shard.all_sum(torch.tensor([angle_sum, float(angle_n)],

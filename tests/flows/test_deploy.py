@@ -80,7 +80,11 @@ def test_deploy_and_run_the_pipeline_through_a_worker(tmp_path):
             (row,) = ledger.query("SELECT status, mlflow_run_id FROM runs")
         assert row["status"] == "completed"
         info = run_info(default_uri(root), row["mlflow_run_id"])
-        assert info["status"] == "FINISHED" and "model" in info["artifacts"]
+        assert info["status"] == "FINISHED" and "eval_table.md" in info["artifacts"]
+        from mlflow import MlflowClient
+
+        (mv,) = MlflowClient(tracking_uri=default_uri(root)).search_model_versions("name = 'rlsift-policy'")
+        assert mv.run_id == row["mlflow_run_id"]  # registered as the run's logged MLflow Model
         assert info["params"]["train.steps"] == "2"
         assert info["metrics"]["cost/usd"] > 0 and info["metrics"]["cost/train_device_hours"] > 0
     finally:

@@ -45,9 +45,13 @@ def test_pipeline_flow_records_everything(tmp_path, prefect_harness):
                 "time/rollout_s", "rollout/tokens_per_s", "calibrate/success_mean", "eval/mcnemar_p"):
         assert key in info["metrics"], key
     assert [st for st, _ in metric_history(s["tracking_uri"], s["mlflow_run_id"], "train/reward_mean")] == [0, 1, 2, 3]
-    for art in ("config.json", "eval_table.md", "training_curves.png", "eval_end.json", "model"):
+    for art in ("config.json", "eval_table.md", "training_curves.png", "eval_end.json"):
         assert art in info["artifacts"], art
     assert s["model_version"] == "1"
+    from mlflow import MlflowClient
+
+    mv = MlflowClient(tracking_uri=s["tracking_uri"]).get_model_version("rlsift-policy", "1")
+    assert mv.run_id == s["mlflow_run_id"] and mv.source.startswith("models:/")  # the run's logged MLflow Model
     assert info["tags"]["mlflow.runName"] == "grpo bundled:default s0" and info["tags"]["rlsift.run_id"] == s["run_id"]
 
     # what the Prefect UI's Artifacts tab shows for the flow run

@@ -89,3 +89,24 @@ def test_bad_eps_and_unbiased_single_raise():
         group_advantages(torch.zeros(2, 3), scale_by_std=True, eps=0.0)
     with pytest.raises(ValueError, match="G >= 2"):
         group_advantages(torch.zeros(2, 1), scale_by_std=True, unbiased_std=True)
+
+
+def test_equal_but_unrepresentable_rewards_give_exactly_zero():
+    r = torch.full((2, 8), 1.075, dtype=torch.float32)  # the float32 mean of eight 1.075s is not 1.075
+    r[1] = torch.tensor([1.075] * 4 + [0.0] * 4)
+    assert r[0].mean() != r[0, 0]  # the rounding the fix is about
+    for scale in (True, False):
+        adv = group_advantages(r, scale_by_std=scale)
+        assert torch.equal(adv[0], torch.zeros(8))
+        assert adv[1].abs().min() > 0.4  # a real spread is untouched
+
+
+@pytest.mark.parametrize("fn", [lambda r: group_advantages(r, scale_by_std=True), effective_mask])
+def test_non_finite_rewards_are_an_error_naming_the_place(fn):
+    r = torch.zeros(3, 4)
+    r[2] = float("nan")  # an all-NaN group: neither effective nor not
+    with pytest.raises(ValueError, match="group 2, rollout 0"):
+        fn(r)
+    r[2] = torch.tensor([0.0, 1.0, float("inf"), 0.0])
+    with pytest.raises(ValueError, match="1 are not, the first at group 2, rollout 2"):
+        fn(r)

@@ -174,3 +174,14 @@ def test_errors():
         max_variance_subset(torch.zeros(2, 4), 2)
     with pytest.raises(ValueError, match="finite"):
         max_variance_subset(torch.tensor([0.0, float("nan"), 1.0]), 2)
+
+
+@pytest.mark.parametrize("spread", [1e-3, 1e-7, 1e-12])
+def test_tiny_spreads_still_pick_a_max_variance_subset(spread):
+    # 6 equal rewards and 2 slightly higher ones: any m=4 subset with a high one has variance > 0; an absolute
+    # tie tolerance made the all-equal split (variance 0) tie with the best for spreads below ~1e-6 / m.
+    r = torch.tensor([[0.5] * 6 + [0.5 + spread] * 2], dtype=torch.float64)
+    keep, _ = downsample(r, 4, rule=DownsampleRule.MAX_VARIANCE)
+    kept = r[0, keep[0]]
+    assert kept.var(unbiased=False) > 0
+    assert sorted(keep[0].tolist()) == [0, 1, 6, 7]  # two low, two high: the largest variance

@@ -309,3 +309,31 @@ def test_input_errors():
         _loss(x, x, adv, mask, kl_coef=0.1)
     with pytest.raises(ValueError, match="kl_coef"):
         _loss(x, x, adv, mask, ref_logp=x, kl_coef=-1.0)
+
+
+def test_non_finite_inputs_and_empty_masks_are_errors():
+    logp = torch.zeros(2, 3)
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    adv = torch.tensor([1.0, -1.0])
+    with pytest.raises(ValueError, match="no valid"):
+        masked_aggregate(logp, torch.zeros(2, 3, dtype=torch.bool), "token")
+    with pytest.raises(ValueError, match="no valid"):
+        masked_aggregate(logp, torch.zeros(2, 3, dtype=torch.bool), "sequence")
+    kw = dict(clip_eps=0.2, aggregation="token", kl_coef=0.0)
+    with pytest.raises(ValueError, match=r"advantages must be finite; rows \[1\]"):
+        clipped_policy_loss(logp, logp, torch.tensor([1.0, float("nan")]), mask, **kw)
+    old = logp.clone()
+    old[1, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"old_logp must be finite on valid tokens; rows \[1\]"):
+        clipped_policy_loss(logp, old, adv, mask, **kw)
+    old[1, 0], old[1, 2] = 0.0, float("nan")  # on a padded position: not a valid token, so allowed
+    loss, _ = clipped_policy_loss(logp, old, adv, mask, **kw)
+    assert torch.isfinite(loss)
+    beh = logp.clone()
+    beh[0, 1] = float("-inf")
+    with pytest.raises(ValueError, match="behaviour_logp"):
+        clipped_policy_loss(logp, logp, adv, mask, behaviour_logp=beh, **kw)
+    live = logp.clone()
+    live[0, 0] = float("nan")  # the live policy's NaN is left to the training loop's skip
+    loss, _ = clipped_policy_loss(live, logp, adv, mask, **kw)
+    assert torch.isnan(loss)

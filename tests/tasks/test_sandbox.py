@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -284,3 +287,118 @@ def test_tests_use_the_trusted_context_not_the_candidates():
     cheat = "def helper(x):\n    return 20\ndef f(x):\n    return 0\n"  # its own helper is not the one used
     assert run_tests(honest, test, "f", context=context).verdict == "passed"
     assert run_tests(cheat, test, "f", context=context).verdict == "failed"
+
+
+# --- operating-system isolation (bubblewrap): the side doors of the in-process guard, as root and not ---------
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+BWRAP = shutil.which("bwrap") is not None
+needs_bwrap = pytest.mark.skipif(not BWRAP, reason="bubblewrap (bwrap) not installed: infra/setup.sh installs it")
+
+#: Programs that try the side doors found by outside testing; each must leave no trace on the host and learn
+#: nothing from it. ``{marker}`` is a fresh host path under /tmp, ``{secret}`` a host file the job must not
+#: read, ``{victim}`` the pid of a host process it must not be able to signal.
+SIDE_DOORS = {
+    "dir_fd escape after chdir": (
+        "import os\ndef f():\n    os.chdir('/')\n    d = os.open('/tmp', os.O_RDONLY)\n"
+        "    fd = os.open('../tmp/{name}', os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=d)\n    os.write(fd, b'x')\n"),
+    "raw fork_exec of a shell": (
+        "import os, sys, _posixsubprocess as p\ndef f():\n"
+        "    args = [[b'/bin/sh', b'-c', b'echo pwned > {marker}'], [b'/bin/sh'], True, (), None, None,\n"
+        "            -1, -1, -1, -1, -1, -1, *os.pipe(), False, False, -1, None, None, None, -1, None]\n"
+        "    pid = p.fork_exec(*(args + [False] if sys.version_info < (3, 12) else args))\n"
+        "    os.waitpid(pid, 0)\n"),
+    "read the checkout, the ledger, a run folder": (
+        "def f():\n    return open({secret!r}).read()\n"),
+    "signal a host process by pid and pidfd": (
+        "import os, signal\ndef f():\n"
+        "    try:\n        signal.pidfd_send_signal(os.pidfd_open({victim}), signal.SIGKILL)\n"
+        "    except OSError:\n        pass\n    os.kill({victim}, signal.SIGKILL)\n"),
+}
+
+
+def _side_door_program(how: str, marker: Path, secret: Path, victim: int) -> str:
+    return SIDE_DOORS[how].format(marker=marker, name=marker.name, secret=str(secret), victim=victim)
+
+
+def _check_side_doors(results: dict[str, str], markers: dict[str, Path], victim) -> None:
+    for how, verdict in results.items():
+        assert verdict != "passed", (how, verdict)
+        assert not markers[how].exists(), f"{how}: wrote {markers[how]} on the host"
+    assert victim.poll() is None, "a sandboxed job killed a host process"
+
+
+@needs_bwrap
+def test_side_doors_are_closed_by_the_operating_system(tmp_path):
+    e = enforcement()
+    assert e["isolation"] == "bubblewrap" and e["pid_namespace"] and e["netns"]
+    assert CHECKOUT.parts[1] not in e["sees"] or CHECKOUT.parts[1] in ("tmp", "usr")
+    secret = tmp_path / "ledger.duckdb"  # stands for the ledger / run folder (tmp_path is outside the job's view)
+    secret.write_text("secret")
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        markers = {how: Path("/tmp") / f"rlsift-door-{uuid.uuid4().hex}" for how in SIDE_DOORS}
+        results = {how: run(_side_door_program(how, markers[how], secret, victim.pid), timeout_s=5).verdict
+                   for how in SIDE_DOORS}
+        _check_side_doors(results, markers, victim)
+        assert run(f"def f():\n    return open({str(CHECKOUT / 'README.md')!r}).read()\n").verdict == "failed"
+    finally:
+        victim.kill()
+
+
+@needs_bwrap
+def test_a_setsid_child_does_not_outlive_its_job():
+    tag = f"{time.time() % 1:.9f}"[2:]  # a unique sleep length names the process
+    program = (f"import os, time\ndef f():\n    if os.fork() == 0:\n        os.setsid()\n"
+               f"        time.sleep(int('{tag}') % 7 + 30.{tag})\n")
+    run(program, timeout_s=5)
+    time.sleep(0.2)
+    survivors = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(p, tag)]
+    assert survivors == []
+
+
+def _cmdline_has(pid: str, text: str) -> bool:
+    try:
+        return text in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+UNPRIVILEGED = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from tasks.data.sandbox import enforcement, run_tests
+programs = json.loads(sys.argv[2])
+res = {how: run_tests(p, "def check(f):\\n    f()\\n", "f", timeout_s=5).verdict for how, p in programs.items()}
+honest = run_tests("def add(a, b):\\n    return a + b\\n", "def check(c):\\n    assert c(1, 2) == 3\\n", "add").verdict
+print(json.dumps({"results": res, "honest": honest, "enforcement": enforcement()}))
+"""
+
+
+@needs_bwrap
+@pytest.mark.skipif(not ROOT or not Path("/usr/bin/python3").exists() or not shutil.which("runuser"),
+                    reason="needs root (to become another user), runuser and a system Python")
+def test_side_doors_are_closed_for_an_unprivileged_user(tmp_path):
+    """The same hostile programs, run by a sandbox in a process of user ``nobody`` (no uid pool there)."""
+    secret_dir = tmp_path / "runs"
+    secret_dir.mkdir()
+    secret = secret_dir / "metrics.jsonl"
+    secret.write_text("secret")
+    os.chmod(tmp_path, 0o755)
+    for p in (secret_dir, secret):
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)  # readable by nobody on the host: only isolation hides it
+    victim = subprocess.Popen(["sleep", "60"], user="nobody")  # the same user as the jobs: only isolation protects it
+    markers = {how: Path("/tmp") / f"rlsift-door-{uuid.uuid4().hex}" for how in SIDE_DOORS}
+    programs = {how: _side_door_program(how, markers[how], secret, victim.pid) for how in SIDE_DOORS}
+    try:
+        out = subprocess.run(["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", UNPRIVILEGED,
+                              str(CHECKOUT), json.dumps(programs)], cwd="/tmp", capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        report = json.loads(out.stdout.strip().splitlines()[-1])
+        _check_side_doors(report["results"], markers, victim)
+        assert report["honest"] == "passed"
+        e = report["enforcement"]
+        assert e["uid"] == e["parent_uid"] != 0 and e["isolation"] == "bubblewrap" and e["pid_namespace"]
+    finally:
+        victim.kill()

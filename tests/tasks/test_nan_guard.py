@@ -1,0 +1,65 @@
+"""NaN never reaches the weights: an update whose loss or gradient is not finite is skipped, logged and counted."""
+
+import copy
+import logging
+
+import torch
+
+from tasks.training.distributed import backward_step
+from tasks.training.update import policy_update
+from tests.tasks import dist_update_helper as h
+
+
+def _nan_logits(model, minibatch_calls: set[int]):
+    """A forward hook that turns the LM head's output into NaN on the given forward calls (0-based)."""
+    calls = {"n": 0}
+
+    def hook(_module, _inputs, output):
+        i = calls["n"]
+        calls["n"] += 1
+        return output * float("nan") if i in minibatch_calls else output
+
+    return model.lm_head.register_forward_hook(hook)
+
+
+def test_a_nan_update_is_skipped_logged_and_never_applied(caplog):
+    model = h.tiny_model()
+    batch = h.make_batch(model)
+    opt = torch.optim.AdamW(model.parameters(), **h.OPTIM)
+    before = copy.deepcopy(model.state_dict())
+    handle = _nan_logits(model, {0, 1})  # both minibatches of this update
+    with caplog.at_level(logging.WARNING, logger="tasks.training.update"):
+        stats = policy_update(model, opt, copy.deepcopy(batch), aggregation="token", kl_coef=0.0, **h.SETTINGS)
+    handle.remove()
+    assert stats["train/skipped_updates"] == 2.0
+    assert "update skipped, not applied" in caplog.text
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k  # weights untouched
+    assert not opt.state  # AdamW's moments were never touched either
+
+    # One poisoned minibatch of two: the other one is applied; its metrics are finite and are the average.
+    handle = _nan_logits(model, {1})
+    stats = policy_update(model, opt, copy.deepcopy(batch), aggregation="token", kl_coef=0.0, **h.SETTINGS)
+    handle.remove()
+    assert stats["train/skipped_updates"] == 1.0
+    assert all(torch.isfinite(torch.tensor(v)) for v in stats.values())
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_backward_step_skips_a_non_finite_gradient_with_a_finite_loss():
+    model = h.tiny_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    before = copy.deepcopy(model.state_dict())
+    w = model.lm_head.weight
+    loss = (w * torch.where(torch.arange(w.shape[1]) == 0, float("inf"), 0.0)).sum() * 0.0 + 1.0  # inf*0: NaN grad
+    assert torch.isfinite(loss)
+    gnorm = backward_step(model, opt, loss, grad_clip=1.0)
+    assert gnorm != gnorm  # NaN
+    assert all(p.grad is None for p in model.parameters())
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    # A finite step goes through as before.
+    loss = sum((p.float() ** 2).sum() for p in model.parameters())
+    assert backward_step(model, opt, loss, grad_clip=1.0) > 0
+    assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
