@@ -160,11 +160,26 @@ def _train(run: Run, data: IngestResult, summary: RunSummary) -> RunSummary:
 
 
 def preflight(cfg: Config) -> None:
-    """What would fail later, checked before any work: data files that do not exist, a root that cannot
-    be written. Raises :class:`ConfigError` naming the key."""
+    """What would fail later, checked before any work: data files that do not exist, are empty or hold no
+    usable row (each file is parsed once here with the ingest's own reader, which costs a second read of
+    the sources), a root that cannot be written. Raises :class:`ConfigError` naming the key."""
+    from tasks.data.sources import read_source
+
     for i, s in enumerate(cfg.data.sources):
-        if s.kind == "file" and not Path(s.path).exists():
-            raise ConfigError(f"data.sources[{i}].path: {s.path} does not exist")
+        if s.kind != "file":
+            continue
+        where = f"data.sources[{i}].path: {s.path}"
+        if not Path(s.path).exists():
+            raise ConfigError(f"{where} does not exist")
+        if Path(s.path).is_file() and Path(s.path).stat().st_size == 0:
+            raise ConfigError(f"{where} is empty")
+        try:
+            records, rejected = read_source(s.path, s.format, split=s.split, fields=s.fields, reward=s.reward)
+        except (ValueError, OSError) as err:
+            raise ConfigError(f"{where}: {err}") from None
+        if not records:
+            first = f"; the first, line {rejected[0].line}: {rejected[0].reason}" if rejected else ""
+            raise ConfigError(f"{where} has no usable row ({len(rejected)} rejected{first})")
     root = Path(cfg.paths.root).resolve()
     here = next(p for p in (root, *root.parents) if p.exists())
     if not here.is_dir() or not os.access(here, os.W_OK | os.X_OK):

@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SMOKE = ROOT / "conf" / "smoke.yaml"
+SMOKE = ROOT / "tests" / "fixtures" / "tiny.yaml"
 
 
 @pytest.fixture

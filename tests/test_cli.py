@@ -15,7 +15,7 @@ def rlsift(*args, cwd=ROOT):
 
 
 def test_run_json_contract(tmp_path):
-    p = rlsift("run", "-c", "conf/smoke.yaml", f"paths.root={tmp_path}", "train.steps=2", "--json")
+    p = rlsift("run", "-c", "tests/fixtures/tiny.yaml", f"paths.root={tmp_path}", "train.steps=2", "--json")
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout)  # exactly one JSON object on stdout
     for key in ("run_id", "mlflow_run_id", "status", "steps", "eval_accuracy_start", "eval_accuracy_end", "wall_s",
@@ -49,7 +49,7 @@ def test_run_json_contract(tmp_path):
 
 
 def test_config_error_names_key_and_does_no_work(tmp_path):
-    p = rlsift("run", "-c", "conf/smoke.yaml", f"paths.root={tmp_path}", "train.stepz=2", "--json")
+    p = rlsift("run", "-c", "tests/fixtures/tiny.yaml", f"paths.root={tmp_path}", "train.stepz=2", "--json")
     assert p.returncode == 2
     assert "train.stepz: unknown key" in p.stderr
     assert not any(tmp_path.iterdir()), "nothing may be written before the config is valid"
@@ -101,7 +101,7 @@ def test_gpu_run_script_on_the_cpu(tmp_path):
 
     env = {**os.environ, "DEVICE": "cpu", "ROOT": str(tmp_path), "PY": sys.executable, "BENCH_PROMPTS": "4",
            "BENCH_N": "2", "BENCH_TOKENS": "8", "BENCH_STEPS": "1", "CI": "true"}
-    p = subprocess.run(["bash", "infra/gpu-run.sh", "conf/smoke.yaml", "train.steps=2"], cwd=ROOT, env=env,
+    p = subprocess.run(["bash", "infra/gpu-run.sh", "tests/fixtures/tiny.yaml", "train.steps=2"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     result = json.loads(p.stdout.strip().splitlines()[-1])
@@ -115,11 +115,18 @@ def test_problems_are_found_before_any_work(tmp_path):
     assert p.returncode == 2 and "the config file is empty" in p.stderr
     assert json.loads(p.stdout)["status"] == "error"
     root = tmp_path / "root"
-    p = rlsift("run", "-c", "conf/smoke.yaml", f"paths.root={root}",
+    p = rlsift("run", "-c", "tests/fixtures/tiny.yaml", f"paths.root={root}",
                "data.sources=[{kind: file, path: /nonexistent/x.jsonl}]", "--json")
     assert p.returncode == 2 and "data.sources[0].path: /nonexistent/x.jsonl does not exist" in p.stderr
     assert "Traceback" not in p.stderr and not root.exists()
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "bad.jsonl").write_text('{"question": "no answer"}\nnot json\n')
+    for name, says in (("empty.jsonl", "is empty"), ("bad.jsonl", "has no usable row (2 rejected; the first, line 1")):
+        p = rlsift("run", "-c", "tests/fixtures/tiny.yaml", f"paths.root={root}",
+                   f"data.sources=[{{kind: file, path: {tmp_path / name}}}]", "--json")
+        assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
+        assert json.loads(p.stdout)["status"] == "error" and not root.exists()
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
-    p = rlsift("run", "-c", "conf/smoke.yaml", f"paths.root={blocker / 'root'}")
+    p = rlsift("run", "-c", "tests/fixtures/tiny.yaml", f"paths.root={blocker / 'root'}")
     assert p.returncode == 2 and "paths.root: cannot create or write" in p.stderr

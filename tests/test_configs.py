@@ -22,11 +22,12 @@ from rlcore import (
 from tasks.config import Config, ConfigError, load_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-FILES = sorted(p for p in CONF.rglob("*.yaml") if p.parent.name != "data")
+FILES = sorted(p for p in CONF.rglob("*.yaml") if p.parent.name != "data") + [
+    Path(__file__).resolve().parent / "fixtures" / "tiny.yaml"]  # the tests' own budget
 DATA = sorted((CONF / "data").glob("*.yaml"))
 
 
-@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(CONF)))
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name if CONF not in p.parents else str(p.relative_to(CONF)))
 def test_every_config_file_validates(path):
     cfg = load_config(path)
     assert isinstance(cfg, Config)

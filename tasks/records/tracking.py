@@ -24,7 +24,7 @@ Delivery (choices, see docs/operations.md "Tracking outages"):
 Registered models are MLflow Models with the ``transformers`` flavour (task ``text-generation``, a string
 in / string out signature), saved from the run's final checkpoint folder with
 ``mlflow.transformers.save_model`` and logged as an MLflow 3 *logged model* of the run (the run's "Logged
-models" list), whose version in the registry points at ``models:/<model id>``. So
+models" list), whose registry version points at that logged model's artifacts. So
 ``mlflow.pyfunc.load_model("models:/rlsift-policy/<version>")``, ``mlflow.transformers.load_model`` and
 ``mlflow models serve`` work, and the folder's ``model/`` subfolder is a plain transformers checkpoint
 (weights and tokenizer: ``from_pretrained`` loads it; :func:`latest_model` returns it for retraining).
@@ -269,7 +269,7 @@ class MlflowTracker:
                                                 model_type="transformers")
         self.client.log_model_artifacts(model.model_id, path)
         self.client.finalize_logged_model(model.model_id, "READY")
-        version = self.client.create_model_version(name, f"models:/{model.model_id}", run_id=self.run_id,
+        version = self.client.create_model_version(name, model.artifact_location, run_id=self.run_id,
                                                    tags=tags, model_id=model.model_id).version
         shutil.rmtree(path, ignore_errors=True)  # sent: the server holds it now
         return str(version)
@@ -389,24 +389,34 @@ def save_mlflow_model(checkpoint: str | Path, path: str | Path) -> Path:
     """Save a transformers checkpoint folder (weights and tokenizer) as an MLflow Model at ``path``.
 
     The ``transformers`` flavour with task ``text-generation`` (pyfunc: a string or list of strings in, the
-    generated text out), that signature written out, the requirements pinned to the versions running now
+    generated text out; ``max_new_tokens``, ``do_sample`` and ``temperature`` as inference params), that
+    signature written out, the requirements pinned to the versions running now
     (MLflow's own inference of them imports and probes the model), and a model card naming rlsift (MLflow
-    would otherwise ask the Hugging Face Hub for one, by the folder's name). ``path/model`` is a copy of the
-    checkpoint, loadable with ``from_pretrained``.
+    would otherwise ask the Hugging Face Hub for one). The model and tokenizer are loaded and handed over as
+    components (MLflow's local-checkpoint path fails with transformers 5); ``path/model`` gets the
+    checkpoint's tokenizer files too, so it is a complete checkpoint that ``from_pretrained`` loads.
     """
     import huggingface_hub
     import torch
     import transformers
     from mlflow.models import ModelSignature
-    from mlflow.types import ColSpec, Schema
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
-    signature = ModelSignature(inputs=Schema([ColSpec("string")]), outputs=Schema([ColSpec("string")]))
+    checkpoint, path = Path(checkpoint), Path(path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, local_files_only=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    params = ParamSchema([ParamSpec("max_new_tokens", "long", 256), ParamSpec("do_sample", "boolean", False),
+                          ParamSpec("temperature", "double", 1.0)])
+    signature = ModelSignature(inputs=Schema([ColSpec("string")]), outputs=Schema([ColSpec("string")]), params=params)
     card = huggingface_hub.ModelCard("---\nlibrary_name: transformers\n---\nA policy trained by rlsift.\n")
     requirements = [f"mlflow=={mlflow.__version__}", f"transformers=={transformers.__version__}",
                     f"torch=={torch.__version__.split('+')[0]}"]
-    mlflow.transformers.save_model(str(checkpoint), str(path), task="text-generation", signature=signature,
-                                   model_card=card, pip_requirements=requirements)
-    return Path(path)
+    mlflow.transformers.save_model({"model": model, "tokenizer": tokenizer}, str(path), task="text-generation",
+                                   signature=signature, model_card=card, pip_requirements=requirements)
+    for f in checkpoint.iterdir():  # tokenizer (and any other small) files beside the weights
+        if f.is_file() and not (path / "model" / f.name).exists():
+            shutil.copy2(f, path / "model" / f.name)
+    return path
 
 
 def checkpoint_folder(folder: str | Path) -> Path:

@@ -17,6 +17,7 @@ of every step comes from :func:`scheduled_lr` and reaches the optimizer(s) throu
 from __future__ import annotations
 
 import abc
+import contextlib
 import copy
 import logging
 import math
@@ -101,8 +102,8 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     angle_sum, angle_n = 0.0, 0
     old_out = torch.zeros(n_rows, width)
     for mb in chunks:
-        with capture_mlp_input(model) as box:
-            logp = logp_of(mb, model)  # [n, L] with grad
+        with capture_mlp_input(model) if angle_fn is not None else contextlib.nullcontext([]) as box:
+            logp = logp_of(mb, model)  # [n, L] with grad (the hidden-state hook only when GAIN-RL needs it)
         if angle_fn is not None:
             p_width = box[0].shape[1] - width
             am = torch.cat([torch.ones(len(mb), p_width, dtype=torch.bool), mask[mb]], dim=1)
@@ -114,7 +115,11 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
         fresh = fresh_rows[mb].to(logp.device).unsqueeze(1)
         beh = torch.where(fresh, old, behaviour[mb].to(logp.device))
         w_agg, w_tok = shard.loss_weights(mask[mb], aggregation) if shard is not None else (1.0, 1.0)
-        if w_tok == 0.0:  # scale-out: no valid token in this rank's slice; still run the collective backward
+        finite_refs = all(bool(torch.isfinite(t[mask[mb].to(t.device)]).all()) for t in
+                          (old, beh, None if ref_full is None else ref_full[mb]) if t is not None)
+        if not finite_refs:  # a non-finite pi_old / reference pass: the loss would be NaN, so skip like one
+            loss, m = logp.sum() * float("nan"), {}
+        elif w_tok == 0.0:  # scale-out: no valid token in this rank's slice; still run the collective backward
             loss, m = logp.sum() * 0.0, {}
         else:
             loss, m = clipped_policy_loss(

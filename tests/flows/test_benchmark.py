@@ -11,7 +11,7 @@ from flows.benchmark import DEFAULTS, QUICK, clock_skips, configuration, preset_
 from tasks.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
-SMOKE = str(ROOT / "conf" / "smoke.yaml")
+SMOKE = str(ROOT / "tests" / "fixtures" / "tiny.yaml")
 
 
 def test_preset_overrides_are_the_preset_chain_without_base():

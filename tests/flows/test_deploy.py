@@ -57,7 +57,7 @@ def test_deploy_and_run_the_pipeline_through_a_worker(tmp_path):
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         root = tmp_path / "root"
-        params = {"config": str(ROOT / "conf" / "smoke.yaml"), "overrides": [*TINY, f"paths.root={root}"]}
+        params = {"config": str(ROOT / "tests" / "fixtures" / "tiny.yaml"), "overrides": [*TINY, f"paths.root={root}"]}
         with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
             dep = client.read_deployment_by_name("pipeline/pipeline")
             flow_run = client.create_flow_run_from_deployment(dep.id, parameters=params)

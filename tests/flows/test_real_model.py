@@ -22,7 +22,7 @@ def test_a_real_looking_model_runs_the_whole_pipeline_on_gsm8k(tmp_path):
     root = tmp_path / "root"
     sources = (f"data.sources=[{{kind: file, path: {GSM8K / 'train.jsonl'}, format: gsm8k, reward: math, limit: 24}},"
                f" {{kind: file, path: {GSM8K / 'test.jsonl'}, format: gsm8k, reward: math, limit: 8}}]")
-    out = rlsift("run", "-c", str(ROOT / "conf" / "smoke.yaml"), f"model.path={model}", sources,
+    out = rlsift("run", "-c", str(ROOT / "tests" / "fixtures" / "tiny.yaml"), f"model.path={model}", sources,
                  f"paths.root={root}", "select.method=dots", "calibrate.k=8", "calibrate.g=2", "rollout.n=2",
                  "rollout.max_new_tokens=24", "train.steps=2", "train.prompts_per_step=4", "train.round_steps=1",
                  "eval.samples=0", "--json", env=cli_env(tmp_path), timeout=600)

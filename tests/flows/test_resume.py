@@ -41,12 +41,13 @@ STATEFUL = ["select.method=dots", "calibrate.k=8", "calibrate.g=4", "select.pred
             "train.steps=6", "train.round_steps=3", "train.checkpoint_every=2", "train.prompts_per_step=6",
             "eval.every=2", "eval.samples=0", "model.threads=1"]
 STEPS = 6
+TINY = ROOT / "tests" / "fixtures" / "tiny.yaml"
 #: metrics that depend on the clock, not on the computation
 CLOCK = ("time/", "cost/", "rollout/tokens_per_s")
 
 
 def args(root: Path, easy) -> list[str]:
-    return ["-c", str(ROOT / "conf" / "smoke.yaml"), *easy_overrides(*easy), *STATEFUL, f"paths.root={root}"]
+    return ["-c", str(TINY), *easy_overrides(*easy), *STATEFUL, f"paths.root={root}"]
 
 
 def ledger_rows(root: Path, table: str, order: str) -> list[dict]:
@@ -146,7 +147,7 @@ def test_a_resume_keeps_the_stored_config(smoke_cfg, tmp_path):
     root = f"paths.root={tmp_path / 'root'}"
     cfg = resume_config(None, [root], run.run_id)  # no -c: the defaults differ, the stored config wins
     assert cfg.train.steps == 6 and cfg.select.method == "dots" and cfg.data.sources[0].n_train == 120
-    cfg = resume_config(str(ROOT / "conf" / "smoke.yaml"), [root, "train.steps=6", "model.threads=1"], run.run_id)
+    cfg = resume_config(str(TINY), [root, "train.steps=6", "model.threads=1"], run.run_id)
     assert cfg.model.threads == 1 and cfg.train.steps == 6  # an equal value and an allowed change
     with pytest.raises(ConfigError, match="train.steps differ from the run's stored config"):
         resume_config(None, [root, "train.steps=8"], run.run_id)

@@ -1,6 +1,6 @@
 """``torchrun -m flows.train_dist`` (2 CPU processes) ends where ``rlsift run`` ends (slow: about 2.5 minutes).
 
-Both runs use ``conf/smoke.yaml`` with a 400-step warm start shared through one cache folder, so the policy
+Both runs use ``tests/fixtures/tiny.yaml`` with a 400-step warm start shared through one cache folder, so the policy
 solves a few prompts and some steps have non-zero advantages (the 20-step default solves none and the
 updates would all be zero). The sharded run goes through the whole driver protocol: rank 0 runs the
 pipeline, the other rank serves the updates, weights come back to rank 0 after every step, checkpoints
@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMON = ["-c", "conf/smoke.yaml", "model.warmstart.steps=400", "tracking.register_model=false"]
+COMMON = ["-c", "tests/fixtures/tiny.yaml", "model.warmstart.steps=400", "tracking.register_model=false"]
 
 
 

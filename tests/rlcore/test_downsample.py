@@ -184,4 +184,4 @@ def test_tiny_spreads_still_pick_a_max_variance_subset(spread):
     keep, _ = downsample(r, 4, rule=DownsampleRule.MAX_VARIANCE)
     kept = r[0, keep[0]]
     assert kept.var(unbiased=False) > 0
-    assert sorted(keep[0].tolist()) == [0, 1, 6, 7]  # two low, two high: the largest variance
+    assert sorted(kept.tolist()) == [0.5, 0.5, 0.5 + spread, 0.5 + spread]  # two low, two high: the largest variance

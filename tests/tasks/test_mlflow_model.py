@@ -23,7 +23,7 @@ def registered(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlflow-model")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     tok = build_tokenizer()
-    model = build_tiny_model(hidden=32, layers=1, heads=2, tokenizer=tok, seed=0)
+    model = build_tiny_model(hidden=64, layers=1, heads=2, tokenizer=tok, seed=0)
     ckpt = save_policy(model, tok, root / "final_model")
     versions = []
     for k in range(2):
@@ -38,8 +38,8 @@ def test_registered_versions_are_logged_mlflow_models(registered):
     assert versions == ["1", "2"]
     client = MlflowClient(tracking_uri=uri)
     mv = client.get_model_version("rlsift-policy", "2")
-    assert mv.source.startswith("models:/") and mv.tags["rlsift.run_id"] == "r1"
-    logged = client.get_logged_model(mv.model_id)
+    assert "/models/m-" in mv.source and mv.tags["rlsift.run_id"] == "r1"
+    logged = client.get_logged_model(mv.source.split("/models/")[1].split("/")[0])
     assert logged.source_run_id == mv.run_id and logged.status == "READY"  # the run's "Logged models" entry
     mlflow.set_tracking_uri(uri)
     info = mlflow.models.get_model_info("models:/rlsift-policy/2")
@@ -72,7 +72,8 @@ def test_retrain_gets_a_plain_transformers_checkpoint(registered, tmp_path):
 def test_mlflow_models_serve_serves_it(registered):
     uri, _, _, root = registered
     port = free_port()
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri,  # as from an activated venv: uvicorn is on PATH
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     log = root / "serve.log"
     proc = start([sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/rlsift-policy/1", "--env-manager",
                   "local", "--host", "127.0.0.1", "--port", str(port)], env, log)
