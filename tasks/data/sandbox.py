@@ -369,8 +369,8 @@ def run_tests(program: str, test: str, entry_point: str, timeout_s: float | None
                 open(base / "check-err", "wb") as check_err:
             t0 = time.perf_counter()
             argv = [_interpreter(), "-I", "-B", str(base / "runner.py"), json.dumps(cfg)]
-            if limits.isolation:
-                argv = _isolated(argv, [base / "runner.py"], work, root)
+            wrapped = _isolated(argv, [base / "runner.py"], work, root) if limits.isolation else argv
+            isolated, argv = wrapped is not argv, wrapped
             cand = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=work, env=env,
                                     start_new_session=True, close_fds=True, pass_fds=(req_r, resp_w))
             pipes = json.dumps({"req_fd": req_w, "resp_fd": resp_r})
@@ -398,6 +398,8 @@ def run_tests(program: str, test: str, entry_point: str, timeout_s: float | None
                 except subprocess.TimeoutExpired:
                     pass
             seconds = time.perf_counter() - t0
+            if isolated and cand_rc is not None and cand_rc > 128:  # bwrap reports its child's signal as 128 + n
+                cand_rc = 128 - cand_rc
             _killpg(cand.pid)
             cand.wait()
             _killpg(checker.pid)

@@ -33,9 +33,10 @@ def test_a_real_looking_model_runs_the_whole_pipeline_on_gsm8k(tmp_path):
     with Ledger(root / "ledger.duckdb", read_only=True) as led:
         prompts = led.prompts()
         assert {p.reward for p in prompts} == {"math"} and len(prompts) == 32
-        assert len(led.query("SELECT * FROM reference WHERE run_id = ?", [s["run_id"]])) == 8  # DOTS calibration
+        ref = led.query("SELECT * FROM reference WHERE run_id = ? AND round = -1", [s["run_id"]])
+        assert len(ref) == 8  # DOTS's calibration on the reference set
         sel = led.query("SELECT * FROM selections WHERE run_id = ?", [s["run_id"]])
-        assert sel and all(r["selector"] == "dots" and r["predicted"] is not None for r in sel)
+        assert sel and all(r["selector"] == "dots" and r["pred_success"] is not None for r in sel)
     # EOS: the model's end-of-turn token is what generation stops at and what the rollout mask cuts at
     from tasks.model.policy import load_policy
 

@@ -43,7 +43,7 @@ def test_retrain_continues_from_the_registered_model_on_new_prompts(smoke_cfg, p
     assert "config" not in tags and len(tags["config_sha256"]) == 64  # the config itself: the run's artifact
     assert "config.json" in run_info(uri, second.mlflow_run_id)["artifacts"]
     saved = json.loads((Path(second.run_dir) / "config.json").read_text())
-    assert saved["model"]["path"].endswith("/models/rlsift-policy/v1")
+    assert saved["model"]["path"].endswith("/models/rlsift-policy/v1/model")  # the MLflow Model's checkpoint
     assert run_info(uri, second.mlflow_run_id)["tags"]["mlflow.runName"].startswith("retrain from v1 grpo ")
     with Ledger(f"{cfg.paths.root}/ledger.duckdb", read_only=True) as ledger:
         trained = {r["prompt_id"] for r in ledger.query("SELECT prompt_id FROM groups WHERE run_id = ?",
