@@ -67,3 +67,47 @@ def test_bundled_source_splits_disjoint(tmp_path):
         res = ingest(led, "r1", [SourceConfig(n_train=50, n_test=20)])
     assert len(res.train) == 50 and len(res.test) == 20
     assert not {r.question for r in res.train} & {r.question for r in res.test}
+
+
+KILLED_MID_SOURCE = """
+import os, signal, sys
+from tasks.config import SourceConfig
+from tasks.data.ingest import ingest
+from tasks.records.ledger import Ledger
+
+def die(*a, **k):  # the prompts of the source are written; the process dies before its ingests row
+    os.kill(os.getpid(), signal.SIGKILL)
+
+Ledger.add_ingest = die
+with Ledger(sys.argv[1]) as led:
+    ingest(led, "r1", [SourceConfig(kind="bundled", mix="default", n_train=300, n_test=50, seed=0)])
+"""
+
+
+def test_a_kill_mid_source_leaves_nothing_of_it_and_the_rerun_counts_right(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    db = tmp_path / "ledger.duckdb"
+    p = subprocess.run([sys.executable, "-c", KILLED_MID_SOURCE, str(db)], cwd=Path(__file__).resolve().parents[2],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
+    with Ledger(db) as led:
+        assert led.query("SELECT count(*) AS n FROM prompts")[0]["n"] == 0  # the source's transaction rolled back
+        assert led.query("SELECT count(*) AS n FROM ingests")[0]["n"] == 0
+        res = ingest(led, "r2", [SourceConfig(kind="bundled", mix="default", n_train=300, n_test=50, seed=0)])
+        assert res.totals["new"] == res.totals["accepted"] == 350
+        again = ingest(led, "r3", [SourceConfig(kind="bundled", mix="default", n_train=300, n_test=50, seed=0)])
+        assert again.totals["new"] == 0 and again.totals["accepted"] == 350
+
+
+def test_a_stage_recorded_twice_is_one_row(tmp_path):
+    from tasks.records.ledger import StageRow
+
+    with Ledger(tmp_path / "ledger.duckdb") as led:
+        for wall in (10.0, 12.5):  # a resumed run redoes its last stage with the meter's carried-over time
+            led.add_stage("r1", StageRow(stage="train", wall_s=wall, device="cpu", device_hours=wall / 3600, cost=0.0))
+        rows = led.query("SELECT stage, wall_s FROM stages WHERE run_id = 'r1'")
+    assert rows == [{"stage": "train", "wall_s": 12.5}]
