@@ -86,9 +86,11 @@ class LevelSpec:
 
 
 #: Difficulty levels 1..5. Tuned on the tiny default (0.86M-parameter Llama, ``tasks.model.warmstart`` defaults:
-#: 1200 steps of 64 worked solutions of the ``warmstart`` mix, half of those that can slip worked left to
-#: right): greedy accuracy on the test split was 99 / 100 / 65 / 34 / 9 percent and sampled accuracy
-#: (temperature 1) 95 / 87 / 58 / 22 / 4 percent (1000 test prompts of the ``default`` mix).
+#: 1200 steps of 64 worked solutions of the ``warmstart`` mix, 70 percent of those that can slip worked left to
+#: right): greedy accuracy on the test split 95 / 96 / 0.3 / 14 / 4 percent at the start, and after 100 steps of
+#: plain GRPO 94 / 94 / 83 / 19 / 3 (docs/benchmarks.md, "Decisive comparison on the slip-prone task"). Level 3 is
+#: slip-prone (``a+b*c``, ``a-b*c``): its errors are the warm start's habit, which RL removes, not arithmetic facts,
+#: which it does not teach a policy this small.
 #: Level 1 has 2420 distinct questions (about 480 in ``test``), level 2 about 160k; levels 3-5 more.
 LEVELS: dict[int, LevelSpec] = {
     1: LevelSpec(n_ops=(1, 1), ops=("+", "-"), add_max=40),
@@ -101,17 +103,19 @@ LEVELS: dict[int, LevelSpec] = {
     ),
 }
 
-#: Named level mixes (weights need not sum to 1). ``default`` imitates a real RL pool: with 8 rollouts at
-#: temperature 1 from the warm-started tiny policy, about a third of the groups were all right, a third all
-#: wrong and a third mixed (measured 28 / 36 / 36 percent over the first 5 steps of a run, 160 groups), so plain
-#: GRPO wastes two thirds of its rollouts.
-#: ``balanced`` puts 80 percent of the prompts at the partly solved levels 3-4 (48 percent mixed groups).
+#: Named level mixes (weights need not sum to 1). ``default`` imitates a real RL pool: at the start about a third of
+#: its prompts are nearly always solved (levels 1-2, 35 percent, 95 percent greedy), a third nearly never (levels
+#: 4-5, 35 percent, 4-14 percent) and a third is where RL learns (level 3, 30 percent); plain GRPO's effective-group
+#: ratio over 100 steps is 0.39, so it wastes most of its rollouts.
+#: ``balanced`` puts 80 percent of the prompts at the partly solved levels 3-4.
 #: ``warmstart`` is the supervised warm start's data (weighted to the easy levels, which it must master).
+#: ``easy`` (levels 1-2) is what ``conf/smoke.yaml``'s short warm start half learns, so its first look moves.
 MIXES: dict[str, dict[int, float]] = {
     "default": {1: 0.25, 2: 0.1, 3: 0.3, 4: 0.05, 5: 0.3},
     "balanced": {1: 0.0, 2: 0.1, 3: 0.4, 4: 0.4, 5: 0.1},
     "uniform": {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0},
     "warmstart": {1: 0.3, 2: 0.3, 3: 0.2, 4: 0.1, 5: 0.1},
+    "easy": {1: 0.7, 2: 0.3},
 }
 
 _SPLITS = ("train", "test")
