@@ -20,7 +20,8 @@ randomly initialised tiny Llama on the bundled task's worked solutions. Choices:
   batch 32 for 2400 steps matched batch 64 for 1200.
 - The demonstrations slip on purpose (``sft_records(flawed=...)``; the run config's
   ``model.warmstart.flawed`` is 0.7): 70 percent of those where it changes the answer are worked left to
-  right, ignoring precedence and parentheses (0.5 and 0.85 gained less under GRPO: docs/benchmarks.md). Measured on the bundled task: with clean demonstrations the tiny
+  right, ignoring precedence and parentheses (0.5 and 0.85 gained less under GRPO: docs/benchmarks.md).
+  Measured on the bundled task: with clean demonstrations the tiny
   policy's remaining errors are arithmetic facts (``24-23=0``), which a few thousand 0/1 rewards do not
   teach, and GRPO did not move held-out accuracy at any learning rate we tried (1e-5 to 6e-4, KL anchor,
   larger batches); with a habit copied from its data, as real supervised policies have, GRPO removes the

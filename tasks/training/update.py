@@ -115,18 +115,21 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
         fresh = fresh_rows[mb].to(logp.device).unsqueeze(1)
         beh = torch.where(fresh, old, behaviour[mb].to(logp.device))
         w_agg, w_tok = shard.loss_weights(mask[mb], aggregation) if shard is not None else (1.0, 1.0)
-        finite_refs = all(bool(torch.isfinite(t[mask[mb].to(t.device)]).all()) for t in
-                          (old, beh, None if ref_full is None else ref_full[mb]) if t is not None)
-        if not finite_refs:  # a non-finite pi_old / reference pass: the loss would be NaN, so skip like one
-            loss, m = logp.sum() * float("nan"), {}
-        elif w_tok == 0.0:  # scale-out: no valid token in this rank's slice; still run the collective backward
+        ref = None if ref_full is None else ref_full[mb].to(logp.device)
+        poisoned = not all(bool(torch.isfinite(t[mask[mb].to(t.device)]).all()) for t in (old, beh, ref)
+                           if t is not None)  # a non-finite pi_old / reference pass: skip the update (below)
+        if poisoned:
+            old, beh, ref = (None if t is None else torch.nan_to_num(t) for t in (old, beh, ref))
+        if w_tok == 0.0:  # scale-out: no valid token in this rank's slice; still run the collective backward
             loss, m = logp.sum() * 0.0, {}
         else:
             loss, m = clipped_policy_loss(
                 logp, old, adv[mb].to(logp.device), mask[mb].to(logp.device), clip_eps=clip_eps,
-                aggregation=aggregation, behaviour_logp=None if bool(fresh.all()) else beh,
-                ref_logp=None if ref_full is None else ref_full[mb].to(logp.device), kl_coef=kl_coef)
+                aggregation=aggregation, behaviour_logp=None if bool(fresh.all()) else beh, ref_logp=ref,
+                kl_coef=kl_coef)
             m["train/loss"] = float(loss.detach())
+        if poisoned:  # same metric keys on every rank; the NaN loss makes every rank skip (backward_step)
+            loss = loss * float("nan")
         if shard is not None:  # rank average of world * w_agg * local loss = the global loss
             loss = loss * (shard.world * w_agg)
             m = shard.combine(m, w_agg, w_tok)
