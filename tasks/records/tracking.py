@@ -51,7 +51,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 import mlflow  # noqa: E402
-from mlflow.entities import Metric, Param, RunTag  # noqa: E402
+from mlflow.entities import LoggedModelOutput, Metric, Param, RunTag  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
@@ -269,6 +269,7 @@ class MlflowTracker:
                                                 model_type="transformers")
         self.client.log_model_artifacts(model.model_id, path)
         self.client.finalize_logged_model(model.model_id, "READY")
+        self.client.log_outputs(self.run_id, [LoggedModelOutput(model.model_id, step=0)])  # the run's "Logged models"
         version = self.client.create_model_version(name, model.artifact_location, run_id=self.run_id,
                                                    tags=tags, model_id=model.model_id).version
         shutil.rmtree(path, ignore_errors=True)  # sent: the server holds it now

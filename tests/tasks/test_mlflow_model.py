@@ -40,7 +40,9 @@ def test_registered_versions_are_logged_mlflow_models(registered):
     mv = client.get_model_version("rlsift-policy", "2")
     assert "/models/m-" in mv.source and mv.tags["rlsift.run_id"] == "r1"
     logged = client.get_logged_model(mv.source.split("/models/")[1].split("/")[0])
-    assert logged.source_run_id == mv.run_id and logged.status == "READY"  # the run's "Logged models" entry
+    assert logged.source_run_id == mv.run_id and logged.status == "READY"
+    outputs = client.get_run(mv.run_id).outputs.model_outputs  # what the run page lists as "Logged models"
+    assert [o.model_id for o in outputs] == [logged.model_id]
     mlflow.set_tracking_uri(uri)
     info = mlflow.models.get_model_info("models:/rlsift-policy/2")
     assert "transformers" in info.flavors and "python_function" in info.flavors
