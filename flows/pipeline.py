@@ -161,8 +161,8 @@ def _train(run: Run, data: IngestResult, summary: RunSummary) -> RunSummary:
 
 def preflight(cfg: Config) -> None:
     """What would fail later, checked before any work: data files that do not exist, are empty or hold no
-    usable row (each file is parsed once here with the ingest's own reader, which costs a second read of
-    the sources), a root that cannot be written. Raises :class:`ConfigError` naming the key."""
+    usable row (the ingest's own reader, stopping at the first usable row), a root that cannot be written.
+    Raises :class:`ConfigError` naming the key."""
     from tasks.data.sources import read_source
 
     for i, s in enumerate(cfg.data.sources):
@@ -174,7 +174,8 @@ def preflight(cfg: Config) -> None:
         if Path(s.path).is_file() and Path(s.path).stat().st_size == 0:
             raise ConfigError(f"{where} is empty")
         try:
-            records, rejected = read_source(s.path, s.format, split=s.split, fields=s.fields, reward=s.reward)
+            records, rejected = read_source(s.path, s.format, split=s.split, fields=s.fields, reward=s.reward,
+                                            until_usable=True)
         except (ValueError, OSError) as err:
             raise ConfigError(f"{where}: {err}") from None
         if not records:

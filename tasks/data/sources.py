@@ -234,7 +234,8 @@ def _normalise(fmt: str, row: dict, fields: dict) -> tuple[str, str, str, int | 
 
 def read_source(path: str | Path, fmt: str | None = None, split: str | None = None,
                 fields: dict | None = None, reward: str | None = None,
-                max_row_bytes: int = 1_000_000) -> tuple[list[PromptRecord], list[Rejected]]:
+                max_row_bytes: int = 1_000_000, until_usable: bool = False
+                ) -> tuple[list[PromptRecord], list[Rejected]]:
     """Read one file or saved ``datasets`` folder into records and rejects.
 
     Args:
@@ -246,9 +247,10 @@ def read_source(path: str | Path, fmt: str | None = None, split: str | None = No
             field names; missing keys keep their own name (solution/level/entry_point optional).
         reward: reward kind (one of ``REWARD_KINDS``); default per format, ``math`` for generic ones.
         max_row_bytes: rows larger than this are rejected.
+        until_usable: stop at the first usable row (a cheap check that a file can be used at all).
 
     Returns:
-        ``(records, rejected)``; every non-blank row is in exactly one of them.
+        ``(records, rejected)``; every non-blank row read is in exactly one of them.
     """
     check_paths([path])
     p = Path(path)
@@ -303,6 +305,8 @@ def read_source(path: str | Path, fmt: str | None = None, split: str | None = No
             records.append(PromptRecord(id=prompt_id(question, answer), source=str(path), split=part_split,
                                         question=question, answer=answer, solution=solution, level=level,
                                         reward=kind, meta={**meta, "line": line}))
+            if until_usable:
+                return records, rejected
     return records, rejected
 
 

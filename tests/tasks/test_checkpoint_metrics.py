@@ -55,7 +55,7 @@ def test_a_kill_between_the_pointer_and_the_send_loses_no_metrics(tmp_path, monk
         with pytest.raises(Killed):
             checkpoint.save(run, 4, model, State(), State(), None)
         assert checkpoint.latest(run) is not None and run.tracker.sent == sent_before == []
-        held = [(m, s, ts) for m, s, ts in run._held]
+        held = run.held_metrics(2**62)
 
         resumed = _run(tmp_path, led)  # a new process: nothing in memory
         assert checkpoint.restore(resumed, model, State(), State(), None) == 4
@@ -71,4 +71,4 @@ def test_a_normal_checkpoint_sends_each_step_once(tmp_path):
         run.log_metrics({"x": 2.0}, 1)
         checkpoint.save(run, 1, torch.nn.Linear(2, 2), State(), State(), None)
         assert [s for _, s, _ in run.tracker.sent] == [0]
-        assert [s for _, s, _ in run._held] == [1]
+        assert [s for _, s, _ in run.held_metrics(2**62)] == [1]
