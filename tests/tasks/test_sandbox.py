@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -380,21 +381,26 @@ print(json.dumps({"results": res, "honest": honest, "enforcement": enforcement()
 @needs_bwrap
 @pytest.mark.skipif(not ROOT or not Path("/usr/bin/python3").exists() or not shutil.which("runuser"),
                     reason="needs root (to become another user), runuser and a system Python")
-def test_side_doors_are_closed_for_an_unprivileged_user(tmp_path):
+def test_side_doors_are_closed_for_an_unprivileged_user():
     """The same hostile programs, run by a sandbox in a process of user ``nobody`` (no uid pool there)."""
-    secret_dir = tmp_path / "runs"
-    secret_dir.mkdir()
-    secret = secret_dir / "metrics.jsonl"
+    # World-readable on the host (so only isolation hides the run folder), and the sandbox's modules where
+    # nobody can import them (a checkout may sit in a private folder; they need only the standard library).
+    pkg = Path(tempfile.mkdtemp(prefix="rlsift-nobody-"))
+    secret = pkg / "runs" / "metrics.jsonl"
+    secret.parent.mkdir()
     secret.write_text("secret")
-    os.chmod(tmp_path, 0o755)
-    for p in (secret_dir, secret):
-        os.chmod(p, 0o755 if p.is_dir() else 0o644)  # readable by nobody on the host: only isolation hides it
+    for rel in ("tasks/__init__.py", "tasks/data/__init__.py", "tasks/data/sandbox.py",
+                "tasks/data/sandbox_programs.py"):
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(CHECKOUT / rel, pkg / rel)
+    for p in [pkg, *pkg.rglob("*")]:
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
     victim = subprocess.Popen(["sleep", "60"], user="nobody")  # the same user as the jobs: only isolation protects it
     markers = {how: Path("/tmp") / f"rlsift-door-{uuid.uuid4().hex}" for how in SIDE_DOORS}
     programs = {how: _side_door_program(how, markers[how], secret, victim.pid) for how in SIDE_DOORS}
     try:
         out = subprocess.run(["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", UNPRIVILEGED,
-                              str(CHECKOUT), json.dumps(programs)], cwd="/tmp", capture_output=True, text=True,
+                              str(pkg), json.dumps(programs)], cwd="/tmp", capture_output=True, text=True,
                              timeout=120)
         assert out.returncode == 0, out.stderr[-2000:]
         report = json.loads(out.stdout.strip().splitlines()[-1])
@@ -404,3 +410,4 @@ def test_side_doors_are_closed_for_an_unprivileged_user(tmp_path):
         assert e["uid"] == e["parent_uid"] != 0 and e["isolation"] == "bubblewrap" and e["pid_namespace"]
     finally:
         victim.kill()
+        shutil.rmtree(pkg, ignore_errors=True)
