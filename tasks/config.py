@@ -151,6 +151,10 @@ class TrainConfig(_Frozen):
     negative_weight: float = Field(1.0, ge=0, le=1, description=(
         "Scale of negative advantages (1: GRPO; 0: reinforce successes only, as rejection-sampling fine-tuning)."))
     minibatches: int = Field(1, ge=1, description="Optimizer steps per training step, each on a slice of the batch.")
+    bucket_tokens: int = Field(2048, ge=0, description=(
+        "Padded-token budget of one forward pass in the update: rows are grouped by length into passes of at "
+        "most this many (rows x padded length) tokens, so short completions are not padded to the longest "
+        "(docs/performance.md). The loss and gradient are the same up to float rounding. 0: one pass."))
     checkpoint_every: int = Field(0, ge=0, description="Also checkpoint every N steps (0: round boundaries only).")
 
 

@@ -37,15 +37,13 @@ from tasks.run import Run, resolve_dtype
 from tasks.training import score
 from tasks.training.calibration import Calibration
 from tasks.training.evaluate import EvalResult, evaluate, flat_metrics, table_rows
-from tasks.training.loop import HeldoutEval, TrainSummary, train
+from tasks.training.loop import TRAIN_PHASES, HeldoutEval, TrainSummary, train
 from tasks.training.rollouts import policy_measure, reference_rollouts, stratified_reference
 from tasks.training.score import Features
 
 log = logging.getLogger("rlsift")
 stage = task(cache_policy=NO_CACHE, persist_result=False)
 
-#: The cost meter's names for the phases of the training loop (tasks/training/loop.py).
-TRAIN_PARTS = ("reference", "selection", "rollout", "update", "tracking", "checkpoint", "eval_during")
 #: Warm-start data: worked solutions over all levels, from a seed the RL pool never uses.
 WARMSTART_SEED = 10_000
 
@@ -174,7 +172,7 @@ def train_stage(run: Run, policy: Policy, pool: list[PromptRecord], features: Fe
         return HeldoutEval(accuracy=res.overall.greedy_acc, metrics=flat_metrics(res))
 
     summary = train(run, policy, pool, features, calibration, evaluate_fn=eval_during)
-    run.log_stage_cost("train", summary.steps, parts=TRAIN_PARTS)
+    run.log_stage_cost("train", summary.steps, parts=TRAIN_PHASES)
     return summary
 
 

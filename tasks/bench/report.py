@@ -220,14 +220,19 @@ def markdown(result: dict) -> str:
                      f"{_f(r.get('usd_vs_baseline'), '.2f')} | "
                      f"{_f(r.get('usd_to_target_vs_baseline'), '.2f')} | {_f(r.get('run_usd_total'), '.6f')} |")
     parts = [*ba.STEP_STAGES, "other"]
-    lines += ["", "Seconds per step by phase (seed mean), and one-off scoring/calibration seconds:", "",
-              "| configuration | " + " | ".join(parts) + " | score (once) | calibrate (once) |",
-              "|" + "---|" * (len(parts) + 3)]
+    step_s = {r["name"]: sum(r["step_split"].get(p) or 0.0 for p in parts) for r in result["configurations"]
+              if "budget" in r}
+    trl = step_s.get("trl")
+    lines += ["", "Seconds per step by phase (seed mean), the step's total and its ratio to TRL's, and one-off "
+              "scoring/calibration seconds:", "",
+              "| configuration | " + " | ".join(parts) + " | step | vs trl | score (once) | calibrate (once) |",
+              "|" + "---|" * (len(parts) + 5)]
     for r in result["configurations"]:
         if "budget" not in r:
             continue
         s = r["step_split"]
         lines.append(f"| {r['name']} | " + " | ".join(_f(s.get(p), ".3f") for p in parts) +
+                     f" | {step_s[r['name']]:.3f} | {_f(step_s[r['name']] / trl if trl else None, '.2f')}"
                      f" | {_f(s.get('score_total'), '.1f', 'not used')}"
                      f" | {_f(s.get('calibrate_total'), '.1f', 'not used')} |")
     return "\n".join(lines) + "\n"

@@ -7,6 +7,7 @@ log-probs computed here match the sampling distribution token for token.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -65,21 +66,99 @@ def pack(prompts: Sequence[torch.Tensor], completions: torch.Tensor, completion_
     return input_ids, attn, pos, width
 
 
+def length_buckets(prompt_lens: torch.Tensor, completion_lens: torch.Tensor, max_tokens: int) -> list[torch.Tensor]:
+    """Group N rows by length so that each forward pass pads little.
+
+    Rows are ordered by completion length, then prompt length (longest first) and cut greedily: a bucket takes
+    the next row while ``rows * (longest prompt + longest completion)`` (its padded size in :func:`pack`'s
+    layout) stays within ``max_tokens``. A bucket has at least one row; ``max_tokens <= 0`` gives one bucket
+    of every row in order. verl's dynamic batch size (``use_dynamic_bsz``) bounds micro-batches by tokens the
+    same way; we sort instead of packing sequences into one row (no varlen attention on CPU).
+
+    Args:
+        prompt_lens: [N] real prompt lengths; completion_lens: [N] real completion lengths.
+        max_tokens: the padded-token budget of one forward pass.
+
+    Returns:
+        Row-index tensors, together a permutation of ``range(N)``.
+    """
+    n = len(prompt_lens)
+    if max_tokens <= 0 or n == 0:
+        return [torch.arange(n)]
+    order = sorted(range(n), key=lambda i: (-int(completion_lens[i]), -int(prompt_lens[i]), i))
+    buckets, cur, p_max, l_max = [], [], 0, 0
+    for i in order:
+        p, c = max(p_max, int(prompt_lens[i])), max(l_max, int(completion_lens[i]))
+        if cur and (len(cur) + 1) * (p + c) > max_tokens:
+            buckets.append(torch.tensor(cur))
+            cur, p, c = [], int(prompt_lens[i]), int(completion_lens[i])
+        cur.append(i)
+        p_max, l_max = p, c
+    buckets.append(torch.tensor(cur))
+    return buckets
+
+
+def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, temperature: float = 1.0,
+                          max_elements: int = 1 << 26) -> torch.Tensor:
+    """``log_softmax(logits / temperature)`` at ``index`` only, in float32, without a float32 copy of all logits.
+
+    Rows are taken in chunks of at most ``max_elements`` logits, each upcast, scaled and reduced before the
+    next (the peak extra memory of a 150k-token vocabulary is one chunk, not [N, L, V] in float32); TRL's
+    ``selective_log_softmax`` does the same row by row.
+
+    Args:
+        logits: [N, L, V] in any float dtype.
+        index: [N, L] token ids.
+
+    Returns:
+        [N, L] float32 log-probs, differentiable.
+    """
+    n, length, vocab = logits.shape
+    rows = max(1, max_elements // max(length * vocab, 1))
+    out = []
+    for s in range(0, n, rows):
+        chunk = logits[s:s + rows].float()
+        if temperature != 1.0:
+            chunk = chunk / temperature
+        picked = chunk.gather(-1, index[s:s + rows].unsqueeze(-1)).squeeze(-1)
+        out.append(picked - torch.logsumexp(chunk, dim=-1))
+    return torch.cat(out) if len(out) > 1 else out[0]
+
+
 def token_logprobs(model: torch.nn.Module, prompts: Sequence[torch.Tensor], completions: torch.Tensor,
                    completion_mask: torch.Tensor, pad_id: int, temperature: float = 1.0,
-                   device: torch.device | str = "cpu") -> torch.Tensor:
+                   device: torch.device | str = "cpu", max_tokens: int = 0,
+                   mlp_inputs: list | None = None) -> torch.Tensor:
     """Per-token log-probs of the completions under ``model`` at the sampling temperature.
+
+    The rows go through the model in :func:`length_buckets` of at most ``max_tokens`` padded tokens (0: one
+    pass), each laid out by :func:`pack` to its own widths; only the completion positions reach the LM head
+    (``logits_to_keep``). The result does not depend on the bucketing beyond float rounding.
+
+    Args:
+        mlp_inputs: when a list, each bucket appends ``(mlp_in [b, T, H] float32 detached,
+            attention_mask [b, T] bool)``: the last layer's MLP inputs (GAIN-RL's angle signal), for free.
 
     Returns:
         [N, L] float32 log-probs (0 where the mask is False). Differentiable when grad is enabled.
     """
-    input_ids, attn, pos, width = pack(prompts, completions, completion_mask, pad_id)
-    input_ids, attn, pos = input_ids.to(device), attn.to(device), pos.to(device)
-    logits = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
-    logits = logits[:, width - 1:-1].float() / temperature  # [N, L, V] predicts completion tokens
-    target = completions.to(device)
-    lp = logits.gather(-1, target.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    return lp * completion_mask.to(device)
+    n, length = completions.shape
+    lens = completion_mask.sum(-1)
+    buckets = length_buckets(torch.tensor([int(p.numel()) for p in prompts]), lens, max_tokens)
+    parts = []
+    for rows in buckets:
+        width_l = max(int(lens[rows].max()), 1)
+        comp, cmask = completions[rows, :width_l], completion_mask[rows, :width_l]
+        input_ids, attn, pos, width = pack([prompts[i] for i in rows], comp, cmask, pad_id)
+        input_ids, attn, pos = input_ids.to(device), attn.to(device), pos.to(device)
+        with capture_mlp_input(model) if mlp_inputs is not None else contextlib.nullcontext([]) as box:
+            logits = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=False,
+                           logits_to_keep=width_l + 1).logits[:, :-1]  # [b, L_b, V] predicts completion tokens
+        if mlp_inputs is not None:
+            mlp_inputs.append((box[0].float().cpu(), attn.bool().cpu()))
+        lp = selective_log_softmax(logits, comp.to(device), temperature) * cmask.to(device)
+        parts.append(torch.nn.functional.pad(lp, (0, length - width_l)))
+    return torch.cat(parts)[torch.argsort(torch.cat(buckets)).to(parts[0].device)]  # back to row order
 
 
 @torch.inference_mode()

@@ -84,23 +84,24 @@ class HFEngine(RolloutEngine):
 
     @torch.inference_mode()
     def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False) -> Generation:
-        special = add_special(self.tok)
-        prompt_ids = [torch.tensor(self.tok(p, add_special_tokens=special)["input_ids"], dtype=torch.long)
-                      for p in prompts]
+        enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=add_special(self.tok))
+        ids_all, am_all = enc["input_ids"], enc["attention_mask"]  # [B, P] left-padded: tokenized once
+        prompt_ids = [ids[am.bool()] for ids, am in zip(ids_all, am_all)]
         per_call = max(1, self.chunk // n)
         outs: list[torch.Tensor] = []
         was_training = self.model.training
         self.model.eval()
         for c, start in enumerate(range(0, len(prompts), per_call)):
-            enc = self.tok(prompts[start:start + per_call], return_tensors="pt", padding=True,
-                           add_special_tokens=special).to(self.device)
+            am = am_all[start:start + per_call]
+            cut = int((am.sum(0) == 0).sum())  # pad columns no prompt of this chunk needs
+            ids, am = ids_all[start:start + per_call, cut:].to(self.device), am[:, cut:].to(self.device)
             torch.manual_seed(derive_seed(seed, c))
             kw = dict(do_sample=False) if greedy else dict(
                 do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)  # 0: no top-k
-            out = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, num_return_sequences=n,
-                                      pad_token_id=self.tok.pad_token_id, eos_token_id=self.tok.eos_token_id,
-                                      use_cache=True, **kw)
-            outs.append(out[:, enc["input_ids"].shape[1]:].cpu())
+            out = self.model.generate(input_ids=ids, attention_mask=am, max_new_tokens=self.max_new_tokens,
+                                      num_return_sequences=n, pad_token_id=self.tok.pad_token_id,
+                                      eos_token_id=self.tok.eos_token_id, use_cache=True, **kw)
+            outs.append(out[:, ids.shape[1]:].cpu())
         self.model.train(was_training)
         width = max(o.shape[1] for o in outs)
         ids = torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1]), value=self.tok.pad_token_id)

@@ -35,6 +35,7 @@ from tasks.data.prompts import PromptRecord
 from tasks.model.policy import Policy
 from tasks.model.rollout import Generation
 from tasks.records.ledger import GroupRow, SelectionRow
+from tasks.records.throughput import ModelShape, Peak, peak
 from tasks.run import Run, progress_bar
 from tasks.training import checkpoint
 from tasks.training.calibration import Calibration
@@ -44,6 +45,9 @@ from tasks.training.selector import Selector
 from tasks.training.update import build_updater, scheduled_lr
 
 log = logging.getLogger("rlsift.train")
+
+#: The cost meter's names for the phases of the training stage (their sum is the stage's wall time).
+TRAIN_PHASES = ("reference", "selection", "rollout", "update", "tracking", "eval_during", "checkpoint", "weight_sync")
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,8 @@ class FreshBatch:
         rows: a ledger row per selected prompt.
         records: the selected prompts.
         rewards: [len(idx), n] rewards of every generated rollout (labels for the predictor).
-        generated: rollouts generated (discarded ones included); tokens: their completion tokens.
+        generated: rollouts generated (discarded ones included); tokens: their completion tokens;
+            prompt_tokens: their prompts' tokens (a prompt counted once per rollout).
         gen_s: wall seconds in generation and verification.
         stats: PODS and dynamic-sampling metrics.
     """
@@ -103,6 +108,7 @@ class FreshBatch:
     rewards: torch.Tensor
     generated: int
     tokens: int
+    prompt_tokens: int
     gen_s: float
     stats: dict[str, float]
 
@@ -119,7 +125,7 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
     ds = cfg.dynamic
     filler = BatchFiller(k, ds.oversample, ds.max_rounds) if ds.enabled else None
     idx_all, rows_all, records_all, rewards_all, pods_all = [], [], [], [], []
-    generated = tokens = 0
+    generated = tokens = prompt_tokens = 0
     gen_s = 0.0
     groups: list[RolloutGroup] = []
     attempt = 0
@@ -149,6 +155,7 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
         pods_all.append((len(records), pods_stats))
         generated += gen.completion_ids.shape[0]
         tokens += gen.tokens
+        prompt_tokens += cfg.rollout.n * sum(int(p.numel()) for p in gen.prompt_ids)
         attempt += 1
         if filler is None:
             break
@@ -161,7 +168,7 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
     if filler is not None:
         stats |= filler.metrics()
     return FreshBatch(groups=groups, idx=idx_all, rows=rows_all, records=records_all,
-                      rewards=torch.cat(rewards_all), generated=generated, tokens=tokens, gen_s=gen_s, stats=stats)
+                      rewards=torch.cat(rewards_all), generated=generated, tokens=tokens, prompt_tokens=prompt_tokens, gen_s=gen_s, stats=stats)
 
 
 @dataclass(frozen=True)
@@ -193,6 +200,10 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
         run.ledger.truncate_after(run.run_id, start - 1)
         log.info("resuming at step %d", start)
     measure = policy_measure(policy)
+    shape = ModelShape.of(model)
+    machine = peak(run.meter.device, run.device, next(model.parameters()).dtype)
+    if not start:
+        run.tracker.set_tags({"rlsift.peak_flops_source": machine.source})
 
     metrics_file = run.dir / "metrics.jsonl"
     if metrics_file.exists():  # a resumed run drops what the crashed one logged past its checkpoint
@@ -221,7 +232,9 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
         batch = fresh + replayed
         updater.set_lr(scheduled_lr(cfg, step))
         with run.meter.stage("update"):
+            t_upd = time.perf_counter()
             stats = updater.step(batch)
+            upd_s = time.perf_counter() - t_upd
         with run.meter.stage("selection"):
             if buffer is not None:
                 for g in fresh:
@@ -249,7 +262,9 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
                 "rollout/tokens": float(fs.tokens),
                 "rollout/tokens_per_s": fs.tokens / max(fs.gen_s, 1e-9),
                 "rollout/length_mean": fs.tokens / fs.generated,
-            }
+            } | throughput(shape, machine, fs, batch, upd_s) | {
+                "time/reference_share": run.meter.wall_seconds("reference") / max(run.meter.wall_seconds(
+                    TRAIN_PHASES), 1e-9)}
             if buffer is not None:
                 metrics |= buffer.stats(step) | {"replay/fresh": float(len(fresh)), "replay/replayed": float(n_replay)}
         if evaluate_fn is not None and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
@@ -276,6 +291,30 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
     bar.close()
     sync_rollout_weights(run, policy)  # the final evaluation samples with the final weights
     return summary
+
+
+
+
+def throughput(shape: ModelShape, machine: Peak, fs: FreshBatch, batch: list[RolloutGroup], upd_s: float) -> dict[str, float]:
+    """Tokens per second and MFU (tasks/records/throughput.py) of this step's rollout and update phases.
+
+    The rollout phase's FLOPs are forward passes over every generated rollout's prompt and completion (the prompt
+    is prefilled once per rollout, as ``generate`` does with ``num_return_sequences``), its time includes the
+    verifiers; the update's are forward + backward over the batch's real tokens (the reference and pi_old
+    passes of ``train.kl_coef`` / ``train.minibatches`` not counted).
+    """
+    gen_tokens = fs.prompt_tokens + fs.tokens
+    upd_prompt = sum(g.size * g.prompt_ids.numel() for g in batch)
+    upd_tokens = upd_prompt + sum(int(g.completion_mask.sum()) for g in batch)
+    rows = sum(g.size for g in batch)
+    return {
+        "perf/update_tokens_per_s": upd_tokens / max(upd_s, 1e-9),
+        "perf/update_mfu": shape.train_flops(upd_tokens, upd_tokens / rows) / max(upd_s, 1e-9) / machine.flops,
+        "perf/rollout_tokens_per_s": gen_tokens / max(fs.gen_s, 1e-9),
+        "perf/rollout_mfu": shape.forward_flops(gen_tokens, gen_tokens / fs.generated) / max(fs.gen_s, 1e-9)
+        / machine.flops,
+        "perf/peak_tflops": machine.flops / 1e12,
+    }
 
 
 def sync_rollout_weights(run: Run, policy: Policy) -> None:

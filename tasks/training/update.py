@@ -17,7 +17,6 @@ of every step comes from :func:`scheduled_lr` and reaches the optimizer(s) throu
 from __future__ import annotations
 
 import abc
-import contextlib
 import copy
 import logging
 import math
@@ -31,7 +30,7 @@ from rlcore.angle import online_angle_signal
 from rlcore.grpo_loss import clipped_policy_loss
 from rlcore.types import RolloutGroup
 from tasks.config import Config
-from tasks.model.forward import capture_mlp_input, token_logprobs
+from tasks.model.forward import token_logprobs
 from tasks.training.distributed import DataShard, backward_step
 
 log = logging.getLogger(__name__)
@@ -53,13 +52,15 @@ def flatten(groups: Sequence[RolloutGroup]):
 
 def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, groups: Sequence[RolloutGroup], *,
                   clip_eps: float, aggregation: str, grad_clip: float, temperature: float, pad_id: int,
-                  minibatches: int, kl_coef: float, ref_model: torch.nn.Module | None = None,
-                  device: torch.device | str = "cpu",
+                  minibatches: int, kl_coef: float, bucket_tokens: int = 0,
+                  ref_model: torch.nn.Module | None = None, device: torch.device | str = "cpu",
                   angle_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                   shard: DataShard | None = None) -> dict[str, float]:
     """One optimizer step (or ``minibatches`` of them) on ``groups``; fills fresh groups' behaviour log-probs.
 
     Args:
+        bucket_tokens: padded-token budget of one forward pass (``train.bucket_tokens``): rows are grouped by
+            length (``tasks.model.forward.length_buckets``); the loss and its one backward pass are unchanged.
         angle_fn: optional ``(mlp_inputs [N, T, H], attention_mask [N, T]) -> [N]`` per-sequence angle signal
             computed from the same forward pass (GAIN-RL's online signal); its mean is ``gain/angle_online``.
         shard: scale-out (``tasks/training/distributed.py``): every rank passes the same ``groups`` and computes its
@@ -78,8 +79,9 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     behaviour = torch.cat([torch.nn.functional.pad(g.behaviour_logp, (0, width - g.behaviour_logp.shape[1]))
                            if g.replayed_from is not None else torch.zeros(g.size, width) for g in groups])
 
-    def logp_of(rows: torch.Tensor, model_: torch.nn.Module) -> torch.Tensor:
-        return token_logprobs(model_, [prompts[i] for i in rows], comp[rows], mask[rows], pad_id, temperature, device)
+    def logp_of(rows: torch.Tensor, model_: torch.nn.Module, mlp_inputs: list | None = None) -> torch.Tensor:
+        return token_logprobs(model_, [prompts[i] for i in rows], comp[rows], mask[rows], pad_id, temperature, device,
+                              max_tokens=bucket_tokens, mlp_inputs=mlp_inputs)
 
     chunks = list(torch.arange(n_rows).chunk(minibatches))
     if shard is not None:  # scale-out: this rank's slice of every minibatch
@@ -102,14 +104,10 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     angle_sum, angle_n = 0.0, 0
     old_out = torch.zeros(n_rows, width)
     for mb in chunks:
-        with capture_mlp_input(model) if angle_fn is not None else contextlib.nullcontext([]) as box:
-            logp = logp_of(mb, model)  # [n, L] with grad (the hidden-state hook only when GAIN-RL needs it)
-        if angle_fn is not None:
-            p_width = box[0].shape[1] - width
-            am = torch.cat([torch.ones(len(mb), p_width, dtype=torch.bool), mask[mb]], dim=1)
-            am[:, :p_width] = torch.stack([torch.arange(p_width) >= p_width - prompts[i].numel() for i in mb])
-            sig = angle_fn(box[0].cpu(), am)
-            angle_sum, angle_n = angle_sum + float(sig.sum()), angle_n + len(mb)
+        hidden: list | None = [] if angle_fn is not None else None  # the hidden-state hook only for GAIN-RL
+        logp = logp_of(mb, model, hidden)  # [n, L] with grad
+        for mlp_in, am in hidden or ():
+            angle_sum, angle_n = angle_sum + float(angle_fn(mlp_in, am).sum()), angle_n + len(am)
         old = logp.detach() if old_full is None else old_full[mb].to(logp.device)
         old_out[mb] = old.cpu()
         fresh = fresh_rows[mb].to(logp.device).unsqueeze(1)
@@ -173,6 +171,7 @@ class LossSettings:
     pad_id: int
     minibatches: int = 1
     kl_coef: float = 0.0
+    bucket_tokens: int = 0
     angle: bool = False
 
     @classmethod
@@ -180,7 +179,7 @@ class LossSettings:
         tc = cfg.train
         return cls(clip_eps=tc.clip_eps, aggregation=tc.aggregation, grad_clip=tc.grad_clip,
                    temperature=cfg.rollout.temperature, pad_id=pad_id, minibatches=tc.minibatches,
-                   kl_coef=tc.kl_coef, angle=cfg.gain.enabled)
+                   kl_coef=tc.kl_coef, bucket_tokens=tc.bucket_tokens, angle=cfg.gain.enabled)
 
     def update_kwargs(self) -> dict:
         """Keyword arguments of :func:`policy_update` (``angle`` becomes ``angle_fn``)."""

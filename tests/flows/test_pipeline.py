@@ -42,7 +42,8 @@ def test_pipeline_flow_records_everything(tmp_path, prefect_harness):
     assert info["status"] == "FINISHED"
     assert info["params"]["train.steps"] == "4" and info["params"]["select.method"] == "uniform"
     for key in ("train/reward_mean", "train/effective_ratio", "eval/accuracy", "cost/device_hours",
-                "time/rollout_s", "rollout/tokens_per_s", "calibrate/success_mean", "eval/mcnemar_p"):
+                "time/rollout_s", "rollout/tokens_per_s", "calibrate/success_mean", "eval/mcnemar_p",
+                "perf/update_tokens_per_s", "perf/update_mfu", "perf/rollout_mfu", "time/reference_share"):
         assert key in info["metrics"], key
     assert [st for st, _ in metric_history(s["tracking_uri"], s["mlflow_run_id"], "train/reward_mean")] == [0, 1, 2, 3]
     for art in ("config.json", "eval_table.md", "training_curves.png", "eval_end.json"):

@@ -43,7 +43,7 @@ STATEFUL = ["select.method=dots", "calibrate.k=8", "calibrate.g=4", "select.pred
 STEPS = 6
 TINY = ROOT / "tests" / "fixtures" / "tiny.yaml"
 #: metrics that depend on the clock, not on the computation
-CLOCK = ("time/", "cost/", "rollout/tokens_per_s")
+CLOCK = ("time/", "cost/", "rollout/tokens_per_s", "perf/")
 
 
 def args(root: Path, easy) -> list[str]:

@@ -221,3 +221,19 @@ def test_verdict_table_comes_first_in_the_report():
     md = markdown(analyse(runs))
     assert md.startswith("Verdicts against `grpo`")
     assert "| fast | (a) final | faster (0.33x) | faster (0.33x) | faster (0.33x) | faster (0.33x) | +0.500 (2/0" in md
+
+
+def test_step_table_totals_and_ratio_to_trl():
+    from tasks.bench.report import BenchRun, analyse, markdown
+
+    def run(name, rollout_s, update_s):  # 4 steps; cumulative seconds 4x the per-step figures at the last row
+        rows = [{"step": i, "eval/accuracy": 0.3 + 0.1 * i, "time/rollout_s": rollout_s * (i + 1),
+                 "time/update_s": update_s * (i + 1), "rollout/generated": 8.0, "rollout/tokens": 80.0}
+                for i in range(4)]
+        return BenchRun(name, 0, {"status": "completed", "eval_accuracy_start": 0.2, "steps": 4,
+                                  "eval_accuracy_end": 0.6}, rows, end_correct=(1, 0), end_prompts=("a", "b"))
+
+    md = markdown(analyse([run("grpo", 0.5, 0.7), run("trl", 1.0, 1.0)]))
+    grpo_line = next(ln for ln in md.splitlines() if ln.startswith("| grpo | 0.000 | 0.000 | 0.500"))
+    assert "| 1.200 | 0.60 |" in grpo_line  # 0.5 + 0.7 s a step against TRL's 2.0
+    assert "| 2.000 | 1.00 |" in next(ln for ln in md.splitlines() if ln.startswith("| trl | 0.000"))
