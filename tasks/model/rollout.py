@@ -86,7 +86,7 @@ class HFEngine(RolloutEngine):
     def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False) -> Generation:
         enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=add_special(self.tok))
         ids_all, am_all = enc["input_ids"], enc["attention_mask"]  # [B, P] left-padded: tokenized once
-        prompt_ids = [ids[am.bool()] for ids, am in zip(ids_all, am_all)]
+        prompt_ids = [ids[am.bool()] for ids, am in zip(ids_all, am_all, strict=True)]
         per_call = max(1, self.chunk // n)
         outs: list[torch.Tensor] = []
         was_training = self.model.training

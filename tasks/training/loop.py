@@ -168,7 +168,8 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
     if filler is not None:
         stats |= filler.metrics()
     return FreshBatch(groups=groups, idx=idx_all, rows=rows_all, records=records_all,
-                      rewards=torch.cat(rewards_all), generated=generated, tokens=tokens, prompt_tokens=prompt_tokens, gen_s=gen_s, stats=stats)
+                      rewards=torch.cat(rewards_all), generated=generated, tokens=tokens, prompt_tokens=prompt_tokens,
+                      gen_s=gen_s, stats=stats)
 
 
 @dataclass(frozen=True)
@@ -295,7 +296,8 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
 
 
 
-def throughput(shape: ModelShape, machine: Peak, fs: FreshBatch, batch: list[RolloutGroup], upd_s: float) -> dict[str, float]:
+def throughput(shape: ModelShape, machine: Peak, fs: FreshBatch, batch: list[RolloutGroup],
+               upd_s: float) -> dict[str, float]:
     """Tokens per second and MFU (tasks/records/throughput.py) of this step's rollout and update phases.
 
     The rollout phase's FLOPs are forward passes over every generated rollout's prompt and completion (the prompt

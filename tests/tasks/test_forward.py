@@ -29,7 +29,7 @@ def test_length_buckets_partition_rows_within_budget(lens, budget):
         padded = len(b) * (int(p[b].max()) + int(c[b].max()))
         assert len(b) == 1 or padded <= budget  # a lone row may exceed the budget, nothing else does
     # buckets are cut greedily: the first row of the next bucket would have broken the budget
-    for b, nxt in zip(buckets, buckets[1:]):
+    for b, nxt in zip(buckets, buckets[1:], strict=False):
         grown = torch.cat([b, nxt[:1]])
         assert (len(grown)) * (int(p[grown].max()) + int(c[grown].max())) > budget
 
@@ -128,6 +128,6 @@ def test_engine_tokenizes_once_and_keeps_each_prompt_unpadded():
     engine = HFEngine(model, tok, max_new_tokens=3, temperature=1.0, top_p=1.0, top_k=0, chunk=4)
     prompts = ["Q: 1+2\n", "Q: 12*34-5\n", "Q: 9\n"]
     gen = engine.generate(prompts, n=2, seed=0)  # chunk 4 / n 2: two calls, the second one prompt alone
-    for text, ids in zip(prompts, gen.prompt_ids):
+    for text, ids in zip(prompts, gen.prompt_ids, strict=True):
         assert ids.tolist() == tok(text)["input_ids"]
     assert gen.completion_ids.shape[0] == 6
