@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import (
+    DynamicCache,
+    LogitsProcessorList,
+    PreTrainedTokenizerBase,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from rlcore.seeding import derive_seed
 
@@ -55,6 +62,58 @@ def add_special(tokenizer) -> bool:
     return not getattr(tokenizer, "chat_template", None)
 
 
+@torch.inference_mode()
+def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
+           warpers: LogitsProcessorList | None, eos_id: int, pad_id: int) -> torch.Tensor:
+    """Sample (or, with ``warpers=None``, arg-max) completions, dropping each row from the batch once it ends.
+
+    ``model.generate`` keeps finished rows in every decode step until the longest one ends; here a row leaves
+    the batch and its KV cache (``DynamicCache.batch_select_indices``) at its EOS, so a step costs what the
+    live rows cost (on the embedded task the mean completion is half the longest). Otherwise it is
+    ``generate``'s sampling step: float32 logits through the same warpers (transformers' temperature, top-k,
+    top-p), ``softmax`` and one ``torch.multinomial`` over all B rows, finished rows given a certain pad
+    token, so each live row draws exactly what ``generate`` draws for it from the same seed (multinomial
+    draws row by row). Positions are the attention mask's cumulative sum, as in ``tasks.model.forward.pack``.
+
+    Args:
+        input_ids: [B, P] left-padded prompts (a prompt repeated n times for n rollouts); attention_mask: [B, P].
+
+    Returns:
+        [B, T] completion ids, T <= ``max_new_tokens`` the longest completion, ``pad_id`` after each EOS.
+    """
+    b = input_ids.shape[0]
+    out = torch.full((b, max_new_tokens), pad_id, dtype=torch.long, device=input_ids.device)
+    if max_new_tokens == 0 or b == 0:
+        return out[:, :0]
+    live = torch.arange(b, device=input_ids.device)  # rows still generating, as indices into the B rows
+    cache = DynamicCache()
+    pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, past_key_values=cache,
+                   use_cache=True, logits_to_keep=1).logits[:, -1].float()  # [B_live, V]
+    pos = pos[:, -1:]
+    for t in range(max_new_tokens):
+        if warpers is None:
+            tok = logits.argmax(-1)
+        else:
+            probs = torch.zeros(b, logits.shape[-1], device=logits.device)
+            probs[:, pad_id] = 1.0  # finished rows draw a certain pad, as generate's would be replaced by one
+            probs[live] = torch.softmax(warpers(None, logits), dim=-1)  # these warpers read no history
+            tok = torch.multinomial(probs, num_samples=1).squeeze(1)[live]
+        out[live, t] = tok
+        going = tok != eos_id
+        if t + 1 == max_new_tokens or not bool(going.any()):
+            return out[:, :t + 1]
+        if not bool(going.all()):  # drop finished rows from the batch and the cache
+            keep = going.nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            live, tok, pos, attention_mask = live[keep], tok[keep], pos[keep], attention_mask[keep]
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(live), 1)], dim=1)
+        pos = pos + 1
+        logits = model(input_ids=tok[:, None], attention_mask=attention_mask, position_ids=pos,
+                       past_key_values=cache, use_cache=True).logits[:, -1].float()
+    return out
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     """What the training loop, the selector and the evaluation need from a rollout engine."""
@@ -73,14 +132,26 @@ class RolloutEngine(Protocol):
 
 
 class HFEngine(RolloutEngine):
-    """Sampling with ``model.generate`` (the default engine; CPU or GPU). It samples from the live training
-    model itself, so :meth:`sync_weights` has nothing to do."""
+    """Sampling with transformers models in this process (the default engine; CPU or GPU) through :func:`decode`.
+    It samples from the live training model itself, so :meth:`sync_weights` has nothing to do."""
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int, temperature: float, top_p: float,
                  top_k: int, chunk: int, device: torch.device | str = "cpu"):
         self.model, self.tok = model, tokenizer
         self.max_new_tokens, self.temperature, self.top_p, self.top_k = max_new_tokens, temperature, top_p, top_k
         self.chunk, self.device = chunk, device
+
+    def warpers(self) -> LogitsProcessorList:
+        """The sampling warpers ``generate`` would build from these settings, in its order (temperature, top-k,
+        top-p; each only when it changes the distribution: top_k 0 and top_p 1 are off)."""
+        out = LogitsProcessorList()
+        if self.temperature != 1.0:
+            out.append(TemperatureLogitsWarper(self.temperature))
+        if self.top_k > 0:
+            out.append(TopKLogitsWarper(self.top_k))
+        if self.top_p < 1.0:
+            out.append(TopPLogitsWarper(self.top_p))
+        return out
 
     @torch.inference_mode()
     def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False) -> Generation:
@@ -91,17 +162,16 @@ class HFEngine(RolloutEngine):
         outs: list[torch.Tensor] = []
         was_training = self.model.training
         self.model.eval()
+        warpers = None if greedy else self.warpers()
         for c, start in enumerate(range(0, len(prompts), per_call)):
             am = am_all[start:start + per_call]
             cut = int((am.sum(0) == 0).sum())  # pad columns no prompt of this chunk needs
-            ids, am = ids_all[start:start + per_call, cut:].to(self.device), am[:, cut:].to(self.device)
+            ids, am = ids_all[start:start + per_call, cut:], am[:, cut:]
             torch.manual_seed(derive_seed(seed, c))
-            kw = dict(do_sample=False) if greedy else dict(
-                do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)  # 0: no top-k
-            out = self.model.generate(input_ids=ids, attention_mask=am, max_new_tokens=self.max_new_tokens,
-                                      num_return_sequences=n, pad_token_id=self.tok.pad_token_id,
-                                      eos_token_id=self.tok.eos_token_id, use_cache=True, **kw)
-            outs.append(out[:, ids.shape[1]:].cpu())
+            outs.append(decode(self.model, ids.repeat_interleave(n, 0).to(self.device),
+                               am.repeat_interleave(n, 0).to(self.device), max_new_tokens=self.max_new_tokens,
+                               warpers=warpers, eos_id=self.tok.eos_token_id,
+                               pad_id=self.tok.pad_token_id).cpu())
         self.model.train(was_training)
         width = max(o.shape[1] for o in outs)
         ids = torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1]), value=self.tok.pad_token_id)
