@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["effective_mask", "group_advantages"]
+__all__ = ["effective_mask", "group_advantages", "solved_anchor"]
 
 
 def _check_rewards(rewards: torch.Tensor) -> torch.Tensor:
@@ -98,3 +98,30 @@ def effective_mask(rewards: torch.Tensor) -> torch.Tensor:
     """
     rewards = _check_rewards(rewards)
     return rewards.amax(dim=1) != rewards.amin(dim=1)
+
+
+def solved_anchor(rewards: torch.Tensor, advantages: torch.Tensor, anchor: float, solved_reward: float = 1.0
+                  ) -> torch.Tensor:
+    """The solved-skill guard's advantages (rlsift's addition, ``guard.anchor``; docs/algorithms.md section 7).
+
+    A group whose rollouts all earn ``solved_reward`` has advantage 0 in GRPO, so nothing holds the policy's
+    solved behaviour in place while other prompts move it. Giving those rollouts advantage ``anchor`` instead
+    makes the clipped surrogate a likelihood push on the policy's own correct answers (bounded per step by the
+    ratio clip): a form of supervised replay of successes (RAFT, arXiv 2304.06767; self-imitation, arXiv
+    1806.05635), applied only where GRPO has no signal.
+
+    Args:
+        rewards: [B, G] rewards.
+        advantages: [B, G] the group advantages of ``rewards``.
+        anchor: the advantage of a solved group's rollouts (0 leaves ``advantages`` unchanged).
+
+    Returns:
+        [B, G] advantages: ``anchor`` on solved groups, ``advantages`` elsewhere.
+    """
+    rewards = _check_rewards(rewards)
+    if advantages.shape != rewards.shape:
+        raise ValueError(f"advantages {tuple(advantages.shape)} and rewards {tuple(rewards.shape)} differ in shape")
+    if anchor == 0:
+        return advantages
+    solved = (rewards == solved_reward).all(dim=1, keepdim=True)  # [B, 1]
+    return torch.where(solved, torch.full_like(advantages, anchor), advantages)

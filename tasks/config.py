@@ -239,6 +239,18 @@ class ReplayConfig(_Frozen):
         "Groups older than this many steps are not replayed (our addition; None: no limit, as in the paper)."))
 
 
+class GuardConfig(_Frozen):
+    """The solved-skill guard (our addition; docs/algorithms.md section 7): selection methods that train only where
+    the predicted success is near 0.5 let solved skills drift. Both parts are off by default (plain GRPO)."""
+
+    share: float = Field(0.0, ge=0, lt=1, description=(
+        "Share of each step's fresh prompts drawn uniformly from prompts measured solved (pass rate 1 over their "
+        "last reference or training rollouts); the rest are selected as usual."))
+    anchor: float = Field(0.0, ge=0, description=(
+        "Advantage of every rollout of a group whose rollouts all succeed (0 in GRPO): a clipped likelihood push "
+        "that keeps solved behaviour where it is, like supervised replay of the policy's own correct answers."))
+
+
 class CurriculumConfig(_Frozen):
     """ScalingRL DES and curriculum scheduler, a labelled reconstruction (rlcore/curriculum.py;
     docs/algorithms.md section 4.2)."""
@@ -337,6 +349,7 @@ class Config(_Frozen):
     pods: PodsConfig = Field(PodsConfig(), description="PODS rollout down-sampling.")
     dynamic: DynamicSamplingConfig = Field(DynamicSamplingConfig(), description="DAPO's dynamic sampling.")
     replay: ReplayConfig = Field(ReplayConfig(), description="Rollout Replay.")
+    guard: GuardConfig = Field(GuardConfig(), description="Solved-skill guard.")
     curriculum: CurriculumConfig = Field(CurriculumConfig(), description="ScalingRL curriculum (reconstruction).")
     gain: GainConfig = Field(GainConfig(), description="GAIN-RL angle ordering and window.")
     eval: EvalConfig = Field(EvalConfig(), description="Held-out evaluation.")
@@ -349,6 +362,9 @@ class Config(_Frozen):
             raise ValueError(f"pods.m ({self.pods.m}) must be below rollout.n ({self.rollout.n}) when PODS is on")
         if self.curriculum.s_min > self.curriculum.s_max:
             raise ValueError("curriculum.s_min must not exceed curriculum.s_max")
+        if self.guard.share > 0 and self.select.drop_solved:
+            raise ValueError("guard.share keeps solved prompts in the batch and select.drop_solved removes them: "
+                             "set one of them")
         return self
 
     @property

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlcore.advantages import effective_mask, group_advantages
+from rlcore.advantages import effective_mask, group_advantages, solved_anchor
 from rlcore.downsample import downsample
 from rlcore.dynamic_sampling import BatchFiller
 from rlcore.replay_buffer import ReplayBuffer, mix_counts
@@ -64,8 +64,9 @@ EvaluateFn = Callable[[int], HeldoutEval]
 
 def make_groups(gen: Generation, rewards: torch.Tensor, records: list[PromptRecord], step: int, *, m: int | None,
                 rule: str, scale_std: bool, generator: torch.Generator,
-                negative_weight: float) -> tuple[list[RolloutGroup], dict]:
-    """PODS down-sampling (when m is set) and group-relative advantages on the kept rollouts."""
+                negative_weight: float, anchor: float) -> tuple[list[RolloutGroup], dict]:
+    """PODS down-sampling (when m is set) and group-relative advantages on the kept rollouts; ``anchor``: the
+    solved-skill guard's advantage for groups whose kept rollouts all succeed (``rlcore.advantages.solved_anchor``)."""
     b, n = rewards.shape
     if m is None:
         keep, stats = torch.arange(n).expand(b, n), {}
@@ -75,6 +76,7 @@ def make_groups(gen: Generation, rewards: torch.Tensor, records: list[PromptReco
     adv = group_advantages(kept_r, scale_by_std=scale_std)  # [B, G]
     if negative_weight != 1.0:
         adv = torch.where(adv < 0, adv * negative_weight, adv)
+    adv = solved_anchor(kept_r, adv, anchor)
     groups = []
     for i, rec in enumerate(records):
         rows = i * n + keep[i]
@@ -147,7 +149,7 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
             groups, pods_stats = make_groups(gen, rewards, records, step,
                                              m=cfg.pods.m if cfg.pods.enabled else None, rule=cfg.pods.rule,
                                              scale_std=tc.scale_std, generator=gen_rng,
-                                             negative_weight=tc.negative_weight)
+                                             negative_weight=tc.negative_weight, anchor=cfg.guard.anchor)
         idx_all += idx
         rows_all += rows
         records_all += records

@@ -200,19 +200,32 @@ class Selector:
             self.used[:] = False
         else:
             probs = fresh
+        guard = self._guard(round(cfg.guard.share * k), step) if attempt == 0 else []
+        probs = probs.clone()
+        probs[guard] = 0.0
         method = cfg.select.sampler if self.predictor is not None else "weighted"
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "select", *((attempt,) if attempt else ())))
-        idx = sample_prompts(probs, min(k, int((probs > 0).sum())), gen, method=method)
+        idx = guard + sample_prompts(probs, min(k - len(guard), int((probs > 0).sum())), gen, method=method).tolist()
         self.used[idx] = True
         name = "+".join(n for n, on in (("scalingrl", self.scheduler is not None), ("gain", self.window is not None),
                                         ("dots", self.predictor is not None)) if on) or "uniform"
-        rows = [SelectionRow(prompt_id=self.pool[i].id, selector=name, weight=float(self.probs[i]),
+        rows = [SelectionRow(prompt_id=self.pool[i].id, selector="guard" if j < len(guard) else name,
+                             weight=float(self.probs[i]),
                              pred_success=_num(self.pred[i]), angle_score=float(self.angle[i]),
                              gain_rank=int(self.rank[i]),
                              **{key: _num(self.info[key][i]) if key in self.info else None
                                 for key in ("des", "des_difficulty", "des_cot", "des_adaptability")})
-                for i in idx.tolist()]
-        return idx.tolist(), rows
+                for j, i in enumerate(idx)]
+        return idx, rows
+
+    def _guard(self, n: int, step: int) -> list[int]:
+        """The solved-skill guard's picks (``guard.share``): up to n prompts measured solved and not yet used this
+        round, uniformly at random (seeded by the step)."""
+        solved = (self.solved() & ~self.used).nonzero().squeeze(1)
+        if n <= 0 or not len(solved):
+            return []
+        gen = torch.Generator().manual_seed(derive_seed(self.cfg.seed, step, "guard"))
+        return solved[torch.randperm(len(solved), generator=gen)[:n]].tolist()
 
     def observe(self, step: int, idx: list[int], rewards: torch.Tensor, accuracy: float,
                 angle: float | None) -> dict[str, float]:

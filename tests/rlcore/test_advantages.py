@@ -110,3 +110,16 @@ def test_non_finite_rewards_are_an_error_naming_the_place(fn):
     r[2] = torch.tensor([0.0, 1.0, float("inf"), 0.0])
     with pytest.raises(ValueError, match="1 are not, the first at group 2, rollout 2"):
         fn(r)
+
+
+def test_solved_anchor_by_hand():
+    from rlcore.advantages import solved_anchor
+
+    rewards = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
+    adv = group_advantages(rewards, scale_by_std=False)
+    out = solved_anchor(rewards, adv, 0.1)
+    # only the all-correct group changes: 0 -> 0.1 for each rollout; all-wrong stays 0, mixed keeps r - mean
+    torch.testing.assert_close(out, torch.tensor([[0.1, 0.1, 0.1], [1 / 3, -2 / 3, 1 / 3], [0.0, 0.0, 0.0]]))
+    assert solved_anchor(rewards, adv, 0.0) is adv  # off: GRPO's advantages, untouched
+    with pytest.raises(ValueError, match="differ in shape"):
+        solved_anchor(rewards, adv[:2], 0.1)

@@ -9,6 +9,8 @@ import json
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tasks.data import arith
 from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
@@ -125,15 +127,23 @@ def test_make_groups_advantages_and_negative_weight():
                      completion_mask=torch.ones(4, 2, dtype=torch.bool), texts=["a"] * 4, n=4)
     rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
     (g,), _ = make_groups(gen, rewards, rec, 3, m=None, rule="max_variance", scale_std=False,
-                          generator=torch.Generator(), negative_weight=1.0)
+                          generator=torch.Generator(), negative_weight=1.0, anchor=0.0)
     assert g.advantages.tolist() == [0.5, -0.5, -0.5, 0.5] and g.success_rate == 0.5 and g.step == 3
     (g,), _ = make_groups(gen, rewards, rec, 3, m=None, rule="max_variance", scale_std=False,
-                          generator=torch.Generator(), negative_weight=0.3)
+                          generator=torch.Generator(), negative_weight=0.3, anchor=0.0)
     assert torch.allclose(g.advantages, torch.tensor([0.5, -0.15, -0.15, 0.5]))
     # PODS keeps the max-variance pair (one success, one failure) of the four
     (g,), _ = make_groups(gen, rewards, rec, 3, m=2, rule="max_variance", scale_std=False,
-                          generator=torch.Generator(), negative_weight=1.0)
+                          generator=torch.Generator(), negative_weight=1.0, anchor=0.0)
     assert sorted(g.rewards.tolist()) == [0.0, 1.0] and g.n_generated == 4 and g.size == 2
+    # the solved-skill guard: a solved group gets the anchor advantage, a mixed one keeps GRPO's
+    solved = torch.ones(1, 4)
+    (g,), _ = make_groups(gen, solved, rec, 3, m=None, rule="max_variance", scale_std=False,
+                          generator=torch.Generator(), negative_weight=1.0, anchor=0.05)
+    assert g.advantages.tolist() == pytest.approx([0.05] * 4)
+    (g,), _ = make_groups(gen, rewards, rec, 3, m=None, rule="max_variance", scale_std=False,
+                          generator=torch.Generator(), negative_weight=1.0, anchor=0.05)
+    assert g.advantages.tolist() == [0.5, -0.5, -0.5, 0.5]
 
 
 def test_dynamic_sampling_trains_only_informative_groups_and_counts_every_rollout(smoke_cfg, pool):
@@ -171,3 +181,46 @@ def test_drop_solved_keeps_solved_prompts_out_until_too_few_remain(smoke_cfg, po
     off.used[:] = False
     drawn = set().union(*(off.choose(6, s)[0] for s in range(1, 4)))
     assert drawn & set(solved), "without drop_solved, solved prompts are drawn as any other"
+
+
+@settings(max_examples=25, deadline=None)
+@given(share=st.sampled_from([0.0, 0.2, 0.5]), n_solved=st.integers(0, 12), k=st.integers(1, 10),
+       step=st.integers(0, 50))
+def test_guard_share_draws_solved_prompts_and_nothing_else_changes(guard_selectors, share, n_solved, k, step):
+    """guard.share: round(share * k) distinct solved prompts (fewer when fewer are solved and unused), the rest
+    selected as without the guard; share 0 draws exactly what a selector without a guard section draws."""
+    sel, off, pool_size = guard_selectors(share)
+    solved = list(range(0, 2 * n_solved, 2))
+    for s in (sel, off):
+        s.begin_round(0, 0, None, None)
+        if solved:
+            s.observe(0, solved, torch.ones(len(solved), 4), 1.0, None)
+        s.used[:] = False
+    idx, rows = sel.choose(k, step)
+    want = min(round(share * k), n_solved)
+    assert len(idx) == len(set(idx)) == min(k, pool_size)
+    guard = [i for i, r in zip(idx, rows, strict=True) if r.selector == "guard"]
+    assert len(guard) == want and set(guard) <= set(solved) and idx[:want] == guard
+    if share == 0:
+        assert idx == off.choose(k, step)[0]
+
+
+@pytest.fixture(scope="module")
+def guard_selectors(pool, tmp_path_factory):
+    from tasks.config import load_config
+    from tasks.training.selector import Selector
+
+    root = tmp_path_factory.mktemp("guard")
+    feats = score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
+
+    def cfg(*extra):
+        return load_config(PRESETS.format("grpo"), [f"paths.root={root}", *SMALL, *extra])
+
+    return lambda share: (Selector(cfg(f"guard.share={share}"), pool, feats), Selector(cfg(), pool, feats), len(pool))
+
+
+def test_guard_and_drop_solved_cannot_both_be_set():
+    from tasks.config import load_config
+
+    with pytest.raises(ValueError, match="set one of them"):
+        load_config(None, ["guard.share=0.1", "select.drop_solved=true"])
