@@ -142,12 +142,14 @@ def token_logprobs(model: torch.nn.Module, prompts: Sequence[torch.Tensor], comp
     Returns:
         [N, L] float32 log-probs (0 where the mask is False). Differentiable when grad is enabled.
     """
-    n, length = completions.shape
+    length = completions.shape[1]
+    if length == 0:  # nothing was generated: no log-probs to compute
+        return torch.zeros(completions.shape, device=device)
     lens = completion_mask.sum(-1)
     buckets = length_buckets(torch.tensor([int(p.numel()) for p in prompts]), lens, max_tokens)
     parts = []
     for rows in buckets:
-        width_l = max(int(lens[rows].max()), 1)
+        width_l = max(int(lens[rows].max()), 1)  # at least one column (a row may have no real token)
         comp, cmask = completions[rows, :width_l], completion_mask[rows, :width_l]
         input_ids, attn, pos, width = pack([prompts[i] for i in rows], comp, cmask, pad_id)
         input_ids, attn, pos = input_ids.to(device), attn.to(device), pos.to(device)

@@ -201,8 +201,9 @@ class Selector:
         else:
             probs = fresh
         guard = self._guard(round(cfg.guard.share * k), step) if attempt == 0 else []
-        probs = probs.clone()
-        probs[guard] = 0.0
+        if guard:
+            probs = probs.clone()
+            probs[guard] = 0.0
         method = cfg.select.sampler if self.predictor is not None else "weighted"
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "select", *((attempt,) if attempt else ())))
         idx = guard + sample_prompts(probs, min(k - len(guard), int((probs > 0).sum())), gen, method=method).tolist()
@@ -220,7 +221,8 @@ class Selector:
 
     def _guard(self, n: int, step: int) -> list[int]:
         """The solved-skill guard's picks (``guard.share``): up to n prompts measured solved and not yet used this
-        round, uniformly at random (seeded by the step)."""
+        round, uniformly at random (seeded by the step). Only in a step's first generation round: dynamic sampling's
+        later rounds look for informative groups, which solved prompts are not."""
         solved = (self.solved() & ~self.used).nonzero().squeeze(1)
         if n <= 0 or not len(solved):
             return []
