@@ -74,6 +74,8 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
     top-p), ``softmax`` and one ``torch.multinomial`` over all B rows, finished rows given a certain pad
     token, so each live row draws exactly what ``generate`` draws for it from the same seed (multinomial
     draws row by row). Positions are the attention mask's cumulative sum, as in ``tasks.model.forward.pack``.
+    Only the run's temperature, top-k and top-p apply: a model folder's own ``generation_config`` (a repetition
+    penalty, say) does not, so the sampling distribution is exactly the one the update's log-probs describe.
 
     Args:
         input_ids: [B, P] left-padded prompts (a prompt repeated n times for n rollouts); attention_mask: [B, P].
