@@ -7,10 +7,9 @@ log-probs computed here match the sampling distribution token for token.
 
 from __future__ import annotations
 
-import contextlib
 import re
 from collections.abc import Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -153,7 +152,7 @@ def token_logprobs(model: torch.nn.Module, prompts: Sequence[torch.Tensor], comp
         comp, cmask = completions[rows, :width_l], completion_mask[rows, :width_l]
         input_ids, attn, pos, width = pack([prompts[i] for i in rows], comp, cmask, pad_id)
         input_ids, attn, pos = input_ids.to(device), attn.to(device), pos.to(device)
-        with capture_mlp_input(model) if mlp_inputs is not None else contextlib.nullcontext([]) as box:
+        with capture_mlp_input(model) if mlp_inputs is not None else nullcontext([]) as box:
             logits = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=False,
                            logits_to_keep=width_l + 1).logits[:, :-1]  # [b, L_b, V] predicts completion tokens
         if mlp_inputs is not None:

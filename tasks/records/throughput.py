@@ -86,3 +86,13 @@ class ModelShape:
     def train_flops(self, tokens: float, context: float) -> float:
         """Forward and backward: three forward passes' worth."""
         return 3 * self.forward_flops(tokens, context)
+
+
+def rates(shape: ModelShape, machine: Peak, *, tokens: float, sequences: int, seconds: float,
+          backward: bool) -> tuple[float, float]:
+    """(tokens per second, MFU) of a phase that ran ``sequences`` sequences of ``tokens`` real tokens in all
+    through forward passes (and backward passes when ``backward``) in ``seconds``."""
+    seconds = max(seconds, 1e-9)
+    context = tokens / max(sequences, 1)
+    flops = shape.train_flops(tokens, context) if backward else shape.forward_flops(tokens, context)
+    return tokens / seconds, flops / seconds / machine.flops

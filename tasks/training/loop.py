@@ -35,7 +35,7 @@ from tasks.data.prompts import PromptRecord
 from tasks.model.policy import Policy
 from tasks.model.rollout import Generation
 from tasks.records.ledger import GroupRow, SelectionRow
-from tasks.records.throughput import ModelShape, Peak, peak
+from tasks.records.throughput import ModelShape, Peak, peak, rates
 from tasks.run import Run, progress_bar
 from tasks.training import checkpoint
 from tasks.training.calibration import Calibration
@@ -307,18 +307,13 @@ def throughput(shape: ModelShape, machine: Peak, fs: FreshBatch, batch: list[Rol
     verifiers; the update's are forward + backward over the batch's real tokens (the reference and pi_old
     passes of ``train.kl_coef`` / ``train.minibatches`` not counted).
     """
-    gen_tokens = fs.prompt_tokens + fs.tokens
-    upd_prompt = sum(g.size * g.prompt_ids.numel() for g in batch)
-    upd_tokens = upd_prompt + sum(int(g.completion_mask.sum()) for g in batch)
-    rows = sum(g.size for g in batch)
-    return {
-        "perf/update_tokens_per_s": upd_tokens / max(upd_s, 1e-9),
-        "perf/update_mfu": shape.train_flops(upd_tokens, upd_tokens / rows) / max(upd_s, 1e-9) / machine.flops,
-        "perf/rollout_tokens_per_s": gen_tokens / max(fs.gen_s, 1e-9),
-        "perf/rollout_mfu": shape.forward_flops(gen_tokens, gen_tokens / fs.generated) / max(fs.gen_s, 1e-9)
-        / machine.flops,
-        "perf/peak_tflops": machine.flops / 1e12,
-    }
+    upd_tokens = sum(g.size * g.prompt_ids.numel() + int(g.completion_mask.sum()) for g in batch)
+    upd_tps, upd_mfu = rates(shape, machine, tokens=upd_tokens, sequences=sum(g.size for g in batch), seconds=upd_s,
+                             backward=True)
+    gen_tps, gen_mfu = rates(shape, machine, tokens=fs.prompt_tokens + fs.tokens, sequences=fs.generated,
+                             seconds=fs.gen_s, backward=False)
+    return {"perf/update_tokens_per_s": upd_tps, "perf/update_mfu": upd_mfu, "perf/rollout_tokens_per_s": gen_tps,
+            "perf/rollout_mfu": gen_mfu, "perf/peak_tflops": machine.flops / 1e12}
 
 
 def sync_rollout_weights(run: Run, policy: Policy) -> None:
