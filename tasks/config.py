@@ -155,6 +155,11 @@ class TrainConfig(_Frozen):
         "Padded-token budget of one forward pass in the update: rows are grouped by length into passes of at "
         "most this many (rows x padded length) tokens, so short completions are not padded to the longest "
         "(docs/performance.md). The loss and gradient are the same up to float rounding. 0: one pass."))
+    skip_zero_advantage: bool = Field(True, description=(
+        "Leave rollouts whose advantage is 0 (groups whose rewards are all equal) out of the update's forward and "
+        "backward passes; the loss keeps their tokens in its normaliser, so the gradient is the same up to float "
+        "rounding and only the wasted compute goes (docs/performance.md). Not applied with kl_coef > 0 or "
+        "GAIN-RL, whose KL term and online angle need every rollout. false: every rollout is computed."))
     checkpoint_every: int = Field(0, ge=0, description="Also checkpoint every N steps (0: round boundaries only).")
 
 

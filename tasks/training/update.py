@@ -52,7 +52,7 @@ def flatten(groups: Sequence[RolloutGroup]):
 
 def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, groups: Sequence[RolloutGroup], *,
                   clip_eps: float, aggregation: str, grad_clip: float, temperature: float, pad_id: int,
-                  minibatches: int, kl_coef: float, bucket_tokens: int = 0,
+                  minibatches: int, kl_coef: float, bucket_tokens: int = 0, skip_zero_advantage: bool = False,
                   ref_model: torch.nn.Module | None = None, device: torch.device | str = "cpu",
                   angle_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                   shard: DataShard | None = None) -> dict[str, float]:
@@ -61,6 +61,12 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     Args:
         bucket_tokens: padded-token budget of one forward pass (``train.bucket_tokens``): rows are grouped by
             length (``tasks.model.forward.length_buckets``); the loss and its one backward pass are unchanged.
+        skip_zero_advantage: leave the rows of groups whose advantages are all 0 out of the forward and backward
+            passes (``train.skip_zero_advantage``); each minibatch's loss is scaled by the share of its aggregation
+            units (tokens, or sequences) that were computed, so loss and gradient are those of the whole minibatch.
+            Ignored with ``kl_coef > 0`` or ``angle_fn`` (both need every row). Token-level metrics then average
+            over the computed rows; skipped fresh groups get no behaviour log-probs (Rollout Replay stores only
+            informative groups).
         angle_fn: optional ``(mlp_inputs [N, T, H], attention_mask [N, T]) -> [N]`` per-sequence angle signal
             computed from the same forward pass (GAIN-RL's online signal); its mean is ``gain/angle_online``.
         shard: scale-out (``tasks/training/distributed.py``): every rank passes the same ``groups`` and computes its
@@ -71,10 +77,12 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     Returns:
         Metrics: ``train/loss``, ``train/grad_norm`` and the loss's own metrics (averaged over the applied
         minibatches), and ``train/skipped_updates``: minibatches whose loss or gradient was not finite, so
-        their update was not applied (``backward_step``).
+        their update was not applied (``backward_step``), and ``train/update_rows``: rows computed (all of them
+        without the skip).
     """
     prompts, comp, mask, adv, width = flatten(groups)
     n_rows = comp.shape[0]
+    silent = torch.cat([torch.full((g.size,), bool((g.advantages == 0).all())) for g in groups])  # [N]
     fresh_rows = torch.cat([torch.full((g.size,), g.replayed_from is None) for g in groups])
     behaviour = torch.cat([torch.nn.functional.pad(g.behaviour_logp, (0, width - g.behaviour_logp.shape[1]))
                            if g.replayed_from is not None else torch.zeros(g.size, width) for g in groups])
@@ -84,6 +92,12 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
                               max_tokens=bucket_tokens, mlp_inputs=mlp_inputs)
 
     chunks = list(torch.arange(n_rows).chunk(minibatches))
+    scales = [1.0] * len(chunks)  # computed share of each minibatch's aggregation units
+    if skip_zero_advantage and kl_coef == 0 and angle_fn is None:
+        chunks, scales = map(list, zip(*(rows_with_gradient(c, silent, mask, aggregation,
+                                                            min_rows=shard.world if shard is not None else 1)
+                                         for c in chunks), strict=True))
+    update_rows = sum(len(c) for c in chunks)
     if shard is not None:  # scale-out: this rank's slice of every minibatch
         chunks = [shard.rows(c) for c in chunks]
     all_rows = torch.cat(chunks)  # the rows this process computes (all of them in one process)
@@ -103,7 +117,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     skipped = 0
     angle_sum, angle_n = 0.0, 0
     old_out = torch.zeros(n_rows, width)
-    for mb in chunks:
+    for mb, scale in zip(chunks, scales, strict=True):
         hidden: list | None = [] if angle_fn is not None else None  # the hidden-state hook only for GAIN-RL
         logp = logp_of(mb, model, hidden)  # [n, L] with grad
         for mlp_in, am in hidden or ():
@@ -125,6 +139,9 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
                 logp, old, adv[mb].to(logp.device), mask[mb].to(logp.device), clip_eps=clip_eps,
                 aggregation=aggregation, behaviour_logp=None if bool(fresh.all()) else beh, ref_logp=ref,
                 kl_coef=kl_coef)
+            if scale != 1.0:  # rows left out by the skip count in the normaliser (their terms are 0)
+                loss = loss * scale
+                m["train/pg_loss"] = m["train/pg_loss"] * scale
             m["train/loss"] = float(loss.detach())
         if poisoned:  # same metric keys on every rank; the NaN loss makes every rank skip (backward_step)
             loss = loss * float("nan")
@@ -142,6 +159,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
             stats[k] = stats.get(k, 0.0) + float(v)
     stats = {k: v / (minibatches - skipped) for k, v in stats.items()}
     stats["train/skipped_updates"] = float(skipped)
+    stats["train/update_rows"] = float(update_rows)
     if shard is not None:  # every row was computed by exactly one rank
         old_out = shard.all_sum(old_out)
         angle_sum, angle_n = (float(v) for v in shard.all_sum(torch.tensor([angle_sum, float(angle_n)],
@@ -154,6 +172,38 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     if angle_n:
         stats["gain/angle_online"] = angle_sum / angle_n
     return stats
+
+
+def rows_with_gradient(rows: torch.Tensor, silent: torch.Tensor, mask: torch.Tensor, aggregation: str, *,
+                       min_rows: int = 1) -> tuple[torch.Tensor, float]:
+    """The rows of a minibatch the update must compute, and the share of the minibatch's loss units they hold.
+
+    A rollout of a group whose advantages are all 0 adds 0 to the clipped surrogate (without a KL term), so
+    leaving it out changes neither loss nor gradient as long as the loss is still divided by the whole
+    minibatch's units: the caller multiplies the computed rows' aggregated loss by the returned share.
+
+    Args:
+        rows: [n] row indices of one minibatch.
+        silent: [N] bool, True for rows of groups whose advantages are all 0.
+        mask: [N, L] bool valid-token mask.
+        aggregation: ``"token"`` (units are valid tokens) or ``"sequence"`` (sequences with a valid token).
+        min_rows: compute at least this many rows (scale-out needs one per rank); when fewer carry a gradient,
+            the minibatch is computed whole.
+
+    Returns:
+        ``(kept [k] row indices in their original order, share in (0, 1])``. A minibatch without any gradient
+        keeps its first ``min_rows`` rows: the optimizer still takes its (zero-gradient) step, as without the skip.
+    """
+    def units(r: torch.Tensor) -> float:
+        valid = mask[r]
+        return float(valid.sum() if aggregation == "token" else (valid.sum(1) > 0).sum())
+
+    kept = rows[~silent[rows]]
+    if kept.numel() == 0:
+        kept = rows[:min_rows]
+    if kept.numel() < min_rows or units(rows) == 0 or units(kept) == 0:
+        return rows, 1.0
+    return kept, units(kept) / units(rows)
 
 
 @dataclass(frozen=True)
@@ -172,6 +222,7 @@ class LossSettings:
     minibatches: int = 1
     kl_coef: float = 0.0
     bucket_tokens: int = 0
+    skip_zero_advantage: bool = False
     angle: bool = False
 
     @classmethod
@@ -179,7 +230,8 @@ class LossSettings:
         tc = cfg.train
         return cls(clip_eps=tc.clip_eps, aggregation=tc.aggregation, grad_clip=tc.grad_clip,
                    temperature=cfg.rollout.temperature, pad_id=pad_id, minibatches=tc.minibatches,
-                   kl_coef=tc.kl_coef, bucket_tokens=tc.bucket_tokens, angle=cfg.gain.enabled)
+                   kl_coef=tc.kl_coef, bucket_tokens=tc.bucket_tokens,
+                   skip_zero_advantage=tc.skip_zero_advantage, angle=cfg.gain.enabled)
 
     def update_kwargs(self) -> dict:
         """Keyword arguments of :func:`policy_update` (``angle`` becomes ``angle_fn``)."""

@@ -1,0 +1,79 @@
+"""``train.skip_zero_advantage``: groups without a gradient are left out of the update, and nothing else changes."""
+
+import copy
+
+import pytest
+import torch
+
+from tasks.training.update import policy_update, rows_with_gradient
+from tests.tasks import dist_update_helper as h
+
+
+def test_rows_with_gradient_by_hand():
+    rows = torch.arange(6)
+    silent = torch.tensor([True, True, False, False, True, False])
+    lengths = torch.tensor([4, 2, 3, 0, 5, 1])
+    mask = torch.arange(5).unsqueeze(0) < lengths.unsqueeze(1)  # [6, 5]
+    kept, share = rows_with_gradient(rows, silent, mask, "token")
+    assert kept.tolist() == [2, 3, 5] and share == pytest.approx((3 + 0 + 1) / 15)
+    kept, share = rows_with_gradient(rows, silent, mask, "sequence")  # row 3 has no valid token: not a unit
+    assert kept.tolist() == [2, 3, 5] and share == pytest.approx(2 / 5)
+    kept, share = rows_with_gradient(rows[:2], silent, mask, "token")  # nothing to learn: one row, loss 0
+    assert kept.tolist() == [0] and share == pytest.approx(4 / 6)
+    kept, share = rows_with_gradient(rows, silent, mask, "token", min_rows=4)  # too few rows for the ranks
+    assert kept.tolist() == rows.tolist() and share == 1.0
+
+
+def _batch_with_silent_groups(model):
+    """dist_update_helper's batch (one replayed group) with groups 1 (all right) and 3 (all wrong) silent."""
+    groups = h.make_batch(model)
+    for i, r in ((1, 1.0), (3, 0.0)):
+        g = groups[i]
+        g.rewards = torch.full_like(g.rewards, r)
+        g.advantages = torch.zeros_like(g.advantages)
+    return groups
+
+
+def _update(groups, skip: bool, **kw):
+    model = h.tiny_model()
+    opt = torch.optim.AdamW(model.parameters(), **h.OPTIM)
+    settings = {**h.SETTINGS, **kw.pop("settings", {})}
+    stats = [policy_update(model, opt, copy.deepcopy(groups), skip_zero_advantage=skip, **settings, **kw)
+             for _ in range(2)]  # two steps: the second sees Adam's moments of the first
+    return model, stats
+
+
+@pytest.mark.parametrize("aggregation", ["token", "sequence"])
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_skipping_silent_groups_changes_neither_loss_nor_weights(aggregation, minibatches):
+    groups = _batch_with_silent_groups(h.tiny_model())
+    settings = {"minibatches": minibatches}
+    full, full_stats = _update(groups, False, aggregation=aggregation, kl_coef=0.0, settings=settings)
+    fast, fast_stats = _update(groups, True, aggregation=aggregation, kl_coef=0.0, settings=settings)
+    assert full_stats[0]["train/update_rows"] == 16.0 and fast_stats[0]["train/update_rows"] == 8.0
+    for a, b in zip(full_stats, fast_stats, strict=True):
+        for key in ("train/loss", "train/pg_loss", "train/grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+    for (name, p), q in zip(full.named_parameters(), fast.parameters(), strict=True):
+        # 1e-5 = 1 % of one lr-sized Adam step: rounding in a gradient element near Adam's eps can move that
+        # element by a few 1e-6 (one element of 12k here), a real change in what is learned would move many by ~1e-3
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_a_batch_without_gradient_still_steps_the_optimizer_as_before():
+    groups = _batch_with_silent_groups(h.tiny_model())
+    for g in groups:
+        g.advantages = torch.zeros_like(g.advantages)
+        g.replayed_from = None
+    full, _ = _update(groups, False, aggregation="token", kl_coef=0.0)
+    fast, stats = _update(groups, True, aggregation="token", kl_coef=0.0)
+    assert stats[0]["train/update_rows"] == 2.0  # one row per minibatch
+    for p, q in zip(full.parameters(), fast.parameters(), strict=True):
+        torch.testing.assert_close(q, p)  # AdamW's weight decay applied alike
+
+
+def test_a_kl_term_needs_every_row():
+    groups = _batch_with_silent_groups(h.tiny_model())
+    ref = h.tiny_model()
+    _, stats = _update(groups, True, aggregation="token", kl_coef=0.05, ref_model=ref)
+    assert stats[0]["train/update_rows"] == 16.0
