@@ -265,7 +265,7 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
                 "rollout/tokens": float(fs.tokens),
                 "rollout/tokens_per_s": fs.tokens / max(fs.gen_s, 1e-9),
                 "rollout/length_mean": fs.tokens / fs.generated,
-            } | throughput(shape, machine, fs, batch, upd_s) | {
+            } | throughput(shape, machine, fs, stats, upd_s) | {
                 "time/reference_share": run.meter.wall_seconds("reference") / max(run.meter.wall_seconds(
                     TRAIN_PHASES), 1e-9)}
             if buffer is not None:
@@ -298,18 +298,19 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
 
 
 
-def throughput(shape: ModelShape, machine: Peak, fs: FreshBatch, batch: list[RolloutGroup],
+def throughput(shape: ModelShape, machine: Peak, fs: FreshBatch, upd_stats: dict[str, float],
                upd_s: float) -> dict[str, float]:
     """Tokens per second and MFU (tasks/records/throughput.py) of this step's rollout and update phases.
 
     The rollout phase's FLOPs are forward passes over every generated rollout's prompt and completion (the prompt
     is prefilled once per rollout, as ``generate`` does with ``num_return_sequences``), its time includes the
-    verifiers; the update's are forward + backward over the batch's real tokens (the reference and pi_old
-    passes of ``train.kl_coef`` / ``train.minibatches`` not counted).
+    verifiers; the update's are forward + backward over the real tokens of the rows it computed
+    (``upd_stats``: the updater's ``train/update_tokens`` and ``train/update_rows``; rows of groups without a
+    gradient are not computed, ``train.skip_zero_advantage``; the reference and pi_old passes of
+    ``train.kl_coef`` / ``train.minibatches`` are not counted).
     """
-    upd_tokens = sum(g.size * g.prompt_ids.numel() + int(g.completion_mask.sum()) for g in batch)
-    upd_tps, upd_mfu = rates(shape, machine, tokens=upd_tokens, sequences=sum(g.size for g in batch), seconds=upd_s,
-                             backward=True)
+    upd_tps, upd_mfu = rates(shape, machine, tokens=int(upd_stats["train/update_tokens"]),
+                             sequences=int(upd_stats["train/update_rows"]), seconds=upd_s, backward=True)
     gen_tps, gen_mfu = rates(shape, machine, tokens=fs.prompt_tokens + fs.tokens, sequences=fs.generated,
                              seconds=fs.gen_s, backward=False)
     return {"perf/update_tokens_per_s": upd_tps, "perf/update_mfu": upd_mfu, "perf/rollout_tokens_per_s": gen_tps,

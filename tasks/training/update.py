@@ -77,8 +77,8 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     Returns:
         Metrics: ``train/loss``, ``train/grad_norm`` and the loss's own metrics (averaged over the applied
         minibatches), and ``train/skipped_updates``: minibatches whose loss or gradient was not finite, so
-        their update was not applied (``backward_step``), and ``train/update_rows``: rows computed (all of them
-        without the skip).
+        their update was not applied (``backward_step``); ``train/update_rows`` and ``train/update_tokens``: the
+        rows computed (all of them without the skip) and their real prompt + completion tokens.
     """
     prompts, comp, mask, adv, width = flatten(groups)
     n_rows = comp.shape[0]
@@ -97,7 +97,8 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
         chunks, scales = map(list, zip(*(rows_with_gradient(c, silent, mask, aggregation,
                                                             min_rows=shard.world if shard is not None else 1)
                                          for c in chunks), strict=True))
-    update_rows = sum(len(c) for c in chunks)
+    computed = torch.cat(chunks)
+    update_tokens = sum(prompts[i].numel() for i in computed.tolist()) + int(mask[computed].sum())
     if shard is not None:  # scale-out: this rank's slice of every minibatch
         chunks = [shard.rows(c) for c in chunks]
     all_rows = torch.cat(chunks)  # the rows this process computes (all of them in one process)
@@ -159,7 +160,8 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
             stats[k] = stats.get(k, 0.0) + float(v)
     stats = {k: v / (minibatches - skipped) for k, v in stats.items()}
     stats["train/skipped_updates"] = float(skipped)
-    stats["train/update_rows"] = float(update_rows)
+    stats["train/update_rows"] = float(computed.numel())
+    stats["train/update_tokens"] = float(update_tokens)
     if shard is not None:  # every row was computed by exactly one rank
         old_out = shard.all_sum(old_out)
         angle_sum, angle_n = (float(v) for v in shard.all_sum(torch.tensor([angle_sum, float(angle_n)],

@@ -51,6 +51,9 @@ def test_skipping_silent_groups_changes_neither_loss_nor_weights(aggregation, mi
     full, full_stats = _update(groups, False, aggregation=aggregation, kl_coef=0.0, settings=settings)
     fast, fast_stats = _update(groups, True, aggregation=aggregation, kl_coef=0.0, settings=settings)
     assert full_stats[0]["train/update_rows"] == 16.0 and fast_stats[0]["train/update_rows"] == 8.0
+    computed = [g for i, g in enumerate(groups) if i not in (1, 3)]
+    assert fast_stats[0]["train/update_tokens"] == sum(g.size * g.prompt_ids.numel() + int(g.completion_mask.sum())
+                                                       for g in computed)
     for a, b in zip(full_stats, fast_stats, strict=True):
         for key in ("train/loss", "train/pg_loss", "train/grad_norm"):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key

@@ -37,7 +37,7 @@ def test_measured_peak_is_a_real_rate():
 
 
 def test_step_throughput_by_hand():
-    """One group of 2 rows (prompt 3 tokens, completions 2 and 4 real tokens) updated in 0.5 s; 3 rollouts of a
+    """The update computed 2 rows (prompt 3 tokens, completions 2 and 4 real tokens) in 0.5 s; 3 rollouts of a
     4-token prompt generated 9 completion tokens in 2 s; peak 1e6 FLOP/s."""
     group = RolloutGroup(prompt_id="p", prompt_ids=torch.tensor([5, 6, 7]), completion_ids=torch.zeros(2, 4),
                          completion_mask=torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool),
@@ -46,8 +46,9 @@ def test_step_throughput_by_hand():
     fs = FreshBatch(groups=[group], idx=[0], rows=[], records=[], rewards=torch.zeros(1, 3), generated=3, tokens=9,
                     prompt_tokens=12, gen_s=2.0, stats={})
     shape = ModelShape(params=100, layers=1, hidden=4)
-    m = throughput(shape, Peak(1e6, "measured"), fs, [group], upd_s=0.5)
     upd_tokens = 2 * 3 + 6  # prompts once per row + real completion tokens
+    m = throughput(shape, Peak(1e6, "measured"), fs, {"train/update_tokens": upd_tokens, "train/update_rows": 2},
+                   upd_s=0.5)
     assert m["perf/update_tokens_per_s"] == upd_tokens / 0.5
     assert m["perf/update_mfu"] == pytest.approx(3 * upd_tokens * (200 + 4 * 1 * 6 * 4) / 0.5 / 1e6)
     assert m["perf/rollout_tokens_per_s"] == 21 / 2.0
