@@ -158,8 +158,9 @@ class TrainConfig(_Frozen):
     skip_zero_advantage: bool = Field(True, description=(
         "Leave rollouts whose advantage is 0 (groups whose rewards are all equal) out of the update's forward and "
         "backward passes; the loss keeps their tokens in its normaliser, so the gradient is the same up to float "
-        "rounding and only the wasted compute goes (docs/performance.md). Not applied with kl_coef > 0 or "
-        "GAIN-RL, whose KL term and online angle need every rollout. false: every rollout is computed."))
+        "rounding and only the wasted compute goes (docs/performance.md). Not applied with kl_coef > 0 (the KL "
+        "term needs every rollout); with GAIN-RL the skipped rollouts get a forward pass without autograd for "
+        "its online angle (and are not skipped under scale-out). false: every rollout is computed."))
     checkpoint_every: int = Field(0, ge=0, description="Also checkpoint every N steps (0: round boundaries only).")
 
 

@@ -64,9 +64,10 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
         skip_zero_advantage: leave the rows of groups whose advantages are all 0 out of the forward and backward
             passes (``train.skip_zero_advantage``); each minibatch's loss is scaled by the share of its aggregation
             units (tokens, or sequences) that were computed, so loss and gradient are those of the whole minibatch.
-            Ignored with ``kl_coef > 0`` or ``angle_fn`` (both need every row). Token-level metrics then average
-            over the computed rows; skipped fresh groups get no behaviour log-probs (Rollout Replay stores only
-            informative groups).
+            Ignored with ``kl_coef > 0`` (the KL term needs every row) and, under scale-out, with ``angle_fn``;
+            in one process ``angle_fn`` gets the skipped rows' hidden states from a forward pass without autograd.
+            Token-level metrics then average over the computed rows; skipped fresh groups get no behaviour
+            log-probs (Rollout Replay stores only informative groups).
         angle_fn: optional ``(mlp_inputs [N, T, H], attention_mask [N, T]) -> [N]`` per-sequence angle signal
             computed from the same forward pass (GAIN-RL's online signal); its mean is ``gain/angle_online``.
         shard: scale-out (``tasks/training/distributed.py``): every rank passes the same ``groups`` and computes its
@@ -91,13 +92,15 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
         return token_logprobs(model_, [prompts[i] for i in rows], comp[rows], mask[rows], pad_id, temperature, device,
                               max_tokens=bucket_tokens, mlp_inputs=mlp_inputs)
 
-    chunks = list(torch.arange(n_rows).chunk(minibatches))
-    scales = [1.0] * len(chunks)  # computed share of each minibatch's aggregation units
-    if skip_zero_advantage and kl_coef == 0 and angle_fn is None:
+    whole = list(torch.arange(n_rows).chunk(minibatches))
+    chunks, scales = whole, [1.0] * len(whole)  # scales: computed share of each minibatch's aggregation units
+    if skip_zero_advantage and kl_coef == 0 and (angle_fn is None or shard is None):
         chunks, scales = map(list, zip(*(rows_with_gradient(c, silent, mask, aggregation,
                                                             min_rows=shard.world if shard is not None else 1)
-                                         for c in chunks), strict=True))
+                                         for c in whole), strict=True))
     computed = torch.cat(chunks)
+    # per minibatch, the skipped rows: GAIN-RL's angle still needs their hidden states
+    angle_only = [w[~torch.isin(w, c)] for w, c in zip(whole, chunks, strict=True)]
     update_tokens = sum(prompts[i].numel() for i in computed.tolist()) + int(mask[computed].sum())
     if shard is not None:  # scale-out: this rank's slice of every minibatch
         chunks = [shard.rows(c) for c in chunks]
@@ -118,8 +121,11 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     skipped = 0
     angle_sum, angle_n = 0.0, 0
     old_out = torch.zeros(n_rows, width)
-    for mb, scale in zip(chunks, scales, strict=True):
+    for mb, scale, skipped_rows in zip(chunks, scales, angle_only, strict=True):
         hidden: list | None = [] if angle_fn is not None else None  # the hidden-state hook only for GAIN-RL
+        if hidden is not None and skipped_rows.numel():  # a pass without autograd: a third of what it saves
+            with torch.no_grad():
+                logp_of(skipped_rows, model, hidden)
         logp = logp_of(mb, model, hidden)  # [n, L] with grad
         for mlp_in, am in hidden or ():
             angle_sum, angle_n = angle_sum + float(angle_fn(mlp_in, am).sum()), angle_n + len(am)

@@ -80,3 +80,18 @@ def test_a_kl_term_needs_every_row():
     ref = h.tiny_model()
     _, stats = _update(groups, True, aggregation="token", kl_coef=0.05, ref_model=ref)
     assert stats[0]["train/update_rows"] == 16.0
+
+
+def test_gain_rl_angle_still_sees_the_skipped_rows():
+    from rlcore.angle import online_angle_signal
+
+    groups = _batch_with_silent_groups(h.tiny_model())
+    kw = {"aggregation": "token", "kl_coef": 0.0, "angle_fn": online_angle_signal}
+    full, full_stats = _update(groups, False, **kw)
+    fast, fast_stats = _update(groups, True, **kw)
+    assert fast_stats[0]["train/update_rows"] == 8.0  # the skipped rows had only a pass without autograd
+    for a, b in zip(full_stats, fast_stats, strict=True):
+        assert b["gain/angle_online"] == pytest.approx(a["gain/angle_online"], rel=1e-5)
+        assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-5, abs=1e-7)
+    for p, q in zip(full.parameters(), fast.parameters(), strict=True):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-5)
