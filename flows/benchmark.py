@@ -31,7 +31,8 @@ from prefect.cache_policies import NO_CACHE
 from flows.pipeline import run_pipeline
 from tasks.bench import report as bench_report
 from tasks.bench.report import BenchRun
-from tasks.config import Config, ConfigError, conf_dir, load_config
+from tasks.config import Config, ConfigError
+from tasks.config_load import conf_dir, load_config
 from tasks.records.ledger import Ledger
 from tasks.records.tracking import MlflowTracker, default_uri, run_info
 from tasks.run import RunInfo

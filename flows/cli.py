@@ -38,7 +38,7 @@ def _env() -> None:
 
 
 def _config(args):
-    from tasks.config import load_config
+    from tasks.config_load import load_config
 
     return load_config(args.config, args.overrides)
 
@@ -131,7 +131,7 @@ def cmd_ingest(args) -> int:
 def cmd_ledger(args) -> int:
     from pathlib import Path
 
-    from tasks.config import load_config
+    from tasks.config_load import load_config
     from tasks.records.ledger import Ledger
 
     need = {"why": ("run", "prompt"), "round": ("run", "round"), "sql": ("sql",)}.get(args.what, ())
@@ -167,7 +167,8 @@ def cmd_ledger(args) -> int:
 
 def _run_row(r: dict) -> dict:
     """``rlsift ledger runs``: what a user compares, one row per run."""
-    from tasks.config import ConfigError, validate
+    from tasks.config import ConfigError
+    from tasks.config_load import validate
     from tasks.run import run_label
 
     cfg, s = (json.loads(v) if isinstance(v, str) else (v or {}) for v in (r["config"], r["summary"]))

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from tasks.config import ENV_KEYS
+from tasks.config_load import ENV_KEYS
 
 log = logging.getLogger("rlsift.deploy")
 

@@ -18,7 +18,8 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from tasks.config import Config, ConfigError, load_config, parse_override, validate
+from tasks.config import Config, ConfigError
+from tasks.config_load import load_config, parse_override, validate
 from tasks.data.ingest import IngestResult
 from tasks.records.ledger import Ledger
 from tasks.run import Run, open_run

@@ -30,7 +30,8 @@ from typing import Literal
 from prefect import flow, get_run_logger
 
 from flows.pipeline import RunSummary, execute, publish
-from tasks.config import Config, load_config, validate
+from tasks.config import Config
+from tasks.config_load import load_config, validate
 from tasks.records.tracking import default_uri, latest_model
 from tasks.run import open_run, run_label
 

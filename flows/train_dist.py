@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(2, 1)
         sys.stdout = sys.stderr
 
-    from tasks.config import ConfigError, load_config
+    from tasks.config import ConfigError
+    from tasks.config_load import load_config
 
     try:
         cfg = load_config(args.config, args.overrides)

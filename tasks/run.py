@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from tasks.config import Config, to_json
+from tasks.config import Config
+from tasks.config_load import to_json
 from tasks.records.cost import CostMeter
 from tasks.records.files import write_json
 from tasks.records.ledger import Ledger, StageRow

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.config import load_config
+from tasks.config_load import load_config
 from tasks.model import warmstart
 from tasks.stages import policy_source
 

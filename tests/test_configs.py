@@ -19,7 +19,8 @@ from rlcore import (
     replay_buffer,
     selection,
 )
-from tasks.config import Config, ConfigError, load_config
+from tasks.config import Config, ConfigError
+from tasks.config_load import load_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 FILES = sorted(p for p in CONF.rglob("*.yaml") if p.parent.name != "data") + [

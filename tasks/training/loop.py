@@ -296,8 +296,6 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
     return summary
 
 
-
-
 def throughput(shape: ModelShape, machine: Peak, fs: FreshBatch, upd_stats: dict[str, float],
                upd_s: float) -> dict[str, float]:
     """Tokens per second and MFU (tasks/records/throughput.py) of this step's rollout and update phases.

@@ -23,7 +23,7 @@ import time
 import torch
 
 from rlcore.types import RolloutGroup
-from tasks.config import validate
+from tasks.config_load import validate
 from tasks.model.forward import token_logprobs
 from tasks.model.policy import build_tiny_model
 from tasks.training.distributed import (

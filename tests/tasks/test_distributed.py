@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.config import validate
+from tasks.config_load import validate
 from tasks.training.distributed import DataShard, decoder_layers, deepspeed_config, wrap
 from tasks.training.update import policy_update
 from tests.servers import free_port

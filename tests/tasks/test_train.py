@@ -207,7 +207,7 @@ def test_guard_share_draws_solved_prompts_and_nothing_else_changes(guard_selecto
 
 @pytest.fixture(scope="module")
 def guard_selectors(pool, tmp_path_factory):
-    from tasks.config import load_config
+    from tasks.config_load import load_config
     from tasks.training.selector import Selector
 
     root = tmp_path_factory.mktemp("guard")
@@ -220,7 +220,7 @@ def guard_selectors(pool, tmp_path_factory):
 
 
 def test_guard_and_drop_solved_cannot_both_be_set():
-    from tasks.config import load_config
+    from tasks.config_load import load_config
 
     with pytest.raises(ValueError, match="set one of them"):
         load_config(None, ["guard.share=0.1", "select.drop_solved=true"])

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tasks.config import validate
+from tasks.config_load import validate
 from tasks.model.policy import build_tiny_model, build_tokenizer
 from tasks.model.rollout import HFEngine, RolloutEngine
 from tasks.model.vllm_engine import VLLMEngine
@@ -63,7 +63,7 @@ def test_driver_is_an_updater_and_deepspeed_clips_by_its_config():
 
 
 def test_adam_eps_reaches_the_optimizer():
-    from tasks.config import load_config
+    from tasks.config_load import load_config
     from tasks.training.update import build_updater
 
     cfg = load_config(None, ["train.adam_eps=1e-4"])

@@ -1,0 +1,129 @@
+"""Loading a :class:`~tasks.config.Config`: YAML files (with ``base:`` chains), config groups, dotted
+``key=value`` overrides and the environment, validated with errors that name the dotted key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from tasks.config import Config, ConfigError
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b=value`` -> (["a", "b"], yaml-parsed value)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r}: expected key=value, e.g. train.steps=40")
+    key, raw = item.split("=", 1)
+    if not key or any(not p for p in key.split(".")):
+        raise ConfigError(f"override {item!r}: bad key {key!r}")
+    return key.split("."), yaml.safe_load(raw) if raw else ""
+
+
+def _set(tree: dict, keys: list[str], value: Any) -> None:
+    node = tree
+    for k in keys[:-1]:
+        if not isinstance(node.get(k, {}), dict):
+            raise ConfigError(f"{'.'.join(keys)}: {k!r} is a value, not a section")
+        node = node.setdefault(k, {})
+    node[keys[-1]] = value
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _allowed(model: type[BaseModel], loc: tuple) -> str:
+    """The allowed keys or values at a location, for error messages."""
+    cls: Any = model
+    for part in loc[:-1]:
+        field = getattr(cls, "model_fields", {}).get(part)
+        if field is None:
+            return ""
+        ann = field.annotation
+        options = getattr(ann, "__args__", (ann,))
+        cls = next((a for a in options if isinstance(a, type) and issubclass(a, BaseModel)), ann)
+    fields = getattr(cls, "model_fields", None)
+    return f"; allowed keys: {', '.join(fields)}" if fields else ""
+
+
+def _explain(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        key = ".".join(str(p) for p in loc) or "<root>"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{key}: unknown key{_allowed(Config, loc)}")
+        else:
+            lines.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+#: Environment variables that set a config key (see :func:`load_config`).
+ENV_KEYS = {"RLSIFT_ROOT": ["paths", "root"], "RLSIFT_TRACKING_URI": ["tracking", "uri"]}
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load a YAML file (optional), apply dotted overrides, validate.
+
+    A YAML file may name another to start from with a top-level ``base: other.yaml`` (relative to itself).
+    The environment variables :data:`ENV_KEYS` (``RLSIFT_ROOT``, ``RLSIFT_TRACKING_URI``), when set and not
+    empty, set their keys over the file and under the overrides: one rule for every command, script and
+    deployment, so an installation says once where it keeps its root and its MLflow server.
+    """
+    tree: dict = {}
+    if path is not None:
+        tree = _read_yaml(Path(path))
+    for var, keys in ENV_KEYS.items():
+        if os.environ.get(var):
+            _set(tree, keys, os.environ[var])
+    for item in overrides:
+        keys, value = parse_override(item)
+        group = conf_dir() / keys[0] / f"{value}.yaml" if len(keys) == 1 and isinstance(value, str) else None
+        if group is not None and group.is_file():  # a config group: data=gsm8k -> conf/data/gsm8k.yaml
+            tree[keys[0]] = _read_yaml(group)
+            continue
+        _set(tree, keys, value)
+    return validate(tree)
+
+
+def conf_dir() -> Path:
+    """``conf/`` of the current directory, else the one shipped beside the package."""
+    here = Path("conf")
+    return here if here.is_dir() else Path(__file__).resolve().parents[1] / "conf"
+
+
+def validate(tree: dict) -> Config:
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(_explain(err)) from None
+
+
+def _read_yaml(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        tree = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if tree is None:
+        raise ConfigError(f"{path}: the config file is empty (for every default, leave out -c)")
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    base = tree.pop("base", None)
+    if base:
+        tree = _merge(_read_yaml(path.parent / base), tree)
+    return tree
+
+
+def to_json(cfg: Config) -> str:
+    return json.dumps(cfg.model_dump(mode="json"), indent=2, sort_keys=True)
