@@ -263,7 +263,7 @@ def _run_one(name: str, seed: int, cfg: Config, fn) -> BenchRun:
     run = BenchRun(name, seed, summary, skip=clock_skips(cfg) if name != "trl" else ("score", "calibrate"))
     if run.ok:
         run.rows = bench_report.read_rows(summary["run_dir"])
-        run.end_correct, run.end_prompts = bench_report.read_end_eval(summary["run_dir"])
+        bench_report.attach_evals(run)
         if name != "trl" and "calibrate" not in run.skip:
             run.upfront_rollouts = float(min(cfg.calibrate.k, summary.get("ingest", {}).get("train") or cfg.calibrate.k)
                                          * cfg.calibrate.g)

@@ -22,6 +22,8 @@ Choices and deviations:
   the same distribution as ``"weighted"``) are the variants left commented out in the official code.
   All three refuse to draw a prompt with probability 0: asking for more prompts than have positive
   probability is an error rather than a silent fill.
+* ``informative_weights`` (``select.weighting=informative``) is ours, not DOTS's: weights in proportion to the
+  chance that a prompt's group has unequal rewards, the distribution of DAPO's dynamic-sampling batch.
 * ``uniform`` is plain GRPO's selection (and the code's ``random_selection=True`` baseline).
 * Indices come back in draw order (greedy: by decreasing probability); DOTS shuffles the selection before
   splitting it into the mu batches of a round, which is the caller's job.
@@ -92,6 +94,45 @@ def dots_weights(
     d = 1.0 - p  # adaptive difficulty
     logw = -(d - alpha).abs() / tau + _log_prior_and_mask(p.numel(), prior, mask)
     return _normalise(logw)
+
+
+def informative_weights(
+    pred_success: torch.Tensor,
+    n: int,
+    *,
+    prior: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Selection probabilities proportional to the chance that a prompt's group carries a gradient (ours).
+
+    A group of n rollouts of a prompt with success rate p has unequal rewards with probability
+    ``1 - p^n - (1 - p)^n`` (independent Bernoulli(p) rewards). DAPO's dynamic sampling (arXiv 2503.14476,
+    section 3.2) draws prompts uniformly and keeps exactly the groups with unequal rewards, so the prompts of
+    its kept batch are distributed in proportion to that probability. Sampling in proportion to it with DOTS's
+    predicted p (``select.weighting=informative``) draws from that distribution without generating the groups
+    dynamic sampling discards, to the extent the predictions are right. Unlike DOTS's target weights it keeps
+    training nearly solved prompts (p = 0.9, n = 8: 0.57 against 1.0 at p = 0.5), which is what holds the easy
+    levels up under plain GRPO and dynamic sampling (docs/benchmarks.md, "Selection by the chance of a
+    gradient").
+
+    Args:
+        pred_success: [M] predicted success rates in [0, 1].
+        n: rollouts per prompt (``rollout.n``), >= 2.
+        prior: optional [M] non-negative multiplicative prior.
+        mask: optional [M] bool, True for eligible prompts.
+
+    Returns:
+        [M] float64 probabilities summing to 1, 0 for ineligible prompts and for predictions of exactly 0 or 1.
+    """
+    p = torch.as_tensor(pred_success, dtype=torch.float64)
+    if p.ndim != 1 or p.numel() == 0:
+        raise ValueError(f"pred_success must be a non-empty 1-D tensor, got shape {tuple(p.shape)}")
+    if not ((p >= 0) & (p <= 1)).all():
+        raise ValueError("pred_success must be success rates in [0, 1] (NaN not allowed)")
+    if n < 2:
+        raise ValueError(f"n must be >= 2 (a group of one rollout never has unequal rewards), got {n}")
+    informative = (1.0 - p ** n - (1.0 - p) ** n).clamp_min(0.0)
+    return _normalise(torch.log(informative) + _log_prior_and_mask(p.numel(), prior, mask))
 
 
 def uniform_weights(num_prompts: int, mask: torch.Tensor | None = None) -> torch.Tensor:

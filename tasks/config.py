@@ -173,6 +173,11 @@ class CalibrateConfig(_Frozen):
 
     k: int = Field(64, ge=2, description="Reference-set size K.")
     g: int = Field(8, ge=2, description="Rollouts per reference prompt.")
+    reference: Literal["fresh", "trained"] = Field("fresh", description=(
+        "fresh: each round rolls out K new reference prompts, drawn at random, with the current policy (the "
+        "paper's); trained: a round's reference set is every prompt rolled out since the last round started "
+        "(the calibrate stage's prompts for round 0, then the trained groups, all n rollouts of each), no rollouts "
+        "of its own; its labels are up to train.round_steps steps old (tasks/training/selector.py)."))
 
 
 class PredictorConfig(_Frozen):
@@ -198,8 +203,13 @@ class SelectConfig(_Frozen):
 
     method: Literal["uniform", "dots"] = Field("uniform", description=(
         "uniform: plain GRPO; dots: weights exp(-|d - alpha| / tau) from predicted difficulty (arXiv 2506.05316)."))
-    alpha: float = Field(0.5, ge=0, le=1, description="DOTS target difficulty.")
-    tau: float = Field(1e-3, gt=0, description="DOTS sampling temperature.")
+    weighting: Literal["target", "informative"] = Field("target", description=(
+        "How DOTS turns predicted success p into selection weights: target: exp(-|(1 - p) - alpha| / tau) "
+        "(the paper's); informative: 1 - p^n - (1 - p)^n with n = rollout.n, the chance that the group has "
+        "unequal rewards, which is the prompt distribution of DAPO's dynamic-sampling batch "
+        "(rlcore.selection.informative_weights; ours)."))
+    alpha: float = Field(0.5, ge=0, le=1, description="DOTS target difficulty (weighting=target).")
+    tau: float = Field(1e-3, gt=0, description="DOTS sampling temperature (weighting=target).")
     sampler: Literal["weighted", "greedy", "gumbel"] = Field("weighted", description=(
         "DOTS draw without replacement: weighted (multinomial, official), greedy (top-k) or gumbel (Gumbel-top-k)."))
     drop_solved: bool = Field(False, description=(

@@ -355,3 +355,44 @@ def mcnemar_pooled(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> dict
     return {"turned_right": change.turned_right, "turned_wrong": change.turned_wrong,
             "diff": (change.turned_right - change.turned_wrong) / total if total else math.nan,
             "p": change.mcnemar_p, "prompts": total}
+
+
+#: Verdicts of a level's final accuracy against its start (:func:`level_change`).
+BELOW_START, ABOVE_START = "below start", "above start"
+
+
+def level_change(runs: Sequence[tuple[Sequence[int | None], Sequence[int], Sequence[int]]],
+                 alpha: float = 0.05) -> list[dict]:
+    """Each difficulty level's held-out accuracy at the end against the start, paired prompt by prompt and
+    pooled over seeds: does training let a solved skill slip (docs/benchmarks.md, "Conventions")?
+
+    Args:
+        runs: per seed, (level, start 0/1 greedy correctness, end 0/1 correctness) of the same held-out prompts
+            in the same order (level None: a prompt without one).
+        alpha: the exact McNemar test's level for a verdict other than "no different" (per level, not corrected
+            for the number of levels).
+
+    Returns:
+        One dict per level, in level order (None last): ``level``, ``prompts`` (per seed), ``start`` and ``end``
+        (mean accuracy over seeds), ``turned_right`` (wrong at the start, right at the end), ``turned_wrong``,
+        ``p`` and ``verdict`` (:data:`BELOW_START`, :data:`ABOVE_START` or :data:`SAME`).
+    """
+    cells: dict[int | None, tuple[list[int], list[int]]] = {}
+    for levels, start, end in runs:
+        if not len(levels) == len(start) == len(end):
+            raise ValueError(f"per-prompt lists differ in length: {len(levels)} levels, {len(start)} start, "
+                             f"{len(end)} end")
+        for lv, a, b in zip(levels, start, end, strict=True):
+            before, after = cells.setdefault(lv, ([], []))
+            before.append(int(a))
+            after.append(int(b))
+    out = []
+    for lv in sorted(cells, key=lambda x: (x is None, x or 0)):
+        before, after = cells[lv]
+        change = paired_counts(before, after)
+        start, end = statistics.fmean(before), statistics.fmean(after)
+        verdict = SAME if change.mcnemar_p >= alpha else BELOW_START if end < start else ABOVE_START
+        out.append({"level": lv, "prompts": len(before) // len(runs), "start": start, "end": end,
+                    "turned_right": change.turned_right, "turned_wrong": change.turned_wrong,
+                    "p": change.mcnemar_p, "verdict": verdict})
+    return out

@@ -27,6 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from tasks.bench import analysis as ba  # noqa: E402
+from tasks.training.evaluate import EvalResult  # noqa: E402
 
 
 @dataclass
@@ -41,6 +42,8 @@ class BenchRun:
     upfront_rollouts: float = 0.0
     end_correct: tuple[int, ...] = ()  # the final evaluation's 0/1 greedy correctness per held-out prompt
     end_prompts: tuple[str, ...] = ()  # ... and the prompt ids, in the same order
+    start_correct: tuple[int, ...] = ()  # the starting policy's, on the same prompts in the same order
+    levels: tuple[int | None, ...] = ()  # ... and each prompt's difficulty level
 
     @property
     def ok(self) -> bool:
@@ -53,13 +56,21 @@ class BenchRun:
                                      end_accuracy=self.summary.get("eval_accuracy_end"))
 
 
-def read_end_eval(run_dir: str | Path) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """The final evaluation's per-prompt greedy correctness and prompt ids (``eval_end.json``), or empty."""
-    path = Path(run_dir) / "eval_end.json"
-    if not path.exists():
-        return (), ()
-    data = json.loads(path.read_text())
-    return tuple(int(x) for x in data.get("greedy_correct") or ()), tuple(data.get("prompt_ids") or ())
+def read_eval(run_dir: str | Path, phase: str) -> EvalResult | None:
+    """A run's ``eval_<phase>.json`` (``start`` or ``end``), or None when it has none."""
+    path = Path(run_dir) / f"eval_{phase}.json"
+    return EvalResult.load(path) if path.exists() else None
+
+
+def attach_evals(run: BenchRun) -> None:
+    """Fill the run's per-prompt fields from its start and end evaluations (``summary["run_dir"]``); the start
+    and the levels only when both evaluations cover the same prompts in the same order."""
+    start, end = (read_eval(run.summary["run_dir"], phase) for phase in ("start", "end"))
+    if end is None:
+        return
+    run.end_correct, run.end_prompts = end.greedy_correct, end.prompt_ids
+    if start is not None and start.prompt_ids == end.prompt_ids and end.levels:
+        run.start_correct, run.levels = start.greedy_correct, end.levels
 
 
 def read_rows(run_dir: str | Path) -> list[dict]:
@@ -102,6 +113,9 @@ def analyse(runs: list[BenchRun], baseline: str = "grpo", best_frac: float = 0.9
             "run_usd_total": ba.spread([r.summary.get("cost_usd") for r in ok])["mean"],
             "skipped_stages": list(ok[0].skip),
         }
+        with_levels = [r for r in ok if r.levels]
+        if with_levels:
+            row["levels"] = ba.level_change([(r.levels, r.start_correct, r.end_correct) for r in with_levels])
         if tgt:
             row["to_target"] = {}
             for key, value in tgt.items():
@@ -181,6 +195,26 @@ def verdict_markdown(result: dict) -> list[str]:
     return lines + [""]
 
 
+def level_markdown(result: dict) -> list[str]:
+    """Per configuration and difficulty level: greedy accuracy at the start and the end (seed means), the prompts
+    that turned right and wrong pooled over seeds, the exact McNemar p and the verdict (``ba.level_change``)."""
+    rows = [r for r in result["configurations"] if r.get("levels")]
+    if not rows:
+        return []
+    lines = ["", "Per level, the end against the start (held-out greedy accuracy, seed means; prompts that turned "
+             "right / wrong pooled over seeds; exact McNemar p; below / above start at p < 0.05 per level):", "",
+             "| configuration | level | prompts | start | end | change | right / wrong | p | verdict |",
+             "|" + "---|" * 9]
+    for r in rows:
+        for c in r["levels"]:
+            lines.append(f"| {r['name']} | {'-' if c['level'] is None else c['level']} | {c['prompts']} | "
+                         f"{c['start']:.3f} | {c['end']:.3f} | {c['end'] - c['start']:+.3f} | "
+                         f"{c['turned_right']} / {c['turned_wrong']} | {c['p']:.2g} | {c['verdict']} |")
+    below = {r["name"]: [c["level"] for c in r["levels"] if c["verdict"] == ba.BELOW_START] for r in rows}
+    slipped = "; ".join(f"`{n}`: level {', '.join(map(str, lv))}" for n, lv in below.items() if lv)
+    return lines + ["", f"Levels significantly below their start: {slipped or 'none'}."]
+
+
 def markdown(result: dict) -> str:
     """The verdict table, the results table, the step-time split and the cost table, in Markdown."""
     tgt = result["targets"] or {}
@@ -219,6 +253,7 @@ def markdown(result: dict) -> str:
                      f"{_f(b['device_hours'], '.5f')} | {_f(b['usd'], '.6f')} | "
                      f"{_f(r.get('usd_vs_baseline'), '.2f')} | "
                      f"{_f(r.get('usd_to_target_vs_baseline'), '.2f')} | {_f(r.get('run_usd_total'), '.6f')} |")
+    lines += level_markdown(result)
     parts = [*ba.STEP_STAGES, "other"]
     step_s = {r["name"]: sum(r["step_split"].get(p) or 0.0 for p in parts) for r in result["configurations"]
               if "budget" in r}

@@ -40,7 +40,9 @@ class EvalCell:
 class EvalResult:
     """One evaluation: overall, by difficulty level (None: records without one) and by source.
 
-    ``prompt_ids`` and ``greedy_correct`` (0/1) are per record, in record order, for :func:`paired_change`.
+    ``prompt_ids``, ``greedy_correct`` (0/1) and ``levels`` are per record, in record order, for
+    :func:`paired_change` and the benchmark's per-level comparison with the start (``levels`` is empty in files
+    written before it was recorded).
     Saved as ``eval_<phase>.json`` (:meth:`save`); in JSON ``by_level`` is a list of cells each carrying its
     ``level`` (an int or null), so the level keys come back typed (:meth:`load`).
     """
@@ -51,12 +53,14 @@ class EvalResult:
     k: int
     prompt_ids: tuple[str, ...]
     greedy_correct: tuple[int, ...]
+    levels: tuple[int | None, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"overall": self.overall.to_json(),
                 "by_level": [{"level": lv, **c.to_json()} for lv, c in self.by_level.items()],
                 "by_source": {s: c.to_json() for s, c in self.by_source.items()},
-                "k": self.k, "prompt_ids": list(self.prompt_ids), "greedy_correct": list(self.greedy_correct)}
+                "k": self.k, "prompt_ids": list(self.prompt_ids), "greedy_correct": list(self.greedy_correct),
+                "levels": list(self.levels)}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> EvalResult:
@@ -67,7 +71,7 @@ class EvalResult:
                    by_level={c["level"]: EvalCell.from_json(c) for c in d["by_level"]},
                    by_source={s: EvalCell.from_json(c) for s, c in d["by_source"].items()},
                    k=int(d["k"]), prompt_ids=tuple(d["prompt_ids"]),
-                   greedy_correct=tuple(int(x) for x in d["greedy_correct"]))
+                   greedy_correct=tuple(int(x) for x in d["greedy_correct"]), levels=tuple(d.get("levels") or ()))
 
     def save(self, path: Path) -> Path:
         write_json(path, self.to_json())
@@ -117,7 +121,8 @@ def evaluate(policy, records: list[PromptRecord], *, samples: int, seed: int, wo
         overall=cell(list(range(len(records)))),
         by_level={lv: cell(ix) for lv, ix in sorted(levels.items(), key=lambda kv: (kv[0] is None, kv[0]))},
         by_source={s: cell(ix) for s, ix in sources.items()},
-        k=samples, prompt_ids=tuple(r.id for r in records), greedy_correct=tuple(int(x) for x in g_ok.tolist()))
+        k=samples, prompt_ids=tuple(r.id for r in records), greedy_correct=tuple(int(x) for x in g_ok.tolist()),
+        levels=tuple(r.level for r in records))
 
 
 def paired_change(before: EvalResult, after: EvalResult) -> PairedChange | None:

@@ -16,9 +16,15 @@ Each round (every ``train.round_steps`` = mu steps):
    drawn from the active pool are rolled out G times with the current policy; the predictor is labelled
    with half of them, fitted, scored on the other half (``select/pred_pearson``: held out of the fit),
    then labelled with the rest; the pool's success rates are predicted with the whole reference set as
-   context and prompts are weighted by exp(-|d - alpha| / tau).
+   context and prompts are weighted by exp(-|d - alpha| / tau) (``select.weighting=target``), or by the chance
+   that their group has unequal rewards (``informative``, rlcore.selection.informative_weights).
 
-Every trained group's success rate over all n rollouts also labels the predictor (free labels). Steps
+Every trained group's success rate over all n rollouts also labels the predictor (free labels). With
+``calibrate.reference=trained`` (ours) those labels are the reference set too: a round's context is every
+prompt measured since the last round started (round 0: the calibrate stage's), so a round rolls out nothing
+for DOTS; the labels are up to mu steps old and the prompts are the ones selected, not a random draw, and
+there is no held-out score at round start (``select/pred_pearson_trained`` scores the round's predictions
+on the groups it then trained). Steps
 inside a round draw without replacement from the round's weights. With every technique off the weights
 are uniform: plain GRPO.
 """
@@ -34,7 +40,7 @@ from rlcore.curriculum import CurriculumScheduler, data_effectiveness_score, rew
 from rlcore.difficulty import AttentionDifficultyPredictor, pearson
 from rlcore.gain_sampler import GaussianWindowSampler
 from rlcore.seeding import derive_seed
-from rlcore.selection import dots_weights, sample_prompts, uniform_weights
+from rlcore.selection import dots_weights, informative_weights, sample_prompts, uniform_weights
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.records.ledger import ReferenceRow, SelectionRow
@@ -60,6 +66,7 @@ class Selector:
         self.info: dict[str, torch.Tensor] = {}
         self.round_acc: list[float] = []
         self.heldout_acc: float | None = None
+        self.recent: list[int] = []  # pool indices measured since the round started (calibrate.reference=trained)
         sc, cc, gc = cfg.select, cfg.curriculum, cfg.gain
         self.predictor = _predictor(cfg, self.emb.shape[1], linear_recalibration=sc.predictor.linear_recalibration
                                     ) if sc.method == "dots" else None
@@ -112,8 +119,10 @@ class Selector:
             metrics |= self.window.metrics()
         if self.predictor is not None:
             metrics |= self._dots_round(round_, step, measure, run, active)
-            self.probs = dots_weights(self.pred.clamp(0, 1), alpha=cfg.select.alpha, tau=cfg.select.tau,
-                                      prior=prior, mask=active)
+            pred = self.pred.clamp(0, 1)
+            self.probs = (dots_weights(pred, alpha=cfg.select.alpha, tau=cfg.select.tau, prior=prior, mask=active)
+                          if cfg.select.weighting == "target" else
+                          informative_weights(pred, cfg.rollout.n, prior=prior, mask=active))
         elif self.window is not None:
             self.probs = (self.info["gain_window"].double() * active).clamp_min(0)
             self.probs = self.probs / self.probs.sum()
@@ -127,6 +136,9 @@ class Selector:
 
     def _dots_round(self, round_: int, step: int, measure: Measure, run, active: torch.Tensor) -> dict[str, float]:
         cfg = self.cfg
+        recent, self.recent = list(dict.fromkeys(reversed(self.recent))), []  # latest measurement of each first
+        if cfg.calibrate.reference == "trained" and len(recent) >= 2:
+            return self._trained_reference(round_, torch.tensor(recent))
         ref = random_reference(active.nonzero().squeeze(1), cfg.calibrate.k, derive_seed(cfg.seed, round_, "reference"))
         k = len(ref)
         rewards = reference_rollouts(measure, self.pool, ref, cfg.calibrate.g,
@@ -136,8 +148,7 @@ class Selector:
         half = k // 2
         fit, hold = ref[:half], ref[half:]
         self.predictor.observe(self.emb[fit], labels[:half], step)
-        fit_stats = self.predictor.fit(cfg.select.predictor.fit_steps, torch.Generator().manual_seed(
-            derive_seed(cfg.seed, round_, "fit"))) if self.predictor.num_labels >= self.predictor.min_labels else {}
+        fit_stats = self._fit(round_)
         held_pred = self.predictor.predict(self.emb[hold], self.emb[fit], labels[:half])
         r = pearson(held_pred, labels[half:]) if len(hold) > 2 else float("nan")
         self.predictor.observe(self.emb[hold], labels[half:], step)
@@ -155,6 +166,25 @@ class Selector:
                 "select/reference_rollouts": float(k * cfg.calibrate.g),
                 **{f"select/{k_}": v for k_, v in fit_stats.items()}}
 
+    def _fit(self, round_: int) -> dict[str, float]:
+        """Train the predictor's towers on every label so far, once it has ``select.predictor.min_labels``."""
+        if self.predictor.num_labels < self.predictor.min_labels:
+            return {}
+        return self.predictor.fit(self.cfg.select.predictor.fit_steps,
+                                  torch.Generator().manual_seed(derive_seed(self.cfg.seed, round_, "fit")))
+
+    def _trained_reference(self, round_: int, ref: torch.Tensor) -> dict[str, float]:
+        """A round whose reference set is the prompts measured since the last round (already labelled): [K] pool
+        indices, the latest measured first."""
+        labels = self.last_success[ref].float()  # [K]
+        fit_stats = self._fit(round_)
+        self.pred = self.predictor.predict(self.emb, self.emb[ref], labels)
+        return {"select/ref_success": float(labels.mean()),
+                "select/ref_effective": float(((labels > 0) & (labels < 1)).float().mean()),
+                "select/predictor_trained": float(self.predictor.mode == "trained"),
+                "select/labels": float(self.predictor.num_labels), "select/reference_rollouts": 0.0,
+                "select/reference_size": float(len(ref)), **{f"select/{k_}": v for k_, v in fit_stats.items()}}
+
     def _estimate(self) -> torch.Tensor:
         """Success rates of every prompt without DOTS: measured where known, else DOTS's off-the-shelf attention
         over the prompts measured so far (calibration and trained groups), else 0.5."""
@@ -169,6 +199,7 @@ class Selector:
         for i, s in zip(idx.tolist(), success.tolist(), strict=True):
             self.history[i].append(float(s))
             self.last_success[i] = s
+        self.recent += idx.tolist()
 
     def seed_labels(self, calibration: Calibration) -> None:
         """Measurements from the calibrate stage: history, and the predictor's first labels."""
@@ -258,6 +289,7 @@ class Selector:
     def state_dict(self) -> dict:
         return {"history": self.history, "last_success": self.last_success, "pred": self.pred, "probs": self.probs,
                 "used": self.used, "info": self.info, "round_acc": self.round_acc, "heldout_acc": self.heldout_acc,
+                "recent": self.recent,
                 "predictor": self.predictor.state_dict() if self.predictor is not None else None,
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 "window": self.window.state_dict() if self.window is not None else None}
@@ -265,6 +297,7 @@ class Selector:
     def load_state_dict(self, s: dict) -> None:
         self.history, self.last_success, self.pred, self.probs = s["history"], s["last_success"], s["pred"], s["probs"]
         self.used, self.info, self.round_acc, self.heldout_acc = s["used"], s["info"], s["round_acc"], s["heldout_acc"]
+        self.recent = s.get("recent", [])  # checkpoints written before calibrate.reference existed have none
         for name in ("predictor", "scheduler", "window"):
             obj = getattr(self, name)
             if obj is not None:

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlcore.selection import dots_weights, sample_prompts, uniform, uniform_weights
+from rlcore.selection import dots_weights, informative_weights, sample_prompts, uniform, uniform_weights
 
 rates = st.lists(st.floats(0.0, 1.0), min_size=1, max_size=40)
 
@@ -129,3 +129,35 @@ def test_errors_name_the_problem():
         dots_weights(torch.tensor([0.5]), alpha=0.5, tau=0.0)
     with pytest.raises(ValueError, match="prior"):
         dots_weights(torch.tensor([0.5]), alpha=0.5, tau=1e-3, prior=torch.tensor([-1.0]))
+
+
+def test_informative_weights_hand_worked():
+    """n = 2: a group has unequal rewards with probability 2p(1 - p): p = 0.5 -> 0.5, 0.9 -> 0.18, 0 and 1 -> 0."""
+    w = informative_weights(torch.tensor([0.5, 0.9, 0.0, 1.0]), 2)
+    assert w.tolist() == pytest.approx([0.5 / 0.68, 0.18 / 0.68, 0.0, 0.0])
+    masked = informative_weights(torch.tensor([0.5, 0.9, 0.3]), 2, mask=torch.tensor([False, True, True]),
+                                 prior=torch.tensor([1.0, 1.0, 2.0]))
+    assert masked.tolist() == pytest.approx([0.0, 0.18 / 1.02, 0.84 / 1.02])  # 0.3 -> 0.42, doubled by the prior
+
+
+@settings(deadline=None, max_examples=50)
+@given(st.lists(st.one_of(st.just(0.0), st.just(1.0), st.floats(1e-6, 1 - 1e-6)), min_size=1, max_size=20)
+       .filter(lambda p: any(0 < x < 1 for x in p)),
+       st.integers(2, 16))
+def test_informative_weights_match_a_binomial_loop(p, n):
+    """Oracle: the chance of 1..n-1 successes of n, summed term by term over the binomial distribution."""
+    def chance(q):
+        return sum(math.comb(n, k) * q ** k * (1 - q) ** (n - k) for k in range(1, n))
+
+    raw = [chance(q) for q in p]
+    expected = [x / sum(raw) for x in raw]
+    assert informative_weights(torch.tensor(p, dtype=torch.float64), n).tolist() == pytest.approx(expected, abs=1e-9)
+
+
+def test_informative_weights_refuse_bad_input():
+    with pytest.raises(ValueError, match="n must be >= 2"):
+        informative_weights(torch.tensor([0.5]), 1)
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        informative_weights(torch.tensor([1.5]), 8)
+    with pytest.raises(ValueError, match="no eligible prompt"):
+        informative_weights(torch.tensor([0.0, 1.0]), 8)  # every group certain to have equal rewards

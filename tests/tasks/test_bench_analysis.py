@@ -237,3 +237,75 @@ def test_step_table_totals_and_ratio_to_trl():
     grpo_line = next(ln for ln in md.splitlines() if ln.startswith("| grpo | 0.000 | 0.000 | 0.500"))
     assert "| 1.200 | 0.60 |" in grpo_line  # 0.5 + 0.7 s a step against TRL's 2.0
     assert "| 2.000 | 1.00 |" in next(ln for ln in md.splitlines() if ln.startswith("| trl | 0.000"))
+
+
+def test_level_change_hand_worked():
+    """Two seeds over prompts of levels 1, 1, 2, 2, 2. Level 1: start 1, 1 in both seeds; end 0, 0 in both -> 4
+    turned wrong, none right, p = 2 * (1/2)^4 = 0.125: not significant at 0.05, so "no different" although the
+    mean fell from 1 to 0. Level 2: 6 of 6 turned right, p = 2 * (1/2)^6 = 1/32 -> "above start"."""
+    from tasks.bench.analysis import ABOVE_START, SAME, level_change
+
+    levels, start, end = (1, 1, 2, 2, 2), (1, 1, 0, 0, 0), (0, 0, 1, 1, 1)
+    lv1, lv2 = level_change([(levels, start, end), (levels, start, end)])
+    assert (lv1["level"], lv1["prompts"], lv1["start"], lv1["end"]) == (1, 2, 1.0, 0.0)
+    assert (lv1["turned_right"], lv1["turned_wrong"], lv1["verdict"]) == (0, 4, SAME)
+    assert lv1["p"] == pytest.approx(0.125)
+    assert (lv2["turned_right"], lv2["turned_wrong"], lv2["verdict"]) == (6, 0, ABOVE_START)
+    assert lv2["p"] == pytest.approx(1 / 32)
+    with pytest.raises(ValueError, match="differ in length"):
+        level_change([((1, 2), (1, 1), (1,))])
+
+
+def test_level_change_flags_a_slipped_level_and_orders_levels_none_last():
+    from tasks.bench.analysis import BELOW_START, SAME, level_change
+
+    n = 12  # 12 solved prompts of level 1 all turn wrong: p = 2 * (1/2)^12, far below 0.05
+    levels, start, end = (None, 3) + (1,) * n, (0, 0) + (1,) * n, (0, 1) + (0,) * n
+    cells = level_change([(levels, start, end)])
+    assert [c["level"] for c in cells] == [1, 3, None]
+    assert cells[0]["verdict"] == BELOW_START and cells[0]["p"] == pytest.approx(2 * 0.5 ** n)
+    assert cells[1]["verdict"] == SAME and cells[1]["end"] == 1.0  # one prompt turned right: p = 1
+
+
+def test_report_reads_levels_from_the_evaluations_and_tables_them(tmp_path):
+    from tasks.bench.report import BenchRun, analyse, attach_evals, markdown
+    from tasks.training.evaluate import EvalCell, EvalResult
+
+    def save(run_dir, phase, correct, levels=(1,) * 8 + (2,) * 2):
+        cell = EvalCell(n=len(correct), greedy_acc=sum(correct) / len(correct))
+        EvalResult(overall=cell, by_level={}, by_source={}, k=0, prompt_ids=tuple(f"p{i}" for i in range(10)),
+                   greedy_correct=tuple(correct), levels=levels).save(run_dir / f"eval_{phase}.json")
+
+    runs = []
+    for name, end in (("grpo", (1,) * 8 + (1, 1)), ("slips", (0,) * 8 + (1, 1))):
+        d = tmp_path / name
+        d.mkdir()
+        save(d, "start", (1,) * 8 + (0, 0))
+        save(d, "end", end)
+        rows = [{"step": 4, "eval/accuracy": sum(end) / 10, "time/rollout_s": 1.0, "rollout/generated": 8.0}]
+        run = BenchRun(name, 0, {"status": "completed", "eval_accuracy_start": 0.8, "steps": 5,
+                                 "eval_accuracy_end": sum(end) / 10, "run_dir": str(d)}, rows)
+        attach_evals(run)
+        runs.append(run)
+    assert runs[1].levels == (1,) * 8 + (2,) * 2 and runs[1].start_correct == (1,) * 8 + (0, 0)
+    md = markdown(analyse(runs))
+    assert "| slips | 1 | 8 | 1.000 | 0.000 | -1.000 | 0 / 8 | 0.0078 | below start |" in md
+    assert "| grpo | 2 | 2 | 0.000 | 1.000 | +1.000 | 2 / 0 | 0.5 | no different |" in md
+    assert "Levels significantly below their start: `slips`: level 1." in md
+
+
+def test_report_leaves_levels_out_of_evaluations_without_them(tmp_path):
+    """Evaluations written before levels were recorded: no per-level table, the rest of the report as before."""
+    from tasks.bench.report import BenchRun, analyse, attach_evals, markdown
+    from tasks.training.evaluate import EvalCell, EvalResult
+
+    cell = EvalCell(n=2, greedy_acc=0.5)
+    for phase in ("start", "end"):
+        EvalResult(overall=cell, by_level={}, by_source={}, k=0, prompt_ids=("a", "b"),
+                   greedy_correct=(1, 0)).save(tmp_path / f"eval_{phase}.json")
+    run = BenchRun("grpo", 0, {"status": "completed", "eval_accuracy_start": 0.5, "steps": 5,
+                               "eval_accuracy_end": 0.5, "run_dir": str(tmp_path)},
+                   [{"step": 4, "eval/accuracy": 0.5, "time/rollout_s": 1.0, "rollout/generated": 8.0}])
+    attach_evals(run)
+    assert run.end_correct == (1, 0) and run.levels == ()
+    assert "Per level" not in markdown(analyse([run]))

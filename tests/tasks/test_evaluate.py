@@ -23,7 +23,8 @@ def result() -> EvalResult:
                   None: EvalCell(n=1, greedy_acc=0.0, avg_at_k=0.0)},
         by_source={"arith": EvalCell(n=5, greedy_acc=0.6, avg_at_k=0.45), "gsm8k": EvalCell(n=1, greedy_acc=0.0,
                                                                                             avg_at_k=0.0)},
-        k=4, prompt_ids=("a", "b", "c", "d", "e", "f"), greedy_correct=(1, 1, 1, 0, 0, 0))
+        k=4, prompt_ids=("a", "b", "c", "d", "e", "f"), greedy_correct=(1, 1, 1, 0, 0, 0),
+        levels=(1, 1, 3, 3, 3, None))
 
 
 @pytest.mark.parametrize(("before", "after", "right", "wrong", "p"), [
@@ -50,6 +51,7 @@ def test_eval_json_round_trip_keeps_int_and_none_levels(tmp_path):
     back = EvalResult.load(path)
     assert back == res
     assert list(back.by_level) == [1, 3, None]  # typed keys, in order
+    assert back.levels == (1, 1, 3, 3, 3, None)  # each prompt's level, for the per-level comparison with the start
     saved = json.loads(path.read_text())  # what users (and MLflow) see
     assert saved["by_level"][2] == {"level": None, "n": 1, "greedy_acc": 0.0, "avg_at_k": 0.0}
     assert saved["by_source"]["arith"]["n"] == 5 and saved["overall"]["greedy_acc"] == 0.5

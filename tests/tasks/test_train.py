@@ -117,6 +117,25 @@ def test_all_techniques_compose_and_record_signals(smoke_cfg, pool):
         assert key in keys, key
 
 
+@pytest.mark.parametrize("weighting", ["informative", "target"])
+def test_dots_weighting_sets_the_selection_weights(smoke_cfg, pool, weighting):
+    """select.weighting=informative: the ledger's weights of two prompts selected in one round stand in the ratio
+    of their chances of a group with unequal rewards, 1 - p^n - (1 - p)^n (n = 4), which DOTS's target weights
+    exp(-|(1 - p) - 0.5| / tau) do not."""
+    _, _, _, sel, _ = run_train(smoke_cfg(*SMALL, f"select.weighting={weighting}", path=PRESETS.format("dots")), pool)
+
+    def chance(p):
+        p = min(max(p, 0.0), 1.0)
+        return 1 - p ** 4 - (1 - p) ** 4
+
+    pairs = [(a, b) for a in sel for b in sel if a["round"] == b["round"] and a["prompt_id"] < b["prompt_id"]
+             and abs(a["pred_success"] - b["pred_success"]) > 0.02]
+    assert pairs, "the check needs prompts with different predictions in one round"
+    informative = all(a["weight"] / b["weight"] == pytest.approx(chance(a["pred_success"]) / chance(b["pred_success"]),
+                                                                 rel=1e-4) for a, b in pairs)
+    assert informative == (weighting == "informative")
+
+
 def test_make_groups_advantages_and_negative_weight():
     """rewards [1, 0, 0, 1] -> Dr.-GRPO advantages [0.5, -0.5, -0.5, 0.5]; negative_weight 0.3 -> -0.15."""
     from tasks.model.rollout import Generation
@@ -224,3 +243,32 @@ def test_guard_and_drop_solved_cannot_both_be_set():
 
     with pytest.raises(ValueError, match="set one of them"):
         load_config(None, ["guard.share=0.1", "select.drop_solved=true"])
+
+
+def test_trained_reference_rolls_out_nothing_and_uses_the_latest_labels(smoke_cfg, pool):
+    """calibrate.reference=trained: round 0's context is the calibrate stage's prompts, round 1's every prompt
+    measured since round 0 started, each with its latest success rate; no reference rollouts (``measure`` is None
+    here, so one would fail), and a checkpoint keeps what the next round needs."""
+    from tasks.training.calibration import Calibration
+    from tasks.training.selector import Selector
+
+    cfg = smoke_cfg(*SMALL, "calibrate.reference=trained", "select.predictor.min_labels=1000",
+                    path=PRESETS.format("dots"))
+    feats = score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
+    sel = Selector(cfg, pool, feats)
+    sel.seed_labels(Calibration(indices=(0, 1, 2, 3), success=torch.tensor([0.0, 0.25, 0.5, 1.0])))
+    m0 = sel.begin_round(0, 0, None, None)
+    assert (m0["select/reference_rollouts"], m0["select/reference_size"]) == (0.0, 4.0)
+    assert m0["select/ref_success"] == pytest.approx(1.75 / 4)
+    sel.observe(0, [3, 5, 6], torch.tensor([[0.0, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0]]), 0.5, None)
+    sel.observe(1, [5, 7], torch.tensor([[0.0, 0, 1, 1], [1, 0, 0, 0]]), 0.4, None)
+    state = sel.state_dict()
+    resumed = Selector(cfg, pool, feats)
+    resumed.load_state_dict(state)
+    for s in (sel, resumed):
+        m1 = s.begin_round(1, 2, None, None)
+        assert (m1["select/reference_rollouts"], m1["select/reference_size"]) == (0.0, 4.0)  # prompts 3, 5, 6, 7
+        assert m1["select/ref_success"] == pytest.approx((0.75 + 0.5 + 0.0 + 0.25) / 4)  # prompt 5: the latest
+    ref, labels = torch.tensor([7, 5, 6, 3]), torch.tensor([0.25, 0.5, 0.0, 0.75])
+    assert torch.equal(sel.pred, sel.predictor.predict(sel.emb, sel.emb[ref], labels))
+    assert torch.equal(resumed.pred, sel.pred)
