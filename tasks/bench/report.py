@@ -3,8 +3,9 @@
 Input is one :class:`BenchRun` per configuration and seed (our pipeline runs and the TRL control, which
 writes the same ``metrics.jsonl`` format). Output, in the report folder:
 
-- ``results.md`` / ``results.json``: the results table (accuracy, time to both targets with speed-ups,
-  effective-group ratio, cost against plain GRPO, step-time split) and everything behind it;
+- ``results.md`` / ``results.json``: the verdict table, the results table (accuracy, time to both targets with
+  speed-ups, effective-group ratio), cost against plain GRPO, each level's end against its start (paired over
+  the held-out prompts), the step-time split, and everything behind them;
 - ``accuracy_curves.png``: held-out accuracy against wall-clock, rollouts and steps, seed mean with a
   min-max band per configuration and the two targets;
 - ``effective_ratio.png``: share of trained groups with unequal rewards, per step (seed mean);
