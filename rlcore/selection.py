@@ -125,14 +125,74 @@ def informative_weights(
         [M] float64 probabilities summing to 1, 0 for ineligible prompts and for predictions of exactly 0 or 1.
     """
     p = torch.as_tensor(pred_success, dtype=torch.float64)
+    return _normalise(torch.log(_binomial_informative(p, n)) + _log_prior_and_mask(p.numel(), prior, mask))
+
+
+def observed_informative_weights(
+    pred_success: torch.Tensor,
+    n: int,
+    seen_pred: torch.Tensor,
+    seen_informative: torch.Tensor,
+    *,
+    bins: int,
+    strength: float,
+    prior: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Selection probabilities proportional to the chance of a gradient measured on the groups seen so far (ours).
+
+    Predicted p is cut into ``bins`` equal bins of [0, 1]. In each bin the chance that a group has unequal
+    rewards is the share of informative groups among those whose prompt had a prediction in the bin when it was
+    drawn, shrunk toward the binomial chance 1 - p^n - (1 - p)^n of the query's own prediction with ``strength``
+    pseudo-groups:
+
+        w_q = (k_b + strength * c(p_q)) / (N_b + strength)     b = bin of p_q, k_b of N_b seen groups informative
+
+    Selection depends on a prompt only through its prediction, so within a bin the seen groups are an unbiased
+    sample of what a draw at that prediction yields. The measured share corrects predictions that are right on
+    average but too narrow per prompt, for which the binomial chance of the mean is too high (it is concave in
+    p; docs/benchmarks.md, "Selection by the chance of a gradient").
+
+    Args:
+        pred_success: [M] predicted success rates in [0, 1].
+        n: rollouts per prompt (``rollout.n``), >= 2.
+        seen_pred: [N] predictions of the prompts drawn so far, at the time they were drawn.
+        seen_informative: [N] bool, whether each of those groups had unequal rewards.
+        bins: number of bins of predicted p (>= 1).
+        strength: pseudo-groups of the binomial prior per bin (> 0).
+        prior, mask: as in :func:`informative_weights`.
+
+    Returns:
+        [M] float64 probabilities summing to 1.
+    """
+    if bins < 1 or not strength > 0:
+        raise ValueError(f"bins must be >= 1 and strength > 0, got {bins} and {strength}")
+    p = torch.as_tensor(pred_success, dtype=torch.float64)
+    binomial = _binomial_informative(p, n)
+    seen_pred = torch.as_tensor(seen_pred, dtype=torch.float64)
+    seen_inf = torch.as_tensor(seen_informative, dtype=torch.float64)
+    if seen_pred.shape != seen_inf.shape or seen_pred.ndim != 1:
+        raise ValueError(f"seen_pred and seen_informative must be 1-D of one length, got {tuple(seen_pred.shape)} "
+                         f"and {tuple(seen_inf.shape)}")
+    if not ((seen_pred >= 0) & (seen_pred <= 1)).all():
+        raise ValueError("seen_pred must be success rates in [0, 1] (NaN not allowed)")
+    seen_bin = (seen_pred * bins).long().clamp(max=bins - 1)  # [N]
+    count = torch.bincount(seen_bin, minlength=bins).double()  # [bins]
+    hits = torch.bincount(seen_bin, weights=seen_inf, minlength=bins).double()
+    b = (p * bins).long().clamp(max=bins - 1)  # [M]
+    w = (hits[b] + strength * binomial) / (count[b] + strength)
+    return _normalise(torch.log(w) + _log_prior_and_mask(p.numel(), prior, mask))
+
+
+def _binomial_informative(p: torch.Tensor, n: int) -> torch.Tensor:
+    """[M] float64 chance 1 - p^n - (1 - p)^n of a group of n Bernoulli(p) rewards with unequal rewards."""
     if p.ndim != 1 or p.numel() == 0:
         raise ValueError(f"pred_success must be a non-empty 1-D tensor, got shape {tuple(p.shape)}")
     if not ((p >= 0) & (p <= 1)).all():
         raise ValueError("pred_success must be success rates in [0, 1] (NaN not allowed)")
     if n < 2:
         raise ValueError(f"n must be >= 2 (a group of one rollout never has unequal rewards), got {n}")
-    informative = (1.0 - p ** n - (1.0 - p) ** n).clamp_min(0.0)
-    return _normalise(torch.log(informative) + _log_prior_and_mask(p.numel(), prior, mask))
+    return (1.0 - p ** n - (1.0 - p) ** n).clamp_min(0.0)
 
 
 def uniform_weights(num_prompts: int, mask: torch.Tensor | None = None) -> torch.Tensor:

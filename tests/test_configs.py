@@ -55,7 +55,7 @@ def test_presets_switch_what_their_names_say():
     assert g.select.method == "dots" and g.guard.share > 0 and g.guard.anchor > 0
     assert (get("grpo").guard.share, get("grpo").guard.anchor) == (0.0, 0.0)
     inf = get("dots_informative")
-    assert (inf.select.method, inf.select.weighting, inf.calibrate.reference) == ("dots", "informative", "trained")
+    assert (inf.select.method, inf.select.weighting, inf.calibrate.reference) == ("dots", "observed", "trained")
     assert (get("dots").select.weighting, get("dots").calibrate.reference) == ("target", "fresh")
 
 

@@ -40,7 +40,13 @@ from rlcore.curriculum import CurriculumScheduler, data_effectiveness_score, rew
 from rlcore.difficulty import AttentionDifficultyPredictor, pearson
 from rlcore.gain_sampler import GaussianWindowSampler
 from rlcore.seeding import derive_seed
-from rlcore.selection import dots_weights, informative_weights, sample_prompts, uniform_weights
+from rlcore.selection import (
+    dots_weights,
+    informative_weights,
+    observed_informative_weights,
+    sample_prompts,
+    uniform_weights,
+)
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.records.ledger import ReferenceRow, SelectionRow
@@ -67,6 +73,8 @@ class Selector:
         self.round_acc: list[float] = []
         self.heldout_acc: float | None = None
         self.recent: list[int] = []  # pool indices measured since the round started (calibrate.reference=trained)
+        self.seen_pred: list[float] = []  # select.weighting=observed: each drawn prompt's prediction when drawn,
+        self.seen_informative: list[bool] = []  # ... and whether its group had unequal rewards
         sc, cc, gc = cfg.select, cfg.curriculum, cfg.gain
         self.predictor = _predictor(cfg, self.emb.shape[1], linear_recalibration=sc.predictor.linear_recalibration
                                     ) if sc.method == "dots" else None
@@ -119,10 +127,7 @@ class Selector:
             metrics |= self.window.metrics()
         if self.predictor is not None:
             metrics |= self._dots_round(round_, step, measure, run, active)
-            pred = self.pred.clamp(0, 1)
-            self.probs = (dots_weights(pred, alpha=cfg.select.alpha, tau=cfg.select.tau, prior=prior, mask=active)
-                          if cfg.select.weighting == "target" else
-                          informative_weights(pred, cfg.rollout.n, prior=prior, mask=active))
+            self.probs = self._dots_weights(prior, active)
         elif self.window is not None:
             self.probs = (self.info["gain_window"].double() * active).clamp_min(0)
             self.probs = self.probs / self.probs.sum()
@@ -165,6 +170,17 @@ class Selector:
                 "select/labels": float(self.predictor.num_labels),
                 "select/reference_rollouts": float(k * cfg.calibrate.g),
                 **{f"select/{k_}": v for k_, v in fit_stats.items()}}
+
+    def _dots_weights(self, prior: torch.Tensor | None, active: torch.Tensor) -> torch.Tensor:
+        """[M] selection probabilities from the round's predictions (``select.weighting``)."""
+        sc, pred = self.cfg.select, self.pred.clamp(0, 1)
+        if sc.weighting == "target":
+            return dots_weights(pred, alpha=sc.alpha, tau=sc.tau, prior=prior, mask=active)
+        if sc.weighting == "informative" or not self.seen_pred:
+            return informative_weights(pred, self.cfg.rollout.n, prior=prior, mask=active)
+        return observed_informative_weights(pred, self.cfg.rollout.n, torch.tensor(self.seen_pred),
+                                            torch.tensor(self.seen_informative), bins=sc.observed_bins,
+                                            strength=sc.observed_strength, prior=prior, mask=active)
 
     def _fit(self, round_: int) -> dict[str, float]:
         """Train the predictor's towers on every label so far, once it has ``select.predictor.min_labels``."""
@@ -271,6 +287,11 @@ class Selector:
         if self.predictor is not None:
             self.predictor.observe(self.emb[t], success, step)
             pred = self.pred[t]
+            if self.cfg.select.weighting == "observed":
+                n = rewards.shape[1]
+                hits = rewards.float().sum(1)
+                self.seen_pred += pred.clamp(0, 1).tolist()
+                self.seen_informative += ((hits > 0) & (hits < n)).tolist()
             metrics["select/pred_success_mean"] = float(pred.mean())
             if len(idx) > 2:
                 metrics["select/pred_pearson_trained"] = pearson(pred, success)
@@ -289,7 +310,7 @@ class Selector:
     def state_dict(self) -> dict:
         return {"history": self.history, "last_success": self.last_success, "pred": self.pred, "probs": self.probs,
                 "used": self.used, "info": self.info, "round_acc": self.round_acc, "heldout_acc": self.heldout_acc,
-                "recent": self.recent,
+                "recent": self.recent, "seen_pred": self.seen_pred, "seen_informative": self.seen_informative,
                 "predictor": self.predictor.state_dict() if self.predictor is not None else None,
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 "window": self.window.state_dict() if self.window is not None else None}
@@ -298,6 +319,7 @@ class Selector:
         self.history, self.last_success, self.pred, self.probs = s["history"], s["last_success"], s["pred"], s["probs"]
         self.used, self.info, self.round_acc, self.heldout_acc = s["used"], s["info"], s["round_acc"], s["heldout_acc"]
         self.recent = s.get("recent", [])  # checkpoints written before calibrate.reference existed have none
+        self.seen_pred, self.seen_informative = s.get("seen_pred", []), s.get("seen_informative", [])
         for name in ("predictor", "scheduler", "window"):
             obj = getattr(self, name)
             if obj is not None:

@@ -7,7 +7,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlcore.selection import dots_weights, informative_weights, sample_prompts, uniform, uniform_weights
+from rlcore.selection import (
+    dots_weights,
+    informative_weights,
+    observed_informative_weights,
+    sample_prompts,
+    uniform,
+    uniform_weights,
+)
 
 rates = st.lists(st.floats(0.0, 1.0), min_size=1, max_size=40)
 
@@ -161,3 +168,46 @@ def test_informative_weights_refuse_bad_input():
         informative_weights(torch.tensor([1.5]), 8)
     with pytest.raises(ValueError, match="no eligible prompt"):
         informative_weights(torch.tensor([0.0, 1.0]), 8)  # every group certain to have equal rewards
+
+
+def test_observed_informative_weights_hand_worked():
+    """n = 2, 2 bins, strength 1. Seen: p 0.2 (informative), 0.3 (not) in bin 0; 0.8 (not) in bin 1.
+    Query 0.25 -> bin 0: (1 + 0.375) / 3; 0.75 -> bin 1: (0 + 0.375) / 2; 0.5 -> bin 1: (0 + 0.5) / 2."""
+    w = observed_informative_weights(torch.tensor([0.25, 0.75, 0.5]), 2, torch.tensor([0.2, 0.3, 0.8]),
+                                     torch.tensor([True, False, False]), bins=2, strength=1.0)
+    raw = [1.375 / 3, 0.1875, 0.25]
+    assert w.tolist() == pytest.approx([x / sum(raw) for x in raw])
+
+
+@settings(deadline=None, max_examples=40)
+@given(st.lists(st.floats(1e-3, 1 - 1e-3), min_size=1, max_size=12), st.lists(
+    st.tuples(st.floats(0.0, 1.0), st.booleans()), max_size=30), st.integers(2, 8), st.integers(1, 6),
+    st.floats(0.5, 20.0))
+def test_observed_informative_weights_match_a_loop(query, seen, n, bins, strength):
+    """Oracle: per query, loop over the seen groups in the query's bin; with none seen it is the binomial chance."""
+    def chance(q):
+        return 1 - q ** n - (1 - q) ** n
+
+    def bin_of(q):
+        return min(int(q * bins), bins - 1)
+
+    raw = []
+    for q in query:
+        same = [inf for p, inf in seen if bin_of(p) == bin_of(q)]
+        raw.append((sum(same) + strength * chance(q)) / (len(same) + strength))
+    got = observed_informative_weights(torch.tensor(query, dtype=torch.float64), n,
+                                       torch.tensor([p for p, _ in seen], dtype=torch.float64),
+                                       torch.tensor([inf for _, inf in seen], dtype=torch.bool),
+                                       bins=bins, strength=strength)
+    assert got.tolist() == pytest.approx([x / sum(raw) for x in raw], rel=1e-9)
+    if not seen:
+        assert got.tolist() == pytest.approx(informative_weights(torch.tensor(query, dtype=torch.float64), n).tolist())
+
+
+def test_observed_informative_weights_refuse_bad_input():
+    with pytest.raises(ValueError, match="bins must be >= 1"):
+        observed_informative_weights(torch.tensor([0.5]), 8, torch.tensor([0.5]), torch.tensor([True]), bins=0,
+                                     strength=1.0)
+    with pytest.raises(ValueError, match="one length"):
+        observed_informative_weights(torch.tensor([0.5]), 8, torch.tensor([0.5, 0.2]), torch.tensor([True]),
+                                     bins=2, strength=1.0)

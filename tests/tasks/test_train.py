@@ -272,3 +272,30 @@ def test_trained_reference_rolls_out_nothing_and_uses_the_latest_labels(smoke_cf
     ref, labels = torch.tensor([7, 5, 6, 3]), torch.tensor([0.25, 0.5, 0.0, 0.75])
     assert torch.equal(sel.pred, sel.predictor.predict(sel.emb, sel.emb[ref], labels))
     assert torch.equal(resumed.pred, sel.pred)
+
+
+def test_observed_weighting_measures_the_chance_of_a_gradient_on_drawn_groups(smoke_cfg, pool):
+    """select.weighting=observed: round 0 (nothing seen) weighs as `informative`; each drawn group records its
+    prompt's prediction and whether its rewards were unequal, and round 1's weights are
+    rlcore.selection.observed_informative_weights of exactly those, not the binomial ones."""
+    from rlcore.selection import informative_weights, observed_informative_weights
+    from tasks.training.calibration import Calibration
+    from tasks.training.selector import Selector
+
+    cfg = smoke_cfg(*SMALL, "calibrate.reference=trained", "select.predictor.min_labels=1000",
+                    "select.weighting=observed", "select.observed_bins=1", "select.observed_strength=0.01",
+                    path=PRESETS.format("dots"))  # one bin: round 1's predictions share the seen groups' bin
+    feats = score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
+    sel = Selector(cfg, pool, feats)
+    sel.seed_labels(Calibration(indices=(0, 1, 2, 3), success=torch.tensor([0.0, 0.25, 0.5, 1.0])))
+    sel.begin_round(0, 0, None, None)
+    assert torch.equal(sel.probs, informative_weights(sel.pred.clamp(0, 1), 4))
+    drawn = [5, 6, 7]
+    pred0 = sel.pred[drawn].clamp(0, 1)
+    sel.observe(0, drawn, torch.tensor([[0.0, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0]]), 0.5, None)
+    assert sel.seen_informative == [True, False, False] and sel.seen_pred == pytest.approx(pred0.tolist())
+    sel.begin_round(1, 2, None, None)
+    want = observed_informative_weights(sel.pred.clamp(0, 1), 4, pred0, torch.tensor([True, False, False]),
+                                        bins=1, strength=0.01)
+    assert torch.allclose(sel.probs, want, rtol=1e-12, atol=0)
+    assert not torch.allclose(sel.probs, informative_weights(sel.pred.clamp(0, 1), 4), rtol=1e-6, atol=0)
