@@ -17,7 +17,9 @@ Each round (every ``train.round_steps`` = mu steps):
    with half of them, fitted, scored on the other half (``select/pred_pearson``: held out of the fit),
    then labelled with the rest; the pool's success rates are predicted with the whole reference set as
    context and prompts are weighted by exp(-|d - alpha| / tau) (``select.weighting=target``), or by the chance
-   that their group has unequal rewards (``informative``, rlcore.selection.informative_weights).
+   that their group has unequal rewards (``informative``, rlcore.selection.informative_weights), or by that
+   chance measured on the groups drawn so far at similar predictions (``observed``; each drawn group's
+   prediction and outcome are kept in ``seen_pred`` / ``seen_informative``).
 
 Every trained group's success rate over all n rollouts also labels the predictor (free labels). With
 ``calibrate.reference=trained`` (ours) those labels are the reference set too: a round's context is every
