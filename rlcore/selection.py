@@ -62,6 +62,16 @@ def _normalise(logw: torch.Tensor) -> torch.Tensor:
     return w / w.sum()
 
 
+def _success_rates(x: torch.Tensor, name: str, *, nonempty: bool = True) -> torch.Tensor:
+    """``x`` as a [N] float64 tensor of success rates, or a ValueError naming ``name`` and what is wrong."""
+    x = torch.as_tensor(x, dtype=torch.float64)
+    if x.ndim != 1 or (nonempty and x.numel() == 0):
+        raise ValueError(f"{name} must be a {'non-empty ' if nonempty else ''}1-D tensor, got shape {tuple(x.shape)}")
+    if not ((x >= 0) & (x <= 1)).all():
+        raise ValueError(f"{name} must be success rates in [0, 1] (NaN not allowed)")
+    return x
+
+
 def dots_weights(
     pred_success: torch.Tensor,
     *,
@@ -82,11 +92,7 @@ def dots_weights(
     Returns:
         [M] float64 probabilities summing to 1, exactly 0 for ineligible prompts.
     """
-    p = torch.as_tensor(pred_success, dtype=torch.float64)
-    if p.ndim != 1 or p.numel() == 0:
-        raise ValueError(f"pred_success must be a non-empty 1-D tensor, got shape {tuple(p.shape)}")
-    if not ((p >= 0) & (p <= 1)).all():
-        raise ValueError("pred_success must be success rates in [0, 1] (NaN not allowed)")
+    p = _success_rates(pred_success, "pred_success")
     if not 0 <= alpha <= 1:
         raise ValueError(f"alpha is a target difficulty and must lie in [0, 1], got {alpha}")
     if not tau > 0:
@@ -124,7 +130,7 @@ def informative_weights(
     Returns:
         [M] float64 probabilities summing to 1, 0 for ineligible prompts and for predictions of exactly 0 or 1.
     """
-    p = torch.as_tensor(pred_success, dtype=torch.float64)
+    p = _success_rates(pred_success, "pred_success")
     return _normalise(torch.log(_binomial_informative(p, n)) + _log_prior_and_mask(p.numel(), prior, mask))
 
 
@@ -167,15 +173,13 @@ def observed_informative_weights(
     """
     if bins < 1 or not strength > 0:
         raise ValueError(f"bins must be >= 1 and strength > 0, got {bins} and {strength}")
-    p = torch.as_tensor(pred_success, dtype=torch.float64)
+    p = _success_rates(pred_success, "pred_success")
     binomial = _binomial_informative(p, n)
-    seen_pred = torch.as_tensor(seen_pred, dtype=torch.float64)
+    seen_pred = _success_rates(seen_pred, "seen_pred", nonempty=False)
     seen_inf = torch.as_tensor(seen_informative, dtype=torch.float64)
-    if seen_pred.shape != seen_inf.shape or seen_pred.ndim != 1:
+    if seen_pred.shape != seen_inf.shape:
         raise ValueError(f"seen_pred and seen_informative must be 1-D of one length, got {tuple(seen_pred.shape)} "
                          f"and {tuple(seen_inf.shape)}")
-    if not ((seen_pred >= 0) & (seen_pred <= 1)).all():
-        raise ValueError("seen_pred must be success rates in [0, 1] (NaN not allowed)")
     seen_bin = (seen_pred * bins).long().clamp(max=bins - 1)  # [N]
     count = torch.bincount(seen_bin, minlength=bins).double()  # [bins]
     hits = torch.bincount(seen_bin, weights=seen_inf, minlength=bins).double()
@@ -185,11 +189,7 @@ def observed_informative_weights(
 
 
 def _binomial_informative(p: torch.Tensor, n: int) -> torch.Tensor:
-    """[M] float64 chance 1 - p^n - (1 - p)^n of a group of n Bernoulli(p) rewards with unequal rewards."""
-    if p.ndim != 1 or p.numel() == 0:
-        raise ValueError(f"pred_success must be a non-empty 1-D tensor, got shape {tuple(p.shape)}")
-    if not ((p >= 0) & (p <= 1)).all():
-        raise ValueError("pred_success must be success rates in [0, 1] (NaN not allowed)")
+    """[M] float64 chance 1 - p^n - (1 - p)^n that n Bernoulli(p) rewards are not all equal (p: checked rates)."""
     if n < 2:
         raise ValueError(f"n must be >= 2 (a group of one rollout never has unequal rewards), got {n}")
     return (1.0 - p ** n - (1.0 - p) ** n).clamp_min(0.0)

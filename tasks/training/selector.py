@@ -37,6 +37,7 @@ import math
 
 import torch
 
+from rlcore.advantages import effective_mask
 from rlcore.angle import angle_order
 from rlcore.curriculum import CurriculumScheduler, data_effectiveness_score, reward_adaptability
 from rlcore.difficulty import AttentionDifficultyPredictor, pearson
@@ -166,12 +167,8 @@ class Selector:
                          predicted=float(held_pred[j - half]) if j >= half else None)
             for j, (i, y) in enumerate(zip(ref.tolist(), labels.tolist(), strict=True))])
         mae = float((held_pred - labels[half:]).abs().mean()) if len(hold) else float("nan")
-        return {"select/pred_pearson": r, "select/pred_mae": mae, "select/ref_success": float(labels.mean()),
-                "select/ref_effective": float(((labels > 0) & (labels < 1)).float().mean()),
-                "select/predictor_trained": float(self.predictor.mode == "trained"),
-                "select/labels": float(self.predictor.num_labels),
-                "select/reference_rollouts": float(k * cfg.calibrate.g),
-                **{f"select/{k_}": v for k_, v in fit_stats.items()}}
+        return {"select/pred_pearson": r, "select/pred_mae": mae,
+                **self._reference_metrics(labels, k * cfg.calibrate.g, fit_stats)}
 
     def _dots_weights(self, prior: torch.Tensor | None, active: torch.Tensor) -> torch.Tensor:
         """[M] selection probabilities from the round's predictions (``select.weighting``)."""
@@ -197,11 +194,15 @@ class Selector:
         labels = self.last_success[ref].float()  # [K]
         fit_stats = self._fit(round_)
         self.pred = self.predictor.predict(self.emb, self.emb[ref], labels)
+        return {"select/reference_size": float(len(ref)), **self._reference_metrics(labels, 0, fit_stats)}
+
+    def _reference_metrics(self, labels: torch.Tensor, rollouts: int, fit_stats: dict[str, float]) -> dict[str, float]:
+        """A round's reference set: [K] success rates, the rollouts it cost, and the predictor's fit."""
         return {"select/ref_success": float(labels.mean()),
                 "select/ref_effective": float(((labels > 0) & (labels < 1)).float().mean()),
                 "select/predictor_trained": float(self.predictor.mode == "trained"),
-                "select/labels": float(self.predictor.num_labels), "select/reference_rollouts": 0.0,
-                "select/reference_size": float(len(ref)), **{f"select/{k_}": v for k_, v in fit_stats.items()}}
+                "select/labels": float(self.predictor.num_labels), "select/reference_rollouts": float(rollouts),
+                **{f"select/{k_}": v for k_, v in fit_stats.items()}}
 
     def _estimate(self) -> torch.Tensor:
         """Success rates of every prompt without DOTS: measured where known, else DOTS's off-the-shelf attention
@@ -290,10 +291,8 @@ class Selector:
             self.predictor.observe(self.emb[t], success, step)
             pred = self.pred[t]
             if self.cfg.select.weighting == "observed":
-                n = rewards.shape[1]
-                hits = rewards.float().sum(1)
                 self.seen_pred += pred.clamp(0, 1).tolist()
-                self.seen_informative += ((hits > 0) & (hits < n)).tolist()
+                self.seen_informative += effective_mask(rewards.float()).tolist()
             metrics["select/pred_success_mean"] = float(pred.mean())
             if len(idx) > 2:
                 metrics["select/pred_pearson_trained"] = pearson(pred, success)
