@@ -51,6 +51,7 @@ def test_presets_switch_what_their_names_say():
     a = get("all")
     assert (a.select.method, a.pods.enabled, a.replay.enabled, a.curriculum.enabled, a.gain.enabled) == \
         ("dots", True, True, True, True)
+    assert (a.select.weighting, a.calibrate.reference) == ("observed", "trained"), "all composes on dots_informative"
     g = get("dots_guard")
     assert g.select.method == "dots" and g.guard.share > 0 and g.guard.anchor > 0
     assert (get("grpo").guard.share, get("grpo").guard.anchor) == (0.0, 0.0)
