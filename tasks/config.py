@@ -144,6 +144,12 @@ class TrainConfig(_Frozen):
         "per-sequence means (GRPO paper, arXiv 2402.03300)."))
     scale_std: bool = Field(False, description="Divide advantages by the group std (standard GRPO); off = Dr.-GRPO.")
     kl_coef: float = Field(0.0, ge=0, description="KL to the starting policy (k3 estimator); 0 = off.")
+    kl_rows: Literal["all", "informative", "informative_and_solved"] = Field("all", description=(
+        "The rollouts the KL term is computed on: all (the KL-regularised objective; the update then computes "
+        "every rollout, train.skip_zero_advantage does not apply); informative (only those with a policy gradient, "
+        "so the skip stays: the KL holds back what the update moves, at the cost of one reference forward pass of "
+        "the computed rollouts); informative_and_solved (also the rollouts of groups that all earn reward 1: an "
+        "anchor of the solved prompts to the starting policy). Rollouts left out count 0 in the KL's mean."))
     negative_weight: float = Field(1.0, ge=0, le=1, description=(
         "Scale of negative advantages (1: GRPO; 0: reinforce successes only, as rejection-sampling fine-tuning)."))
     minibatches: int = Field(1, ge=1, description="Optimizer steps per training step, each on a slice of the batch.")
@@ -154,9 +160,9 @@ class TrainConfig(_Frozen):
     skip_zero_advantage: bool = Field(True, description=(
         "Leave rollouts whose advantage is 0 (groups whose rewards are all equal) out of the update's forward and "
         "backward passes; the loss keeps their tokens in its normaliser, so the gradient is the same up to float "
-        "rounding and only the wasted compute goes (docs/performance.md). Not applied with kl_coef > 0 (the KL "
-        "term needs every rollout); with GAIN-RL the skipped rollouts get a forward pass without autograd for "
-        "its online angle (and are not skipped under scale-out). false: every rollout is computed."))
+        "rounding and only the wasted compute goes (docs/performance.md). With kl_coef > 0 the rollouts "
+        "train.kl_rows names are computed too. With GAIN-RL the skipped rollouts get a forward pass without "
+        "autograd for its online angle (and are not skipped under scale-out). false: every rollout is computed."))
     checkpoint_every: int = Field(0, ge=0, description="Also checkpoint every N steps (0: round boundaries only).")
 
 

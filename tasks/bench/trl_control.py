@@ -21,7 +21,8 @@ arm that is not our code. What it shares with our runs:
   the same held-out prompts at step 0, every ``eval.every`` steps and at the last step, and keeps the clock
   like our runs do: training wall-clock excludes evaluation.
 
-Deviations: ``train.minibatches`` must be 1 (ours would take several optimizer steps per batch); PODS,
+Deviations: ``train.minibatches`` must be 1 (ours would take several optimizer steps per batch), and with a KL term
+``train.kl_rows`` must be ``all`` (TRL's ``beta`` applies to every completion); PODS,
 replay, selection and curricula do not exist in TRL (that is the point of the control).
 
 Per-step rows go to ``<run dir>/metrics.jsonl`` in our format (``time/<stage>_s`` cumulative via
@@ -55,11 +56,14 @@ log = logging.getLogger("rlsift.trl")
 
 def grpo_args(cfg: Config, out_dir: Path, device: torch.device, dtype: torch.dtype):
     """TRL's ``GRPOConfig`` for the same budget, loss and optimizer as our plain GRPO configuration."""
-    from trl import GRPOConfig
-
     tc, rc = cfg.train, cfg.rollout
     if tc.minibatches != 1:
         raise ValueError(f"the TRL control supports train.minibatches=1 only, got {tc.minibatches}")
+    if tc.kl_coef > 0 and tc.kl_rows != "all":
+        raise ValueError(f"the TRL control's KL term covers every completion: train.kl_rows must be 'all' with "
+                         f"train.kl_coef > 0, got {tc.kl_rows!r}")
+    from trl import GRPOConfig
+
     return GRPOConfig(
         output_dir=str(out_dir), max_steps=tc.steps, per_device_train_batch_size=tc.prompts_per_step * rc.n,
         num_generations=rc.n, gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,

@@ -52,7 +52,8 @@ def flatten(groups: Sequence[RolloutGroup]):
 
 def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, groups: Sequence[RolloutGroup], *,
                   clip_eps: float, aggregation: str, grad_clip: float, temperature: float, pad_id: int,
-                  minibatches: int, kl_coef: float, bucket_tokens: int = 0, skip_zero_advantage: bool = False,
+                  minibatches: int, kl_coef: float, kl_rows: str = "all", bucket_tokens: int = 0,
+                  skip_zero_advantage: bool = False,
                   ref_model: torch.nn.Module | None = None, device: torch.device | str = "cpu",
                   angle_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                   shard: DataShard | None = None) -> dict[str, float]:
@@ -64,7 +65,9 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
         skip_zero_advantage: leave the rows of groups whose advantages are all 0 out of the forward and backward
             passes (``train.skip_zero_advantage``); each minibatch's loss is scaled by the share of its aggregation
             units (tokens, or sequences) that were computed, so loss and gradient are those of the whole minibatch.
-            Ignored with ``kl_coef > 0`` (the KL term needs every row) and, under scale-out, with ``angle_fn``;
+            With ``kl_coef > 0`` the rows ``kl_rows`` names are computed too (``train.kl_rows``: ``all`` computes
+            every row; ``informative_and_solved`` keeps the rows of groups that all earn reward 1 for their KL
+            term); ignored under scale-out with ``angle_fn``;
             in one process ``angle_fn`` gets the skipped rows' hidden states from a forward pass without autograd.
             Token-level metrics then average over the computed rows; skipped fresh groups get no behaviour
             log-probs (Rollout Replay stores only informative groups).
@@ -83,7 +86,10 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     """
     prompts, comp, mask, adv, width = flatten(groups)
     n_rows = comp.shape[0]
-    silent = torch.cat([torch.full((g.size,), bool((g.advantages == 0).all())) for g in groups])  # [N]
+    # [N] rows that add nothing to the loss: no policy gradient, and no KL term by train.kl_rows
+    silent = torch.cat([torch.full((g.size,), bool((g.advantages == 0).all())) for g in groups])
+    if kl_coef > 0 and kl_rows != "informative":
+        silent &= ~torch.cat([torch.full((g.size,), kl_rows == "all" or bool((g.rewards == 1).all())) for g in groups])
     fresh_rows = torch.cat([torch.full((g.size,), g.replayed_from is None) for g in groups])
     behaviour = torch.cat([torch.nn.functional.pad(g.behaviour_logp, (0, width - g.behaviour_logp.shape[1]))
                            if g.replayed_from is not None else torch.zeros(g.size, width) for g in groups])
@@ -94,7 +100,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
 
     whole = list(torch.arange(n_rows).chunk(minibatches))
     chunks, scales = whole, [1.0] * len(whole)  # scales: computed share of each minibatch's aggregation units
-    if skip_zero_advantage and kl_coef == 0 and (angle_fn is None or shard is None):
+    if skip_zero_advantage and (angle_fn is None or shard is None):
         chunks, scales = map(list, zip(*(rows_with_gradient(c, silent, mask, aggregation,
                                                             min_rows=shard.world if shard is not None else 1)
                                          for c in whole), strict=True))
@@ -229,6 +235,7 @@ class LossSettings:
     pad_id: int
     minibatches: int = 1
     kl_coef: float = 0.0
+    kl_rows: str = "all"
     bucket_tokens: int = 0
     skip_zero_advantage: bool = False
     angle: bool = False
@@ -238,7 +245,7 @@ class LossSettings:
         tc = cfg.train
         return cls(clip_eps=tc.clip_eps, aggregation=tc.aggregation, grad_clip=tc.grad_clip,
                    temperature=cfg.rollout.temperature, pad_id=pad_id, minibatches=tc.minibatches,
-                   kl_coef=tc.kl_coef, bucket_tokens=tc.bucket_tokens,
+                   kl_coef=tc.kl_coef, kl_rows=tc.kl_rows, bucket_tokens=tc.bucket_tokens,
                    skip_zero_advantage=tc.skip_zero_advantage, angle=cfg.gain.enabled)
 
     def update_kwargs(self) -> dict:

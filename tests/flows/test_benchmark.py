@@ -46,6 +46,18 @@ def test_clock_skips_only_unused_upfront_stages(tmp_path):
     assert skips("dots") == () and skips("scalingrl") == () and skips("all") == ()
 
 
+@pytest.mark.parametrize("overrides, expect", [
+    (["train.minibatches=2"], "train.minibatches=1 only"),
+    (["train.kl_coef=0.04", "train.kl_rows=informative"], "train.kl_rows must be 'all'"),
+])
+def test_trl_control_refuses_what_it_cannot_mirror(tmp_path, overrides, expect):
+    from tasks.bench.trl_control import grpo_args
+    from tasks.config_load import load_config
+
+    with pytest.raises(ValueError, match=expect):
+        grpo_args(load_config(None, overrides), tmp_path, "cpu", None)
+
+
 @pytest.mark.slow
 def test_trl_prompts_tokenized_like_our_engine():
     from tasks.bench.trl_control import _trainer_class

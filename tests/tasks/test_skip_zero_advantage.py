@@ -5,7 +5,11 @@ import copy
 import pytest
 import torch
 
-from tasks.training.update import policy_update, rows_with_gradient
+from rlcore.grpo_loss import clipped_policy_loss
+from tasks.model.forward import token_logprobs
+from tasks.model.policy import build_tiny_model
+from tasks.training.distributed import backward_step
+from tasks.training.update import flatten, policy_update, rows_with_gradient
 from tests.tasks import dist_update_helper as h
 
 
@@ -80,6 +84,48 @@ def test_a_kl_term_needs_every_row():
     ref = h.tiny_model()
     _, stats = _update(groups, True, aggregation="token", kl_coef=0.05, ref_model=ref)
     assert stats[0]["train/update_rows"] == 16.0
+
+
+def _kl_oracle(groups, ref, kl_counts: torch.Tensor, kl_coef: float):
+    """One step of the whole batch, every row computed, with the KL term zeroed on the rows ``kl_counts`` [N] leaves
+    out: there the reference log-probs are the policy's own (detached), where k3 and its gradient are 0."""
+    model = h.tiny_model()
+    opt = torch.optim.AdamW(model.parameters(), **h.OPTIM)
+    prompts, comp, mask, adv, _ = flatten(groups)
+    logp = token_logprobs(model, prompts, comp, mask, h.PAD)
+    with torch.no_grad():
+        ref_logp = token_logprobs(ref, prompts, comp, mask, h.PAD)
+    ref_logp = torch.where(kl_counts.unsqueeze(1), ref_logp, logp.detach())
+    loss, _ = clipped_policy_loss(logp, logp.detach(), adv, mask, clip_eps=h.SETTINGS["clip_eps"], aggregation="token",
+                                  kl_coef=kl_coef, ref_logp=ref_logp)
+    backward_step(model, opt, loss, h.SETTINGS["grad_clip"])
+    return model, float(loss.detach())
+
+
+@pytest.mark.parametrize("kl_rows, counted, rows", [
+    ("all", [0, 1, 2, 3], 16.0),                     # the KL-regularised objective: every row
+    ("informative", [0, 2], 8.0),                    # only where the policy gradient is
+    ("informative_and_solved", [0, 1, 2], 12.0),     # and the all-right group 1, not the all-wrong group 3
+])
+def test_kl_rows_choose_where_the_kl_term_counts(kl_rows, counted, rows):
+    groups = _batch_with_silent_groups(h.tiny_model())
+    for g in groups:
+        g.replayed_from = None  # all fresh: the oracle needs no behaviour log-probs
+    ref = build_tiny_model(hidden=64, layers=2, heads=2, seed=1)  # another policy: the KL term is not 0
+    model = h.tiny_model()
+    opt = torch.optim.AdamW(model.parameters(), **h.OPTIM)
+    settings = {**h.SETTINGS, "minibatches": 1}
+    stats = policy_update(model, opt, copy.deepcopy(groups), skip_zero_advantage=True, aggregation="token",
+                          kl_coef=0.5, kl_rows=kl_rows, ref_model=ref, **settings)
+    assert stats["train/update_rows"] == rows
+    counts = torch.cat([torch.full((g.size,), i in counted) for i, g in enumerate(groups)])
+    oracle, oracle_loss = _kl_oracle(groups, ref, counts, kl_coef=0.5)
+    _, no_kl = _kl_oracle(groups, ref, counts, kl_coef=0.0)
+    assert stats["train/loss"] == pytest.approx(oracle_loss, rel=1e-5) and abs(oracle_loss - no_kl) > 1e-3
+    for (name, p), q in zip(oracle.named_parameters(), model.parameters(), strict=True):  # Adam's first step is
+        # lr-sized (1e-3) wherever the gradient is not ~0: a KL term counted on other rows would move many elements
+        # by that much; float rounding in an element near Adam's eps moves one by ~1e-5
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=3e-5, msg=name)
 
 
 def test_gain_rl_angle_still_sees_the_skipped_rows():
