@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+#: ``train.kl_rows``: the rollouts the KL term is computed on (TrainConfig.kl_rows describes each).
+KlRows = Literal["all", "informative", "informative_and_solved"]
 
 class ConfigError(ValueError):
     """A configuration problem, with the dotted key and what is allowed."""
@@ -144,7 +146,7 @@ class TrainConfig(_Frozen):
         "per-sequence means (GRPO paper, arXiv 2402.03300)."))
     scale_std: bool = Field(False, description="Divide advantages by the group std (standard GRPO); off = Dr.-GRPO.")
     kl_coef: float = Field(0.0, ge=0, description="KL to the starting policy (k3 estimator); 0 = off.")
-    kl_rows: Literal["all", "informative", "informative_and_solved"] = Field("all", description=(
+    kl_rows: KlRows = Field("all", description=(
         "The rollouts the KL term is computed on: all (the KL-regularised objective; the update then computes "
         "every rollout, train.skip_zero_advantage does not apply); informative (only those with a policy gradient, "
         "so the skip stays: the KL holds back what the update moves, at the cost of one reference forward pass of "

@@ -22,14 +22,14 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
 from rlcore.angle import online_angle_signal
 from rlcore.grpo_loss import clipped_policy_loss
 from rlcore.types import RolloutGroup
-from tasks.config import Config
+from tasks.config import Config, KlRows
 from tasks.model.forward import token_logprobs
 from tasks.training.distributed import DataShard, backward_step
 
@@ -50,9 +50,12 @@ def flatten(groups: Sequence[RolloutGroup]):
     return prompts, comp, mask, adv, width
 
 
+KL_ROWS: tuple[str, ...] = get_args(KlRows)
+
+
 def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, groups: Sequence[RolloutGroup], *,
                   clip_eps: float, aggregation: str, grad_clip: float, temperature: float, pad_id: int,
-                  minibatches: int, kl_coef: float, kl_rows: str = "all", bucket_tokens: int = 0,
+                  minibatches: int, kl_coef: float, kl_rows: KlRows = "all", bucket_tokens: int = 0,
                   skip_zero_advantage: bool = False,
                   ref_model: torch.nn.Module | None = None, device: torch.device | str = "cpu",
                   angle_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
@@ -84,6 +87,8 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
         their update was not applied (``backward_step``); ``train/update_rows`` and ``train/update_tokens``: the
         rows computed (all of them without the skip) and their real prompt + completion tokens.
     """
+    if kl_rows not in KL_ROWS:
+        raise ValueError(f"kl_rows must be one of {', '.join(KL_ROWS)}, got {kl_rows!r}")
     prompts, comp, mask, adv, width = flatten(groups)
     n_rows = comp.shape[0]
     # [N] rows that add nothing to the loss: no policy gradient, and no KL term by train.kl_rows
@@ -235,7 +240,7 @@ class LossSettings:
     pad_id: int
     minibatches: int = 1
     kl_coef: float = 0.0
-    kl_rows: str = "all"
+    kl_rows: KlRows = "all"
     bucket_tokens: int = 0
     skip_zero_advantage: bool = False
     angle: bool = False

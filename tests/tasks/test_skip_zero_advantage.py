@@ -128,6 +128,12 @@ def test_kl_rows_choose_where_the_kl_term_counts(kl_rows, counted, rows):
         torch.testing.assert_close(q, p, rtol=1e-5, atol=3e-5, msg=name)
 
 
+def test_an_unknown_kl_rows_is_an_error():
+    groups = _batch_with_silent_groups(h.tiny_model())
+    with pytest.raises(ValueError, match="kl_rows must be one of all, informative, informative_and_solved"):
+        _update(groups, True, aggregation="token", kl_coef=0.5, kl_rows="solved", ref_model=h.tiny_model())
+
+
 def test_gain_rl_angle_still_sees_the_skipped_rows():
     from rlcore.angle import online_angle_signal
 
