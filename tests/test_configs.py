@@ -58,6 +58,8 @@ def test_presets_switch_what_their_names_say():
     inf = get("dots_informative")
     assert (inf.select.method, inf.select.weighting, inf.calibrate.reference) == ("dots", "observed", "trained")
     assert (get("dots").select.weighting, get("dots").calibrate.reference) == ("target", "fresh")
+    dyn = get("dots_dynamic")
+    assert dyn.dynamic.enabled and (dyn.select.method, dyn.select.weighting) == ("dots", "observed")
 
 
 def test_overrides_are_typed():
