@@ -79,13 +79,6 @@ def test_a_batch_without_gradient_still_steps_the_optimizer_as_before():
         torch.testing.assert_close(q, p)  # AdamW's weight decay applied alike
 
 
-def test_a_kl_term_needs_every_row():
-    groups = _batch_with_silent_groups(h.tiny_model())
-    ref = h.tiny_model()
-    _, stats = _update(groups, True, aggregation="token", kl_coef=0.05, ref_model=ref)
-    assert stats[0]["train/update_rows"] == 16.0
-
-
 def _kl_oracle(groups, ref, kl_counts: torch.Tensor, kl_coef: float):
     """One step of the whole batch, every row computed, with the KL term zeroed on the rows ``kl_counts`` [N] leaves
     out: there the reference log-probs are the policy's own (detached), where k3 and its gradient are 0."""
