@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["effective_mask", "group_advantages", "solved_anchor"]
+__all__ = ["effective_mask", "group_advantages", "solved_anchor", "solved_mask"]
 
 
 def _check_rewards(rewards: torch.Tensor) -> torch.Tensor:
@@ -100,6 +100,18 @@ def effective_mask(rewards: torch.Tensor) -> torch.Tensor:
     return rewards.amax(dim=1) != rewards.amin(dim=1)
 
 
+def solved_mask(rewards: torch.Tensor, solved_reward: float = 1.0) -> torch.Tensor:
+    """Which groups are solved: every rollout earns ``solved_reward``.
+
+    Args:
+        rewards: [B, G] rewards.
+
+    Returns:
+        [B] bool.
+    """
+    return (_check_rewards(rewards) == solved_reward).all(dim=1)
+
+
 def solved_anchor(rewards: torch.Tensor, advantages: torch.Tensor, anchor: float, solved_reward: float = 1.0
                   ) -> torch.Tensor:
     """The solved-skill guard's advantages (rlsift's addition, ``guard.anchor``; docs/algorithms.md section 7).
@@ -123,5 +135,5 @@ def solved_anchor(rewards: torch.Tensor, advantages: torch.Tensor, anchor: float
         raise ValueError(f"advantages {tuple(advantages.shape)} and rewards {tuple(rewards.shape)} differ in shape")
     if anchor == 0:
         return advantages
-    solved = (rewards == solved_reward).all(dim=1, keepdim=True)  # [B, 1]
+    solved = solved_mask(rewards, solved_reward).unsqueeze(1)  # [B, 1]
     return torch.where(solved, torch.full_like(advantages, anchor), advantages)

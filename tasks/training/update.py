@@ -26,6 +26,7 @@ from typing import Literal, get_args
 
 import torch
 
+from rlcore.advantages import solved_mask
 from rlcore.angle import online_angle_signal
 from rlcore.grpo_loss import clipped_policy_loss
 from rlcore.types import RolloutGroup
@@ -94,7 +95,8 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     # [N] rows that add nothing to the loss: no policy gradient, and no KL term by train.kl_rows
     silent = torch.cat([torch.full((g.size,), bool((g.advantages == 0).all())) for g in groups])
     if kl_coef > 0 and kl_rows != "informative":
-        silent &= ~torch.cat([torch.full((g.size,), kl_rows == "all" or bool((g.rewards == 1).all())) for g in groups])
+        silent &= ~torch.cat([torch.full((g.size,), kl_rows == "all" or bool(solved_mask(g.rewards.unsqueeze(0))))
+                              for g in groups])
     fresh_rows = torch.cat([torch.full((g.size,), g.replayed_from is None) for g in groups])
     behaviour = torch.cat([torch.nn.functional.pad(g.behaviour_logp, (0, width - g.behaviour_logp.shape[1]))
                            if g.replayed_from is not None else torch.zeros(g.size, width) for g in groups])

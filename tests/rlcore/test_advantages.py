@@ -123,3 +123,11 @@ def test_solved_anchor_by_hand():
     assert solved_anchor(rewards, adv, 0.0) is adv  # off: GRPO's advantages, untouched
     with pytest.raises(ValueError, match="differ in shape"):
         solved_anchor(rewards, adv[:2], 0.1)
+
+
+def test_solved_mask_by_hand():
+    from rlcore.advantages import solved_mask
+
+    rewards = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 1.0], [0.0, 0.0, 0.0], [0.5, 0.5, 0.5]])
+    assert solved_mask(rewards).tolist() == [True, False, False, False]
+    assert solved_mask(rewards, solved_reward=0.5).tolist() == [False, False, False, True]
