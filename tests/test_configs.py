@@ -60,6 +60,8 @@ def test_presets_switch_what_their_names_say():
     assert (get("dots").select.weighting, get("dots").calibrate.reference) == ("target", "fresh")
     dyn = get("dots_dynamic")
     assert dyn.dynamic.enabled and (dyn.select.method, dyn.select.weighting) == ("dots", "observed")
+    drop = get("drop_solved")
+    assert drop.select.drop_solved and drop.select.method == "uniform" and not get("grpo").select.drop_solved
 
 
 def test_overrides_are_typed():
