@@ -274,18 +274,28 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: Line colours: tab20's ten dark shades, then its ten light ones, so up to 20 configurations (the full ablation
+#: has 15) each get their own colour; matplotlib's default cycle repeats after 10.
+COLOURS = plt.get_cmap("tab20").colors[0::2] + plt.get_cmap("tab20").colors[1::2]
+
+
+def line_style(i: int, name: str) -> dict:
+    """Colour and line style of the i-th configuration (TRL, the outside control, dashed)."""
+    return {"color": COLOURS[i % len(COLOURS)], "ls": "--" if name == "trl" else "-"}
+
+
 def plot_curves(result: dict, out: Path) -> Path:
     """Accuracy against wall-clock, rollouts and steps: seed mean and min-max band per configuration."""
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.6), sharey=True)
     tgt = result["targets"] or {}
-    for r in result["configurations"]:
+    for i, r in enumerate(result["configurations"]):
         if "curve" not in r:
             continue
-        c = r["curve"]
+        c, style = r["curve"], line_style(i, r["name"])
         for ax, x in zip(axes, (c["wall_s"], c["rollouts"], c["steps"]), strict=True):
-            line, = ax.plot(x, c["mean"], marker=".", label=r["name"], ls="--" if r["name"] == "trl" else "-")
+            ax.plot(x, c["mean"], marker=".", label=r["name"], **style)
             if len(r["seeds"]) > 1:
-                ax.fill_between(x, c["lo"], c["hi"], color=line.get_color(), alpha=0.15)
+                ax.fill_between(x, c["lo"], c["hi"], color=style["color"], alpha=0.15)
     for ax, xl in zip(axes, ("training wall-clock (s, evaluation excluded)", "rollouts generated", "step"),
                       strict=True):
         for key, style in (("final", ":"), ("best", "-.")):
@@ -309,13 +319,13 @@ def plot_effective(runs: list[BenchRun], out: Path) -> Path:
     for r in runs:
         if r.ok:
             by_name[r.name].append(r.rows)
-    for name, rows in by_name.items():
+    for i, (name, rows) in enumerate(by_name.items()):
         steps, vals = ba.series_mean(rows, "train/effective_ratio")
         if not steps:
             continue
         w = max(1, len(steps) // 30)
         smooth = [sum(vals[max(0, i - w + 1):i + 1]) / len(vals[max(0, i - w + 1):i + 1]) for i in range(len(vals))]
-        ax.plot([s + 1 for s in steps], smooth, label=name, ls="--" if name == "trl" else "-")
+        ax.plot([s + 1 for s in steps], smooth, label=name, **line_style(i, name))
     ax.set_xlabel("step")
     ax.set_ylabel("effective-group ratio (seed mean, moving mean)")
     ax.set_ylim(-0.02, 1.02)

@@ -309,3 +309,22 @@ def test_report_leaves_levels_out_of_evaluations_without_them(tmp_path):
     attach_evals(run)
     assert run.end_correct == (1, 0) and run.levels == ()
     assert "Per level" not in markdown(analyse([run]))
+
+
+def test_every_configuration_gets_its_own_colour_in_the_curves(tmp_path, monkeypatch):
+    """The full ablation plots 15 configurations; matplotlib's default cycle would repeat colours after 10."""
+    import matplotlib.pyplot as plt
+
+    from tasks.bench import report
+
+    curve = {"wall_s": [0, 1], "rollouts": [0, 8], "steps": [0, 1], "mean": [0.2, 0.3], "lo": [0.2, 0.3],
+             "hi": [0.2, 0.3]}
+    names = [f"arm{i}" for i in range(14)] + ["trl"]
+    result = {"targets": {"final": 0.3}, "configurations": [{"name": n, "seeds": [0], "curve": curve} for n in names]}
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to look at its lines
+    report.plot_curves(result, tmp_path / "curves.png")
+    lines = [ln for ln in figures[0].axes[0].get_lines() if ln.get_label() in names]
+    assert len({ln.get_color() for ln in lines}) == len(names)
+    assert [ln.get_linestyle() for ln in lines if ln.get_label() == "trl"] == ["--"]
+    assert (tmp_path / "curves.png").stat().st_size > 0
