@@ -298,9 +298,9 @@ def plot_curves(result: dict, out: Path) -> Path:
                 ax.fill_between(x, c["lo"], c["hi"], color=style["color"], alpha=0.15)
     for ax, xl in zip(axes, ("training wall-clock (s, evaluation excluded)", "rollouts generated", "step"),
                       strict=True):
-        for key, style in (("final", ":"), ("best", "-.")):
+        for key, ls in (("final", ":"), ("best", "-.")):
             if tgt.get(key) is not None:
-                ax.axhline(tgt[key], color="grey", ls=style, lw=1)
+                ax.axhline(tgt[key], color="grey", ls=ls, lw=1)
         ax.set_xlabel(xl)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("held-out greedy accuracy")
@@ -319,13 +319,13 @@ def plot_effective(runs: list[BenchRun], out: Path) -> Path:
     for r in runs:
         if r.ok:
             by_name[r.name].append(r.rows)
-    for i, (name, rows) in enumerate(by_name.items()):
+    for k, (name, rows) in enumerate(by_name.items()):
         steps, vals = ba.series_mean(rows, "train/effective_ratio")
         if not steps:
             continue
         w = max(1, len(steps) // 30)
         smooth = [sum(vals[max(0, i - w + 1):i + 1]) / len(vals[max(0, i - w + 1):i + 1]) for i in range(len(vals))]
-        ax.plot([s + 1 for s in steps], smooth, label=name, **line_style(i, name))
+        ax.plot([s + 1 for s in steps], smooth, label=name, **line_style(k, name))
     ax.set_xlabel("step")
     ax.set_ylabel("effective-group ratio (seed mean, moving mean)")
     ax.set_ylim(-0.02, 1.02)
