@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 #: ``train.kl_rows``: the rollouts the KL term is computed on (TrainConfig.kl_rows describes each).
 KlRows = Literal["all", "informative", "informative_and_solved"]
 
+
 class ConfigError(ValueError):
     """A configuration problem, with the dotted key and what is allowed."""
 
@@ -151,7 +152,8 @@ class TrainConfig(_Frozen):
         "every rollout, train.skip_zero_advantage does not apply); informative (only those with a policy gradient, "
         "so the skip stays: the KL holds back what the update moves, at the cost of one reference forward pass of "
         "the computed rollouts); informative_and_solved (also the rollouts of groups that all earn reward 1: an "
-        "anchor of the solved prompts to the starting policy). Rollouts left out count 0 in the KL's mean."))
+        "anchor of the solved prompts to the starting policy). Rollouts left out count 0 in the KL's mean; they "
+        "are left out by not computing them, so a value other than all needs train.skip_zero_advantage."))
     negative_weight: float = Field(1.0, ge=0, le=1, description=(
         "Scale of negative advantages (1: GRPO; 0: reinforce successes only, as rejection-sampling fine-tuning)."))
     minibatches: int = Field(1, ge=1, description="Optimizer steps per training step, each on a slice of the batch.")
@@ -387,6 +389,10 @@ class Config(_Frozen):
             raise ValueError(f"pods.m ({self.pods.m}) must be below rollout.n ({self.rollout.n}) when PODS is on")
         if self.curriculum.s_min > self.curriculum.s_max:
             raise ValueError("curriculum.s_min must not exceed curriculum.s_max")
+        tc = self.train
+        if tc.kl_coef > 0 and tc.kl_rows != "all" and not tc.skip_zero_advantage:
+            raise ValueError(f"train.kl_rows={tc.kl_rows} leaves rollouts out of the KL term by skipping them in the "
+                             "update: it needs train.skip_zero_advantage=true")
         if self.guard.share > 0 and self.select.drop_solved:
             raise ValueError("guard.share keeps solved prompts in the batch and select.drop_solved removes them: "
                              "set one of them")

@@ -71,7 +71,8 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
             units (tokens, or sequences) that were computed, so loss and gradient are those of the whole minibatch.
             With ``kl_coef > 0`` the rows ``kl_rows`` names are computed too (``train.kl_rows``: ``all`` computes
             every row; ``informative_and_solved`` keeps the rows of groups that all earn reward 1 for their KL
-            term); ignored under scale-out with ``angle_fn``;
+            term); ignored under scale-out with ``angle_fn``. A ``kl_rows`` other than ``all`` acts through the
+            skip, so without it (and with a KL term) it is an error;
             in one process ``angle_fn`` gets the skipped rows' hidden states from a forward pass without autograd.
             Token-level metrics then average over the computed rows; skipped fresh groups get no behaviour
             log-probs (Rollout Replay stores only informative groups).
@@ -90,13 +91,21 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     """
     if kl_rows not in KL_ROWS:
         raise ValueError(f"kl_rows must be one of {', '.join(KL_ROWS)}, got {kl_rows!r}")
+    skip = skip_zero_advantage and (angle_fn is None or shard is None)
+    if kl_coef > 0 and kl_rows != "all" and not skip:
+        raise ValueError(f"kl_rows={kl_rows!r} leaves rollouts out of the KL term by skipping them in the update: it "
+                         "needs train.skip_zero_advantage (and, under scale-out, GAIN-RL off)")
+
+    def silent_group(g: RolloutGroup) -> bool:  # adds nothing to the loss: no policy gradient, no KL term
+        if not bool((g.advantages == 0).all()):
+            return False
+        if kl_coef == 0 or kl_rows == "informative":
+            return True
+        return kl_rows == "informative_and_solved" and not bool(solved_mask(g.rewards.unsqueeze(0)))
+
     prompts, comp, mask, adv, width = flatten(groups)
     n_rows = comp.shape[0]
-    # [N] rows that add nothing to the loss: no policy gradient, and no KL term by train.kl_rows
-    silent = torch.cat([torch.full((g.size,), bool((g.advantages == 0).all())) for g in groups])
-    if kl_coef > 0 and kl_rows != "informative":
-        silent &= ~torch.cat([torch.full((g.size,), kl_rows == "all" or bool(solved_mask(g.rewards.unsqueeze(0))))
-                              for g in groups])
+    silent = torch.cat([torch.full((g.size,), silent_group(g)) for g in groups])  # [N]
     fresh_rows = torch.cat([torch.full((g.size,), g.replayed_from is None) for g in groups])
     behaviour = torch.cat([torch.nn.functional.pad(g.behaviour_logp, (0, width - g.behaviour_logp.shape[1]))
                            if g.replayed_from is not None else torch.zeros(g.size, width) for g in groups])
@@ -107,7 +116,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
 
     whole = list(torch.arange(n_rows).chunk(minibatches))
     chunks, scales = whole, [1.0] * len(whole)  # scales: computed share of each minibatch's aggregation units
-    if skip_zero_advantage and (angle_fn is None or shard is None):
+    if skip:
         chunks, scales = map(list, zip(*(rows_with_gradient(c, silent, mask, aggregation,
                                                             min_rows=shard.world if shard is not None else 1)
                                          for c in whole), strict=True))

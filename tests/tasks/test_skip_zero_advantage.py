@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from rlcore.grpo_loss import clipped_policy_loss
+from tasks.config import ConfigError
+from tasks.config_load import load_config
 from tasks.model.forward import token_logprobs
 from tasks.model.policy import build_tiny_model
 from tasks.training.distributed import backward_step
@@ -125,6 +127,17 @@ def test_an_unknown_kl_rows_is_an_error():
     groups = _batch_with_silent_groups(h.tiny_model())
     with pytest.raises(ValueError, match="kl_rows must be one of all, informative, informative_and_solved"):
         _update(groups, True, aggregation="token", kl_coef=0.5, kl_rows="solved", ref_model=h.tiny_model())
+
+
+def test_kl_rows_without_the_skip_is_an_error():
+    """kl_rows leaves rollouts out of the KL term by not computing them: without the skip it would do nothing."""
+    groups = _batch_with_silent_groups(h.tiny_model())
+    with pytest.raises(ValueError, match="kl_rows='informative' leaves rollouts out of the KL term"):
+        _update(groups, False, aggregation="token", kl_coef=0.5, kl_rows="informative", ref_model=h.tiny_model())
+    with pytest.raises(ConfigError, match="train.kl_rows=informative_and_solved .* needs train.skip_zero_advantage"):
+        load_config(None, ["train.kl_coef=0.04", "train.kl_rows=informative_and_solved",
+                           "train.skip_zero_advantage=false"])
+    assert load_config(None, ["train.kl_rows=informative", "train.skip_zero_advantage=false"]).train.kl_coef == 0
 
 
 def test_gain_rl_angle_still_sees_the_skipped_rows():
