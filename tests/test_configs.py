@@ -60,6 +60,10 @@ def test_presets_switch_what_their_names_say():
     assert (get("dots").select.weighting, get("dots").calibrate.reference) == ("target", "fresh")
     dyn = get("dots_dynamic")
     assert dyn.dynamic.enabled and (dyn.select.method, dyn.select.weighting) == ("dots", "observed")
+    n4 = get("dots_n4")
+    assert (n4.rollout.n, n4.train.prompts_per_step, n4.select.weighting) == (4, 32, "observed")
+    g4 = get("grpo_n4")
+    assert (g4.rollout.n, g4.select.method, get("grpo").rollout.n) == (4, "uniform", 8)
     drop = get("drop_solved")
     assert drop.select.drop_solved and drop.select.method == "uniform" and not get("grpo").select.drop_solved
 
