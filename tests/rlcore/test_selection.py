@@ -145,22 +145,22 @@ def test_informative_weights_hand_worked():
     masked = informative_weights(torch.tensor([0.5, 0.9, 0.3]), 2, mask=torch.tensor([False, True, True]),
                                  prior=torch.tensor([1.0, 1.0, 2.0]))
     assert masked.tolist() == pytest.approx([0.0, 0.18 / 1.02, 0.84 / 1.02])  # 0.3 -> 0.42, doubled by the prior
+    # groups of 4 and 8 at p = 0.9 against 0.5: 0.3438 / 0.875 and 0.5695 / 0.9922 (docs/algorithms.md 7.6)
+    w4, w8 = informative_weights(torch.tensor([0.9, 0.5]), 4), informative_weights(torch.tensor([0.9, 0.5]), 8)
+    assert (w4[0] / w4[1]).item() == pytest.approx(0.3438 / 0.875, abs=1e-4)
+    assert (w8[0] / w8[1]).item() == pytest.approx(0.56953 / 0.99219, abs=1e-4)
 
 
 @given(st.floats(0.01, 0.99).filter(lambda p: abs(p - 0.5) > 0.01), st.integers(4, 16))
 def test_smaller_groups_concentrate_the_weights_near_one_half(p, n):
     """docs/algorithms.md 7.6 (dots_n4): with fewer rollouts a group, a prompt away from p = 0.5 loses more of its
     chance of a gradient than one at 0.5, so its weight against p = 0.5's falls (from n = 3 down to 2 it stays:
-    both chances are proportional to p (1 - p)). Hand-worked at p = 0.9:
-    n = 4: 0.3438 / 0.875 = 0.393; n = 8: 0.5695 / 0.9922 = 0.574."""
+    both chances are proportional to p (1 - p))."""
     def against_half(k):
         w = informative_weights(torch.tensor([p, 0.5]), k)
         return (w[0] / w[1]).item()
 
     assert against_half(n - 1) < against_half(n)
-    w4, w8 = informative_weights(torch.tensor([0.9, 0.5]), 4), informative_weights(torch.tensor([0.9, 0.5]), 8)
-    assert (w4[0] / w4[1]).item() == pytest.approx(0.3438 / 0.875, abs=1e-4)
-    assert (w8[0] / w8[1]).item() == pytest.approx(0.56953 / 0.99219, abs=1e-4)
 
 
 @settings(deadline=None, max_examples=50)
