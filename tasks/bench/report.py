@@ -275,7 +275,7 @@ def markdown(result: dict) -> str:
 
 
 #: Line colours: tab20's ten dark shades, then its ten light ones, so up to 20 configurations (the full ablation
-#: has 15) each get their own colour; matplotlib's default cycle repeats after 10.
+#: has 18 arms and TRL) each get their own colour; matplotlib's default cycle repeats after 10.
 COLOURS = plt.get_cmap("tab20").colors[0::2] + plt.get_cmap("tab20").colors[1::2]
 
 
