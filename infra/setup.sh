@@ -3,7 +3,7 @@
 # Idempotent: a second call only checks. Usage: bash infra/setup.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PIP_CONSTRAINT="$PWD/constraints.txt" PIP_DISABLE_PIP_VERSION_CHECK=1
+export PIP_CONSTRAINT="$PWD/constraints.txt" PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1  # no cache: a clean machine may have little disk
 # bubblewrap isolates sandboxed code (tasks/data/sandbox.py; README "Code rewards"): Debian's package, where we can.
 if ! command -v bwrap >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

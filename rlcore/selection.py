@@ -24,6 +24,9 @@ Choices and deviations:
   probability is an error rather than a silent fill.
 * ``informative_weights`` (``select.weighting=informative``) is ours, not DOTS's: weights in proportion to the
   chance that a prompt's group has unequal rewards, the distribution of DAPO's dynamic-sampling batch.
+* ``observed_informative_weights`` and ``posterior_informative_weights`` (``select.weighting=observed``,
+  ``posterior``) are ours too: the same chance, measured on the groups drawn so far, or under a Beta posterior
+  of each prompt's pass rate with the prediction as its prior mean (rlcore/pass_rate_posterior.py).
 * ``uniform`` is plain GRPO's selection (and the code's ``random_selection=True`` baseline).
 * Indices come back in draw order (greedy: by decreasing probability); DOTS shuffles the selection before
   splitting it into the mu batches of a round, which is the caller's job.
@@ -32,6 +35,8 @@ Choices and deviations:
 from __future__ import annotations
 
 import torch
+
+from rlcore.pass_rate_posterior import informative_chance
 
 SAMPLE_METHODS = ("weighted", "greedy", "gumbel")
 
@@ -186,6 +191,37 @@ def observed_informative_weights(
     b = (p * bins).long().clamp(max=bins - 1)  # [M]
     w = (hits[b] + strength * binomial) / (count[b] + strength)
     return _normalise(torch.log(w) + _log_prior_and_mask(p.numel(), prior, mask))
+
+
+def posterior_informative_weights(
+    pred_success: torch.Tensor,
+    n: int,
+    own_successes: torch.Tensor,
+    own_trials: torch.Tensor,
+    *,
+    concentration: float,
+    prior: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Selection probabilities proportional to the chance of a gradient under each prompt's Beta posterior (ours).
+
+    The prediction is the mean of a Beta prior of ``concentration`` pseudo-rollouts and the prompt's own earlier
+    rollouts are its evidence (rlcore.pass_rate_posterior): prompts never measured weigh by the beta-binomial
+    chance 1 - P(0) - P(n), which is below the binomial one when the predictions are vague; a prompt measured
+    before weighs by what its own groups showed (``select.weighting=posterior``).
+
+    Args:
+        pred_success: [M] predicted success rates in [0, 1].
+        n: rollouts per prompt (``rollout.n``), >= 2.
+        own_successes, own_trials: [M] each prompt's earlier successes and rollouts (0 and 0 when never measured).
+        concentration: the prior's pseudo-rollouts (> 0; rlcore.pass_rate_posterior.fit_concentration).
+        prior, mask: as in :func:`informative_weights`.
+
+    Returns:
+        [M] float64 probabilities summing to 1.
+    """
+    chance = informative_chance(pred_success, own_successes, own_trials, n, concentration=concentration)  # checks
+    return _normalise(torch.log(chance) + _log_prior_and_mask(chance.numel(), prior, mask))
 
 
 def _binomial_informative(p: torch.Tensor, n: int) -> torch.Tensor:

@@ -213,16 +213,21 @@ class SelectConfig(_Frozen):
 
     method: Literal["uniform", "dots"] = Field("uniform", description=(
         "uniform: plain GRPO; dots: weights exp(-|d - alpha| / tau) from predicted difficulty (arXiv 2506.05316)."))
-    weighting: Literal["target", "informative", "observed"] = Field("target", description=(
+    weighting: Literal["target", "informative", "observed", "posterior"] = Field("target", description=(
         "How DOTS turns predicted success p into selection weights: target: exp(-|(1 - p) - alpha| / tau) "
         "(the paper's); informative: 1 - p^n - (1 - p)^n with n = rollout.n, the chance that the group has "
         "unequal rewards, which is the prompt distribution of DAPO's dynamic-sampling batch "
         "(rlcore.selection.informative_weights; ours); observed: that chance measured per bin of predicted p on "
         "the groups drawn so far, shrunk toward 1 - p^n - (1 - p)^n (rlcore.selection.observed_informative_weights; "
-        "ours)."))
+        "ours); posterior: that chance under a Beta posterior of each prompt's pass rate, the prediction its mean "
+        "with a concentration fitted to the groups drawn so far, the prompt's own earlier rollouts its evidence "
+        "(rlcore.selection.posterior_informative_weights; ours)."))
     observed_bins: int = Field(10, ge=1, description="weighting=observed: equal bins of predicted p in [0, 1].")
     observed_strength: float = Field(8.0, gt=0, description=(
         "weighting=observed: pseudo-groups per bin of the binomial chance the measured share is shrunk toward."))
+    posterior_decay: float = Field(0.9, ge=0, le=1, description=(
+        "weighting=posterior: the weight a prompt's own earlier rollouts keep at each round start (1: never "
+        "forgotten; 0: only the prediction counts), since the policy moves its pass rate."))
     alpha: float = Field(0.5, ge=0, le=1, description="DOTS target difficulty (weighting=target).")
     tau: float = Field(1e-3, gt=0, description="DOTS sampling temperature (weighting=target).")
     sampler: Literal["weighted", "greedy", "gumbel"] = Field("weighted", description=(

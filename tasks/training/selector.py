@@ -19,7 +19,11 @@ Each round (every ``train.round_steps`` = mu steps):
    context and prompts are weighted by exp(-|d - alpha| / tau) (``select.weighting=target``), or by the chance
    that their group has unequal rewards (``informative``, rlcore.selection.informative_weights), or by that
    chance measured on the groups drawn so far at similar predictions (``observed``; each drawn group's
-   prediction and outcome are kept in ``seen_pred`` / ``seen_informative``).
+   prediction and outcome are kept in ``seen_pred`` / ``seen_informative``), or by that chance under a Beta
+   posterior of each prompt's pass rate (``posterior``): the prediction is its mean, with a concentration
+   fitted by maximum likelihood to the groups drawn so far (``seen_groups``), and the prompt's own earlier
+   rollouts (``own_successes`` / ``own_trials``, times ``select.posterior_decay`` at each round start) are its
+   evidence.
 
 Every trained group's success rate over all n rollouts also labels the predictor (free labels). With
 ``calibrate.reference=trained`` (ours) those labels are the reference set too: a round's context is every
@@ -42,11 +46,13 @@ from rlcore.angle import angle_order
 from rlcore.curriculum import CurriculumScheduler, data_effectiveness_score, reward_adaptability
 from rlcore.difficulty import AttentionDifficultyPredictor, pearson
 from rlcore.gain_sampler import GaussianWindowSampler
+from rlcore.pass_rate_posterior import fit_concentration
 from rlcore.seeding import derive_seed
 from rlcore.selection import (
     dots_weights,
     informative_weights,
     observed_informative_weights,
+    posterior_informative_weights,
     sample_prompts,
     uniform_weights,
 )
@@ -78,6 +84,12 @@ class Selector:
         self.recent: list[int] = []  # pool indices measured since the round started (calibrate.reference=trained)
         self.seen_pred: list[float] = []  # select.weighting=observed: each drawn prompt's prediction when drawn,
         self.seen_informative: list[bool] = []  # ... and whether its group had unequal rewards
+        self.own_successes = torch.zeros(m, dtype=torch.float64)  # [M] discounted successes of the prompt's rollouts
+        self.own_trials = torch.zeros(m, dtype=torch.float64)  # [M] ... and their discounted count
+        self.round_evidence = (self.own_successes.clone(), self.own_trials.clone())  # both at the round's start
+        self.seen_groups: list[tuple[float, float, float, int, int]] = []  # weighting=posterior: each drawn group's
+        # (prediction, own successes, own trials) when drawn, then (successes, n); rewards are 0 or 1
+        self.concentration = float("nan")  # weighting=posterior: the round's fitted Beta concentration
         sc, cc, gc = cfg.select, cfg.curriculum, cfg.gain
         self.predictor = _predictor(cfg, self.emb.shape[1], linear_recalibration=sc.predictor.linear_recalibration
                                     ) if sc.method == "dots" else None
@@ -130,6 +142,13 @@ class Selector:
             metrics |= self.window.metrics()
         if self.predictor is not None:
             metrics |= self._dots_round(round_, step, measure, run, active)
+            if cfg.select.weighting == "posterior":
+                self.own_successes = self.own_successes * cfg.select.posterior_decay
+                self.own_trials = self.own_trials * cfg.select.posterior_decay
+                self.round_evidence = (self.own_successes.clone(), self.own_trials.clone())
+                seen = torch.tensor(self.seen_groups, dtype=torch.float64).reshape(-1, 5)  # [N, 5]
+                self.concentration = fit_concentration(*seen.T)
+                metrics["select/concentration"] = self.concentration
             self.probs = self._dots_weights(prior, active)
         elif self.window is not None:
             self.probs = (self.info["gain_window"].double() * active).clamp_min(0)
@@ -152,7 +171,7 @@ class Selector:
         rewards = reference_rollouts(measure, self.pool, ref, cfg.calibrate.g,
                                      derive_seed(cfg.seed, round_, "ref-roll"))
         labels = rewards.float().mean(1)  # [K]
-        self._record(ref, labels)
+        self._record(ref, labels, cfg.calibrate.g)
         half = k // 2
         fit, hold = ref[:half], ref[half:]
         self.predictor.observe(self.emb[fit], labels[:half], step)
@@ -175,6 +194,9 @@ class Selector:
         sc, pred = self.cfg.select, self.pred.clamp(0, 1)
         if sc.weighting == "target":
             return dots_weights(pred, alpha=sc.alpha, tau=sc.tau, prior=prior, mask=active)
+        if sc.weighting == "posterior":
+            return posterior_informative_weights(pred, self.cfg.rollout.n, *self.round_evidence,
+                                                 concentration=self.concentration, prior=prior, mask=active)
         if sc.weighting == "informative" or not self.seen_pred:
             return informative_weights(pred, self.cfg.rollout.n, prior=prior, mask=active)
         return observed_informative_weights(pred, self.cfg.rollout.n, torch.tensor(self.seen_pred),
@@ -214,17 +236,20 @@ class Selector:
         est = attention.predict(self.emb, self.emb[known], self.last_success[known])
         return torch.where(known, self.last_success, est)
 
-    def _record(self, idx: torch.Tensor, success: torch.Tensor) -> None:
+    def _record(self, idx: torch.Tensor, success: torch.Tensor, n: int) -> None:
+        """Success rates over n rollouts each of the prompts ``idx``."""
         for i, s in zip(idx.tolist(), success.tolist(), strict=True):
             self.history[i].append(float(s))
             self.last_success[i] = s
+            self.own_successes[i] += s * n
+            self.own_trials[i] += n
         self.recent += idx.tolist()
 
     def seed_labels(self, calibration: Calibration) -> None:
         """Measurements from the calibrate stage: history, and the predictor's first labels."""
         t = torch.tensor(calibration.indices, dtype=torch.long)
         success = calibration.success.float()
-        self._record(t, success)
+        self._record(t, success, self.cfg.calibrate.g)
         if self.predictor is not None:
             self.predictor.observe(self.emb[t], success, -1)
 
@@ -284,7 +309,11 @@ class Selector:
         """Feed back a step's outcome (success rates over all n rollouts)."""
         success = rewards.float().mean(1)
         t = torch.tensor(idx)
-        self._record(t, success)
+        if self.predictor is not None and self.cfg.select.weighting == "posterior":
+            pred, (own_s, own_t) = self.pred[t].clamp(0, 1), self.round_evidence
+            self.seen_groups += [(float(pred[j]), float(own_s[i]), float(own_t[i]), int(r.sum()), r.numel())
+                                 for j, (i, r) in enumerate(zip(idx, rewards.round().long(), strict=True))]
+        self._record(t, success, rewards.shape[1])
         self.round_acc.append(accuracy)
         metrics: dict[str, float] = {}
         if self.predictor is not None:
@@ -312,6 +341,9 @@ class Selector:
         return {"history": self.history, "last_success": self.last_success, "pred": self.pred, "probs": self.probs,
                 "used": self.used, "info": self.info, "round_acc": self.round_acc, "heldout_acc": self.heldout_acc,
                 "recent": self.recent, "seen_pred": self.seen_pred, "seen_informative": self.seen_informative,
+                "own_successes": self.own_successes, "own_trials": self.own_trials,
+                "round_evidence": self.round_evidence, "seen_groups": self.seen_groups,
+                "concentration": self.concentration,
                 "predictor": self.predictor.state_dict() if self.predictor is not None else None,
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 "window": self.window.state_dict() if self.window is not None else None}
@@ -321,6 +353,10 @@ class Selector:
         self.used, self.info, self.round_acc, self.heldout_acc = s["used"], s["info"], s["round_acc"], s["heldout_acc"]
         self.recent = s.get("recent", [])  # checkpoints written before calibrate.reference existed have none
         self.seen_pred, self.seen_informative = s.get("seen_pred", []), s.get("seen_informative", [])
+        if "own_trials" in s:  # checkpoints written before weighting=posterior existed have none
+            self.own_successes, self.own_trials = s["own_successes"], s["own_trials"]
+            self.round_evidence, self.seen_groups = s["round_evidence"], s["seen_groups"]
+            self.concentration = s["concentration"]
         for name in ("predictor", "scheduler", "window"):
             obj = getattr(self, name)
             if obj is not None:

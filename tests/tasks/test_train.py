@@ -299,3 +299,45 @@ def test_observed_weighting_measures_the_chance_of_a_gradient_on_drawn_groups(sm
                                         bins=1, strength=0.01)
     assert torch.allclose(sel.probs, want, rtol=1e-12, atol=0)
     assert not torch.allclose(sel.probs, informative_weights(sel.pred.clamp(0, 1), 4), rtol=1e-6, atol=0)
+
+
+def test_posterior_weighting_uses_each_prompts_own_groups(smoke_cfg, pool):
+    """select.weighting=posterior: every measured group adds to its prompt's evidence (times posterior_decay at each
+    round start), each drawn group records its prediction and the evidence it was drawn with, and round 1's weights
+    are rlcore.selection.posterior_informative_weights with the concentration fitted to exactly those groups; at one
+    prediction, the prompt whose group was mixed outweighs the ones whose groups were all right or all wrong."""
+    from rlcore.pass_rate_posterior import fit_concentration
+    from rlcore.selection import posterior_informative_weights
+    from tasks.training.calibration import Calibration
+    from tasks.training.selector import Selector
+
+    cfg = smoke_cfg(*SMALL, "calibrate.reference=trained", "select.predictor.min_labels=1000",
+                    "select.weighting=posterior", "select.posterior_decay=0.5", path=PRESETS.format("dots"))
+    feats = score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
+    sel = Selector(cfg, pool, feats)
+    sel.seed_labels(Calibration(indices=(0, 1), success=torch.tensor([0.0, 0.5])))  # 0 and 2 of calibrate.g = 4
+    m0 = sel.begin_round(0, 0, None, None)  # the round start halves the evidence
+    assert m0["select/concentration"] == pytest.approx(8.0)  # no group seen: the grid's middle
+    assert sel.own_trials[:2].tolist() == [2.0, 2.0] and sel.own_successes[:2].tolist() == [0.0, 1.0]
+    drawn = [1, 5, 6, 7]
+    pred0 = sel.pred[drawn].clamp(0, 1)
+    rewards = torch.tensor([[0.0, 1, 1, 1], [0, 1, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
+    sel.observe(0, drawn, rewards, 0.5, None)
+    assert [g[3:] for g in sel.seen_groups] == [(3, 4), (2, 4), (4, 4), (0, 4)]
+    assert [g[1:3] for g in sel.seen_groups] == [(1.0, 2.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0)]
+    state = sel.state_dict()
+    resumed = Selector(cfg, pool, feats)
+    resumed.load_state_dict(state)
+    for s in (sel, resumed):
+        m1 = s.begin_round(1, 2, None, None)
+        seen = torch.tensor(sel.seen_groups, dtype=torch.float64)
+        conc = fit_concentration(pred0, seen[:, 1], seen[:, 2], seen[:, 3], seen[:, 4])
+        assert m1["select/concentration"] == conc
+        assert s.own_successes[[1, 5, 6, 7]].tolist() == [2.0, 1.0, 2.0, 0.0]  # (1 + 3) / 2, 2 / 2, 4 / 2, 0
+        assert s.own_trials[[1, 5, 6, 7]].tolist() == [3.0, 2.0, 2.0, 2.0]  # (2 + 4) / 2, 4 / 2, ...
+        want = posterior_informative_weights(s.pred.clamp(0, 1), 4, s.own_successes, s.own_trials,
+                                             concentration=conc)
+        assert torch.allclose(s.probs, want, rtol=1e-12, atol=0)
+    same = posterior_informative_weights(torch.full((3,), 0.5), 4, sel.own_successes[[5, 6, 7]],
+                                         sel.own_trials[[5, 6, 7]], concentration=sel.concentration)
+    assert same[0] > same[1] and same[0] > same[2]
