@@ -62,6 +62,8 @@ def test_presets_switch_what_their_names_say():
     assert dyn.dynamic.enabled and (dyn.select.method, dyn.select.weighting) == ("dots", "observed")
     n4 = get("dots_n4")
     assert (n4.rollout.n, n4.train.prompts_per_step, n4.select.weighting) == (4, 32, "observed")
+    n2 = get("dots_n2")
+    assert (n2.rollout.n, n2.train.prompts_per_step, n2.select.weighting) == (2, 48, "observed")
     g4 = get("grpo_n4")
     assert (g4.rollout.n, g4.select.method, get("grpo").rollout.n) == (4, "uniform", 8)
     drop = get("drop_solved")

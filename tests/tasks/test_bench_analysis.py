@@ -312,14 +312,16 @@ def test_report_leaves_levels_out_of_evaluations_without_them(tmp_path):
 
 
 def test_every_configuration_gets_its_own_colour_in_the_curves(tmp_path, monkeypatch):
-    """The full ablation plots 19 configurations; matplotlib's default cycle would repeat colours after 10."""
+    """The full ablation plots every preset, every leave-one-out arm and TRL; matplotlib's default cycle would
+    repeat colours after 10."""
     import matplotlib.pyplot as plt
 
+    from flows.benchmark import ABLATION
     from tasks.bench import report
 
     curve = {"wall_s": [0, 1], "rollouts": [0, 8], "steps": [0, 1], "mean": [0.2, 0.3], "lo": [0.2, 0.3],
              "hi": [0.2, 0.3]}
-    names = [f"arm{i}" for i in range(18)] + ["trl"]
+    names = [*ABLATION, "trl"]
     result = {"targets": {"final": 0.3}, "configurations": [{"name": n, "seeds": [0], "curve": curve} for n in names]}
     figures = []
     monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to look at its lines

@@ -301,6 +301,41 @@ def test_observed_weighting_measures_the_chance_of_a_gradient_on_drawn_groups(sm
     assert not torch.allclose(sel.probs, informative_weights(sel.pred.clamp(0, 1), 4), rtol=1e-6, atol=0)
 
 
+def test_groups_of_two_on_dots_draw(smoke_cfg, pool):
+    """dots_n2: the draw weighs prompts by the chance that a group of 2 differs, 2p(1 - p) (not the chance for 4);
+    every generated group has 2 rollouts, an informative one is one right and one wrong at +1/2 and -1/2, and the
+    effective ratio is the share of such groups."""
+    from rlcore.selection import informative_weights
+    from tasks.model.rollout import Generation
+    from tasks.training.calibration import Calibration
+    from tasks.training.loop import make_groups
+    from tasks.training.selector import Selector
+
+    rec = arith.generate(0, 1, "train", "default")
+    gen = Generation(prompt_ids=[torch.tensor([1, 5, 6])], completion_ids=torch.arange(4).view(2, 2),
+                     completion_mask=torch.ones(2, 2, dtype=torch.bool), texts=["a"] * 2, n=2)
+    (g,), _ = make_groups(gen, torch.tensor([[0.0, 1.0]]), rec, 0, m=None, rule="max_variance", scale_std=False,
+                          generator=torch.Generator(), negative_weight=1.0, anchor=0.0)
+    assert g.advantages.tolist() == [-0.5, 0.5]
+
+    cfg = smoke_cfg(*SMALL, "rollout.n=2", "train.prompts_per_step=8", path=PRESETS.format("dots_n2"))
+    assert (cfg.rollout.n, cfg.select.weighting) == (2, "observed")
+    sel = Selector(cfg, pool, score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu"))
+    sel.seed_labels(Calibration(indices=(0, 1, 2, 3), success=torch.tensor([0.0, 0.25, 0.5, 1.0])))
+    sel.begin_round(0, 0, None, None)
+    p = sel.pred.clamp(0, 1)
+    assert torch.allclose(sel.probs, informative_weights(p, 2)) and not torch.allclose(sel.probs,
+                                                                                     informative_weights(p, 4))
+
+    _, _, groups, _, logged = run_train(cfg, pool)
+    assert len(groups) == 4 * 8 and all(g["n"] == 2 for g in groups)
+    assert sum(m["rollout/generated"] for m in logged) == 2 * len(groups)
+    for m in logged:
+        mixed = [0 < g["successes"] < 2 for g in groups if g["step"] == m["step"]]
+        assert m["train/effective_ratio"] == pytest.approx(sum(mixed) / len(mixed))
+    assert any(0 < g["successes"] < 2 for g in groups), "the text reward gives mixed pairs"
+
+
 def test_posterior_weighting_uses_each_prompts_own_groups(smoke_cfg, pool):
     """select.weighting=posterior: every measured group adds to its prompt's evidence (times posterior_decay at each
     round start), each drawn group records its prediction and the evidence it was drawn with, and round 1's weights
