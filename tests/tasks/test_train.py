@@ -137,7 +137,8 @@ def test_dots_weighting_sets_the_selection_weights(smoke_cfg, pool, weighting):
 
 
 def test_make_groups_advantages_and_negative_weight():
-    """rewards [1, 0, 0, 1] -> Dr.-GRPO advantages [0.5, -0.5, -0.5, 0.5]; negative_weight 0.3 -> -0.15."""
+    """rewards [1, 0, 0, 1] -> Dr.-GRPO advantages [0.5, -0.5, -0.5, 0.5]; negative_weight 0.3 -> -0.15; a pair
+    [0, 1] -> [-0.5, 0.5]."""
     from tasks.model.rollout import Generation
     from tasks.training.loop import make_groups
 
@@ -163,6 +164,12 @@ def test_make_groups_advantages_and_negative_weight():
     (g,), _ = make_groups(gen, rewards, rec, 3, m=None, rule="max_variance", scale_std=False,
                           generator=torch.Generator(), negative_weight=1.0, anchor=0.05)
     assert g.advantages.tolist() == [0.5, -0.5, -0.5, 0.5]
+    # a group of 2 (dots_n2): one wrong, one right -> -1/2, +1/2
+    pair = Generation(prompt_ids=[torch.tensor([1, 5, 6])], completion_ids=torch.arange(4).view(2, 2),
+                      completion_mask=torch.ones(2, 2, dtype=torch.bool), texts=["a"] * 2, n=2)
+    (g,), _ = make_groups(pair, torch.tensor([[0.0, 1.0]]), rec, 3, m=None, rule="max_variance", scale_std=False,
+                          generator=torch.Generator(), negative_weight=1.0, anchor=0.0)
+    assert g.advantages.tolist() == [-0.5, 0.5]
 
 
 def test_dynamic_sampling_trains_only_informative_groups_and_counts_every_rollout(smoke_cfg, pool):
@@ -303,20 +310,11 @@ def test_observed_weighting_measures_the_chance_of_a_gradient_on_drawn_groups(sm
 
 def test_groups_of_two_on_dots_draw(smoke_cfg, pool):
     """dots_n2: the draw weighs prompts by the chance that a group of 2 differs, 2p(1 - p) (not the chance for 4);
-    every generated group has 2 rollouts, an informative one is one right and one wrong at +1/2 and -1/2, and the
-    effective ratio is the share of such groups."""
+    every generated group has 2 rollouts, and the effective ratio is the share of mixed pairs (whose advantages,
+    +1/2 and -1/2, test_make_groups_advantages_and_negative_weight works by hand)."""
     from rlcore.selection import informative_weights
-    from tasks.model.rollout import Generation
     from tasks.training.calibration import Calibration
-    from tasks.training.loop import make_groups
     from tasks.training.selector import Selector
-
-    rec = arith.generate(0, 1, "train", "default")
-    gen = Generation(prompt_ids=[torch.tensor([1, 5, 6])], completion_ids=torch.arange(4).view(2, 2),
-                     completion_mask=torch.ones(2, 2, dtype=torch.bool), texts=["a"] * 2, n=2)
-    (g,), _ = make_groups(gen, torch.tensor([[0.0, 1.0]]), rec, 0, m=None, rule="max_variance", scale_std=False,
-                          generator=torch.Generator(), negative_weight=1.0, anchor=0.0)
-    assert g.advantages.tolist() == [-0.5, 0.5]
 
     cfg = smoke_cfg(*SMALL, "rollout.n=2", "train.prompts_per_step=8", path=PRESETS.format("dots_n2"))
     assert (cfg.rollout.n, cfg.select.weighting) == (2, "observed")
