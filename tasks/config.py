@@ -132,8 +132,13 @@ class TrainConfig(_Frozen):
     steps: int = Field(150, ge=0, description="Optimizer steps of RL training.")
     prompts_per_step: int = Field(32, ge=1, description="B: prompt groups per optimizer step (fresh + replayed).")
     round_steps: int = Field(5, ge=1, description="mu: steps per selection round (DOTS's selection interval).")
-    lr: float = Field(3e-5, gt=0, description="AdamW learning rate (constant after warmup_steps).")
+    lr: float = Field(3e-5, gt=0, description="AdamW peak learning rate (reached after warmup_steps).")
     warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warmup over the first N steps (0: off).")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field("constant", description=(
+        "After the warmup: constant (verl's default), linear (TRL's default) or cosine decay from lr to "
+        "lr * min_lr_ratio at the last of train.steps."))
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description=(
+        "The decayed schedules' final learning rate as a share of lr (ignored by constant)."))
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW (beta1, beta2).")
     adam_eps: float = Field(1e-8, gt=0, description=(

@@ -233,7 +233,8 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
             replayed = buffer.sample(n_replay, step, torch.Generator().manual_seed(
                 derive_seed(cfg.seed, step, "replay"))) if n_replay else []
         batch = fresh + replayed
-        updater.set_lr(scheduled_lr(cfg, step))
+        lr = scheduled_lr(cfg, step)
+        updater.set_lr(lr)
         with run.meter.stage("update"):
             t_upd = time.perf_counter()
             stats = updater.step(batch)
@@ -257,6 +258,7 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
             metrics |= stats | fs.stats
             metrics |= {
                 "train/reward_mean": accuracy,
+                "train/lr": lr,
                 "train/effective_ratio": float(eff.mean()),
                 "train/effective_ratio_fresh": float(eff[:len(fresh)].mean()),
                 "train/groups": float(len(batch)),

@@ -272,10 +272,24 @@ class LossSettings:
 
 
 def scheduled_lr(cfg: Config, step: int) -> float:
-    """The learning rate of (0-based) ``step``: ``train.lr``, ramped linearly over the first
-    ``train.warmup_steps`` steps (step s gets ``lr * (s + 1) / warmup``). A function of the step: resume-safe."""
+    """The learning rate of (0-based) ``step``, a function of the step alone (resume-safe).
+
+    ``train.lr`` ramped linearly over the first ``train.warmup_steps`` steps (step s gets ``lr * (s + 1) /
+    warmup``, so the last warmup step runs at ``lr``), then ``train.lr_schedule``: constant, or a linear or
+    cosine decay from that peak step to ``lr * train.min_lr_ratio`` at the last step, ``train.steps - 1``.
+    transformers' ``get_linear_schedule_with_warmup`` and ``get_cosine_schedule_with_warmup`` decay to 0 one
+    step after the last; this schedule reaches its floor on the last step taken.
+    """
     tc = cfg.train
-    return tc.lr * min(1.0, (step + 1) / tc.warmup_steps) if tc.warmup_steps else tc.lr
+    if step < tc.warmup_steps:
+        return tc.lr * (step + 1) / tc.warmup_steps
+    peak = max(tc.warmup_steps - 1, 0)
+    span = tc.steps - 1 - peak
+    if tc.lr_schedule == "constant" or span <= 0:
+        return tc.lr
+    done = min(1.0, (step - peak) / span)  # 0 on the peak step, 1 on the last step
+    shape = 1.0 - done if tc.lr_schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * done))
+    return tc.lr * (tc.min_lr_ratio + (1.0 - tc.min_lr_ratio) * shape)
 
 
 def set_lr(optimizer, lr: float) -> None:

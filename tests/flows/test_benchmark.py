@@ -49,6 +49,8 @@ def test_clock_skips_only_unused_upfront_stages(tmp_path):
 @pytest.mark.parametrize("overrides, expect", [
     (["train.minibatches=2"], "train.minibatches=1 only"),
     (["train.kl_coef=0.04", "train.kl_rows=informative"], "train.kl_rows must be 'all'"),
+    (["train.lr_schedule=cosine"], "constant learning rate"),
+    (["train.warmup_steps=5"], "constant learning rate"),
 ])
 def test_trl_control_refuses_what_it_cannot_mirror(tmp_path, overrides, expect):
     from tasks.bench.trl_control import grpo_args

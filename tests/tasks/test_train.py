@@ -18,6 +18,7 @@ from tasks.model.rollout import HFEngine
 from tasks.run import open_run
 from tasks.training import score
 from tasks.training.loop import train
+from tasks.training.update import scheduled_lr
 
 PRESETS = "conf/presets/{}.yaml"
 SMALL = ["train.steps=4", "train.prompts_per_step=6", "train.round_steps=2", "rollout.n=4",
@@ -93,11 +94,16 @@ def test_techniques_off_reproduce_grpo_bit_for_bit(smoke_cfg, pool, preset, extr
         assert torch.equal(base[k], other[k]), k
 
 
-def test_warmup_changes_the_single_process_run(smoke_cfg, pool):
-    """train.warmup_steps reaches the optimizer through Updater.set_lr: other weights than without it."""
+@pytest.mark.parametrize("schedule", [["train.warmup_steps=8"], ["train.lr_schedule=linear", "train.min_lr_ratio=0.1"]])
+def test_lr_schedule_changes_the_single_process_run(smoke_cfg, pool, schedule):
+    """train.warmup_steps and train.lr_schedule reach the optimizer through Updater.set_lr: other weights than
+    without them, and every step logs the lr it ran at (``train/lr``)."""
     base, *_ = run_train(smoke_cfg(*SMALL, path=PRESETS.format("grpo")), pool)
-    warm, *_ = run_train(smoke_cfg(*SMALL, "train.warmup_steps=8", path=PRESETS.format("grpo")), pool)
-    assert any(not torch.equal(base[k], warm[k]) for k in base)
+    cfg = smoke_cfg(*SMALL, *schedule, path=PRESETS.format("grpo"))
+    other, _, _, _, logged = run_train(cfg, pool)
+    assert any(not torch.equal(base[k], other[k]) for k in base)
+    lrs = [m["train/lr"] for m in logged]
+    assert lrs == [scheduled_lr(cfg, s) for s in range(cfg.train.steps)] and len(set(lrs)) == cfg.train.steps
 
 
 def test_all_techniques_compose_and_record_signals(smoke_cfg, pool):

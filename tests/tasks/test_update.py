@@ -34,6 +34,21 @@ def test_scheduled_lr_ramps_then_holds():
     assert scheduled_lr(validate({"train": {"lr": 1e-3}}), 0) == 1e-3  # warmup_steps 0: off
 
 
+@pytest.mark.parametrize("schedule, expected", [
+    # steps 0-1 warm up to 1e-3; the decay spans steps 1..5 (done = 0, 1/4, 1/2, 3/4, 1) down to 1e-3 * 0.2
+    ("linear", [5e-4, 1e-3, 8e-4, 6e-4, 4e-4, 2e-4, 2e-4]),
+    # 0.2 + 0.8 * (1 + cos(pi * done)) / 2: done 1/4 -> 0.2 + 0.4 * (1 + 0.70711) = 0.88284
+    ("cosine", [5e-4, 1e-3, 8.8284e-4, 6e-4, 3.1716e-4, 2e-4, 2e-4]),
+    ("constant", [5e-4, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3]),
+])
+def test_scheduled_lr_decays_to_its_floor_at_the_last_step(schedule, expected):
+    cfg = validate({"train": {"lr": 1e-3, "warmup_steps": 2, "steps": 6, "lr_schedule": schedule,
+                              "min_lr_ratio": 0.2}})
+    assert [scheduled_lr(cfg, s) for s in range(7)] == pytest.approx(expected, rel=1e-4)  # step 6: past the end
+    one = validate({"train": {"lr": 1e-3, "steps": 1, "lr_schedule": "linear"}})
+    assert scheduled_lr(one, 0) == 1e-3  # a one-step run has nothing to decay over
+
+
 def test_local_updater_sets_lr_and_round_trips_state():
     cfg = validate({"train": {"lr": 1e-3, "kl_coef": 0.1}, "gain": {"enabled": True}})
     model = build_tiny_model(hidden=64, layers=2, heads=2, seed=0)
