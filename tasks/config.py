@@ -138,7 +138,7 @@ class TrainConfig(_Frozen):
         "After the warmup: constant (verl's default), linear (TRL's default) or cosine decay from lr to "
         "lr * min_lr_ratio at the last of train.steps."))
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description=(
-        "The decayed schedules' final learning rate as a share of lr (ignored by constant)."))
+        "The decayed schedules' final learning rate as a share of lr (linear and cosine only)."))
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW (beta1, beta2).")
     adam_eps: float = Field(1e-8, gt=0, description=(
@@ -173,6 +173,13 @@ class TrainConfig(_Frozen):
         "train.kl_rows names are computed too. With GAIN-RL the skipped rollouts get a forward pass without "
         "autograd for its online angle (and are not skipped under scale-out). false: every rollout is computed."))
     checkpoint_every: int = Field(0, ge=0, description="Also checkpoint every N steps (0: round boundaries only).")
+
+    @model_validator(mode="after")
+    def _floor_needs_a_decay(self) -> TrainConfig:
+        if self.min_lr_ratio and self.lr_schedule == "constant":
+            raise ValueError(f"train.min_lr_ratio={self.min_lr_ratio} is the floor of a decay, but train.lr_schedule "
+                             "is constant: set lr_schedule to linear or cosine, or min_lr_ratio to 0")
+        return self
 
 
 class ScaleConfig(_Frozen):

@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from tasks.config import ConfigError
 from tasks.config_load import validate
 from tasks.model.policy import build_tiny_model, build_tokenizer
 from tasks.model.rollout import HFEngine, RolloutEngine
@@ -28,25 +29,26 @@ def test_engines_are_rollout_engines_and_hf_sync_is_a_no_op(tmp_path):
         engine.sync_weights(other, tok, tmp_path / "w")
 
 
-def test_scheduled_lr_ramps_then_holds():
-    cfg = validate({"train": {"lr": 1e-3, "warmup_steps": 4}})
-    assert [scheduled_lr(cfg, s) for s in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
-    assert scheduled_lr(validate({"train": {"lr": 1e-3}}), 0) == 1e-3  # warmup_steps 0: off
-
-
-@pytest.mark.parametrize("schedule, expected", [
-    # steps 0-1 warm up to 1e-3; the decay spans steps 1..5 (done = 0, 1/4, 1/2, 3/4, 1) down to 1e-3 * 0.2
-    ("linear", [5e-4, 1e-3, 8e-4, 6e-4, 4e-4, 2e-4, 2e-4]),
+@pytest.mark.parametrize("schedule, floor, expected", [
+    # steps 0-1 warm up to 1e-3, then hold
+    ("constant", 0.0, [5e-4, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3]),
+    # the decay spans steps 1..5 (done = 0, 1/4, 1/2, 3/4, 1) down to 1e-3 * 0.2
+    ("linear", 0.2, [5e-4, 1e-3, 8e-4, 6e-4, 4e-4, 2e-4, 2e-4]),
     # 0.2 + 0.8 * (1 + cos(pi * done)) / 2: done 1/4 -> 0.2 + 0.4 * (1 + 0.70711) = 0.88284
-    ("cosine", [5e-4, 1e-3, 8.8284e-4, 6e-4, 3.1716e-4, 2e-4, 2e-4]),
-    ("constant", [5e-4, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3]),
+    ("cosine", 0.2, [5e-4, 1e-3, 8.8284e-4, 6e-4, 3.1716e-4, 2e-4, 2e-4]),
 ])
-def test_scheduled_lr_decays_to_its_floor_at_the_last_step(schedule, expected):
+def test_scheduled_lr_warms_up_then_decays_to_its_floor_at_the_last_step(schedule, floor, expected):
     cfg = validate({"train": {"lr": 1e-3, "warmup_steps": 2, "steps": 6, "lr_schedule": schedule,
-                              "min_lr_ratio": 0.2}})
+                              "min_lr_ratio": floor}})
     assert [scheduled_lr(cfg, s) for s in range(7)] == pytest.approx(expected, rel=1e-4)  # step 6: past the end
+    assert scheduled_lr(validate({"train": {"lr": 1e-3}}), 0) == 1e-3  # warmup_steps 0: off
     one = validate({"train": {"lr": 1e-3, "steps": 1, "lr_schedule": "linear"}})
     assert scheduled_lr(one, 0) == 1e-3  # a one-step run has nothing to decay over
+
+
+def test_a_learning_rate_floor_without_a_decay_is_refused():
+    with pytest.raises(ConfigError, match="min_lr_ratio=0.1 is the floor of a decay"):
+        validate({"train": {"min_lr_ratio": 0.1}})
 
 
 def test_local_updater_sets_lr_and_round_trips_state():
