@@ -339,11 +339,11 @@ class GainConfig(_Frozen):
 
 
 class EvalConfig(_Frozen):
-    """Held-out evaluation (tasks/training/evaluate.py): greedy accuracy and sampled avg@k."""
+    """Held-out evaluation (tasks/training/evaluate.py): greedy accuracy and sampled avg@k and pass@k."""
 
     samples: int = Field(4, ge=0, description=(
-        "k for sampled avg@k (0: greedy only); samples at the rollout engine's settings (rollout.temperature, "
-        "top_p, top_k), i.e. the policy as it is trained."))
+        "k for sampled avg@k and pass@k (0: greedy only); samples at the rollout engine's settings "
+        "(rollout.temperature, top_p, top_k), i.e. the policy as it is trained."))
     limit: int | None = Field(None, ge=1, description="Evaluate at most this many test prompts.")
     every: int = Field(0, ge=0, description=(
         "Also evaluate greedily every N steps during training (0: off); the accuracy also drives ScalingRL's "

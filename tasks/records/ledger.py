@@ -50,6 +50,7 @@ CREATE TABLE IF NOT EXISTS stages (
     logged_at TIMESTAMP DEFAULT now());
 CREATE TABLE IF NOT EXISTS evals (
     run_id VARCHAR, phase VARCHAR, step INTEGER, grp VARCHAR, n INTEGER, greedy_acc DOUBLE, avg_at_k DOUBLE);
+ALTER TABLE evals ADD COLUMN IF NOT EXISTS pass_at_k DOUBLE;
 """
 
 #: Tables whose rows belong to a training step (removed past a checkpoint on resume).
@@ -155,6 +156,7 @@ class EvalRow:
     n: int
     greedy_acc: float
     avg_at_k: float | None
+    pass_at_k: float | None = None
 
 
 class Ledger:

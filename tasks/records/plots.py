@@ -62,15 +62,17 @@ def eval_levels(start: EvalResult, end: EvalResult, out: Path) -> list[Path]:
 
 
 def eval_table(start: EvalResult, end: EvalResult) -> str:
-    """Markdown: greedy accuracy and avg@k by level and source, before and after."""
+    """Markdown: greedy accuracy, avg@k and pass@k by level and source, before and after."""
     k = end.k
-    head = "| group | n | greedy before | greedy after |" + (f" avg@{k} before | avg@{k} after |" if k else "")
+    head = "| group | n | greedy before | greedy after |" + (
+        f" avg@{k} before | avg@{k} after | pass@{k} before | pass@{k} after |" if k else "")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
 
     def row(name: str, a: EvalCell | None, b: EvalCell) -> str:
         s = f"| {name} | {b.n} | {_num(a.greedy_acc if a else None):.3f} | {b.greedy_acc:.3f} |"
         if k:
-            s += f" {_num(a.avg_at_k if a else None):.3f} | {_num(b.avg_at_k):.3f} |"
+            s += (f" {_num(a.avg_at_k if a else None):.3f} | {_num(b.avg_at_k):.3f} |"
+                  f" {_num(a.pass_at_k if a else None):.3f} | {_num(b.pass_at_k):.3f} |")
         return s
 
     lines.append(row("overall", start.overall, end.overall))

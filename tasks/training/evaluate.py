@@ -1,4 +1,10 @@
-"""Evaluation stage: held-out greedy accuracy and sampled avg@k, by difficulty level and by source."""
+"""Evaluation stage: held-out greedy accuracy and sampled avg@k and pass@k, by difficulty level and by source.
+
+With k sampled completions per prompt, avg@k is their mean reward (the expected accuracy of one sample) and pass@k
+the share of prompts with at least one correct completion among them (Chen et al. 2021, arXiv 2107.03374 section
+2.1, with n = k: the plain estimate). A policy that grows sharper (greedy and avg@k up) at the cost of the
+answers it no longer tries shows it as pass@k falling (Zhu et al. 2025, arXiv 2506.01347 section 3).
+"""
 
 from __future__ import annotations
 
@@ -21,19 +27,22 @@ from tasks.records.ledger import EvalRow
 
 @dataclass(frozen=True)
 class EvalCell:
-    """Accuracy over one group of prompts: ``n`` prompts, greedy accuracy, sampled avg@k (None when k = 0)."""
+    """Accuracy over one group of prompts: ``n`` prompts, greedy accuracy, sampled avg@k and pass@k (None when
+    k = 0; pass@k also None in files written before it was recorded)."""
 
     n: int
     greedy_acc: float
     avg_at_k: float | None = None
+    pass_at_k: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"n": self.n, "greedy_acc": self.greedy_acc} | (
-            {"avg_at_k": self.avg_at_k} if self.avg_at_k is not None else {})
+        sampled = {"avg_at_k": self.avg_at_k, "pass_at_k": self.pass_at_k}
+        return {"n": self.n, "greedy_acc": self.greedy_acc} | {k: v for k, v in sampled.items() if v is not None}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> EvalCell:
-        return cls(n=int(d["n"]), greedy_acc=float(d["greedy_acc"]), avg_at_k=d.get("avg_at_k"))
+        return cls(n=int(d["n"]), greedy_acc=float(d["greedy_acc"]), avg_at_k=d.get("avg_at_k"),
+                   pass_at_k=d.get("pass_at_k"))
 
 
 @dataclass(frozen=True)
@@ -98,7 +107,7 @@ class PairedChange:
 
 
 def evaluate(policy, records: list[PromptRecord], *, samples: int, seed: int, workers: int = 4) -> EvalResult:
-    """Greedy accuracy (and avg@k with ``samples`` = k sampled completions) over ``records``."""
+    """Greedy accuracy (and avg@k and pass@k with ``samples`` = k sampled completions) over ``records``."""
     prompts = policy.prompts(records)
     greedy = policy.engine.generate(prompts, n=1, seed=derive_seed(seed, "eval-greedy"), greedy=True)
     g_ok = torch.tensor(batch_rewards(records, greedy.texts, workers=workers))
@@ -106,12 +115,14 @@ def evaluate(policy, records: list[PromptRecord], *, samples: int, seed: int, wo
     if samples:
         gen = policy.engine.generate(prompts, n=samples, seed=derive_seed(seed, "eval-sample"))
         s_ok = torch.tensor(batch_rewards([r for r in records for _ in range(samples)], gen.texts,
-                                          workers=workers)).view(len(records), samples).mean(1)
+                                          workers=workers)).view(len(records), samples)  # [M, k]
 
     def cell(idx: list[int]) -> EvalCell:
         t = torch.tensor(idx)
-        return EvalCell(n=len(idx), greedy_acc=float(g_ok[t].mean()),
-                        avg_at_k=float(s_ok[t].mean()) if s_ok is not None else None)
+        if s_ok is None:
+            return EvalCell(n=len(idx), greedy_acc=float(g_ok[t].mean()))
+        return EvalCell(n=len(idx), greedy_acc=float(g_ok[t].mean()), avg_at_k=float(s_ok[t].mean()),
+                        pass_at_k=float((s_ok[t] > 0).any(1).float().mean()))
 
     levels, sources = defaultdict(list), defaultdict(list)
     for i, r in enumerate(records):
@@ -153,10 +164,11 @@ def paired_counts(before: Sequence[int], after: Sequence[int]) -> PairedChange:
 
 
 def flat_metrics(result: EvalResult, prefix: str = "eval") -> dict[str, float]:
-    """``eval/accuracy``, ``eval/avg_at_k``, ``eval/level_3/accuracy``, ... for the tracker."""
+    """``eval/accuracy``, ``eval/avg_at_k``, ``eval/pass_at_k``, ``eval/level_3/accuracy``, ... for the tracker."""
     out = {f"{prefix}/accuracy": result.overall.greedy_acc}
-    if result.overall.avg_at_k is not None:
-        out[f"{prefix}/avg_at_k"] = result.overall.avg_at_k
+    for name in ("avg_at_k", "pass_at_k"):
+        if getattr(result.overall, name) is not None:
+            out[f"{prefix}/{name}"] = getattr(result.overall, name)
     for lv, c in result.by_level.items():
         if lv is not None:
             out[f"{prefix}/level_{lv}/accuracy"] = c.greedy_acc
@@ -167,5 +179,5 @@ def table_rows(result: EvalResult, phase: str, step: int) -> list[EvalRow]:
     """Ledger rows (table ``evals``) for one evaluation."""
     groups = [("overall", result.overall), *((f"level_{lv}", c) for lv, c in result.by_level.items()),
               *((f"source:{s}", c) for s, c in result.by_source.items())]
-    return [EvalRow(phase=phase, step=step, grp=grp, n=c.n, greedy_acc=c.greedy_acc, avg_at_k=c.avg_at_k)
-            for grp, c in groups]
+    return [EvalRow(phase=phase, step=step, grp=grp, n=c.n, greedy_acc=c.greedy_acc, avg_at_k=c.avg_at_k,
+                    pass_at_k=c.pass_at_k) for grp, c in groups]

@@ -1,11 +1,16 @@
-"""Evaluation results: paired comparison (exact McNemar, hand-worked p-values), JSON that round-trips, the
-ledger rows and tracker metrics of one evaluation."""
+"""Evaluation results: hand-worked greedy accuracy, avg@k and pass@k, paired comparison (exact McNemar, hand-worked
+p-values), JSON that round-trips, the ledger rows, tracker metrics and table of one evaluation."""
 
 import json
 
 import pytest
+import torch
 
-from tasks.training.evaluate import EvalCell, EvalResult, flat_metrics, paired_change, table_rows
+from tasks.data.prompts import PromptRecord, prompt_id
+from tasks.model.policy import Policy, build_tokenizer
+from tasks.model.rollout import Generation
+from tasks.records.plots import eval_table
+from tasks.training.evaluate import EvalCell, EvalResult, evaluate, flat_metrics, paired_change, table_rows
 
 
 def ev(correct: list[int], ids: list[str] | None = None) -> EvalResult:
@@ -18,7 +23,7 @@ def ev(correct: list[int], ids: list[str] | None = None) -> EvalResult:
 def result() -> EvalResult:
     """Levels 1, 3 and None (records without a level), two sources, avg@4."""
     return EvalResult(
-        overall=EvalCell(n=6, greedy_acc=0.5, avg_at_k=0.375),
+        overall=EvalCell(n=6, greedy_acc=0.5, avg_at_k=0.375, pass_at_k=0.5),
         by_level={1: EvalCell(n=2, greedy_acc=1.0, avg_at_k=0.875), 3: EvalCell(n=3, greedy_acc=1 / 3, avg_at_k=0.25),
                   None: EvalCell(n=1, greedy_acc=0.0, avg_at_k=0.0)},
         by_source={"arith": EvalCell(n=5, greedy_acc=0.6, avg_at_k=0.45), "gsm8k": EvalCell(n=1, greedy_acc=0.0,
@@ -71,6 +76,48 @@ def test_table_rows_and_flat_metrics():
     rows = table_rows(result(), "end", 8)
     assert [r.grp for r in rows] == ["overall", "level_1", "level_3", "level_None", "source:arith", "source:gsm8k"]
     assert all(r.phase == "end" and r.step == 8 for r in rows) and rows[1].avg_at_k == 0.875
+    assert rows[0].pass_at_k == 0.5 and rows[1].pass_at_k is None
     m = flat_metrics(result(), "eval_end")
-    assert m == {"eval_end/accuracy": 0.5, "eval_end/avg_at_k": 0.375, "eval_end/level_1/accuracy": 1.0,
-                 "eval_end/level_3/accuracy": 1 / 3}
+    assert m == {"eval_end/accuracy": 0.5, "eval_end/avg_at_k": 0.375, "eval_end/pass_at_k": 0.5,
+                 "eval_end/level_1/accuracy": 1.0, "eval_end/level_3/accuracy": 1 / 3}
+
+
+class ScriptedEngine:
+    """A rollout engine that answers from a script: prompt b's greedy answer and its k sampled answers."""
+
+    def __init__(self, greedy: list[str], sampled: list[list[str]]):
+        self.greedy, self.sampled = greedy, sampled
+
+    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False) -> Generation:
+        texts = [f"\\boxed{{{a}}}" for a in (self.greedy if greedy else [x for row in self.sampled for x in row])]
+        assert len(texts) == len(prompts) * n
+        ids = torch.zeros(len(texts), 1, dtype=torch.long)
+        return Generation(prompt_ids=[torch.zeros(1, dtype=torch.long)] * len(prompts), completion_ids=ids,
+                          completion_mask=torch.ones_like(ids, dtype=torch.bool), texts=texts, n=n)
+
+    def sync_weights(self, model, tokenizer, folder) -> float:
+        return 0.0
+
+
+def test_evaluate_hand_worked_greedy_avg_and_pass_at_k():
+    """Three prompts (answers 1, 2, 3), k = 4 samples each. Right samples 2/4, 0/4 and 4/4: avg@4 = (0.5 + 0 + 1) / 3
+    = 0.5; at least one right on prompts 1 and 3: pass@4 = 2/3. Greedy right on prompt 2 only: 1/3."""
+    recs = [PromptRecord(id=prompt_id(f"q{a}", str(a)), source="t", split="test", question=f"q{a}", answer=str(a),
+                         level=lv) for a, lv in ((1, 1), (2, 1), (3, 2))]
+    engine = ScriptedEngine(greedy=["9", "2", "9"], sampled=[["1", "0", "1", "0"], ["0"] * 4, ["3"] * 4])
+    res = evaluate(Policy(model=None, tokenizer=build_tokenizer(), engine=engine), recs, samples=4, seed=0, workers=1)
+    assert res.overall == EvalCell(n=3, greedy_acc=pytest.approx(1 / 3), avg_at_k=0.5, pass_at_k=pytest.approx(2 / 3))
+    assert res.by_level[1] == EvalCell(n=2, greedy_acc=0.5, avg_at_k=0.25, pass_at_k=0.5)
+    assert res.by_level[2] == EvalCell(n=1, greedy_acc=0.0, avg_at_k=1.0, pass_at_k=1.0)
+    assert res.greedy_correct == (0, 1, 0)
+    greedy_only = evaluate(Policy(model=None, tokenizer=build_tokenizer(), engine=engine), recs, samples=0, seed=0,
+                           workers=1)
+    assert greedy_only.overall == EvalCell(n=3, greedy_acc=pytest.approx(1 / 3))
+
+
+def test_eval_table_shows_avg_and_pass_at_k_before_and_after():
+    table = eval_table(result(), result()).splitlines()
+    assert table[0] == ("| group | n | greedy before | greedy after | avg@4 before | avg@4 after | pass@4 before | "
+                        "pass@4 after |")
+    assert table[2] == "| overall | 6 | 0.500 | 0.500 | 0.375 | 0.375 | 0.500 | 0.500 |"
+    assert table[3].endswith("| 0.875 | 0.875 | nan | nan |")  # a cell without pass@k (an older file) shows nan

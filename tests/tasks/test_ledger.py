@@ -97,3 +97,16 @@ def test_replace_evals_replaces_only_that_phase(tmp_path):
                        {"phase": "start", "grp": "overall", "greedy_acc": 0.1, "avg_at_k": None}]
         with pytest.raises(ValueError, match="phases"):
             led.replace_evals("run", "end", rows("start", 0.4))
+
+
+def test_a_ledger_from_before_pass_at_k_gains_the_column_and_keeps_its_rows(tmp_path):
+    path = tmp_path / "l.duckdb"
+    with Ledger(path) as led:
+        led.add_evals("old", [EvalRow(phase="end", step=3, grp="overall", n=10, greedy_acc=0.4, avg_at_k=0.3)])
+        led.con.execute("ALTER TABLE evals DROP COLUMN pass_at_k")  # the file as the previous version wrote it
+    with Ledger(path) as led:
+        led.add_evals("new", [EvalRow(phase="end", step=3, grp="overall", n=10, greedy_acc=0.5, avg_at_k=0.3,
+                                      pass_at_k=0.7)])
+        got = led.query("SELECT run_id, greedy_acc, pass_at_k FROM evals ORDER BY run_id")
+        assert got == [{"run_id": "new", "greedy_acc": 0.5, "pass_at_k": 0.7},
+                       {"run_id": "old", "greedy_acc": 0.4, "pass_at_k": None}]
