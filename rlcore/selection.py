@@ -27,6 +27,9 @@ Choices and deviations:
 * ``observed_informative_weights`` and ``posterior_informative_weights`` (``select.weighting=observed``,
   ``posterior``) are ours too: the same chance, measured on the groups drawn so far, or under a Beta posterior
   of each prompt's pass rate with the prediction as its prior mean (rlcore/pass_rate_posterior.py).
+* ``screen`` (``select.screen``) is ours: of C drawn candidates whose pass rates are known (tasks/training/screen.py
+  estimates them from the policy's likelihood of each prompt's worked solution), keep the k whose groups of n are
+  most likely to have unequal rewards.
 * ``uniform`` is plain GRPO's selection (and the code's ``random_selection=True`` baseline).
 * Indices come back in draw order (greedy: by decreasing probability); DOTS shuffles the selection before
   splitting it into the mu batches of a round, which is the caller's job.
@@ -229,6 +232,23 @@ def _binomial_informative(p: torch.Tensor, n: int) -> torch.Tensor:
     if n < 2:
         raise ValueError(f"n must be >= 2 (a group of one rollout never has unequal rewards), got {n}")
     return (1.0 - p ** n - (1.0 - p) ** n).clamp_min(0.0)
+
+
+def screen(success: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The k candidates whose groups of n rollouts are most likely informative (``select.screen``; ours).
+
+    Args:
+        success: [C] estimated pass rates of the candidates, in [0, 1].
+        n: rollouts a group (``rollout.n``), >= 2.
+        k: candidates to keep, 0 <= k <= C.
+
+    Returns:
+        [k] int64 candidate indices by decreasing chance 1 - p^n - (1 - p)^n, ties broken by lower index (draw order).
+    """
+    p = _success_rates(success, "success", nonempty=False)
+    if not 0 <= k <= len(p):
+        raise ValueError(f"k must be in [0, {len(p)}] (the candidates), got {k}")
+    return torch.sort(_binomial_informative(p, n), descending=True, stable=True).indices[:k]
 
 
 def uniform_weights(num_prompts: int, mask: torch.Tensor | None = None) -> torch.Tensor:

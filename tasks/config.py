@@ -248,6 +248,12 @@ class SelectConfig(_Frozen):
         "Never resample solved prompts: a prompt whose measured pass rate reached 1 (reference rollouts or a "
         "trained group, over all n) leaves the pool, as prime-rl and open-instruct do; solved prompts come back "
         "only when fewer unsolved prompts remain than a step needs."))
+    screen: int = Field(1, ge=1, description=(
+        "Candidates drawn per prompt a step needs (1: off). Each candidate's pass rate is estimated as the "
+        "policy's probability of writing its worked reference solution (one forward pass, no sampling; "
+        "tasks/training/screen.py) and the prompts whose groups of rollout.n are most likely to have unequal "
+        "rewards are kept; the rest go back to the round's pool. Needs a worked solution for every pool prompt; "
+        "the forward passes count in the selection time (ours)."))
     predictor: PredictorConfig = Field(PredictorConfig(), description="The DOTS difficulty predictor.")
 
 

@@ -51,6 +51,7 @@ CREATE TABLE IF NOT EXISTS stages (
 CREATE TABLE IF NOT EXISTS evals (
     run_id VARCHAR, phase VARCHAR, step INTEGER, grp VARCHAR, n INTEGER, greedy_acc DOUBLE, avg_at_k DOUBLE);
 ALTER TABLE evals ADD COLUMN IF NOT EXISTS pass_at_k DOUBLE;
+ALTER TABLE selections ADD COLUMN IF NOT EXISTS screen_success DOUBLE;
 """
 
 #: Tables whose rows belong to a training step (removed past a checkpoint on resume).
@@ -104,7 +105,8 @@ class SelectionRow:
 
     ``selector``: the techniques that chose (``scalingrl+gain+dots``, ..., ``uniform``); ``weight``: its
     selection probability; ``pred_success``: DOTS's prediction; ``gain_rank``: its rank in GAIN-RL's angle
-    order; ``des*``: ScalingRL's Data Effectiveness Score and its parts (None when a technique is off).
+    order; ``des*``: ScalingRL's Data Effectiveness Score and its parts; ``screen_success``: the likelihood
+    screen's pass rate (``select.screen``, tasks/training/screen.py) (None when a technique is off).
     """
 
     prompt_id: str
@@ -117,6 +119,7 @@ class SelectionRow:
     des_difficulty: float | None = None
     des_cot: float | None = None
     des_adaptability: float | None = None
+    screen_success: float | None = None
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 One step (verl-style, every phase timed so the timing metrics read as a table of contents)::
 
     round start (every mu steps): reference rollouts -> predictor, curriculum and window updates
-    select B_fresh prompts                               (tasks/training/selector.py: ScalingRL -> GAIN-RL -> DOTS)
+    select B_fresh prompts                               (tasks/training/selector.py: ScalingRL -> GAIN-RL -> DOTS,
+                                                          then the likelihood screen, tasks/training/screen.py)
     generate n rollouts each, verify rewards             (tasks/training/rollouts.py)
     keep m of n per prompt, advantages on the kept m      (rlcore.downsample, rlcore.advantages)
     mix in B - B_fresh replayed groups                    (rlcore.replay_buffer)
@@ -41,6 +42,7 @@ from tasks.training import checkpoint
 from tasks.training.calibration import Calibration
 from tasks.training.rollouts import policy_measure, rollout_rewards
 from tasks.training.score import Features
+from tasks.training.screen import policy_likelihood
 from tasks.training.selector import Selector
 from tasks.training.update import build_updater, scheduled_lr
 
@@ -194,7 +196,10 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
     model = policy.model
     # one process, or sharded over the torchrun ranks (then `model` stays rank 0's full copy, updated in place)
     updater = build_updater(cfg, model, pad_id=policy.tokenizer.pad_token_id, device=run.device)
-    selector = Selector(cfg, pool, features)
+    likelihood = policy_likelihood(policy, temperature=cfg.rollout.temperature,
+                                   max_new_tokens=cfg.rollout.max_new_tokens, bucket_tokens=tc.bucket_tokens,
+                                   device=run.device) if cfg.select.screen > 1 else None
+    selector = Selector(cfg, pool, features, likelihood)
     if calibration is not None:
         selector.seed_labels(calibration)
     buffer = ReplayBuffer(cfg.replay.capacity, max_age=cfg.replay.max_age) if cfg.replay.enabled else None

@@ -25,6 +25,11 @@ Each round (every ``train.round_steps`` = mu steps):
    rollouts (``own_successes`` / ``own_trials``, times ``select.posterior_decay`` at each round start) are its
    evidence.
 
+**Likelihood screen** (``select.screen`` = f > 1, tasks/training/screen.py; ours): each step draws f candidates per
+prompt it needs from the weights above, estimates each candidate's pass rate as the policy's probability of its
+worked solution (one forward pass) and keeps those whose groups are most likely to have unequal rewards
+(``rlcore.selection.screen``); the rest stay available to the round's later steps.
+
 Every trained group's success rate over all n rollouts also labels the predictor (free labels). With
 ``calibrate.reference=trained`` (ours) those labels are the reference set too: a round's context is every
 prompt measured since the last round started (round 0: the calibrate stage's), so a round rolls out nothing
@@ -54,6 +59,7 @@ from rlcore.selection import (
     observed_informative_weights,
     posterior_informative_weights,
     sample_prompts,
+    screen,
     uniform_weights,
 )
 from tasks.config import Config
@@ -62,14 +68,30 @@ from tasks.records.ledger import ReferenceRow, SelectionRow
 from tasks.training.calibration import Calibration
 from tasks.training.rollouts import Measure, random_reference, reference_rollouts
 from tasks.training.score import Features
+from tasks.training.screen import Likelihood
 
 
 class Selector:
     """Chooses each step's fresh prompts and records why. Checkpointable (``state_dict``)."""
 
-    def __init__(self, cfg: Config, pool: list[PromptRecord], features: Features):
+    def __init__(self, cfg: Config, pool: list[PromptRecord], features: Features,
+                 likelihood: Likelihood | None = None):
+        """``likelihood``: the current policy's :data:`~tasks.training.screen.Likelihood`, needed when
+        ``select.screen`` > 1 (every pool prompt then needs a worked solution)."""
         self.cfg, self.pool = cfg, pool
         m = len(pool)
+        if cfg.select.screen > 1:
+            if likelihood is None:
+                raise ValueError(f"select.screen={cfg.select.screen} needs the policy's likelihood; none was given")
+            missing = [r for r in pool if not r.solution]
+            if missing:
+                raise ValueError(
+                    f"select.screen={cfg.select.screen} scores each prompt by its worked solution, but {len(missing)} "
+                    f"of {len(pool)} pool prompts have none (first: {missing[0].id} from {missing[0].source}); "
+                    "set select.screen=1 or use a data set with worked solutions")
+        self.likelihood = likelihood
+        self.screened: dict[int, float] = {}  # select.screen: pool index -> screened pass rate, this step's picks
+        self.screen_candidates = 0  # ... and the candidates scored for them
         self.emb = features.emb.float()  # [M, D]
         self.angle = features.angle.float()  # [M]
         self.cot = features.cot.float()  # [M]
@@ -281,7 +303,15 @@ class Selector:
             probs[guard] = 0.0
         method = cfg.select.sampler if self.predictor is not None else "weighted"
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "select", *((attempt,) if attempt else ())))
-        idx = guard + sample_prompts(probs, min(k - len(guard), int((probs > 0).sum())), gen, method=method).tolist()
+        need = min(k - len(guard), int((probs > 0).sum()))
+        drawn = sample_prompts(probs, min(cfg.select.screen * need, int((probs > 0).sum())), gen, method=method)
+        if cfg.select.screen > 1:
+            q = self.likelihood([self.pool[i] for i in drawn.tolist()])  # [C]
+            keep = screen(q, cfg.rollout.n, min(need, len(drawn)))
+            self.screened |= dict(zip(drawn[keep].tolist(), q[keep].tolist(), strict=True))
+            self.screen_candidates += len(drawn)
+            drawn = drawn[keep]
+        idx = guard + drawn.tolist()
         self.used[idx] = True
         name = "+".join(n for n, on in (("scalingrl", self.scheduler is not None), ("gain", self.window is not None),
                                         ("dots", self.predictor is not None)) if on) or "uniform"
@@ -289,6 +319,7 @@ class Selector:
                              weight=float(self.probs[i]),
                              pred_success=_num(self.pred[i]), angle_score=float(self.angle[i]),
                              gain_rank=int(self.rank[i]),
+                             screen_success=self.screened.get(i),
                              **{key: _num(self.info[key][i]) if key in self.info else None
                                 for key in ("des", "des_difficulty", "des_cot", "des_adaptability")})
                 for j, i in enumerate(idx)]
@@ -330,6 +361,14 @@ class Selector:
             metrics |= self.window.metrics()
         if self.scheduler is not None:
             metrics |= self.scheduler.metrics()
+        if self.screened:  # the screen's estimates against the pass rates its picks then showed
+            picked = [j for j, i in enumerate(idx) if i in self.screened]
+            q = torch.tensor([self.screened[idx[j]] for j in picked])
+            metrics |= {"select/screen_success_mean": float(q.mean()),
+                        "select/screen_candidates": float(self.screen_candidates)}
+            if len(picked) > 2:
+                metrics["select/screen_pearson"] = pearson(q, success[picked])
+            self.screened, self.screen_candidates = {}, 0
         metrics["select/selected_success_mean"] = float(success.mean())
         return metrics
 

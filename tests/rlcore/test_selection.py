@@ -12,6 +12,7 @@ from rlcore.selection import (
     informative_weights,
     observed_informative_weights,
     sample_prompts,
+    screen,
     uniform,
     uniform_weights,
 )
@@ -228,3 +229,39 @@ def test_observed_informative_weights_refuse_bad_input():
     with pytest.raises(ValueError, match="one length"):
         observed_informative_weights(torch.tensor([0.5]), 8, torch.tensor([0.5, 0.2]), torch.tensor([True]),
                                      bins=2, strength=1.0)
+
+
+def test_screen_hand_worked():
+    """n = 4: chances 1 - p^4 - (1 - p)^4 are 0.875 (p = 0.5), 0.6796875 (p = 0.25, twice: a tie kept in draw
+    order), 0.5904 (p = 0.8) and 0 (p = 0 and 1); keeping 3 takes the 0.5, then the two tied candidates by index."""
+    q = torch.tensor([1.0, 0.25, 0.0, 0.5, 0.25, 0.8])
+    assert screen(q, 4, 3).tolist() == [3, 1, 4]
+    assert screen(q, 4, 4).tolist() == [3, 1, 4, 5]
+    assert screen(q, 4, 0).tolist() == [] and sorted(screen(q, 4, 6).tolist()) == [0, 1, 2, 3, 4, 5]
+
+
+@settings(max_examples=60, deadline=None)
+@given(q=rates, n=st.integers(2, 8), data=st.data())
+def test_screen_matches_a_loop(q, n, data):
+    """Oracle: repeatedly take the first candidate (lowest index) of the highest chance not yet taken."""
+    k = data.draw(st.integers(0, len(q)))
+    chance = [1 - p ** n - (1 - p) ** n for p in q]
+    left, want = list(range(len(q))), []
+    for _ in range(k):
+        best = max(left, key=lambda i: (round(chance[i], 12), -i))
+        want.append(best)
+        left.remove(best)
+    got = screen(torch.tensor(q, dtype=torch.float64), n, k).tolist()
+    assert len(got) == len(set(got)) == k
+    assert [round(chance[i], 12) for i in got] == [round(chance[i], 12) for i in want]
+    kept_min = min((chance[i] for i in got), default=1.0)
+    assert all(chance[i] <= kept_min + 1e-12 for i in set(range(len(q))) - set(got)), "a better candidate was left"
+
+
+def test_screen_refuses_bad_input():
+    with pytest.raises(ValueError, match=r"k must be in \[0, 2\]"):
+        screen(torch.tensor([0.1, 0.5]), 4, 3)
+    with pytest.raises(ValueError, match="success rates in"):
+        screen(torch.tensor([0.1, float("nan")]), 4, 1)
+    with pytest.raises(ValueError, match="n must be >= 2"):
+        screen(torch.tensor([0.1, 0.5]), 1, 1)

@@ -110,3 +110,15 @@ def test_a_ledger_from_before_pass_at_k_gains_the_column_and_keeps_its_rows(tmp_
         got = led.query("SELECT run_id, greedy_acc, pass_at_k FROM evals ORDER BY run_id")
         assert got == [{"run_id": "new", "greedy_acc": 0.5, "pass_at_k": 0.7},
                        {"run_id": "old", "greedy_acc": 0.4, "pass_at_k": None}]
+
+
+def test_a_ledger_from_before_the_screen_gains_its_column_and_keeps_its_rows(tmp_path):
+    path = tmp_path / "l.duckdb"
+    with Ledger(path) as led:
+        led.add_selections("old", 0, 0, [SelectionRow(prompt_id="p", selector="dots", weight=0.5)])
+        led.con.execute("ALTER TABLE selections DROP COLUMN screen_success")  # as the previous version wrote it
+    with Ledger(path) as led:
+        led.add_selections("new", 0, 0, [SelectionRow(prompt_id="p", selector="dots", weight=0.5, screen_success=0.4)])
+        got = led.query("SELECT run_id, weight, screen_success FROM selections ORDER BY run_id")
+        assert got == [{"run_id": "new", "weight": 0.5, "screen_success": 0.4},
+                       {"run_id": "old", "weight": 0.5, "screen_success": None}]

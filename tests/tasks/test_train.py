@@ -314,6 +314,18 @@ def test_observed_weighting_measures_the_chance_of_a_gradient_on_drawn_groups(sm
     assert not torch.allclose(sel.probs, informative_weights(sel.pred.clamp(0, 1), 4), rtol=1e-6, atol=0)
 
 
+def test_the_likelihood_screen_runs_in_the_loop_and_is_recorded(smoke_cfg, pool):
+    """select.screen=2 on DOTS's draw: the loop gives the selector the policy's likelihood; every selected prompt's
+    ledger row carries the screened pass rate, every step logs the screen's metrics, and the selection stage's time
+    includes the forward passes (a step selects B prompts from 2B candidates)."""
+    cfg = smoke_cfg(*SMALL, "select.screen=2", path=PRESETS.format("dots"))
+    _, summary, groups, sel, logged = run_train(cfg, pool)
+    assert summary.steps == 4 and len(sel) == 4 * 6
+    assert all(s["screen_success"] is not None and 0 <= s["screen_success"] <= 1 for s in sel)
+    assert all(m["select/screen_candidates"] == 12 for m in logged)
+    assert all(0 <= m["select/screen_success_mean"] <= 1 for m in logged)
+
+
 def test_groups_of_two_on_dots_draw(smoke_cfg, pool):
     """dots_n2: the draw weighs prompts by the chance that a group of 2 differs, 2p(1 - p) (not the chance for 4);
     every generated group has 2 rollouts, and the effective ratio is the share of mixed pairs (whose advantages,

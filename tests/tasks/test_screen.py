@@ -1,0 +1,109 @@
+"""The likelihood screen (select.screen): the policy's chance of writing each worked solution, checked against a
+one-sequence-at-a-time loop, and the selector keeping exactly the candidates whose groups are most likely mixed."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from rlcore.selection import screen
+from tasks.data import arith
+from tasks.model.policy import Policy, build_tiny_model, build_tokenizer, format_prompt
+from tasks.model.rollout import HFEngine
+from tasks.training import score
+from tasks.training.screen import policy_likelihood
+from tasks.training.selector import Selector
+
+SMALL = ["train.prompts_per_step=6", "train.round_steps=2", "rollout.n=4", "eval.every=0"]
+
+
+def make_policy():
+    tok = build_tokenizer()
+    model = build_tiny_model(hidden=64, layers=2, heads=2, tokenizer=tok, seed=0)
+    return Policy(model=model, tokenizer=tok,
+                  engine=HFEngine(model, tok, max_new_tokens=12, temperature=1.0, top_p=1.0, top_k=0, chunk=512))
+
+
+@pytest.fixture(scope="module")
+def pool():
+    return arith.generate(0, 40, "train", "default")
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_likelihood_matches_a_loop_over_single_sequences(pool, temperature):
+    """Oracle: each record alone, unpadded, one forward pass; the product of softmax(logits / T) at the solution's
+    tokens and EOS. Batched with padding and length buckets the screen gives the same chance."""
+    policy = make_policy()
+    tok, model = policy.tokenizer, policy.model
+    records = pool[:7]
+    got = policy_likelihood(policy, temperature=temperature, max_new_tokens=200, bucket_tokens=300)(records)
+    want = []
+    with torch.no_grad():
+        for r in records:
+            prompt = tok(format_prompt(tok, r.question))["input_ids"]
+            sol = tok(r.solution, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            ids = torch.tensor([prompt + sol])
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].double() / temperature
+            want.append(float(torch.log_softmax(logits, -1).gather(-1, torch.tensor(sol)[:, None]).sum().exp()))
+    assert got.dtype == torch.float64 and got.shape == (7,)
+    assert torch.allclose(got, torch.tensor(want, dtype=torch.float64), rtol=1e-4, atol=1e-30)
+    assert model.training, "the screen leaves the model in the mode it found it"
+
+
+def test_a_solution_longer_than_the_budget_scores_zero_and_one_missing_is_an_error(pool):
+    policy = make_policy()
+    tok = policy.tokenizer
+    short, long_ = pool[0], max(pool, key=lambda r: len(r.solution))
+    budget = len(tok(short.solution, add_special_tokens=False)["input_ids"]) + 1  # the short one and its EOS fit
+    assert len(long_.solution) + 1 > budget
+    q = policy_likelihood(policy, temperature=1.0, max_new_tokens=budget, bucket_tokens=0)([short, long_])
+    assert q[0] > 0 and q[1] == 0
+    with pytest.raises(ValueError, match="1 of 2 have none"):
+        policy_likelihood(policy, temperature=1.0, max_new_tokens=99, bucket_tokens=0)(
+            [short, dataclasses.replace(long_, solution="")])
+
+
+def scripted(rates: dict[str, float], calls: list):
+    """A likelihood that returns fixed pass rates by prompt id and records each call's candidates."""
+    def likelihood(records):
+        calls.append([r.id for r in records])
+        return torch.tensor([rates[r.id] for r in records], dtype=torch.float64)
+    return likelihood
+
+
+def test_selector_keeps_the_candidates_most_likely_to_be_mixed(smoke_cfg, pool):
+    """select.screen=2 draws 2k candidates exactly as a selector without the screen draws 2k, and keeps the k that
+    rlcore.selection.screen ranks first by the scripted pass rates; the others stay unused for the round; each
+    kept row records its rate, and observe() scores the rates against the groups' measured success."""
+    feats = score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
+    rates = {r.id: [0.0, 1.0, 0.5, 0.3, 0.9][i % 5] for i, r in enumerate(pool)}
+    calls: list = []
+    on = Selector(smoke_cfg(*SMALL, "select.screen=2"), pool, feats, scripted(rates, calls))
+    off = Selector(smoke_cfg(*SMALL), pool, feats, scripted(rates, calls))
+    for s in (on, off):
+        s.begin_round(0, 0, None, None)
+    candidates, _ = off.choose(12, 3)
+    assert calls == [], "without the screen the likelihood is never read"
+    idx, rows = on.choose(6, 3)
+    q = torch.tensor([rates[pool[i].id] for i in candidates], dtype=torch.float64)
+    assert calls == [[pool[i].id for i in candidates]]
+    assert idx == [candidates[j] for j in screen(q, 4, 6).tolist()]
+    chance = {i: 1 - rates[pool[i].id] ** 4 - (1 - rates[pool[i].id]) ** 4 for i in candidates}
+    assert min(chance[i] for i in idx) >= max(chance[i] for i in candidates if i not in idx), "a likelier one was left"
+    assert len({rates[pool[i].id] for i in candidates} - {rates[pool[i].id] for i in idx}) > 0
+    assert [r.screen_success for r in rows] == [rates[pool[i].id] for i in idx]
+    assert on.used.sum() == 6 and not on.used[[i for i in candidates if i not in idx]].any()
+    m = on.observe(3, idx, torch.tensor([[1.0, 0, 0, 0]] * 3 + [[1.0, 1, 0, 0]] * 3), 0.4, None)
+    assert m["select/screen_candidates"] == 12 and m["select/screen_success_mean"] == pytest.approx(
+        sum(rates[pool[i].id] for i in idx) / 6)
+    assert "select/screen_pearson" in m and on.screened == {}
+
+
+def test_selector_refuses_a_screen_it_cannot_run(smoke_cfg, pool):
+    feats = score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
+    cfg = smoke_cfg(*SMALL, "select.screen=3")
+    with pytest.raises(ValueError, match="needs the policy's likelihood"):
+        Selector(cfg, pool, feats)
+    bare = [dataclasses.replace(r, solution="") if i == 5 else r for i, r in enumerate(pool)]
+    with pytest.raises(ValueError, match=f"1 of 40 pool prompts have none \\(first: {bare[5].id}"):
+        Selector(cfg, bare, feats, scripted({}, []))
