@@ -62,6 +62,9 @@ def test_presets_switch_what_their_names_say():
     assert dyn.dynamic.enabled and (dyn.select.method, dyn.select.weighting) == ("dots", "observed")
     n4 = get("dots_n4")
     assert (n4.rollout.n, n4.train.prompts_per_step, n4.select.weighting) == (4, 32, "observed")
+    screen = get("dots_screen")
+    assert (screen.select.screen, screen.rollout.n, screen.train.prompts_per_step, screen.select.method) == \
+        (2, 4, 20, "dots") and get("dots_n4").select.screen == 1, "the screen is dots_screen's one addition"
     n2 = get("dots_n2")
     assert (n2.rollout.n, n2.train.prompts_per_step, n2.select.weighting) == (2, 48, "observed")
     g4 = get("grpo_n4")

@@ -103,7 +103,7 @@ class FeatureRow:
 class SelectionRow:
     """Why one prompt was chosen at a step (table ``selections``; tasks/training/selector.py ``choose``).
 
-    ``selector``: the techniques that chose (``scalingrl+gain+dots``, ..., ``uniform``); ``weight``: its
+    ``selector``: the techniques that chose (``scalingrl+gain+dots+screen``, ..., ``uniform``); ``weight``: its
     selection probability; ``pred_success``: DOTS's prediction; ``gain_rank``: its rank in GAIN-RL's angle
     order; ``des*``: ScalingRL's Data Effectiveness Score and its parts; ``screen_success``: the likelihood
     screen's pass rate (``select.screen``, tasks/training/screen.py) (None when a technique is off).

@@ -307,14 +307,15 @@ class Selector:
         drawn = sample_prompts(probs, min(cfg.select.screen * need, int((probs > 0).sum())), gen, method=method)
         if cfg.select.screen > 1:
             q = self.likelihood([self.pool[i] for i in drawn.tolist()])  # [C]
-            keep = screen(q, cfg.rollout.n, min(need, len(drawn)))
+            keep = screen(q, cfg.rollout.n, need)
             self.screened |= dict(zip(drawn[keep].tolist(), q[keep].tolist(), strict=True))
             self.screen_candidates += len(drawn)
             drawn = drawn[keep]
         idx = guard + drawn.tolist()
         self.used[idx] = True
         name = "+".join(n for n, on in (("scalingrl", self.scheduler is not None), ("gain", self.window is not None),
-                                        ("dots", self.predictor is not None)) if on) or "uniform"
+                                        ("dots", self.predictor is not None), ("screen", cfg.select.screen > 1))
+                        if on) or "uniform"
         rows = [SelectionRow(prompt_id=self.pool[i].id, selector="guard" if j < len(guard) else name,
                              weight=float(self.probs[i]),
                              pred_success=_num(self.pred[i]), angle_score=float(self.angle[i]),

@@ -92,6 +92,7 @@ def test_selector_keeps_the_candidates_most_likely_to_be_mixed(smoke_cfg, pool):
     assert min(chance[i] for i in idx) >= max(chance[i] for i in candidates if i not in idx), "a likelier one was left"
     assert len({rates[pool[i].id] for i in candidates} - {rates[pool[i].id] for i in idx}) > 0
     assert [r.screen_success for r in rows] == [rates[pool[i].id] for i in idx]
+    assert {r.selector for r in rows} == {"screen"} and off.choose(1, 4)[1][0].selector == "uniform"
     assert on.used.sum() == 6 and not on.used[[i for i in candidates if i not in idx]].any()
     m = on.observe(3, idx, torch.tensor([[1.0, 0, 0, 0]] * 3 + [[1.0, 1, 0, 0]] * 3), 0.4, None)
     assert m["select/screen_candidates"] == 12 and m["select/screen_success_mean"] == pytest.approx(

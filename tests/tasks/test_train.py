@@ -320,7 +320,7 @@ def test_the_likelihood_screen_runs_in_the_loop_and_is_recorded(smoke_cfg, pool)
     includes the forward passes (a step selects B prompts from 2B candidates)."""
     cfg = smoke_cfg(*SMALL, "select.screen=2", path=PRESETS.format("dots"))
     _, summary, groups, sel, logged = run_train(cfg, pool)
-    assert summary.steps == 4 and len(sel) == 4 * 6
+    assert summary.steps == 4 and len(sel) == 4 * 6 and {s["selector"] for s in sel} == {"dots+screen"}
     assert all(s["screen_success"] is not None and 0 <= s["screen_success"] <= 1 for s in sel)
     assert all(m["select/screen_candidates"] == 12 for m in logged)
     assert all(0 <= m["select/screen_success_mean"] <= 1 for m in logged)
