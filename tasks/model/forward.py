@@ -65,6 +65,18 @@ def pack(prompts: Sequence[torch.Tensor], completions: torch.Tensor, completion_
     return input_ids, attn, pos, width
 
 
+def right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id lists as one right-padded batch: ids [N, L] (``pad_id`` after each sequence) and the bool mask
+    [N, L] of real tokens, L the longest length (0 when every sequence is empty)."""
+    width = max((len(s) for s in seqs), default=0)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(list(s), dtype=torch.long)
+        mask[i, :len(s)] = True
+    return ids, mask
+
+
 def length_buckets(prompt_lens: torch.Tensor, completion_lens: torch.Tensor, max_tokens: int) -> list[torch.Tensor]:
     """Group N rows by length so that each forward pass pads little.
 

@@ -48,6 +48,7 @@ from pathlib import Path
 import torch
 
 from rlcore.seeding import derive_seed
+from tasks.model.forward import right_pad
 from tasks.model.rollout import Generation, RolloutEngine, add_special
 
 
@@ -128,15 +129,10 @@ class VLLMEngine(RolloutEngine):
             per_prompt = list(pool.map(lambda b: self._complete(prompt_ids[b].tolist(), n, derive_seed(seed, b),
                                                                 greedy), range(len(prompts))))
         choices = [c for cs in per_prompt for c in cs]  # prompt-major, as Generation requires
-        width = max([len(c["token_ids"]) for c in choices] + [0])
-        pad = self.tok.pad_token_id
-        ids = torch.full((len(choices), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(choices), width), dtype=torch.bool)
-        logp = torch.zeros((len(choices), width), dtype=torch.float32)
+        # vLLM stops after EOS (kept in token_ids) or at max_tokens
+        ids, mask = right_pad([c["token_ids"] for c in choices], self.tok.pad_token_id)
+        logp = torch.zeros(ids.shape, dtype=torch.float32)
         for i, c in enumerate(choices):
-            t = c["token_ids"]
-            ids[i, :len(t)] = torch.tensor(t, dtype=torch.long)
-            mask[i, :len(t)] = True  # vLLM stops after EOS (kept in token_ids) or at max_tokens
             lp = [x if x is not None else 0.0 for x in c["logprobs"]["token_logprobs"]]
             logp[i, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
         texts = self.tok.batch_decode(ids, skip_special_tokens=True)

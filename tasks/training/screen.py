@@ -33,12 +33,22 @@ from collections.abc import Callable
 import torch
 
 from tasks.data.prompts import PromptRecord
-from tasks.model.forward import token_logprobs
+from tasks.model.forward import right_pad, token_logprobs
 from tasks.model.policy import Policy
 from tasks.model.rollout import add_special
 
 #: ``records [C] -> [C] float64`` chance in [0, 1] that the current policy writes each record's worked solution.
 Likelihood = Callable[[list[PromptRecord]], torch.Tensor]
+
+
+def require_solutions(records: list[PromptRecord]) -> None:
+    """A ValueError naming how many of ``records`` have no worked solution, and the first one, if any has none."""
+    missing = [r for r in records if not r.solution]
+    if missing:
+        raise ValueError(
+            f"select.screen scores each prompt by its worked solution, but {len(missing)} of {len(records)} prompts "
+            f"have none (first: {missing[0].id} from {missing[0].source}); set select.screen=1 or use a data set "
+            "with worked solutions")
 
 
 def policy_likelihood(policy: Policy, *, temperature: float, max_new_tokens: int, bucket_tokens: int,
@@ -54,19 +64,11 @@ def policy_likelihood(policy: Policy, *, temperature: float, max_new_tokens: int
 
     @torch.inference_mode()
     def likelihood(records: list[PromptRecord]) -> torch.Tensor:
-        missing = [r.id for r in records if not r.solution]
-        if missing:
-            raise ValueError(f"select.screen needs each prompt's worked solution; {len(missing)} of {len(records)} "
-                             f"have none (first: {missing[0]})")
+        require_solutions(records)
         enc = tok(policy.prompts(records), add_special_tokens=add_special(tok))["input_ids"]
         prompts = [torch.tensor(ids, dtype=torch.long) for ids in enc]
         sols = [tok(r.solution, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for r in records]
-        width = max(len(s) for s in sols)
-        comp = torch.full((len(records), width), tok.pad_token_id, dtype=torch.long)  # [C, L]
-        mask = torch.zeros((len(records), width), dtype=torch.bool)  # [C, L]
-        for i, s in enumerate(sols):
-            comp[i, :len(s)] = torch.tensor(s, dtype=torch.long)
-            mask[i, :len(s)] = True
+        comp, mask = right_pad(sols, tok.pad_token_id)  # [C, L] each
         was_training = policy.model.training
         policy.model.eval()
         try:

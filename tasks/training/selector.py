@@ -68,7 +68,7 @@ from tasks.records.ledger import ReferenceRow, SelectionRow
 from tasks.training.calibration import Calibration
 from tasks.training.rollouts import Measure, random_reference, reference_rollouts
 from tasks.training.score import Features
-from tasks.training.screen import Likelihood
+from tasks.training.screen import Likelihood, require_solutions
 
 
 class Selector:
@@ -83,12 +83,7 @@ class Selector:
         if cfg.select.screen > 1:
             if likelihood is None:
                 raise ValueError(f"select.screen={cfg.select.screen} needs the policy's likelihood; none was given")
-            missing = [r for r in pool if not r.solution]
-            if missing:
-                raise ValueError(
-                    f"select.screen={cfg.select.screen} scores each prompt by its worked solution, but {len(missing)} "
-                    f"of {len(pool)} pool prompts have none (first: {missing[0].id} from {missing[0].source}); "
-                    "set select.screen=1 or use a data set with worked solutions")
+            require_solutions(pool)  # at start, not at the first step that draws such a prompt
         self.likelihood = likelihood
         self.screened: dict[int, float] = {}  # select.screen: pool index -> screened pass rate, this step's picks
         self.screen_candidates = 0  # ... and the candidates scored for them
@@ -303,8 +298,9 @@ class Selector:
             probs[guard] = 0.0
         method = cfg.select.sampler if self.predictor is not None else "weighted"
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "select", *((attempt,) if attempt else ())))
-        need = min(k - len(guard), int((probs > 0).sum()))
-        drawn = sample_prompts(probs, min(cfg.select.screen * need, int((probs > 0).sum())), gen, method=method)
+        positive = int((probs > 0).sum())
+        need = min(k - len(guard), positive)
+        drawn = sample_prompts(probs, min(cfg.select.screen * need, positive), gen, method=method)
         if cfg.select.screen > 1:
             q = self.likelihood([self.pool[i] for i in drawn.tolist()])  # [C]
             keep = screen(q, cfg.rollout.n, need)

@@ -6,7 +6,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlcore.angle import online_angle_signal
-from tasks.model.forward import capture_mlp_input, length_buckets, pack, selective_log_softmax, token_logprobs
+from tasks.model.forward import (
+    capture_mlp_input,
+    length_buckets,
+    pack,
+    right_pad,
+    selective_log_softmax,
+    token_logprobs,
+)
 from tasks.model.policy import build_tiny_model, build_tokenizer
 from tasks.model.rollout import HFEngine
 
@@ -131,3 +138,11 @@ def test_engine_tokenizes_once_and_keeps_each_prompt_unpadded():
     for text, ids in zip(prompts, gen.prompt_ids, strict=True):
         assert ids.tolist() == tok(text)["input_ids"]
     assert gen.completion_ids.shape[0] == 6
+
+
+def test_right_pad_by_hand():
+    ids, mask = right_pad([[5, 6, 7], [], [8]], pad_id=PAD)
+    assert ids.tolist() == [[5, 6, 7], [PAD, PAD, PAD], [8, PAD, PAD]] and ids.dtype == torch.long
+    assert mask.tolist() == [[True, True, True], [False, False, False], [True, False, False]]
+    empty, none = right_pad([[], []], pad_id=PAD)
+    assert empty.shape == none.shape == (2, 0)

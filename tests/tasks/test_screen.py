@@ -58,7 +58,7 @@ def test_a_solution_longer_than_the_budget_scores_zero_and_one_missing_is_an_err
     assert len(long_.solution) + 1 > budget
     q = policy_likelihood(policy, temperature=1.0, max_new_tokens=budget, bucket_tokens=0)([short, long_])
     assert q[0] > 0 and q[1] == 0
-    with pytest.raises(ValueError, match="1 of 2 have none"):
+    with pytest.raises(ValueError, match="1 of 2 prompts have none"):
         policy_likelihood(policy, temperature=1.0, max_new_tokens=99, bucket_tokens=0)(
             [short, dataclasses.replace(long_, solution="")])
 
@@ -106,5 +106,5 @@ def test_selector_refuses_a_screen_it_cannot_run(smoke_cfg, pool):
     with pytest.raises(ValueError, match="needs the policy's likelihood"):
         Selector(cfg, pool, feats)
     bare = [dataclasses.replace(r, solution="") if i == 5 else r for i, r in enumerate(pool)]
-    with pytest.raises(ValueError, match=f"1 of 40 pool prompts have none \\(first: {bare[5].id}"):
+    with pytest.raises(ValueError, match=f"1 of 40 prompts have none \\(first: {bare[5].id}"):
         Selector(cfg, bare, feats, scripted({}, []))

@@ -53,3 +53,25 @@ def test_unreachable_server_and_bad_folder(tmp_path):
         assert "no config.json" in str(err)
     else:
         raise AssertionError("expected ValueError")
+
+
+def test_completions_become_a_right_padded_generation_without_a_server(monkeypatch):
+    """generate_with_logprobs lays the server's choices out prompt-major: ids and log-probs right-padded, the mask
+    on the returned tokens (EOS included), a missing log-prob as 0; the server here is a scripted ``_complete``."""
+    tok = build_tokenizer()
+    engine = VLLMEngine("http://127.0.0.1:9", tok, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0)
+    eos = tok.eos_token_id
+    script = {0: [[10, 11, eos], [12]], 1: [[13, 14], [eos]]}  # prompt b -> its two completions' token ids
+
+    def complete(prompt_ids, n, seed, greedy):
+        b = 0 if prompt_ids == engine.tok("a", add_special_tokens=False)["input_ids"] else 1
+        return [{"index": j, "token_ids": t, "logprobs": {"token_logprobs": [None if x == eos else -0.5 for x in t]}}
+                for j, t in enumerate(script[b])]
+
+    monkeypatch.setattr(engine, "_complete", complete)
+    monkeypatch.setattr("tasks.model.vllm_engine.add_special", lambda _tok: False)
+    gen, logp = engine.generate_with_logprobs(["a", "b"], n=2, seed=0)
+    pad = tok.pad_token_id
+    assert gen.completion_ids.tolist() == [[10, 11, eos], [12, pad, pad], [13, 14, pad], [eos, pad, pad]]
+    assert gen.completion_mask.sum(1).tolist() == [3, 1, 2, 1]
+    assert logp.tolist() == [[-0.5, -0.5, 0.0], [-0.5, 0.0, 0.0], [-0.5, -0.5, 0.0], [0.0, 0.0, 0.0]]
