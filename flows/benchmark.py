@@ -40,8 +40,8 @@ from tasks.stages import policy_source
 
 log = logging.getLogger("rlsift.bench")
 
-PRESETS = ("grpo", "grpo_n4", "dapo", "drop_solved", "dots", "dots_informative", "dots_n4", "dots_screen", "dots_n2",
-           "dots_dynamic", "dots_rr", "pods", "gain", "scalingrl", "all")
+PRESETS = ("grpo", "grpo_n4", "dapo", "drop_solved", "dots", "dots_informative", "dots_n4", "dots_screen",
+           "dots_screen_kl", "dots_n2", "dots_dynamic", "dots_rr", "pods", "gain", "scalingrl", "all")
 BASELINE = "grpo"
 #: Leave-one-out arms: the ``all`` preset without one technique each (``--presets ablation`` runs them all).
 #: Without PODS every generated rollout enters the update, so ``rollout.n`` drops to ``all``'s ``pods.m``

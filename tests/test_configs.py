@@ -65,6 +65,10 @@ def test_presets_switch_what_their_names_say():
     screen = get("dots_screen")
     assert (screen.select.screen, screen.rollout.n, screen.train.prompts_per_step, screen.select.method) == \
         (2, 4, 20, "dots") and get("dots_n4").select.screen == 1, "the screen is dots_screen's one addition"
+    kl = get("dots_screen_kl")
+    assert (kl.train.kl_coef, kl.train.kl_rows, screen.train.kl_coef) == (0.04, "all", 0.0), \
+        "the published KL term on every rollout is dots_screen_kl's one addition"
+    assert (kl.select, kl.rollout, kl.train.prompts_per_step) == (screen.select, screen.rollout, 20)
     n2 = get("dots_n2")
     assert (n2.rollout.n, n2.train.prompts_per_step, n2.select.weighting) == (2, 48, "observed")
     g4 = get("grpo_n4")

@@ -326,6 +326,18 @@ def test_the_likelihood_screen_runs_in_the_loop_and_is_recorded(smoke_cfg, pool)
     assert all(0 <= m["select/screen_success_mean"] <= 1 for m in logged)
 
 
+def test_dots_screen_kl_anchors_every_rollout_to_the_starting_policy(smoke_cfg, pool):
+    """dots_screen_kl is the screened draw plus GRPO's KL term on every rollout: each step's update computes all
+    rollouts, silent groups included, and logs the KL to the starting policy, 0 before the first update moves the
+    policy and positive after it."""
+    cfg = smoke_cfg(*SMALL, path=PRESETS.format("dots_screen_kl"))
+    _, summary, _, sel, logged = run_train(cfg, pool)
+    assert summary.steps == 4 and {s["selector"] for s in sel} == {"dots+screen"}
+    assert [m["train/update_rows"] for m in logged] == [6 * 4] * 4
+    kl = [m["train/kl"] for m in logged]
+    assert kl[0] == pytest.approx(0.0, abs=1e-6) and all(k > 0 for k in kl[1:]), kl
+
+
 def test_groups_of_two_on_dots_draw(smoke_cfg, pool):
     """dots_n2: the draw weighs prompts by the chance that a group of 2 differs, 2p(1 - p) (not the chance for 4);
     every generated group has 2 rollouts, and the effective ratio is the share of mixed pairs (whose advantages,
