@@ -26,7 +26,9 @@ Choices and deviations:
       mean.
     * KL to a reference policy: GRPO's k3 estimator exp(ref - logp) - (ref - logp) - 1 per token, aggregated
       like the policy loss and added with ``kl_coef`` (``train.kl_coef``, 0 by default: off, as in DOTS,
-      PODS and Dr. GRPO).
+      PODS and Dr. GRPO). Optional per-sequence weights ``kl_weight`` scale each sequence's KL tokens (ours:
+      the update computes a random share of the silent groups for their KL term and weights them by the
+      inverse of that share, ``train.kl_sample``); the normaliser is unchanged.
     * No dual-clip and no truncation of r_old itself (the paper does not use one; docs/algorithms.md section 2.3).
     * Metrics ``train/clip_frac``, ``train/ratio_mean``, ``train/behaviour_ratio_mean`` and
       ``train/approx_kl`` are token-level masked means whatever the aggregation; ``train/pg_loss`` and
@@ -108,6 +110,7 @@ def _check_inputs(
     ref_logp: torch.Tensor | None,
     clip_eps: float,
     kl_coef: float,
+    kl_weight: torch.Tensor | None = None,
 ) -> None:
     if logp.dim() != 2:
         raise ValueError(f"logp must have shape [N, L], got {tuple(logp.shape)}")
@@ -133,6 +136,12 @@ def _check_inputs(
         raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
     if kl_coef > 0 and ref_logp is None:
         raise ValueError(f"kl_coef={kl_coef} > 0 needs ref_logp (the reference policy's log-probs)")
+    if kl_weight is not None:
+        if kl_weight.shape != (shape[0],):
+            raise ValueError(f"kl_weight must have shape [N] = ({shape[0]},), got {tuple(kl_weight.shape)}")
+        bad = ~(torch.isfinite(kl_weight) & (kl_weight >= 0))
+        if bool(bad.any()):
+            raise ValueError(f"kl_weight must be finite and >= 0; rows {bad.nonzero().flatten()[:5].tolist()} are not")
 
 
 def clipped_policy_loss(
@@ -146,6 +155,7 @@ def clipped_policy_loss(
     kl_coef: float,
     behaviour_logp: torch.Tensor | None = None,
     ref_logp: torch.Tensor | None = None,
+    kl_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip / GRPO surrogate with the Rollout-Replay clip window centred on pi_old / mu.
 
@@ -161,6 +171,7 @@ def clipped_policy_loss(
             None means mu = pi_old (fresh rollouts), which is ordinary PPO-clip.
         ref_logp: [N, L] log-probs under a reference policy, for the k3 KL term and the ``train/kl`` metric.
         kl_coef: weight of the KL term in the loss; > 0 needs ``ref_logp`` (``train.kl_coef``).
+        kl_weight: [N] finite, non-negative weight of each sequence's KL tokens (``train.kl_sample``); None: 1.
 
     Returns:
         (loss, metrics): a scalar loss tensor to minimise, and a dict of float metrics ``train/clip_frac``,
@@ -169,10 +180,10 @@ def clipped_policy_loss(
 
     Raises:
         ValueError: on mismatched shapes, a non-bool or empty mask, non-finite advantages or detached
-            log-probs, clip_eps outside (0, 1), a negative kl_coef, kl_coef > 0 without ref_logp, or an
-            unknown aggregation.
+            log-probs, clip_eps outside (0, 1), a negative kl_coef, kl_coef > 0 without ref_logp, a
+            kl_weight that is not [N], finite and >= 0, or an unknown aggregation.
     """
-    _check_inputs(logp, old_logp, advantages, mask, behaviour_logp, ref_logp, clip_eps, kl_coef)
+    _check_inputs(logp, old_logp, advantages, mask, behaviour_logp, ref_logp, clip_eps, kl_coef, kl_weight)
     agg = _aggregation(aggregation)
     old_logp = old_logp.detach()
     mu = old_logp if behaviour_logp is None else behaviour_logp.detach()
@@ -191,6 +202,8 @@ def clipped_policy_loss(
     if ref_logp is not None:
         delta = ref_logp.detach() - logp  # [N, L]
         kl_tok = torch.exp(delta) - delta - 1.0  # k3 estimator of KL(pi_theta || pi_ref)
+        if kl_weight is not None:
+            kl_tok = kl_tok * kl_weight.to(kl_tok.dtype).unsqueeze(1)  # [N, L]
         kl_value = masked_aggregate(kl_tok, mask, agg)
         if kl_coef > 0:
             loss = pg_loss + kl_coef * kl_value

@@ -159,6 +159,13 @@ class TrainConfig(_Frozen):
         "the computed rollouts); informative_and_solved (also the rollouts of groups that all earn reward 1: an "
         "anchor of the solved prompts to the starting policy). Rollouts left out count 0 in the KL's mean; they "
         "are left out by not computing them, so a value other than all needs train.skip_zero_advantage."))
+    kl_sample: float = Field(1.0, gt=0, le=1, description=(
+        "Share of the silent groups (advantages all 0, so only their KL term counts) that a step computes for the "
+        "KL term train.kl_rows gives them: each such group is drawn with this chance (seeded by the run's seed, "
+        "its step and its place in the batch) and its KL term weighted by 1 / kl_sample, an unbiased estimate "
+        "of the full term (Horvitz-Thompson) at a fraction of its forward, backward and reference passes "
+        "(docs/algorithms.md section 0.2). 1: every such group (GRPO's objective exactly). Below 1 it needs "
+        "train.kl_coef > 0 and train.skip_zero_advantage=true."))
     negative_weight: float = Field(1.0, ge=0, le=1, description=(
         "Scale of negative advantages (1: GRPO; 0: reinforce successes only, as rejection-sampling fine-tuning)."))
     minibatches: int = Field(1, ge=1, description="Optimizer steps per training step, each on a slice of the batch.")
@@ -416,6 +423,10 @@ class Config(_Frozen):
         if tc.kl_coef > 0 and tc.kl_rows != "all" and not tc.skip_zero_advantage:
             raise ValueError(f"train.kl_rows={tc.kl_rows} leaves rollouts out of the KL term by skipping them in the "
                              "update: it needs train.skip_zero_advantage=true")
+        if tc.kl_sample < 1 and (tc.kl_coef == 0 or not tc.skip_zero_advantage):
+            raise ValueError(f"train.kl_sample={tc.kl_sample} samples the silent groups' KL term, so it needs "
+                             "train.kl_coef > 0 and train.skip_zero_advantage=true (the skip is how the groups "
+                             "not drawn are left out)")
         if self.guard.share > 0 and self.select.drop_solved:
             raise ValueError("guard.share keeps solved prompts in the batch and select.drop_solved removes them: "
                              "set one of them")

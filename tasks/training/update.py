@@ -29,6 +29,7 @@ import torch
 from rlcore.advantages import solved_mask
 from rlcore.angle import online_angle_signal
 from rlcore.grpo_loss import clipped_policy_loss
+from rlcore.seeding import derive_seed
 from rlcore.types import RolloutGroup
 from tasks.config import Config, KlRows
 from tasks.model.forward import token_logprobs
@@ -56,8 +57,8 @@ KL_ROWS: tuple[str, ...] = get_args(KlRows)
 
 def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, groups: Sequence[RolloutGroup], *,
                   clip_eps: float, aggregation: str, grad_clip: float, temperature: float, pad_id: int,
-                  minibatches: int, kl_coef: float, kl_rows: KlRows = "all", bucket_tokens: int = 0,
-                  skip_zero_advantage: bool = False,
+                  minibatches: int, kl_coef: float, kl_rows: KlRows = "all", kl_sample: float = 1.0, seed: int = 0,
+                  bucket_tokens: int = 0, skip_zero_advantage: bool = False,
                   ref_model: torch.nn.Module | None = None, device: torch.device | str = "cpu",
                   angle_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                   shard: DataShard | None = None) -> dict[str, float]:
@@ -76,6 +77,10 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
             in one process ``angle_fn`` gets the skipped rows' hidden states from a forward pass without autograd.
             Token-level metrics then average over the computed rows; skipped fresh groups get no behaviour
             log-probs (Rollout Replay stores only informative groups).
+        kl_sample, seed: ``train.kl_sample`` < 1 computes each group that only its KL term puts in the update
+            (advantages all 0) with that chance (:func:`kl_draw` of ``seed``) and weights its KL term by
+            ``1 / kl_sample``: the KL term and its gradient are unbiased estimates of those over every such
+            group. Needs the skip, like ``kl_rows``.
         angle_fn: optional ``(mlp_inputs [N, T, H], attention_mask [N, T]) -> [N]`` per-sequence angle signal
             computed from the same forward pass (GAIN-RL's online signal); its mean is ``gain/angle_online``.
         shard: scale-out (``tasks/training/distributed.py``): every rank passes the same ``groups`` and computes its
@@ -95,6 +100,12 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     if kl_coef > 0 and kl_rows != "all" and not skip:
         raise ValueError(f"kl_rows={kl_rows!r} leaves rollouts out of the KL term by skipping them in the update: it "
                          "needs train.skip_zero_advantage (and, under scale-out, GAIN-RL off)")
+    if not 0 < kl_sample <= 1:
+        raise ValueError(f"kl_sample must be in (0, 1], got {kl_sample}")
+    sampled = kl_sample < 1 and kl_coef > 0
+    if sampled and not skip:
+        raise ValueError(f"kl_sample={kl_sample} leaves silent groups out of the KL term by skipping them in the "
+                         "update: it needs train.skip_zero_advantage (and, under scale-out, GAIN-RL off)")
 
     def silent_group(g: RolloutGroup) -> bool:  # adds nothing to the loss: no policy gradient, no KL term
         if not bool((g.advantages == 0).all()):
@@ -103,9 +114,19 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
             return True
         return kl_rows == "informative_and_solved" and not bool(solved_mask(g.rewards.unsqueeze(0)))
 
+    def kl_weight_of(i: int, g: RolloutGroup) -> float:  # weight of the group's KL term; 0: left out
+        if silent_group(g):
+            return 0.0
+        if not sampled or not bool((g.advantages == 0).all()):
+            return 1.0
+        return 1.0 / kl_sample if kl_draw(seed, g, i) < kl_sample else 0.0
+
     prompts, comp, mask, adv, width = flatten(groups)
     n_rows = comp.shape[0]
-    silent = torch.cat([torch.full((g.size,), silent_group(g)) for g in groups])  # [N]
+    group_kl = [kl_weight_of(i, g) for i, g in enumerate(groups)]
+    silent = torch.cat([torch.full((g.size,), w == 0.0) for g, w in zip(groups, group_kl, strict=True)])  # [N]
+    kl_weight = torch.cat([torch.full((g.size,), w) for g, w in zip(groups, group_kl, strict=True)]) \
+        if sampled else None  # [N]
     fresh_rows = torch.cat([torch.full((g.size,), g.replayed_from is None) for g in groups])
     behaviour = torch.cat([torch.nn.functional.pad(g.behaviour_logp, (0, width - g.behaviour_logp.shape[1]))
                            if g.replayed_from is not None else torch.zeros(g.size, width) for g in groups])
@@ -167,10 +188,12 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
             loss, m = clipped_policy_loss(
                 logp, old, adv[mb].to(logp.device), mask[mb].to(logp.device), clip_eps=clip_eps,
                 aggregation=aggregation, behaviour_logp=None if bool(fresh.all()) else beh, ref_logp=ref,
-                kl_coef=kl_coef)
+                kl_coef=kl_coef, kl_weight=None if kl_weight is None else kl_weight[mb].to(logp.device))
             if scale != 1.0:  # rows left out by the skip count in the normaliser (their terms are 0)
                 loss = loss * scale
-                m["train/pg_loss"] = m["train/pg_loss"] * scale
+                for key in ("train/pg_loss", "train/kl"):
+                    if key in m:
+                        m[key] = m[key] * scale
             m["train/loss"] = float(loss.detach())
         if poisoned:  # same metric keys on every rank; the NaN loss makes every rank skip (backward_step)
             loss = loss * float("nan")
@@ -202,6 +225,12 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     if angle_n:
         stats["gain/angle_online"] = angle_sum / angle_n
     return stats
+
+
+def kl_draw(seed: int, group: RolloutGroup, position: int) -> float:
+    """``train.kl_sample``'s uniform draw in [0, 1) for the group at ``position`` in a step's batch: a function of
+    the run's seed, the group's step, its position and its prompt, so every rank and a resumed run draw alike."""
+    return derive_seed(seed, group.step, position, group.prompt_id, "kl-sample") / 2.0**63
 
 
 def rows_with_gradient(rows: torch.Tensor, silent: torch.Tensor, mask: torch.Tensor, aggregation: str, *,
@@ -252,6 +281,8 @@ class LossSettings:
     minibatches: int = 1
     kl_coef: float = 0.0
     kl_rows: KlRows = "all"
+    kl_sample: float = 1.0
+    seed: int = 0
     bucket_tokens: int = 0
     skip_zero_advantage: bool = False
     angle: bool = False
@@ -261,7 +292,8 @@ class LossSettings:
         tc = cfg.train
         return cls(clip_eps=tc.clip_eps, aggregation=tc.aggregation, grad_clip=tc.grad_clip,
                    temperature=cfg.rollout.temperature, pad_id=pad_id, minibatches=tc.minibatches,
-                   kl_coef=tc.kl_coef, kl_rows=tc.kl_rows, bucket_tokens=tc.bucket_tokens,
+                   kl_coef=tc.kl_coef, kl_rows=tc.kl_rows, kl_sample=tc.kl_sample, seed=cfg.seed,
+                   bucket_tokens=tc.bucket_tokens,
                    skip_zero_advantage=tc.skip_zero_advantage, angle=cfg.gain.enabled)
 
     def update_kwargs(self) -> dict:

@@ -165,6 +165,33 @@ def test_kl_term_hand_worked():
     assert loss0.item() == -1.0 and m0["train/kl"] == pytest.approx(k3)
 
 
+@pytest.mark.parametrize("aggregation, expected", [
+    # row 0: one valid token, ref - logp = ln 2, k3 = 2 - ln 2 - 1 = 0.306853, weight 3;
+    # row 1: two valid tokens, ref - logp = -ln 2, k3 = 1/2 + ln 2 - 1 = 0.193147 each, weight 1/2
+    ("token", (3 * (1 - math.log(2)) + 0.5 * 2 * (math.log(2) - 0.5)) / 3),   # 0.371238: over the 3 tokens
+    ("sequence", (3 * (1 - math.log(2)) + 0.5 * (math.log(2) - 0.5)) / 2),    # 0.508569: mean of the 2 rows
+])
+def test_kl_weight_scales_each_sequences_kl_tokens_hand_worked(aggregation, expected):
+    ln2 = math.log(2)
+    logp = _t([[0.0, 0.0], [0.0, 0.0]], grad=True)
+    mask = torch.tensor([[True, False], [True, True]])
+    ref = _t([[ln2, 5.0], [-ln2, -ln2]])  # 5.0 on a padded position: ignored
+    adv = _t([0.0, 0.0])  # no policy gradient: the loss is the KL term alone
+    loss, m = _loss(logp, _t([[0.0, 0.0], [0.0, 0.0]]), adv, mask, aggregation=aggregation, ref_logp=ref,
+                    kl_coef=0.5, kl_weight=_t([3.0, 0.5]))
+    assert m["train/kl"] == pytest.approx(expected, abs=1e-12)
+    assert loss.item() == pytest.approx(0.5 * expected, abs=1e-12)
+    ones, _ = _loss(logp, _t([[0.0, 0.0], [0.0, 0.0]]), adv, mask, aggregation=aggregation, ref_logp=ref,
+                    kl_coef=0.5, kl_weight=_t([1.0, 1.0]))
+    plain, _ = _loss(logp, _t([[0.0, 0.0], [0.0, 0.0]]), adv, mask, aggregation=aggregation, ref_logp=ref,
+                     kl_coef=0.5)
+    assert ones.item() == plain.item()  # weight 1 is no weight, bit for bit
+    with pytest.raises(ValueError, match=r"kl_weight must have shape \[N\] = \(2,\)"):
+        _loss(logp, logp, adv, mask, ref_logp=ref, kl_coef=0.5, kl_weight=_t([1.0]))
+    with pytest.raises(ValueError, match=r"kl_weight must be finite and >= 0; rows \[0, 1\]"):
+        _loss(logp, logp, adv, mask, ref_logp=ref, kl_coef=0.5, kl_weight=_t([-1.0, float("nan")]))
+
+
 # ---------------------------------------------------------------- reduction to PPO-clip, bit for bit
 
 

@@ -11,7 +11,7 @@ from tasks.config_load import load_config
 from tasks.model.forward import token_logprobs
 from tasks.model.policy import build_tiny_model
 from tasks.training.distributed import backward_step
-from tasks.training.update import flatten, policy_update, rows_with_gradient
+from tasks.training.update import flatten, kl_draw, policy_update, rows_with_gradient
 from tests.tasks import dist_update_helper as h
 
 
@@ -82,17 +82,18 @@ def test_a_batch_without_gradient_still_steps_the_optimizer_as_before():
 
 
 def _kl_oracle(groups, ref, kl_counts: torch.Tensor, kl_coef: float):
-    """One step of the whole batch, every row computed, with the KL term zeroed on the rows ``kl_counts`` [N] leaves
-    out: there the reference log-probs are the policy's own (detached), where k3 and its gradient are 0."""
+    """One step of the whole batch, every row computed, with each row's KL term weighted by ``kl_counts`` [N] (bool:
+    1 or 0) and zeroed where it is 0: there the reference log-probs are the policy's own (detached), where k3 and
+    its gradient are 0."""
     model = h.tiny_model()
     opt = torch.optim.AdamW(model.parameters(), **h.OPTIM)
     prompts, comp, mask, adv, _ = flatten(groups)
     logp = token_logprobs(model, prompts, comp, mask, h.PAD)
     with torch.no_grad():
         ref_logp = token_logprobs(ref, prompts, comp, mask, h.PAD)
-    ref_logp = torch.where(kl_counts.unsqueeze(1), ref_logp, logp.detach())
+    ref_logp = torch.where(kl_counts.bool().unsqueeze(1), ref_logp, logp.detach())
     loss, _ = clipped_policy_loss(logp, logp.detach(), adv, mask, clip_eps=h.SETTINGS["clip_eps"], aggregation="token",
-                                  kl_coef=kl_coef, ref_logp=ref_logp)
+                                  kl_coef=kl_coef, ref_logp=ref_logp, kl_weight=kl_counts.float())
     backward_step(model, opt, loss, h.SETTINGS["grad_clip"])
     return model, float(loss.detach())
 
@@ -121,6 +122,51 @@ def test_kl_rows_choose_where_the_kl_term_counts(kl_rows, counted, rows):
         # lr-sized (1e-3) wherever the gradient is not ~0: a KL term counted on other rows would move many elements
         # by that much; float rounding in an element near Adam's eps moves one by ~1e-5
         torch.testing.assert_close(q, p, rtol=1e-5, atol=3e-5, msg=name)
+
+
+def test_kl_sample_computes_a_drawn_share_of_the_silent_groups_weighted_by_its_inverse():
+    """train.kl_sample = 1/2: of the silent groups 1 and 3, the one drawn is computed with its KL term doubled, the
+    other is skipped; loss and step equal the whole batch's with those KL weights (2, 0) and 1 elsewhere."""
+    groups = _batch_with_silent_groups(h.tiny_model())
+    for g in groups:
+        g.replayed_from = None
+    seed = next(s for s in range(100) if kl_draw(s, groups[1], 1) < 0.5 <= kl_draw(s, groups[3], 3))
+    ref = build_tiny_model(hidden=64, layers=2, heads=2, seed=1)
+    model = h.tiny_model()
+    opt = torch.optim.AdamW(model.parameters(), **h.OPTIM)
+    stats = policy_update(model, opt, copy.deepcopy(groups), skip_zero_advantage=True, aggregation="token",
+                          kl_coef=0.5, kl_rows="all", kl_sample=0.5, seed=seed, ref_model=ref,
+                          **{**h.SETTINGS, "minibatches": 1})
+    assert stats["train/update_rows"] == 12.0  # groups 0 and 2 for their gradient, group 1 for its KL term
+    weights = torch.cat([torch.full((g.size,), w) for g, w in zip(groups, (1.0, 2.0, 1.0, 0.0), strict=True)])
+    oracle, oracle_loss = _kl_oracle(groups, ref, weights, kl_coef=0.5)
+    _, unweighted = _kl_oracle(groups, ref, weights.clamp(max=1.0), kl_coef=0.5)
+    assert stats["train/loss"] == pytest.approx(oracle_loss, rel=1e-5) and abs(oracle_loss - unweighted) > 1e-4
+    for (name, p), q in zip(oracle.named_parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=3e-5, msg=name)
+
+
+def test_kl_draw_is_uniform_so_the_sampled_kl_term_is_unbiased():
+    """Each silent group enters with chance kl_sample and weight 1 / kl_sample: its expected weight is 1."""
+    group = _batch_with_silent_groups(h.tiny_model())[1]
+    draws = torch.tensor([kl_draw(seed, group, position) for seed in range(50) for position in range(80)])
+    assert float(draws.min()) >= 0 and float(draws.max()) < 1
+    for share in (0.1, 0.25, 0.5, 0.9):  # 4000 draws: the binomial standard error is at most 0.008
+        assert float((draws < share).float().mean() / share) == pytest.approx(1.0, abs=0.03 / share)
+    assert kl_draw(3, group, 1) == kl_draw(3, group, 1)  # every rank and a resumed run draw alike
+    assert len({kl_draw(3, group, p) for p in range(10)}) == 10
+
+
+def test_kl_sample_needs_the_kl_term_and_the_skip():
+    groups = _batch_with_silent_groups(h.tiny_model())
+    with pytest.raises(ValueError, match="kl_sample=0.5 leaves silent groups out of the KL term"):
+        _update(groups, False, aggregation="token", kl_coef=0.5, kl_sample=0.5, ref_model=h.tiny_model())
+    with pytest.raises(ValueError, match=r"kl_sample must be in \(0, 1\]"):
+        _update(groups, True, aggregation="token", kl_coef=0.5, kl_sample=0.0, ref_model=h.tiny_model())
+    for overrides in (["train.kl_sample=0.5"], ["train.kl_coef=0.04", "train.kl_sample=0.5",
+                                                "train.skip_zero_advantage=false"]):
+        with pytest.raises(ConfigError, match="train.kl_sample=0.5 samples the silent groups' KL term"):
+            load_config(None, overrides)
 
 
 def test_an_unknown_kl_rows_is_an_error():
