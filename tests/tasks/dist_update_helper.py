@@ -37,7 +37,7 @@ from tasks.training.distributed import (
     wrap,
 )
 from tasks.training.sharded_update import Driver, serve, stop_workers
-from tasks.training.update import LocalUpdater, LossSettings, Updater, policy_update, scheduled_lr
+from tasks.training.update import LocalUpdater, LossSettings, Updater, kl_draw, policy_update, scheduled_lr
 
 STEPS = 2
 PAD = 0
@@ -47,6 +47,9 @@ OPTIM = dict(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.01)
 #: Per-backend loss settings: (aggregation, kl_coef).
 LOSS = {"ddp": ("sequence", 0.05), "fsdp2": ("token", 0.0), "deepspeed_zero2": ("token", 0.0),
         "deepspeed_zero3": ("token", 0.0), "single": ("token", 0.0)}
+#: Backends whose batch has two silent groups (1 all right, 3 all wrong) and whose update skips them, except for
+#: the KL term of the one ``train.kl_sample = 1/2`` draws (weighted 2): the skip and the draw under scale-out.
+SILENT = ("ddp",)
 
 
 def tiny_model() -> torch.nn.Module:
@@ -54,9 +57,10 @@ def tiny_model() -> torch.nn.Module:
     return build_tiny_model(hidden=64, layers=2, heads=2, seed=0)
 
 
-def make_batch(model: torch.nn.Module) -> list[RolloutGroup]:
+def make_batch(model: torch.nn.Module, silent: bool = False) -> list[RolloutGroup]:
     """4 groups x 4 rollouts with very uneven completion lengths (so the two ranks' token counts differ a
-    lot: rows 0-3 and 8-11 are long, the others short), and one replayed group with off-policy log-probs."""
+    lot: rows 0-3 and 8-11 are long, the others short), and one replayed group with off-policy log-probs.
+    ``silent``: group 1 earns reward 1 and group 3 reward 0 on every rollout (advantages all 0)."""
     g = torch.Generator().manual_seed(123)
     vocab = model.config.vocab_size
     groups = []
@@ -67,6 +71,8 @@ def make_batch(model: torch.nn.Module) -> list[RolloutGroup]:
         mask = torch.arange(10).unsqueeze(0) < lengths.unsqueeze(1)
         comp = torch.where(mask, comp, torch.full_like(comp, PAD))
         rewards = torch.tensor([1.0, 0.0, 1.0, 0.0]) if i != 3 else torch.tensor([0.0, 1.0, 1.0, 1.0])
+        if silent and i in (1, 3):
+            rewards = torch.full((4,), float(i == 1))
         groups.append(RolloutGroup(
             prompt_id=f"p{i}", prompt_ids=prompt, completion_ids=comp, completion_mask=mask, rewards=rewards,
             advantages=rewards - rewards.mean(), behaviour_logp=torch.zeros(0), success_rate=float(rewards.mean()),
@@ -79,13 +85,21 @@ def make_batch(model: torch.nn.Module) -> list[RolloutGroup]:
     return groups
 
 
+def sampled_kl(batch: list[RolloutGroup]) -> dict:
+    """``policy_update`` settings for a :data:`SILENT` batch: the skip, and a seed whose ``kl_sample = 1/2`` draws
+    group 1 and leaves group 3 out."""
+    seed = next(s for s in range(100) if kl_draw(s, batch[1], 1) < 0.5 <= kl_draw(s, batch[3], 3))
+    return dict(skip_zero_advantage=True, kl_sample=0.5, seed=seed)
+
+
 def run_steps(model, optimizer, batch, backend: str, steps: range, shard) -> list[dict]:
     aggregation, kl = LOSS[backend]
+    extra = sampled_kl(batch) if backend in SILENT else {}
     stats = []
     for _ in steps:
         groups = copy.deepcopy(batch)
         s = policy_update(model, optimizer, groups, aggregation=aggregation, kl_coef=kl, ref_model=_REF.get(backend),
-                          shard=shard, **SETTINGS)
+                          shard=shard, **SETTINGS, **extra)
         s["behaviour"] = torch.cat([g.behaviour_logp for g in groups if g.replayed_from is None])
         stats.append(s)
     return stats
@@ -97,7 +111,7 @@ _REF: dict = {}
 def reference(backend: str) -> dict:
     """The single-process run the sharded ones must match."""
     model = tiny_model()
-    batch = make_batch(model)
+    batch = make_batch(model, silent=backend in SILENT)
     if LOSS[backend][1] > 0:
         _REF[backend] = reference_copy(model)
     opt = torch.optim.AdamW(model.parameters(), **OPTIM)
@@ -110,7 +124,7 @@ def sharded(backend: str) -> dict:
     factory = functools.partial(torch.optim.AdamW, **OPTIM)
     shard = DataShard.current()
     model = tiny_model()
-    batch = make_batch(model)
+    batch = make_batch(model, silent=backend in SILENT)
     if LOSS[backend][1] > 0:
         _REF[backend] = reference_copy(model)
     t0 = time.perf_counter()

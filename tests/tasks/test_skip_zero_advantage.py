@@ -32,12 +32,7 @@ def test_rows_with_gradient_by_hand():
 
 def _batch_with_silent_groups(model):
     """dist_update_helper's batch (one replayed group) with groups 1 (all right) and 3 (all wrong) silent."""
-    groups = h.make_batch(model)
-    for i, r in ((1, 1.0), (3, 0.0)):
-        g = groups[i]
-        g.rewards = torch.full_like(g.rewards, r)
-        g.advantages = torch.zeros_like(g.advantages)
-    return groups
+    return h.make_batch(model, silent=True)
 
 
 def _update(groups, skip: bool, **kw):
