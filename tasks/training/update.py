@@ -107,17 +107,14 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
         raise ValueError(f"kl_sample={kl_sample} leaves silent groups out of the KL term by skipping them in the "
                          "update: it needs train.skip_zero_advantage (and, under scale-out, GAIN-RL off)")
 
-    def silent_group(g: RolloutGroup) -> bool:  # adds nothing to the loss: no policy gradient, no KL term
+    def kl_weight_of(i: int, g: RolloutGroup) -> float:  # the group's KL weight; 0: it adds nothing, so it is skipped
         if not bool((g.advantages == 0).all()):
-            return False
+            return 1.0  # a policy gradient
         if kl_coef == 0 or kl_rows == "informative":
-            return True
-        return kl_rows == "informative_and_solved" and not bool(solved_mask(g.rewards.unsqueeze(0)))
-
-    def kl_weight_of(i: int, g: RolloutGroup) -> float:  # weight of the group's KL term; 0: left out
-        if silent_group(g):
             return 0.0
-        if not sampled or not bool((g.advantages == 0).all()):
+        if kl_rows == "informative_and_solved" and not bool(solved_mask(g.rewards.unsqueeze(0))):
+            return 0.0
+        if not sampled:
             return 1.0
         return 1.0 / kl_sample if kl_draw(seed, g, i) < kl_sample else 0.0
 

@@ -125,13 +125,11 @@ def test_kl_sample_computes_a_drawn_share_of_the_silent_groups_weighted_by_its_i
     groups = _batch_with_silent_groups(h.tiny_model())
     for g in groups:
         g.replayed_from = None
-    seed = next(s for s in range(100) if kl_draw(s, groups[1], 1) < 0.5 <= kl_draw(s, groups[3], 3))
     ref = build_tiny_model(hidden=64, layers=2, heads=2, seed=1)
     model = h.tiny_model()
     opt = torch.optim.AdamW(model.parameters(), **h.OPTIM)
-    stats = policy_update(model, opt, copy.deepcopy(groups), skip_zero_advantage=True, aggregation="token",
-                          kl_coef=0.5, kl_rows="all", kl_sample=0.5, seed=seed, ref_model=ref,
-                          **{**h.SETTINGS, "minibatches": 1})
+    stats = policy_update(model, opt, copy.deepcopy(groups), aggregation="token", kl_coef=0.5, kl_rows="all",
+                          ref_model=ref, **h.sampled_kl(groups), **{**h.SETTINGS, "minibatches": 1})
     assert stats["train/update_rows"] == 12.0  # groups 0 and 2 for their gradient, group 1 for its KL term
     weights = torch.cat([torch.full((g.size,), w) for g, w in zip(groups, (1.0, 2.0, 1.0, 0.0), strict=True)])
     oracle, oracle_loss = _kl_oracle(groups, ref, weights, kl_coef=0.5)
