@@ -49,7 +49,7 @@ BASELINE = "grpo"
 LEAVE_ONE_OUT: dict[str, tuple[str, ...]] = {
     "all-dots": ("select.method=uniform",), "all-replay": ("replay.enabled=false",),
     "all-pods": ("pods.enabled=false",), "all-scalingrl": ("curriculum.enabled=false",),
-    "all-gain": ("gain.enabled=false",),
+    "all-gain": ("gain.enabled=false",), "all-adapt": ("adapt.enabled=false",),
 }
 #: ``--presets ablation``: every preset and every leave-one-out arm.
 ABLATION = (*PRESETS, *LEAVE_ONE_OUT)

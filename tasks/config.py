@@ -296,6 +296,21 @@ class ReplayConfig(_Frozen):
         "Groups older than this many steps are not replayed (our addition; None: no limit, as in the paper)."))
 
 
+class AdaptConfig(_Frozen):
+    """The adaptive composition (our addition; rlcore/adaptive_composition.py, docs/algorithms.md section 6.5): PODS
+    and Rollout Replay turned down as the share r of fresh groups that are informative on pods.m rollouts rises."""
+
+    enabled: bool = Field(False, description=(
+        "Each step, set the rollouts a prompt (between pods.m and rollout.n) and the fresh share of the batch "
+        "(between replay.fresh_frac and 1) from the moving average of r; needs PODS or replay on."))
+    low: float = Field(0.5, ge=0, lt=1, description=(
+        "r at or below which PODS and replay run as configured (at least half the groups of m silent)."))
+    high: float = Field(0.9, gt=0, le=1, description=(
+        "r at or above which both are off (rollout.n = pods.m, every prompt fresh); linear in between."))
+    momentum: float = Field(0.8, ge=0, lt=1, description=(
+        "Weight of the previous average of r at each step (0.8: about the last five steps)."))
+
+
 class GuardConfig(_Frozen):
     """The solved-skill guard (our addition; docs/algorithms.md section 7): selection methods that train only where
     the predicted success is near 0.5 let solved skills drift. Both parts are off by default (plain GRPO)."""
@@ -406,6 +421,7 @@ class Config(_Frozen):
     pods: PodsConfig = Field(PodsConfig(), description="PODS rollout down-sampling.")
     dynamic: DynamicSamplingConfig = Field(DynamicSamplingConfig(), description="DAPO's dynamic sampling.")
     replay: ReplayConfig = Field(ReplayConfig(), description="Rollout Replay.")
+    adapt: AdaptConfig = Field(AdaptConfig(), description="Adaptive composition of PODS and replay.")
     guard: GuardConfig = Field(GuardConfig(), description="Solved-skill guard.")
     curriculum: CurriculumConfig = Field(CurriculumConfig(), description="ScalingRL curriculum (reconstruction).")
     gain: GainConfig = Field(GainConfig(), description="GAIN-RL angle ordering and window.")
@@ -427,6 +443,11 @@ class Config(_Frozen):
             raise ValueError(f"train.kl_sample={tc.kl_sample} samples the silent groups' KL term, so it needs "
                              "train.kl_coef > 0 and train.skip_zero_advantage=true (the skip is how the groups "
                              "not drawn are left out)")
+        if self.adapt.enabled and not (self.pods.enabled or self.replay.enabled):
+            raise ValueError("adapt.enabled turns PODS and replay down as groups get informative: it needs "
+                             "pods.enabled or replay.enabled")
+        if self.adapt.low >= self.adapt.high:
+            raise ValueError(f"adapt.low ({self.adapt.low}) must be below adapt.high ({self.adapt.high})")
         if self.guard.share > 0 and self.select.drop_solved:
             raise ValueError("guard.share keeps solved prompts in the batch and select.drop_solved removes them: "
                              "set one of them")

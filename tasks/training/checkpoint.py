@@ -1,8 +1,8 @@
 """Crash-safe checkpoints of the complete training state.
 
 A checkpoint holds the model, the optimizer state (through the run's ``Updater``, tasks/training/update.py,
-whatever the backend), selector (DOTS predictor, curriculum scheduler, GAIN-RL window,
-pool statistics), replay buffer, cost meter, every RNG state and the step counter. It is written to a
+whatever the backend), selector (DOTS predictor, curriculum scheduler, GAIN-RL window, pool statistics), replay
+buffer, the adaptive composition's average, cost meter, every RNG state and the step counter. It is written to a
 temporary file, fsynced and renamed into place, then the ``latest`` pointer is replaced the same way: a
 kill at any moment leaves either the previous or the new checkpoint, never a torn one. Randomness in the
 loop is seeded from ``(seed, step, purpose)``, so a resumed run continues exactly as an uninterrupted one.
@@ -32,7 +32,7 @@ from tasks.training.update import Updater
 KEEP = 2
 
 
-def save(run, step: int, model, updater: Updater, selector, buffer) -> Path:
+def save(run, step: int, model, updater: Updater, selector, buffer, composer=None) -> Path:
     folder = run.checkpoint_dir
     folder.mkdir(parents=True, exist_ok=True)
     state = {
@@ -41,6 +41,7 @@ def save(run, step: int, model, updater: Updater, selector, buffer) -> Path:
         "optimizer": updater.state_dict(),
         "selector": selector.state_dict(),
         "buffer": buffer.state_dict() if buffer is not None else None,
+        "composer": composer.state_dict() if composer is not None else None,
         "meter": run.meter.state_dict(),
         "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
         "metrics": run.held_metrics(step),
@@ -62,7 +63,7 @@ def latest(run) -> Path | None:
     return path if path.exists() else None
 
 
-def restore(run, model, updater: Updater, selector, buffer) -> int:
+def restore(run, model, updater: Updater, selector, buffer, composer=None) -> int:
     """Load the latest checkpoint of ``run`` into the given objects; returns the step to continue from.
 
     The ledger's step rows past the checkpoint (a crashed process's) are removed, also when there is no
@@ -83,6 +84,8 @@ def restore(run, model, updater: Updater, selector, buffer) -> int:
     selector.load_state_dict(state["selector"])
     if buffer is not None and state["buffer"] is not None:
         buffer.load_state_dict(state["buffer"])
+    if composer is not None and state.get("composer") is not None:
+        composer.load_state_dict(state["composer"])
     redone = dict(run.meter.seconds)
     run.meter.load_state_dict(state["meter"])
     for name, seconds in redone.items():

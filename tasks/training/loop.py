@@ -5,7 +5,8 @@ One step (verl-style, every phase timed so the timing metrics read as a table of
     round start (every mu steps): reference rollouts -> predictor, curriculum and window updates
     select B_fresh prompts                               (tasks/training/selector.py: ScalingRL -> GAIN-RL -> DOTS,
                                                           then the likelihood screen, tasks/training/screen.py)
-    generate n rollouts each, verify rewards             (tasks/training/rollouts.py)
+    generate n rollouts each, verify rewards             (tasks/training/rollouts.py; n and B_fresh from the
+                                                          adaptive composition's plan, rlcore.adaptive_composition)
     keep m of n per prompt, advantages on the kept m      (rlcore.downsample, rlcore.advantages)
     mix in B - B_fresh replayed groups                    (rlcore.replay_buffer)
     clipped policy-gradient step at the step's lr         (the run's Updater, tasks/training/update.py)
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlcore.adaptive_composition import AdaptiveComposition, CompositionPlan
 from rlcore.advantages import effective_mask, group_advantages, solved_anchor
 from rlcore.downsample import downsample
 from rlcore.dynamic_sampling import BatchFiller
@@ -118,8 +120,9 @@ class FreshBatch:
 
 
 def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[PromptRecord], k: int,
-                 step: int) -> FreshBatch:
-    """Select k prompts, generate n rollouts each, verify, down-sample (PODS) and build groups.
+                 step: int, n: int) -> FreshBatch:
+    """Select k prompts, generate n rollouts each (``rollout.n``, or the adaptive composition's plan), verify,
+    down-sample (PODS) and build groups.
 
     With ``dynamic.enabled`` (DAPO's dynamic sampling, rlcore/dynamic_sampling.py) further rounds select and
     generate until k informative groups are found or ``dynamic.max_rounds`` is reached; every round's
@@ -144,7 +147,7 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
         records = [pool[i] for i in idx]
         with run.meter.stage("rollout"):
             t_gen = time.perf_counter()
-            gen, rewards = rollout_rewards(policy, records, cfg.rollout.n, seed("train"))
+            gen, rewards = rollout_rewards(policy, records, n, seed("train"))
             gen_s += time.perf_counter() - t_gen
         gen_rng = torch.Generator().manual_seed(seed("pods"))
         with run.meter.stage("selection"):
@@ -159,7 +162,7 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
         pods_all.append((len(records), pods_stats))
         generated += gen.completion_ids.shape[0]
         tokens += gen.tokens
-        prompt_tokens += cfg.rollout.n * sum(int(p.numel()) for p in gen.prompt_ids)
+        prompt_tokens += n * sum(int(p.numel()) for p in gen.prompt_ids)
         attempt += 1
         if filler is None:
             break
@@ -203,7 +206,9 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
     if calibration is not None:
         selector.seed_labels(calibration)
     buffer = ReplayBuffer(cfg.replay.capacity, max_age=cfg.replay.max_age) if cfg.replay.enabled else None
-    start = checkpoint.restore(run, model, updater, selector, buffer)
+    ad = cfg.adapt
+    composer = AdaptiveComposition(ad.low, ad.high, ad.momentum) if ad.enabled else None
+    start = checkpoint.restore(run, model, updater, selector, buffer, composer)
     if start:
         run.ledger.truncate_after(run.run_id, start - 1)
         log.info("resuming at step %d", start)
@@ -230,9 +235,11 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
                 metrics |= selector.begin_round(round_, step, measure, run)
         if buffer is not None:
             buffer.prune(step)  # drop groups past replay.max_age so the mix counts only replayable ones
-        n_fresh, n_replay = (mix_counts(tc.prompts_per_step, cfg.replay.fresh_frac, len(buffer))
+        plan = composer.plan(cfg.rollout.n, cfg.kept_per_prompt, cfg.replay.fresh_frac) if composer is not None \
+            else CompositionPlan(rollouts=cfg.rollout.n, fresh_frac=cfg.replay.fresh_frac, level=0.0)
+        n_fresh, n_replay = (mix_counts(tc.prompts_per_step, plan.fresh_frac, len(buffer))
                              if buffer is not None and round_ > 0 else (tc.prompts_per_step, 0))
-        fs = sample_fresh(run, policy, selector, pool, n_fresh, step)
+        fs = sample_fresh(run, policy, selector, pool, n_fresh, step, plan.rollouts)
         idx, rows, records, rewards, fresh = fs.idx, fs.rows, fs.records, fs.rewards, fs.groups
         with run.meter.stage("selection"):
             replayed = buffer.sample(n_replay, step, torch.Generator().manual_seed(
@@ -250,6 +257,10 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
                     buffer.admit(g)
             accuracy = float(rewards.mean())
             metrics |= selector.observe(step, idx, rewards, accuracy, stats.get("gain/angle_online"))
+            if composer is not None:
+                composer.observe(rewards, cfg.kept_per_prompt)
+                metrics |= composer.metrics() | {"adapt/rollouts": float(plan.rollouts),
+                                                 "adapt/fresh_frac": plan.fresh_frac}
         kept = torch.stack([g.rewards for g in batch]) if len({g.size for g in batch}) == 1 else None
         eff = effective_mask(kept).float() if kept is not None else torch.tensor(
             [float(g.rewards.max() > g.rewards.min()) for g in batch])
@@ -297,7 +308,7 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
         if (step + 1) % tc.round_steps == 0 or (tc.checkpoint_every and (step + 1) % tc.checkpoint_every == 0) \
                 or step + 1 == tc.steps:
             with run.meter.stage("checkpoint"):
-                checkpoint.save(run, step + 1, model, updater, selector, buffer)
+                checkpoint.save(run, step + 1, model, updater, selector, buffer, composer)
     bar.close()
     sync_rollout_weights(run, policy)  # the final evaluation samples with the final weights
     return summary

@@ -140,7 +140,7 @@ def test_leave_one_out_arms_switch_off_exactly_one_technique(tmp_path):
         changed = {k for k in full if full[k] != arm[k]}
         switch = {"all-dots": {"select.method"}, "all-replay": {"replay.enabled"},
                   "all-pods": {"pods.enabled", "rollout.n"}, "all-scalingrl": {"curriculum.enabled"},
-                  "all-gain": {"gain.enabled"}}[name]
+                  "all-gain": {"gain.enabled"}, "all-adapt": {"adapt.enabled"}}[name]
         assert changed == switch, (name, changed)
 
 

@@ -1,6 +1,7 @@
 """Crash-safe resume: SIGKILL a run during training, resume it, and get what an uninterrupted run gets.
 
-A run with DOTS, Rollout Replay, PODS, ScalingRL and GAIN-RL on (every piece of state a checkpoint holds)
+A run with DOTS, Rollout Replay, PODS, ScalingRL, GAIN-RL and the adaptive composition on (every piece of state a
+checkpoint holds)
 trains 6 steps in rounds of 3 with checkpoints every 2 steps (at steps 2, 3, 4 and 6). The test
 
 1. runs it uninterrupted (root A);
@@ -38,6 +39,7 @@ from tests.flows.conftest import ROOT, cli_env, easy_overrides, rlsift
 STATEFUL = ["select.method=dots", "calibrate.k=8", "calibrate.g=4", "select.predictor.min_labels=8",
             "select.predictor.fit_steps=5", "replay.enabled=true", "replay.fresh_frac=0.5", "pods.enabled=true",
             "pods.m=2", "rollout.n=4", "rollout.max_new_tokens=32", "curriculum.enabled=true", "gain.enabled=true",
+            "adapt.enabled=true", "adapt.low=0.0", "adapt.high=1.0", "adapt.momentum=0.5",
             "train.steps=6", "train.round_steps=3", "train.checkpoint_every=2", "train.prompts_per_step=6",
             "eval.every=2", "eval.samples=0", "model.threads=1"]
 STEPS = 6

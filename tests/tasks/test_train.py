@@ -6,12 +6,14 @@ model gets mixed rewards and real gradients; the real verifiers are tested in te
 """
 
 import json
+import math
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tasks.config import ConfigError
 from tasks.data import arith
 from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
 from tasks.model.rollout import HFEngine
@@ -77,7 +79,7 @@ def test_grpo_trains_and_records_every_step(smoke_cfg, pool):
 
 
 OFF = ["select.method=uniform", "pods.enabled=false", "replay.enabled=false", "curriculum.enabled=false",
-       "gain.enabled=false", "rollout.n=4"]
+       "gain.enabled=false", "adapt.enabled=false", "rollout.n=4"]
 
 
 @pytest.mark.parametrize("preset, extra", [
@@ -107,7 +109,8 @@ def test_lr_schedule_changes_the_single_process_run(smoke_cfg, pool, schedule):
 
 
 def test_all_techniques_compose_and_record_signals(smoke_cfg, pool):
-    cfg = smoke_cfg(*SMALL, "rollout.n=6", "pods.m=4", "replay.capacity=16", path=PRESETS.format("all"))
+    cfg = smoke_cfg(*SMALL, "rollout.n=6", "pods.m=4", "replay.capacity=16", "adapt.enabled=false",
+                    path=PRESETS.format("all"))
     _, summary, groups, sel, logged = run_train(cfg, pool)
     keys = set().union(*logged)
     assert summary.steps == 4
@@ -121,6 +124,35 @@ def test_all_techniques_compose_and_record_signals(smoke_cfg, pool):
     for key in ("pods/var_after", "replay/size", "curriculum/scale", "gain/mu", "select/entropy",
                 "time/reference_s", "cost/device_hours"):
         assert key in keys, key
+
+
+def test_adaptive_composition_sets_each_steps_rollouts_and_fresh_share(smoke_cfg, pool):
+    """``adapt.enabled``: each step generates the rollouts a prompt and replays the share that the previous step's
+    fresh groups set (momentum 0), measured on groups of pods.m from the ledger's counts; and the plan moves."""
+    cfg = smoke_cfg(*SMALL, "train.steps=6", "rollout.n=6", "pods.m=4", "replay.capacity=16", "adapt.low=0.0",
+                    "adapt.high=1.0", "adapt.momentum=0.0", path=PRESETS.format("all"))
+    _, _, groups, _, logged = run_train(cfg, pool)
+    m, b = 4, cfg.train.prompts_per_step
+    level = 0.0  # before the first step: the configured composition
+    for step, metrics in enumerate(logged):
+        fresh = [g for g in groups if g["step"] == step and not g["replayed"]]
+        n = 4 + math.floor(2 * (1 - level) + 0.5)
+        assert metrics["adapt/rollouts"] == n and all(g["n"] == n for g in fresh), step
+        assert metrics["adapt/fresh_frac"] == pytest.approx(0.5 + 0.5 * level)
+        replayed = sum(g["replayed"] for g in groups if g["step"] == step)
+        assert replayed == metrics.get("replay/replayed", 0) <= b - math.floor((0.5 + 0.5 * level) * b + 0.5)
+        r = [1 - (math.comb(g["successes"], m) + math.comb(g["n"] - g["successes"], m)) / math.comb(g["n"], m)
+             for g in fresh]
+        level = sum(r) / len(r)  # low 0, high 1: the level is r itself
+        assert metrics["adapt/informative"] == pytest.approx(level) and metrics["adapt/level"] == pytest.approx(level)
+    assert len({m["adapt/rollouts"] for m in logged}) > 1, "the plan should move on this task"
+
+
+def test_adaptive_composition_needs_pods_or_replay_and_an_ordered_range(smoke_cfg):
+    with pytest.raises(ConfigError, match="needs pods.enabled or replay.enabled"):
+        smoke_cfg("adapt.enabled=true")
+    with pytest.raises(ConfigError, match="adapt.low"):
+        smoke_cfg("adapt.low=0.6", "adapt.high=0.5")
 
 
 @pytest.mark.parametrize("weighting", ["informative", "target"])
