@@ -3,10 +3,10 @@
 Our addition (no paper; docs/algorithms.md section 6.5). Two of the five techniques pay for informative groups
 that the fresh draw does not give:
 
-* PODS (arXiv 2504.13818, section 3) generates n rollouts a prompt and trains on m of them. A kept group carries
+* PODS (arXiv 2504.13818) generates n rollouts a prompt and trains on m of them. A kept group carries
   a gradient exactly when the n rollouts' rewards differ, which is likelier than for m rollouts; where groups of
   m are mixed anyway, the n - m extra rollouts buy nothing.
-* Rollout Replay (arXiv 2506.05316, section 3.2) fills a share 1 - delta of each batch with stored informative
+* Rollout Replay (arXiv 2506.05316) fills a share 1 - delta of each batch with stored informative
   groups. Where fresh groups are informative anyway, a replayed group (older, off-policy) only stands in for a
   fresh one that would carry as much.
 
@@ -23,7 +23,8 @@ composition (u = 0) and both off (u = 1):
     fresh share         delta_u = delta + (1 - delta) u           (Replay: delta of each batch fresh)
 
 With n = 2m and delta = 1/2 (conf/presets/all.yaml) a step generates B delta n = B m rollouts at both ends:
-deep groups and replay where groups are often silent, wide fresh groups where they are informative.
+deep groups and replay where groups are often silent, wide fresh groups where they are informative. In between it
+generates up to 9/8 of that (at u = 1/2: 3B/4 prompts of 3m/2 rollouts).
 
 Shape letters as in ``rlcore/__init__.py``.
 """
@@ -75,6 +76,9 @@ class CompositionPlan:
     fresh_frac: float
     level: float
 
+    def metrics(self) -> dict[str, float]:
+        return {"adapt/level": self.level, "adapt/rollouts": float(self.rollouts), "adapt/fresh_frac": self.fresh_frac}
+
 
 class AdaptiveComposition:
     """The moving average of r (the module docstring) and the plan it gives.
@@ -118,11 +122,6 @@ class AdaptiveComposition:
         u = self.level
         rollouts = m + math.floor((n - m) * (1 - u) + 0.5)  # halves round up, as replay's mix_counts
         return CompositionPlan(rollouts=rollouts, fresh_frac=fresh_frac + (1 - fresh_frac) * u, level=u)
-
-    def metrics(self) -> dict[str, float]:
-        """The average of r (once a step was observed) and the level u."""
-        return ({} if self.informative is None else {"adapt/informative": self.informative}) | {
-            "adapt/level": self.level}
 
     def state_dict(self) -> dict:
         return {"informative": self.informative}

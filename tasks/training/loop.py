@@ -235,8 +235,9 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
                 metrics |= selector.begin_round(round_, step, measure, run)
         if buffer is not None:
             buffer.prune(step)  # drop groups past replay.max_age so the mix counts only replayable ones
-        plan = composer.plan(cfg.rollout.n, cfg.kept_per_prompt, cfg.replay.fresh_frac) if composer is not None \
-            else CompositionPlan(rollouts=cfg.rollout.n, fresh_frac=cfg.replay.fresh_frac, level=0.0)
+        delta = cfg.replay.fresh_frac if buffer is not None else 1.0
+        plan = composer.plan(cfg.rollout.n, cfg.kept_per_prompt, delta) if composer is not None \
+            else CompositionPlan(rollouts=cfg.rollout.n, fresh_frac=delta, level=0.0)
         n_fresh, n_replay = (mix_counts(tc.prompts_per_step, plan.fresh_frac, len(buffer))
                              if buffer is not None and round_ > 0 else (tc.prompts_per_step, 0))
         fs = sample_fresh(run, policy, selector, pool, n_fresh, step, plan.rollouts)
@@ -258,9 +259,8 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
             accuracy = float(rewards.mean())
             metrics |= selector.observe(step, idx, rewards, accuracy, stats.get("gain/angle_online"))
             if composer is not None:
-                composer.observe(rewards, cfg.kept_per_prompt)
-                metrics |= composer.metrics() | {"adapt/rollouts": float(plan.rollouts),
-                                                 "adapt/fresh_frac": plan.fresh_frac}
+                composer.observe(rewards, cfg.kept_per_prompt)  # the plan this step ran, and r with this step in it
+                metrics |= plan.metrics() | {"adapt/informative": composer.informative}
         kept = torch.stack([g.rewards for g in batch]) if len({g.size for g in batch}) == 1 else None
         eff = effective_mask(kept).float() if kept is not None else torch.tensor(
             [float(g.rewards.max() > g.rewards.min()) for g in batch])
