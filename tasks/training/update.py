@@ -120,10 +120,9 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
 
     prompts, comp, mask, adv, width = flatten(groups)
     n_rows = comp.shape[0]
-    group_kl = [kl_weight_of(i, g) for i, g in enumerate(groups)]
-    silent = torch.cat([torch.full((g.size,), w == 0.0) for g, w in zip(groups, group_kl, strict=True)])  # [N]
-    kl_weight = torch.cat([torch.full((g.size,), w) for g, w in zip(groups, group_kl, strict=True)]) \
-        if sampled else None  # [N]
+    row_kl = torch.cat([torch.full((g.size,), kl_weight_of(i, g)) for i, g in enumerate(groups)])  # [N]
+    silent = row_kl == 0.0  # [N]
+    kl_weight = row_kl if sampled else None
     fresh_rows = torch.cat([torch.full((g.size,), g.replayed_from is None) for g in groups])
     behaviour = torch.cat([torch.nn.functional.pad(g.behaviour_logp, (0, width - g.behaviour_logp.shape[1]))
                            if g.replayed_from is not None else torch.zeros(g.size, width) for g in groups])
