@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import time
 import traceback
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -242,8 +243,9 @@ def run_lanes(jobs: list[BenchJob], n: int) -> list[dict]:
     before = os.environ.get("PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = api  # inherited by the workers as they start
     try:
-        with ctx.Pool(n, initializer=_take_lane, initargs=(lanes,), maxtasksperchild=None) as pool:
-            return pool.map(_lane_job, jobs, chunksize=1)
+        # not multiprocessing.Pool: its workers are daemonic and may not start the overlap's generator process
+        with ProcessPoolExecutor(n, mp_context=ctx, initializer=_take_lane, initargs=(lanes,)) as pool:
+            return list(pool.map(_lane_job, jobs, chunksize=1))
     finally:
         if before is None:
             os.environ.pop("PREFECT_API_URL", None)

@@ -180,6 +180,15 @@ class TrainConfig(_Frozen):
         "train.kl_rows names are computed too. With GAIN-RL the skipped rollouts get a forward pass without "
         "autograd for its online angle (and are not skipped under scale-out). false: every rollout is computed."))
     checkpoint_every: int = Field(0, ge=0, description="Also checkpoint every N steps (0: round boundaries only).")
+    behaviour: Literal["auto", "sampler", "trainer"] = Field("auto", description=(
+        "Whose log-probs are a fresh rollout's behaviour policy mu in the loss. sampler: the rollout engine's own "
+        "(the in-process generator computes them while sampling, vLLM returns them); trainer: the update's "
+        "recomputed pi_old (mu = pi_old, plain PPO-clip). auto: sampler whenever the sampler is not the trainer's "
+        "own module at the step's start (overlap.lag > 0, or rollout.engine=vllm), else trainer "
+        "(docs/algorithms.md section 8)."))
+    behaviour_cap: float | None = Field(2.0, ge=1, description=(
+        "Truncated importance sampling (arXiv 2505.24298 section 5 uses the uncapped form): a fresh token's weight "
+        "pi_old / mu is capped at this value in the decoupled loss. None: no cap."))
 
     @model_validator(mode="after")
     def _floor_needs_a_decay(self) -> TrainConfig:
@@ -187,6 +196,18 @@ class TrainConfig(_Frozen):
             raise ValueError(f"train.min_lr_ratio={self.min_lr_ratio} is the floor of a decay, but train.lr_schedule "
                              "is constant: set lr_schedule to linear or cosine, or min_lr_ratio to 0")
         return self
+
+
+class OverlapConfig(_Frozen):
+    """Generation and update at once (docs/algorithms.md section 8; tasks/training/overlap.py)."""
+
+    lag: int = Field(1, ge=0, le=1, description=(
+        "Updates by which the sampling weights may trail the trainer's: 1 generates step t+1's rollouts (with the "
+        "weights before update t) while update t runs; 0 is the sequential loop (rollout, then update). One step "
+        "in flight already hides the shorter phase behind the longer; deeper lags are not offered."))
+    generator_threads: int | None = Field(None, ge=1, description=(
+        "In-process engine with lag 1: torch threads of the generator process; the trainer keeps the rest of "
+        "torch's threads (at least 1). None: half of them."))
 
 
 class ScaleConfig(_Frozen):
@@ -416,6 +437,7 @@ class Config(_Frozen):
     rollout: RolloutConfig = Field(RolloutConfig(), description="Rollout sampling.")
     train: TrainConfig = Field(TrainConfig(), description="The GRPO update.")
     scale: ScaleConfig = Field(ScaleConfig(), description="Training backend.")
+    overlap: OverlapConfig = Field(OverlapConfig(), description="Generation overlapped with the update.")
     calibrate: CalibrateConfig = Field(CalibrateConfig(), description="DOTS reference set.")
     select: SelectConfig = Field(SelectConfig(), description="Prompt selection (uniform or DOTS).")
     pods: PodsConfig = Field(PodsConfig(), description="PODS rollout down-sampling.")

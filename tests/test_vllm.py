@@ -93,7 +93,8 @@ def _hf_logprobs(model, gen, tok, temperature):
 def test_generate_layout_and_logprobs_match_hf(served):
     engine, models, tok, _ = served
     texts = [format_prompt(tok, q) for q in PROMPTS]
-    gen, lp = engine.generate_with_logprobs(texts, n=4, seed=11)
+    gen = engine.generate(texts, n=4, seed=11)
+    lp = gen.logprobs
     assert gen.completion_ids.shape[0] == len(PROMPTS) * 4 == lp.shape[0]
     assert gen.completion_ids.shape == gen.completion_mask.shape == lp.shape
     assert [p.tolist() for p in gen.prompt_ids] == [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
@@ -139,7 +140,8 @@ def test_reload_weights_takes_effect(served):
     seconds = engine.reload_weights(tmp / "b")
     print(f"reload_weights: {seconds:.3f} s")
     try:
-        gen, lp = engine.generate_with_logprobs(texts, n=4, seed=11)
+        gen = engine.generate(texts, n=4, seed=11)
+        lp = gen.logprobs
         on_b = (_hf_logprobs(models["b"], gen, tok, TEMPERATURE) - lp).abs()[gen.completion_mask]
         on_a = (_hf_logprobs(models["a"], gen, tok, TEMPERATURE) - lp).abs()[gen.completion_mask]
         assert float(on_b.max()) < ATOL

@@ -35,6 +35,9 @@ class Generation:
         completion_mask: [B*n, L] bool, True up to and including the first EOS.
         texts: B*n decoded completions.
         n: rollouts per prompt.
+        logprobs: [B*n, L] float32, the sampler's log-prob of each generated token under the distribution it
+            was drawn from (after temperature, top-k and top-p), 0 on padding: the behaviour policy mu of the
+            loss (``train.behaviour``). Greedy decoding gives the log-probs at temperature 1.
         tokens: number of generated (real) completion tokens.
     """
 
@@ -43,6 +46,7 @@ class Generation:
     completion_mask: torch.Tensor
     texts: list[str]
     n: int
+    logprobs: torch.Tensor
 
     @property
     def tokens(self) -> int:
@@ -64,7 +68,7 @@ def add_special(tokenizer) -> bool:
 
 @torch.inference_mode()
 def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
-           warpers: LogitsProcessorList | None, eos_id: int, pad_id: int) -> torch.Tensor:
+           warpers: LogitsProcessorList | None, eos_id: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample (or, with ``warpers=None``, arg-max) completions, dropping each row from the batch once it ends.
 
     ``model.generate`` keeps finished rows in every decode step until the longest one ends; here a row leaves
@@ -81,12 +85,15 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
         input_ids: [B, P] left-padded prompts (a prompt repeated n times for n rollouts); attention_mask: [B, P].
 
     Returns:
-        [B, T] completion ids, T <= ``max_new_tokens`` the longest completion, ``pad_id`` after each EOS.
+        ``(ids, logp)``: [B, T] completion ids, T <= ``max_new_tokens`` the longest completion, ``pad_id`` after
+        each EOS; [B, T] float32 log-prob of each drawn token under the distribution it was drawn from (the
+        warped one; arg-max decoding: the plain softmax), 0 after each EOS.
     """
     b = input_ids.shape[0]
     out = torch.full((b, max_new_tokens), pad_id, dtype=torch.long, device=input_ids.device)
+    out_logp = torch.zeros(b, max_new_tokens, device=input_ids.device)
     if max_new_tokens == 0 or b == 0:
-        return out[:, :0]
+        return out[:, :0], out_logp[:, :0]
     live = torch.arange(b, device=input_ids.device)  # rows still generating, as indices into the B rows
     cache = DynamicCache()
     pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
@@ -96,15 +103,19 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
     for t in range(max_new_tokens):
         if warpers is None:
             tok = logits.argmax(-1)
+            logp = torch.log_softmax(logits, dim=-1)  # [B_live, V]
         else:
+            warped = warpers(None, logits)  # these warpers read no history
             probs = torch.zeros(b, logits.shape[-1], device=logits.device)
             probs[:, pad_id] = 1.0  # finished rows draw a certain pad, as generate's would be replaced by one
-            probs[live] = torch.softmax(warpers(None, logits), dim=-1)  # these warpers read no history
+            probs[live] = torch.softmax(warped, dim=-1)
             tok = torch.multinomial(probs, num_samples=1).squeeze(1)[live]
+            logp = torch.log_softmax(warped, dim=-1)  # [B_live, V]
         out[live, t] = tok
+        out_logp[live, t] = logp.gather(1, tok[:, None]).squeeze(1)
         going = tok != eos_id
         if t + 1 == max_new_tokens or not bool(going.any()):
-            return out[:, :t + 1]
+            return out[:, :t + 1], out_logp[:, :t + 1]
         if not bool(going.all()):  # drop finished rows from the batch and the cache
             keep = going.nonzero().squeeze(1)
             cache.batch_select_indices(keep)
@@ -113,7 +124,7 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
         pos = pos + 1
         logits = model(input_ids=tok[:, None], attention_mask=attention_mask, position_ids=pos,
                        past_key_values=cache, use_cache=True).logits[:, -1].float()
-    return out
+    return out, out_logp
 
 
 @runtime_checkable
@@ -161,7 +172,7 @@ class HFEngine(RolloutEngine):
         ids_all, am_all = enc["input_ids"], enc["attention_mask"]  # [B, P] left-padded: tokenized once
         prompt_ids = [ids[am.bool()] for ids, am in zip(ids_all, am_all, strict=True)]
         per_call = max(1, self.chunk // n)
-        outs: list[torch.Tensor] = []
+        outs: list[tuple[torch.Tensor, torch.Tensor]] = []
         was_training = self.model.training
         self.model.eval()
         warpers = None if greedy else self.warpers()
@@ -173,15 +184,22 @@ class HFEngine(RolloutEngine):
             outs.append(decode(self.model, ids.repeat_interleave(n, 0).to(self.device),
                                am.repeat_interleave(n, 0).to(self.device), max_new_tokens=self.max_new_tokens,
                                warpers=warpers, eos_id=self.tok.eos_token_id,
-                               pad_id=self.tok.pad_token_id).cpu())
+                               pad_id=self.tok.pad_token_id))
         self.model.train(was_training)
-        width = max(o.shape[1] for o in outs)
-        ids = torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1]), value=self.tok.pad_token_id)
-                         for o in outs])
+        width = max(o.shape[1] for o, _ in outs)
+        ids = torch.cat([torch.nn.functional.pad(o.cpu(), (0, width - o.shape[1]), value=self.tok.pad_token_id)
+                         for o, _ in outs])
+        logp = torch.cat([torch.nn.functional.pad(lp.float().cpu(), (0, width - lp.shape[1])) for _, lp in outs])
         mask = completion_mask(ids, self.tok.eos_token_id) & (width > 0)
         ids = torch.where(mask, ids, torch.full_like(ids, self.tok.pad_token_id))
         texts = self.tok.batch_decode(ids, skip_special_tokens=True)
-        return Generation(prompt_ids=prompt_ids, completion_ids=ids, completion_mask=mask, texts=texts, n=n)
+        return Generation(prompt_ids=prompt_ids, completion_ids=ids, completion_mask=mask, texts=texts, n=n,
+                          logprobs=torch.where(mask, logp, 0.0))
+
+    def settings(self) -> dict:
+        """The keyword arguments that build this engine's sampling on another module (tasks/model/generator.py)."""
+        return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                "top_k": self.top_k, "chunk": self.chunk, "device": str(self.device)}
 
     def sync_weights(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, folder: str | Path) -> float:
         """A no-op: ``generate`` runs the very module the update trains (``model`` is that module)."""

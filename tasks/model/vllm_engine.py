@@ -120,9 +120,9 @@ class VLLMEngine(RolloutEngine):
             raise VLLMError(f"vLLM returned {len(choices)} completions for n={n}")
         return choices
 
-    def generate_with_logprobs(self, prompts: list[str], n: int, seed: int,
-                               greedy: bool = False) -> tuple[Generation, torch.Tensor]:
-        """Like :meth:`generate`, plus the sampler's log-probs [B*n, L] float32 (0 on padding)."""
+    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False) -> Generation:
+        """n completions for each prompt (prompt-major rows), seeded per prompt from ``seed``; ``logprobs`` are the
+        server's (``--logprobs-mode processed_logprobs``: after temperature, top-k and top-p)."""
         prompt_ids = [torch.tensor(self.tok(p, add_special_tokens=add_special(self.tok))["input_ids"], dtype=torch.long)
                       for p in prompts]
         with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(prompts)))) as pool:
@@ -136,11 +136,9 @@ class VLLMEngine(RolloutEngine):
             lp = [x if x is not None else 0.0 for x in c["logprobs"]["token_logprobs"]]
             logp[i, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
         texts = self.tok.batch_decode(ids, skip_special_tokens=True)
-        return Generation(prompt_ids=prompt_ids, completion_ids=ids, completion_mask=mask, texts=texts, n=n), logp
+        return Generation(prompt_ids=prompt_ids, completion_ids=ids, completion_mask=mask, texts=texts, n=n,
+                          logprobs=logp)
 
-    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False) -> Generation:
-        """n completions for each prompt (prompt-major rows), seeded per prompt from ``seed``."""
-        return self.generate_with_logprobs(prompts, n, seed, greedy)[0]
 
     # -- weights ----------------------------------------------------------------------------------------
     def reload_weights(self, model_dir: str | Path) -> float:

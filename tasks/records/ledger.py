@@ -52,6 +52,8 @@ CREATE TABLE IF NOT EXISTS evals (
     run_id VARCHAR, phase VARCHAR, step INTEGER, grp VARCHAR, n INTEGER, greedy_acc DOUBLE, avg_at_k DOUBLE);
 ALTER TABLE evals ADD COLUMN IF NOT EXISTS pass_at_k DOUBLE;
 ALTER TABLE selections ADD COLUMN IF NOT EXISTS screen_success DOUBLE;
+ALTER TABLE groups ADD COLUMN IF NOT EXISTS policy_version INTEGER;
+ALTER TABLE groups ADD COLUMN IF NOT EXISTS lag INTEGER;
 """
 
 #: Tables whose rows belong to a training step (removed past a checkpoint on resume).
@@ -125,7 +127,9 @@ class SelectionRow:
 @dataclass(frozen=True)
 class GroupRow:
     """One rollout group that entered an update (table ``groups``; tasks/training/loop.py): ``n`` generated,
-    ``kept`` after PODS, ``replayed`` from step ``from_step`` (its own step when fresh)."""
+    ``kept`` after PODS, ``replayed`` from step ``from_step`` (its own step when fresh); ``policy_version``: updates
+    the weights that sampled it had received, and ``lag``: the step that trains it minus that (0 on-policy, 1 with
+    ``overlap.lag`` 1, more for a replayed group; None where unknown)."""
 
     prompt_id: str
     n: int
@@ -135,6 +139,8 @@ class GroupRow:
     kept_mean_reward: float | None
     replayed: bool
     from_step: int
+    policy_version: int | None = None
+    lag: int | None = None
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 A checkpoint holds the model, the optimizer state (through the run's ``Updater``, tasks/training/update.py,
 whatever the backend), selector (DOTS predictor, curriculum scheduler, GAIN-RL window, pool statistics), replay
-buffer, the adaptive composition's average, cost meter, every RNG state and the step counter. It is written to a
+buffer, the adaptive composition's average, cost meter, every RNG state, the step counter and, with
+``overlap.lag`` 1, the next step's rollouts (drawn while this step updated, not yet trained: restored on resume,
+never regenerated and never trained twice). It is written to a
 temporary file, fsynced and renamed into place, then the ``latest`` pointer is replaced the same way: a
 kill at any moment leaves either the previous or the new checkpoint, never a torn one. Randomness in the
 loop is seeded from ``(seed, step, purpose)``, so a resumed run continues exactly as an uninterrupted one.
@@ -20,7 +22,9 @@ crashed process spent past its last checkpoint is not counted.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,7 +36,16 @@ from tasks.training.update import Updater
 KEEP = 2
 
 
-def save(run, step: int, model, updater: Updater, selector, buffer, composer=None) -> Path:
+@dataclass(frozen=True)
+class Resume:
+    """Where training continues: ``step``, and the rollouts already drawn for it (``overlap.lag`` 1; None when
+    the checkpoint holds none: a fresh start, a sequential run, or a checkpoint at the last step)."""
+
+    step: int
+    draw: Any = None
+
+
+def save(run, step: int, model, updater: Updater, selector, buffer, composer=None, draw=None) -> Path:
     folder = run.checkpoint_dir
     folder.mkdir(parents=True, exist_ok=True)
     state = {
@@ -45,6 +58,7 @@ def save(run, step: int, model, updater: Updater, selector, buffer, composer=Non
         "meter": run.meter.state_dict(),
         "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
         "metrics": run.held_metrics(step),
+        "draw": draw,
     }
     path = folder / f"step-{step:06d}.pt"
     atomic_write(path, lambda f: torch.save(state, f))
@@ -63,8 +77,9 @@ def latest(run) -> Path | None:
     return path if path.exists() else None
 
 
-def restore(run, model, updater: Updater, selector, buffer, composer=None) -> int:
-    """Load the latest checkpoint of ``run`` into the given objects; returns the step to continue from.
+def restore(run, model, updater: Updater, selector, buffer, composer=None) -> Resume:
+    """Load the latest checkpoint of ``run`` into the given objects; returns the step to continue from and the
+    rollouts drawn for it.
 
     The ledger's step rows past the checkpoint (a crashed process's) are removed, also when there is no
     checkpoint yet (a crash before the first one: every step row goes).
@@ -77,7 +92,7 @@ def restore(run, model, updater: Updater, selector, buffer, composer=None) -> in
         np.random.seed(seed % 2**32)
         run.ledger.truncate_after(run.run_id, -1)
         run.defer_metrics(0)
-        return 0
+        return Resume(0)
     state = torch.load(path, weights_only=False)
     model.load_state_dict(state["model"])
     updater.load_state_dict(state["optimizer"])  # after the model: the sharded updater pushes its weights
@@ -96,4 +111,4 @@ def restore(run, model, updater: Updater, selector, buffer, composer=None) -> in
     run.ledger.truncate_after(run.run_id, int(state["step"]) - 1)
     run.defer_metrics(int(state["step"]))
     run.commit_metrics(int(state["step"]), held=state.get("metrics"))  # a kill may have beaten save's send
-    return int(state["step"])
+    return Resume(int(state["step"]), state.get("draw"))

@@ -37,11 +37,13 @@ from rlcore.types import RolloutGroup
 from tasks.data.prompts import PromptRecord
 from tasks.model.policy import Policy
 from tasks.model.rollout import Generation
-from tasks.records.ledger import GroupRow, SelectionRow
+from tasks.records.cost import CostMeter
+from tasks.records.ledger import GroupRow, ReferenceRow, SelectionRow
 from tasks.records.throughput import ModelShape, Peak, peak, rates
 from tasks.run import Run, progress_bar
 from tasks.training import checkpoint
 from tasks.training.calibration import Calibration
+from tasks.training.overlap import Overlap, SamplingPolicy
 from tasks.training.rollouts import policy_measure, rollout_rewards
 from tasks.training.score import Features
 from tasks.training.screen import policy_likelihood
@@ -67,10 +69,13 @@ EvaluateFn = Callable[[int], HeldoutEval]
 
 
 def make_groups(gen: Generation, rewards: torch.Tensor, records: list[PromptRecord], step: int, *, m: int | None,
-                rule: str, scale_std: bool, generator: torch.Generator,
-                negative_weight: float, anchor: float) -> tuple[list[RolloutGroup], dict]:
+                rule: str, scale_std: bool, generator: torch.Generator, negative_weight: float, anchor: float,
+                sampler_behaviour: bool = False, version: int | None = None) -> tuple[list[RolloutGroup], dict]:
     """PODS down-sampling (when m is set) and group-relative advantages on the kept rollouts; ``anchor``: the
-    solved-skill guard's advantage for groups whose kept rollouts all succeed (``rlcore.advantages.solved_anchor``)."""
+    solved-skill guard's advantage for groups whose kept rollouts all succeed (``rlcore.advantages.solved_anchor``).
+
+    Every group carries its rollouts' sampler log-probs; ``sampler_behaviour`` makes them its behaviour policy mu
+    (``train.behaviour``), otherwise the update's pi_old is. ``version``: the sampling weights' update count."""
     b, n = rewards.shape
     if m is None:
         keep, stats = torch.arange(n).expand(b, n), {}
@@ -84,10 +89,12 @@ def make_groups(gen: Generation, rewards: torch.Tensor, records: list[PromptReco
     groups = []
     for i, rec in enumerate(records):
         rows = i * n + keep[i]
+        sampler = gen.logprobs[rows]
         groups.append(RolloutGroup(
             prompt_id=rec.id, prompt_ids=gen.prompt_ids[i], completion_ids=gen.completion_ids[rows],
             completion_mask=gen.completion_mask[rows], rewards=kept_r[i], advantages=adv[i],
-            behaviour_logp=torch.zeros(0), success_rate=float(rewards[i].mean()), n_generated=n, step=step))
+            behaviour_logp=sampler if sampler_behaviour else torch.zeros(0), success_rate=float(rewards[i].mean()),
+            n_generated=n, step=step, sampler_logp=sampler, policy_version=version))
     return groups, stats
 
 
@@ -120,15 +127,20 @@ class FreshBatch:
 
 
 def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[PromptRecord], k: int,
-                 step: int, n: int) -> FreshBatch:
+                 step: int, n: int, *, meter: CostMeter | None = None, sampler_behaviour: bool = False,
+                 version: int | None = None) -> FreshBatch:
     """Select k prompts, generate n rollouts each (``rollout.n``, or the adaptive composition's plan), verify,
     down-sample (PODS) and build groups.
 
     With ``dynamic.enabled`` (DAPO's dynamic sampling, rlcore/dynamic_sampling.py) further rounds select and
     generate until k informative groups are found or ``dynamic.max_rounds`` is reached; every round's
     rollouts count. Round 0 draws with the seeds of a step without dynamic sampling.
+
+    ``meter``: where the phases are timed (default ``run.meter``; an overlapped draw keeps its own);
+    ``sampler_behaviour`` and ``version``: :func:`make_groups`'.
     """
     cfg, tc = run.cfg, run.cfg.train
+    meter = meter if meter is not None else run.meter
     ds = cfg.dynamic
     filler = BatchFiller(k, ds.oversample, ds.max_rounds) if ds.enabled else None
     idx_all, rows_all, records_all, rewards_all, pods_all = [], [], [], [], []
@@ -142,19 +154,20 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
 
     while True:
         want = filler.request() if filler is not None else k
-        with run.meter.stage("selection"):
+        with meter.stage("selection"):
             idx, rows = selector.choose(want, step, attempt)
         records = [pool[i] for i in idx]
-        with run.meter.stage("rollout"):
+        with meter.stage("rollout"):
             t_gen = time.perf_counter()
             gen, rewards = rollout_rewards(policy, records, n, seed("train"))
             gen_s += time.perf_counter() - t_gen
         gen_rng = torch.Generator().manual_seed(seed("pods"))
-        with run.meter.stage("selection"):
+        with meter.stage("selection"):
             groups, pods_stats = make_groups(gen, rewards, records, step,
                                              m=cfg.pods.m if cfg.pods.enabled else None, rule=cfg.pods.rule,
                                              scale_std=tc.scale_std, generator=gen_rng,
-                                             negative_weight=tc.negative_weight, anchor=cfg.guard.anchor)
+                                             negative_weight=tc.negative_weight, anchor=cfg.guard.anchor,
+                                             sampler_behaviour=sampler_behaviour, version=version)
         idx_all += idx
         rows_all += rows
         records_all += records
@@ -180,6 +193,33 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
 
 
 @dataclass(frozen=True)
+class StepDraw:
+    """What one step's sampling hands its update: drawn in the step itself (``overlap.lag`` 0) or, one step ahead,
+    while the previous update ran (lag 1; then kept in the checkpoint until trained).
+
+    Attributes:
+        step: the step these rollouts are for.
+        fresh: the freshly generated groups.
+        plan: the adaptive composition's plan (rollouts a prompt, fresh share) the draw followed.
+        n_replay: replayed groups to add at the update.
+        version: updates the sampling weights had received (``step`` on-policy, ``step - 1`` with lag 1).
+        metrics: the round start's metrics (reference rollouts, predictor, curriculum, window) when the step
+            starts a round.
+        references: the round start's reference rows for the ledger.
+        phases: seconds of the draw's phases (reference, selection, rollout).
+    """
+
+    step: int
+    fresh: FreshBatch
+    plan: CompositionPlan
+    n_replay: int
+    version: int
+    metrics: dict[str, float]
+    references: tuple[ReferenceRow, ...]
+    phases: dict[str, float]
+
+
+@dataclass(frozen=True)
 class TrainSummary:
     """What the training stage did: ``steps`` done in all (a resumed run counts the crashed run's too) and
     the ``last`` step's metrics (empty when no step ran in this process)."""
@@ -188,18 +228,40 @@ class TrainSummary:
     last: dict[str, float] = field(default_factory=dict)
 
 
+def use_sampler_behaviour(cfg) -> bool:
+    """``train.behaviour``: whether fresh groups' mu is the sampler's log-probs (auto: whenever the sampler is not
+    the trainer's own module at the step's start)."""
+    if cfg.train.behaviour != "auto":
+        return cfg.train.behaviour == "sampler"
+    return cfg.overlap.lag > 0 or cfg.rollout.engine != "hf"
+
+
 def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features,
           calibration: Calibration | None = None, evaluate_fn: EvaluateFn | None = None) -> TrainSummary:
     """Run (or resume) the training stage.
 
     ``evaluate_fn`` runs every ``eval.every`` steps (0: never); its accuracy goes to
-    ``Selector.set_heldout_accuracy``, which ScalingRL's scheduler reads at the next round start.
+    ``Selector.set_heldout_accuracy``, which ScalingRL's scheduler reads at the next round start. With
+    ``overlap.lag`` 1 the next step's draw runs while this step updates (tasks/training/overlap.py).
     """
     cfg, tc = run.cfg, run.cfg.train
     model = policy.model
     # one process, or sharded over the torchrun ranks (then `model` stays rank 0's full copy, updated in place)
     updater = build_updater(cfg, model, pad_id=policy.tokenizer.pad_token_id, device=run.device)
-    likelihood = policy_likelihood(policy, temperature=cfg.rollout.temperature,
+    sampling = SamplingPolicy(policy, cfg.overlap.lag, threads=cfg.overlap.generator_threads,
+                              needs_copy=cfg.select.screen > 1)
+    try:
+        return _train(run, policy, sampling, updater, pool, features, calibration, evaluate_fn)
+    finally:
+        sampling.close()
+
+
+def _train(run: Run, policy: Policy, sampling: SamplingPolicy, updater, pool: list[PromptRecord], features: Features,
+           calibration: Calibration | None, evaluate_fn: EvaluateFn | None) -> TrainSummary:
+    cfg, tc = run.cfg, run.cfg.train
+    model = policy.model
+    sampler = sampling.policy  # what the rollouts and the likelihood screen read
+    likelihood = policy_likelihood(sampler, temperature=cfg.rollout.temperature,
                                    max_new_tokens=cfg.rollout.max_new_tokens, bucket_tokens=tc.bucket_tokens,
                                    device=run.device) if cfg.select.screen > 1 else None
     selector = Selector(cfg, pool, features, likelihood)
@@ -208,15 +270,39 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
     buffer = ReplayBuffer(cfg.replay.capacity, max_age=cfg.replay.max_age) if cfg.replay.enabled else None
     ad = cfg.adapt
     composer = AdaptiveComposition(ad.low, ad.high, ad.momentum) if ad.enabled else None
-    start = checkpoint.restore(run, model, updater, selector, buffer, composer)
+    resume = checkpoint.restore(run, model, updater, selector, buffer, composer)
+    start, pending = resume.step, resume.draw
     if start:
         run.ledger.truncate_after(run.run_id, start - 1)
-        log.info("resuming at step %d", start)
-    measure = policy_measure(policy)
+        log.info("resuming at step %d%s", start, " with its rollouts restored" if pending is not None else "")
+    measure = policy_measure(sampler)
+    sampler_behaviour = use_sampler_behaviour(cfg)
     shape = ModelShape.of(model)
     machine = peak(run.meter.device, run.device, next(model.parameters()).dtype)
     if not start:
         run.tracker.set_tags({"rlsift.peak_flops_source": machine.source})
+
+    def draw(step: int, version: int, meter) -> StepDraw:
+        """Everything before the update that does not need this step's update: round start, selection, rollouts."""
+        round_, metrics = step // tc.round_steps, {}
+        if not sampling.overlapped and (step % tc.round_steps == 0 or step == start):
+            sync_rollout_weights(run, policy)  # vLLM, sequential: the server samples with the round's starting weights
+        if step % tc.round_steps == 0:
+            with meter.stage("reference"):
+                metrics |= selector.begin_round(round_, step, measure)
+        if buffer is not None:
+            buffer.prune(step)  # drop groups past replay.max_age so the mix counts only replayable ones
+        delta = cfg.replay.fresh_frac if buffer is not None else 1.0
+        plan = composer.plan(cfg.rollout.n, cfg.kept_per_prompt, delta) if composer is not None \
+            else CompositionPlan(rollouts=cfg.rollout.n, fresh_frac=delta, level=0.0)
+        n_fresh, n_replay = (mix_counts(tc.prompts_per_step, plan.fresh_frac, len(buffer))
+                             if buffer is not None and round_ > 0 else (tc.prompts_per_step, 0))
+        before = dict(meter.seconds)
+        fs = sample_fresh(run, sampler, selector, pool, n_fresh, step, plan.rollouts, meter=meter,
+                          sampler_behaviour=sampler_behaviour, version=version)
+        phases = {k: v - before.get(k, 0.0) for k, v in meter.seconds.items()}
+        return StepDraw(step=step, fresh=fs, plan=plan, n_replay=n_replay, version=version, metrics=metrics,
+                        references=tuple(selector.take_references()), phases=phases)
 
     metrics_file = run.dir / "metrics.jsonl"
     if metrics_file.exists():  # a resumed run drops what the crashed one logged past its checkpoint
@@ -225,90 +311,109 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
     bar = progress_bar(total=tc.steps, initial=start, desc="train", unit="step")
     bar_acc = ""  # held-out greedy accuracy of the last in-training evaluation (eval.every)
     summary = TrainSummary(steps=start)
-    for step in range(start, tc.steps):
-        t0 = time.perf_counter()
-        round_, metrics = step // tc.round_steps, {}
-        if step % tc.round_steps == 0 or step == start:
-            sync_rollout_weights(run, policy)  # vLLM hook: the server samples with the round's starting weights
-        if step % tc.round_steps == 0:
-            with run.meter.stage("reference"):
-                metrics |= selector.begin_round(round_, step, measure, run)
-        if buffer is not None:
-            buffer.prune(step)  # drop groups past replay.max_age so the mix counts only replayable ones
-        delta = cfg.replay.fresh_frac if buffer is not None else 1.0
-        plan = composer.plan(cfg.rollout.n, cfg.kept_per_prompt, delta) if composer is not None \
-            else CompositionPlan(rollouts=cfg.rollout.n, fresh_frac=delta, level=0.0)
-        n_fresh, n_replay = (mix_counts(tc.prompts_per_step, plan.fresh_frac, len(buffer))
-                             if buffer is not None and round_ > 0 else (tc.prompts_per_step, 0))
-        fs = sample_fresh(run, policy, selector, pool, n_fresh, step, plan.rollouts)
-        idx, rows, records, rewards, fresh = fs.idx, fs.rows, fs.records, fs.rewards, fs.groups
-        with run.meter.stage("selection"):
-            replayed = buffer.sample(n_replay, step, torch.Generator().manual_seed(
-                derive_seed(cfg.seed, step, "replay"))) if n_replay else []
-        batch = fresh + replayed
-        lr = scheduled_lr(cfg, step)
-        updater.set_lr(lr)
-        with run.meter.stage("update"):
-            t_upd = time.perf_counter()
-            stats = updater.step(batch)
-            upd_s = time.perf_counter() - t_upd
-        with run.meter.stage("selection"):
-            if buffer is not None:
-                for g in fresh:
-                    buffer.admit(g)
-            accuracy = float(rewards.mean())
-            metrics |= selector.observe(step, idx, rewards, accuracy, stats.get("gain/angle_online"))
-            if composer is not None:
-                composer.observe(rewards, cfg.kept_per_prompt)  # the plan this step ran, and r with this step in it
-                metrics |= plan.metrics() | {"adapt/informative": composer.informative}
-        kept = torch.stack([g.rewards for g in batch]) if len({g.size for g in batch}) == 1 else None
-        eff = effective_mask(kept).float() if kept is not None else torch.tensor(
-            [float(g.rewards.max() > g.rewards.min()) for g in batch])
-        with run.meter.stage("tracking"):
-            run.ledger.add_selections(run.run_id, round_, step, rows)
-            run.ledger.add_groups(run.run_id, step, [GroupRow(
-                prompt_id=g.prompt_id, n=g.n_generated, successes=int(round(g.success_rate * g.n_generated)),
-                mean_reward=g.success_rate, kept=g.size, kept_mean_reward=float(g.rewards.mean()),
-                replayed=g.replayed_from is not None,
-                from_step=g.replayed_from if g.replayed_from is not None else step) for g in batch])
-            metrics |= stats | fs.stats
-            metrics |= {
-                "train/reward_mean": accuracy,
-                "train/lr": lr,
-                "train/effective_ratio": float(eff.mean()),
-                "train/effective_ratio_fresh": float(eff[:len(fresh)].mean()),
-                "train/groups": float(len(batch)),
-                "train/level_mean": float(sum(r.level or 0 for r in records) / len(records)),
-                "rollout/generated": float(fs.generated),
-                "rollout/tokens": float(fs.tokens),
-                "rollout/tokens_per_s": fs.tokens / max(fs.gen_s, 1e-9),
-                "rollout/length_mean": fs.tokens / fs.generated,
-            } | throughput(shape, machine, fs, stats, upd_s) | {
-                "time/reference_share": run.meter.wall_seconds("reference") / max(run.meter.wall_seconds(
-                    TRAIN_PHASES), 1e-9)}
-            if buffer is not None:
-                metrics |= buffer.stats(step) | {"replay/fresh": float(len(fresh)), "replay/replayed": float(n_replay)}
-        if evaluate_fn is not None and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
-            with run.meter.stage("eval_during"):
-                held = evaluate_fn(step + 1)
-            metrics |= held.metrics
-            selector.set_heldout_accuracy(held.accuracy)  # before the checkpoint below, so a resume keeps it
-        metrics["time/step_s"] = time.perf_counter() - t0
-        metrics |= run.meter.metrics()
-        with run.meter.stage("tracking"):
-            run.log_metrics(metrics, step)
-            with open(metrics_file, "a") as f:
-                f.write(json.dumps({"step": step, **metrics}) + "\n")
-        summary = TrainSummary(steps=step + 1, last=metrics)
-        if "eval/accuracy" in metrics:
-            bar_acc = f"{metrics['eval/accuracy']:.2f}"
-        bar.update(1)
-        bar.set_postfix(reward=f"{accuracy:.2f}", eff=f"{float(eff.mean()):.2f}", s=f"{metrics['time/step_s']:.1f}",
-                        **({"acc": bar_acc} if bar_acc else {}))
-        if (step + 1) % tc.round_steps == 0 or (tc.checkpoint_every and (step + 1) % tc.checkpoint_every == 0) \
-                or step + 1 == tc.steps:
-            with run.meter.stage("checkpoint"):
-                checkpoint.save(run, step + 1, model, updater, selector, buffer, composer)
+    overlap = Overlap()
+    try:
+        if sampling.overlapped and start < tc.steps and pending is None:
+            run.meter.add("weight_sync", sampling.sync(run.dir / "vllm_weights"))
+        for step in range(start, tc.steps):
+            t0 = time.perf_counter()
+            round_ = step // tc.round_steps
+            sd = pending if pending is not None else draw(step, step, run.meter)  # lag 0, or the first step
+            pending, timing = None, None
+            fs = sd.fresh
+            idx, rows, records, rewards, fresh = fs.idx, fs.rows, fs.records, fs.rewards, fs.groups
+            metrics = dict(sd.metrics)
+            with run.meter.stage("selection"):
+                n_replay = min(sd.n_replay, len(buffer)) if buffer is not None else 0
+                replayed = buffer.sample(n_replay, step, torch.Generator().manual_seed(
+                    derive_seed(cfg.seed, step, "replay"))) if n_replay else []
+            batch = fresh + replayed
+            if sampling.overlapped and step + 1 < tc.steps:  # draw step + 1 from these weights during the update
+                with run.meter.stage("weight_sync"):
+                    sampling.sync(run.dir / "vllm_weights")
+                overlap.launch(lambda s=step + 1: draw(s, s - 1, CostMeter(prices={}, device="cpu", devices=1)))
+            lr = scheduled_lr(cfg, step)
+            updater.set_lr(lr)
+            with run.meter.stage("update"):
+                t_upd = time.perf_counter()
+                stats = updater.step(batch)
+                upd_s = time.perf_counter() - t_upd
+            if overlap.in_flight:
+                with run.meter.stage("rollout"):  # the trainer's wait for the next step's rollouts
+                    pending, timing = overlap.collect()
+            with run.meter.stage("selection"):
+                if buffer is not None:
+                    for g in fresh:
+                        buffer.admit(g)
+                accuracy = float(rewards.mean())
+                metrics |= selector.observe(step, idx, rewards, accuracy, stats.get("gain/angle_online"))
+                if composer is not None:
+                    composer.observe(rewards, cfg.kept_per_prompt)  # the plan this step ran, r with this step in it
+                    metrics |= sd.plan.metrics() | {"adapt/informative": composer.informative}
+            kept = torch.stack([g.rewards for g in batch]) if len({g.size for g in batch}) == 1 else None
+            eff = effective_mask(kept).float() if kept is not None else torch.tensor(
+                [float(g.rewards.max() > g.rewards.min()) for g in batch])
+            with run.meter.stage("tracking"):
+                if sd.references:
+                    run.ledger.add_reference(run.run_id, list(sd.references))
+                run.ledger.add_selections(run.run_id, round_, step, rows)
+                run.ledger.add_groups(run.run_id, step, [GroupRow(
+                    prompt_id=g.prompt_id, n=g.n_generated, successes=int(round(g.success_rate * g.n_generated)),
+                    mean_reward=g.success_rate, kept=g.size, kept_mean_reward=float(g.rewards.mean()),
+                    replayed=g.replayed_from is not None,
+                    from_step=g.replayed_from if g.replayed_from is not None else step,
+                    policy_version=g.policy_version,
+                    lag=None if g.policy_version is None else step - g.policy_version) for g in batch])
+                metrics |= stats | fs.stats
+                metrics |= {
+                    "train/reward_mean": accuracy,
+                    "train/lr": lr,
+                    "train/effective_ratio": float(eff.mean()),
+                    "train/effective_ratio_fresh": float(eff[:len(fresh)].mean()),
+                    "train/groups": float(len(batch)),
+                    "train/level_mean": float(sum(r.level or 0 for r in records) / len(records)),
+                    "train/policy_lag": float(step - sd.version),
+                    "rollout/generated": float(fs.generated),
+                    "rollout/tokens": float(fs.tokens),
+                    "rollout/tokens_per_s": fs.tokens / max(fs.gen_s, 1e-9),
+                    "rollout/length_mean": fs.tokens / fs.generated,
+                } | throughput(shape, machine, fs, stats, upd_s) | {
+                    "time/reference_share": run.meter.wall_seconds("reference") / max(run.meter.wall_seconds(
+                        TRAIN_PHASES), 1e-9)}
+                if sampling.overlapped:
+                    metrics |= {"overlap/update_s": upd_s} | {f"overlap/draw_{k}_s": v for k, v in sd.phases.items()}
+                    if timing is not None:
+                        metrics |= timing.metrics()
+                if buffer is not None:
+                    metrics |= buffer.stats(step) | {"replay/fresh": float(len(fresh)),
+                                                     "replay/replayed": float(n_replay)}
+            if evaluate_fn is not None and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
+                sync_rollout_weights(run, policy)  # a server evaluates the weights after this update
+                with run.meter.stage("eval_during"):
+                    held = evaluate_fn(step + 1)
+                metrics |= held.metrics
+                selector.set_heldout_accuracy(held.accuracy)  # before the checkpoint below, so a resume keeps it
+            metrics["time/step_s"] = time.perf_counter() - t0
+            metrics |= run.meter.metrics()
+            with run.meter.stage("tracking"):
+                run.log_metrics(metrics, step)
+                with open(metrics_file, "a") as f:
+                    f.write(json.dumps({"step": step, **metrics}) + "\n")
+            summary = TrainSummary(steps=step + 1, last=metrics)
+            if "eval/accuracy" in metrics:
+                bar_acc = f"{metrics['eval/accuracy']:.2f}"
+            bar.update(1)
+            bar.set_postfix(reward=f"{accuracy:.2f}", eff=f"{float(eff.mean()):.2f}",
+                            s=f"{metrics['time/step_s']:.1f}", **({"acc": bar_acc} if bar_acc else {}))
+            if timing is not None:
+                log.debug("step %d: update %.2f s, draw of step %d %.2f s, trainer idle %.2f s, generator idle %.2f s",
+                          step, upd_s, step + 1, timing.draw_s, timing.trainer_idle_s, timing.generator_idle_s)
+            if (step + 1) % tc.round_steps == 0 or (tc.checkpoint_every and (step + 1) % tc.checkpoint_every == 0) \
+                    or step + 1 == tc.steps:
+                with run.meter.stage("checkpoint"):
+                    checkpoint.save(run, step + 1, model, updater, selector, buffer, composer, draw=pending)
+    finally:
+        overlap.close()
     bar.close()
     sync_rollout_weights(run, policy)  # the final evaluation samples with the final weights
     return summary

@@ -79,6 +79,7 @@ class Selector:
         """``likelihood``: the current policy's :data:`~tasks.training.screen.Likelihood`, needed when
         ``select.screen`` > 1 (every pool prompt then needs a worked solution)."""
         self.cfg, self.pool = cfg, pool
+        self.references: list[ReferenceRow] = []  # reference rows not yet in the ledger (take_references)
         m = len(pool)
         if cfg.select.screen > 1:
             if likelihood is None:
@@ -122,8 +123,9 @@ class Selector:
                                             beta=gc.beta, gamma=gc.gamma) if gc.enabled else None
 
     # ---- round ------------------------------------------------------------------------------------
-    def begin_round(self, round_: int, step: int, measure: Measure, run) -> dict[str, float]:
-        """Refresh predictions and pools for a new round; ``measure`` takes DOTS's reference rollouts."""
+    def begin_round(self, round_: int, step: int, measure: Measure) -> dict[str, float]:
+        """Refresh predictions and pools for a new round; ``measure`` takes DOTS's reference rollouts, whose ledger
+        rows wait in :meth:`take_references` (the loop writes them with the round's first step)."""
         cfg, m = self.cfg, len(self.pool)
         metrics: dict[str, float] = {}
         active = torch.ones(m, dtype=torch.bool)
@@ -158,7 +160,7 @@ class Selector:
                 prior = wprob.clamp_min(1e-300) ** cfg.gain.prior_lambda
             metrics |= self.window.metrics()
         if self.predictor is not None:
-            metrics |= self._dots_round(round_, step, measure, run, active)
+            metrics |= self._dots_round(round_, step, measure, active)
             if cfg.select.weighting == "posterior":
                 self.own_successes = self.own_successes * cfg.select.posterior_decay
                 self.own_trials = self.own_trials * cfg.select.posterior_decay
@@ -178,7 +180,12 @@ class Selector:
         metrics["select/eligible"] = float(active.sum())
         return metrics
 
-    def _dots_round(self, round_: int, step: int, measure: Measure, run, active: torch.Tensor) -> dict[str, float]:
+    def take_references(self) -> list[ReferenceRow]:
+        """The reference rows measured since the last call (and forget them)."""
+        out, self.references = self.references, []
+        return out
+
+    def _dots_round(self, round_: int, step: int, measure: Measure, active: torch.Tensor) -> dict[str, float]:
         cfg = self.cfg
         recent, self.recent = list(dict.fromkeys(reversed(self.recent))), []  # latest measurement of each first
         if cfg.calibrate.reference == "trained" and len(recent) >= 2:
@@ -197,7 +204,7 @@ class Selector:
         r = pearson(held_pred, labels[half:]) if len(hold) > 2 else float("nan")
         self.predictor.observe(self.emb[hold], labels[half:], step)
         self.pred = self.predictor.predict(self.emb, self.emb[ref], labels)
-        run.ledger.add_reference(run.run_id, [
+        self.references.extend([
             ReferenceRow(round=round_, step=step, prompt_id=self.pool[int(i)].id, n=cfg.calibrate.g,
                          successes=int(round(float(y) * cfg.calibrate.g)), success_rate=float(y),
                          predicted=float(held_pred[j - half]) if j >= half else None)

@@ -61,8 +61,13 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
                   bucket_tokens: int = 0, skip_zero_advantage: bool = False,
                   ref_model: torch.nn.Module | None = None, device: torch.device | str = "cpu",
                   angle_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-                  shard: DataShard | None = None) -> dict[str, float]:
+                  shard: DataShard | None = None, behaviour_cap: float | None = None) -> dict[str, float]:
     """One optimizer step (or ``minibatches`` of them) on ``groups``; fills fresh groups' behaviour log-probs.
+
+    The behaviour policy mu of a row is its group's ``behaviour_logp`` when it has one (replayed groups, and fresh
+    groups corrected by their sampler's log-probs, ``train.behaviour``), else pi_old. The loss is then the decoupled
+    objective (AReaL, arXiv 2505.24298 section 5; Rollout Replay's form, rlcore/grpo_loss.py): PPO-clip on
+    pi_theta / pi_old, weighted by pi_old / mu per token.
 
     Args:
         bucket_tokens: padded-token budget of one forward pass (``train.bucket_tokens``): rows are grouped by
@@ -83,6 +88,10 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
             group. Needs the skip, like ``kl_rows``.
         angle_fn: optional ``(mlp_inputs [N, T, H], attention_mask [N, T]) -> [N]`` per-sequence angle signal
             computed from the same forward pass (GAIN-RL's online signal); its mean is ``gain/angle_online``.
+        behaviour_cap: truncated importance sampling (``train.behaviour_cap``): on fresh rows whose mu is their
+            sampler's, the weight pi_old / mu is capped at this value (done by raising mu to pi_old / cap, which
+            turns the decoupled loss into exactly the capped one). Replayed groups keep Rollout Replay's uncapped
+            loss. None: no cap.
         shard: scale-out (``tasks/training/distributed.py``): every rank passes the same ``groups`` and computes its
             slice of each minibatch; the loss is renormalised so the averaged gradient is the single-process
             one, and metrics and behaviour log-probs are combined over ranks. ``model``/``optimizer`` are then
@@ -92,7 +101,8 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
         Metrics: ``train/loss``, ``train/grad_norm`` and the loss's own metrics (averaged over the applied
         minibatches), and ``train/skipped_updates``: minibatches whose loss or gradient was not finite, so
         their update was not applied (``backward_step``); ``train/update_rows`` and ``train/update_tokens``: the
-        rows computed (all of them without the skip) and their real prompt + completion tokens.
+        rows computed (all of them without the skip) and their real prompt + completion tokens. Where the computed
+        rows carry sampler log-probs, the sampler/trainer mismatch over their tokens (:func:`mismatch_metrics`).
     """
     if kl_rows not in KL_ROWS:
         raise ValueError(f"kl_rows must be one of {', '.join(KL_ROWS)}, got {kl_rows!r}")
@@ -123,9 +133,19 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     row_kl = torch.cat([torch.full((g.size,), kl_weight_of(i, g)) for i, g in enumerate(groups)])  # [N]
     silent = row_kl == 0.0  # [N]
     kl_weight = row_kl if sampled else None
-    fresh_rows = torch.cat([torch.full((g.size,), g.replayed_from is None) for g in groups])
-    behaviour = torch.cat([torch.nn.functional.pad(g.behaviour_logp, (0, width - g.behaviour_logp.shape[1]))
-                           if g.replayed_from is not None else torch.zeros(g.size, width) for g in groups])
+    if behaviour_cap is not None and not behaviour_cap >= 1:
+        raise ValueError(f"behaviour_cap must be >= 1 (or None), got {behaviour_cap}")
+
+    def rows_of(attr: str, has: Callable[[RolloutGroup], bool]) -> torch.Tensor:  # [N, width]; 0 where not has
+        return torch.cat([torch.nn.functional.pad(getattr(g, attr), (0, width - getattr(g, attr).shape[1]))
+                          if has(g) else torch.zeros(g.size, width) for g in groups])
+
+    own_rows = torch.cat([torch.full((g.size,), g.has_behaviour) for g in groups])  # [N] mu stored with the group
+    capped_rows = torch.cat([torch.full((g.size,), g.has_behaviour and g.replayed_from is None) for g in groups])
+    behaviour = rows_of("behaviour_logp", lambda g: g.has_behaviour)  # [N, width]
+    sampler_rows = torch.cat([torch.full((g.size,), g.sampler_logp.numel() > 0) for g in groups])  # [N]
+    sampler = rows_of("sampler_logp", lambda g: g.sampler_logp.numel() > 0)  # [N, width]
+    log_cap = math.log(behaviour_cap) if behaviour_cap is not None else None
 
     def logp_of(rows: torch.Tensor, model_: torch.nn.Module, mlp_inputs: list | None = None) -> torch.Tensor:
         return token_logprobs(model_, [prompts[i] for i in rows], comp[rows], mask[rows], pad_id, temperature, device,
@@ -170,8 +190,10 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
             angle_sum, angle_n = angle_sum + float(angle_fn(mlp_in, am).sum()), angle_n + len(am)
         old = logp.detach() if old_full is None else old_full[mb].to(logp.device)
         old_out[mb] = old.cpu()
-        fresh = fresh_rows[mb].to(logp.device).unsqueeze(1)
-        beh = torch.where(fresh, old, behaviour[mb].to(logp.device))
+        own = own_rows[mb].to(logp.device).unsqueeze(1)  # [n, 1]
+        beh = torch.where(own, behaviour[mb].to(logp.device), old)
+        if log_cap is not None:  # pi_old / mu <= cap on the sampler-corrected fresh rows
+            beh = torch.where(capped_rows[mb].to(logp.device).unsqueeze(1), torch.maximum(beh, old - log_cap), beh)
         w_agg, w_tok = shard.loss_weights(mask[mb], aggregation) if shard is not None else (1.0, 1.0)
         ref = None if ref_full is None else ref_full[mb].to(logp.device)
         poisoned = not all(bool(torch.isfinite(t[mask[mb].to(t.device)]).all()) for t in (old, beh, ref)
@@ -183,7 +205,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
         else:
             loss, m = clipped_policy_loss(
                 logp, old, adv[mb].to(logp.device), mask[mb].to(logp.device), clip_eps=clip_eps,
-                aggregation=aggregation, behaviour_logp=None if bool(fresh.all()) else beh, ref_logp=ref,
+                aggregation=aggregation, behaviour_logp=beh if bool(own.any()) else None, ref_logp=ref,
                 kl_coef=kl_coef, kl_weight=None if kl_weight is None else kl_weight[mb].to(logp.device))
             if scale != 1.0:  # rows left out by the skip count in the normaliser (their terms are 0)
                 loss = loss * scale
@@ -213,14 +235,40 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
         old_out = shard.all_sum(old_out)
         angle_sum, angle_n = (float(v) for v in shard.all_sum(torch.tensor([angle_sum, float(angle_n)],
                                                                              dtype=torch.float64)))
+    measured = computed[sampler_rows[computed]]  # computed rows with the sampler's log-probs
+    if measured.numel():
+        stats |= mismatch_metrics(old_out[measured], sampler[measured], mask[measured], log_cap)
     row = 0
     for g in groups:
-        if g.replayed_from is None:
+        if not g.has_behaviour:
             g.behaviour_logp = old_out[row:row + g.size, :g.completion_ids.shape[1]].clone()
         row += g.size
     if angle_n:
         stats["gain/angle_online"] = angle_sum / angle_n
     return stats
+
+
+def mismatch_metrics(old: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor,
+                     log_cap: float | None) -> dict[str, float]:
+    """How far the sampler's log-probs mu are from the trainer's pi_old on the same tokens.
+
+    Args:
+        old: [n, L] pi_old log-probs (the update's recompute); sampler: [n, L] mu; mask: [n, L] valid tokens.
+        log_cap: log of ``train.behaviour_cap`` (None: no cap).
+
+    Returns:
+        ``offpolicy/kl``: k3 estimate of KL(mu || pi_old) over the tokens, ``(w - 1) - log w`` with
+        w = pi_old / mu (the rollouts are draws from mu); ``offpolicy/ratio_mean`` and ``offpolicy/ratio_max``
+        of w; ``offpolicy/logp_diff_max``: max |log pi_old - log mu|; ``offpolicy/truncated_frac``: share of
+        the tokens whose w exceeds the cap. Empty when no token is valid.
+    """
+    if not bool(mask.any()):
+        return {}
+    d = (old - sampler)[mask].double()  # [T] log w
+    w = d.exp()
+    return {"offpolicy/kl": float((torch.expm1(d) - d).mean()), "offpolicy/ratio_mean": float(w.mean()),
+            "offpolicy/ratio_max": float(w.max()), "offpolicy/logp_diff_max": float(d.abs().max()),
+            "offpolicy/truncated_frac": float((d > log_cap).double().mean()) if log_cap is not None else 0.0}
 
 
 def kl_draw(seed: int, group: RolloutGroup, position: int) -> float:
@@ -282,6 +330,7 @@ class LossSettings:
     bucket_tokens: int = 0
     skip_zero_advantage: bool = False
     angle: bool = False
+    behaviour_cap: float | None = None
 
     @classmethod
     def from_config(cls, cfg: Config, pad_id: int) -> LossSettings:
@@ -290,7 +339,8 @@ class LossSettings:
                    temperature=cfg.rollout.temperature, pad_id=pad_id, minibatches=tc.minibatches,
                    kl_coef=tc.kl_coef, kl_rows=tc.kl_rows, kl_sample=tc.kl_sample, seed=cfg.seed,
                    bucket_tokens=tc.bucket_tokens,
-                   skip_zero_advantage=tc.skip_zero_advantage, angle=cfg.gain.enabled)
+                   skip_zero_advantage=tc.skip_zero_advantage, angle=cfg.gain.enabled,
+                   behaviour_cap=tc.behaviour_cap)
 
     def update_kwargs(self) -> dict:
         """Keyword arguments of :func:`policy_update` (``angle`` becomes ``angle_fn``)."""

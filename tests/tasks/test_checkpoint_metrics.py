@@ -58,7 +58,7 @@ def test_a_kill_between_the_pointer_and_the_send_loses_no_metrics(tmp_path, monk
         held = run.held_metrics(2**62)
 
         resumed = _run(tmp_path, led)  # a new process: nothing in memory
-        assert checkpoint.restore(resumed, model, State(), State(), None) == 4
+        assert checkpoint.restore(resumed, model, State(), State(), None).step == 4
     assert resumed.tracker.sent == held  # every step 0..3, with the timestamps they were first logged with
     assert [s for _, s, _ in resumed.tracker.sent] == [0, 1, 2, 3]
 

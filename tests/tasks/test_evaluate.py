@@ -93,7 +93,8 @@ class ScriptedEngine:
         assert len(texts) == len(prompts) * n
         ids = torch.zeros(len(texts), 1, dtype=torch.long)
         return Generation(prompt_ids=[torch.zeros(1, dtype=torch.long)] * len(prompts), completion_ids=ids,
-                          completion_mask=torch.ones_like(ids, dtype=torch.bool), texts=texts, n=n)
+                          completion_mask=torch.ones_like(ids, dtype=torch.bool), texts=texts, n=n,
+                          logprobs=torch.zeros(ids.shape))
 
     def sync_weights(self, model, tokenizer, folder) -> float:
         return 0.0

@@ -81,7 +81,7 @@ def test_selector_keeps_the_candidates_most_likely_to_be_mixed(smoke_cfg, pool):
     on = Selector(smoke_cfg(*SMALL, "select.screen=2"), pool, feats, scripted(rates, calls))
     off = Selector(smoke_cfg(*SMALL), pool, feats, scripted(rates, calls))
     for s in (on, off):
-        s.begin_round(0, 0, None, None)
+        s.begin_round(0, 0, None)
     candidates, _ = off.choose(12, 3)
     assert calls == [], "without the screen the likelihood is never read"
     idx, rows = on.choose(6, 3)

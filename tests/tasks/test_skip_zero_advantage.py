@@ -68,7 +68,7 @@ def test_a_batch_without_gradient_still_steps_the_optimizer_as_before():
     groups = _batch_with_silent_groups(h.tiny_model())
     for g in groups:
         g.advantages = torch.zeros_like(g.advantages)
-        g.replayed_from = None
+        g.replayed_from, g.behaviour_logp = None, torch.zeros(0)
     full, _ = _update(groups, False, aggregation="token", kl_coef=0.0)
     fast, stats = _update(groups, True, aggregation="token", kl_coef=0.0)
     assert stats[0]["train/update_rows"] == 2.0  # one row per minibatch
@@ -101,7 +101,7 @@ def _kl_oracle(groups, ref, kl_counts: torch.Tensor, kl_coef: float):
 def test_kl_rows_choose_where_the_kl_term_counts(kl_rows, counted, rows):
     groups = _batch_with_silent_groups(h.tiny_model())
     for g in groups:
-        g.replayed_from = None  # all fresh: the oracle needs no behaviour log-probs
+        g.replayed_from, g.behaviour_logp = None, torch.zeros(0)  # all fresh: the oracle needs no behaviour log-probs
     ref = build_tiny_model(hidden=64, layers=2, heads=2, seed=1)  # another policy: the KL term is not 0
     model = h.tiny_model()
     opt = torch.optim.AdamW(model.parameters(), **h.OPTIM)
@@ -124,7 +124,7 @@ def test_kl_sample_computes_a_drawn_share_of_the_silent_groups_weighted_by_its_i
     other is skipped; loss and step equal the whole batch's with those KL weights (2, 0) and 1 elsewhere."""
     groups = _batch_with_silent_groups(h.tiny_model())
     for g in groups:
-        g.replayed_from = None
+        g.replayed_from, g.behaviour_logp = None, torch.zeros(0)
     ref = build_tiny_model(hidden=64, layers=2, heads=2, seed=1)
     model = h.tiny_model()
     opt = torch.optim.AdamW(model.parameters(), **h.OPTIM)

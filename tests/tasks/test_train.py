@@ -25,7 +25,7 @@ from tasks.training.update import scheduled_lr
 PRESETS = "conf/presets/{}.yaml"
 SMALL = ["train.steps=4", "train.prompts_per_step=6", "train.round_steps=2", "rollout.n=4",
          "rollout.max_new_tokens=12", "calibrate.k=8", "calibrate.g=4", "select.predictor.min_labels=8",
-         "select.predictor.fit_steps=5", "eval.every=0"]
+         "select.predictor.fit_steps=5", "eval.every=0", "overlap.lag=0"]
 
 
 def text_reward(records, completions, workers=1):
@@ -186,7 +186,8 @@ def test_make_groups_advantages_and_negative_weight():
 
     rec = arith.generate(0, 1, "train", "default")
     gen = Generation(prompt_ids=[torch.tensor([1, 5, 6])], completion_ids=torch.arange(8).view(4, 2),
-                     completion_mask=torch.ones(4, 2, dtype=torch.bool), texts=["a"] * 4, n=4)
+                     completion_mask=torch.ones(4, 2, dtype=torch.bool), texts=["a"] * 4, n=4,
+                     logprobs=torch.zeros(4, 2))
     rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
     (g,), _ = make_groups(gen, rewards, rec, 3, m=None, rule="max_variance", scale_std=False,
                           generator=torch.Generator(), negative_weight=1.0, anchor=0.0)
@@ -208,7 +209,8 @@ def test_make_groups_advantages_and_negative_weight():
     assert g.advantages.tolist() == [0.5, -0.5, -0.5, 0.5]
     # a group of 2 (dots_n2): one wrong, one right -> -1/2, +1/2
     pair = Generation(prompt_ids=[torch.tensor([1, 5, 6])], completion_ids=torch.arange(4).view(2, 2),
-                      completion_mask=torch.ones(2, 2, dtype=torch.bool), texts=["a"] * 2, n=2)
+                      completion_mask=torch.ones(2, 2, dtype=torch.bool), texts=["a"] * 2, n=2,
+                      logprobs=torch.zeros(2, 2))
     (g,), _ = make_groups(pair, torch.tensor([[0.0, 1.0]]), rec, 3, m=None, rule="max_variance", scale_std=False,
                           generator=torch.Generator(), negative_weight=1.0, anchor=0.0)
     assert g.advantages.tolist() == [-0.5, 0.5]
@@ -233,7 +235,7 @@ def test_drop_solved_keeps_solved_prompts_out_until_too_few_remain(smoke_cfg, po
     cfg = smoke_cfg(*SMALL, "select.drop_solved=true", path=PRESETS.format("grpo"))
     feats = score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
     sel = Selector(cfg, pool, feats)
-    sel.begin_round(0, 0, None, None)
+    sel.begin_round(0, 0, None)
     solved = list(range(0, 40, 2))  # half the pool solved (pass rate 1 over all n), half not
     sel.observe(0, solved, torch.ones(len(solved), 4), 1.0, None)
     sel.observe(0, [1, 3], torch.tensor([[0.0, 1.0, 1.0, 1.0]] * 2), 0.75, None)
@@ -244,7 +246,7 @@ def test_drop_solved_keeps_solved_prompts_out_until_too_few_remain(smoke_cfg, po
     idx, _ = sel.choose(30, 4)  # more than the 20 unsolved: solved prompts come back
     assert len(idx) == 30 and set(idx) & set(solved)
     off = Selector(smoke_cfg(*SMALL, path=PRESETS.format("grpo")), pool, feats)
-    off.begin_round(0, 0, None, None)
+    off.begin_round(0, 0, None)
     off.observe(0, solved, torch.ones(len(solved), 4), 1.0, None)
     off.used[:] = False
     drawn = set().union(*(off.choose(6, s)[0] for s in range(1, 4)))
@@ -260,7 +262,7 @@ def test_guard_share_draws_solved_prompts_and_nothing_else_changes(guard_selecto
     sel, off, pool_size = guard_selectors(share)
     solved = list(range(0, 2 * n_solved, 2))
     for s in (sel, off):
-        s.begin_round(0, 0, None, None)
+        s.begin_round(0, 0, None)
         if solved:
             s.observe(0, solved, torch.ones(len(solved), 4), 1.0, None)
         s.used[:] = False
@@ -306,7 +308,7 @@ def test_trained_reference_rolls_out_nothing_and_uses_the_latest_labels(smoke_cf
     feats = score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
     sel = Selector(cfg, pool, feats)
     sel.seed_labels(Calibration(indices=(0, 1, 2, 3), success=torch.tensor([0.0, 0.25, 0.5, 1.0])))
-    m0 = sel.begin_round(0, 0, None, None)
+    m0 = sel.begin_round(0, 0, None)
     assert (m0["select/reference_rollouts"], m0["select/reference_size"]) == (0.0, 4.0)
     assert m0["select/ref_success"] == pytest.approx(1.75 / 4)
     sel.observe(0, [3, 5, 6], torch.tensor([[0.0, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0]]), 0.5, None)
@@ -315,7 +317,7 @@ def test_trained_reference_rolls_out_nothing_and_uses_the_latest_labels(smoke_cf
     resumed = Selector(cfg, pool, feats)
     resumed.load_state_dict(state)
     for s in (sel, resumed):
-        m1 = s.begin_round(1, 2, None, None)
+        m1 = s.begin_round(1, 2, None)
         assert (m1["select/reference_rollouts"], m1["select/reference_size"]) == (0.0, 4.0)  # prompts 3, 5, 6, 7
         assert m1["select/ref_success"] == pytest.approx((0.75 + 0.5 + 0.0 + 0.25) / 4)  # prompt 5: the latest
     ref, labels = torch.tensor([7, 5, 6, 3]), torch.tensor([0.25, 0.5, 0.0, 0.75])
@@ -337,13 +339,13 @@ def test_observed_weighting_measures_the_chance_of_a_gradient_on_drawn_groups(sm
     feats = score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
     sel = Selector(cfg, pool, feats)
     sel.seed_labels(Calibration(indices=(0, 1, 2, 3), success=torch.tensor([0.0, 0.25, 0.5, 1.0])))
-    sel.begin_round(0, 0, None, None)
+    sel.begin_round(0, 0, None)
     assert torch.equal(sel.probs, informative_weights(sel.pred.clamp(0, 1), 4))
     drawn = [5, 6, 7]
     pred0 = sel.pred[drawn].clamp(0, 1)
     sel.observe(0, drawn, torch.tensor([[0.0, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0]]), 0.5, None)
     assert sel.seen_informative == [True, False, False] and sel.seen_pred == pytest.approx(pred0.tolist())
-    sel.begin_round(1, 2, None, None)
+    sel.begin_round(1, 2, None)
     want = observed_informative_weights(sel.pred.clamp(0, 1), 4, pred0, torch.tensor([True, False, False]),
                                         bins=1, strength=0.01)
     assert torch.allclose(sel.probs, want, rtol=1e-12, atol=0)
@@ -386,7 +388,7 @@ def test_groups_of_two_on_dots_draw(smoke_cfg, pool):
     assert (cfg.rollout.n, cfg.select.weighting) == (2, "observed")
     sel = Selector(cfg, pool, score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu"))
     sel.seed_labels(Calibration(indices=(0, 1, 2, 3), success=torch.tensor([0.0, 0.25, 0.5, 1.0])))
-    sel.begin_round(0, 0, None, None)
+    sel.begin_round(0, 0, None)
     p = sel.pred.clamp(0, 1)
     assert torch.allclose(sel.probs, informative_weights(p, 2)) and not torch.allclose(sel.probs,
                                                                                      informative_weights(p, 4))
@@ -415,7 +417,7 @@ def test_posterior_weighting_uses_each_prompts_own_groups(smoke_cfg, pool):
     feats = score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
     sel = Selector(cfg, pool, feats)
     sel.seed_labels(Calibration(indices=(0, 1), success=torch.tensor([0.0, 0.5])))  # 0 and 2 of calibrate.g = 4
-    m0 = sel.begin_round(0, 0, None, None)  # the round start halves the evidence
+    m0 = sel.begin_round(0, 0, None)  # the round start halves the evidence
     assert m0["select/concentration"] == pytest.approx(8.0)  # no group seen: the grid's middle
     assert sel.own_trials[:2].tolist() == [2.0, 2.0] and sel.own_successes[:2].tolist() == [0.0, 1.0]
     drawn = [1, 5, 6, 7]
@@ -428,7 +430,7 @@ def test_posterior_weighting_uses_each_prompts_own_groups(smoke_cfg, pool):
     resumed = Selector(cfg, pool, feats)
     resumed.load_state_dict(state)
     for s in (sel, resumed):
-        m1 = s.begin_round(1, 2, None, None)
+        m1 = s.begin_round(1, 2, None)
         seen = torch.tensor(sel.seen_groups, dtype=torch.float64)
         conc = fit_concentration(pred0, seen[:, 1], seen[:, 2], seen[:, 3], seen[:, 4])
         assert m1["select/concentration"] == conc

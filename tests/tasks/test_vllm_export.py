@@ -56,7 +56,7 @@ def test_unreachable_server_and_bad_folder(tmp_path):
 
 
 def test_completions_become_a_right_padded_generation_without_a_server(monkeypatch):
-    """generate_with_logprobs lays the server's choices out prompt-major: ids and log-probs right-padded, the mask
+    """generate lays the server's choices out prompt-major: ids and log-probs right-padded, the mask
     on the returned tokens (EOS included), a missing log-prob as 0; the server here is a scripted ``_complete``."""
     tok = build_tokenizer()
     engine = VLLMEngine("http://127.0.0.1:9", tok, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0)
@@ -70,7 +70,8 @@ def test_completions_become_a_right_padded_generation_without_a_server(monkeypat
 
     monkeypatch.setattr(engine, "_complete", complete)
     monkeypatch.setattr("tasks.model.vllm_engine.add_special", lambda _tok: False)
-    gen, logp = engine.generate_with_logprobs(["a", "b"], n=2, seed=0)
+    gen = engine.generate(["a", "b"], n=2, seed=0)
+    logp = gen.logprobs
     pad = tok.pad_token_id
     assert gen.completion_ids.tolist() == [[10, 11, eos], [12, pad, pad], [13, 14, pad], [eos, pad, pad]]
     assert gen.completion_mask.sum(1).tolist() == [3, 1, 2, 1]

@@ -1,0 +1,139 @@
+"""The in-process engine in a process of its own: the overlap's generator (``overlap.lag`` 1, tasks/training/overlap.py).
+
+:class:`GeneratorProcess` is a :class:`tasks.model.rollout.RolloutEngine`. It holds its own copy of the policy in
+shared memory, and a child process (``spawn``) samples from that copy with the trainer's :class:`HFEngine`
+settings, so generation runs on other cores while the trainer updates. :meth:`GeneratorProcess.sync_weights`
+copies the trainer's weights into the shared copy; the loop calls it only between requests (after the previous
+step's rollouts came back, before the next ones are asked for), so every request samples from exactly the
+weights synced last: the lag is exact, and a seed gives one result. On a GPU the copy lives on the same device
+and the sync is a device copy.
+
+Failure handling: a child that dies (killed, out of memory, an exception) is reported as :class:`GeneratorDied`,
+one line naming its exit code or error, and the run stops at its last checkpoint. A parent that dies closes its
+end of the pipe, and the child leaves at its next read: no process is left behind. :meth:`close` stops the
+child (terminating it if it does not answer).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+from tasks.model.rollout import Generation, HFEngine, RolloutEngine
+
+log = logging.getLogger(__name__)
+
+
+class GeneratorDied(RuntimeError):
+    """The generator process stopped or failed; the run stops at its last checkpoint."""
+
+
+def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenizer, settings: dict, conn,
+           threads: int) -> None:
+    """The child's loop: ``("generate", prompts, n, seed, greedy)`` -> ``("ok", Generation)`` or ``("error", text)``;
+    ``("stop",)`` or a closed pipe (the parent is gone) ends it.
+
+    The model is rebuilt from its class and config, and its parameters become the parent's shared tensors
+    (``load_state_dict(assign=True)``: no copy), so the parent's syncs are what it samples from.
+    """
+    torch.set_num_threads(threads)
+    model = model_class(config)
+    model.load_state_dict(weights, assign=True)
+    model.to(settings["device"]).eval().requires_grad_(False)
+    engine = HFEngine(model, tokenizer, **settings)
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg[0] == "stop":
+            return
+        try:
+            out = ("ok", engine.generate(*msg[1:]))
+        except Exception as err:  # noqa: BLE001 - sent to the parent, which stops the run with it
+            out = ("error", f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=5)}")
+        try:
+            conn.send(out)
+        except (BrokenPipeError, OSError):
+            return
+
+
+class GeneratorProcess(RolloutEngine):
+    """A rollout engine whose sampling runs in a child process on a shared-memory copy of the policy.
+
+    Args:
+        engine: the trainer's in-process engine (its model is copied; its sampling settings are kept).
+        threads: torch threads of the child.
+        poll_s: how often a wait checks that the child is alive.
+    """
+
+    def __init__(self, engine: HFEngine, threads: int, poll_s: float = 0.5):
+        self.model = copy.deepcopy(engine.model).eval().requires_grad_(False)
+        if next(self.model.parameters()).device.type == "cpu":
+            self.model.share_memory()
+        self.poll_s = poll_s
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        args = (type(self.model), self.model.config, self.model.state_dict(), engine.tok, engine.settings(), child,
+                threads)
+        self._proc = ctx.Process(target=_serve, args=args, name="rlsift-generator", daemon=True)
+        self._proc.start()
+        child.close()
+        log.info("generator process %d started (%d torch thread%s)", self._proc.pid, threads, "s"[:threads != 1])
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False) -> Generation:
+        if not self._proc.is_alive():
+            raise GeneratorDied(self._why())
+        try:
+            self._conn.send(("generate", prompts, n, seed, greedy))
+            while not self._conn.poll(self.poll_s):
+                if not self._proc.is_alive():
+                    raise GeneratorDied(self._why())
+            status, out = self._conn.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError) as err:
+            raise GeneratorDied(self._why(err)) from None
+        if status != "ok":
+            raise GeneratorDied(f"the generator process failed: {out.strip().splitlines()[0]}\n{out}")
+        return out
+
+    def _why(self, err: BaseException | None = None) -> str:
+        self._proc.join(timeout=1.0)
+        code = self._proc.exitcode
+        how = f"exit code {code}" if code is None or code >= 0 else f"signal {-code}"
+        return f"the generator process (pid {self._proc.pid}) died ({how}{f'; {err}' if err else ''})"
+
+    @torch.no_grad()
+    def sync_weights(self, model: torch.nn.Module, tokenizer, folder: str | Path) -> float:
+        """Copy ``model``'s weights into the shared copy (call only while no request is in flight)."""
+        t0 = time.perf_counter()
+        src = model.state_dict()
+        for name, dst in self.model.state_dict().items():
+            dst.copy_(src[name])
+        return time.perf_counter() - t0
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the child; terminate it when it does not stop within ``timeout`` seconds."""
+        if self._proc.is_alive():
+            try:
+                self._conn.send(("stop",))
+            except (BrokenPipeError, OSError):
+                pass
+            self._proc.join(timeout)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(timeout)
+        if self._proc.is_alive():
+            os.kill(self._proc.pid, 9)
+            self._proc.join()
+        self._conn.close()

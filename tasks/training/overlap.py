@@ -1,0 +1,151 @@
+"""Generation and update at once: step t+1's rollouts are drawn while update t runs (``overlap.lag`` 1).
+
+One-step-off asynchronous RL, as in AReaL (Fu et al. 2025, arXiv 2505.24298, with its decoupled loss, section 5),
+verl's one-step-off policy and prime-rl's ``max_async_level`` 1. docs/algorithms.md section 8 says what every
+decision sees. The timeline of iteration t (W_v: the weights after v updates)::
+
+    main thread:        [sync W_t -> sampler] [update t: W_t -> W_{t+1}] [wait] [observe t, log, checkpoint]
+    background thread:                        [draw t+1 with W_t: round start, select, generate, verify]
+
+so step t+1 samples from W_t, one update behind the W_{t+1} a sequential loop would use, exactly: the sampler's
+weights are synced only while nothing is in flight, so the lag never depends on which side finished first.
+
+The sampler is a :class:`SamplingPolicy`:
+
+- the in-process engine: a :class:`tasks.model.generator.GeneratorProcess` (a child process with its own
+  shared-memory copy of the policy, each side on its own torch threads);
+- an engine outside this process (vLLM): requests in flight from the background thread; the weights are pushed
+  to the server before every draw, not only at round boundaries.
+
+The likelihood screen (tasks/training/screen.py) reads the sampler's copy of the weights, never the model the update
+is changing. Deviations: one step in flight at most (lag 0 or 1); the background draw's own phases (selection,
+reference rollouts, rollout) are reported as ``overlap/draw_*_s`` metrics, and the cost meter counts the trainer's
+wall time only (waiting for a draw is its ``rollout`` phase), so device hours stay wall-clock hours.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tasks.model.generator import GeneratorProcess
+from tasks.model.policy import Policy
+from tasks.model.rollout import HFEngine
+
+log = logging.getLogger("rlsift.train")
+
+
+class SamplingPolicy:
+    """The policy the rollouts are drawn from, and how the trainer's weights reach it.
+
+    Attributes:
+        policy: what the draw uses (its ``model`` is the sampler's copy when the sampler has one; the likelihood
+            screen reads it), and its ``engine`` generates.
+    """
+
+    def __init__(self, trainer: Policy, lag: int, *, threads: int | None = None, needs_copy: bool = False):
+        self.trainer, self.lag = trainer, lag
+        self._process: GeneratorProcess | None = None
+        self._copy: torch.nn.Module | None = None
+        if lag == 0:
+            self.policy = trainer
+        elif isinstance(trainer.engine, HFEngine):
+            total = torch.get_num_threads()
+            gen = threads or max(1, total // 2)
+            self._process = GeneratorProcess(trainer.engine, gen)
+            self._trainer_threads = (total, max(1, total - gen))
+            torch.set_num_threads(self._trainer_threads[1])
+            self.policy = Policy(model=self._process.model, tokenizer=trainer.tokenizer, engine=self._process,
+                                 system_prompt=trainer.system_prompt)
+        else:  # a server: in-flight requests; a frozen copy only where the draw reads the weights itself
+            self._copy = copy.deepcopy(trainer.model).eval().requires_grad_(False) if needs_copy else None
+            self.policy = Policy(model=self._copy if self._copy is not None else trainer.model,
+                                 tokenizer=trainer.tokenizer, engine=trainer.engine, system_prompt=trainer.system_prompt)
+
+    @property
+    def overlapped(self) -> bool:
+        return self.lag > 0
+
+    @torch.no_grad()
+    def sync(self, folder: str | Path) -> float:
+        """Bring the sampler to the trainer's current weights (nothing may be in flight); returns seconds."""
+        t0 = time.perf_counter()
+        if self._copy is not None:
+            self._copy.load_state_dict(self.trainer.model.state_dict())
+        source = self._copy if self._copy is not None else self.trainer.model
+        self.policy.engine.sync_weights(source, self.trainer.tokenizer, folder)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        if self._process is not None:
+            self._process.close()
+            torch.set_num_threads(self._trainer_threads[0])
+            self._process = None
+
+
+@dataclass(frozen=True)
+class OverlapTimes:
+    """One overlapped step's timing (seconds).
+
+    Attributes:
+        draw_s: the background draw's busy time; trainer_idle_s: the trainer's wait for it after its update;
+        generator_idle_s: the draw's wait for the trainer (its finish to the trainer's collect);
+        overlap_s: time both sides worked at once.
+    """
+
+    draw_s: float
+    trainer_idle_s: float
+    generator_idle_s: float
+    overlap_s: float
+
+    def metrics(self) -> dict[str, float]:
+        return {f"overlap/{k}": v for k, v in self.__dict__.items()}
+
+
+class Overlap:
+    """One draw in flight in a background thread: :meth:`launch` before the update, :meth:`collect` after it."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlsift-draw")
+        self._future: Future | None = None
+        self._launched = 0.0
+
+    def launch(self, draw: Callable[[], object]) -> None:
+        if self._future is not None:
+            raise RuntimeError("a draw is already in flight: collect it first")
+
+        def timed():
+            t0 = time.perf_counter()
+            out = draw()
+            return out, t0, time.perf_counter()
+
+        self._launched = time.perf_counter()
+        self._future = self._pool.submit(timed)
+
+    @property
+    def in_flight(self) -> bool:
+        return self._future is not None
+
+    def collect(self) -> tuple[object, OverlapTimes]:
+        """Wait for the draw in flight; its result (an exception in the draw is raised here) and the timing."""
+        if self._future is None:
+            raise RuntimeError("no draw in flight")
+        t_wait = time.perf_counter()
+        future, self._future = self._future, None
+        out, start, end = future.result()
+        done = time.perf_counter()
+        draw_s = end - start
+        return out, OverlapTimes(draw_s=draw_s, trainer_idle_s=done - t_wait,
+                                 generator_idle_s=max(0.0, t_wait - end),
+                                 overlap_s=max(0.0, min(end, t_wait) - max(start, self._launched)))
+
+    def close(self) -> None:
+        """Wait for a draw in flight (a failing run's), then stop the thread."""
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,209 @@
+"""Generation and update at once (overlap.lag 1) and the sampler's log-probs as the behaviour policy.
+
+- the in-process engine's sampler log-probs equal the trainer's recomputation in float32 (<= 1e-5);
+- the generator process samples exactly what the in-process engine samples from the weights synced last, and a
+  generator that dies is one clear error with no process left behind;
+- the update's truncated importance weight, hand-worked on one token;
+- the overlapped loop: every fresh group one update old (in the ledger), deterministic, different from the
+  sequential loop, with every technique on; the sequential loop measures the mismatch without correcting it.
+"""
+
+import copy
+import math
+import os
+import signal
+
+import pytest
+import torch
+
+from rlcore.types import RolloutGroup
+from tasks.data import arith
+from tasks.model.forward import token_logprobs
+from tasks.model.generator import GeneratorDied, GeneratorProcess
+from tasks.model.policy import build_tiny_model, build_tokenizer
+from tasks.model.rollout import HFEngine
+from tasks.training.update import mismatch_metrics, policy_update
+from tests.tasks import dist_update_helper as h
+from tests.tasks.test_train import PRESETS, SMALL, run_train, text_reward
+
+PROMPTS = ["Q: 1+2=?\n", "Q: (33*4-1)%7=?\n", "Q: 9*9=?\n"]
+
+
+def engine(model, tok, **kw) -> HFEngine:
+    return HFEngine(model, tok, **({"max_new_tokens": 16, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
+                                    "chunk": 512} | kw))
+
+
+@pytest.fixture(autouse=True)
+def _reward(monkeypatch):
+    monkeypatch.setattr("tasks.training.rollouts.batch_rewards", text_reward)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    tok = build_tokenizer()
+    return build_tiny_model(hidden=64, layers=2, heads=2, tokenizer=tok, seed=0), tok
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampler_logprobs_equal_the_trainers_in_float32(tiny, temperature):
+    model, tok = tiny
+    gen = engine(model, tok, temperature=temperature).generate(PROMPTS, n=4, seed=3)
+    with torch.no_grad():
+        trainer = token_logprobs(model, [p for p in gen.prompt_ids for _ in range(4)], gen.completion_ids,
+                                 gen.completion_mask, tok.pad_token_id, temperature)
+    diff = (trainer - gen.logprobs).abs()
+    assert gen.logprobs.shape == gen.completion_ids.shape and bool((gen.logprobs[~gen.completion_mask] == 0).all())
+    assert float(diff[gen.completion_mask].max()) <= 1e-5
+    assert bool((gen.logprobs[gen.completion_mask] < 0).all())
+
+
+def test_top_k_logprobs_are_those_of_the_truncated_distribution(tiny):
+    """With top-k the sampler draws from the renormalised top k, so its log-probs are above the full softmax's: the
+    mismatch the correction weighs."""
+    model, tok = tiny
+    gen = engine(model, tok, top_k=5).generate(PROMPTS, n=2, seed=1)
+    with torch.no_grad():
+        full = token_logprobs(model, [p for p in gen.prompt_ids for _ in range(2)], gen.completion_ids,
+                              gen.completion_mask, tok.pad_token_id, 1.0)
+    assert bool((gen.logprobs[gen.completion_mask] >= full[gen.completion_mask] - 1e-6).all())
+    assert float((gen.logprobs - full)[gen.completion_mask].max()) > 1e-3
+
+
+def test_the_generator_process_samples_the_weights_synced_last_and_dies_loudly(tiny):
+    model, tok = tiny
+    trainer = copy.deepcopy(model)
+    local = engine(trainer, tok)
+    gp = GeneratorProcess(local, threads=1)
+    pid = gp.pid
+    try:
+        a, b = gp.generate(PROMPTS, 3, 5), local.generate(PROMPTS, 3, 5)
+        assert torch.equal(a.completion_ids, b.completion_ids)  # the same draws; log-probs to float rounding
+        torch.testing.assert_close(a.logprobs, b.logprobs, rtol=0, atol=1e-5)
+        with torch.no_grad():
+            for p in trainer.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        stale = gp.generate(PROMPTS, 3, 5)
+        assert torch.equal(stale.completion_ids, a.completion_ids)  # nothing reaches it before a sync
+        gp.sync_weights(trainer, tok, "unused")
+        fresh, want = gp.generate(PROMPTS, 3, 5), local.generate(PROMPTS, 3, 5)
+        assert torch.equal(fresh.completion_ids, want.completion_ids)
+        torch.testing.assert_close(fresh.logprobs, want.logprobs, rtol=0, atol=1e-5)
+        assert not torch.equal(fresh.logprobs, a.logprobs)
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(GeneratorDied, match=rf"generator process \(pid {pid}\) died \(signal 9"):
+            gp.generate(PROMPTS, 3, 5)
+    finally:
+        gp.close()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def _one_token_group(model, shift: float) -> RolloutGroup:
+    """One group of two one-token rollouts (advantages +1/2, -1/2) whose sampler log-probs are pi_old's minus
+    ``shift`` (so pi_old / mu = e^shift on every token)."""
+    prompt = torch.tensor([1, 30, 31])
+    comp = torch.tensor([[40], [41]])
+    mask = torch.ones(2, 1, dtype=torch.bool)
+    with torch.no_grad():
+        old = token_logprobs(model, [prompt, prompt], comp, mask, h.PAD)
+    rewards = torch.tensor([1.0, 0.0])
+    return RolloutGroup(prompt_id="p", prompt_ids=prompt, completion_ids=comp, completion_mask=mask, rewards=rewards,
+                        advantages=rewards - 0.5, behaviour_logp=old - shift, success_rate=0.5, n_generated=2,
+                        step=0, sampler_logp=old - shift, policy_version=0)
+
+
+@pytest.mark.parametrize("cap, weight", [(2.0, 2.0), (None, 3.0), (4.0, 3.0)])
+def test_truncated_importance_weight_hand_worked(cap, weight):
+    """pi_old / mu = 3 on both tokens: the decoupled loss at pi_theta = pi_old is -(A_1 w + A_2 w) / 2 = 0 in value,
+    its ratio pi_theta / mu' is the weight w = min(3, cap), and the gradient is w times the on-policy one."""
+    shift = math.log(3.0)
+    settings = dict(clip_eps=0.2, aggregation="token", grad_clip=1e9, temperature=1.0, pad_id=h.PAD, minibatches=1,
+                    kl_coef=0.0)
+    grads = {}
+    for name, group, c in (("corrected", _one_token_group(h.tiny_model(), shift), cap),
+                           ("on-policy", _one_token_group(h.tiny_model(), 0.0), None)):
+        if name == "on-policy":
+            group.behaviour_logp = torch.zeros(0)
+        model = h.tiny_model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        stats = policy_update(model, opt, [group], behaviour_cap=c, **settings)
+        grads[name] = torch.cat([p.grad.flatten() for p in model.parameters()])
+        if name == "corrected":
+            assert stats["train/ratio_mean"] == pytest.approx(weight, rel=1e-5)
+            assert stats["offpolicy/ratio_mean"] == pytest.approx(3.0, rel=1e-5)
+            assert stats["offpolicy/truncated_frac"] == (1.0 if cap is not None and cap < 3 else 0.0)
+            assert stats["offpolicy/kl"] == pytest.approx(2.0 - math.log(3.0), rel=1e-5)
+    scale = float(grads["on-policy"].abs().max())
+    torch.testing.assert_close(grads["corrected"], weight * grads["on-policy"], rtol=1e-3, atol=1e-5 * scale)
+
+
+def test_mismatch_metrics_loop_oracle():
+    g = torch.Generator().manual_seed(0)
+    old, sampler = torch.randn(5, 7, generator=g), torch.randn(5, 7, generator=g)
+    mask = torch.rand(5, 7, generator=g) > 0.3
+    out = mismatch_metrics(old, sampler, mask, math.log(1.5))
+    ws = [math.exp(old[i, j] - sampler[i, j]) for i in range(5) for j in range(7) if mask[i, j]]
+    assert out["offpolicy/ratio_mean"] == pytest.approx(sum(ws) / len(ws))
+    assert out["offpolicy/ratio_max"] == pytest.approx(max(ws))
+    assert out["offpolicy/kl"] == pytest.approx(sum(w - 1 - math.log(w) for w in ws) / len(ws))
+    assert out["offpolicy/truncated_frac"] == pytest.approx(sum(w > 1.5 for w in ws) / len(ws))
+    assert mismatch_metrics(old, sampler, torch.zeros(5, 7, dtype=torch.bool), None) == {}
+
+
+@pytest.fixture(scope="module")
+def pool():
+    return arith.generate(0, 40, "train", "default")
+
+
+LAG1 = [*[o for o in SMALL if not o.startswith("overlap.")], "overlap.lag=1", "train.steps=5"]
+
+
+def test_the_overlapped_loop_trains_one_update_behind_exactly_and_deterministically(smoke_cfg, pool):
+    a_state, a_sum, a_groups, a_sel, a_log = run_train(smoke_cfg(*LAG1, path=PRESETS.format("grpo")), pool)
+    b_state, _, b_groups, b_sel, _ = run_train(smoke_cfg(*LAG1, path=PRESETS.format("grpo")), pool)
+    s_state, _, s_groups, _, s_log = run_train(smoke_cfg(*LAG1, "overlap.lag=0", path=PRESETS.format("grpo")), pool)
+    assert a_sum.steps == 5
+    assert [(g["step"], g["policy_version"], g["lag"]) for g in a_groups] == \
+        [(s, max(s - 1, 0), min(s, 1)) for s in range(5) for _ in range(6)]
+    assert all(g["lag"] == 0 and g["policy_version"] == g["step"] for g in s_groups)
+    for k in a_state:  # one seed, one result
+        assert torch.equal(a_state[k], b_state[k]), k
+    def rows(t):
+        return [{k: v for k, v in r.items() if k != "run_id"} for r in t]
+
+    assert rows(a_sel) == rows(b_sel) and rows(a_groups) == rows(b_groups)
+    assert any(not torch.equal(a_state[k], s_state[k]) for k in a_state), "the lag must change what is trained"
+    # the first two steps sample the starting weights in both loops: same rollouts
+    assert [g["successes"] for g in a_groups[:12]] == [g["successes"] for g in s_groups[:12]]
+    for m in a_log[:-1]:  # each step's update overlapped the next step's draw (none after the last)
+        assert m["overlap/draw_s"] > 0 and m["overlap/update_s"] > 0 and m["overlap/trainer_idle_s"] >= 0
+    assert "overlap/draw_s" not in a_log[-1]
+    for m in a_log[1:]:
+        assert m["train/policy_lag"] == 1.0
+        assert m["offpolicy/ratio_mean"] > 0 and m["offpolicy/kl"] >= 0 and "offpolicy/truncated_frac" in m
+    assert a_log[0]["train/policy_lag"] == 0.0
+    assert all(m["train/policy_lag"] == 0.0 for m in s_log)
+    # sequential: mu = pi_old (no correction) and the sampler agrees with the trainer to float rounding
+    assert all(m["offpolicy/logp_diff_max"] <= 1e-5 for m in s_log)
+    assert all(m["train/behaviour_ratio_mean"] == 1.0 for m in s_log)
+    assert any(m["offpolicy/logp_diff_max"] > 1e-3 for m in a_log[2:]), "lag 1 samples older weights"
+
+
+def test_every_technique_composes_with_the_overlap(smoke_cfg, pool):
+    """DOTS with the screen, replay, PODS, ScalingRL, GAIN-RL and the adaptive composition, then DAPO's dynamic
+    sampling, all overlapped: every step trains, fresh groups one update old, the reference rows in the ledger."""
+    cfg = smoke_cfg(*LAG1, "train.steps=6", "rollout.n=6", "pods.m=4", "select.screen=2",
+                    path=PRESETS.format("all"))
+    assert cfg.select.method == "dots" and cfg.replay.enabled and cfg.curriculum.enabled and cfg.gain.enabled
+    _, summary, groups, sel, logged = run_train(cfg, pool)
+    assert summary.steps == 6 and [m["step"] for m in logged] == list(range(6))
+    fresh = [g for g in groups if not g["replayed"]]
+    assert all(g["lag"] == min(g["step"], 1) for g in fresh)
+    assert any(g["replayed"] and g["lag"] >= 2 for g in groups)
+    assert all(s["screen_success"] is not None for s in sel)
+    assert all("select/ref_success" in logged[s] for s in (0, 2, 4)), "each round start ran (steps 2, 4: in a draw)"
+    dapo = smoke_cfg(*LAG1, "train.steps=3", path=PRESETS.format("dapo"))
+    assert dapo.dynamic.enabled
+    _, summary, _, _, logged = run_train(dapo, pool)
+    assert summary.steps == 3 and all("dynamic/rounds" in m for m in logged)
