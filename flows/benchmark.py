@@ -1,7 +1,7 @@
 """The ``benchmark`` flow: every preset and TRL's GRPOTrainer on the same model, task, reward and budget.
 
-For each seed: the presets in order (``grpo`` first: it is the baseline and supplies the warm-started
-model every other configuration then loads), then the TRL control on the same model and data. Every
+For each seed: the presets in order (``grpo-sync``, plain GRPO with generation then update, first: it is the
+baseline and supplies the warm-started model every other configuration then loads), then the TRL control on the same model and data. Every
 configuration is one nested MLflow run under a parent ``bench-<timestamp>`` run; the report (results
 table in Markdown and JSON, plots) goes to ``<paths.root>/reports/bench-<timestamp>/`` and to the parent
 run. The arithmetic of time to target is in tasks/bench/analysis.py, the report in tasks/bench/report.py,
@@ -43,7 +43,10 @@ log = logging.getLogger("rlsift.bench")
 
 PRESETS = ("grpo", "grpo_n4", "dapo", "drop_solved", "dots", "dots_informative", "dots_n4", "dots_screen",
            "dots_screen_kl", "dots_n2", "dots_dynamic", "dots_rr", "pods", "gain", "scalingrl", "all")
-BASELINE = "grpo"
+#: Arms ``<preset>-sync``: the preset with generation and update one after the other (``overlap.lag=0``).
+SYNC = "-sync"
+#: The baseline every arm is measured against: plain GRPO, generation then update (what TRL's GRPOTrainer does).
+BASELINE = f"grpo{SYNC}"
 #: Leave-one-out arms: the ``all`` preset without one technique each (``--presets ablation`` runs them all).
 #: Without PODS every generated rollout enters the update, so ``rollout.n`` drops to ``all``'s ``pods.m``
 #: (added by :func:`preset_overrides`).
@@ -66,8 +69,11 @@ SEEDS = 3
 def preset_overrides(name: str) -> list[str]:
     """The keys a preset sets itself (with the presets it builds on, not ``base.yaml``) as dotted overrides.
 
-    A leave-one-out arm (:data:`LEAVE_ONE_OUT`) is ``all``'s keys followed by the switch that turns one off.
+    A leave-one-out arm (:data:`LEAVE_ONE_OUT`) is ``all``'s keys followed by the switch that turns one off; a
+    ``<preset>-sync`` arm (:data:`SYNC`) is the preset's keys and ``overlap.lag=0``.
     """
+    if name.endswith(SYNC):
+        return [*preset_overrides(name[:-len(SYNC)]), "overlap.lag=0"]
     if name in LEAVE_ONE_OUT:
         full = preset_overrides("all")
         n = [f"rollout.n={o.split('=', 1)[1]}" for o in full if o.startswith("pods.m=")] if name == "all-pods" else []
@@ -77,7 +83,8 @@ def preset_overrides(name: str) -> list[str]:
     if not path.is_file():
         known = sorted(p.stem for p in folder.glob("*.yaml"))
         raise ConfigError(f"unknown preset {name!r}; allowed: {', '.join(known)} (or a leave-one-out arm: "
-                          f"{', '.join(LEAVE_ONE_OUT)}; or 'ablation' for all of them)")
+                          f"{', '.join(LEAVE_ONE_OUT)}; or a preset with '{SYNC}' for it without the overlap; or 'ablation' for "
+                          "all of them)")
     chain: list[dict] = []
     while path is not None:
         tree = yaml.safe_load(path.read_text()) or {}

@@ -84,10 +84,19 @@ def cmd_run(args) -> int:
             f"{_paired_text(summary.get('eval_paired'))}\n"
             f"  by level: {_levels(summary['eval_by_level_start'])} -> {_levels(summary['eval_by_level_end'])}\n"
             f"  device hours {summary['device_hours']:.4f} ({summary['device']}), ${summary['cost_usd']:.4f}\n"
+            f"{_overlap_text(summary.get('overlap'))}"
             f"  MLflow run {summary['mlflow_run_id']} at {summary['tracking_uri']}\n"
             f"  ledger {summary['ledger']}\n  run folder {summary['run_dir']}")
     _emit(summary, args.json, text)
     return 0
+
+
+def _overlap_text(o: dict | None) -> str:
+    """The run's overlap totals in one line (empty for a sequential run)."""
+    if not o:
+        return ""
+    return (f"  overlap: update {o['update_s']:.0f} s, next step's draw {o['draw_s']:.0f} s, at once "
+            f"{o['overlap_s']:.0f} s; idle: trainer {o['trainer_idle_s']:.0f} s, generator {o['generator_idle_s']:.0f} s\n")
 
 
 def _is_override(item: str) -> bool:

@@ -88,6 +88,7 @@ class RunSummary:
     data_fingerprint: str | None = None
     policy_path: str | None = None
     resumed: bool = False
+    overlap: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``rlsift run --json`` (and the ledger's ``runs.summary``)."""
@@ -102,7 +103,33 @@ class RunSummary:
 def run_pipeline(cfg: Config, resume: str | None = None, parent_run_id: str | None = None,
                  run_name: str | None = None) -> RunSummary:
     """The stages in order, in the calling flow. Returns the run summary (``to_dict()``: the CLI's ``--json``)."""
-    return execute(open_run(cfg, run_id=resume, parent_run_id=parent_run_id, run_name=run_name))
+    run = open_run(cfg, run_id=resume, parent_run_id=parent_run_id, run_name=run_name)
+    claim_flow_run(run)
+    return execute(run)
+
+
+def claim_flow_run(run: Run) -> None:
+    """Record the calling Prefect flow run in the run's info; on a resume, end the killed process's flow run as
+    Crashed (a SIGKILL leaves it Running for ever: no process is left to report its end)."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+    from prefect.states import Crashed
+
+    current = flow_run.get_id()
+    killed = run.info.flow_run_id
+    if killed and killed != current:
+        try:
+            with get_client(sync_client=True) as client:
+                state = client.read_flow_run(killed).state
+                if state is not None and not state.is_final():
+                    client.set_flow_run_state(killed, Crashed(message=f"its process died; run {run.run_id} resumed "
+                                                                      f"in flow run {current}"), force=True)
+                    log.info("flow run %s of run %s marked Crashed (resumed in %s)", killed, run.run_id, current)
+        except Exception as err:  # noqa: BLE001 - another API server, or a flow run it no longer has
+            log.warning("could not mark the killed flow run %s as crashed: %s", killed, err)
+    if current:
+        run.info = replace(run.info, flow_run_id=str(current))
+        run.save_info()
 
 
 def data_fingerprint(data: IngestResult) -> str:
@@ -156,7 +183,7 @@ def _train(run: Run, data: IngestResult, summary: RunSummary) -> RunSummary:
         device=run.meter.device, device_hours=run.meter.device_hours(), cost_usd=run.meter.usd(),
         stage_seconds=dict(run.meter.seconds), model_path=report.model_path, model_version=report.model_version,
         parent_version=run.info.parent_version, data_fingerprint=run.info.data_fingerprint,
-        policy_path=run.info.policy_path, resumed=run.resumed)
+        policy_path=run.info.policy_path, resumed=run.resumed, overlap=trained.overlap)
     return summary
 
 

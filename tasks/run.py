@@ -125,6 +125,7 @@ class RunInfo:
         flow: ``retrain`` for runs of the retrain flow (flows/retrain.py), else None.
         parent_version: the registered model version a retrain continues ("" when there was none yet).
         parent_path: that version's local folder.
+        flow_run_id: the Prefect flow run that last ran this run (a resume ends a killed one's, flows/pipeline.py).
 
     Set stage by stage with ``run.info = dataclasses.replace(run.info, ...)``; :meth:`Run.save_info` writes it.
     """
@@ -134,6 +135,7 @@ class RunInfo:
     flow: str | None = None
     parent_version: str | None = None
     parent_path: str | None = None
+    flow_run_id: str | None = None
 
     @classmethod
     def load(cls, path: Path) -> RunInfo:
@@ -155,6 +157,9 @@ class Run:
     tracking_uri: str
     info: RunInfo = field(default_factory=RunInfo)
     resumed: bool = False
+    #: a resumed run's meter seconds carried over from the stages its crashed process recorded (the ledger's
+    #: ``stages`` rows); what the resuming process adds on top is redone work (``checkpoint.restore``)
+    carried: dict[str, float] = field(default_factory=dict)
     _hold_from: int | None = field(default=None, repr=False)
     _held: list[tuple[dict[str, float], int, int]] = field(default_factory=list, repr=False)  # metrics, step, ts
 
@@ -194,21 +199,25 @@ class Run:
         """Persist :attr:`info` (lineage of retrain runs) so a resumed run sees it."""
         write_json(self.dir / "info.json", asdict(self.info))
 
-    def log_stage_cost(self, stage: str, step: int = 0, parts: tuple[str, ...] | None = None) -> None:
+    def log_stage_cost(self, stage: str, step: int = 0, parts: tuple[str, ...] | None = None,
+                       metrics: bool = True) -> None:
         """Record a finished stage's wall time, device hours and money in the ledger and as metrics.
 
-        ``parts``: the meter's names that make up the stage (the training loop is timed per phase).
+        ``parts``: the meter's names that make up the stage (the training loop is timed per phase);
+        ``metrics``: also log them (a stage a resumed run redoes only updates its ledger row: its metrics at
+        that step are already in MLflow, and the redone seconds reach the later steps' running totals).
         """
         names = parts or (stage,)
         s, hours, usd = self.meter.wall_seconds(names), self.meter.device_hours(names), self.meter.usd(names)
         self.ledger.add_stage(self.run_id, StageRow(stage=stage, wall_s=s, device=self.meter.device,
                                                     device_hours=hours, cost=usd))
-        metrics = {k: v for k, v in self.meter.metrics().items()
-                   if k.startswith(tuple(f"{p}/{n}_" for n in names for p in ("time", "cost")))
-                   or k in ("cost/device_hours", "cost/usd")}
+        out = {k: v for k, v in self.meter.metrics().items()
+               if k.startswith(tuple(f"{p}/{n}_" for n in names for p in ("time", "cost")))
+               or k in ("cost/device_hours", "cost/usd")}
         if parts:
-            metrics |= {f"time/{stage}_s": s, f"cost/{stage}_device_hours": hours, f"cost/{stage}_usd": usd}
-        self.log_metrics(metrics, step)
+            out |= {f"time/{stage}_s": s, f"cost/{stage}_device_hours": hours, f"cost/{stage}_usd": usd}
+        if metrics:
+            self.log_metrics(out, step)
         log.info("stage %s done in %.1f s (%.5f device hours, $%.5f; run total $%.5f)", stage, s, hours, usd,
                  self.meter.usd())
 
@@ -265,12 +274,17 @@ def open_run(cfg: Config, *, run_id: str | None = None, track: bool = True, pare
         tracker.log_artifact(run_dir / "config.json")
     device = resolve_device(cfg.model.device)
     meter = CostMeter(prices=dict(cfg.cost.prices), device=cfg.cost.device)
+    carried = {}
+    if resume:  # the crashed process's stages count once, also when it died before its first checkpoint
+        carried = {k: v for k, v in ledger.stage_seconds(run_id).items() if k != "train"}
+        for name, seconds in carried.items():
+            meter.add(name, seconds)
     if cfg.model.threads:
         torch.set_num_threads(cfg.model.threads)
     info_file = run_dir / "info.json"
     info = RunInfo.load(info_file) if resume and info_file.exists() else RunInfo()
     run = Run(cfg=cfg, run_id=run_id, root=root, dir=run_dir, ledger=ledger, tracker=tracker, meter=meter,
-              device=device, tracking_uri=uri, info=info, resumed=resume)
+              device=device, tracking_uri=uri, info=info, resumed=resume, carried=carried)
     quiet_libraries()
     log.info("run %s: ledger %s, MLflow %s (run %s)", run_id, ledger.path, uri, tracker.run_id)
     return run

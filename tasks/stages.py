@@ -111,7 +111,7 @@ def prepare_stage(run: Run) -> Policy:
         engine = HFEngine(model, tok, max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
                           top_k=rc.top_k, chunk=rc.chunk, device=run.device)
     run.info = replace(run.info, policy_path=str(path))
-    run.log_stage_cost("prepare")
+    run.log_stage_cost("prepare", metrics=not run.resumed)
     if not run.resumed:
         run.tracker.set_tags({"rlsift.policy_path": str(path)})
         run.log_metrics({"model/params": sum(p.numel() for p in model.parameters())}, 0)

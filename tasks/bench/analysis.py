@@ -266,6 +266,25 @@ def step_split(rows: Sequence[dict], skip: Collection[str] = ()) -> dict[str, fl
     return out
 
 
+def overlap_split(rows: Sequence[dict]) -> dict[str, float]:
+    """An overlapped run's step against the overlap's limit (tasks/training/overlap.py), in seconds per step.
+
+    Over the steps that overlapped a draw and held no evaluation: ``step`` (``time/step_s``), ``draw`` (the next
+    step's draw, ``overlap/draw_s``), ``update`` (``overlap/update_s``), ``limit``: the mean of the slower of the
+    two, ``step_vs_limit``: step / limit, and each side's idle time. Empty for a run that did not overlap.
+    """
+    steps = [r for r in rows if r.get("overlap/draw_s") is not None and "eval/accuracy" not in r]
+    if not steps:
+        return {}
+    mean = statistics.fmean
+    out = {"step": mean(r["time/step_s"] for r in steps), "draw": mean(r["overlap/draw_s"] for r in steps),
+           "update": mean(r["overlap/update_s"] for r in steps),
+           "limit": mean(max(r["overlap/draw_s"], r["overlap/update_s"]) for r in steps),
+           "trainer_idle": mean(r["overlap/trainer_idle_s"] for r in steps),
+           "generator_idle": mean(r["overlap/generator_idle_s"] for r in steps)}
+    return out | {"step_vs_limit": out["step"] / out["limit"]}
+
+
 def mean_dicts(dicts: Sequence[dict[str, float]]) -> dict[str, float]:
     """Key-wise mean of numeric dicts (keys missing from some dicts average over the others)."""
     keys = {k for d in dicts for k in d}

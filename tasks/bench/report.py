@@ -109,6 +109,7 @@ def analyse(runs: list[BenchRun], baseline: str = "grpo", best_frac: float = 0.9
             "effective_ratio": ba.spread([ba.spread([x.get("train/effective_ratio") for x in r.rows])["mean"]
                                           for r in ok]),
             "step_split": ba.mean_dicts([ba.step_split(r.rows, r.skip) for r in ok]),
+            "overlap": ba.mean_dicts([ba.overlap_split(r.rows) for r in ok]),
             "curve": ba.accuracy_band(cs),
             "seed_curves": [{"seed": r.seed, **asdict(c)} for r, c in zip(ok, cs, strict=True)],
             "run_usd_total": ba.spread([r.summary.get("cost_usd") for r in ok])["mean"],
@@ -271,7 +272,26 @@ def markdown(result: dict) -> str:
                      f" | {step_s[r['name']]:.3f} | {_f(step_s[r['name']] / trl if trl else None, '.2f')}"
                      f" | {_f(s.get('score_total'), '.1f', 'not used')}"
                      f" | {_f(s.get('calibrate_total'), '.1f', 'not used')} |")
+    lines += overlap_markdown(result)
     return "\n".join(lines) + "\n"
+
+
+def overlap_markdown(result: dict) -> list[str]:
+    """The overlapped arms' step against the overlap's limit (the slower of draw and update, both measured in the
+    overlapped run; tasks/bench/analysis.py ``overlap_split``)."""
+    rows = [r for r in result["configurations"] if r.get("overlap")]
+    if not rows:
+        return []
+    lines = ["", "Overlapped arms (steps without an evaluation, seed mean, seconds): the step against its limit, the "
+             "slower of the next step's draw and this step's update, and each side's idle time:", "",
+             "| configuration | step | draw | update | limit | step / limit | trainer idle | generator idle |",
+             "|" + "---|" * 8]
+    for r in rows:
+        o = r["overlap"]
+        lines.append(f"| {r['name']} | " + " | ".join(_f(o.get(k), ".3f") for k in (
+            "step", "draw", "update", "limit")) + f" | {_f(o.get('step_vs_limit'), '.2f')} | "
+            f"{_f(o.get('trainer_idle'), '.3f')} | {_f(o.get('generator_idle'), '.3f')} |")
+    return lines
 
 
 #: Line colours: tab20's ten dark shades, then its ten light ones, then tab20b's twenty, so up to 40 configurations

@@ -30,8 +30,9 @@ to it with the standard library's ``urllib``:
   ``lm_head.weight`` equal to the embedding): the same function, and reloads become exact (measured 1e-6).
   ``infra/vllm-serve.sh`` starts the server from such a copy (``python -m tasks.model.vllm_engine serve-dir``).
 
-Deviation (documented in ``docs/scale-out.md``): with weights synced at round boundaries, rollouts within a
-round come from the round-start policy, not the current one; the update still treats them as on-policy.
+The returned log-probs are the behaviour policy of the loss (``train.behaviour``, docs/algorithms.md section 8.2):
+rollouts from weights synced at a round boundary (``overlap.lag=0``) or one step behind (``overlap.lag=1``) are
+corrected by them, and so is the bf16 mismatch between server and trainer.
 """
 
 from __future__ import annotations

@@ -275,6 +275,11 @@ class Ledger:
             self.con.execute("DELETE FROM stages WHERE run_id = ? AND stage = ?", [run_id, row.stage])
             self._insert_records("stages", {"run_id": run_id}, [row])
 
+    def stage_seconds(self, run_id: str) -> dict[str, float]:
+        """``{stage: wall seconds}`` of the run's recorded stages."""
+        return {stage: float(s) for stage, s in self.con.execute(
+            "SELECT stage, wall_s FROM stages WHERE run_id = ?", [run_id]).fetchall()}
+
     def add_evals(self, run_id: str, rows: Sequence[EvalRow]) -> None:
         self._insert_records("evals", {"run_id": run_id}, rows)
 

@@ -16,12 +16,14 @@ held metrics (with their timestamps), and :func:`restore` sends them again: a ki
 pointer's update and :func:`save`'s send would otherwise lose them for good; a repeat is an exact
 (key, step, timestamp, value) duplicate, which MLflow's SQL store drops. The cost meter of a resumed
 run is the checkpoint's plus what the resuming process spent before training (redone stages); the time a
-crashed process spent past its last checkpoint is not counted.
+crashed process spent past its last checkpoint is not counted. A resume before the first checkpoint keeps the
+stages the crashed process recorded (``Run.carried``), so their cost is in every later step's totals.
 """
 
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,8 +63,10 @@ def save(run, step: int, model, updater: Updater, selector, buffer, composer=Non
         "draw": draw,
     }
     path = folder / f"step-{step:06d}.pt"
+    t0 = time.perf_counter()
     atomic_write(path, lambda f: torch.save(state, f))
-    atomic_write(folder / "latest", lambda f: f.write(path.name.encode()))
+    # the pointer also keeps the write's seconds, which the meter in the file could not hold (restore adds them)
+    atomic_write(folder / "latest", lambda f: f.write(f"{path.name}\n{time.perf_counter() - t0!r}\n".encode()))
     for old in sorted(folder.glob("step-*.pt"))[:-KEEP]:
         old.unlink(missing_ok=True)
     run.commit_metrics(step)
@@ -73,8 +77,14 @@ def latest(run) -> Path | None:
     pointer = run.checkpoint_dir / "latest"
     if not pointer.exists():
         return None
-    path = run.checkpoint_dir / pointer.read_text().strip()
+    path = run.checkpoint_dir / pointer.read_text().split()[0]
     return path if path.exists() else None
+
+
+def _write_seconds(run) -> float:
+    """The seconds the latest checkpoint took to write (0 for a pointer written before they were kept)."""
+    lines = (run.checkpoint_dir / "latest").read_text().split()
+    return float(lines[1]) if len(lines) > 1 else 0.0
 
 
 def restore(run, model, updater: Updater, selector, buffer, composer=None) -> Resume:
@@ -101,10 +111,13 @@ def restore(run, model, updater: Updater, selector, buffer, composer=None) -> Re
         buffer.load_state_dict(state["buffer"])
     if composer is not None and state.get("composer") is not None:
         composer.load_state_dict(state["composer"])
-    redone = dict(run.meter.seconds)
+    # work this process redid before training (the policy's loading), on top of what the crashed one recorded
+    redone = {k: v - run.carried.get(k, 0.0) for k, v in run.meter.seconds.items()}
     run.meter.load_state_dict(state["meter"])
+    run.meter.add("checkpoint", _write_seconds(run))
     for name, seconds in redone.items():
-        run.meter.add(name, seconds)
+        if seconds > 0:
+            run.meter.add(name, seconds)
     torch.set_rng_state(state["rng"]["torch"])
     random.setstate(state["rng"]["python"])
     np.random.set_state(state["rng"]["numpy"])

@@ -23,7 +23,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -221,11 +221,13 @@ class StepDraw:
 
 @dataclass(frozen=True)
 class TrainSummary:
-    """What the training stage did: ``steps`` done in all (a resumed run counts the crashed run's too) and
-    the ``last`` step's metrics (empty when no step ran in this process)."""
+    """What the training stage did: ``steps`` done in all (a resumed run counts the crashed run's too), the
+    ``last`` step's metrics (empty when no step ran in this process) and, overlapped, the ``overlap`` totals over
+    every step (seconds: ``update_s``, ``draw_s``, ``overlap_s``, ``trainer_idle_s``, ``generator_idle_s``)."""
 
     steps: int
     last: dict[str, float] = field(default_factory=dict)
+    overlap: dict[str, float] = field(default_factory=dict)
 
 
 def use_sampler_behaviour(cfg) -> bool:
@@ -406,8 +408,9 @@ def _train(run: Run, policy: Policy, sampling: SamplingPolicy, updater, pool: li
             bar.set_postfix(reward=f"{accuracy:.2f}", eff=f"{float(eff.mean()):.2f}",
                             s=f"{metrics['time/step_s']:.1f}", **({"acc": bar_acc} if bar_acc else {}))
             if timing is not None:
-                log.debug("step %d: update %.2f s, draw of step %d %.2f s, trainer idle %.2f s, generator idle %.2f s",
-                          step, upd_s, step + 1, timing.draw_s, timing.trainer_idle_s, timing.generator_idle_s)
+                log.info("step %d: update %.2f s while step %d was drawn in %.2f s; idle: trainer %.2f s, "
+                         "generator %.2f s", step, upd_s, step + 1, timing.draw_s, timing.trainer_idle_s,
+                         timing.generator_idle_s)
             if (step + 1) % tc.round_steps == 0 or (tc.checkpoint_every and (step + 1) % tc.checkpoint_every == 0) \
                     or step + 1 == tc.steps:
                 with run.meter.stage("checkpoint"):
@@ -416,7 +419,22 @@ def _train(run: Run, policy: Policy, sampling: SamplingPolicy, updater, pool: li
         overlap.close()
     bar.close()
     sync_rollout_weights(run, policy)  # the final evaluation samples with the final weights
+    if sampling.overlapped:
+        summary = replace(summary, overlap=overlap_totals(metrics_file))
+        log.info("overlap over %d steps: %s", summary.steps, ", ".join(f"{k} {v:.1f}" for k, v in
+                                                                       summary.overlap.items()))
     return summary
+
+
+def overlap_totals(metrics_file) -> dict[str, float]:
+    """The run's overlap seconds summed over every step in ``metrics.jsonl`` (a resumed run's earlier steps too)."""
+    keys = ("update_s", "draw_s", "overlap_s", "trainer_idle_s", "generator_idle_s")
+    totals = dict.fromkeys(keys, 0.0)
+    for line in metrics_file.read_text().splitlines():
+        row = json.loads(line)
+        for k in keys:
+            totals[k] += row.get(f"overlap/{k}", 0.0)
+    return totals
 
 
 def throughput(shape: ModelShape, machine: Peak, fs: FreshBatch, upd_stats: dict[str, float],

@@ -90,7 +90,7 @@ def test_bench_quick_end_to_end(tmp_path, capsys, prefect_harness):
     from flows.cli import main
     from tasks.records.tracking import run_info
 
-    code = main(["bench", "--quick", "-c", SMOKE, "--presets", "grpo,dots", "--json", f"paths.root={tmp_path}",
+    code = main(["bench", "--quick", "-c", SMOKE, "--presets", "dots", "--json", f"paths.root={tmp_path}",
                  "train.steps=4", "train.prompts_per_step=4", "train.round_steps=2", "eval.every=2", "eval.limit=12",
                  "calibrate.k=8", "calibrate.g=4"])
     assert code == 0
@@ -101,27 +101,27 @@ def test_bench_quick_end_to_end(tmp_path, capsys, prefect_harness):
     for name in ("results.md", "results.json", "accuracy_curves.png", "effective_ratio.png",
                  "selected_difficulty.png"):
         assert (report / name).is_file() and (report / name).stat().st_size > 0, name
-    assert "| grpo | 1 |" in out["table"] and "| trl | 1 |" in out["table"]
+    assert "| grpo-sync | 1 |" in out["table"] and "| trl | 1 |" in out["table"]
 
     result = json.loads((report / "results.json").read_text())
     by_name = {c["name"]: c for c in result["configurations"]}
-    assert set(by_name) == {"grpo", "dots", "trl"}
+    assert set(by_name) == {"grpo-sync", "dots", "trl"}
     for c in by_name.values():
         assert c["curve"]["steps"] == [0, 2, 4]  # the same schedule for our runs and TRL
         assert c["budget"]["step"] == 4 and c["budget"]["wall_s"] > 0
         assert "final" in c["to_target"] and "best" in c["to_target"]
     # the baseline reaches its own final accuracy by definition, at the latest at its last step
-    assert by_name["grpo"]["to_target"]["final"]["mean_curve"] is not None
+    assert by_name["grpo-sync"]["to_target"]["final"]["mean_curve"] is not None
     # same budget: 4 steps x 4 prompts x rollout.n = 4 completions, for GRPO and TRL alike
-    assert by_name["grpo"]["budget"]["rollouts"] == by_name["trl"]["budget"]["rollouts"] == 64
+    assert by_name["grpo-sync"]["budget"]["rollouts"] == by_name["trl"]["budget"]["rollouts"] == 64
     # same starting model and held-out set: the same starting greedy accuracy
-    assert by_name["trl"]["start_accuracy"]["mean"] == by_name["grpo"]["start_accuracy"]["mean"]
-    assert by_name["grpo"]["skipped_stages"] == ["score", "calibrate"] and by_name["dots"]["skipped_stages"] == []
+    assert by_name["trl"]["start_accuracy"]["mean"] == by_name["grpo-sync"]["start_accuracy"]["mean"]
+    assert by_name["grpo-sync"]["skipped_stages"] == ["score", "calibrate"] and by_name["dots"]["skipped_stages"] == []
 
     parent = run_info(out["tracking_uri"], out["mlflow_run_id"])
     assert parent["status"] == "FINISHED" and "results.md" in parent["artifacts"]
     children = {r["name"]: run_info(out["tracking_uri"], r["mlflow_run_id"]) for r in out["runs"]}
-    assert set(children) == {"grpo", "dots", "trl"}
+    assert set(children) == {"grpo-sync", "dots", "trl"}
     for child in children.values():
         assert child["tags"]["mlflow.parentRunId"] == out["mlflow_run_id"]
         assert child["status"] == "FINISHED"
@@ -154,7 +154,7 @@ def test_bench_jobs_run_side_by_side_in_lanes(tmp_path, capsys, prefect_harness)
                  "eval.every=2", "eval.limit=8", "calibrate.k=8", "calibrate.g=4"])
     assert code == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert out["failed"] == [] and [r["name"] for r in out["runs"]] == ["grpo", "dapo", "trl"]
+    assert out["failed"] == [] and [r["name"] for r in out["runs"]] == ["grpo-sync", "grpo", "dapo", "trl"]
     roots = {run_info(out["tracking_uri"], r["mlflow_run_id"])["tags"]["rlsift.root"] for r in out["runs"]
              if r["name"] != "trl"}
     assert roots and roots <= {str(tmp_path / "lanes" / "0"), str(tmp_path / "lanes" / "1")}

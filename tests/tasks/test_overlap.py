@@ -207,3 +207,44 @@ def test_every_technique_composes_with_the_overlap(smoke_cfg, pool):
     assert dapo.dynamic.enabled
     _, summary, _, _, logged = run_train(dapo, pool)
     assert summary.steps == 3 and all("dynamic/rounds" in m for m in logged)
+
+
+ORPHAN = """
+import sys, torch
+from tasks.model.generator import GeneratorProcess
+from tasks.model.policy import build_tiny_model, build_tokenizer
+from tasks.model.rollout import HFEngine
+tok = build_tokenizer()
+model = build_tiny_model(hidden=64, layers=2, heads=2, tokenizer=tok, seed=0)
+gp = GeneratorProcess(HFEngine(model, tok, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0, chunk=8), 1)
+gp.generate(["Q: 1+1=?\\n"], 1, 0)
+print(gp.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_killed_trainer_leaves_no_generator_behind():
+    """SIGKILL the trainer alone (not its process group): the generator sees its pipe close and leaves."""
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", ORPHAN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(proc.stdout.readline())
+        os.kill(child, 0)  # alive while the trainer is
+        proc.kill()
+        proc.wait()
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                return
+            with open(f"/proc/{child}/stat") as f:
+                if f.read().split()[2] == "Z":  # exited; waiting for init to reap it
+                    return
+            time.sleep(0.2)
+        raise AssertionError(f"generator {child} outlived its trainer")
+    finally:
+        proc.kill()
