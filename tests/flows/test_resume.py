@@ -1,8 +1,8 @@
 """Crash-safe resume: SIGKILL a run during training, resume it, and get what an uninterrupted run gets.
 
 A run with DOTS, Rollout Replay, PODS, ScalingRL, GAIN-RL and the adaptive composition on (every piece of state a
-checkpoint holds)
-trains 6 steps in rounds of 3 with checkpoints every 2 steps (at steps 2, 3, 4 and 6). The test
+checkpoint holds), overlapped (``overlap.lag=1``, the default: the next step's rollouts are always in flight while a
+step updates, and a checkpoint holds the drawn, untrained ones), trains 6 steps in rounds of 3 with checkpoints every 2 steps (at steps 2, 3, 4 and 6). The test
 
 1. runs it uninterrupted (root A);
 2. runs it again in root B and SIGKILLs the whole process group once ``metrics.jsonl`` shows k finished
@@ -13,7 +13,9 @@ trains 6 steps in rounds of 3 with checkpoints every 2 steps (at steps 2, 3, 4 a
 and checks that B's ledger has every step's selections, groups and reference rows exactly once and equal to
 A's, that metrics.jsonl and the MLflow history hold each step once with A's values, that B continued the
 same MLflow run, and that the final weights and evaluation equal A's bit for bit (CPU, one thread, every
-random draw seeded from (seed, step, purpose) and the RNG states in the checkpoint).
+random draw seeded from (seed, step, purpose) and the RNG states in the checkpoint). The cost figures count the
+crashed process's stages once: no stage metric is logged twice at step 0, the ingest cost is in every later step's
+totals (also after a kill before the first checkpoint), and the killed process's Prefect flow run ends Crashed.
 """
 
 import json
@@ -45,7 +47,7 @@ STATEFUL = ["select.method=dots", "calibrate.k=8", "calibrate.g=4", "select.pred
 STEPS = 6
 TINY = ROOT / "tests" / "fixtures" / "tiny.yaml"
 #: metrics that depend on the clock, not on the computation
-CLOCK = ("time/", "cost/", "rollout/tokens_per_s", "perf/")
+CLOCK = ("time/", "cost/", "rollout/tokens_per_s", "perf/", "overlap/")
 
 
 def args(root: Path, easy) -> list[str]:
@@ -140,6 +142,35 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, easy_task):
     assert wa.keys() == wb.keys() and all(torch.equal(wa[n], wb[n]) for n in wa)
     assert ref["eval_by_level_end"] == res["eval_by_level_end"]
     assert ref["eval_accuracy_end"] == res["eval_accuracy_end"]
+
+    # cost: the same MLflow points as the uninterrupted run (values are wall-clock), redone work counted once
+    for key in ("time/prepare_s", "time/ingest_s", "cost/device_hours", "time/checkpoint_s"):
+        steps_a = [s for s, _ in metric_history(ref["tracking_uri"], ref["mlflow_run_id"], key)]
+        steps_b = [s for s, _ in metric_history(res["tracking_uri"], res["mlflow_run_id"], key)]
+        assert steps_a == steps_b, key
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    with Ledger(root_b / "ledger.duckdb", read_only=True) as led:
+        stage_s = led.stage_seconds(run_id)
+    assert rows[-1]["time/ingest_s"] == pytest.approx(stage_s["ingest"]) and stage_s["ingest"] > 0
+    assert rows[-1]["time/prepare_s"] == pytest.approx(stage_s["prepare"])
+    for key in ("cost/device_hours", "time/checkpoint_s"):
+        values = [r.get(key, 0.0) for r in rows]
+        assert values == sorted(values), f"{key} must not fall across the resume"
+    assert res["stage_seconds"]["prepare"] == pytest.approx(stage_s["prepare"])
+
+    # Prefect (A's runs and B's share its state): the killed process's flow run ended Crashed, the others Completed
+    states = subprocess.run([sys.executable, "-c", FLOW_STATES], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert sorted(json.loads(states.stdout.splitlines()[-1])) == ["COMPLETED", "COMPLETED", "CRASHED"], \
+        states.stderr[-2000:]
+
+
+FLOW_STATES = """
+import json
+from prefect.client.orchestration import get_client
+with get_client(sync_client=True) as client:
+    print(json.dumps([r.state_type.value for r in client.read_flow_runs()]))
+"""
 
 
 def test_a_resume_keeps_the_stored_config(smoke_cfg, tmp_path):
