@@ -96,8 +96,8 @@ class OverlapTimes:
 
     Attributes:
         draw_s: the background draw's busy time; trainer_idle_s: the trainer's wait for it after its update;
-        generator_idle_s: the draw's wait for the trainer (its finish to the trainer's collect);
-        overlap_s: time both sides worked at once.
+        generator_idle_s: the sampler's wait for the trainer, from the end of the previous draw to the start of
+        this one (0 for the first); overlap_s: time both sides worked at once.
     """
 
     draw_s: float
@@ -116,6 +116,7 @@ class Overlap:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlsift-draw")
         self._future: Future | None = None
         self._launched = 0.0
+        self._last_end: float | None = None
 
     def launch(self, draw: Callable[[], object]) -> None:
         if self._future is not None:
@@ -141,9 +142,9 @@ class Overlap:
         future, self._future = self._future, None
         out, start, end = future.result()
         done = time.perf_counter()
-        draw_s = end - start
-        return out, OverlapTimes(draw_s=draw_s, trainer_idle_s=done - t_wait,
-                                 generator_idle_s=max(0.0, t_wait - end),
+        idle = 0.0 if self._last_end is None else max(0.0, start - self._last_end)
+        self._last_end = end
+        return out, OverlapTimes(draw_s=end - start, trainer_idle_s=done - t_wait, generator_idle_s=idle,
                                  overlap_s=max(0.0, min(end, t_wait) - max(start, self._launched)))
 
     def close(self) -> None:
