@@ -1,7 +1,8 @@
 """The ``benchmark`` flow: every preset and TRL's GRPOTrainer on the same model, task, reward and budget.
 
-For each seed: the presets in order (``grpo-sync``, plain GRPO with generation then update, first: it is the
-baseline and supplies the warm-started model every other configuration then loads), then the TRL control on the same model and data. Every
+For each seed: the presets in order (``grpo-sync``, plain GRPO with generation then update, first: it is
+the baseline and supplies the warm-started model every other configuration then loads), then the TRL control
+on the same model and data. Every
 configuration is one nested MLflow run under a parent ``bench-<timestamp>`` run; the report (results
 table in Markdown and JSON, plots) goes to ``<paths.root>/reports/bench-<timestamp>/`` and to the parent
 run. The arithmetic of time to target is in tasks/bench/analysis.py, the report in tasks/bench/report.py,
@@ -83,8 +84,8 @@ def preset_overrides(name: str) -> list[str]:
     if not path.is_file():
         known = sorted(p.stem for p in folder.glob("*.yaml"))
         raise ConfigError(f"unknown preset {name!r}; allowed: {', '.join(known)} (or a leave-one-out arm: "
-                          f"{', '.join(LEAVE_ONE_OUT)}; or a preset with '{SYNC}' for it without the overlap; or 'ablation' for "
-                          "all of them)")
+                          f"{', '.join(LEAVE_ONE_OUT)}; or a preset with '{SYNC}' for it without the overlap; or "
+                          "'ablation' for all of them)")
     chain: list[dict] = []
     while path is not None:
         tree = yaml.safe_load(path.read_text()) or {}

@@ -96,7 +96,8 @@ def _overlap_text(o: dict | None) -> str:
     if not o:
         return ""
     return (f"  overlap: update {o['update_s']:.0f} s, next step's draw {o['draw_s']:.0f} s, at once "
-            f"{o['overlap_s']:.0f} s; idle: trainer {o['trainer_idle_s']:.0f} s, generator {o['generator_idle_s']:.0f} s\n")
+            f"{o['overlap_s']:.0f} s; idle: trainer {o['trainer_idle_s']:.0f} s, "
+            f"generator {o['generator_idle_s']:.0f} s\n")
 
 
 def _is_override(item: str) -> bool:

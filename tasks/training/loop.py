@@ -43,7 +43,7 @@ from tasks.records.throughput import ModelShape, Peak, peak, rates
 from tasks.run import Run, progress_bar
 from tasks.training import checkpoint
 from tasks.training.calibration import Calibration
-from tasks.training.overlap import Overlap, SamplingPolicy
+from tasks.training.overlap import Overlap, OverlapTimes, SamplingPolicy
 from tasks.training.rollouts import policy_measure, rollout_rewards
 from tasks.training.score import Features
 from tasks.training.screen import policy_likelihood
@@ -54,6 +54,8 @@ log = logging.getLogger("rlsift.train")
 
 #: The cost meter's names for the phases of the training stage (their sum is the stage's wall time).
 TRAIN_PHASES = ("reference", "selection", "rollout", "update", "tracking", "eval_during", "checkpoint", "weight_sync")
+#: The phases of a step's draw (``StepDraw.phases``; overlapped, its ``overlap/draw_<phase>_s`` metrics).
+DRAW_PHASES = ("reference", "selection", "rollout")
 
 
 @dataclass(frozen=True)
@@ -246,7 +248,7 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
     ``Selector.set_heldout_accuracy``, which ScalingRL's scheduler reads at the next round start. With
     ``overlap.lag`` 1 the next step's draw runs while this step updates (tasks/training/overlap.py).
     """
-    cfg, tc = run.cfg, run.cfg.train
+    cfg = run.cfg
     model = policy.model
     # one process, or sharded over the torchrun ranks (then `model` stays rank 0's full copy, updated in place)
     updater = build_updater(cfg, model, pad_id=policy.tokenizer.pad_token_id, device=run.device)
@@ -302,7 +304,7 @@ def _train(run: Run, policy: Policy, sampling: SamplingPolicy, updater, pool: li
         before = dict(meter.seconds)
         fs = sample_fresh(run, sampler, selector, pool, n_fresh, step, plan.rollouts, meter=meter,
                           sampler_behaviour=sampler_behaviour, version=version)
-        phases = {k: v - before.get(k, 0.0) for k, v in meter.seconds.items()}
+        phases = {k: meter.seconds.get(k, 0.0) - before.get(k, 0.0) for k in DRAW_PHASES}
         return StepDraw(step=step, fresh=fs, plan=plan, n_replay=n_replay, version=version, metrics=metrics,
                         references=tuple(selector.take_references()), phases=phases)
 
@@ -314,6 +316,7 @@ def _train(run: Run, policy: Policy, sampling: SamplingPolicy, updater, pool: li
     bar_acc = ""  # held-out greedy accuracy of the last in-training evaluation (eval.every)
     summary = TrainSummary(steps=start)
     overlap = Overlap()
+    round_times: list[tuple[float, OverlapTimes]] = []  # (update s, timing) of this round's overlapped steps
     try:
         if sampling.overlapped and start < tc.steps and pending is None:
             run.meter.add("weight_sync", sampling.sync(run.dir / "vllm_weights"))
@@ -382,10 +385,9 @@ def _train(run: Run, policy: Policy, sampling: SamplingPolicy, updater, pool: li
                 } | throughput(shape, machine, fs, stats, upd_s) | {
                     "time/reference_share": run.meter.wall_seconds("reference") / max(run.meter.wall_seconds(
                         TRAIN_PHASES), 1e-9)}
-                if sampling.overlapped:
-                    metrics |= {"overlap/update_s": upd_s} | {f"overlap/draw_{k}_s": v for k, v in sd.phases.items()}
-                    if timing is not None:
-                        metrics |= timing.metrics()
+                if timing is not None:  # this update overlapped the next step's draw
+                    metrics |= {"overlap/update_s": upd_s} | timing.metrics() | {
+                        f"overlap/draw_{k}_s": v for k, v in pending.phases.items()}
                 if buffer is not None:
                     metrics |= buffer.stats(step) | {"replay/fresh": float(len(fresh)),
                                                      "replay/replayed": float(n_replay)}
@@ -405,12 +407,18 @@ def _train(run: Run, policy: Policy, sampling: SamplingPolicy, updater, pool: li
             if "eval/accuracy" in metrics:
                 bar_acc = f"{metrics['eval/accuracy']:.2f}"
             bar.update(1)
+            idle = {"idle": f"{timing.trainer_idle_s:.2f}/{timing.generator_idle_s:.2f}"} if timing else {}
             bar.set_postfix(reward=f"{accuracy:.2f}", eff=f"{float(eff.mean()):.2f}",
-                            s=f"{metrics['time/step_s']:.1f}", **({"acc": bar_acc} if bar_acc else {}))
+                            s=f"{metrics['time/step_s']:.1f}", **({"acc": bar_acc} if bar_acc else {}), **idle)
             if timing is not None:
-                log.info("step %d: update %.2f s while step %d was drawn in %.2f s; idle: trainer %.2f s, "
-                         "generator %.2f s", step, upd_s, step + 1, timing.draw_s, timing.trainer_idle_s,
-                         timing.generator_idle_s)
+                round_times.append((upd_s, timing))
+            if round_times and ((step + 1) % tc.round_steps == 0 or step + 1 == tc.steps):
+                upd, draws = sum(u for u, _ in round_times), sum(t.draw_s for _, t in round_times)
+                log.info("round %d, steps %d-%d overlapped: update %.1f s, next steps' draws %.1f s, at once %.1f s; "
+                         "idle: trainer %.1f s, generator %.1f s", round_, step + 1 - len(round_times), step, upd,
+                         draws, sum(t.overlap_s for _, t in round_times),
+                         sum(t.trainer_idle_s for _, t in round_times), sum(t.generator_idle_s for _, t in round_times))
+                round_times = []
             if (step + 1) % tc.round_steps == 0 or (tc.checkpoint_every and (step + 1) % tc.checkpoint_every == 0) \
                     or step + 1 == tc.steps:
                 with run.meter.stage("checkpoint"):

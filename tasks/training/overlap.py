@@ -67,7 +67,8 @@ class SamplingPolicy:
         else:  # a server: in-flight requests; a frozen copy only where the draw reads the weights itself
             self._copy = copy.deepcopy(trainer.model).eval().requires_grad_(False) if needs_copy else None
             self.policy = Policy(model=self._copy if self._copy is not None else trainer.model,
-                                 tokenizer=trainer.tokenizer, engine=trainer.engine, system_prompt=trainer.system_prompt)
+                                 tokenizer=trainer.tokenizer, engine=trainer.engine,
+                                 system_prompt=trainer.system_prompt)
 
     @property
     def overlapped(self) -> bool:

@@ -1,8 +1,9 @@
 """Crash-safe resume: SIGKILL a run during training, resume it, and get what an uninterrupted run gets.
 
 A run with DOTS, Rollout Replay, PODS, ScalingRL, GAIN-RL and the adaptive composition on (every piece of state a
-checkpoint holds), overlapped (``overlap.lag=1``, the default: the next step's rollouts are always in flight while a
-step updates, and a checkpoint holds the drawn, untrained ones), trains 6 steps in rounds of 3 with checkpoints every 2 steps (at steps 2, 3, 4 and 6). The test
+checkpoint holds), overlapped (``overlap.lag=1``, the default: the next step's rollouts are always in flight while
+a step updates, and a checkpoint holds the drawn, untrained ones), trains 6 steps in rounds of 3 with checkpoints
+every 2 steps (at steps 2, 3, 4 and 6). The test
 
 1. runs it uninterrupted (root A);
 2. runs it again in root B and SIGKILLs the whole process group once ``metrics.jsonl`` shows k finished

@@ -248,3 +248,60 @@ def test_a_killed_trainer_leaves_no_generator_behind():
         raise AssertionError(f"generator {child} outlived its trainer")
     finally:
         proc.kill()
+
+
+class ScriptedServer:
+    """A rollout engine outside the trainer (as the vLLM server is): it samples from its own copy of the weights,
+    loaded only by ``sync_weights``, and returns log-probs ``shift`` nats below its own (as a bf16 server's differ)."""
+
+    def __init__(self, model, tok, shift: float):
+        self.copy = copy.deepcopy(model)
+        self.local = engine(self.copy, tok, max_new_tokens=12)
+        self.shift, self.syncs, self.sampled_from = shift, 0, []
+
+    def generate(self, prompts, n, seed, greedy=False):
+        self.sampled_from.append(self.syncs)
+        gen = self.local.generate(prompts, n, seed, greedy)
+        gen.logprobs = torch.where(gen.completion_mask, gen.logprobs - self.shift, 0.0)
+        return gen
+
+    @torch.no_grad()
+    def sync_weights(self, model, tokenizer, folder) -> float:
+        self.copy.load_state_dict(model.state_dict())
+        self.syncs += 1
+        return 0.0
+
+
+@pytest.mark.parametrize("lag", [0, 1])
+def test_a_servers_logprobs_are_the_behaviour_policy_and_it_gets_the_weights_every_step(smoke_cfg, pool, lag,
+                                                                                       monkeypatch):
+    """``rollout.engine=vllm``: the server's own log-probs are mu, sequential or overlapped (pi_old / mu = e^0.1
+    where it samples the trainer's weights); overlapped, the weights reach it before every draw."""
+    from tasks.model.policy import Policy
+    from tasks.run import open_run
+    from tasks.training import score
+    from tasks.training.loop import train
+
+    tok = build_tokenizer()
+    model = build_tiny_model(hidden=64, layers=2, heads=2, tokenizer=tok, seed=0)
+    server = ScriptedServer(model, tok, shift=0.1)
+    policy = Policy(model=model, tokenizer=tok, engine=server)
+    cfg = smoke_cfg(*LAG1, f"overlap.lag={lag}", "rollout.engine=vllm", "train.round_steps=5", "train.lr=1e-2",
+                    path=PRESETS.format("grpo"))
+    run = open_run(cfg, track=False)
+    try:
+        feats = score.score(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
+        train(run, policy, pool, feats)
+        logged = [__import__("json").loads(x) for x in (run.dir / "metrics.jsonl").read_text().splitlines()]
+    finally:
+        run.close("completed", {})
+    if lag:  # a sync at the start and before each later draw (steps 1..4), one after training
+        assert server.sampled_from == [1, 2, 3, 4, 5] and server.syncs == 6
+    else:  # the round's start (one round of 5 steps) and after training
+        assert server.sampled_from == [1] * 5 and server.syncs == 2
+    # step 0 samples the trainer's own step-start weights: pi_old / mu = e^0.1 exactly, and it is the loss's weight
+    assert logged[0]["offpolicy/ratio_mean"] == pytest.approx(math.exp(0.1), rel=1e-4)
+    assert logged[0]["train/behaviour_ratio_mean"] == pytest.approx(math.exp(0.1), rel=1e-4)
+    for m in logged[1:]:  # older weights: the staleness adds to the shift, and the loss weighs tokens by it
+        assert abs(m["offpolicy/logp_diff_max"] - 0.1) > 1e-2
+        assert m["train/behaviour_ratio_mean"] != 1.0
