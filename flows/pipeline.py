@@ -46,7 +46,7 @@ RESUME_MAY_CHANGE = ("paths.", "tracking.uri", "model.threads", "model.device", 
 _ONLY = {"skipped": ("reason", "model_version"), "completed": (
     "steps", "eval_accuracy_start", "eval_accuracy_end", "eval_by_level_start", "eval_by_level_end", "eval_paired",
     "effective_ratio", "device", "device_hours", "cost_usd", "stage_seconds", "model_path", "model_version",
-    "parent_version", "data_fingerprint", "policy_path", "resumed")}
+    "parent_version", "data_fingerprint", "policy_path", "resumed", "overlap")}
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,9 @@ class RunSummary:
     ran, the ``ingest`` counts. A ``skipped`` run (retrain with nothing new) adds ``reason`` and
     ``model_version`` (None); a ``completed`` run adds the rest: steps, held-out greedy accuracy before and
     after (overall and by level, level keys as strings), the paired change, the last step's effective-group
-    ratio, device hours and money, the final model and its lineage. :meth:`to_dict` holds exactly the
-    fields of the run's status.
+    ratio, device hours and money, the final model and its lineage, and ``overlap``: the overlapped loop's
+    totals in seconds (update, draw, at once, each side's idle; empty when sequential). :meth:`to_dict` holds
+    exactly the fields of the run's status.
     """
 
     run_id: str

@@ -14,6 +14,7 @@ from tasks.bench.analysis import (
     first_crossing,
     mean_curve,
     mean_dicts,
+    overlap_split,
     reach,
     series_mean,
     speedup,
@@ -330,3 +331,21 @@ def test_every_configuration_gets_its_own_colour_in_the_curves(tmp_path, monkeyp
     assert len({ln.get_color() for ln in lines}) == len(names)
     assert [ln.get_linestyle() for ln in lines if ln.get_label() == "trl"] == ["--"]
     assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_overlap_split_is_the_step_against_the_slower_side_hand_worked():
+    """Two overlapped steps (the evaluation step and a sequential run's rows are left out): limit = mean of
+    max(draw, update) = (0.5 + 0.4) / 2, step / limit = 0.55 / 0.45."""
+    rows = [{"step": 0, "time/step_s": 0.6, "overlap/draw_s": 0.5, "overlap/update_s": 0.3,
+             "overlap/trainer_idle_s": 0.2, "overlap/generator_idle_s": 0.0},
+            {"step": 1, "time/step_s": 0.5, "overlap/draw_s": 0.2, "overlap/update_s": 0.4,
+             "overlap/trainer_idle_s": 0.0, "overlap/generator_idle_s": 0.1},
+            {"step": 2, "time/step_s": 9.0, "overlap/draw_s": 0.2, "overlap/update_s": 0.4, "eval/accuracy": 0.5,
+             "overlap/trainer_idle_s": 0.0, "overlap/generator_idle_s": 0.1},
+            {"step": 3, "time/step_s": 0.7}]
+    out = overlap_split(rows)
+    assert out["limit"] == pytest.approx(0.45) and out["step"] == pytest.approx(0.55)
+    assert out["step_vs_limit"] == pytest.approx(0.55 / 0.45)
+    assert out["draw"] == pytest.approx(0.35) and out["update"] == pytest.approx(0.35)
+    assert out["trainer_idle"] == pytest.approx(0.1) and out["generator_idle"] == pytest.approx(0.05)
+    assert overlap_split([{"step": 0, "time/step_s": 0.7}]) == {}

@@ -305,3 +305,44 @@ def test_a_servers_logprobs_are_the_behaviour_policy_and_it_gets_the_weights_eve
     for m in logged[1:]:  # older weights: the staleness adds to the shift, and the loss weighs tokens by it
         assert abs(m["offpolicy/logp_diff_max"] - 0.1) > 1e-2
         assert m["train/behaviour_ratio_mean"] != 1.0
+
+
+def test_a_generator_that_dies_stops_the_run_at_its_checkpoint_and_a_resume_finishes_it(smoke_cfg, pool, monkeypatch):
+    """The generator is killed during its fourth draw (step 3's, during update 2): the run raises GeneratorDied naming
+    it, the child is gone, the last checkpoint (after steps 0-1) is intact, and resuming gives the uninterrupted
+    run's weights."""
+    from tasks.run import open_run
+    from tasks.training import checkpoint, score
+    from tasks.training.loop import train
+    from tests.tasks.test_train import make_policy
+
+    cfg = smoke_cfg(*LAG1, "train.checkpoint_every=1")
+    want, *_ = run_train(cfg, pool)
+    real, calls, pids = GeneratorProcess.generate, [0], []
+
+    def dying(self, *a, **k):
+        calls[0] += 1
+        pids.append(self.pid)
+        if calls[0] == 4:
+            os.kill(self.pid, signal.SIGKILL)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(GeneratorProcess, "generate", dying)
+    policy = make_policy()
+    feats = score.score(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
+    run = open_run(cfg, track=False)
+    with pytest.raises(GeneratorDied, match=r"died \(signal 9"):
+        train(run, policy, pool, feats)
+    assert checkpoint.latest(run).name == "step-000002.pt"  # step 2 did not finish: its iteration waits for draw 3
+    with pytest.raises(ProcessLookupError):
+        os.kill(pids[-1], 0)
+    run.close("failed", {})
+    monkeypatch.setattr(GeneratorProcess, "generate", real)
+    resumed = open_run(cfg, run_id=run.run_id, track=False)
+    try:
+        policy = make_policy()
+        assert train(resumed, policy, pool, feats).steps == 5
+    finally:
+        resumed.close("completed", {})
+    for k in want:
+        assert torch.equal(want[k], policy.model.state_dict()[k]), k
