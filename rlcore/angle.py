@@ -59,7 +59,15 @@ def _unit_rows(hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, 
     if mask.shape != hidden.shape[:2]:
         raise ValueError(f"mask must have shape {tuple(hidden.shape[:2])} ([B, T]), got {tuple(mask.shape)}")
     dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-    units = F.normalize(hidden.detach().to(dtype), dim=-1)  # [B, T, H]; an all-zero row stays zero
+    h = hidden.detach().to(dtype)
+    bad = (mask & ~torch.isfinite(h).all(dim=-1)).any(dim=1).nonzero().flatten()[:5].tolist()
+    if bad:  # bf16 overflow upstream: a NaN score would surface only later, far from its cause
+        raise ValueError(f"hidden states of rows {bad} are not finite on real tokens")
+    zero = (mask & (h == 0).all(dim=-1)).any(dim=1).nonzero().flatten()[:5].tolist()
+    if zero:  # a zero vector has no direction: its cosines, the diagonal's 1 included, are undefined
+        raise ValueError(f"rows {zero} have an all-zero hidden state on a real token (no direction for a cosine)")
+    h = torch.where(mask.unsqueeze(-1), h, torch.zeros((), dtype=dtype))  # padding's values never reach a sum
+    units = F.normalize(h, dim=-1)  # [B, T, H]
     return units * mask.unsqueeze(-1).to(dtype), mask
 
 

@@ -12,9 +12,10 @@ variance comes from prefix sums in O(1): O(n log n) per prompt, all prompts at o
 Choices and deviations:
     * Ordering and ties: rewards are sorted ascending with a stable sort, so equal rewards keep their
       original order; "lowest m - k" are the first m - k and "top k" the last k of that order. Among splits
-      k with equal variance (within a relative 1e-12 of the best, however small the spread: an absolute
-      floor would let a zero-variance split tie with the best when rewards differ by less than about 1e-6 / m)
-      the largest k (the most high-reward rollouts) wins.
+      k with equal variance (within 1e-12 relative to the size of the prefix sums the score is computed from,
+      however small the spread: an absolute floor would let a zero-variance split tie with the best when
+      rewards differ by less than about 1e-6 / m) the largest k (the most high-reward rollouts) wins; so with
+      m = 1, where every split has variance 0, the top reward is kept.
       The official code searches the splits in O(m^2) starting from the top-m; it states no tie rule.
     * Returned indices are sorted ascending (original rollout order), for every rule. With m == n every rule
       returns 0..n-1 in order and draws nothing from the generator, so the kept group is the input group.
@@ -66,7 +67,10 @@ def _max_variance_batch(rewards: torch.Tensor, m: int, generator: torch.Generato
     s2 = p2.gather(1, low) + p2[:, n : n + 1] - p2.gather(1, top_start)  # [B, m + 1]
     score = m * s2 - s1 * s1  # [B, m + 1] = m^2 * population variance of the split
     best = score.amax(dim=1, keepdim=True)  # [B, 1]
-    near_best = score >= best - _TIE_RTOL * best.abs()  # [B, m + 1] relative: spreads of any size
+    # relative to the size of the sums whose difference the score is (rounding is of that order): spreads of any
+    # size, and splits whose variance is 0 (m = 1) tie exactly however the prefix sums round
+    size = torch.maximum(best.abs(), (m * s2).abs().amax(dim=1, keepdim=True))  # [B, 1]
+    near_best = score >= best - _TIE_RTOL * size  # [B, m + 1]
     k_best = (near_best * k).amax(dim=1)  # [B] largest k among the best splits
     pos = torch.arange(m).expand(b, -1)  # [B, m] positions j of the kept set in sorted order
     n_low = (m - k_best).unsqueeze(1)  # [B, 1]

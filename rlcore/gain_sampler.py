@@ -86,6 +86,11 @@ class GaussianWindowSampler:
         self.adj_min = float(adj_min)
         self.alpha, self.beta = float(alpha), float(beta)
         self.gamma = self.alpha if gamma is None else float(gamma)
+        for name, value in (("sigma", self.sigma), ("step_size", self.step_size), ("adj_min", self.adj_min),
+                            ("adj_max", self.adj_max), ("alpha", self.alpha), ("beta", self.beta),
+                            ("gamma", self.gamma), ("mu0", float(mu0))):
+            if not math.isfinite(value):  # NaN would pass every comparison below and turn the window into NaN
+                raise ValueError(f"{name} must be finite, got {value}")
         if not self.sigma > 0:
             raise ValueError(f"sigma must be > 0 (give sigma or sigma_frac > 0), got {self.sigma}")
         if self.step_size < 0:

@@ -381,9 +381,9 @@ class GainConfig(_Frozen):
         "Window width sigma, as a share of the pool (official: 1000 rank positions of GSM8K's 7.5K)."))
     step_frac: float = Field(0.05, ge=0, description=(
         "Step size n of the mu update, as a share of the pool (official: 500 of 7.5K, 0.065)."))
-    alpha: float = Field(2.0, description="Accuracy sensitivity of the mu update.")
+    alpha: float = Field(2.0, allow_inf_nan=False, description="Accuracy sensitivity of the mu update.")
     beta: float = Field(0.5, ge=0, le=1, description="Target accuracy of the mu update.")
-    gamma: float = Field(0.5, description=(
+    gamma: float = Field(0.5, allow_inf_nan=False, description=(
         "Angle sensitivity of the mu update (paper 0.5; the official code uses alpha)."))
 
 

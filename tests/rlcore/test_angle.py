@@ -141,3 +141,23 @@ def test_online_signal_matches_loop(seed):
         vals = [_cos(toks[i], toks[j]) for i in range(len(toks)) for j in range(i)]
         assert out[b].item() == pytest.approx(sum(vals) / len(vals), abs=1e-5)
     assert not math.isnan(out.sum().item())
+
+
+def test_non_finite_or_zero_hidden_states_are_refused_at_entry():
+    """A NaN hidden state (bf16 overflow upstream) and an all-zero one (no direction, so no cosine, not even the
+    diagonal's 1) are errors naming the row; the same values on padding are ignored."""
+    hidden = torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    mask[2, 0] = False
+    nan, zero = hidden.clone(), hidden.clone()
+    nan[1, 3, 2] = float("nan")
+    zero[1, 2] = 0.0
+    for fn in (lambda h: angle_concentration(h, mask, inter_weight=1.0), lambda h: online_angle_signal(h, mask)):
+        with pytest.raises(ValueError, match=r"rows \[1\] are not finite"):
+            fn(nan)
+        with pytest.raises(ValueError, match=r"rows \[1\] have an all-zero hidden state"):
+            fn(zero)
+        padded = hidden.clone()
+        padded[2, 0] = float("nan")
+        out = fn(padded)
+        assert bool(torch.isfinite(getattr(out, "score", out)).all())

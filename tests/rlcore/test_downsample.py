@@ -185,3 +185,13 @@ def test_tiny_spreads_still_pick_a_max_variance_subset(spread):
     kept = r[0, keep[0]]
     assert kept.var(unbiased=False) > 0
     assert sorted(kept.tolist()) == [0.5, 0.5, 0.5 + spread, 0.5 + spread]  # two low, two high: the largest variance
+
+
+def test_one_kept_rollout_is_the_top_reward():
+    """m = 1: every split has variance 0, so the tie rule (largest k) keeps the highest reward (the last of equal
+    maxima), however the prefix sums round."""
+    g = torch.Generator().manual_seed(0)
+    rewards = torch.rand(500, 7, generator=g, dtype=torch.float64) * 3 - 1
+    keep = torch.stack([max_variance_subset(r, 1) for r in rewards])  # [500, 1]
+    assert torch.equal(keep.flatten(), rewards.argmax(dim=1))
+    assert max_variance_subset(torch.tensor([0.0, 1.0, 1.0, 0.5]), 1).tolist() == [2]

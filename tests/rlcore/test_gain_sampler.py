@@ -138,3 +138,19 @@ def test_errors():
     with pytest.raises(ValueError, match="adj_min"):
         _window(10, adj_min=5.0, adj_max=1.0)
     assert math.isfinite(_window(1).rank_probs().item())
+
+
+@pytest.mark.parametrize("knob", ["step_size", "alpha", "mu0", "adj_max", "gamma", "sigma", "adj_min"])
+def test_a_non_finite_knob_is_refused_at_its_entry(knob):
+    """NaN passes every comparison, so unchecked it would make the window NaN or void the [0, N - 1] clip."""
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=f"{knob} must be finite"):
+            _window(100, **{knob: bad})
+
+
+def test_the_config_refuses_a_nan_gain_alpha():
+    from tasks.config import ConfigError
+    from tasks.config_load import validate
+
+    with pytest.raises((ConfigError, ValueError), match="gain.alpha|alpha"):
+        validate({"gain": {"alpha": float("nan")}})
