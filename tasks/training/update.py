@@ -143,8 +143,11 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     own_rows = torch.cat([torch.full((g.size,), g.has_behaviour) for g in groups])  # [N] mu stored with the group
     capped_rows = torch.cat([torch.full((g.size,), g.has_behaviour and g.replayed_from is None) for g in groups])
     behaviour = rows_of("behaviour_logp", lambda g: g.has_behaviour)  # [N, width]
-    sampler_rows = torch.cat([torch.full((g.size,), g.sampler_logp.numel() > 0) for g in groups])  # [N]
-    sampler = rows_of("sampler_logp", lambda g: g.sampler_logp.numel() > 0)  # [N, width]
+    def measured_group(g: RolloutGroup) -> bool:  # a fresh group with its sampler's log-probs: the mismatch metrics
+        return g.replayed_from is None and g.sampler_logp.numel() > 0
+
+    sampler_rows = torch.cat([torch.full((g.size,), measured_group(g)) for g in groups])  # [N]
+    sampler = rows_of("sampler_logp", measured_group)  # [N, width]
     log_cap = math.log(behaviour_cap) if behaviour_cap is not None else None
 
     def logp_of(rows: torch.Tensor, model_: torch.nn.Module, mlp_inputs: list | None = None) -> torch.Tensor:
@@ -235,7 +238,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
         old_out = shard.all_sum(old_out)
         angle_sum, angle_n = (float(v) for v in shard.all_sum(torch.tensor([angle_sum, float(angle_n)],
                                                                              dtype=torch.float64)))
-    measured = computed[sampler_rows[computed]]  # computed rows with the sampler's log-probs
+    measured = computed[sampler_rows[computed]]  # computed fresh rows with the sampler's log-probs
     if measured.numel():
         stats |= mismatch_metrics(old_out[measured], sampler[measured], mask[measured], log_cap)
     row = 0
