@@ -180,6 +180,10 @@ class TrainConfig(_Frozen):
         "train.kl_rows names are computed too. With GAIN-RL the skipped rollouts get a forward pass without "
         "autograd for its online angle (and are not skipped under scale-out). false: every rollout is computed."))
     checkpoint_every: int = Field(0, ge=0, description="Also checkpoint every N steps (0: round boundaries only).")
+    gradient_checkpointing: bool = Field(False, description=(
+        "Activation checkpointing in the update: each decoder layer's activations are recomputed in the backward "
+        "pass instead of kept (transformers' gradient_checkpointing_enable, non-reentrant), for less memory at "
+        "about one more forward pass. Loss and gradients are unchanged; generation is unaffected."))
     behaviour: Literal["auto", "sampler", "trainer"] = Field("auto", description=(
         "Whose log-probs are a fresh rollout's behaviour policy mu in the loss. sampler: the rollout engine's own "
         "(the in-process generator computes them while sampling, vLLM returns them); trainer: the update's "

@@ -43,7 +43,7 @@ from tasks.training.distributed import (
     reference_copy,
     wrap,
 )
-from tasks.training.update import LossSettings, Updater, policy_update, set_lr
+from tasks.training.update import LossSettings, Updater, gradient_checkpointing, policy_update, set_lr
 
 INIT, UPDATE, OPT_STATE, LOAD, STOP = "init", "update", "optim_state", "load", "stop"
 
@@ -71,6 +71,7 @@ class _Replica:
         model = model.to(self.device)
         broadcast_module(model)  # every rank starts from rank 0's weights
         self.ref = reference_copy(model) if cfg.train.kl_coef > 0 else None
+        gradient_checkpointing(model, cfg.train.gradient_checkpointing)
         tc = cfg.train
         factory = functools.partial(torch.optim.AdamW, lr=tc.lr, betas=tc.betas, eps=tc.adam_eps,
                                     weight_decay=tc.weight_decay)

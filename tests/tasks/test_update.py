@@ -86,3 +86,40 @@ def test_adam_eps_reaches_the_optimizer():
     cfg = load_config(None, ["train.adam_eps=1e-4"])
     updater = build_updater(cfg, torch.nn.Linear(2, 2), pad_id=0, device="cpu")
     assert updater.optimizer.param_groups[0]["eps"] == 1e-4
+
+
+@pytest.mark.parametrize("aggregation", ["token", "sequence"])
+def test_gradient_checkpointing_keeps_loss_and_gradients(aggregation):
+    """``train.gradient_checkpointing``: the update's loss and every gradient equal the update without it (float32,
+    1e-6), on a batch with a replayed group; the model really recomputes (transformers' flag is on)."""
+    import copy as _copy
+
+    from tasks.training.update import gradient_checkpointing, policy_update
+    from tests.tasks import dist_update_helper as h
+
+    grads, losses = {}, {}
+    for on in (False, True):
+        model = h.tiny_model()
+        gradient_checkpointing(model, on)
+        assert model.is_activation_checkpointing == on
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        stats = policy_update(model, opt, _copy.deepcopy(h.make_batch(h.tiny_model())), aggregation=aggregation,
+                              kl_coef=0.0, **{**h.SETTINGS, "minibatches": 1, "grad_clip": 1e9})
+        grads[on] = torch.cat([p.grad.flatten() for p in model.parameters()])
+        losses[on] = stats["train/loss"]
+    assert losses[True] == pytest.approx(losses[False], abs=1e-6)
+    torch.testing.assert_close(grads[True], grads[False], rtol=0, atol=1e-6)
+    assert float(grads[False].abs().max()) > 1e-4  # a real gradient
+
+
+def test_gradient_checkpointing_refuses_a_model_without_it():
+    from tasks.training.update import gradient_checkpointing
+
+    with pytest.raises(ValueError, match="does not support it"):
+        gradient_checkpointing(torch.nn.Linear(2, 2), True)
+
+
+def test_build_updater_turns_gradient_checkpointing_on():
+    model = build_tiny_model(hidden=64, layers=2, heads=2, seed=0)
+    build_updater(validate({"train": {"gradient_checkpointing": True}}), model, pad_id=0, device="cpu")
+    assert model.is_activation_checkpointing
