@@ -324,6 +324,8 @@ def _train(run: Run, policy: Policy, sampling: SamplingPolicy, updater, pool: li
             t0 = time.perf_counter()
             round_ = step // tc.round_steps
             sd = pending if pending is not None else draw(step, step, run.meter)  # lag 0, or the first step
+            if sd.step != step:  # a checkpoint's draw belongs to the step it was saved before
+                raise RuntimeError(f"the rollouts drawn for step {sd.step} reached step {step}")
             pending, timing = None, None
             fs = sd.fresh
             idx, rows, records, rewards, fresh = fs.idx, fs.rows, fs.records, fs.rewards, fs.groups
