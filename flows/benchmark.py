@@ -26,7 +26,6 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
@@ -34,7 +33,8 @@ from flows.pipeline import run_pipeline
 from tasks.bench import report as bench_report
 from tasks.bench.report import BenchRun
 from tasks.config import Config, ConfigError
-from tasks.config_load import conf_dir, load_config
+from tasks.config_load import load_config
+from tasks.config_load import preset_overrides as named_overrides
 from tasks.records.ledger import Ledger
 from tasks.records.tracking import MlflowTracker, default_uri, run_info
 from tasks.run import RunInfo
@@ -42,8 +42,9 @@ from tasks.stages import policy_source
 
 log = logging.getLogger("rlsift.bench")
 
-PRESETS = ("grpo", "grpo_n4", "dapo", "drop_solved", "dots", "dots_informative", "dots_n4", "dots_screen",
-           "dots_screen_kl", "dots_n2", "dots_dynamic", "dots_rr", "pods", "gain", "scalingrl", "all")
+#: The user presets (conf/presets) and the benchmark's arms (conf/bench: experimental variants), in report order.
+PRESETS = ("grpo", "auto", "dapo", "dots", "pods", "scalingrl", "gain", "all")
+ARMS = ("grpo_n4", "drop_solved", "dots_noreplay", "dots_informative", "dots_n4", "dots_screen")
 #: Arms ``<preset>-sync``: the preset with generation and update one after the other (``overlap.lag=0``).
 SYNC = "-sync"
 #: The baseline every arm is measured against: plain GRPO, generation then update (what TRL's GRPOTrainer does).
@@ -57,7 +58,7 @@ LEAVE_ONE_OUT: dict[str, tuple[str, ...]] = {
     "all-gain": ("gain.enabled=false",), "all-adapt": ("adapt.enabled=false",),
 }
 #: ``--presets ablation``: every preset and every leave-one-out arm.
-ABLATION = (*PRESETS, *LEAVE_ONE_OUT)
+ABLATION = (*PRESETS, *ARMS, *LEAVE_ONE_OUT)
 #: Benchmark settings under every configuration: evaluate on a fixed schedule; don't register models.
 DEFAULTS = ("eval.every=10", "tracking.register_model=false")
 #: ``--quick``: one seed, a short budget and a small held-out set (about 10 minutes on 2 cores).
@@ -79,39 +80,7 @@ def preset_overrides(name: str) -> list[str]:
         full = preset_overrides("all")
         n = [f"rollout.n={o.split('=', 1)[1]}" for o in full if o.startswith("pods.m=")] if name == "all-pods" else []
         return [*full, *LEAVE_ONE_OUT[name], *n]
-    folder = conf_dir() / "presets"
-    path = folder / f"{name}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in folder.glob("*.yaml"))
-        raise ConfigError(f"unknown preset {name!r}; allowed: {', '.join(known)} (or a leave-one-out arm: "
-                          f"{', '.join(LEAVE_ONE_OUT)}; or a preset with '{SYNC}' for it without the overlap; or "
-                          "'ablation' for all of them)")
-    chain: list[dict] = []
-    while path is not None:
-        tree = yaml.safe_load(path.read_text()) or {}
-        base = tree.pop("base", None)
-        chain.append(tree)
-        nxt = (path.parent / base).resolve() if base else None
-        path = nxt if nxt is not None and nxt.parent == folder.resolve() else None
-    merged: dict = {}
-    for tree in reversed(chain):
-        merged = _merge(merged, tree)
-    return [f"{k}={json.dumps(v)}" for k, v in _flatten(merged)]
-
-
-def _merge(a: dict, b: dict) -> dict:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def _flatten(tree: dict, prefix: str = ""):
-    for k, v in tree.items():
-        if isinstance(v, dict) and v:
-            yield from _flatten(v, f"{prefix}{k}.")
-        else:
-            yield f"{prefix}{k}", v
+    return named_overrides(name)
 
 
 def configuration(config: str | None, overrides: list[str], preset: str, seed: int, quick: bool,
@@ -128,9 +97,10 @@ def clock_skips(cfg: Config) -> tuple[str, ...]:
 
     The pipeline always scores the pool and calibrates, but only DOTS (embeddings, labels), ScalingRL
     (CoT complexity, measured difficulty) and GAIN-RL (angle) use them; plain GRPO and PODS would not pay.
+    ``plan.auto`` pays for both: the plan reads the calibration and its choice is not known beforehand.
     """
-    uses_score = cfg.select.method == "dots" or cfg.curriculum.enabled or cfg.gain.enabled
-    uses_calibration = cfg.select.method == "dots" or cfg.curriculum.enabled
+    uses_score = cfg.select.method == "dots" or cfg.curriculum.enabled or cfg.gain.enabled or cfg.plan.auto
+    uses_calibration = cfg.select.method == "dots" or cfg.curriculum.enabled or cfg.plan.auto
     return tuple(s for s, used in (("score", uses_score), ("calibrate", uses_calibration)) if not used)
 
 

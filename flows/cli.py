@@ -63,7 +63,9 @@ def _emit(obj: dict, as_json: bool, text: str) -> None:
 
 def cmd_run(args) -> int:
     from tasks.config import ConfigError
+    from tasks.config_load import default_config
 
+    args.config = args.config or default_config()
     try:
         cfg = _config(args)  # validate before any work
         from flows.pipeline import preflight, resume_config
@@ -85,9 +87,36 @@ def cmd_run(args) -> int:
             f"  by level: {_levels(summary['eval_by_level_start'])} -> {_levels(summary['eval_by_level_end'])}\n"
             f"  device hours {summary['device_hours']:.4f} ({summary['device']}), ${summary['cost_usd']:.4f}\n"
             f"{_overlap_text(summary.get('overlap'))}"
+            f"{_plan_text(summary.get('plan'))}"
             f"  MLflow run {summary['mlflow_run_id']} at {summary['tracking_uri']}\n"
             f"  ledger {summary['ledger']}\n  run folder {summary['run_dir']}")
     _emit(summary, args.json, text)
+    return 0
+
+
+def _plan_text(p: dict | None) -> str:
+    """What a ``plan.auto`` run chose and why (empty otherwise)."""
+    return f"  plan: {p['reason']}\n" if p else ""
+
+
+def cmd_plan(args) -> int:
+    from tasks.config import ConfigError
+    from tasks.config_load import default_config
+
+    args.config = args.config or default_config()
+    try:
+        cfg = _config(args)
+        from flows.pipeline import preflight
+
+        preflight(cfg)
+    except ConfigError as err:
+        print(f"rlsift plan: {err}", file=sys.stderr)
+        return 2
+    from flows.pipeline import plan_flow
+
+    out = plan_flow(config=args.config, overrides=list(args.overrides))
+    _emit(out, args.json, f"{out['table']}\nrun {out['run_id']}: MLflow run {out['mlflow_run_id']} at "
+          f"{out['tracking_uri']}; {out['run_dir']}/plan.json")
     return 0
 
 
@@ -151,6 +180,7 @@ def cmd_ledger(args) -> int:
         return 2
     root = Path(args.root or load_config(args.config, args.overrides).paths.root)
     empty = "(no rows)"
+    known = True
     with Ledger(root / "ledger.duckdb", read_only=True) as ledger:
         if args.what == "runs":
             rows = [_run_row(r) for r in ledger.runs()]
@@ -166,12 +196,16 @@ def cmd_ledger(args) -> int:
             empty = f"no selections in round {args.round} of run {args.run}"
         else:
             rows = ledger.query(args.sql)
+    unknown = args.what == "why" and not rows and not known  # an answer about no prompt at all
     if args.json:
         sys.stdout.write(json.dumps(rows, default=str) + "\n")
     elif rows:
         _print_table(rows, drop=("question",) if args.what == "round" else ())
-    else:
+    elif not unknown:
         print(empty)
+    if unknown:
+        print(empty, file=sys.stderr)
+        return 1
     return 0
 
 
@@ -194,15 +228,26 @@ def _run_row(r: dict) -> dict:
 
 
 def _print_table(rows: list[dict], drop: tuple[str, ...] = ()) -> None:
-    """Rows as a table, leaving out the columns that are empty in every row (signals not in use)."""
+    """Rows as a table, leaving out the columns that are empty in every row (signals not in use), floats to
+    three decimals (:func:`_cell`)."""
     from rich.console import Console
     from rich.table import Table
 
     cols = [k for k in rows[0] if k not in drop and any(r.get(k) is not None for r in rows)]
     table = Table(*cols, box=None, pad_edge=False)
     for r in rows:
-        table.add_row(*("" if r.get(k) is None else str(r[k]) for k in cols))
+        table.add_row(*(_cell(r.get(k)) for k in cols))
     Console(width=200, soft_wrap=True).print(table)
+
+
+def _cell(v) -> str:
+    """A table cell: floats to three decimals (``0.823``), or three significant digits below 0.1 (``0.00781``)
+    so a small weight does not print as 0; the ``--json`` output keeps full precision."""
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.3f}" if v == 0 or abs(v) >= 0.1 or v != v else f"{v:.3g}"
+    return str(v)
 
 
 def cmd_bench(args) -> int:
@@ -249,10 +294,15 @@ def parser() -> argparse.ArgumentParser:
             sp.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.steps=40")
         sp.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
-    r = sub.add_parser("run", help="the whole pipeline")
+    r = sub.add_parser("run", help="the whole pipeline (default config: conf/presets/auto.yaml)")
     common(r)
     r.add_argument("--resume", metavar="RUN_ID", help="continue a crashed run from its last checkpoint")
     r.set_defaults(fn=cmd_run)
+
+    pl = sub.add_parser("plan", help=("measure the pool and what a token costs, predict each composition's clock "
+                                      "against plain GRPO and choose (no training)"))
+    common(pl)
+    pl.set_defaults(fn=cmd_plan)
 
     i = sub.add_parser("ingest", help="ingestion only")
     i.add_argument("paths", nargs="*", help=("files or folders (default: the configured sources) and dotted "

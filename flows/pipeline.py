@@ -19,7 +19,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from tasks.config import Config, ConfigError
-from tasks.config_load import load_config, parse_override, validate
+from tasks.config_load import default_config, load_config, parse_override, validate
 from tasks.data.ingest import IngestResult
 from tasks.records.ledger import Ledger
 from tasks.run import Run, open_run
@@ -27,12 +27,14 @@ from tasks.stages import (
     calibrate_stage,
     evaluate_stage,
     ingest_stage,
+    plan_stage,
     prepare_stage,
     report_stage,
     score_stage,
     train_stage,
 )
 from tasks.training.evaluate import PairedChange, paired_change
+from tasks.training.plan import Plan, planned_config
 
 log = logging.getLogger("rlsift")
 if log.level == logging.NOTSET:  # stage summaries at INFO also where the root logger is quieter (a Prefect
@@ -46,7 +48,7 @@ RESUME_MAY_CHANGE = ("paths.", "tracking.uri", "model.threads", "model.device", 
 _ONLY = {"skipped": ("reason", "model_version"), "completed": (
     "steps", "eval_accuracy_start", "eval_accuracy_end", "eval_by_level_start", "eval_by_level_end", "eval_paired",
     "effective_ratio", "device", "device_hours", "cost_usd", "stage_seconds", "model_path", "model_version",
-    "parent_version", "data_fingerprint", "policy_path", "resumed", "overlap")}
+    "parent_version", "data_fingerprint", "policy_path", "resumed", "overlap", "plan")}
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,8 @@ class RunSummary:
     ``model_version`` (None); a ``completed`` run adds the rest: steps, held-out greedy accuracy before and
     after (overall and by level, level keys as strings), the paired change, the last step's effective-group
     ratio, device hours and money, the final model and its lineage, and ``overlap``: the overlapped loop's
-    totals in seconds (update, draw, at once, each side's idle; empty when sequential). :meth:`to_dict` holds
+    totals in seconds (update, draw, at once, each side's idle; empty when sequential) and ``plan``: what a
+    ``plan.auto`` run chose and why (:func:`plan_summary`; None otherwise). :meth:`to_dict` holds
     exactly the fields of the run's status.
     """
 
@@ -90,6 +93,7 @@ class RunSummary:
     policy_path: str | None = None
     resumed: bool = False
     overlap: dict[str, float] = field(default_factory=dict)
+    plan: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``rlsift run --json`` (and the ledger's ``runs.summary``)."""
@@ -168,6 +172,10 @@ def _train(run: Run, data: IngestResult, summary: RunSummary) -> RunSummary:
     run.save_info()
     start = evaluate_stage(run, policy, data.test, "start", 0)
     calibration = calibrate_stage(run, policy, data.train)
+    plan = None
+    if run.cfg.plan.auto:  # train the plan's choice (conf/presets/auto.yaml)
+        plan = plan_stage(run, policy, data.train, calibration)
+        run.cfg = planned_config(run.cfg, plan)
     features = score_stage(run, policy, data.train)
     trained = train_stage(run, policy, data.train, features, data.test, calibration)
     end = evaluate_stage(run, policy, data.test, "end", trained.steps)
@@ -184,8 +192,15 @@ def _train(run: Run, data: IngestResult, summary: RunSummary) -> RunSummary:
         device=run.meter.device, device_hours=run.meter.device_hours(), cost_usd=run.meter.usd(),
         stage_seconds=dict(run.meter.seconds), model_path=report.model_path, model_version=report.model_version,
         parent_version=run.info.parent_version, data_fingerprint=run.info.data_fingerprint,
-        policy_path=run.info.policy_path, resumed=run.resumed, overlap=trained.overlap)
+        policy_path=run.info.policy_path, resumed=run.resumed, overlap=trained.overlap,
+        plan=None if plan is None else plan_summary(plan))
     return summary
+
+
+def plan_summary(plan: Plan) -> dict[str, Any]:
+    """A plan in the run summary: the choice, why, and its predicted clock and effective ratio against GRPO."""
+    return {"choice": plan.choice, "reason": plan.reason, "predicted_clock": plan.chosen.clock,
+            "predicted_effective_ratio": plan.chosen.effective_ratio, "pool": plan.shares}
 
 
 def preflight(cfg: Config) -> None:
@@ -262,6 +277,8 @@ def publish(summary: RunSummary) -> None:
 
     from tasks.records.tracking import run_url
 
+    if summary.plan is not None:
+        publish_plan(Plan.load(Path(summary.run_dir) / "plan.json"))
     if summary.status != "completed":
         create_markdown_artifact(key="run-summary", markdown=f"Run `{summary.run_id}`: **{summary.status}**"
                                  + (f" ({summary.reason})" if summary.reason else ""))
@@ -289,16 +306,52 @@ def publish(summary: RunSummary) -> None:
             f"`mlflow ui --backend-store-uri {summary.tracking_uri}`. Run folder: `{summary.run_dir}`."))
 
 
+def publish_plan(plan: Plan) -> None:
+    """A plan in the Prefect UI: every composition's predictions as a table, the choice and its reason above it."""
+    from prefect.artifacts import create_table_artifact
+
+    create_table_artifact(key="plan", table=plan.rows(), description=f"**{plan.reason}** ({plan.summary()})")
+
+
+@flow(name="plan", log_prints=True)
+def plan_flow(config: str | None = None, overrides: list[str] | None = None) -> dict:
+    """``rlsift plan``: ingest, the policy and the reference rollouts a run would do, the plan (tasks/training/plan.py),
+    and no training. Returns the plan (:meth:`Plan.to_json`) with the run's ids; the run ends ``planned``."""
+    cfg = load_config(config or default_config(), list(overrides or []))
+    preflight(cfg)
+    run = open_run(cfg)
+    claim_flow_run(run)
+    status, out = "failed", {}
+    try:
+        data = ingest_stage(run)
+        policy = prepare_stage(run)
+        run.save_info()
+        calibration = calibrate_stage(run, policy, data.train)
+        plan = plan_stage(run, policy, data.train, calibration)
+        status = "planned"
+        out = {"run_id": run.run_id, "mlflow_run_id": run.tracker.run_id, "run_dir": str(run.dir),
+               "tracking_uri": run.tracking_uri, "plan": plan.to_json(), "table": plan.markdown()}
+    finally:
+        run.close(status, {k: v for k, v in out.items() if k != "table"})
+    publish_plan(plan)
+    get_run_logger().info("plan of run %s: %s", run.run_id, plan.reason)
+    return out
+
+
 @flow(name="pipeline", log_prints=True)
 def pipeline(config: str | None = None, overrides: list[str] | None = None, resume: str | None = None) -> dict:
     """The whole rlsift pipeline on one config (a YAML path plus dotted overrides). Returns
     :meth:`RunSummary.to_dict` (what ``rlsift run --json`` prints)."""
     overrides = list(overrides or [])
+    config = config or default_config()
     cfg = resume_config(config, overrides, resume) if resume else load_config(config, overrides)
     preflight(cfg)
     logging.getLogger("rlsift").info("config validated")
     summary = run_pipeline(cfg, resume=resume)
     publish(summary)
-    get_run_logger().info("run %s %s: accuracy %.3f -> %.3f in %.0f s", summary.run_id, summary.status,
-                          summary.eval_accuracy_start, summary.eval_accuracy_end, summary.wall_s)
+    get_run_logger().info("run %s %s in %.0f s%s", summary.run_id, summary.status, summary.wall_s, (
+        f": accuracy {summary.eval_accuracy_start:.3f} -> {summary.eval_accuracy_end:.3f}; " + (
+            f"registered {cfg.tracking.model_name} version {summary.model_version}" if summary.model_version
+            else "no model version registered (the report stage's log says why)")
+        if summary.status == "completed" else f" ({summary.reason})" if summary.reason else ""))
     return summary.to_dict()

@@ -336,6 +336,26 @@ class AdaptConfig(_Frozen):
         "Weight of the previous average of r at each step (0.8: about the last five steps)."))
 
 
+class PlanConfig(_Frozen):
+    """The plan (our addition; rlcore/plan.py, tasks/training/plan.py, docs/algorithms.md section 9): measure the pool
+    and the cost of a generated and an updated token, predict each candidate composition's effective-group ratio
+    and training clock against plain GRPO, and choose."""
+
+    auto: bool = Field(False, description=(
+        "Train the plan's choice: the chosen candidate's keys replace the run's (conf/presets/auto.yaml; "
+        "`rlsift plan` shows the choice without training)."))
+    candidates: tuple[str, ...] = Field(
+        ("grpo", "dapo", "dots", "pods", "dots_n4", "dots_screen"), min_length=1, description=(
+            "Compositions the plan predicts and chooses from: names of conf/presets or conf/bench files. "
+            "Candidates with the screen are left out where a prompt has no worked solution."))
+    baseline: str = Field("grpo", description="The composition predictions are relative to (plain GRPO).")
+    min_signal: float = Field(0.8, ge=0, le=1, description=(
+        "A candidate qualifies when its predicted informative groups a step are at least this share of the "
+        "baseline's; the cheapest qualifying one is chosen."))
+    probe_prompts: int = Field(16, ge=1, description=(
+        "Reference prompts the probe generates rollout.n rollouts for and updates on (timed, no weight change)."))
+
+
 class GuardConfig(_Frozen):
     """The solved-skill guard (our addition; docs/algorithms.md section 7): selection methods that train only where
     the predicted success is near 0.5 let solved skills drift. Both parts are off by default (plain GRPO)."""
@@ -448,6 +468,7 @@ class Config(_Frozen):
     dynamic: DynamicSamplingConfig = Field(DynamicSamplingConfig(), description="DAPO's dynamic sampling.")
     replay: ReplayConfig = Field(ReplayConfig(), description="Rollout Replay.")
     adapt: AdaptConfig = Field(AdaptConfig(), description="Adaptive composition of PODS and replay.")
+    plan: PlanConfig = Field(PlanConfig(), description="The plan: measure the pool, choose the composition.")
     guard: GuardConfig = Field(GuardConfig(), description="Solved-skill guard.")
     curriculum: CurriculumConfig = Field(CurriculumConfig(), description="ScalingRL curriculum (reconstruction).")
     gain: GainConfig = Field(GainConfig(), description="GAIN-RL angle ordering and window.")

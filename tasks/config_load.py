@@ -95,6 +95,57 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     return validate(tree)
 
 
+#: Where named compositions live: the user presets, then the benchmark's arms (experimental variants).
+NAMED_FOLDERS = ("presets", "bench")
+
+
+def named_config(name: str) -> Path:
+    """The file of a preset (``conf/presets/<name>.yaml``) or benchmark arm (``conf/bench/<name>.yaml``)."""
+    for folder in NAMED_FOLDERS:
+        path = conf_dir() / folder / f"{name}.yaml"
+        if path.is_file():
+            return path
+    known = sorted(p.stem for folder in NAMED_FOLDERS for p in (conf_dir() / folder).glob("*.yaml"))
+    raise ConfigError(f"unknown preset or benchmark arm {name!r}; allowed: {', '.join(known)}")
+
+
+def preset_overrides(name: str) -> list[str]:
+    """The keys a preset or arm sets itself (with the files it builds on, not ``base.yaml``) as dotted overrides:
+    what it changes on top of any run's config (the benchmark's arms, the plan's candidates)."""
+    path: Path | None = named_config(name)
+    base_file = (conf_dir() / "base.yaml").resolve()
+    merged: dict = {}
+    while path is not None:
+        tree = yaml.safe_load(path.read_text()) or {}
+        base = tree.pop("base", None)
+        merged = _merge(tree, merged)
+        nxt = (path.parent / base).resolve() if base else None
+        path = nxt if nxt is not None and nxt != base_file else None
+    return [f"{k}={json.dumps(v)}" for k, v in _flat_items(merged)]
+
+
+def _flat_items(tree: dict, prefix: str = ""):
+    for k, v in tree.items():
+        if isinstance(v, dict) and v:
+            yield from _flat_items(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def with_overrides(cfg: Config, overrides: list[str]) -> Config:
+    """``cfg`` with dotted ``key=value`` overrides applied, validated."""
+    tree = cfg.model_dump(mode="json")
+    for item in overrides:
+        _set(tree, *parse_override(item))
+    return validate(tree)
+
+
+def default_config() -> str:
+    """The config of ``rlsift run`` and the pipeline flow when none is given: the ``auto`` preset (the plan
+    chooses the composition). ``load_config(None)`` stays the embedded defaults (plain GRPO)."""
+    return str(conf_dir() / "presets" / "auto.yaml")
+
+
 def conf_dir() -> Path:
     """``conf/`` of the current directory, else the one shipped beside the package."""
     here = Path("conf")

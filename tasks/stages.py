@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from tasks.training import score
 from tasks.training.calibration import Calibration
 from tasks.training.evaluate import EvalResult, evaluate, flat_metrics, table_rows
 from tasks.training.loop import TRAIN_PHASES, HeldoutEval, TrainSummary, train
+from tasks.training.plan import Plan, make_plan
 from tasks.training.rollouts import policy_measure, reference_rollouts, stratified_reference
 from tasks.training.score import Features
 
@@ -141,6 +143,27 @@ def calibrate_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> Calib
     return calibration
 
 
+@stage(name="plan")
+def plan_stage(run: Run, policy: Policy, pool: list[PromptRecord], calibration: Calibration,
+               candidates: tuple[str, ...] | None = None) -> Plan:
+    """The plan (tasks/training/plan.py): the pool's measured pass rates, a timed probe, each candidate's predicted
+    effective ratio and clock against plain GRPO, and the choice. A resumed run reuses its ``plan.json``."""
+    cache = run.dir / "plan.json"
+    if cache.exists():
+        return Plan.load(cache)
+    with run.meter.stage("plan"):
+        result = make_plan(run.cfg, policy, pool, calibration, device=run.device, candidates=candidates)
+    result.save(cache)
+    run.log_metrics(result.metrics(), 0)
+    run.tracker.set_tags({"rlsift.plan.choice": result.choice, "rlsift.plan.reason": result.reason})
+    for f in (cache, run.dir / "plan.md"):
+        run.tracker.log_artifact(f)
+    log.info("plan: %s", result.summary())
+    log.info("plan: %s", result.reason)
+    run.log_stage_cost("plan")
+    return result
+
+
 @stage(name="score")
 def score_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> Features:
     saved = run.dir / "features.pt"
@@ -160,6 +183,13 @@ def score_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> Features:
     return feats
 
 
+@stage(name="round", task_run_name="round-{index}")
+def round_task(index: int, body: Callable[[], None]) -> None:
+    """Training round ``index``'s steps as a task run of the train stage's, so the flow-run graph shows the rounds;
+    its log ends with the round's selection summary (``tasks.training.loop.RoundLog``)."""
+    body()
+
+
 @stage(name="train")
 def train_stage(run: Run, policy: Policy, pool: list[PromptRecord], features: Features, test: list[PromptRecord],
                 calibration: Calibration) -> TrainSummary:
@@ -171,7 +201,7 @@ def train_stage(run: Run, policy: Policy, pool: list[PromptRecord], features: Fe
         run.ledger.add_evals(run.run_id, table_rows(res, "during", step))
         return HeldoutEval(accuracy=res.overall.greedy_acc, metrics=flat_metrics(res))
 
-    summary = train(run, policy, pool, features, calibration, evaluate_fn=eval_during)
+    summary = train(run, policy, pool, features, calibration, evaluate_fn=eval_during, run_round=round_task)
     run.log_stage_cost("train", summary.steps, parts=TRAIN_PHASES)
     return summary
 
@@ -241,4 +271,11 @@ def report_stage(run: Run, policy: Policy, start: EvalResult, end: EvalResult, s
             "rlsift.run_id": run.run_id, "parent_version": run.info.parent_version or "",
             "data_fingerprint": run.info.data_fingerprint or "", "steps": str(summary.steps),
             **config_tags(run.cfg)})
+    name = run.cfg.tracking.model_name
+    registered = (f"registered {name} version {version}" if version is not None
+                  else "not registered: tracking.register_model=false" if not tc.register_model
+                  else f"not registered: {why}" if why
+                  else f"{name} not registered yet: MLflow unreachable, the registration is queued")
+    log.info("report: held-out accuracy %.3f -> %.3f after %d steps; %s", start.overall.greedy_acc,
+             end.overall.greedy_acc, summary.steps, registered)
     return Report(model_path=str(final), model_version=version, table=table)

@@ -44,37 +44,45 @@ def test_every_data_group_validates(path, monkeypatch):
 
 def test_presets_switch_what_their_names_say():
     get = lambda name: load_config(CONF / "presets" / f"{name}.yaml")  # noqa: E731
-    assert get("grpo").select.method == "uniform" and not get("grpo").pods.enabled
-    assert get("dots").select.method == "dots" and not get("dots").replay.enabled
-    assert get("dots_rr").replay.enabled and get("pods").pods.enabled
+    assert sorted(p.stem for p in (CONF / "presets").glob("*.yaml")) == [
+        "all", "auto", "dapo", "dots", "gain", "grpo", "pods", "scalingrl"], "the presets a user chooses from"
+    assert get("grpo").select.method == "uniform" and not get("grpo").pods.enabled and not get("grpo").plan.auto
+    assert get("auto").plan.auto and get("auto").model_copy(update={"plan": get("grpo").plan}) == get("grpo")
+    d = get("dots")  # DOTS with Rollout Replay, as published
+    assert d.select.method == "dots" and d.replay.enabled and d.replay.fresh_frac == 0.5
+    assert (d.select.weighting, d.calibrate.reference) == ("target", "fresh")
+    assert get("pods").pods.enabled and get("dapo").dynamic.enabled
     assert get("gain").gain.enabled and get("scalingrl").curriculum.enabled
     a = get("all")
     assert (a.select.method, a.pods.enabled, a.replay.enabled, a.curriculum.enabled, a.gain.enabled) == \
         ("dots", True, True, True, True)
-    assert (a.select.weighting, a.calibrate.reference) == ("observed", "trained"), "all composes on dots_informative"
-    g = get("dots_guard")
-    assert g.select.method == "dots" and g.guard.share > 0 and g.guard.anchor > 0
+    assert (a.select.weighting, a.calibrate.reference) == ("observed", "trained")
     assert (get("grpo").guard.share, get("grpo").guard.anchor) == (0.0, 0.0)
+
+
+def test_bench_arms_switch_what_their_names_say():
+    get = lambda name: load_config(CONF / "bench" / f"{name}.yaml")  # noqa: E731
+    assert get("dots_noreplay").select.method == "dots" and not get("dots_noreplay").replay.enabled
     inf = get("dots_informative")
     assert (inf.select.method, inf.select.weighting, inf.calibrate.reference) == ("dots", "observed", "trained")
-    assert (get("dots").select.weighting, get("dots").calibrate.reference) == ("target", "fresh")
-    dyn = get("dots_dynamic")
-    assert dyn.dynamic.enabled and (dyn.select.method, dyn.select.weighting) == ("dots", "observed")
     n4 = get("dots_n4")
     assert (n4.rollout.n, n4.train.prompts_per_step, n4.select.weighting) == (4, 32, "observed")
     screen = get("dots_screen")
     assert (screen.select.screen, screen.rollout.n, screen.train.prompts_per_step, screen.select.method) == \
-        (2, 4, 20, "dots") and get("dots_n4").select.screen == 1, "the screen is dots_screen's one addition"
-    kl = get("dots_screen_kl")
-    assert (kl.train.kl_coef, kl.train.kl_rows, screen.train.kl_coef) == (0.04, "all", 0.0), \
-        "the published KL term on every rollout is dots_screen_kl's one addition"
-    assert (kl.select, kl.rollout, kl.train.prompts_per_step) == (screen.select, screen.rollout, 20)
-    n2 = get("dots_n2")
-    assert (n2.rollout.n, n2.train.prompts_per_step, n2.select.weighting) == (2, 48, "observed")
+        (2, 4, 20, "dots") and n4.select.screen == 1, "the screen is dots_screen's one addition"
     g4 = get("grpo_n4")
-    assert (g4.rollout.n, g4.select.method, get("grpo").rollout.n) == (4, "uniform", 8)
+    assert (g4.rollout.n, g4.select.method, get("dots_noreplay").rollout.n) == (4, "uniform", 8)
     drop = get("drop_solved")
-    assert drop.select.drop_solved and drop.select.method == "uniform" and not get("grpo").select.drop_solved
+    assert drop.select.drop_solved and drop.select.method == "uniform"
+
+
+def test_plan_candidates_are_known_names():
+    from tasks.config_load import named_config
+
+    for name in (*Config().plan.candidates, Config().plan.baseline):
+        assert named_config(name).is_file()
+    with pytest.raises(ConfigError, match="unknown preset or benchmark arm 'nope'"):
+        named_config("nope")
 
 
 def test_overrides_are_typed():

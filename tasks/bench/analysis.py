@@ -40,7 +40,7 @@ from tasks.training.evaluate import paired_counts
 #: Stages that set a run up and are the same for every configuration: not on the clock.
 SETUP_STAGES = ("ingest", "prepare")
 #: Stages that happen once before the first step (on the clock at step 0 when counted).
-UPFRONT_STAGES = ("calibrate", "score")
+UPFRONT_STAGES = ("calibrate", "plan", "score")
 #: Per-step stages of the step-time split, in the order of a step.
 STEP_STAGES = ("reference", "selection", "rollout", "update", "tracking", "checkpoint")
 #: Accuracy tolerance for "reaches the target" (accuracies are ratios k/n; means of them carry rounding).

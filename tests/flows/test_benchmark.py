@@ -18,10 +18,13 @@ def test_preset_overrides_are_the_preset_chain_without_base():
     dots = preset_overrides("dots")
     assert 'select.method="dots"' in dots and "calibrate.k=32" in dots
     assert not any(o.startswith(("train.", "model.", "data.", "paths.")) for o in dots)  # base.yaml's keys stay out
-    rr = preset_overrides("dots_rr")  # builds on dots.yaml, which builds on grpo.yaml
-    assert "replay.enabled=true" in rr and 'select.method="dots"' in rr
+    assert "replay.enabled=true" in dots
+    screen = preset_overrides("dots_screen")  # a bench arm: conf/bench/dots_screen.yaml -> ... -> presets/grpo.yaml
+    assert "select.screen=2" in screen and 'select.weighting="observed"' in screen and 'select.method="dots"' in screen
+    assert "rollout.n=4" in screen and "train.prompts_per_step=20" in screen  # the arm's own value wins
+    assert "replay.enabled=true" not in screen
     assert "curriculum.weights=[0.34, 0.33, 0.33]" in preset_overrides("scalingrl")
-    with pytest.raises(ConfigError, match="unknown preset 'nope'; allowed: all, dapo, dots"):
+    with pytest.raises(ConfigError, match="unknown preset or benchmark arm 'nope'; allowed: all, auto, dapo, dots"):
         preset_overrides("nope")
 
 

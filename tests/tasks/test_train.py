@@ -6,6 +6,7 @@ model gets mixed rewards and real gradients; the real verifiers are tested in te
 """
 
 import json
+import logging
 import math
 
 import pytest
@@ -23,6 +24,7 @@ from tasks.training.loop import train
 from tasks.training.update import scheduled_lr
 
 PRESETS = "conf/presets/{}.yaml"
+ARMS = "conf/bench/{}.yaml"  # the benchmark's arms: experimental variants
 SMALL = ["train.steps=4", "train.prompts_per_step=6", "train.round_steps=2", "rollout.n=4",
          "rollout.max_new_tokens=12", "calibrate.k=8", "calibrate.g=4", "select.predictor.min_labels=8",
          "select.predictor.fit_steps=5", "eval.every=0", "overlap.lag=0"]
@@ -84,7 +86,7 @@ OFF = ["select.method=uniform", "pods.enabled=false", "replay.enabled=false", "c
 
 @pytest.mark.parametrize("preset, extra", [
     ("all", []),                                    # every switch off in the composed preset
-    ("dots_rr", ["replay.enabled=true", "replay.capacity=0"]),  # a replay buffer of size 0
+    ("dots", ["replay.enabled=true", "replay.capacity=0"]),  # a replay buffer of size 0
 ])
 def test_techniques_off_reproduce_grpo_bit_for_bit(smoke_cfg, pool, preset, extra):
     base, _, g_base, s_base, _ = run_train(smoke_cfg(*SMALL, path=PRESETS.format("grpo")), pool)
@@ -108,10 +110,11 @@ def test_lr_schedule_changes_the_single_process_run(smoke_cfg, pool, schedule):
     assert lrs == [scheduled_lr(cfg, s) for s in range(cfg.train.steps)] and len(set(lrs)) == cfg.train.steps
 
 
-def test_all_techniques_compose_and_record_signals(smoke_cfg, pool):
+def test_all_techniques_compose_and_record_signals(smoke_cfg, pool, caplog):
     cfg = smoke_cfg(*SMALL, "rollout.n=6", "pods.m=4", "replay.capacity=16", "adapt.enabled=false",
                     path=PRESETS.format("all"))
-    _, summary, groups, sel, logged = run_train(cfg, pool)
+    with caplog.at_level(logging.INFO, logger="rlsift.train"):
+        _, summary, groups, sel, logged = run_train(cfg, pool)
     keys = set().union(*logged)
     assert summary.steps == 4
     assert {s["selector"] for s in sel} == {"scalingrl+gain+dots"}
@@ -124,6 +127,58 @@ def test_all_techniques_compose_and_record_signals(smoke_cfg, pool):
     for key in ("pods/var_after", "replay/size", "curriculum/scale", "gain/mu", "select/entropy",
                 "time/reference_s", "cost/device_hours"):
         assert key in keys, key
+    # each round's selection summary (the Prefect round task's log line) from what its steps recorded
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("round ")]
+    assert len(lines) == 2 and any(g["replayed"] for g in groups if g["step"] >= 2)
+    for r, line in enumerate(lines):
+        steps = (2 * r, 2 * r + 1)
+        rs = [s for s in sel if s["step"] in steps]
+        gs = [g for g in groups if g["step"] in steps]
+        effective = sum(m["train/effective_ratio"] * m["train/groups"] for m in logged if m["step"] in steps)
+        assert line.startswith(f"round {r}, steps {steps[0]}-{steps[1]}: {len(rs)} prompts selected (level ")
+        assert f"predicted success {sum(s['pred_success'] for s in rs) / len(rs):.2f}; " in line
+        assert line.endswith(f"{len(gs)} groups trained, effective {effective / len(gs):.2f}, "
+                             f"replayed {sum(g['replayed'] for g in gs) / len(gs):.2f}")
+
+
+def test_each_round_is_one_run_round_call_and_a_resume_mid_round_starts_a_new_one(smoke_cfg, pool, caplog):
+    """train() hands each round's steps to ``run_round`` (tasks/stages.py passes a Prefect task: one task run a
+    round), which ends with the round's summary line; a run that dies mid-round resumes the rest of that round in a
+    new call, and the steps run are those of an uninterrupted run."""
+    from tasks.training import checkpoint
+    from tasks.training.loop import HeldoutEval
+
+    cfg = smoke_cfg(*SMALL, "train.checkpoint_every=1", "eval.every=1", path=PRESETS.format("grpo"))
+    calls: list[int] = []
+
+    def record(index, body):
+        calls.append(index)
+        body()
+
+    def dies_after_step_3(step):  # called after step `step - 1`'s update, before its checkpoint
+        if step == 4:
+            raise RuntimeError("killed")
+        return HeldoutEval(accuracy=0.5, metrics={})
+
+    policy = make_policy()
+    feats = score.score(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
+    run = open_run(cfg, track=False)
+    with caplog.at_level(logging.INFO, logger="rlsift.train"), pytest.raises(RuntimeError, match="killed"):
+        train(run, policy, pool, feats, evaluate_fn=dies_after_step_3, run_round=record)
+    assert calls == [0, 1] and checkpoint.latest(run).name == "step-000003.pt"
+    run.close("failed", {})
+    resumed = open_run(cfg, run_id=run.run_id, track=False)
+    try:
+        with caplog.at_level(logging.INFO, logger="rlsift.train"):
+            summary = train(resumed, make_policy(), pool, feats, evaluate_fn=lambda step: HeldoutEval(0.5, {}),
+                            run_round=record)
+        steps = [g["step"] for g in resumed.ledger.query("SELECT step FROM groups WHERE run_id = ? ORDER BY step",
+                                                         [run.run_id])]
+    finally:
+        resumed.close("completed", {})
+    assert summary.steps == 4 and calls == [0, 1, 1] and steps == [s for s in range(4) for _ in range(6)]
+    lines = [r.getMessage().split(":")[0] for r in caplog.records if r.getMessage().startswith("round ")]
+    assert lines == ["round 0, steps 0-1", "round 1, steps 3-3"]
 
 
 @pytest.mark.parametrize("replay, delta", [("replay.capacity=16", 0.5), ("replay.enabled=false", 1.0)])
@@ -164,7 +219,7 @@ def test_dots_weighting_sets_the_selection_weights(smoke_cfg, pool, weighting):
     """select.weighting=informative: the ledger's weights of two prompts selected in one round stand in the ratio
     of their chances of a group with unequal rewards, 1 - p^n - (1 - p)^n (n = 4), which DOTS's target weights
     exp(-|(1 - p) - 0.5| / tau) do not."""
-    _, _, _, sel, _ = run_train(smoke_cfg(*SMALL, f"select.weighting={weighting}", path=PRESETS.format("dots")), pool)
+    _, _, _, sel, _ = run_train(smoke_cfg(*SMALL, f"select.weighting={weighting}", path=ARMS.format("dots_noreplay")), pool)
 
     def chance(p):
         p = min(max(p, 0.0), 1.0)
@@ -207,7 +262,7 @@ def test_make_groups_advantages_and_negative_weight():
     (g,), _ = make_groups(gen, rewards, rec, 3, m=None, rule="max_variance", scale_std=False,
                           generator=torch.Generator(), negative_weight=1.0, anchor=0.05)
     assert g.advantages.tolist() == [0.5, -0.5, -0.5, 0.5]
-    # a group of 2 (dots_n2): one wrong, one right -> -1/2, +1/2
+    # a group of 2: one wrong, one right -> -1/2, +1/2
     pair = Generation(prompt_ids=[torch.tensor([1, 5, 6])], completion_ids=torch.arange(4).view(2, 2),
                       completion_mask=torch.ones(2, 2, dtype=torch.bool), texts=["a"] * 2, n=2,
                       logprobs=torch.zeros(2, 2))
@@ -304,7 +359,7 @@ def test_trained_reference_rolls_out_nothing_and_uses_the_latest_labels(smoke_cf
     from tasks.training.selector import Selector
 
     cfg = smoke_cfg(*SMALL, "calibrate.reference=trained", "select.predictor.min_labels=1000",
-                    path=PRESETS.format("dots"))
+                    path=ARMS.format("dots_noreplay"))
     feats = score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
     sel = Selector(cfg, pool, feats)
     sel.seed_labels(Calibration(indices=(0, 1, 2, 3), success=torch.tensor([0.0, 0.25, 0.5, 1.0])))
@@ -335,7 +390,7 @@ def test_observed_weighting_measures_the_chance_of_a_gradient_on_drawn_groups(sm
 
     cfg = smoke_cfg(*SMALL, "calibrate.reference=trained", "select.predictor.min_labels=1000",
                     "select.weighting=observed", "select.observed_bins=1", "select.observed_strength=0.01",
-                    path=PRESETS.format("dots"))  # one bin: round 1's predictions share the seen groups' bin
+                    path=ARMS.format("dots_noreplay"))  # one bin: round 1's predictions share the seen groups' bin
     feats = score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
     sel = Selector(cfg, pool, feats)
     sel.seed_labels(Calibration(indices=(0, 1, 2, 3), success=torch.tensor([0.0, 0.25, 0.5, 1.0])))
@@ -356,7 +411,7 @@ def test_the_likelihood_screen_runs_in_the_loop_and_is_recorded(smoke_cfg, pool)
     """select.screen=2 on DOTS's draw: the loop gives the selector the policy's likelihood; every selected prompt's
     ledger row carries the screened pass rate, every step logs the screen's metrics, and the selection stage's time
     includes the forward passes (a step selects B prompts from 2B candidates)."""
-    cfg = smoke_cfg(*SMALL, "select.screen=2", path=PRESETS.format("dots"))
+    cfg = smoke_cfg(*SMALL, "select.screen=2", path=ARMS.format("dots_noreplay"))
     _, summary, groups, sel, logged = run_train(cfg, pool)
     assert summary.steps == 4 and len(sel) == 4 * 6 and {s["selector"] for s in sel} == {"dots+screen"}
     assert all(s["screen_success"] is not None and 0 <= s["screen_success"] <= 1 for s in sel)
@@ -364,11 +419,11 @@ def test_the_likelihood_screen_runs_in_the_loop_and_is_recorded(smoke_cfg, pool)
     assert all(0 <= m["select/screen_success_mean"] <= 1 for m in logged)
 
 
-def test_dots_screen_kl_anchors_every_rollout_to_the_starting_policy(smoke_cfg, pool):
-    """dots_screen_kl is the screened draw plus GRPO's KL term on every rollout: each step's update computes all
+def test_kl_on_the_screened_draw_anchors_every_rollout_to_the_starting_policy(smoke_cfg, pool):
+    """The screened draw plus GRPO's KL term on every rollout: each step's update computes all
     rollouts, silent groups included, and logs the KL to the starting policy, 0 before the first update moves the
     policy and positive after it."""
-    cfg = smoke_cfg(*SMALL, path=PRESETS.format("dots_screen_kl"))
+    cfg = smoke_cfg(*SMALL, "train.kl_coef=0.04", path=ARMS.format("dots_screen"))
     _, summary, _, sel, logged = run_train(cfg, pool)
     assert summary.steps == 4 and {s["selector"] for s in sel} == {"dots+screen"}
     assert [m["train/update_rows"] for m in logged] == [6 * 4] * 4
@@ -377,14 +432,14 @@ def test_dots_screen_kl_anchors_every_rollout_to_the_starting_policy(smoke_cfg, 
 
 
 def test_groups_of_two_on_dots_draw(smoke_cfg, pool):
-    """dots_n2: the draw weighs prompts by the chance that a group of 2 differs, 2p(1 - p) (not the chance for 4);
+    """Groups of 2 on dots_informative's draw: the draw weighs prompts by the chance that a group of 2 differs, 2p(1 - p) (not the chance for 4);
     every generated group has 2 rollouts, and the effective ratio is the share of mixed pairs (whose advantages,
     +1/2 and -1/2, test_make_groups_advantages_and_negative_weight works by hand)."""
     from rlcore.selection import informative_weights
     from tasks.training.calibration import Calibration
     from tasks.training.selector import Selector
 
-    cfg = smoke_cfg(*SMALL, "rollout.n=2", "train.prompts_per_step=8", path=PRESETS.format("dots_n2"))
+    cfg = smoke_cfg(*SMALL, "rollout.n=2", "train.prompts_per_step=8", path=ARMS.format("dots_informative"))
     assert (cfg.rollout.n, cfg.select.weighting) == (2, "observed")
     sel = Selector(cfg, pool, score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu"))
     sel.seed_labels(Calibration(indices=(0, 1, 2, 3), success=torch.tensor([0.0, 0.25, 0.5, 1.0])))
@@ -413,7 +468,7 @@ def test_posterior_weighting_uses_each_prompts_own_groups(smoke_cfg, pool):
     from tasks.training.selector import Selector
 
     cfg = smoke_cfg(*SMALL, "calibrate.reference=trained", "select.predictor.min_labels=1000",
-                    "select.weighting=posterior", "select.posterior_decay=0.5", path=PRESETS.format("dots"))
+                    "select.weighting=posterior", "select.posterior_decay=0.5", path=ARMS.format("dots_noreplay"))
     feats = score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
     sel = Selector(cfg, pool, feats)
     sel.seed_labels(Calibration(indices=(0, 1), success=torch.tensor([0.0, 0.5])))  # 0 and 2 of calibrate.g = 4

@@ -1,0 +1,155 @@
+"""rlcore.plan: the informative chance against slow oracles, hand-worked draws and steps, the choice rule."""
+
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlcore.adaptive_composition import subset_informative
+from rlcore.plan import (
+    TIE,
+    Composition,
+    PoolStats,
+    Prediction,
+    UnitCosts,
+    choose,
+    draw_ratio,
+    informative_chance,
+    predict,
+)
+
+
+def slow_chance(s: int, g: int, n: int) -> float:
+    """Every n-subset of a group with s successes of g, counted (n <= g); the Beta integral by lgamma (n > g)."""
+    if n <= g:
+        rewards = [1] * s + [0] * (g - s)
+        subsets = list(itertools.combinations(range(g), n))
+        return sum(len({rewards[i] for i in sub}) > 1 for sub in subsets) / len(subsets)
+    a, b = s + 0.5, g - s + 0.5
+
+    def moment(x: float, y: float) -> float:  # E[p^n] for p ~ Beta(x, y)
+        return math.exp(math.lgamma(x + n) + math.lgamma(x + y) - math.lgamma(x) - math.lgamma(x + y + n))
+
+    return 1 - moment(a, b) - moment(b, a)
+
+
+@pytest.mark.parametrize("g,n", [(8, 8), (8, 4), (8, 2), (4, 3), (8, 16), (4, 9), (8, 1)])
+def test_informative_chance_matches_the_slow_oracle(g, n):
+    s = torch.arange(g + 1)
+    fast = informative_chance(s, g, n)
+    slow = torch.tensor([slow_chance(int(k), g, n) if n > 1 else 0.0 for k in s], dtype=torch.float64)
+    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-12)
+
+
+def test_informative_chance_hand_worked_and_as_adaptive_composition_counts():
+    # 4 successes of 8, groups of 4: 1 - C(4,4)/C(8,4) - C(4,4)/C(8,4) = 1 - 2/70
+    assert informative_chance(torch.tensor([4]), 8, 4).item() == pytest.approx(68 / 70)
+    assert informative_chance(torch.tensor([0, 8]), 8, 8).tolist() == [0.0, 0.0]
+    rewards = torch.tensor([[1.0] * s + [0.0] * (8 - s) for s in range(9)])
+    torch.testing.assert_close(informative_chance(torch.arange(9), 8, 3), subset_informative(rewards, 3))
+
+
+POOL = PoolStats(successes=(0, 2, 4, 8), g=8, levels=(1, 1, 2, 2), screen=(0.0, 0.3, 0.5, 0.95))
+
+
+def test_uniform_draw_is_the_mean_chance():
+    c = Composition("grpo", prompts=32, n=8, m=8)
+    assert draw_ratio(c, POOL) == pytest.approx(float(informative_chance(torch.tensor(POOL.successes), 8, 8).mean()))
+    assert POOL.shares == {"solved": 0.25, "unsolved": 0.25, "mixed": 0.5}
+
+
+def test_screen_keeps_the_top_share_of_the_draw_by_the_screened_chance():
+    # uniform weights, f = 2: the top half by 1 - q^n - (1 - q)^n are q = 0.5 and q = 0.3 -> prompts of 4/8 and 2/8
+    c = Composition("screen", prompts=20, n=8, m=8, screen=2)
+    w = informative_chance(torch.tensor([4, 2]), 8, 8)
+    assert draw_ratio(c, POOL) == pytest.approx(float(w.mean()))
+    # f = 4 keeps the single best-screened prompt (4 of 8 successes: always mixed at n = 8)
+    assert draw_ratio(Composition("s4", 20, 8, 8, screen=4), POOL) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="worked solutions"):
+        draw_ratio(c, PoolStats(successes=(1, 2), g=8, levels=(1, 1)))
+
+
+def test_dots_draw_weights_levels_by_their_pooled_rate():
+    # level 1: (0 + 2 + 1) / (16 + 2) = 1/6; level 2: (4 + 8 + 1) / 18 = 13/18; target 0.5: level 2 is nearer,
+    # and tau = 1e-3 puts all the weight there
+    c = Composition("dots", 32, 8, 8, draw="dots", weighting="target", alpha=0.5, tau=1e-3)
+    w = informative_chance(torch.tensor([4, 8]), 8, 8)
+    assert draw_ratio(c, POOL) == pytest.approx(float(w.mean()))
+    # informative weighting: q = 1 - p^8 - (1 - p)^8 of each level's rate
+    inf = Composition("inf", 32, 8, 8, draw="dots", weighting="observed")
+    q = [1 - p ** 8 - (1 - p) ** 8 for p in (1 / 6, 1 / 6, 13 / 18, 13 / 18)]
+    w = informative_chance(torch.tensor(POOL.successes), 8, 8).tolist()
+    assert draw_ratio(inf, POOL) == pytest.approx(sum(a * b for a, b in zip(q, w, strict=True)) / sum(q))
+
+
+COSTS = UnitCosts(generate_s=2.0, update_s=1.0, forward_s=0.5, completion_tokens=10, prompt_tokens=5,
+                  solution_tokens=7)
+
+
+def test_a_step_hand_worked():
+    base, (grpo, replay, dyn, screen) = predict([
+        Composition("grpo", 4, 8, 8), Composition("replay", 4, 8, 8, fresh_frac=0.5),
+        Composition("dyn", 4, 8, 8, dynamic=(2.0, 3)), Composition("screen", 4, 8, 8, screen=2)],
+        Composition("grpo", 4, 8, 8), POOL, COSTS)
+    r = 0.5  # prompts of 2/8 and 4/8 are always mixed at n = 8, 0/8 and 8/8 never
+    assert grpo.effective_ratio == pytest.approx(r) and grpo.signal == pytest.approx(4 * r)
+    # generated 4 x 8 rollouts x 10 tokens x 2 s; updated 2 informative groups x 8 rows x 15 tokens x 1 s
+    assert grpo.step_s == pytest.approx(4 * 8 * 10 * 2 + 2 * 8 * 15)
+    assert base.clock == grpo.clock == pytest.approx(1.0)
+    # replay: 2 fresh prompts (1 informative) + 2 replayed (informative)
+    assert replay.signal == pytest.approx(3) and replay.effective_ratio == pytest.approx(0.75)
+    assert replay.step_s == pytest.approx(2 * 8 * 10 * 2 + 3 * 8 * 15)
+    # dynamic: asks ceil(2 x 4) = 8 prompts, 4 informative: full after one round
+    assert dyn.generated == pytest.approx(64) and dyn.signal == pytest.approx(4) and dyn.effective_ratio == 1.0
+    # screen f = 2: the two best-screened prompts are both mixed; 8 candidates x (5 + 7) tokens x 0.5 s forward
+    assert screen.signal == pytest.approx(4)
+    assert screen.step_s == pytest.approx(4 * 8 * 10 * 2 + 4 * 8 * 15 + 2 * 4 * 12 * 0.5)
+    assert screen.clock == pytest.approx(screen.step_s / grpo.step_s)
+
+
+def pred(name, signal, step_s, base_step=10.0):
+    return Prediction(name, effective_ratio=0.5, signal=signal, generated=0, generated_tokens=0, updated_tokens=0,
+                      forward_tokens=0, step_s=step_s, clock=step_s / base_step)
+
+
+def test_choose_cheapest_with_enough_signal_ties_to_more_signal():
+    base = pred("grpo", 10, 10)
+    cheap_weak = pred("weak", 7, 2)  # below 0.8 x 10: does not qualify
+    a = pred("a", 8, 5)
+    b = pred("b", 12, 5 * (1 + TIE / 2))  # within the tie band of a, more signal
+    c = pred("c", 20, 9)
+    best, why = choose(base, [cheap_weak, a, b, c], 0.8)
+    assert best is b and why.startswith("b: predicted 0.51x") and "next a" in why
+    assert choose(base, [cheap_weak, a], 0.8)[0] is a
+    best, why = choose(base, [pred("slow", 20, 12), cheap_weak], 0.8)
+    assert best is base and "no candidate" in why
+    with pytest.raises(ValueError, match="min_signal"):
+        choose(base, [a], 1.5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 8), min_size=1, max_size=12), st.sampled_from([2, 4, 8, 16]),
+       st.sampled_from(["uniform", "target", "observed"]), st.integers(1, 4))
+def test_a_draw_ratio_lies_between_its_prompts_chances(successes, n, how, f):
+    k = len(successes)
+    pool = PoolStats(successes=tuple(successes), g=8, levels=tuple(i % 3 for i in range(k)),
+                     screen=tuple((i % 5) / 4 for i in range(k)))
+    c = Composition("c", 8, n, min(n, 8), draw="uniform" if how == "uniform" else "dots",
+                    weighting="target" if how == "uniform" else how, screen=f)
+    w = informative_chance(torch.tensor(successes), 8, n)
+    r = draw_ratio(c, pool)
+    assert float(w.min()) - 1e-9 <= r <= float(w.max()) + 1e-9
+
+
+def test_bad_records_are_refused():
+    with pytest.raises(ValueError, match="successes"):
+        PoolStats(successes=(9,), g=8, levels=(1,))
+    with pytest.raises(ValueError, match="one entry per reference prompt"):
+        PoolStats(successes=(1, 2), g=8, levels=(1,))
+    with pytest.raises(ValueError, match="generate_s"):
+        UnitCosts(generate_s=float("nan"), update_s=1, forward_s=1, completion_tokens=1, prompt_tokens=1)
+    with pytest.raises(ValueError, match="m <= n"):
+        Composition("x", 4, 4, 8)
