@@ -65,6 +65,8 @@ DEFAULTS = ("eval.every=10", "tracking.register_model=false")
 QUICK = ("train.steps=20", "train.prompts_per_step=16", "train.round_steps=5", "eval.every=5", "eval.limit=100",
          "eval.samples=0")
 QUICK_SEEDS = 1
+#: ``--quick`` without ``--presets``: what a user chooses between (with the baseline and TRL).
+QUICK_PRESETS = ("auto", "dapo")
 SEEDS = 3
 
 
@@ -86,10 +88,35 @@ def preset_overrides(name: str) -> list[str]:
 def configuration(config: str | None, overrides: list[str], preset: str, seed: int, quick: bool,
                   policy_path: str | None) -> Config:
     """The validated config of one benchmark run (see the module docstring for the order)."""
+    return load_config(config, configuration_items(overrides, preset, seed, quick, policy_path))
+
+
+def configuration_items(overrides: list[str], preset: str, seed: int, quick: bool, policy_path: str | None,
+                        ) -> list[str]:
+    """The dotted overrides of one benchmark run over ``-c CONFIG`` (:func:`configuration`)."""
     items = [*DEFAULTS, *(QUICK if quick else ()), *preset_overrides(preset), *overrides, f"seed={seed}"]
-    if policy_path:
-        items.append(f"model.path={json.dumps(policy_path)}")
-    return load_config(config, items)
+    return [*items, f"model.path={json.dumps(policy_path)}"] if policy_path else items
+
+
+def composition_of(arm: str) -> str | None:
+    """The preset or bench-arm file whose composition an arm runs (``-sync`` arms run their preset's), or None for
+    arms the plan cannot predict: TRL, the leave-one-out arms and ``auto`` (its own plan chooses)."""
+    name = arm[:-len(SYNC)] if arm.endswith(SYNC) else arm
+    return name if name in (*PRESETS, *ARMS) and name != "auto" else None
+
+
+def plan_arms(config: str | None, overrides: list[str], names: list[str], seed: int, quick: bool,
+              policy_path: str) -> dict | None:
+    """``rlsift plan`` on the benchmark's pool and budget with every predictable arm as a candidate (setup, on no
+    arm's clock): the predictions the report sets against the measurements. None when no arm is predictable."""
+    from flows.pipeline import plan_flow
+
+    candidates = sorted({c for c in map(composition_of, names) if c is not None})
+    if not candidates:
+        return None
+    items = configuration_items(overrides, BASELINE, seed, quick, policy_path)
+    return plan_flow(config=config, overrides=[*items, f"plan.candidates={json.dumps(candidates)}",
+                                               "tracking.register_model=false"])["plan"]
 
 
 def clock_skips(cfg: Config) -> tuple[str, ...]:
@@ -272,7 +299,7 @@ def benchmark(config: str | None = None, overrides: list[str] | None = None, qui
     load). Each process keeps its own ledger under ``<paths.root>/lanes/<k>``; MLflow runs nest as usual.
     """
     overrides = list(overrides or [])
-    asked = [p.strip() for p in presets or PRESETS if p.strip()]
+    asked = [p.strip() for p in presets or (QUICK_PRESETS if quick else PRESETS) if p.strip()]
     asked = [n for p in asked for n in (ABLATION if p == "ablation" else (p,))]
     names = list(dict.fromkeys([BASELINE, *asked]))  # baseline first
     if seeds is not None and seeds < 1:
@@ -296,6 +323,7 @@ def benchmark(config: str | None = None, overrides: list[str] | None = None, qui
     parent.set_tags({"rlsift.kind": "benchmark"})
     t0 = time.perf_counter()
     policy_path = policy_source(first)  # the warm start every arm starts from, made once, before any clock
+    plan = plan_arms(config, overrides, names, base_seed, quick, policy_path)
     order = [(name, base_seed + i) for i in range(n_seeds) for name in (*names, *(("trl",) if trl else ()))]
     configs = {(name, seed): configuration(config, overrides, BASELINE if name == "trl" else name, seed, quick,
                                            policy_path) for name, seed in order}
@@ -319,6 +347,9 @@ def benchmark(config: str | None = None, overrides: list[str] | None = None, qui
                     cfg, parent_run_id=parent.run_id, run_name=f"{name}-s{seed}").to_dict()
             runs.append(_run_one(name, seed, cfg, fn))
     result = bench_report.analyse(runs, baseline=BASELINE)
+    if plan is not None:
+        result["plan_check"] = bench_report.plan_check(result, plan, {name: composition_of(name) for name in names},
+                                                       runs)
     sel = selections(runs)
     meta = {"command": "rlsift bench" + (" --quick" if quick else "") + (f" --jobs {jobs}" if jobs > 1 else "") +
             (f" --seeds {seeds}" if seeds else "") + (f" --presets {','.join(presets)}" if presets else "") +

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -159,6 +160,75 @@ def verdicts(base_curves: list[ba.Curve], arm_curves: list[ba.Curve], tgt: dict[
     return out
 
 
+def plan_check(result: dict, plan: dict, compositions: dict[str, str | None], runs: list[BenchRun]) -> list[dict]:
+    """The plan's predictions (``Plan.to_json`` of ``rlsift plan`` on the benchmark's pool) against each arm's
+    measured effective ratio and clock at the budget, both relative to the baseline. ``compositions``: arm ->
+    the candidate that predicts it; an ``auto`` arm is predicted by its own plan's choice (each seed's mean)."""
+    by_name = {p["name"]: p for p in [plan["baseline"], *plan["predictions"]]}
+    out = []
+    for r in result["configurations"]:
+        if "budget" not in r:
+            continue
+        pred = by_name.get(compositions.get(r["name"]) or "")
+        if r["name"] == "auto" or r["name"].startswith("auto-"):
+            chosen = [x.summary["plan"] for x in runs if x.name == r["name"] and x.ok and x.summary.get("plan")]
+            if chosen:
+                pred = {"name": ",".join(sorted({c["choice"] for c in chosen})),
+                        "clock": statistics.fmean(c["predicted_clock"] for c in chosen),
+                        "effective_ratio": statistics.fmean(c["predicted_effective_ratio"] for c in chosen)}
+        if pred is None:
+            continue
+        out.append({"arm": r["name"], "composition": pred["name"], "predicted_ratio": pred["effective_ratio"],
+                    "measured_ratio": r["effective_ratio"]["mean"], "predicted_clock": pred["clock"],
+                    "measured_clock": r.get("wall_vs_baseline")})
+    return out
+
+
+def plan_markdown(result: dict) -> list[str]:
+    """The plan's predictions against the measurements (:func:`plan_check`)."""
+    rows = result.get("plan_check")
+    if not rows:
+        return []
+    lines = ["", "The plan's predictions (`rlsift plan` on this pool, before any arm ran) against the measurements: "
+             "effective-group ratio (seed mean over steps) and training clock at the budget relative to the "
+             "baseline.", "", "| arm | predicted as | ratio predicted | ratio measured | clock predicted "
+             "| clock measured | clock error |", "|" + "---|" * 7]
+    for c in rows:
+        err = (c["predicted_clock"] / c["measured_clock"] - 1) if c["measured_clock"] else None
+        lines.append(f"| {c['arm']} | {c['composition']} | {_f(c['predicted_ratio'], '.2f')} | "
+                     f"{_f(c['measured_ratio'], '.2f')} | {_f(c['predicted_clock'], '.2f')}x | "
+                     f"{_f(c['measured_clock'], '.2f')}x | {'-' if err is None else f'{err:+.0%}'} |")
+    return lines
+
+
+def plain_markdown(result: dict) -> list[str]:
+    """One sentence per arm: its clock to the baseline's final accuracy and its final accuracy against the
+    baseline's, each said to be decided or not by the figures (Welch interval over seeds; paired McNemar)."""
+    rows = [r for r in result["configurations"] if r.get("verdicts")]
+    if not rows:
+        return []
+    lines = [f"What the figures say, against `{result['baseline']}`:", ""]
+    for r in rows:
+        clock = r["verdicts"]["final"]["wall_s"]
+        speedup = ((r.get("to_target") or {}).get("final") or {}).get("speedup")
+        verdict = clock["verdict"] or "one seed: no interval, so the clock is not decided"
+        if verdict.startswith("not reached"):
+            when = f"did not reach its final accuracy on every seed ({verdict})"
+        else:
+            at = f" at {1 / speedup:.2f}x its clock" if speedup else ""
+            when = f"reached its final accuracy{at} ({verdict})"
+        fp = r["verdicts"].get("final_paired")
+        if fp is None:
+            acc = "no paired accuracy"
+        elif fp["p"] < 0.05:
+            acc = f"ended {100 * fp['diff']:+.1f} points from it (p = {fp['p']:.2g}: a real difference)"
+        else:
+            acc = (f"ended {100 * fp['diff']:+.1f} points from it (p = {fp['p']:.2g}: these figures cannot tell "
+                   "the accuracies apart)")
+        lines.append(f"- `{r['name']}` {when} and {acc}.")
+    return [*lines, ""]
+
+
 def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None
 
@@ -220,7 +290,8 @@ def level_markdown(result: dict) -> list[str]:
 def markdown(result: dict) -> str:
     """The verdict table, the results table, the step-time split and the cost table, in Markdown."""
     tgt = result["targets"] or {}
-    lines = [*verdict_markdown(result),f"Targets from `{result['baseline']}` (seed-mean curve): (a) final accuracy "
+    lines = [*plain_markdown(result), *verdict_markdown(result),
+             f"Targets from `{result['baseline']}` (seed-mean curve): (a) final accuracy "
              f"{_f(tgt.get('final'))}, (b) {result['best_frac']:.0%} of its best = {_f(tgt.get('best'))}. "
              "Time = training wall-clock without evaluation or setup; speed-up = baseline time / time.", "",
              "| configuration | seeds | start acc | final acc (mean ± std) | best (mean curve) | effective ratio "
@@ -273,6 +344,7 @@ def markdown(result: dict) -> str:
                      f" | {_f(s.get('score_total'), '.1f', 'not used')}"
                      f" | {_f(s.get('calibrate_total'), '.1f', 'not used')} |")
     lines += overlap_markdown(result)
+    lines += plan_markdown(result)
     return "\n".join(lines) + "\n"
 
 

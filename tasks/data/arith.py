@@ -109,11 +109,13 @@ LEVELS: dict[int, LevelSpec] = {
 #: ratio over 100 steps is 0.39, so it wastes most of its rollouts.
 #: ``balanced`` puts 80 percent of the prompts at the partly solved levels 3-4.
 #: ``warmstart`` is the supervised warm start's data (weighted to the easy levels, which it must master).
+#: ``easy`` is a pool the policy has mostly learned: 80 percent at the solved levels 1-2, the rest at level 3.
 MIXES: dict[str, dict[int, float]] = {
     "default": {1: 0.25, 2: 0.1, 3: 0.3, 4: 0.05, 5: 0.3},
     "balanced": {1: 0.0, 2: 0.1, 3: 0.4, 4: 0.4, 5: 0.1},
     "uniform": {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0},
     "warmstart": {1: 0.3, 2: 0.3, 3: 0.2, 4: 0.1, 5: 0.1},
+    "easy": {1: 0.45, 2: 0.35, 3: 0.2, 4: 0.0, 5: 0.0},
 }
 
 _SPLITS = ("train", "test")

@@ -1,0 +1,53 @@
+"""The benchmark's plan check and plain verdicts (tasks/bench/report.py), and which arms the plan predicts."""
+
+from types import SimpleNamespace
+
+from flows.benchmark import composition_of
+from tasks.bench.report import plain_markdown, plan_check, plan_markdown
+
+
+def test_which_composition_predicts_an_arm():
+    assert composition_of("grpo-sync") == "grpo" and composition_of("dots_screen") == "dots_screen"
+    assert composition_of("dapo-sync") == "dapo"
+    assert composition_of("auto") is None and composition_of("trl") is None and composition_of("all-pods") is None
+
+
+def row(name, ratio, wall, paired_p=0.5, diff=-0.004, verdict="faster", speedup=2.0):
+    return {"name": name, "budget": {}, "effective_ratio": {"mean": ratio}, "wall_vs_baseline": wall,
+            "to_target": {"final": {"speedup": speedup}},
+            "verdicts": {"final": {"wall_s": {"verdict": verdict}},
+                         "final_paired": {"p": paired_p, "diff": diff}}}
+
+
+PLAN = {"baseline": {"name": "grpo", "effective_ratio": 0.45, "clock": 1.0},
+        "predictions": [{"name": "dapo", "effective_ratio": 1.0, "clock": 2.2},
+                        {"name": "dots_screen", "effective_ratio": 0.7, "clock": 0.4}]}
+
+
+def test_plan_check_sets_predictions_beside_measurements():
+    result = {"baseline": "grpo-sync", "configurations": [
+        row("grpo-sync", 0.40, 1.0), row("dapo", 0.98, 2.5), row("auto", 0.6, 0.5), row("trl", 0.4, 2.3),
+        {"name": "broken", "failed_seeds": [0]}]}
+    runs = [SimpleNamespace(name="auto", ok=True, summary={"plan": {
+        "choice": "dots_screen", "predicted_clock": 0.4, "predicted_effective_ratio": 0.7}})]
+    got = plan_check(result, PLAN, {"grpo-sync": "grpo", "dapo": "dapo", "auto": None, "trl": None}, runs)
+    assert [(c["arm"], c["composition"]) for c in got] == [("grpo-sync", "grpo"), ("dapo", "dapo"),
+                                                           ("auto", "dots_screen")]
+    assert got[1] == {"arm": "dapo", "composition": "dapo", "predicted_ratio": 1.0, "measured_ratio": 0.98,
+                      "predicted_clock": 2.2, "measured_clock": 2.5}
+    table = "\n".join(plan_markdown({"plan_check": got}))
+    assert "| dapo | dapo | 1.00 | 0.98 | 2.20x | 2.50x | -12% |" in table
+    assert "| auto | dots_screen | 0.70 | 0.60 | 0.40x | 0.50x | -20% |" in table
+
+
+def test_plain_verdicts_say_when_the_figures_cannot_decide():
+    result = {"baseline": "grpo-sync", "configurations": [
+        row("auto", 0.6, 0.5), row("dapo", 1.0, 2.4, paired_p=0.01, diff=0.02, verdict="slower", speedup=0.4),
+        row("one", 0.5, 0.9, verdict=None, speedup=1.25), row("late", 0.5, 1.2, verdict="not reached (1/3 seeds)")]}
+    text = "\n".join(plain_markdown(result))
+    assert ("`auto` reached its final accuracy at 0.50x its clock (faster) and ended -0.4 points from it "
+            "(p = 0.5: these figures cannot tell the accuracies apart).") in text
+    assert "`dapo` reached its final accuracy at 2.50x its clock (slower) and ended +2.0 points" in text
+    assert "a real difference" in text
+    assert "`one` reached its final accuracy at 0.80x its clock (one seed: no interval" in text
+    assert "`late` did not reach its final accuracy on every seed (not reached (1/3 seeds))" in text
