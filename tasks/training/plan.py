@@ -214,5 +214,10 @@ def make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibration
 
 
 def planned_config(cfg: Config, plan: Plan) -> Config:
-    """The config a ``plan.auto`` run trains: its own with the chosen candidate's keys."""
-    return candidate_config(cfg, plan.choice)
+    """The config a ``plan.auto`` run trains: its own with the chosen candidate's keys, and, where the choice
+    runs PODS or replay, the adaptive composition (rlcore/adaptive_composition.py), which turns them down during
+    the run as the fresh groups' measured informativeness rises."""
+    chosen = candidate_config(cfg, plan.choice)
+    if chosen.pods.enabled or chosen.replay.enabled:
+        chosen = with_overrides(chosen, ["adapt.enabled=true"])
+    return chosen
