@@ -74,3 +74,41 @@ def test_rlcore_imports_with_prefect_and_mlflow_blocked():
             "import importlib, pkgutil, rlcore\n"
             "for m in pkgutil.iter_modules(rlcore.__path__): importlib.import_module('rlcore.' + m.name)\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def internal_imports(path: Path, modules: set[str]) -> set[str]:
+    """The modules of ``modules`` that ``path`` imports anywhere (lazy imports in functions too): ``from a import b``
+    counts as ``a.b`` when that is a module, else as ``a``; relative imports are resolved."""
+    package = module_name(path).split(".")[: -1 if path.name != "__init__.py" else None]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join([*package[: len(package) - node.level + 1], *([node.module] if node.module else [])]) \
+                if node.level else node.module
+            out |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
+    return out & modules
+
+
+def test_no_import_cycle_under_tasks():
+    """No module under tasks/ reaches itself through its imports (e.g. two modules importing each other)."""
+    files = {module_name(f): f for f in sources("tasks")}
+    graph = {m: internal_imports(f, set(files)) for m, f in files.items()}
+
+    def reachable(start: str) -> set[str]:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            m = todo.pop()
+            if m not in seen:
+                seen.add(m)
+                todo += graph[m]
+        return seen
+
+    cyclic = {m: sorted(i for i in graph[m] if m in reachable(i) | {i}) for m in graph if m in reachable(m)}
+    assert not cyclic, f"import cycles under tasks/ (module: its imports that lead back to it): {cyclic}"

@@ -14,7 +14,9 @@ One step (verl-style, every phase timed so the timing metrics read as a table of
     ledger rows for every selection and group; metrics; checkpoint at round ends
     every eval.every steps: held-out evaluation, whose accuracy feeds the selector (ScalingRL's rho)
 
-With every technique off this is plain GRPO with uniform prompt selection.
+A round's steps run in one call of the caller's ``run_round`` (in the pipeline a Prefect task run ``round-<r>``,
+tasks/stages.py), which ends with the round's selection summary (:class:`RoundLog`). With every technique off this
+is plain GRPO with uniform prompt selection.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
+from itertools import groupby
 
 import torch
 
@@ -42,13 +47,14 @@ from tasks.records.ledger import GroupRow, ReferenceRow, SelectionRow
 from tasks.records.throughput import ModelShape, Peak, peak, rates
 from tasks.run import Run, progress_bar
 from tasks.training import checkpoint
+from tasks.training.backend import build_updater
 from tasks.training.calibration import Calibration
 from tasks.training.overlap import Overlap, OverlapTimes, SamplingPolicy
 from tasks.training.rollouts import policy_measure, rollout_rewards
 from tasks.training.score import Features
 from tasks.training.screen import policy_likelihood
 from tasks.training.selector import Selector
-from tasks.training.update import build_updater, scheduled_lr
+from tasks.training.update import scheduled_lr
 
 log = logging.getLogger("rlsift.train")
 
@@ -232,6 +238,63 @@ class TrainSummary:
     overlap: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class RoundLog:
+    """One round's selection summary, tallied over its steps in this process and logged when it ends (one line; the
+    Prefect round task's, tasks/stages.py): prompts selected by level and their mean predicted success (when DOTS
+    predicts), the shares of trained groups that had unequal rewards and that were replayed, and, overlapped, the
+    seconds of its updates and of the next steps' draws beside them.
+    """
+
+    index: int
+    steps: list[int]
+    levels: Counter[int | None] = field(default_factory=Counter)
+    predicted: list[float] = field(default_factory=list)
+    groups: int = 0
+    effective: float = 0.0
+    replayed: int = 0
+    overlapped: list[tuple[float, OverlapTimes]] = field(default_factory=list)
+
+    def add(self, fs: FreshBatch, eff: torch.Tensor, replayed: int,
+            overlapped: tuple[float, OverlapTimes] | None) -> None:
+        """One step: its fresh draw, ``eff`` [groups trained] 1.0 where a group's rewards were unequal else 0.0, the
+        number of its groups that were replayed, and (update s, timing) when it overlapped the next step's draw."""
+        self.levels.update(r.level for r in fs.records)
+        self.predicted += [r.pred_success for r in fs.rows if r.pred_success is not None]
+        self.groups += len(eff)
+        self.effective += float(eff.sum())
+        self.replayed += replayed
+        if overlapped is not None:
+            self.overlapped.append(overlapped)
+
+    def line(self) -> str:
+        """E.g. ``round 1, steps 2-3: 12 prompts selected (level 1: 5, 2: 7), predicted success 0.41; 16 groups
+        trained, effective 0.62, replayed 0.25``, then the overlap's seconds when its steps overlapped."""
+        levels = ", ".join(f"{'?' if lv is None else lv}: {self.levels[lv]}"
+                           for lv in sorted(self.levels, key=lambda lv: (lv is None, lv or 0)))
+        predicted = f", predicted success {sum(self.predicted) / len(self.predicted):.2f}" if self.predicted else ""
+        line = (f"round {self.index}, steps {self.steps[0]}-{self.steps[-1]}: {self.levels.total()} prompts selected "
+                f"(level {levels}){predicted}; {self.groups} groups trained, effective "
+                f"{self.effective / self.groups:.2f}, replayed {self.replayed / self.groups:.2f}")
+        if not self.overlapped:
+            return line
+        times = [t for _, t in self.overlapped]
+        return (f"{line}; {len(times)} steps overlapped: update {sum(u for u, _ in self.overlapped):.1f} s, next "
+                f"steps' draws {sum(t.draw_s for t in times):.1f} s, at once {sum(t.overlap_s for t in times):.1f} s; "
+                f"idle: trainer {sum(t.trainer_idle_s for t in times):.1f} s, generator "
+                f"{sum(t.generator_idle_s for t in times):.1f} s")
+
+
+#: ``(round, body) -> None``: runs ``body``, this process's steps of training round ``round``. :func:`train` calls
+#: one per round; tasks/stages.py ``train_stage`` passes a Prefect task, so each round is a task run ``round-<r>``.
+RoundRunner = Callable[[int, Callable[[], None]], None]
+
+
+def run_plainly(round_: int, body: Callable[[], None]) -> None:
+    """The default :data:`RoundRunner`: ``body`` in place (no Prefect; what unit tests get)."""
+    body()
+
+
 def use_sampler_behaviour(cfg) -> bool:
     """``train.behaviour``: whether fresh groups' mu is the sampler's log-probs (auto: whenever the sampler is not
     the trainer's own module at the step's start)."""
@@ -241,12 +304,15 @@ def use_sampler_behaviour(cfg) -> bool:
 
 
 def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features,
-          calibration: Calibration | None = None, evaluate_fn: EvaluateFn | None = None) -> TrainSummary:
+          calibration: Calibration | None = None, evaluate_fn: EvaluateFn | None = None,
+          run_round: RoundRunner = run_plainly) -> TrainSummary:
     """Run (or resume) the training stage.
 
     ``evaluate_fn`` runs every ``eval.every`` steps (0: never); its accuracy goes to
     ``Selector.set_heldout_accuracy``, which ScalingRL's scheduler reads at the next round start. With
     ``overlap.lag`` 1 the next step's draw runs while this step updates (tasks/training/overlap.py).
+    ``run_round`` runs each round's steps (a resume mid-round: the rest of that round), whose :class:`RoundLog`
+    line ends them.
     """
     cfg = run.cfg
     model = policy.model
@@ -255,13 +321,13 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
     sampling = SamplingPolicy(policy, cfg.overlap.lag, threads=cfg.overlap.generator_threads,
                               needs_copy=cfg.select.screen > 1)
     try:
-        return _train(run, policy, sampling, updater, pool, features, calibration, evaluate_fn)
+        return _train(run, policy, sampling, updater, pool, features, calibration, evaluate_fn, run_round)
     finally:
         sampling.close()
 
 
 def _train(run: Run, policy: Policy, sampling: SamplingPolicy, updater, pool: list[PromptRecord], features: Features,
-           calibration: Calibration | None, evaluate_fn: EvaluateFn | None) -> TrainSummary:
+           calibration: Calibration | None, evaluate_fn: EvaluateFn | None, run_round: RoundRunner) -> TrainSummary:
     cfg, tc = run.cfg, run.cfg.train
     model = policy.model
     sampler = sampling.policy  # what the rollouts and the likelihood screen read
@@ -316,13 +382,13 @@ def _train(run: Run, policy: Policy, sampling: SamplingPolicy, updater, pool: li
     bar_acc = ""  # held-out greedy accuracy of the last in-training evaluation (eval.every)
     summary = TrainSummary(steps=start)
     overlap = Overlap()
-    round_times: list[tuple[float, OverlapTimes]] = []  # (update s, timing) of this round's overlapped steps
-    try:
-        if sampling.overlapped and start < tc.steps and pending is None:
-            run.meter.add("weight_sync", sampling.sync(run.dir / "vllm_weights"))
-        for step in range(start, tc.steps):
+
+    def play_round(round_: int, steps: list[int]) -> None:
+        """This process's ``steps`` of round ``round_`` (all of them, or a resumed round's rest), then its summary."""
+        nonlocal pending, summary, bar_acc
+        tally = RoundLog(round_, steps)
+        for step in steps:
             t0 = time.perf_counter()
-            round_ = step // tc.round_steps
             sd = pending if pending is not None else draw(step, step, run.meter)  # lag 0, or the first step
             if sd.step != step:  # a checkpoint's draw belongs to the step it was saved before
                 raise RuntimeError(f"the rollouts drawn for step {sd.step} reached step {step}")
@@ -412,19 +478,18 @@ def _train(run: Run, policy: Policy, sampling: SamplingPolicy, updater, pool: li
             idle = {"idle": f"{timing.trainer_idle_s:.2f}/{timing.generator_idle_s:.2f}"} if timing else {}
             bar.set_postfix(reward=f"{accuracy:.2f}", eff=f"{float(eff.mean()):.2f}",
                             s=f"{metrics['time/step_s']:.1f}", **({"acc": bar_acc} if bar_acc else {}), **idle)
-            if timing is not None:
-                round_times.append((upd_s, timing))
-            if round_times and ((step + 1) % tc.round_steps == 0 or step + 1 == tc.steps):
-                upd, draws = sum(u for u, _ in round_times), sum(t.draw_s for _, t in round_times)
-                log.info("round %d, steps %d-%d overlapped: update %.1f s, next steps' draws %.1f s, at once %.1f s; "
-                         "idle: trainer %.1f s, generator %.1f s", round_, step + 1 - len(round_times), step, upd,
-                         draws, sum(t.overlap_s for _, t in round_times),
-                         sum(t.trainer_idle_s for _, t in round_times), sum(t.generator_idle_s for _, t in round_times))
-                round_times = []
+            tally.add(fs, eff, len(replayed), (upd_s, timing) if timing is not None else None)
             if (step + 1) % tc.round_steps == 0 or (tc.checkpoint_every and (step + 1) % tc.checkpoint_every == 0) \
                     or step + 1 == tc.steps:
                 with run.meter.stage("checkpoint"):
                     checkpoint.save(run, step + 1, model, updater, selector, buffer, composer, draw=pending)
+        log.info("%s", tally.line())
+
+    try:
+        if sampling.overlapped and start < tc.steps and pending is None:
+            run.meter.add("weight_sync", sampling.sync(run.dir / "vllm_weights"))
+        for round_, steps in groupby(range(start, tc.steps), key=lambda s: s // tc.round_steps):
+            run_round(round_, partial(play_round, round_, list(steps)))
     finally:
         overlap.close()
     bar.close()

@@ -8,16 +8,16 @@ Fresh groups get ``behaviour_logp = old_logp`` (the policy that sampled them is 
 Rollout Replay stores.
 
 The training loop (tasks/training/loop.py) meets every backend through one interface, :class:`Updater`
-(``step``, ``set_lr``, ``state_dict``, ``load_state_dict``), built by :func:`build_updater`:
+(``step``, ``set_lr``, ``state_dict``, ``load_state_dict``), built by ``tasks.training.backend.build_updater``:
 :class:`LocalUpdater` (one process: AdamW + :func:`policy_update`) or
-``tasks.training.sharded_update.Driver`` (DDP, FSDP2, DeepSpeed ZeRO-2/3 under torchrun). The learning rate
-of every step comes from :func:`scheduled_lr` and reaches the optimizer(s) through ``set_lr``.
+``tasks.training.sharded_update.Driver`` (DDP, FSDP2, DeepSpeed ZeRO-2/3 under torchrun), which builds on this
+module; this module imports neither. The learning rate of every step comes from :func:`scheduled_lr` and reaches
+the optimizer(s) through ``set_lr``.
 """
 
 from __future__ import annotations
 
 import abc
-import copy
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -450,21 +450,3 @@ def gradient_checkpointing(model: torch.nn.Module, enabled: bool) -> None:
     if not (isinstance(model, PreTrainedModel) and model.supports_gradient_checkpointing):
         raise ValueError(f"train.gradient_checkpointing: {type(model).__name__} does not support it")
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-
-
-def build_updater(cfg: Config, model: torch.nn.Module, *, pad_id: int, device: torch.device | str) -> Updater:
-    """The run's updater for ``scale.backend``: :class:`LocalUpdater` or the sharded ``Driver``.
-
-    For ``single`` the KL reference (``train.kl_coef > 0``) is a frozen copy of ``model`` as it is now; the
-    sharded backends keep one per rank (tasks/training/sharded_update.py).
-    """
-    settings = LossSettings.from_config(cfg, pad_id)
-    tc = cfg.train
-    if cfg.scale.backend == "single":
-        ref = copy.deepcopy(model).eval() if tc.kl_coef > 0 else None
-        gradient_checkpointing(model, tc.gradient_checkpointing)
-        return LocalUpdater(model, settings, lr=tc.lr, betas=tc.betas, eps=tc.adam_eps, weight_decay=tc.weight_decay,
-                            device=device, ref_model=ref)
-    from tasks.training.sharded_update import Driver  # imports this module: built on demand
-
-    return Driver(cfg, model, settings)

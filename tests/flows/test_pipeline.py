@@ -1,6 +1,7 @@
 """The `pipeline` flow end to end on the smoke budget under Prefect's test harness: ledger and MLflow contents."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,10 @@ from tasks.records.tracking import metric_history, run_info
 SMOKE = str(Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "tiny.yaml")
 
 
-def test_pipeline_flow_records_everything(tmp_path, prefect_harness):
+def test_pipeline_flow_records_everything(tmp_path, prefect_harness, caplog):
     root = tmp_path / "root"
-    s = pipeline(config=SMOKE, overrides=[f"paths.root={root}", "eval.every=2"])
+    with caplog.at_level("INFO"):
+        s = pipeline(config=SMOKE, overrides=[f"paths.root={root}", "eval.every=2"])
     assert s["status"] == "completed" and s["steps"] == 4
     assert 0 <= s["eval_accuracy_start"] <= 1 and 0 <= s["eval_accuracy_end"] <= 1
     assert s["device_hours"] > 0 and s["wall_s"] > 0
@@ -41,13 +43,36 @@ def test_pipeline_flow_records_everything(tmp_path, prefect_harness):
     info = run_info(s["tracking_uri"], s["mlflow_run_id"])
     assert info["status"] == "FINISHED"
     assert info["params"]["train.steps"] == "4" and info["params"]["select.method"] == "uniform"
-    for key in ("train/reward_mean", "train/effective_ratio", "eval/accuracy", "cost/device_hours",
-                "time/rollout_s", "rollout/tokens_per_s", "calibrate/success_mean", "eval/mcnemar_p",
+    for key in ("train/reward_mean", "train/effective_ratio", "eval/accuracy", "cost/device_hours", "cost/usd",
+                "time/rollout_s", "rollout/tokens_per_s", "eval/mcnemar_p",
                 "perf/update_tokens_per_s", "perf/update_mfu", "perf/rollout_mfu", "time/reference_share"):
         assert key in info["metrics"], key
     assert [st for st, _ in metric_history(s["tracking_uri"], s["mlflow_run_id"], "train/reward_mean")] == [0, 1, 2, 3]
-    for art in ("config.json", "eval_table.md", "training_curves.png", "eval_end.json"):
+    # the layout (docs/operations.md "What MLflow shows"): the compared series first, single figures not as charts
+    assert metric_history(s["tracking_uri"], s["mlflow_run_id"], "0_progress/reward_mean") == \
+        metric_history(s["tracking_uri"], s["mlflow_run_id"], "train/reward_mean")
+    assert {"0_progress/heldout_accuracy", "0_progress/effective_ratio"} <= set(info["metrics"])
+    assert min(info["metrics"]).startswith("0_progress/")
+    assert not any(k.startswith("calibrate/") for k in info["metrics"])
+    assert [k for k in info["metrics"] if k.startswith("cost/")] == ["cost/device_hours", "cost/usd"]
+    assert 0 <= float(info["tags"]["calibrate/success_mean"]) <= 1
+    for art in ("config.json", "eval_table.md", "training_curves.png", "eval_end.json", "cost_by_stage.json"):
         assert art in info["artifacts"], art
+    from mlflow.artifacts import download_artifacts
+
+    table = json.loads(Path(download_artifacts(run_id=s["mlflow_run_id"], artifact_path="cost_by_stage.json",
+                                               dst_path=str(tmp_path / "got"), tracking_uri=s["tracking_uri"]))
+                       .read_text())
+    rows = [dict(zip(table["columns"], r, strict=True)) for r in table["data"]]
+    assert {"ingest", "prepare", "rollout", "update", "eval_end", "total"} <= {r["stage"] for r in rows}
+    assert rows[-1]["usd"] == pytest.approx(s["cost_usd"], abs=1e-5)
+    assert json.loads(info["tags"]["mlflow.loggedArtifacts"]) == [{"path": "cost_by_stage.json", "type": "table"}]
+    # the logs say what the run did and which model version it registered
+    said = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("report: held-out accuracy ") and m.endswith("registered rlsift-policy version 1")
+               for m in said), said
+    assert any(m.startswith(f"run {s['run_id']} completed in ") and m.endswith("registered rlsift-policy version 1")
+               for m in said), said
     assert s["model_version"] == "1"
     from mlflow import MlflowClient
 
@@ -69,6 +94,30 @@ def test_pipeline_flow_records_everything(tmp_path, prefect_harness):
                           "change": round(s["eval_accuracy_end"] - s["eval_accuracy_start"], 3)}
     assert {r["stage"] for r in json.loads(arts["time-by-stage"].data)} >= {"ingest", "prepare", "eval_end"}
     assert s["mlflow_run_id"] in arts["mlflow-run"].data and "mlflow ui" in arts["mlflow-run"].data
+
+    # the flow-run graph shows the design's rounds (train.steps=4, round_steps=2): a task run each, in the train stage's
+    flow_run_id = json.loads((Path(s["run_dir"]) / "info.json").read_text())["flow_run_id"]
+    runs = task_runs(flow_run_id, lambda rs: sum(r.name.startswith("round-") for r in rs) >= 2)
+    train = [r for r in runs if r.name.startswith("train-")]
+    rounds = {r.name: r for r in runs if r.name.startswith("round-")}
+    assert len(train) == 1 and set(rounds) == {"round-0", "round-1"}
+    for r in rounds.values():
+        assert r.state_name == "Completed" and [p.id for p in r.task_inputs["__parents__"]] == [train[0].id]
+
+
+def task_runs(flow_run_id: str, ready, timeout: float = 30.0) -> list:
+    """The flow run's task runs, read until ``ready(task_runs)`` (the API records them from events, a moment
+    after they end) or ``timeout`` seconds."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    end = time.monotonic() + timeout
+    with get_client(sync_client=True) as client:
+        while True:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            if ready(runs) or time.monotonic() > end:
+                return runs
+            time.sleep(0.2)
 
 
 @pytest.mark.parametrize("lag", [0, 1])

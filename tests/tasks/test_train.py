@@ -219,7 +219,8 @@ def test_dots_weighting_sets_the_selection_weights(smoke_cfg, pool, weighting):
     """select.weighting=informative: the ledger's weights of two prompts selected in one round stand in the ratio
     of their chances of a group with unequal rewards, 1 - p^n - (1 - p)^n (n = 4), which DOTS's target weights
     exp(-|(1 - p) - 0.5| / tau) do not."""
-    _, _, _, sel, _ = run_train(smoke_cfg(*SMALL, f"select.weighting={weighting}", path=ARMS.format("dots_noreplay")), pool)
+    cfg = smoke_cfg(*SMALL, f"select.weighting={weighting}", path=ARMS.format("dots_noreplay"))
+    _, _, _, sel, _ = run_train(cfg, pool)
 
     def chance(p):
         p = min(max(p, 0.0), 1.0)
@@ -432,7 +433,8 @@ def test_kl_on_the_screened_draw_anchors_every_rollout_to_the_starting_policy(sm
 
 
 def test_groups_of_two_on_dots_draw(smoke_cfg, pool):
-    """Groups of 2 on dots_informative's draw: the draw weighs prompts by the chance that a group of 2 differs, 2p(1 - p) (not the chance for 4);
+    """Groups of 2 on dots_informative's draw: the draw weighs prompts by the chance that a group of 2 differs,
+    2p(1 - p) (not the chance for 4);
     every generated group has 2 rollouts, and the effective ratio is the share of mixed pairs (whose advantages,
     +1/2 and -1/2, test_make_groups_advantages_and_negative_weight works by hand)."""
     from rlcore.selection import informative_weights

@@ -10,8 +10,9 @@ from tasks.config_load import validate
 from tasks.model.policy import build_tiny_model, build_tokenizer
 from tasks.model.rollout import HFEngine, RolloutEngine
 from tasks.model.vllm_engine import VLLMEngine
+from tasks.training.backend import build_updater
 from tasks.training.sharded_update import Driver
-from tasks.training.update import LocalUpdater, LossSettings, Updater, build_updater, scheduled_lr
+from tasks.training.update import LocalUpdater, LossSettings, Updater, scheduled_lr
 
 
 def test_engines_are_rollout_engines_and_hf_sync_is_a_no_op(tmp_path):
@@ -81,7 +82,6 @@ def test_driver_is_an_updater_and_deepspeed_clips_by_its_config():
 
 def test_adam_eps_reaches_the_optimizer():
     from tasks.config_load import load_config
-    from tasks.training.update import build_updater
 
     cfg = load_config(None, ["train.adam_eps=1e-4"])
     updater = build_updater(cfg, torch.nn.Linear(2, 2), pad_id=0, device="cpu")

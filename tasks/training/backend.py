@@ -1,0 +1,32 @@
+"""The run's :class:`~tasks.training.update.Updater` for ``scale.backend`` (:func:`build_updater`).
+
+The one module that knows both backends: ``update`` (one process) and ``sharded_update`` (torchrun ranks), which
+builds on ``update``; so imports go one way, backend -> sharded_update -> update.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from tasks.config import Config
+from tasks.training.sharded_update import Driver
+from tasks.training.update import LocalUpdater, LossSettings, Updater, gradient_checkpointing
+
+
+def build_updater(cfg: Config, model: torch.nn.Module, *, pad_id: int, device: torch.device | str) -> Updater:
+    """The run's updater for ``scale.backend``: :class:`~tasks.training.update.LocalUpdater` or the sharded
+    :class:`~tasks.training.sharded_update.Driver`.
+
+    For ``single`` the KL reference (``train.kl_coef > 0``) is a frozen copy of ``model`` as it is now; the
+    sharded backends keep one per rank (tasks/training/sharded_update.py).
+    """
+    settings = LossSettings.from_config(cfg, pad_id)
+    tc = cfg.train
+    if cfg.scale.backend != "single":
+        return Driver(cfg, model, settings)
+    ref = copy.deepcopy(model).eval() if tc.kl_coef > 0 else None
+    gradient_checkpointing(model, tc.gradient_checkpointing)
+    return LocalUpdater(model, settings, lr=tc.lr, betas=tc.betas, eps=tc.adam_eps, weight_decay=tc.weight_decay,
+                        device=device, ref_model=ref)
