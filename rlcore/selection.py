@@ -126,8 +126,8 @@ def informative_weights(
     predicted p (``select.weighting=informative``) draws from that distribution without generating the groups
     dynamic sampling discards, to the extent the predictions are right. Unlike DOTS's target weights it keeps
     training nearly solved prompts (p = 0.9, n = 8: 0.57 against 0.99 at p = 0.5), which is what holds the easy
-    levels up under plain GRPO and dynamic sampling (docs/benchmarks.md, "Selection by the chance of a
-    gradient").
+    levels up under plain GRPO and dynamic sampling (docs/benchmarks.md, "Every idea tried", row "Informative
+    weighting").
 
     Args:
         pred_success: [M] predicted success rates in [0, 1].
@@ -165,7 +165,7 @@ def observed_informative_weights(
     Selection depends on a prompt only through its prediction, so within a bin the seen groups are an unbiased
     sample of what a draw at that prediction yields. The measured share corrects predictions that are right on
     average but too narrow per prompt, for which the binomial chance of the mean is too high (it is concave in
-    p; docs/benchmarks.md, "Selection by the chance of a gradient").
+    p; docs/benchmarks.md, "Every idea tried", row "Observed weighting").
 
     Args:
         pred_success: [M] predicted success rates in [0, 1].

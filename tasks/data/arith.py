@@ -88,7 +88,7 @@ class LevelSpec:
 #: Difficulty levels 1..5. Tuned on the tiny default (0.86M-parameter Llama, ``tasks.model.warmstart`` defaults:
 #: 1200 steps of 64 worked solutions of the ``warmstart`` mix, 70 percent of those that can slip worked left to
 #: right): greedy accuracy on the test split 95 / 96 / 0.3 / 14 / 4 percent at the start, and after 100 steps of
-#: plain GRPO 94 / 94 / 83 / 19 / 3 (docs/benchmarks.md, "Decisive comparison on the slip-prone task"). Level 3 is
+#: plain GRPO 94 / 94 / 83 / 19 / 3 (docs/benchmarks.md, "Conventions", the task). Level 3 is
 #: slip-prone (``a+b*c``, ``a-b*c``): its errors are the warm start's habit, which RL removes, not arithmetic facts,
 #: which it does not teach a policy this small.
 #: Level 1 has 2420 distinct questions (about 480 in ``test``), level 2 about 160k; levels 3-5 more.
@@ -403,7 +403,7 @@ def verify(completion: str, answer: str) -> float:
     The line check removes lucky answers: from the warm-started tiny policy at temperature 1, two thirds of
     the right answers at level 5 (whose ``%`` gives small, guessable results) came from a worked solution
     with a false line; rewarding them taught false arithmetic facts and cost the solved levels accuracy
-    (docs/benchmarks.md, "Why plain GRPO lost accuracy").
+    (docs/benchmarks.md, "Every idea tried", row "Line-checked reward").
     """
     got = extract_answer(completion)
     if got is None or not _INT.fullmatch(got) or not _INT.fullmatch(answer.strip()):
