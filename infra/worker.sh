@@ -2,8 +2,7 @@
 # Start a Prefect process worker for rlsift's deployments in the foreground (flow runs are subprocesses
 # of it, in this repository's .venv). Needs PREFECT_API_URL (see infra/prefect-server.sh).
 # Usage: bash infra/worker.sh [POOL]                (default pool rlsift-process, created if missing)
-# Stop it before stopping the server: Ctrl-C twice (Prefect 3.8's worker keeps running after the first;
-# docs/operations.md "Stopping").
+# Stop it before stopping the server: one Ctrl-C stops it (docs/operations.md "Stopping").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 POOL="${1:-${RLSIFT_WORK_POOL:-rlsift-process}}"

@@ -31,6 +31,9 @@ from tasks.records.tracking import MlflowTracker, NullTracker, Tracker, default_
 
 log = logging.getLogger("rlsift")
 
+#: The run's per-stage cost table in MLflow (:meth:`Run.log_cost_table`).
+COST_TABLE = "cost_by_stage.json"
+
 
 def show_progress() -> bool:
     """Progress bars only on an interactive terminal, never in CI logs."""
@@ -201,11 +204,14 @@ class Run:
 
     def log_stage_cost(self, stage: str, step: int = 0, parts: tuple[str, ...] | None = None,
                        metrics: bool = True) -> None:
-        """Record a finished stage's wall time, device hours and money in the ledger and as metrics.
+        """Record a finished stage's wall time, device hours and money in the ledger, as metrics and in the
+        cost table (:meth:`log_cost_table`).
 
         ``parts``: the meter's names that make up the stage (the training loop is timed per phase);
         ``metrics``: also log them (a stage a resumed run redoes only updates its ledger row: its metrics at
         that step are already in MLflow, and the redone seconds reach the later steps' running totals).
+        MLflow gets the ``time/*`` series and the ``cost/device_hours``, ``cost/usd`` totals; the per-stage
+        ``cost/*`` keys reach ``metrics.jsonl`` only (tasks/records/tracking.py ``mlflow_layout``).
         """
         names = parts or (stage,)
         s, hours, usd = self.meter.wall_seconds(names), self.meter.device_hours(names), self.meter.usd(names)
@@ -218,8 +224,22 @@ class Run:
             out |= {f"time/{stage}_s": s, f"cost/{stage}_device_hours": hours, f"cost/{stage}_usd": usd}
         if metrics:
             self.log_metrics(out, step)
+        self.log_cost_table()
         log.info("stage %s done in %.1f s (%.5f device hours, $%.5f; run total $%.5f)", stage, s, hours, usd,
                  self.meter.usd())
+
+    def cost_table(self) -> list[dict[str, Any]]:
+        """Time, device hours and money of every timed stage and training phase so far, and the total."""
+        m = self.meter
+        rows = [{"stage": name, "seconds": round(m.wall_seconds(name), 3),
+                 "device_hours": round(m.device_hours(name), 6), "usd": round(m.usd(name), 6)} for name in m.seconds]
+        rows.append({"stage": "total", "seconds": round(m.wall_seconds(), 3),
+                     "device_hours": round(m.device_hours(), 6), "usd": round(m.usd(), 6)})
+        return [{**r, "device": m.device} for r in rows]
+
+    def log_cost_table(self) -> None:
+        """Send :meth:`cost_table` as the run's ``cost_by_stage.json`` table (replaced at each stage's end)."""
+        self.tracker.log_table(self.cost_table(), COST_TABLE)
 
     def close(self, status: str, summary: dict[str, Any]) -> None:
         """Finish the run: ``completed`` and ``skipped`` send every held metric; any other status drops the
@@ -231,9 +251,12 @@ class Run:
             log.info("run %s %s: %d steps' metrics past the last checkpoint not sent (metrics.jsonl has them; "
                      "`rlsift run --resume %s` logs them again)", self.run_id, status, len(self._held), self.run_id)
             self._held = []
-        self.ledger.finish_run(self.run_id, status, summary)
-        self.ledger.close()
-        self.tracker.finish("FAILED" if status == "failed" else "FINISHED")
+        try:
+            self.log_cost_table()
+            self.ledger.finish_run(self.run_id, status, summary)
+        finally:
+            self.ledger.close()
+            self.tracker.finish("FAILED" if status == "failed" else "FINISHED")
 
 
 def run_label(cfg: Config) -> str:
@@ -259,32 +282,40 @@ def open_run(cfg: Config, *, run_id: str | None = None, track: bool = True, pare
         raise FileNotFoundError(f"no run {run_id} under {root / 'runs'}")
     run_dir.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(root / "ledger.duckdb")
-    uri = cfg.tracking.uri or default_uri(root)
-    mlflow_id = None
-    if resume:
-        mlflow_id = ledger.mlflow_run_id(run_id)
-    tracker: Tracker = (MlflowTracker(uri, cfg.tracking.experiment, run_dir, run_name=run_name or run_label(cfg),
-                                      run_id=mlflow_id, parent_run_id=parent_run_id,
-                                      system_metrics_s=cfg.tracking.system_metrics_s) if track else NullTracker())
-    ledger.start_run(run_id, cfg.model_dump(mode="json"), tracker.run_id)
-    (run_dir / "config.json").write_text(to_json(cfg))
-    if not resume:
-        tracker.log_params(cfg.flat())
-        tracker.set_tags({"rlsift.run_id": run_id, "rlsift.root": str(root)})
-        tracker.log_artifact(run_dir / "config.json")
-    device = resolve_device(cfg.model.device)
-    meter = CostMeter(prices=dict(cfg.cost.prices), device=cfg.cost.device)
-    carried = {}
-    if resume:  # the crashed process's stages count once, also when it died before its first checkpoint
-        carried = {k: v for k, v in ledger.stage_seconds(run_id).items() if k != "train"}
-        for name, seconds in carried.items():
-            meter.add(name, seconds)
-    if cfg.model.threads:
-        torch.set_num_threads(cfg.model.threads)
-    info_file = run_dir / "info.json"
-    info = RunInfo.load(info_file) if resume and info_file.exists() else RunInfo()
-    run = Run(cfg=cfg, run_id=run_id, root=root, dir=run_dir, ledger=ledger, tracker=tracker, meter=meter,
-              device=device, tracking_uri=uri, info=info, resumed=resume, carried=carried)
+    tracker: Tracker | None = None
+    try:  # a failure here must not leave the ledger open (nor the MLflow run running)
+        uri = cfg.tracking.uri or default_uri(root)
+        mlflow_id = None
+        if resume:
+            mlflow_id = ledger.mlflow_run_id(run_id)
+        tracker = (MlflowTracker(uri, cfg.tracking.experiment, run_dir, run_name=run_name or run_label(cfg),
+                                 run_id=mlflow_id, parent_run_id=parent_run_id,
+                                 system_metrics_s=cfg.tracking.system_metrics_s) if track else NullTracker())
+        ledger.start_run(run_id, cfg.model_dump(mode="json"), tracker.run_id)
+        (run_dir / "config.json").write_text(to_json(cfg))
+        if not resume:
+            tracker.log_params(cfg.flat())
+            tracker.set_tags({"rlsift.run_id": run_id, "rlsift.root": str(root)})
+            tracker.log_artifact(run_dir / "config.json")
+        device = resolve_device(cfg.model.device)
+        meter = CostMeter(prices=dict(cfg.cost.prices), device=cfg.cost.device)
+        carried = {}
+        if resume:  # the crashed process's stages count once, also when it died before its first checkpoint
+            carried = {k: v for k, v in ledger.stage_seconds(run_id).items() if k != "train"}
+            for name, seconds in carried.items():
+                meter.add(name, seconds)
+        if cfg.model.threads:
+            torch.set_num_threads(cfg.model.threads)
+        info_file = run_dir / "info.json"
+        info = RunInfo.load(info_file) if resume and info_file.exists() else RunInfo()
+        run = Run(cfg=cfg, run_id=run_id, root=root, dir=run_dir, ledger=ledger, tracker=tracker, meter=meter,
+                  device=device, tracking_uri=uri, info=info, resumed=resume, carried=carried)
+    except BaseException:
+        ledger.close()
+        if tracker is not None:
+            tracker.finish("FAILED")
+        raise
     quiet_libraries()
-    log.info("run %s: ledger %s, MLflow %s (run %s)", run_id, ledger.path, uri, tracker.run_id)
+    url = getattr(tracker, "url", None)  # a tracking server: the run's own page, not the server's root
+    log.info("run %s: ledger %s, MLflow run %s", run_id, ledger.path, url or f"{tracker.run_id} in {uri}")
     return run

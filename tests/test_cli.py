@@ -32,12 +32,29 @@ def test_run_json_contract(tmp_path):
     assert header.split() == ["run", "status", "started", "what", "steps", "accuracy", "usd", "version"]
     assert out["run_id"] in row and "grpo bundled:default s0" in row and "0.000 -> 0.000" in row
     unknown = rlsift("ledger", "why", "--root", str(tmp_path), "--run", out["run_id"], "--prompt", "zzzz")
-    assert unknown.stdout.strip().startswith("no prompt id starts with 'zzzz'")
+    assert unknown.returncode == 1 and unknown.stdout == ""
+    assert unknown.stderr.strip().startswith("no prompt id starts with 'zzzz'")
+    unknown_json = rlsift("ledger", "why", "--root", str(tmp_path), "--run", out["run_id"], "--prompt", "zzzz",
+                          "--json")
+    assert unknown_json.returncode == 1 and json.loads(unknown_json.stdout) == []
     ledger_rows = json.loads(rlsift("ledger", "sql", "--root", str(tmp_path), "--json", "--sql",
                                     "SELECT prompt_id FROM prompts WHERE split = 'test' LIMIT 1").stdout)
     never = rlsift("ledger", "why", "--root", str(tmp_path), "--run", out["run_id"], "--prompt",
                    ledger_rows[0]["prompt_id"])
-    assert "was never selected in run" in never.stdout
+    assert never.returncode == 0 and "was never selected in run" in never.stdout
+    # a uniform draw: no columns of signals it did not use, floats to three decimals in the table
+    picked = json.loads(rlsift("ledger", "sql", "--root", str(tmp_path), "--json", "--sql",
+                               "SELECT prompt_id FROM selections LIMIT 1").stdout)[0]["prompt_id"]
+    for argv in (("why", "--prompt", picked), ("round", "--round", "0")):
+        shown = rlsift("ledger", *argv, "--root", str(tmp_path), "--run", out["run_id"])
+        assert shown.returncode == 0, shown.stderr[-2000:]
+        header, first = shown.stdout.splitlines()[:2]
+        assert "selector" in header and "weight" in header and "uniform" in first
+        assert "angle_score" not in header and "gain_rank" not in header
+        got = json.loads(rlsift("ledger", *argv, "--root", str(tmp_path), "--run", out["run_id"], "--json").stdout)
+        assert got and not {"angle_score", "gain_rank"} & set(got[0]) and got[0]["selector"] == "uniform"
+        weight = first.split()[header.split().index("weight")]  # 1/120 of the pool: 0.00833, not 0.008333333333
+        assert weight == f"{got[0]['weight']:.3g}" and len(weight) <= 7, weight
 
     # resuming a completed run, or an unknown one, is refused before any work: one line, exit 2
     again = rlsift("run", "--resume", out["run_id"], f"paths.root={tmp_path}", "--json")
@@ -130,3 +147,12 @@ def test_problems_are_found_before_any_work(tmp_path):
     blocker.write_text("x")
     p = rlsift("run", "-c", "tests/fixtures/tiny.yaml", f"paths.root={blocker / 'root'}")
     assert p.returncode == 2 and "paths.root: cannot create or write" in p.stderr
+
+
+def test_a_failed_run_exits_1_without_duckdb_noise(tmp_path):
+    """A run that fails in a stage closes its ledger, and no duckdb connection outlives it to the exit (which
+    would print duckdb's "nanobind: leaked ... instances!" dump after the error)."""
+    p = rlsift("run", "-c", "tests/fixtures/tiny.yaml", f"paths.root={tmp_path}", "train.steps=2",
+               f"model.path={tmp_path / 'no-model'}", "--json")
+    assert p.returncode == 1 and "is not a folder with a saved model" in p.stderr
+    assert "nanobind" not in p.stderr and "leaked" not in p.stderr, p.stderr[-3000:]

@@ -2,6 +2,7 @@
 
 import json
 import os
+import subprocess
 import sys
 import urllib.request
 from pathlib import Path
@@ -25,3 +26,37 @@ def test_prefect_server_script_serves_its_ui_on_any_port(tmp_path):
         assert settings["api_url"] == f"http://127.0.0.1:{port}/api"
     finally:
         stop(server)
+
+
+def _stub_venv(tmp_path: Path) -> Path:
+    """A venv whose ``prefect`` and ``mlflow`` print where they would keep their state, instead of serving."""
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name in ("prefect", "mlflow"):
+        (bin_dir / name).write_text('#!/usr/bin/env bash\necho "PREFECT_HOME=${PREFECT_HOME:-} ARGS=$*"\n')
+        (bin_dir / name).chmod(0o755)
+    return bin_dir.parent
+
+
+def _script_says(script: str, tmp_path: Path, cwd: Path, **env: str) -> str:
+    base = {k: v for k, v in os.environ.items() if k not in ("RLSIFT_ROOT", "PREFECT_HOME")}
+    done = subprocess.run(["bash", str(ROOT / "infra" / script), str(free_port())], cwd=cwd, capture_output=True,
+                          text=True, timeout=60, env={**base, "RLSIFT_VENV": str(_stub_venv(tmp_path)), **env})
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_server_scripts_keep_their_state_in_the_root(tmp_path):
+    """Prefect's state is ``<root>/prefect`` and MLflow's store ``<root>/mlflow.db`` for the root RLSIFT_ROOT names
+    (absolute, or relative to where the script is started), as docs/operations.md lists; PREFECT_HOME still wins."""
+    root = tmp_path / "root"
+    assert f"PREFECT_HOME={root / 'prefect'} " in _script_says("prefect-server.sh", tmp_path, ROOT,
+                                                              RLSIFT_ROOT=str(root))
+    (tmp_path / "here").mkdir()
+    said = _script_says("prefect-server.sh", tmp_path / "a", tmp_path / "here", RLSIFT_ROOT="rel")
+    assert f"PREFECT_HOME={tmp_path / 'here' / 'rel' / 'prefect'} " in said
+    said = _script_says("prefect-server.sh", tmp_path / "b", ROOT, RLSIFT_ROOT=str(root),
+                        PREFECT_HOME=str(tmp_path / "own"))
+    assert f"PREFECT_HOME={tmp_path / 'own'} " in said
+    said = _script_says("mlflow-server.sh", tmp_path / "c", tmp_path / "here", RLSIFT_ROOT="rel")
+    assert f"--backend-store-uri sqlite:///{tmp_path / 'here' / 'rel' / 'mlflow.db'} " in said

@@ -168,8 +168,18 @@ class EvalRow:
     pass_at_k: float | None = None
 
 
+class _Closed:
+    """The connection of a closed :class:`Ledger`: any use says so."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __getattr__(self, name: str):
+        raise duckdb.ConnectionException(f"the ledger {self.path} is closed")
+
+
 class Ledger:
-    """A duckdb ledger file. Use as a context manager, or call :meth:`close`."""
+    """A duckdb ledger file. Use as a context manager, or call :meth:`close` (closing twice is harmless)."""
 
     def __init__(self, path: str | Path, read_only: bool = False):
         self.path = Path(path)
@@ -188,7 +198,12 @@ class Ledger:
         self.close()
 
     def close(self) -> None:
-        self.con.close()
+        """Close the connection and let go of it: a closed ledger may outlive its use (a failed run's traceback,
+        a Prefect task's context hold the run and its ledger until the interpreter exits), and a duckdb
+        connection object still alive at exit makes duckdb print "nanobind: leaked ... instances!"."""
+        con, self.con = self.con, _Closed(self.path)
+        if not isinstance(con, _Closed):
+            con.close()
 
     # ---- writes -------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -361,7 +376,8 @@ class Ledger:
             "WHERE s.run_id = ? ORDER BY s.step", [run_id])
 
     def why(self, run_id: str, prompt_id: str, step: int | None = None) -> list[dict[str, Any]]:
-        """Every selection of a prompt (at one step, or all), joined with its group's outcome."""
+        """Every selection of a prompt (at one step, or all), joined with its group's outcome; without the columns
+        of signals that none of these selections used (:func:`used_signals`)."""
         sql = (
             "SELECT s.*, g.n, g.successes, g.kept, g.replayed, g.from_step, p.question, p.level "
             "FROM selections s LEFT JOIN groups g ON g.run_id = s.run_id AND g.step = s.step "
@@ -371,12 +387,28 @@ class Ledger:
         args: list[Any] = [run_id, prompt_id + "%"]
         if step is not None:
             sql, args = sql + " AND s.step = ?", [*args, step]
-        return self.query(sql + " ORDER BY s.step", args)
+        return used_signals(self.query(sql + " ORDER BY s.step", args))
 
     def round_selection(self, run_id: str, round_: int) -> list[dict[str, Any]]:
-        return self.query(
+        """A round's selections, heaviest first within each step; without the columns of unused signals."""
+        return used_signals(self.query(
             "SELECT s.*, p.level, p.question FROM selections s LEFT JOIN prompts p USING (prompt_id) "
-            "WHERE s.run_id = ? AND s.round = ? ORDER BY s.step, s.weight DESC", [run_id, round_])
+            "WHERE s.run_id = ? AND s.round = ? ORDER BY s.step, s.weight DESC", [run_id, round_]))
+
+
+#: The ``selections`` columns each selection technique decides on (:class:`SelectionRow`); the selector
+#: records some of them whether or not its technique is on (GAIN-RL's angle and rank are always computed).
+SIGNALS = {"gain": ("angle_score", "gain_rank"), "dots": ("pred_success",),
+           "scalingrl": ("des", "des_difficulty", "des_cot", "des_adaptability"), "screen": ("screen_success",)}
+
+
+def used_signals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` of the ``selections`` table without the columns of techniques that chose none of them (a
+    ``uniform`` draw used neither the angle score nor the GAIN rank): each row's ``selector`` names the
+    techniques that chose it."""
+    used = {t for r in rows for t in str(r.get("selector") or "").split("+")}
+    unused = {c for t, cols in SIGNALS.items() if t not in used for c in cols}
+    return [{k: v for k, v in r.items() if k not in unused} for r in rows]
 
 
 def _cell(v: Any) -> Any:

@@ -72,10 +72,47 @@ class Tracker(Protocol):
     def log_params(self, params: dict[str, Any]) -> None: ...
     def log_metrics(self, metrics: dict[str, float], step: int, ts: int | None = None) -> None: ...
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
+    def log_table(self, rows: list[dict[str, Any]], name: str) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...
     def register_model(self, local_dir: str | Path, name: str, tags: dict[str, str]) -> str | None: ...
     def flush(self) -> bool: ...
     def finish(self, status: str = "FINISHED") -> None: ...
+
+
+#: What MLflow's Model metrics tab shows first (docs/operations.md "What MLflow shows"). The tab groups charts
+#: by the key up to its last ``/`` and sorts the groups by name, so the step series a user compares run against
+#: run are also logged under ``0_progress/``, a group that sorts before every other (digits sort before
+#: letters in both of the UI's orderings); their own keys stay where they are (``eval/``, ``train/``).
+HEADLINE = {"eval/accuracy": "0_progress/heldout_accuracy", "train/reward_mean": "0_progress/reward_mean",
+            "train/effective_ratio": "0_progress/effective_ratio"}
+#: Single figures per run, sent as run tags (the run page's Tags; a column in the runs table), not as one-bar
+#: charts: the calibration shares (tasks/training/calibration.py ``Calibration.metrics``).
+RUN_VALUES = ("calibrate/",)
+#: The run's cost totals: the only ``cost/*`` step series. Per-stage cost is the ``cost_by_stage.json`` table
+#: (tasks/run.py ``Run.log_cost_table``), not a chart per stage.
+COST_TOTALS = ("cost/device_hours", "cost/usd")
+
+
+def mlflow_layout(metrics: dict[str, float]) -> tuple[dict[str, float], dict[str, str]]:
+    """Split metrics into what MLflow gets as step series and as run tags (see :data:`HEADLINE`).
+
+    Per-stage cost (``cost/<stage>_device_hours``, ``cost/<stage>_usd``) is left out: the cost table has it,
+    and ``metrics.jsonl`` keeps every key as logged.
+    """
+    series: dict[str, float] = {}
+    values: dict[str, str] = {}
+    for k, v in metrics.items():
+        if v is None:
+            continue
+        if k.startswith(RUN_VALUES):
+            values[k] = f"{float(v):.4g}"
+        elif k.startswith("cost/") and k not in COST_TOTALS:
+            continue
+        else:
+            series[k] = v
+            if k in HEADLINE:
+                series[HEADLINE[k]] = v
+    return series, values
 
 
 def default_uri(root: str | Path) -> str:
@@ -165,6 +202,8 @@ class MlflowTracker:
         self.final_wait_s = float(os.environ.get("RLSIFT_TRACKING_FINAL_WAIT_S", "30")) if final_wait_s is None \
             else final_wait_s
         self.registered: dict[str, str] = {}
+        self._tables: list[str] = []
+        self.experiment_id: str | None = None
         self._send_lock = threading.Lock()
         self._away_since: float | None = None
         if run_id is None:
@@ -182,6 +221,7 @@ class MlflowTracker:
             if parent_run_id:
                 tags["mlflow.parentRunId"] = parent_run_id
             run_id = self.client.create_run(exp_id, tags=tags, run_name=run_name).info.run_id
+            self.experiment_id = exp_id
         elif background:
             self.client.update_run(run_id, status="RUNNING")
         self.run_id = run_id
@@ -197,6 +237,18 @@ class MlflowTracker:
             self._thread = threading.Thread(target=self._loop, args=(flush_s,), daemon=True, name="mlflow-flush")
             self._thread.start()
 
+    @property
+    def url(self) -> str | None:
+        """This run's page in the MLflow UI (None for a local store: no server to link to)."""
+        if not self.uri.startswith(("http://", "https://")):
+            return None
+        if self.experiment_id is None:
+            try:
+                self.experiment_id = self.client.get_run(self.run_id).info.experiment_id
+            except Exception:  # noqa: BLE001 -- away: no link this time
+                return None
+        return f"{self.uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
+
     # ---- queueing (fast: one appended line) ---------------------------------------------------------
     def _put(self, item: dict[str, Any]) -> None:
         self.outbox.append(item)
@@ -205,9 +257,15 @@ class MlflowTracker:
         self._put({"kind": "params", "params": {_clean(k): str(v)[:6000] for k, v in params.items()}})
 
     def log_metrics(self, metrics: dict[str, float], step: int, ts: int | None = None) -> None:
-        """``ts``: the values' timestamp in ms (default now); resending with the same one adds no duplicate."""
-        self._put({"kind": "metrics", "step": int(step), "ts": int(time.time() * 1000) if ts is None else int(ts),
-                   "metrics": {_clean(k): float(v) for k, v in metrics.items() if v is not None}})
+        """``ts``: the values' timestamp in ms (default now); resending with the same one adds no duplicate.
+        Laid out by :func:`mlflow_layout`: some keys become run tags, per-stage cost is left to the cost table."""
+        series, values = mlflow_layout(metrics)
+        if values:
+            self.set_tags(values)
+        if series:
+            self._put({"kind": "metrics", "step": int(step),
+                       "ts": int(time.time() * 1000) if ts is None else int(ts),
+                       "metrics": {_clean(k): float(v) for k, v in series.items()}})
 
     def set_tags(self, tags: dict[str, str]) -> None:
         self._put({"kind": "tags", "tags": {k: str(v) for k, v in tags.items()}})
@@ -224,6 +282,18 @@ class MlflowTracker:
         path = self.run_dir / name
         path.write_text(json.dumps(data, indent=2, default=str))
         self.log_artifact(path)
+
+    def log_table(self, rows: list[dict[str, Any]], name: str) -> None:
+        """A table artifact ``name`` (a ``.json`` file in the layout of ``mlflow.log_table``: columns and rows),
+        written to the run folder and sent through the outbox; logging it again replaces it (unlike
+        ``MlflowClient.log_table``, which appends: a resent item would double the rows)."""
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+        path = self.run_dir / name
+        write_text(path, json.dumps({"columns": columns, "data": [[r.get(c) for c in columns] for r in rows]}))
+        self.log_artifact(path)
+        if name not in self._tables:
+            self._tables.append(name)
+        self.set_tags({"mlflow.loggedArtifacts": json.dumps([{"path": t, "type": "table"} for t in self._tables])})
 
     # ---- sending --------------------------------------------------------------------------------------
     def _send(self, items: list[dict[str, Any]]) -> None:
@@ -461,11 +531,13 @@ class NullTracker:
     """Tracks nothing (tests, dry runs)."""
 
     run_id = "none"
+    url = None
 
     def log_params(self, params: dict[str, Any]) -> None: ...
     def log_metrics(self, metrics: dict[str, float], step: int, ts: int | None = None) -> None: ...
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
     def log_dict(self, data: Any, name: str) -> None: ...
+    def log_table(self, rows: list[dict[str, Any]], name: str) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...
     def register_model(self, local_dir: str | Path, name: str, tags: dict[str, str]) -> str | None:
         return None

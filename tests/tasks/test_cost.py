@@ -1,14 +1,17 @@
-"""Device-hour and money accounting (tasks/records/cost.py) and its records: the ledger's stages table and cost/*
-metrics in MLflow."""
+"""Device-hour and money accounting (tasks/records/cost.py) and its records: the ledger's stages table, the cost/*
+totals in MLflow and the per-stage cost table."""
 
+import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
+from mlflow.artifacts import download_artifacts
 
 from tasks.records.cost import CostMeter, detect_device
 from tasks.records.tracking import metric_history, run_info
-from tasks.run import open_run
+from tasks.run import COST_TABLE, open_run
 
 PRICES = {"cpu": 0.10, "nvidia-h200": 3.50, "cuda": 2.00}
 
@@ -97,8 +100,17 @@ def test_stage_costs_reach_the_ledger_and_mlflow(smoke_cfg, tmp_path):
          "cost": pytest.approx(0.001)},
         {"stage": "train", "wall_s": 3600.0, "device": "cpu", "device_hours": pytest.approx(1.0),
          "cost": pytest.approx(0.10)}]
-    metrics = run_info(uri, rid)["metrics"]
-    assert metrics["cost/train_usd"] == pytest.approx(0.10) and metrics["cost/train_device_hours"] == pytest.approx(1.0)
-    assert metrics["cost/rollout_usd"] == pytest.approx(0.05) and metrics["cost/ingest_usd"] == pytest.approx(0.001)
+    info = run_info(uri, rid)
+    # MLflow: the run totals as series, the per-stage cost as one table (no chart per stage)
+    assert [k for k in info["metrics"] if k.startswith("cost/")] == ["cost/device_hours", "cost/usd"]
+    assert info["metrics"]["time/train_s"] == pytest.approx(3600.0)
+    table = json.loads(Path(download_artifacts(run_id=rid, artifact_path=COST_TABLE, dst_path=str(tmp_path / "got"),
+                                               tracking_uri=uri)).read_text())
+    rows = {r[0]: dict(zip(table["columns"], r, strict=True)) for r in table["data"]}
+    assert table["columns"] == ["stage", "seconds", "device_hours", "usd", "device"]
+    assert rows["rollout"]["usd"] == pytest.approx(0.05) and rows["ingest"]["usd"] == pytest.approx(0.001)
+    assert rows["update"]["device_hours"] == pytest.approx(0.5) and rows["update"]["device"] == "cpu"
+    assert rows["total"] == {"stage": "total", "seconds": 3636.0, "device_hours": pytest.approx(1.01),
+                             "usd": pytest.approx(0.101), "device": "cpu"}
     # the run total after each stage: $0.001 at step 0, $0.101 at step 5
     assert metric_history(uri, rid, "cost/usd") == [(0, pytest.approx(0.001)), (5, pytest.approx(0.101))]

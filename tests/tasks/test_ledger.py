@@ -122,3 +122,30 @@ def test_a_ledger_from_before_the_screen_gains_its_column_and_keeps_its_rows(tmp
         got = led.query("SELECT run_id, weight, screen_success FROM selections ORDER BY run_id")
         assert got == [{"run_id": "new", "weight": 0.5, "screen_success": 0.4},
                        {"run_id": "old", "weight": 0.5, "screen_success": None}]
+
+
+def test_why_and_round_leave_out_the_signals_no_technique_used():
+    """A uniform draw records GAIN-RL's angle and rank without using them: ``ledger why``/``round`` drop such
+    columns; a technique that chose any of the rows keeps its columns."""
+    from tasks.records.ledger import used_signals
+
+    row = {"prompt_id": "p", "selector": "uniform", "weight": 0.5, "pred_success": None, "angle_score": 0.1234,
+           "gain_rank": 7, "des": None, "screen_success": None}
+    assert set(used_signals([row])[0]) == {"prompt_id", "selector", "weight"}
+    both = used_signals([{**row, "selector": "guard"}, {**row, "selector": "scalingrl+gain"}])
+    assert [set(r) for r in both] == [{"prompt_id", "selector", "weight", "angle_score", "gain_rank", "des"}] * 2
+    assert used_signals([]) == []
+
+
+def test_a_closed_ledger_lets_go_of_its_connection(tmp_path):
+    """A run's traceback or a Prefect task context may hold a closed ledger until exit; its duckdb connection must
+    not live that long (duckdb then prints "nanobind: leaked ... instances!" at exit)."""
+    import duckdb
+
+    led = Ledger(tmp_path / "l.duckdb")
+    con = led.con
+    led.close()
+    assert led.con is not con
+    with pytest.raises(duckdb.ConnectionException, match="is closed"):
+        led.query("SELECT 1")
+    led.close()  # twice: harmless

@@ -229,3 +229,48 @@ def test_system_metrics_are_sampled_into_the_run(tmp_path, sqlite_uri):
     t.finish()
     metrics = run_info(sqlite_uri, t.run_id)["metrics"]
     assert "system/cpu_utilization_percentage" in metrics and "system/system_memory_usage_megabytes" in metrics
+
+
+def test_metrics_are_laid_out_for_the_run_page(tmp_path, sqlite_uri):
+    """MLflow's Model metrics tab sorts chart groups by name: the compared series get a copy under a group that
+    sorts first, calibration shares become tags, per-stage cost stays out of the series (the cost table has it)."""
+    from tasks.records.tracking import HEADLINE, mlflow_layout
+
+    logged = {"eval/accuracy": 0.5, "train/reward_mean": 0.25, "train/effective_ratio": 0.75, "train/loss": 1.0,
+              "calibrate/effective": 0.333333, "cost/rollout_usd": 0.1, "cost/rollout_device_hours": 1.0,
+              "cost/usd": 0.2, "cost/device_hours": 2.0, "time/rollout_s": 3.0}
+    series, values = mlflow_layout(logged)
+    assert values == {"calibrate/effective": "0.3333"}
+    assert set(series) == {"eval/accuracy", "train/reward_mean", "train/effective_ratio", "train/loss", "cost/usd",
+                           "cost/device_hours", "time/rollout_s", *HEADLINE.values()}
+    groups = sorted({k.rsplit("/", 1)[0] for k in series} | {"adapt", "calibrate", "eval_end", "ingest"})
+    assert groups[0] == "0_progress" and sorted(groups, key=str.lower)[0] == "0_progress"
+
+    t = MlflowTracker(sqlite_uri, "layout", tmp_path / "run", background=False)
+    t.log_metrics(logged, 3)
+    t.log_table([{"stage": "ingest", "usd": 0.5}, {"stage": "total", "usd": 0.5, "device": "cpu"}], "table.json")
+    t.log_table([{"stage": "total", "usd": 0.7}], "table.json")  # replaced, not appended
+    assert t.flush()
+    info = run_info(sqlite_uri, t.run_id)
+    assert set(info["metrics"]) == set(series) and info["tags"]["calibrate/effective"] == "0.3333"
+    assert metric_history(sqlite_uri, t.run_id, "0_progress/heldout_accuracy") == [(3, 0.5)]
+    from mlflow.artifacts import download_artifacts
+
+    got = download_artifacts(run_id=t.run_id, artifact_path="table.json", dst_path=str(tmp_path / "got"),
+                             tracking_uri=sqlite_uri)
+    assert json.loads(Path(got).read_text()) == {"columns": ["stage", "usd"], "data": [["total", 0.7]]}
+    assert json.loads(info["tags"]["mlflow.loggedArtifacts"]) == [{"path": "table.json", "type": "table"}]
+    t.finish()
+
+
+def test_the_run_link_opens_the_run_not_the_server(tmp_path, sqlite_uri):
+    """The log line and the Prefect artifact link the MLflow run's page; a local store has no page to link."""
+    from tasks.records.tracking import run_url
+
+    t = MlflowTracker(sqlite_uri, "links", tmp_path / "run", background=False)
+    assert t.url is None and run_url(sqlite_uri, t.run_id) is None
+    exp = t.experiment_id
+    t.uri = "http://mlflow.example:5000/"  # as if on a server: the link needs no request
+    assert t.url == f"http://mlflow.example:5000/#/experiments/{exp}/runs/{t.run_id}"
+    t.uri = sqlite_uri
+    t.finish()
