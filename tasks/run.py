@@ -260,9 +260,10 @@ class Run:
 
 
 def run_label(cfg: Config) -> str:
-    """A readable MLflow run name: the techniques switched on (``grpo`` when none), the data and the seed,
-    e.g. ``dots+replay bundled:default s0`` or ``grpo gsm8k s1``. The run id stays the ``rlsift.run_id`` tag."""
-    on = [name for name, enabled in (
+    """A readable MLflow run name: the techniques switched on (``grpo`` when none; ``auto`` when the plan chooses,
+    its choice is the ``rlsift.plan.choice`` tag), the data and the seed, e.g. ``dots+replay bundled:default s0`` or
+    ``grpo gsm8k s1``. The run id stays the ``rlsift.run_id`` tag."""
+    on = ["auto"] if cfg.plan.auto else [name for name, enabled in (
         ("dots", cfg.select.method == "dots"), ("dynamic", cfg.dynamic.enabled), ("replay", cfg.replay.enabled),
         ("pods", cfg.pods.enabled), ("scalingrl", cfg.curriculum.enabled), ("gain", cfg.gain.enabled),
         ("drop-solved", cfg.select.drop_solved)) if enabled]

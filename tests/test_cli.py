@@ -65,6 +65,18 @@ def test_run_json_contract(tmp_path):
     assert unknown.returncode == 2 and "no run nope under" in unknown.stderr and "Traceback" not in unknown.stderr
 
 
+def test_plan_prints_the_choice_and_trains_nothing(tmp_path):
+    p = rlsift("plan", "-c", "tests/fixtures/tiny.yaml", f"paths.root={tmp_path}", "plan.candidates=[grpo_n4]", "--json")
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout)
+    assert out["plan"]["choice"] in {"grpo", "grpo_n4"} and out["plan"]["reason"].startswith(out["plan"]["choice"])
+    assert [x["name"] for x in out["plan"]["predictions"]] == ["grpo_n4"] and Path(out["run_dir"], "plan.md").is_file()
+    text = rlsift("plan", "-c", "tests/fixtures/tiny.yaml", f"paths.root={tmp_path}", "plan.candidates=[grpo_n4]")
+    assert text.returncode == 0 and "| composition | chosen |" in text.stdout and "**Plan: " in text.stdout
+    bad = rlsift("plan", "-c", "tests/fixtures/tiny.yaml", f"paths.root={tmp_path}", "plan.min_signal=2")
+    assert bad.returncode == 2 and "plan.min_signal" in bad.stderr
+
+
 def test_config_error_names_key_and_does_no_work(tmp_path):
     p = rlsift("run", "-c", "tests/fixtures/tiny.yaml", f"paths.root={tmp_path}", "train.stepz=2", "--json")
     assert p.returncode == 2

@@ -11,9 +11,9 @@ reference solution token for token, so a lower bound of the prompt's pass rate, 
 right answers take the reference's form, as on the bundled task, whose worked solutions are the warm start's
 (on 800 of its training prompts, 16 rollouts each: Pearson 0.99 against the measured pass rate, 0.92-0.96 within
 each level after 60 steps of training, where the prompt's embedding, which DOTS's predictor reads, does no better
-than its level; docs/benchmarks.md, "Every idea tried", row "Likelihood screen"). Where right answers are written in many ways
-(free-form mathematics), q is far below the pass rate and the screen ranks by it only as well as the reference's
-form predicts the policy's.
+than its level; docs/benchmarks.md, "Every idea tried", row "Likelihood screen"). Where right answers are
+written in many ways (free-form mathematics), q is far below the pass rate and the screen ranks by it only as well
+as the reference's form predicts the policy's.
 
 Sources: scoring data by a model's loss on the reference response is the Instruction-Following Difficulty (IFD)
 score of supervised data selection (Li et al. 2023, arXiv 2308.12032); the policy's probability of the reference
