@@ -23,7 +23,7 @@ SECOND = ("data.sources=[{kind: bundled, n_train: 12, n_test: 4, seed: 0}, "
           "{kind: bundled, n_train: 6, n_test: 2, seed: 1}]")
 
 
-def test_retrain_continues_from_the_registered_model_on_new_prompts(smoke_cfg, prefect_harness):
+def test_retrain_continues_from_the_registered_model_on_new_prompts(smoke_cfg, prefect_harness, tmp_path):
     torch.set_num_threads(1)
     first = run_retrain(smoke_cfg(*TINY, FIRST))
     assert first.status == "completed" and first.model_version == "1"
@@ -56,7 +56,12 @@ def test_retrain_continues_from_the_registered_model_on_new_prompts(smoke_cfg, p
     assert info["tags"]["rlsift.parent_version"] == "1" and info["status"] == "FINISHED"
     # cost accounting reaches MLflow and the ledger (the training loop's phases add up to the train stage)
     assert info["metrics"]["cost/usd"] == pytest.approx(second.cost_usd) and second.cost_usd > 0
-    assert info["metrics"]["cost/train_device_hours"] > 0 and "cost/rollout_usd" in info["metrics"]
+    from mlflow.artifacts import download_artifacts
+
+    table = json.loads(Path(download_artifacts(run_id=second.mlflow_run_id, artifact_path="cost_by_stage.json",
+                                               tracking_uri=uri, dst_path=str(tmp_path / "got"))).read_text())
+    costs = {r[0]: dict(zip(table["columns"], r, strict=True)) for r in table["data"]}  # one table, not a chart each
+    assert costs["rollout"]["device_hours"] > 0 and costs["total"]["usd"] == pytest.approx(second.cost_usd, abs=1e-5)
     with Ledger(f"{cfg.paths.root}/ledger.duckdb", read_only=True) as ledger:
         stages = {r["stage"]: r for r in ledger.query("SELECT * FROM stages WHERE run_id = ?", [second.run_id])}
     assert {"ingest", "prepare", "eval_start", "calibrate", "score", "train", "eval_end"} <= set(stages)

@@ -10,7 +10,7 @@ WHERE = {"run_id", "mlflow_run_id", "status", "wall_s", "ledger", "tracking_uri"
 COMPLETED = WHERE | {"ingest", "steps", "eval_accuracy_start", "eval_accuracy_end", "eval_by_level_start",
                      "eval_by_level_end", "eval_paired", "effective_ratio", "device", "device_hours", "cost_usd",
                      "stage_seconds", "model_path", "model_version", "parent_version", "data_fingerprint",
-                     "policy_path", "resumed", "overlap"}
+                     "policy_path", "resumed", "overlap", "plan"}
 
 
 def base() -> RunSummary:
