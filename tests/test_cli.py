@@ -66,7 +66,8 @@ def test_run_json_contract(tmp_path):
 
 
 def test_plan_prints_the_choice_and_trains_nothing(tmp_path):
-    p = rlsift("plan", "-c", "tests/fixtures/tiny.yaml", f"paths.root={tmp_path}", "plan.candidates=[grpo_n4]", "--json")
+    p = rlsift("plan", "-c", "tests/fixtures/tiny.yaml", f"paths.root={tmp_path}", "plan.candidates=[grpo_n4]",
+               "--json")
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout)
     assert out["plan"]["choice"] in {"grpo", "grpo_n4"} and out["plan"]["reason"].startswith(out["plan"]["choice"])
