@@ -35,7 +35,7 @@ def test_configuration_order(tmp_path):
     assert cfg.select.method == "dots" and cfg.calibrate.k == 8 and cfg.train.steps == 4 and cfg.seed == 3
     assert cfg.eval.every == 10 and not cfg.tracking.register_model  # DEFAULTS
     quick = configuration(SMOKE, [root], "pods", 0, True, str(tmp_path / "model"))
-    assert quick.train.steps == 20 and quick.eval.limit == 100  # QUICK over the config file
+    assert quick.train.steps == 30 and quick.eval.limit == 300  # QUICK over the config file
     assert quick.pods.enabled and quick.rollout.n == 16 and quick.model.path == str(tmp_path / "model")
     assert set(DEFAULTS) and set(QUICK)
 
@@ -93,9 +93,9 @@ def test_bench_quick_end_to_end(tmp_path, capsys, prefect_harness):
     from flows.cli import main
     from tasks.records.tracking import run_info
 
-    code = main(["bench", "--quick", "-c", SMOKE, "--presets", "dots", "--json", f"paths.root={tmp_path}",
-                 "train.steps=4", "train.prompts_per_step=4", "train.round_steps=2", "eval.every=2", "eval.limit=12",
-                 "calibrate.k=8", "calibrate.g=4"])
+    code = main(["bench", "--quick", "--seeds", "1", "-c", SMOKE, "--presets", "dots", "--json",
+                 f"paths.root={tmp_path}", "train.steps=4", "train.prompts_per_step=4", "train.round_steps=2",
+                 "eval.every=2", "eval.limit=12", "calibrate.k=8", "calibrate.g=4"])
     assert code == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["failed"] == []
@@ -109,6 +109,9 @@ def test_bench_quick_end_to_end(tmp_path, capsys, prefect_harness):
     result = json.loads((report / "results.json").read_text())
     by_name = {c["name"]: c for c in result["configurations"]}
     assert set(by_name) == {"grpo-sync", "dots", "trl"}
+    # the plan predicted every arm it can before any ran, and the report sets that beside the measurements
+    assert [(c["arm"], c["composition"]) for c in result["plan_check"]] == [("grpo-sync", "grpo"), ("dots", "dots")]
+    assert "The plan's predictions" in out["table"] and "What the figures say" in out["table"]
     for c in by_name.values():
         assert c["curve"]["steps"] == [0, 2, 4]  # the same schedule for our runs and TRL
         assert c["budget"]["step"] == 4 and c["budget"]["wall_s"] > 0
