@@ -343,7 +343,7 @@ def compare_times(baseline: Sequence[float | None], arm: Sequence[float | None],
     out["diff"] = out["arm_mean"] - out["baseline_mean"]
     out["ratio"] = out["arm_mean"] / out["baseline_mean"] if out["baseline_mean"] else None
     if len(a) < 2 or len(b) < 2:
-        out["verdict"] = "one seed: no interval"
+        out["verdict"] = "one seed: no interval" if len(arm) < 2 else "fewer than two seeds reached it: no interval"
         return out
     if statistics.pvariance(a) == 0 and statistics.pvariance(b) == 0:
         lo = hi = out["diff"]
