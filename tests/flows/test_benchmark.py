@@ -155,7 +155,7 @@ def test_bench_jobs_run_side_by_side_in_lanes(tmp_path, capsys, prefect_harness)
     from flows.cli import main
     from tasks.records.tracking import run_info
 
-    code = main(["bench", "--quick", "--jobs", "2", "-c", SMOKE, "--presets", "grpo,dapo", "--json",
+    code = main(["bench", "--quick", "--seeds", "1", "--jobs", "2", "-c", SMOKE, "--presets", "grpo,dapo", "--json",
                  f"paths.root={tmp_path}", "train.steps=2", "train.prompts_per_step=4", "train.round_steps=2",
                  "eval.every=2", "eval.limit=8", "calibrate.k=8", "calibrate.g=4"])
     assert code == 0
