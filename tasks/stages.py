@@ -186,7 +186,7 @@ def score_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> Features:
 @stage(name="round", task_run_name="round-{index}")
 def round_task(index: int, body: Callable[[], None]) -> None:
     """Training round ``index``'s steps as a task run of the train stage's, so the flow-run graph shows the rounds;
-    its log ends with the round's selection summary (``tasks.training.loop.RoundLog``)."""
+    its log ends with the round's selection summary (``tasks.training.rounds.RoundLog``)."""
     body()
 
 

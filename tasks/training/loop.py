@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -49,8 +48,9 @@ from tasks.run import Run, progress_bar
 from tasks.training import checkpoint
 from tasks.training.backend import build_updater
 from tasks.training.calibration import Calibration
-from tasks.training.overlap import Overlap, OverlapTimes, SamplingPolicy
+from tasks.training.overlap import Overlap, SamplingPolicy
 from tasks.training.rollouts import policy_measure, rollout_rewards
+from tasks.training.rounds import RoundLog, RoundRunner, run_plainly
 from tasks.training.score import Features
 from tasks.training.screen import policy_likelihood
 from tasks.training.selector import Selector
@@ -238,63 +238,6 @@ class TrainSummary:
     overlap: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass
-class RoundLog:
-    """One round's selection summary, tallied over its steps in this process and logged when it ends (one line; the
-    Prefect round task's, tasks/stages.py): prompts selected by level and their mean predicted success (when DOTS
-    predicts), the shares of trained groups that had unequal rewards and that were replayed, and, overlapped, the
-    seconds of its updates and of the next steps' draws beside them.
-    """
-
-    index: int
-    steps: list[int]
-    levels: Counter[int | None] = field(default_factory=Counter)
-    predicted: list[float] = field(default_factory=list)
-    groups: int = 0
-    effective: float = 0.0
-    replayed: int = 0
-    overlapped: list[tuple[float, OverlapTimes]] = field(default_factory=list)
-
-    def add(self, fs: FreshBatch, eff: torch.Tensor, replayed: int,
-            overlapped: tuple[float, OverlapTimes] | None) -> None:
-        """One step: its fresh draw, ``eff`` [groups trained] 1.0 where a group's rewards were unequal else 0.0, the
-        number of its groups that were replayed, and (update s, timing) when it overlapped the next step's draw."""
-        self.levels.update(r.level for r in fs.records)
-        self.predicted += [r.pred_success for r in fs.rows if r.pred_success is not None]
-        self.groups += len(eff)
-        self.effective += float(eff.sum())
-        self.replayed += replayed
-        if overlapped is not None:
-            self.overlapped.append(overlapped)
-
-    def line(self) -> str:
-        """E.g. ``round 1, steps 2-3: 12 prompts selected (level 1: 5, 2: 7), predicted success 0.41; 16 groups
-        trained, effective 0.62, replayed 0.25``, then the overlap's seconds when its steps overlapped."""
-        levels = ", ".join(f"{'?' if lv is None else lv}: {self.levels[lv]}"
-                           for lv in sorted(self.levels, key=lambda lv: (lv is None, lv or 0)))
-        predicted = f", predicted success {sum(self.predicted) / len(self.predicted):.2f}" if self.predicted else ""
-        line = (f"round {self.index}, steps {self.steps[0]}-{self.steps[-1]}: {self.levels.total()} prompts selected "
-                f"(level {levels}){predicted}; {self.groups} groups trained, effective "
-                f"{self.effective / self.groups:.2f}, replayed {self.replayed / self.groups:.2f}")
-        if not self.overlapped:
-            return line
-        times = [t for _, t in self.overlapped]
-        return (f"{line}; {len(times)} steps overlapped: update {sum(u for u, _ in self.overlapped):.1f} s, next "
-                f"steps' draws {sum(t.draw_s for t in times):.1f} s, at once {sum(t.overlap_s for t in times):.1f} s; "
-                f"idle: trainer {sum(t.trainer_idle_s for t in times):.1f} s, generator "
-                f"{sum(t.generator_idle_s for t in times):.1f} s")
-
-
-#: ``(round, body) -> None``: runs ``body``, this process's steps of training round ``round``. :func:`train` calls
-#: one per round; tasks/stages.py ``train_stage`` passes a Prefect task, so each round is a task run ``round-<r>``.
-RoundRunner = Callable[[int, Callable[[], None]], None]
-
-
-def run_plainly(round_: int, body: Callable[[], None]) -> None:
-    """The default :data:`RoundRunner`: ``body`` in place (no Prefect; what unit tests get)."""
-    body()
-
-
 def use_sampler_behaviour(cfg) -> bool:
     """``train.behaviour``: whether fresh groups' mu is the sampler's log-probs (auto: whenever the sampler is not
     the trainer's own module at the step's start)."""
@@ -478,7 +421,7 @@ def _train(run: Run, policy: Policy, sampling: SamplingPolicy, updater, pool: li
             idle = {"idle": f"{timing.trainer_idle_s:.2f}/{timing.generator_idle_s:.2f}"} if timing else {}
             bar.set_postfix(reward=f"{accuracy:.2f}", eff=f"{float(eff.mean()):.2f}",
                             s=f"{metrics['time/step_s']:.1f}", **({"acc": bar_acc} if bar_acc else {}), **idle)
-            tally.add(fs, eff, len(replayed), (upd_s, timing) if timing is not None else None)
+            tally.add(fs.records, fs.rows, eff, len(replayed), (upd_s, timing) if timing is not None else None)
             if (step + 1) % tc.round_steps == 0 or (tc.checkpoint_every and (step + 1) % tc.checkpoint_every == 0) \
                     or step + 1 == tc.steps:
                 with run.meter.stage("checkpoint"):

@@ -1,0 +1,73 @@
+"""A training round as the pipeline shows it: the callable that runs a round's steps (in the pipeline a Prefect
+task run ``round-<r>``, tasks/stages.py) and the round's one-line selection summary.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from tasks.data.prompts import PromptRecord
+from tasks.records.ledger import SelectionRow
+from tasks.training.overlap import OverlapTimes
+
+
+@dataclass
+class RoundLog:
+    """One round's selection summary, tallied over its steps in this process and logged when it ends (one line; the
+    Prefect round task's, tasks/stages.py): prompts selected by level and their mean predicted success (when DOTS
+    predicts), the shares of trained groups that had unequal rewards and that were replayed, and, overlapped, the
+    seconds of its updates and of the next steps' draws beside them.
+    """
+
+    index: int
+    steps: list[int]
+    levels: Counter[int | None] = field(default_factory=Counter)
+    predicted: list[float] = field(default_factory=list)
+    groups: int = 0
+    effective: float = 0.0
+    replayed: int = 0
+    overlapped: list[tuple[float, OverlapTimes]] = field(default_factory=list)
+
+    def add(self, records: list[PromptRecord], rows: list[SelectionRow], eff: torch.Tensor, replayed: int,
+            overlapped: tuple[float, OverlapTimes] | None) -> None:
+        """One step: its fresh draw's prompts and ledger rows, ``eff`` [groups trained] 1.0 where a group's rewards
+        were unequal else 0.0, the number of its groups that were replayed, and (update s, timing) when it
+        overlapped the next step's draw."""
+        self.levels.update(r.level for r in records)
+        self.predicted += [r.pred_success for r in rows if r.pred_success is not None]
+        self.groups += len(eff)
+        self.effective += float(eff.sum())
+        self.replayed += replayed
+        if overlapped is not None:
+            self.overlapped.append(overlapped)
+
+    def line(self) -> str:
+        """E.g. ``round 1, steps 2-3: 12 prompts selected (level 1: 5, 2: 7), predicted success 0.41; 16 groups
+        trained, effective 0.62, replayed 0.25``, then the overlap's seconds when its steps overlapped."""
+        levels = ", ".join(f"{'?' if lv is None else lv}: {self.levels[lv]}"
+                           for lv in sorted(self.levels, key=lambda lv: (lv is None, lv or 0)))
+        predicted = f", predicted success {sum(self.predicted) / len(self.predicted):.2f}" if self.predicted else ""
+        line = (f"round {self.index}, steps {self.steps[0]}-{self.steps[-1]}: {self.levels.total()} prompts selected "
+                f"(level {levels}){predicted}; {self.groups} groups trained, effective "
+                f"{self.effective / self.groups:.2f}, replayed {self.replayed / self.groups:.2f}")
+        if not self.overlapped:
+            return line
+        times = [t for _, t in self.overlapped]
+        return (f"{line}; {len(times)} steps overlapped: update {sum(u for u, _ in self.overlapped):.1f} s, next "
+                f"steps' draws {sum(t.draw_s for t in times):.1f} s, at once {sum(t.overlap_s for t in times):.1f} s; "
+                f"idle: trainer {sum(t.trainer_idle_s for t in times):.1f} s, generator "
+                f"{sum(t.generator_idle_s for t in times):.1f} s")
+
+
+#: ``(round, body) -> None``: runs ``body``, this process's steps of training round ``round``. :func:`train` calls
+#: one per round; tasks/stages.py ``train_stage`` passes a Prefect task, so each round is a task run ``round-<r>``.
+RoundRunner = Callable[[int, Callable[[], None]], None]
+
+
+def run_plainly(round_: int, body: Callable[[], None]) -> None:
+    """The default :data:`RoundRunner`: ``body`` in place (no Prefect; what unit tests get)."""
+    body()
