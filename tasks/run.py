@@ -211,7 +211,7 @@ class Run:
         ``metrics``: also log them (a stage a resumed run redoes only updates its ledger row: its metrics at
         that step are already in MLflow, and the redone seconds reach the later steps' running totals).
         MLflow gets the ``time/*`` series and the ``cost/device_hours``, ``cost/usd`` totals; the per-stage
-        ``cost/*`` keys reach ``metrics.jsonl`` only (tasks/records/tracking.py ``mlflow_layout``).
+        ``cost/*`` keys reach ``metrics.jsonl`` only (tasks/records/layout.py ``mlflow_layout``).
         """
         names = parts or (stage,)
         s, hours, usd = self.meter.wall_seconds(names), self.meter.device_hours(names), self.meter.usd(names)

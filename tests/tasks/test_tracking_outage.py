@@ -234,7 +234,7 @@ def test_system_metrics_are_sampled_into_the_run(tmp_path, sqlite_uri):
 def test_metrics_are_laid_out_for_the_run_page(tmp_path, sqlite_uri):
     """MLflow's Model metrics tab sorts chart groups by name: the compared series get a copy under a group that
     sorts first, calibration shares become tags, per-stage cost stays out of the series (the cost table has it)."""
-    from tasks.records.tracking import HEADLINE, mlflow_layout
+    from tasks.records.layout import HEADLINE, mlflow_layout
 
     logged = {"eval/accuracy": 0.5, "train/reward_mean": 0.25, "train/effective_ratio": 0.75, "train/loss": 1.0,
               "calibrate/effective": 0.333333, "cost/rollout_usd": 0.1, "cost/rollout_device_hours": 1.0,
