@@ -16,7 +16,6 @@ child (terminating it if it does not answer).
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
+from tasks.model.lora import plain_copy, plain_state_dict
 from tasks.model.rollout import Generation, HFEngine, RolloutEngine
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ class GeneratorProcess(RolloutEngine):
     """
 
     def __init__(self, engine: HFEngine, threads: int, poll_s: float = 0.5):
-        self.model = copy.deepcopy(engine.model).eval().requires_grad_(False)
+        self.model = plain_copy(engine.model)  # under LoRA: the merged weights
         if next(self.model.parameters()).device.type == "cpu":
             self.model.share_memory()
         self.poll_s = poll_s
@@ -115,9 +115,10 @@ class GeneratorProcess(RolloutEngine):
 
     @torch.no_grad()
     def sync_weights(self, model: torch.nn.Module, tokenizer, folder: str | Path) -> float:
-        """Copy ``model``'s weights into the shared copy (call only while no request is in flight)."""
+        """Copy ``model``'s weights (merged, under LoRA) into the shared copy (call only while no request is in
+        flight)."""
         t0 = time.perf_counter()
-        src = model.state_dict()
+        src = plain_state_dict(model)
         for name, dst in self.model.state_dict().items():
             dst.copy_(src[name])
         return time.perf_counter() - t0

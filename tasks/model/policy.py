@@ -167,11 +167,17 @@ def load_policy(
     return model, tokenizer
 
 
-def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
-    """Saves model (safetensors) and tokenizer to ``path`` (created if missing); returns the path."""
+def save_policy(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
+    """Saves model (safetensors) and tokenizer to ``path`` (created if missing); returns the path.
+
+    A LoRA policy is saved as the plain model with its adapters merged (tasks/model/lora.py), so the folder loads
+    with ``load_policy`` (and from MLflow's registry) as a full model.
+    """
+    from tasks.model.lora import base_model, plain_state_dict
+
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
+    base_model(model).save_pretrained(path, state_dict=plain_state_dict(model))
     tokenizer.save_pretrained(path)
     return path
 

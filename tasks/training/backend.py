@@ -11,6 +11,7 @@ import copy
 import torch
 
 from tasks.config import Config
+from tasks.model.lora import BaseModelView, base_model, is_lora
 from tasks.training.sharded_update import Driver
 from tasks.training.update import LocalUpdater, LossSettings, Updater, gradient_checkpointing
 
@@ -19,14 +20,17 @@ def build_updater(cfg: Config, model: torch.nn.Module, *, pad_id: int, device: t
     """The run's updater for ``scale.backend``: :class:`~tasks.training.update.LocalUpdater` or the sharded
     :class:`~tasks.training.sharded_update.Driver`.
 
-    For ``single`` the KL reference (``train.kl_coef > 0``) is a frozen copy of ``model`` as it is now; the
-    sharded backends keep one per rank (tasks/training/sharded_update.py).
+    For ``single`` the KL reference (``train.kl_coef > 0``) is a frozen copy of ``model`` as it is now, or, under
+    LoRA, the same model with its adapters disabled (no copy; tasks/model/lora.py); the sharded backends keep one
+    per rank (tasks/training/sharded_update.py).
     """
     settings = LossSettings.from_config(cfg, pad_id)
     tc = cfg.train
     if cfg.scale.backend != "single":
         return Driver(cfg, model, settings)
-    ref = copy.deepcopy(model).eval() if tc.kl_coef > 0 else None
-    gradient_checkpointing(model, tc.gradient_checkpointing)
+    ref = None
+    if tc.kl_coef > 0:
+        ref = BaseModelView(model) if is_lora(model) else copy.deepcopy(model).eval()
+    gradient_checkpointing(base_model(model), tc.gradient_checkpointing)
     return LocalUpdater(model, settings, lr=tc.lr, betas=tc.betas, eps=tc.adam_eps, weight_decay=tc.weight_decay,
                         device=device, ref_model=ref)

@@ -1,6 +1,6 @@
 """Crash-safe checkpoints of the complete training state.
 
-A checkpoint holds the model, the optimizer state (through the run's ``Updater``, tasks/training/update.py,
+A checkpoint holds the model (under LoRA its adapters: the frozen base is the run's policy source), the optimizer state (through the run's ``Updater``, tasks/training/update.py,
 whatever the backend), selector (DOTS predictor, curriculum scheduler, GAIN-RL window, pool statistics), replay
 buffer, the adaptive composition's average, cost meter, every RNG state, the step counter and, with
 ``overlap.lag`` 1, the next step's rollouts (drawn while this step updated, not yet trained: restored on resume,
@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from rlcore.seeding import derive_seed
+from tasks.model.lora import checkpoint_state, load_checkpoint_state
 from tasks.records.files import atomic_write
 from tasks.training.update import Updater
 
@@ -52,7 +53,7 @@ def save(run, step: int, model, updater: Updater, selector, buffer, composer=Non
     folder.mkdir(parents=True, exist_ok=True)
     state = {
         "step": step,
-        "model": model.state_dict(),
+        "model": checkpoint_state(model),
         "optimizer": updater.state_dict(),
         "selector": selector.state_dict(),
         "buffer": buffer.state_dict() if buffer is not None else None,
@@ -104,7 +105,7 @@ def restore(run, model, updater: Updater, selector, buffer, composer=None) -> Re
         run.defer_metrics(0)
         return Resume(0)
     state = torch.load(path, weights_only=False)
-    model.load_state_dict(state["model"])
+    load_checkpoint_state(model, state["model"])
     updater.load_state_dict(state["optimizer"])  # after the model: the sharded updater pushes its weights
     selector.load_state_dict(state["selector"])
     if buffer is not None and state["buffer"] is not None:

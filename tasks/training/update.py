@@ -34,6 +34,7 @@ from rlcore.seeding import derive_seed
 from rlcore.types import RolloutGroup
 from tasks.config import Config, KlRows
 from tasks.model.forward import token_logprobs
+from tasks.model.lora import trainable_parameters
 from tasks.training.distributed import DataShard, backward_step
 
 log = logging.getLogger(__name__)
@@ -410,7 +411,7 @@ class LocalUpdater(Updater):
     """``scale.backend=single``: AdamW on ``model`` in this process and :func:`policy_update`.
 
     Args:
-        model: the policy model (trained in place).
+        model: the policy model (trained in place; under LoRA only its adapters, the parameters that need grad).
         settings: the loss settings of every step.
         lr, betas, eps, weight_decay: AdamW's.
         device: where the update's forward passes run.
@@ -423,7 +424,7 @@ class LocalUpdater(Updater):
         if settings.kl_coef > 0 and ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         self.model, self.settings, self.device, self.ref_model = model, settings, device, ref_model
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, eps=eps,
+        self.optimizer = torch.optim.AdamW(trainable_parameters(model), lr=lr, betas=betas, eps=eps,
                                            weight_decay=weight_decay)
 
     def step(self, groups: Sequence[RolloutGroup]) -> dict[str, float]:

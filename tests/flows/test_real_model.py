@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from tasks.records.ledger import Ledger
 from tests import tiny_qwen
@@ -14,7 +15,9 @@ GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 
 
 @pytest.mark.skipif(not (GSM8K / "train.jsonl").exists(), reason=f"{GSM8K} not present")
-def test_a_real_looking_model_runs_the_whole_pipeline_on_gsm8k(tmp_path):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_a_real_looking_model_runs_the_whole_pipeline_on_gsm8k(tmp_path, lora):
+    """Every weight, or LoRA adapters on every linear layer (``model.lora``), trained end to end."""
     from transformers import AutoTokenizer
 
     model = tiny_qwen.build(tmp_path / "qwen", GSM8K / "test.jsonl")
@@ -25,7 +28,8 @@ def test_a_real_looking_model_runs_the_whole_pipeline_on_gsm8k(tmp_path):
     out = rlsift("run", "-c", str(ROOT / "tests" / "fixtures" / "tiny.yaml"), f"model.path={model}", sources,
                  f"paths.root={root}", "select.method=dots", "calibrate.k=8", "calibrate.g=2", "rollout.n=2",
                  "rollout.max_new_tokens=24", "train.steps=2", "train.prompts_per_step=4", "train.round_steps=1",
-                 "eval.samples=0", "--json", env=cli_env(tmp_path), timeout=600)
+                 "eval.samples=0", *(["model.lora.enabled=true", "model.lora.rank=4"] if lora else []), "--json",
+                 env=cli_env(tmp_path), timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
     s = json.loads(out.stdout)
     assert s["status"] == "completed" and s["steps"] == 2 and s["model_version"] == "1"
@@ -50,3 +54,13 @@ def test_a_real_looking_model_runs_the_whole_pipeline_on_gsm8k(tmp_path):
 
     text = format_prompt(ptok, prompts[0].question, Config().model.system_prompt)
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+    # the final model: a full Qwen2 (adapters merged under LoRA) whose weights moved from the starting ones
+    from safetensors.torch import load_file
+
+    start, end = load_file(Path(model) / "model.safetensors"), load_file(Path(s["model_path"]) / "model.safetensors")
+    assert type(policy).__name__ == "Qwen2ForCausalLM" and start.keys() == end.keys()
+    assert any(not torch.equal(start[k], end[k]) for k in start)
+    from tasks.records.tracking import run_info
+
+    metrics = run_info(s["tracking_uri"], s["mlflow_run_id"])["metrics"]
+    assert (metrics["model/trainable_params"] < metrics["model/params"] / 10) == lora

@@ -1,0 +1,150 @@
+"""LoRA adapters through PEFT (``model.lora``): only the adapters train; everything outside the trainer sees merged
+weights.
+
+LoRA (Hu et al., arXiv 2106.09685, section 4.1) freezes every weight W of a target linear layer and trains a
+low-rank update, W' = W + (alpha / r) B A with A [r, in] and B [out, r], B starting at 0. PEFT
+(``peft.get_peft_model``) wraps the policy, so the update, the rollout engine in this process and every forward
+pass of the algorithms (log-probs, DOTS's embeddings, GAIN-RL's hook) run the adapted model unchanged.
+
+What each part gets:
+
+- **The optimizer**: the adapters only (:func:`trainable_parameters`); its state is a few per cent of a full
+  update's (measured: docs/performance.md, "LoRA").
+- **The KL reference** (``train.kl_coef > 0``): the same model with the adapters disabled (:class:`BaseModelView`,
+  PEFT's ``disable_adapter``), so no second copy of the weights exists.
+- **Rollout engines outside the trainer** (the overlap's generator process, vLLM servers) and the saved or
+  registered model: merged weights, W + (alpha / r) B A (:func:`plain_state_dict`), computed into new tensors per
+  target layer. PEFT's in-place ``merge_adapter`` / ``unmerge_adapter`` is not used: W + d - d is not W in
+  floating point, and the error would accumulate over a run's syncs.
+- **Checkpoints**: the adapters (:func:`checkpoint_state`); the frozen base is the run's policy source, loaded
+  again on resume.
+
+Deviations: LoRA dropout is refused above 0 while the rollouts' log-probs are the loss's behaviour policy (the
+trainer's pi_old would see dropout the sampler does not); the sharded backends (``scale.backend`` other than
+``single``) are not built for LoRA (the config says so).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+
+import torch
+from peft import LoraConfig as PeftLoraConfig
+from peft import PeftModel, get_peft_model
+from peft.tuners.lora import LoraLayer
+from transformers import PreTrainedModel
+
+from tasks.config import LoraConfig
+
+BASE = ".base_layer"
+
+
+def apply_lora(model: PreTrainedModel, cfg: LoraConfig) -> PeftModel:
+    """Wrap ``model`` with fresh adapters (``cfg``: rank, alpha, dropout, target modules); its weights freeze."""
+    targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
+    peft_cfg = PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
+                              bias="none", task_type="CAUSAL_LM")
+    try:
+        return get_peft_model(model, peft_cfg)
+    except ValueError as err:  # PEFT's "Target modules ... not found in the base model"
+        raise ValueError(f"model.lora.target_modules={cfg.target_modules!r}: {err}") from None
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    return isinstance(model, PeftModel)
+
+
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under the adapters (``model`` itself when it has none)."""
+    return model.get_base_model() if is_lora(model) else model
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters the optimizer steps: the adapters under LoRA, every parameter otherwise."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def _lora_layers(model: PeftModel) -> Iterator[tuple[str, LoraLayer]]:
+    prefix = "base_model.model."
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer):
+            yield name.removeprefix(prefix), module
+
+
+@torch.no_grad()
+def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s weights under the names of the plain transformers model: ``state_dict()`` without adapters; with
+    them, W + (alpha / r) B A for each target layer (new tensors) and the other weights as they are (no copy)."""
+    if not is_lora(model):
+        return model.state_dict()
+    merged = {}
+    layers = dict(_lora_layers(model))
+    for key, value in base_model(model).state_dict().items():
+        if ".lora_" in key:
+            continue
+        if BASE in key:
+            owner, _, leaf = key.partition(BASE + ".")
+            layer = layers[owner]
+            if leaf == "weight":
+                delta = sum(layer.get_delta_weight(a) for a in layer.active_adapters)
+                value = value + delta.to(value.dtype)
+            key = f"{owner}.{leaf}"
+        merged[key] = value
+    return merged
+
+
+def plain_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A frozen transformers model holding ``model``'s (merged) weights: what a separate sampler runs."""
+    base = base_model(model)
+    if not is_lora(model):
+        return copy.deepcopy(base).eval().requires_grad_(False)
+    with torch.device("meta"):
+        out = type(base)(base.config)
+    out.load_state_dict(plain_state_dict(model), assign=True, strict=False)
+    out.tie_weights()
+    buffers = dict(base.named_buffers())  # those not in a state dict (rotary frequencies) come from the policy
+    for name, buf in list(out.named_buffers()):
+        if buf.is_meta:
+            owner, _, leaf = name.rpartition(".")
+            out.get_submodule(owner)._buffers[leaf] = buffers[name].clone()
+    missing = [n for n, p in out.named_parameters() if p.is_meta]
+    if missing:
+        raise RuntimeError(f"merged LoRA weights miss {missing[:3]}")
+    out.generation_config = base.generation_config
+    return out.eval().requires_grad_(False)
+
+
+def checkpoint_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a checkpoint keeps of the model: the adapters under LoRA (the base is the run's policy source), else
+    every weight."""
+    if not is_lora(model):
+        return model.state_dict()
+    return {k: v for k, v in model.state_dict().items() if ".lora_" in k}
+
+
+def load_checkpoint_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Restore :func:`checkpoint_state`'s result into ``model`` (a LoRA checkpoint into a LoRA model)."""
+    if not is_lora(model):
+        model.load_state_dict(state)
+        return
+    why = "the checkpoint's weights do not fit this LoRA model (a checkpoint of a full-weight run, or other model.lora"
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as err:  # shapes: another rank
+        raise ValueError(f"{why} settings): {str(err).splitlines()[1].strip()}") from None
+    adapters = [k for k in result.missing_keys if ".lora_" in k]
+    if result.unexpected_keys or adapters or not state:
+        raise ValueError(f"{why} settings): unexpected {result.unexpected_keys[:3]}, missing {adapters[:3]}")
+
+
+class BaseModelView:
+    """The KL reference of a LoRA policy: calls run the policy with its adapters disabled (PEFT's
+    ``disable_adapter``), i.e. the frozen base model, without a second copy of its weights. Use it without grad."""
+
+    def __init__(self, model: PeftModel):
+        self.model = model
+
+    def __call__(self, *args, **kwargs):
+        with self.model.disable_adapter():
+            return self.model(*args, **kwargs)

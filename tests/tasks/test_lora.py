@@ -1,0 +1,171 @@
+"""LoRA (``model.lora``, tasks/model/lora.py): only the adapters train; the KL reference is the base model without a
+copy; the sampler, the saved model and vLLM's export get merged weights; checkpoints hold the adapters and resume
+exactly; a LoRA run learns.
+"""
+
+import copy
+
+import pytest
+import torch
+
+from tasks.config import ConfigError, LoraConfig
+from tasks.config_load import validate
+from tasks.model.lora import (
+    BaseModelView,
+    apply_lora,
+    checkpoint_state,
+    is_lora,
+    load_checkpoint_state,
+    plain_copy,
+    plain_state_dict,
+    trainable_parameters,
+)
+from tasks.model.policy import build_tiny_model, build_tokenizer, load_policy, save_policy
+from tasks.training.backend import build_updater
+from tests.tasks import dist_update_helper as h
+
+LORA = LoraConfig(enabled=True, rank=4, alpha=8.0)
+
+
+def lora_model(seed: int = 0, trained: bool = True):
+    """A tiny Llama with adapters; ``trained``: B set away from its zero start, so the adapters change the model."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # A's random start
+        model = apply_lora(build_tiny_model(hidden=64, layers=2, heads=2, seed=0), LORA)
+    if trained:
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    return model
+
+
+def logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+IDS = torch.randint(4, 90, (3, 11), generator=torch.Generator().manual_seed(1))
+
+
+def test_only_the_adapters_train_and_the_base_weights_freeze():
+    model = lora_model(trained=False)
+    trainable = dict((n, p) for n, p in model.named_parameters() if p.requires_grad)
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    assert [id(p) for p in trainable_parameters(model)] == [id(p) for p in trainable.values()]
+    # B starts at 0: the adapted model is the base model
+    torch.testing.assert_close(logits(model, IDS), logits(build_tiny_model(hidden=64, layers=2, heads=2, seed=0), IDS))
+
+
+def test_merged_weights_equal_peft_merge_and_unload_and_give_the_adapted_models_outputs():
+    """The oracle is PEFT's own merge on a copy; the merged weights are new tensors (the policy is untouched)."""
+    model = lora_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    merged = plain_state_dict(model)
+    oracle = copy.deepcopy(model).merge_and_unload().state_dict()
+    assert merged.keys() == oracle.keys() - {"lm_head.weight"} or merged.keys() == oracle.keys()
+    for k, v in merged.items():
+        torch.testing.assert_close(v, oracle[k], rtol=0, atol=1e-6)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    sampler = plain_copy(model)
+    assert not is_lora(sampler) and not any(p.requires_grad for p in sampler.parameters())
+    torch.testing.assert_close(logits(sampler, IDS), logits(model, IDS), rtol=0, atol=1e-5)
+
+
+def test_a_saved_lora_policy_loads_as_a_full_model_with_the_adapted_outputs(tmp_path):
+    model = lora_model()
+    save_policy(model, build_tokenizer(), tmp_path / "m")
+    loaded, _ = load_policy(tmp_path / "m")
+    assert not is_lora(loaded) and not any("lora" in k for k in loaded.state_dict())
+    torch.testing.assert_close(logits(loaded, IDS), logits(model, IDS), rtol=0, atol=1e-5)
+
+
+def test_the_vllm_export_of_a_lora_policy_holds_the_merged_untied_weights(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from tasks.model.vllm_engine import export_for_vllm
+
+    model = lora_model()
+    folder = export_for_vllm(model, build_tokenizer(), tmp_path / "served")
+    served = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+    assert not served.config.tie_word_embeddings
+    torch.testing.assert_close(logits(served, IDS), logits(model, IDS), rtol=0, atol=1e-5)
+
+
+def test_the_kl_reference_is_the_base_model_without_a_copy():
+    model = lora_model()
+    cfg = validate({"train": {"kl_coef": 0.1}})
+    updater = build_updater(cfg, model, pad_id=0, device="cpu")
+    assert isinstance(updater.ref_model, BaseModelView) and updater.ref_model.model is model
+    base = build_tiny_model(hidden=64, layers=2, heads=2, seed=0)
+    torch.testing.assert_close(logits(updater.ref_model, IDS), logits(base, IDS))
+    assert (logits(updater.ref_model, IDS) - logits(model, IDS)).abs().max() > 1e-3  # the adapters are back after
+
+
+def test_a_lora_step_moves_only_the_adapters_and_its_optimizer_state_is_a_tenth_of_a_full_updates():
+    """Measured after one real update each: trainable parameters and AdamW's state (bytes) of the LoRA update are at
+    most a tenth of the full update's."""
+    def step(model):
+        cfg = validate({"train": {"lr": 1e-2, "kl_coef": 0.05}})
+        updater = build_updater(cfg, model, pad_id=h.PAD, device="cpu")
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        stats = updater.step(h.make_batch(model))
+        state = updater.optimizer.state_dict()["state"]
+        nbytes = sum(t.numel() * t.element_size() for s in state.values() for t in s.values() if torch.is_tensor(t))
+        params = sum(p.numel() * p.element_size() for p in trainable_parameters(model))
+        return before, stats, nbytes, params
+
+    full = build_tiny_model(hidden=64, layers=2, heads=2, seed=0)
+    _, _, full_state, full_params = step(full)
+    model = lora_model(trained=False)
+    before, stats, state, params = step(model)
+    assert stats["train/skipped_updates"] == 0 and stats["train/kl"] >= 0
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(before[k], v)}
+    assert changed and all(".lora_" in k for k in changed)
+    assert any(".lora_B." in k for k in changed)  # B leaves 0: the adapters learn
+    assert 0 < state <= full_state / 10 and 0 < params <= full_params / 10, (state, full_state, params, full_params)
+
+
+def test_gradient_checkpointing_keeps_a_lora_updates_loss_and_gradients():
+    from tasks.training.update import gradient_checkpointing, policy_update
+
+    grads, losses = {}, {}
+    for on in (False, True):
+        model = lora_model()
+        gradient_checkpointing(model.get_base_model(), on)
+        opt = torch.optim.SGD(trainable_parameters(model), lr=0.0)
+        stats = policy_update(model, opt, copy.deepcopy(h.make_batch(h.tiny_model())), aggregation="token",
+                              kl_coef=0.0, **{**h.SETTINGS, "minibatches": 1, "grad_clip": 1e9})
+        grads[on] = torch.cat([p.grad.flatten() for p in trainable_parameters(model)])
+        losses[on] = stats["train/loss"]
+    assert losses[True] == pytest.approx(losses[False], abs=1e-6)
+    torch.testing.assert_close(grads[True], grads[False], rtol=0, atol=1e-6)
+    assert float(grads[False].abs().max()) > 1e-4
+
+
+def test_checkpoints_hold_the_adapters_and_refuse_a_model_they_do_not_fit():
+    model = lora_model(seed=3)
+    state = checkpoint_state(model)
+    assert state and all(".lora_" in k for k in state)
+    fresh = lora_model(trained=False)
+    load_checkpoint_state(fresh, state)
+    torch.testing.assert_close(logits(fresh, IDS), logits(model, IDS), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="do not fit this LoRA model"):
+        load_checkpoint_state(fresh, build_tiny_model(hidden=64, layers=2, heads=2, seed=0).state_dict())
+    with pytest.raises(ValueError, match="do not fit this LoRA model"):
+        load_checkpoint_state(apply_lora(build_tiny_model(hidden=64, layers=2, heads=2, seed=0),
+                                         LoraConfig(enabled=True, rank=2)), state)
+
+
+def test_lora_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match="model.lora is built for scale.backend=single"):
+        validate({"model": {"lora": {"enabled": True}}, "scale": {"backend": "ddp"}})
+    with pytest.raises(ConfigError, match="model.lora.dropout > 0"):
+        validate({"model": {"lora": {"enabled": True, "dropout": 0.1}}})
+    assert validate({"model": {"lora": {"enabled": True, "dropout": 0.1}}, "train": {"behaviour": "trainer"}})
+    with pytest.raises(ConfigError, match="rank"):
+        validate({"model": {"lora": {"rank": 0}}})
+    with pytest.raises(ValueError, match="model.lora.target_modules=.*nope"):
+        apply_lora(build_tiny_model(hidden=64, layers=2, heads=2, seed=0),
+                   LoraConfig(enabled=True, target_modules=("nope",)))
