@@ -27,6 +27,7 @@ from tasks.config_load import to_json
 from tasks.records.cost import CostMeter
 from tasks.records.files import write_json
 from tasks.records.ledger import Ledger, StageRow
+from tasks.records.memory import PeakMemory
 from tasks.records.tracking import MlflowTracker, NullTracker, Tracker, default_uri
 
 log = logging.getLogger("rlsift")
@@ -299,7 +300,7 @@ def open_run(cfg: Config, *, run_id: str | None = None, track: bool = True, pare
             tracker.set_tags({"rlsift.run_id": run_id, "rlsift.root": str(root)})
             tracker.log_artifact(run_dir / "config.json")
         device = resolve_device(cfg.model.device)
-        meter = CostMeter(prices=dict(cfg.cost.prices), device=cfg.cost.device)
+        meter = CostMeter(prices=dict(cfg.cost.prices), device=cfg.cost.device, memory=PeakMemory(device))
         carried = {}
         if resume:  # the crashed process's stages count once, also when it died before its first checkpoint
             carried = {k: v for k, v in ledger.stage_seconds(run_id).items() if k != "train"}

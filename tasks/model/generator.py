@@ -27,6 +27,7 @@ import torch.multiprocessing as mp
 
 from tasks.model.lora import plain_copy, plain_state_dict
 from tasks.model.rollout import Generation, HFEngine, RolloutEngine
+from tasks.records.memory import own_peak_mb, reset_own_peak
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,8 @@ class GeneratorDied(RuntimeError):
 
 def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenizer, settings: dict, conn,
            threads: int) -> None:
-    """The child's loop: ``("generate", prompts, n, seed, greedy)`` -> ``("ok", Generation)`` or ``("error", text)``;
+    """The child's loop: ``("generate", prompts, n, seed, greedy)`` -> ``("ok", (Generation, peak MiB))`` or
+    ``("error", text)`` (the peak: the child's own memory during that generation, tasks/records/memory.py);
     ``("stop",)`` or a closed pipe (the parent is gone) ends it.
 
     The model is rebuilt from its class and config, and its parameters become the parent's shared tensors
@@ -56,7 +58,9 @@ def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenize
         if msg[0] == "stop":
             return
         try:
-            out = ("ok", engine.generate(*msg[1:]))
+            reset_own_peak(settings["device"])
+            gen = engine.generate(*msg[1:])
+            out = ("ok", (gen, own_peak_mb(settings["device"])))
         except Exception as err:  # noqa: BLE001 - sent to the parent, which stops the run with it
             out = ("error", f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=5)}")
         try:
@@ -79,6 +83,8 @@ class GeneratorProcess(RolloutEngine):
         if next(self.model.parameters()).device.type == "cpu":
             self.model.share_memory()
         self.poll_s = poll_s
+        #: the child's peak memory (MiB) during the last generation (tasks/records/memory.py); None before one
+        self.peak_mb: float | None = None
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         args = (type(self.model), self.model.config, self.model.state_dict(), engine.tok, engine.settings(), child,
@@ -105,7 +111,8 @@ class GeneratorProcess(RolloutEngine):
             raise GeneratorDied(self._why(err)) from None
         if status != "ok":
             raise GeneratorDied(f"the generator process failed: {out.strip().splitlines()[0]}\n{out}")
-        return out
+        gen, self.peak_mb = out
+        return gen
 
     def _why(self, err: BaseException | None = None) -> str:
         self._proc.join(timeout=1.0)

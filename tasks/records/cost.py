@@ -3,17 +3,20 @@
 A stage's device hours are its wall-clock hours times the number of devices it held (one CPU "device"
 per process on a machine with no GPU). Money is device hours times the configured price per device
 hour for the detected device type. Metrics: ``time/<stage>_s``, ``cost/<stage>_device_hours``,
-``cost/<stage>_usd`` and the totals ``cost/device_hours``, ``cost/usd``.
+``cost/<stage>_usd`` and the totals ``cost/device_hours``, ``cost/usd``. The run's meter also measures each stage's
+peak memory (tasks/records/memory.py).
 """
 
 from __future__ import annotations
 
 import re
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
+
+from tasks.records.memory import PeakMemory
 
 
 def detect_device() -> tuple[str, int]:
@@ -33,6 +36,8 @@ class CostMeter:
     device: str | None = None
     devices: int | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    #: where each stage's peak memory is measured too (tasks/records/memory.py); None: time only
+    memory: PeakMemory | None = None
 
     def __post_init__(self) -> None:
         found, count = detect_device()
@@ -44,9 +49,11 @@ class CostMeter:
 
     @contextmanager
     def stage(self, name: str):
+        """Time the ``with`` block as stage ``name`` (and measure its peak memory when :attr:`memory` is set)."""
         t0 = time.perf_counter()
         try:
-            yield
+            with self.memory.phase(name) if self.memory is not None else nullcontext():
+                yield
         finally:
             self.add(name, time.perf_counter() - t0)
 

@@ -48,11 +48,12 @@ STATEFUL = ["select.method=dots", "calibrate.k=8", "calibrate.g=4", "select.pred
 STEPS = 6
 TINY = ROOT / "tests" / "fixtures" / "tiny.yaml"
 #: metrics that depend on the clock, not on the computation
-CLOCK = ("time/", "cost/", "rollout/tokens_per_s", "perf/", "overlap/")
+CLOCK = ("time/", "cost/", "rollout/tokens_per_s", "perf/", "overlap/", "memory/")
 
 
 def args(root: Path, easy) -> list[str]:
-    return ["-c", str(TINY), *easy_overrides(*easy), *STATEFUL, f"paths.root={root}"]
+    """``easy``: the easy task's (data folder, policy folder), then any further overrides."""
+    return ["-c", str(TINY), *easy_overrides(*easy[:2]), *STATEFUL, *easy[2:], f"paths.root={root}"]
 
 
 def ledger_rows(root: Path, table: str, order: str) -> list[dict]:
@@ -89,8 +90,13 @@ def kill_during_training(root: Path, argv: list[str], env: dict, after_steps: in
 
 
 @pytest.mark.slow
-def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, easy_task):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, easy_task, lora):
+    """Every weight trained, or LoRA adapters (``model.lora``: the checkpoint holds the adapters and their AdamW
+    state; the final model is the merged one)."""
     env = cli_env(tmp_path)
+    if lora:
+        easy_task = (*easy_task, "model.lora.enabled=true", "model.lora.rank=4", "train.lr=1e-3")
     root_a, root_b = tmp_path / "a", tmp_path / "b"
     plain = {k: v for k, v in env.items() if k != "CI"}  # the uninterrupted run: not a terminal, not CI
     done = rlsift("run", *args(root_a, easy_task), "--json", env=plain)

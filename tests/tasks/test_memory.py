@@ -1,0 +1,56 @@
+"""Peak memory per phase (tasks/records/memory.py): each phase's own peak, reset between phases, in every step's
+metrics, and the generator process's own."""
+
+import pytest
+import torch
+
+from tasks.records.cost import CostMeter
+from tasks.records.memory import PeakMemory, own_peak_mb
+
+
+def test_each_phase_gets_its_own_peak_and_take_forgets_them():
+    mem = PeakMemory("cpu")
+    meter = CostMeter(prices={"cpu": 0.1}, device="cpu", devices=1, memory=mem)
+    with meter.stage("big"):
+        block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+        del block
+    with meter.stage("small"):
+        torch.ones(16)
+    got = mem.take()
+    assert set(got) == {"memory/big_peak_mb", "memory/small_peak_mb"} and meter.seconds.keys() == {"big", "small"}
+    assert mem.resettable
+    assert got["memory/big_peak_mb"] >= got["memory/small_peak_mb"] + 50  # the small phase does not inherit it
+    assert got["memory/small_peak_mb"] <= own_peak_mb("cpu") + 1
+    assert mem.take() == {}
+
+
+def test_a_phase_run_twice_in_a_step_reports_its_larger_peak():
+    mem = PeakMemory("cpu")
+    with mem.phase("update"):
+        block = torch.ones(48 * 2**20 // 4)
+        del block
+    first = mem.take()["memory/update_peak_mb"]
+    with mem.phase("update"):
+        block = torch.ones(48 * 2**20 // 4)
+        del block
+    with mem.phase("update"):
+        torch.ones(16)
+    assert mem.take()["memory/update_peak_mb"] == pytest.approx(first, abs=16)
+
+
+@pytest.mark.parametrize("lag", [0, 1])
+def test_every_step_logs_its_phases_peaks(smoke_cfg, pool, lag):
+    from tests.tasks.test_train import SMALL, run_train
+
+    *_, logged = run_train(smoke_cfg(*SMALL, f"overlap.lag={lag}"), pool)
+    for m in logged:
+        assert m["memory/update_peak_mb"] > 10 and m["memory/selection_peak_mb"] > 10
+        assert ("memory/generator_peak_mb" in m) == bool(lag) or m["step"] == len(logged) - 1
+    assert "memory/rollout_peak_mb" in logged[0]
+
+
+@pytest.fixture(scope="module")
+def pool():
+    from tasks.data import arith
+
+    return arith.generate(0, 40, "train", "default")
