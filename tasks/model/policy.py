@@ -173,11 +173,14 @@ def save_policy(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, path
     A LoRA policy is saved as the plain model with its adapters merged (tasks/model/lora.py), so the folder loads
     with ``load_policy`` (and from MLflow's registry) as a full model.
     """
-    from tasks.model.lora import base_model, plain_state_dict
+    from tasks.model.lora import base_model, is_lora, plain_state_dict
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    base_model(model).save_pretrained(path, state_dict=plain_state_dict(model))
+    if is_lora(model):
+        base_model(model).save_pretrained(path, state_dict=plain_state_dict(model))
+    else:
+        model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 
