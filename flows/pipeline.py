@@ -41,7 +41,8 @@ if log.level == logging.NOTSET:  # stage summaries at INFO also where the root l
     log.setLevel(logging.INFO)   # worker's flow run, whose log Prefect's extra-logger handler sends to the UI)
 
 #: Config keys a resume may override (they do not change what is computed).
-RESUME_MAY_CHANGE = ("paths.", "tracking.uri", "model.threads", "model.device", "rollout.vllm_url")
+RESUME_MAY_CHANGE = ("paths.", "tracking.uri", "model.threads", "model.device", "rollout.vllm_url",
+                     "rollout.vllm_timeout")
 
 
 #: RunSummary fields only a run of that status reports (the others report none of them).

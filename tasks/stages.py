@@ -104,11 +104,10 @@ def prepare_stage(run: Run) -> Policy:
         path = policy_source(cfg)
         model, tok = load_policy(path, dtype=resolve_dtype(mc.dtype, run.device), device=run.device)
     rc = cfg.rollout
-    if rc.engine == "vllm":
-        from tasks.model.vllm_engine import VLLMEngine
-        engine = VLLMEngine(rc.vllm_url, tok, max_new_tokens=rc.max_new_tokens, temperature=rc.temperature,
-                            top_p=rc.top_p, top_k=rc.top_k)
-        engine.sync_weights(model, tok, run.dir / "vllm_weights")  # the server samples from exactly this policy
+    if rc.engine == "vllm":  # one or more vLLM servers (docs/scale-out.md)
+        from tasks.model.server_pool import ServerPool
+        engine = ServerPool.from_config(rc, tok)
+        engine.sync_weights(model, tok, run.dir / "vllm_weights")  # the servers sample from exactly this policy
     else:
         engine = HFEngine(model, tok, max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
                           top_k=rc.top_k, chunk=rc.chunk, device=run.device)

@@ -8,6 +8,8 @@ Checks: shapes and prompt-major layout; the server's log-probs (``processed_logp
 agree with ``tasks.model.forward.token_logprobs`` on the same weights (atol 2e-4: two float32 implementations
 of the same network, different kernels and summation order); seeded sampling repeats; greedy picks the
 arg-max token; ``reload_weights`` from a second model's folder makes the log-probs follow the new weights.
+Two servers at once (tasks/model/server_pool.py): spread over both, a call returns what one server returns, and an
+overlapped training run completes when one of them is killed mid-step (each server about 1 minute to start).
 """
 
 from __future__ import annotations
@@ -150,3 +152,109 @@ def test_reload_weights_takes_effect(served):
         engine.reload_weights(tmp / "a")
     with pytest.raises(ValueError, match="no config.json"):
         engine.reload_weights(tmp)
+
+
+# ---------------------------------------------------------------- several servers (tasks/model/server_pool.py)
+def _launch(folder: Path, tmp: Path, name: str) -> tuple[subprocess.Popen, str, Path]:
+    """Start ``infra/vllm-serve.sh`` on ``folder`` at a free port, in its own process group; (process, URL, log)."""
+    port = free_port()
+    log = tmp / f"{name}.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(["bash", str(ROOT / "infra" / "vllm-serve.sh"), str(folder), str(port), "--dtype",
+                                 "float32", "--enforce-eager", "--max-num-seqs", "64"],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, f"http://127.0.0.1:{port}", log
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def two_served(tmp_path_factory):
+    """Two vLLM servers on the tiny training policy (tests/tasks/test_train.py ``make_policy``), started at once:
+    [(process, URL, log)] and the tokenizer."""
+    from tasks.model.vllm_engine import VLLMEngine, export_for_vllm
+    from tests.tasks.test_train import make_policy
+
+    tmp = tmp_path_factory.mktemp("vllm-pool")
+    policy = make_policy()
+    folder = export_for_vllm(policy.model, policy.tokenizer, tmp / "init")
+    servers = [_launch(folder, tmp, f"server{i}") for i in range(2)]
+    try:
+        t0 = time.perf_counter()
+        for proc, url, log in servers:
+            engine = VLLMEngine(url, policy.tokenizer, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0)
+            while True:
+                try:
+                    engine.wait_ready(timeout=5)
+                    break
+                except Exception:
+                    if proc.poll() is not None or time.perf_counter() - t0 > 900:
+                        pytest.fail(f"vLLM server {url} did not start:\n" + log.read_text()[-4000:])
+        print(f"two vLLM servers ready in {time.perf_counter() - t0:.1f} s")
+        yield servers, policy.tokenizer
+    finally:
+        for proc, _, _ in servers:
+            _stop(proc)
+
+
+def test_two_servers_give_the_one_servers_generation(two_served):
+    """The same seeds on the same weights: spreading the prompts over two servers returns what one returns."""
+    from tasks.model.server_pool import ServerPool
+
+    servers, tok = two_served
+    urls = [url for _, url, _ in servers]
+    texts = [format_prompt(tok, q) for q in [*PROMPTS, "5+5=?", "9-2=?"]]
+    settings = {"max_new_tokens": 12, "temperature": TEMPERATURE, "top_p": 1.0, "top_k": 0}
+    one = ServerPool(urls[:1], tok, **settings).generate(texts, n=3, seed=11)
+    two = ServerPool(urls, tok, **settings)
+    both = two.generate(texts, n=3, seed=11)
+    assert torch.equal(one.completion_ids, both.completion_ids)
+    torch.testing.assert_close(one.logprobs, both.logprobs, rtol=0, atol=ATOL)
+    assert two.metrics() == {"rollout/servers_live": 2.0, "rollout/server0_prompts": 3.0,
+                             "rollout/server1_prompts": 2.0}
+
+
+def test_a_run_that_loses_one_of_two_servers_mid_step_completes(two_served, tmp_path, monkeypatch, caplog):
+    """The overlapped run (overlap.lag 1, 5 steps of 6 prompts, 3 per server) with the second server SIGKILLed as it
+    is sent its 5th prompt (step 1's draw): the run completes on the first server, every step in the ledger once with
+    its 6 prompts, none twice, and one warning line names the dead server. Runs last: it kills a server of the
+    module's fixture."""
+    import logging
+
+    from tasks.data import arith
+    from tasks.model.vllm_engine import VLLMEngine
+    from tests.tasks.test_server_pool import WARNING, run_cfg, train_on
+    from tests.tasks.test_train import text_reward
+
+    servers, _ = two_served
+    (_, first, _), (victim, second, _) = servers
+    monkeypatch.setattr("tasks.training.rollouts.batch_rewards", text_reward)
+    real, calls = VLLMEngine.complete, [0]
+
+    def dying(self, *args, **kwargs):
+        if self.url == second:
+            calls[0] += 1
+            if calls[0] == 5:
+                os.killpg(victim.pid, signal.SIGKILL)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(VLLMEngine, "complete", dying)
+    with caplog.at_level(logging.WARNING, logger="rlsift.rollout"):
+        got = train_on(run_cfg(tmp_path, [first, second], 1), arith.generate(0, 40, "train", "default"))
+    assert victim.wait(timeout=30) is not None
+    assert got["summary"].steps == 5
+    for step in range(5):
+        ids = [g["prompt_id"] for g in got["groups"] if g["step"] == step]
+        assert len(ids) == 6 and len(set(ids)) == 6, (step, ids)
+    lines = [r.getMessage() for r in caplog.records if r.name == "rlsift.rollout"]
+    assert len(lines) == 1 and WARNING.fullmatch(lines[0]) and second in lines[0], lines
+    assert [m["rollout/servers_live"] for m in got["logged"]] == [2.0, 1.0, 1.0, 1.0, 1.0]

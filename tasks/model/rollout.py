@@ -2,8 +2,9 @@
 
 ``HFEngine`` uses ``transformers`` generation (left padding, KV cache, sampling settings from config).
 Each call is seeded from ``(seed, step, purpose)``, so a resumed run samples exactly what an
-uninterrupted one would. Every engine implements :class:`RolloutEngine` (``generate`` and ``sync_weights``);
-the other one is the vLLM server's (``tasks/model/vllm_engine.py``).
+uninterrupted one would. Every engine implements :class:`RolloutEngine` (``generate``, ``sync_weights`` and
+``metrics``); the others are the vLLM server's (``tasks/model/vllm_engine.py``) and a pool of such servers
+(``tasks/model/server_pool.py``).
 """
 
 from __future__ import annotations
@@ -142,6 +143,11 @@ class RolloutEngine(Protocol):
         ``folder``: where an engine that runs outside this process may write the weights for it to load.
         """
         ...
+
+    def metrics(self) -> dict[str, float]:
+        """The engine's own gauges, logged with each step's metrics (a pool of servers: how many are live,
+        tasks/model/server_pool.py); an engine that subclasses this protocol and has none inherits ``{}``."""
+        return {}
 
 
 class HFEngine(RolloutEngine):

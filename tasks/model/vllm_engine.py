@@ -8,7 +8,9 @@ to it with the standard library's ``urllib``:
   ``n``, ``max_tokens``, ``temperature``/``top_p``/``top_k``, a per-prompt ``seed``, ``logprobs: 0`` (the
   sampled token's log-prob only), ``return_token_ids: true`` (the completion's token ids in
   ``choices[i].token_ids``). One request per prompt, sent concurrently (vLLM batches them), so each prompt
-  gets its own seed ``derive_seed(seed, b)``; vLLM gives the n children of a request ``seed + j``.
+  gets its own seed ``derive_seed(seed, b)`` (:func:`prompt_seed`), b its index in the whole call, whichever
+  server answers it (tasks/model/server_pool.py spreads a call over several); vLLM gives the n children of a
+  request ``seed + j``.
 - Log-probs: ``infra/vllm-serve.sh`` starts the server with ``--logprobs-mode processed_logprobs`` so the
   returned values are after temperature (and top-k/top-p) scaling, i.e. the sampling distribution, which is
   what ``tasks.model.forward.token_logprobs(..., temperature)`` computes on the training side (equal when
@@ -33,11 +35,16 @@ to it with the standard library's ``urllib``:
 The returned log-probs are the behaviour policy of the loss (``train.behaviour``, docs/algorithms.md section 8.2):
 rollouts from weights synced at a round boundary (``overlap.lag=0``) or one step behind (``overlap.lag=1``) are
 corrected by them, and so is the bf16 mismatch between server and trainer.
+
+Errors: :class:`ServerDown` (a :class:`VLLMError`) when the server is gone or broken (connection refused or reset,
+a timeout, an HTTP 5xx answer, an answer cut short), which a pool of servers answers by dropping it; any other
+:class:`VLLMError` (an HTTP 4xx: a request the server refuses) is a bug every server would share.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import shutil
 import time
@@ -57,6 +64,44 @@ class VLLMError(RuntimeError):
     """The vLLM server answered with an error or could not be reached."""
 
 
+class ServerDown(VLLMError):
+    """The server at ``url`` is gone or broken (``reason``: connection refused or reset, timed out, HTTP 5xx, an
+    answer cut short): another server may take its requests."""
+
+    def __init__(self, url: str, reason: str):
+        self.url, self.reason = url, " ".join(reason.split())[:300]  # one line, whatever the server wrote
+        super().__init__(f"vLLM server at {url} unreachable ({self.reason}); start it with infra/vllm-serve.sh "
+                         "MODEL_DIR")
+
+
+def prompt_seed(seed: int, b: int) -> int:
+    """The sampling seed of prompt ``b`` (its index in the whole ``generate`` call) of a call seeded ``seed``: the
+    same whichever server answers it, so a call's results do not depend on how its prompts are spread."""
+    return derive_seed(seed, b) % 2**31
+
+
+def prompt_token_ids(tokenizer, prompts: list[str]) -> list[torch.Tensor]:
+    """The prompts as token ids, tokenized here (the server's tokenizer is never used)."""
+    return [torch.tensor(tokenizer(p, add_special_tokens=add_special(tokenizer))["input_ids"], dtype=torch.long)
+            for p in prompts]
+
+
+def choices_to_generation(tokenizer, prompt_ids: list[torch.Tensor], per_prompt: list[list[dict]],
+                          n: int) -> Generation:
+    """The :class:`Generation` of the server's answers: ``per_prompt[b]``, the n choices of prompt b, laid out
+    prompt-major; token ids and log-probs right-padded (vLLM stops after EOS, kept in ``token_ids``, or at
+    ``max_tokens``), a missing log-prob as 0."""
+    choices = [c for cs in per_prompt for c in cs]  # prompt-major, as Generation requires
+    ids, mask = right_pad([c["token_ids"] for c in choices], tokenizer.pad_token_id)
+    logp = torch.zeros(ids.shape, dtype=torch.float32)
+    for i, c in enumerate(choices):
+        lp = [x if x is not None else 0.0 for x in c["logprobs"]["token_logprobs"]]
+        logp[i, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
+    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    return Generation(prompt_ids=prompt_ids, completion_ids=ids, completion_mask=mask, texts=texts, n=n,
+                      logprobs=logp)
+
+
 class VLLMEngine(RolloutEngine):
     """Sampling through a running ``vllm serve`` (a :class:`tasks.model.rollout.RolloutEngine`, like ``HFEngine``).
 
@@ -64,7 +109,7 @@ class VLLMEngine(RolloutEngine):
         url: the server's base URL, e.g. ``http://127.0.0.1:8000``.
         tokenizer: the policy's tokenizer (tokenizes prompts, decodes completions, gives pad/eos ids).
         max_new_tokens, temperature, top_p, top_k: sampling settings (top_k 0: off).
-        timeout: seconds per HTTP request.
+        timeout: seconds per HTTP request (past it the server counts as down: :class:`ServerDown`).
         concurrency: prompts in flight at once.
     """
 
@@ -85,11 +130,18 @@ class VLLMEngine(RolloutEngine):
             with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as err:
-            raise VLLMError(f"vLLM {path}: HTTP {err.code}: {err.read().decode(errors='replace')[:2000]}") from None
-        except (urllib.error.URLError, OSError) as err:
-            raise VLLMError(f"vLLM server at {self.url} unreachable ({err}); start it with "
-                            "infra/vllm-serve.sh MODEL_DIR") from None
-        return json.loads(raw) if raw.strip() else None
+            body = err.read().decode(errors="replace")[:2000]
+            if err.code >= 500:
+                raise ServerDown(self.url, f"{path}: HTTP {err.code}: {body}") from None
+            raise VLLMError(f"vLLM {path}: HTTP {err.code}: {body}") from None
+        except urllib.error.URLError as err:
+            raise ServerDown(self.url, str(err.reason)) from None
+        except (OSError, http.client.HTTPException) as err:  # reset, cut short, timed out
+            raise ServerDown(self.url, f"{type(err).__name__}: {err}" if str(err) else type(err).__name__) from None
+        try:
+            return json.loads(raw) if raw.strip() else None
+        except ValueError:
+            raise ServerDown(self.url, f"{path}: not JSON: {raw[:200]!r}") from None
 
     def wait_ready(self, timeout: float = 300.0, poll: float = 1.0) -> float:
         """Block until ``GET /health`` answers; returns the seconds waited."""
@@ -111,7 +163,8 @@ class VLLMEngine(RolloutEngine):
         return self._model
 
     # -- generation -------------------------------------------------------------------------------------
-    def _complete(self, prompt_ids: list[int], n: int, seed: int, greedy: bool) -> list[dict]:
+    def complete(self, prompt_ids: list[int], n: int, seed: int, greedy: bool) -> list[dict]:
+        """One prompt's n choices (sorted by index), sampled with ``seed`` (:func:`prompt_seed`)."""
         body = {"model": self.model, "prompt": prompt_ids, "n": n, "max_tokens": self.max_new_tokens,
                 "temperature": 0.0 if greedy else self.temperature, "top_p": 1.0 if greedy else self.top_p,
                 "top_k": 0 if greedy else self.top_k, "seed": seed % 2**31, "logprobs": 0,
@@ -124,22 +177,11 @@ class VLLMEngine(RolloutEngine):
     def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False) -> Generation:
         """n completions for each prompt (prompt-major rows), seeded per prompt from ``seed``; ``logprobs`` are the
         server's (``--logprobs-mode processed_logprobs``: after temperature, top-k and top-p)."""
-        prompt_ids = [torch.tensor(self.tok(p, add_special_tokens=add_special(self.tok))["input_ids"], dtype=torch.long)
-                      for p in prompts]
+        prompt_ids = prompt_token_ids(self.tok, prompts)
         with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(prompts)))) as pool:
-            per_prompt = list(pool.map(lambda b: self._complete(prompt_ids[b].tolist(), n, derive_seed(seed, b),
-                                                                greedy), range(len(prompts))))
-        choices = [c for cs in per_prompt for c in cs]  # prompt-major, as Generation requires
-        # vLLM stops after EOS (kept in token_ids) or at max_tokens
-        ids, mask = right_pad([c["token_ids"] for c in choices], self.tok.pad_token_id)
-        logp = torch.zeros(ids.shape, dtype=torch.float32)
-        for i, c in enumerate(choices):
-            lp = [x if x is not None else 0.0 for x in c["logprobs"]["token_logprobs"]]
-            logp[i, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
-        texts = self.tok.batch_decode(ids, skip_special_tokens=True)
-        return Generation(prompt_ids=prompt_ids, completion_ids=ids, completion_mask=mask, texts=texts, n=n,
-                          logprobs=logp)
-
+            per_prompt = list(pool.map(lambda b: self.complete(prompt_ids[b].tolist(), n, prompt_seed(seed, b),
+                                                               greedy), range(len(prompts))))
+        return choices_to_generation(self.tok, prompt_ids, per_prompt, n)
 
     # -- weights ----------------------------------------------------------------------------------------
     def reload_weights(self, model_dir: str | Path) -> float:

@@ -119,7 +119,7 @@ class FreshBatch:
         generated: rollouts generated (discarded ones included); tokens: their completion tokens;
             prompt_tokens: their prompts' tokens (a prompt counted once per rollout).
         gen_s: wall seconds in generation and verification.
-        stats: PODS and dynamic-sampling metrics.
+        stats: PODS and dynamic-sampling metrics, and the rollout engine's own (``RolloutEngine.metrics``).
     """
 
     groups: list[RolloutGroup]
@@ -195,6 +195,7 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
     stats = {key: sum(b * st[key] for b, st in pods_all) / total for key in pods_all[0][1]}
     if filler is not None:
         stats |= filler.metrics()
+    stats |= policy.engine.metrics()  # e.g. a pool's live servers (tasks/model/server_pool.py)
     return FreshBatch(groups=groups, idx=idx_all, rows=rows_all, records=records_all,
                       rewards=torch.cat(rewards_all), generated=generated, tokens=tokens, prompt_tokens=prompt_tokens,
                       gen_s=gen_s, stats=stats)

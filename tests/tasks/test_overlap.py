@@ -21,7 +21,7 @@ from tasks.data import arith
 from tasks.model.forward import token_logprobs
 from tasks.model.generator import GeneratorDied, GeneratorProcess
 from tasks.model.policy import build_tiny_model, build_tokenizer
-from tasks.model.rollout import HFEngine
+from tasks.model.rollout import HFEngine, RolloutEngine
 from tasks.training.update import mismatch_metrics, policy_update
 from tests.tasks import dist_update_helper as h
 from tests.tasks.test_train import PRESETS, SMALL, run_train, text_reward
@@ -250,7 +250,7 @@ def test_a_killed_trainer_leaves_no_generator_behind():
         proc.kill()
 
 
-class ScriptedServer:
+class ScriptedServer(RolloutEngine):
     """A rollout engine outside the trainer (as the vLLM server is): it samples from its own copy of the weights,
     loaded only by ``sync_weights``, and returns log-probs ``shift`` nats below its own (as a bf16 server's differ)."""
 

@@ -57,7 +57,7 @@ def test_unreachable_server_and_bad_folder(tmp_path):
 
 def test_completions_become_a_right_padded_generation_without_a_server(monkeypatch):
     """generate lays the server's choices out prompt-major: ids and log-probs right-padded, the mask
-    on the returned tokens (EOS included), a missing log-prob as 0; the server here is a scripted ``_complete``."""
+    on the returned tokens (EOS included), a missing log-prob as 0; the server here is a scripted ``complete``."""
     tok = build_tokenizer()
     engine = VLLMEngine("http://127.0.0.1:9", tok, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0)
     eos = tok.eos_token_id
@@ -68,7 +68,7 @@ def test_completions_become_a_right_padded_generation_without_a_server(monkeypat
         return [{"index": j, "token_ids": t, "logprobs": {"token_logprobs": [None if x == eos else -0.5 for x in t]}}
                 for j, t in enumerate(script[b])]
 
-    monkeypatch.setattr(engine, "_complete", complete)
+    monkeypatch.setattr(engine, "complete", complete)
     monkeypatch.setattr("tasks.model.vllm_engine.add_special", lambda _tok: False)
     gen = engine.generate(["a", "b"], n=2, seed=0)
     logp = gen.logprobs
