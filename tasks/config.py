@@ -87,6 +87,20 @@ class WarmStartConfig(_Frozen):
         "(tasks/data/arith.py flawed_solution); the habit RL then removes."))
 
 
+class LoraConfig(_Frozen):
+    """LoRA adapters through PEFT (tasks/model/lora.py; LoRA: arXiv 2106.09685): only the adapters train."""
+
+    enabled: bool = Field(False, description="Train LoRA adapters instead of every weight.")
+    rank: int = Field(16, ge=1, description="r: the rank of each adapter's update B A.")
+    alpha: float = Field(32.0, gt=0, description="alpha: the update is scaled by alpha / r.")
+    dropout: float = Field(0.0, ge=0, lt=1, description=(
+        "Dropout on the adapters' input in training mode. Must be 0 while the rollouts' own log-probs are the "
+        "loss's behaviour policy (train.behaviour), since the sampler runs without it."))
+    target_modules: str | tuple[str, ...] = Field("all-linear", description=(
+        "Layers that get adapters: module names (e.g. [q_proj, v_proj]) or 'all-linear' (every linear layer but "
+        "the output head), as PEFT reads them."))
+
+
 class ModelConfig(_Frozen):
     """The policy (tasks/model/policy.py): a local model folder, or the tiny Llama built and warm-started here."""
 
@@ -95,6 +109,7 @@ class ModelConfig(_Frozen):
     layers: int = Field(4, ge=1, description="Tiny default only: transformer layers.")
     heads: int = Field(4, ge=1, description="Tiny default only: attention heads (hidden/heads >= 32).")
     warmstart: WarmStartConfig = Field(WarmStartConfig(), description="Warm start of the tiny default.")
+    lora: LoraConfig = Field(LoraConfig(), description="LoRA adapters (off: every weight trains).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description=(
         "Device of the policy: auto picks cuda when visible, else cpu (tasks/run.py resolve_device)."))
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description=(
@@ -525,6 +540,12 @@ class Config(_Frozen):
                              "pods.enabled or replay.enabled")
         if self.adapt.low >= self.adapt.high:
             raise ValueError(f"adapt.low ({self.adapt.low}) must be below adapt.high ({self.adapt.high})")
+        if self.model.lora.enabled and self.scale.backend != "single":
+            raise ValueError(f"model.lora is built for scale.backend=single, not {self.scale.backend}: train every "
+                             "weight under scale-out, or LoRA on one process")
+        if self.model.lora.enabled and self.model.lora.dropout > 0 and self.train.behaviour != "trainer":
+            raise ValueError("model.lora.dropout > 0 makes the trainer's log-probs differ from the sampler's, which "
+                             "are the loss's behaviour policy: set it to 0 or train.behaviour=trainer")
         if self.guard.share > 0 and self.select.drop_solved:
             raise ValueError("guard.share keeps solved prompts in the batch and select.drop_solved removes them: "
                              "set one of them")

@@ -28,6 +28,7 @@ from rlcore.seeding import derive_seed
 from tasks.config import Config
 from tasks.data import ingest
 from tasks.data.prompts import PromptRecord
+from tasks.model.lora import apply_lora, trainable_parameters
 from tasks.model.policy import Policy, load_policy
 from tasks.model.rollout import HFEngine
 from tasks.model.warmstart import sft_records, warm_start
@@ -103,6 +104,8 @@ def prepare_stage(run: Run) -> Policy:
     with run.meter.stage("prepare"):
         path = policy_source(cfg)
         model, tok = load_policy(path, dtype=resolve_dtype(mc.dtype, run.device), device=run.device)
+        if mc.lora.enabled:
+            model = apply_lora(model, mc.lora)
     rc = cfg.rollout
     if rc.engine == "vllm":  # one or more vLLM servers (docs/scale-out.md)
         from tasks.model.server_pool import ServerPool
@@ -115,7 +118,8 @@ def prepare_stage(run: Run) -> Policy:
     run.log_stage_cost("prepare", metrics=not run.resumed)
     if not run.resumed:
         run.tracker.set_tags({"rlsift.policy_path": str(path)})
-        run.log_metrics({"model/params": sum(p.numel() for p in model.parameters())}, 0)
+        run.log_metrics({"model/params": sum(p.numel() for p in model.parameters()),
+                         "model/trainable_params": sum(p.numel() for p in trainable_parameters(model))}, 0)
     return Policy(model=model, tokenizer=tok, engine=engine,
                   system_prompt=mc.system_prompt if getattr(tok, "chat_template", None) else None)
 

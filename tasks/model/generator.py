@@ -114,6 +114,10 @@ class GeneratorProcess(RolloutEngine):
         gen, self.peak_mb = out
         return gen
 
+    def metrics(self) -> dict[str, float]:
+        """``memory/generator_peak_mb``: the child's own peak memory during its last generation."""
+        return {"memory/generator_peak_mb": self.peak_mb} if self.peak_mb is not None else {}
+
     def _why(self, err: BaseException | None = None) -> str:
         self._proc.join(timeout=1.0)
         code = self._proc.exitcode

@@ -221,18 +221,21 @@ def export_for_vllm(model, tokenizer, path: str | Path) -> Path:
 
     The untied copy sets ``tie_word_embeddings: false`` in ``config.json`` and adds a safetensors shard
     holding the head's weight (= the embedding), listed in ``model.safetensors.index.json`` (a single-file
-    save becomes two shards), so both transformers and vLLM load it.
+    save becomes two shards), so both transformers and vLLM load it. A LoRA policy is exported with its adapters
+    merged (vLLM's own LoRA loading is not used: one folder serves any model, with or without adapters).
     Returns the folder (for :meth:`VLLMEngine.reload_weights` or ``vllm serve``).
     """
     from safetensors import safe_open
     from safetensors.torch import save_file
 
+    from tasks.model.lora import base_model
     from tasks.model.policy import save_policy
 
     path = Path(path)
     if path.exists():
         shutil.rmtree(path)
-    save_policy(model, tokenizer, path)
+    save_policy(model, tokenizer, path)  # under LoRA: the merged weights
+    model = base_model(model)
     if not _tied(model.config):
         return path
     head = model.get_output_embeddings().weight

@@ -195,7 +195,7 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
     stats = {key: sum(b * st[key] for b, st in pods_all) / total for key in pods_all[0][1]}
     if filler is not None:
         stats |= filler.metrics()
-    stats |= policy.engine.metrics()  # e.g. a pool's live servers (tasks/model/server_pool.py)
+    stats |= policy.engine.metrics()  # a pool's live servers, the generator process's peak memory
     return FreshBatch(groups=groups, idx=idx_all, rows=rows_all, records=records_all,
                       rewards=torch.cat(rewards_all), generated=generated, tokens=tokens, prompt_tokens=prompt_tokens,
                       gen_s=gen_s, stats=stats)
@@ -410,7 +410,7 @@ def _train(run: Run, policy: Policy, sampling: SamplingPolicy, updater, pool: li
                 metrics |= held.metrics
                 selector.set_heldout_accuracy(held.accuracy)  # before the checkpoint below, so a resume keeps it
             metrics["time/step_s"] = time.perf_counter() - t0
-            metrics |= run.meter.metrics()
+            metrics |= run.meter.metrics() | (run.meter.memory.take() if run.meter.memory is not None else {})
             with run.meter.stage("tracking"):
                 run.log_metrics(metrics, step)
                 with open(metrics_file, "a") as f:

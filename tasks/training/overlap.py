@@ -84,12 +84,6 @@ class SamplingPolicy:
         self.policy.engine.sync_weights(source, self.trainer.tokenizer, folder)
         return time.perf_counter() - t0
 
-    def memory_metrics(self) -> dict[str, float]:
-        """``memory/generator_peak_mb``: the generator process's peak during its last draw (overlapped in-process
-        engine only; a server's memory is its own)."""
-        peak = self._process.peak_mb if self._process is not None else None
-        return {"memory/generator_peak_mb": peak} if peak is not None else {}
-
     def close(self) -> None:
         if self._process is not None:
             self._process.close()
