@@ -11,10 +11,11 @@ Columns: trainable parameters; AdamW's state after the steps (bytes of its tenso
 resident set during the timed steps, and that peak above its size when they started (what the step itself
 allocates: activations, gradients); seconds a step.
 
-Usage: .venv/bin/python infra/update-memory.py            (every arm, one after the other)
-       .venv/bin/python infra/update-memory.py ARM        (one of full, full+ckpt, lora, lora+ckpt)
+Usage: .venv/bin/python infra/update-memory.py [--hidden 256] [--layers 8]   (every arm, one after the other)
+       .venv/bin/python infra/update-memory.py ARM                          (full, full+ckpt, lora or lora+ckpt)
 """
 
+import argparse
 import json
 import re
 import subprocess
@@ -29,7 +30,7 @@ def rss_peak_mib() -> float:
     return int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) / 1024
 
 
-def one(arm: str) -> dict:
+def one(arm: str, hidden: int, layers: int) -> dict:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -40,8 +41,8 @@ def one(arm: str) -> dict:
 
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=400, hidden_size=256, intermediate_size=1024,
-                                         num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=400, hidden_size=hidden, intermediate_size=4 * hidden,
+                                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                                          max_position_embeddings=1024, tie_word_embeddings=True))
     if arm.startswith("lora"):
         model = apply_lora(model, LoraConfig(enabled=True, rank=16, alpha=32.0))
@@ -74,12 +75,18 @@ def one(arm: str) -> dict:
 
 
 def main() -> None:
-    if len(sys.argv) > 1:
-        print(json.dumps(one(sys.argv[1])))  # noqa: T201 - read by the parent
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("arm", nargs="?", choices=ARMS, help="one arm (default: every arm, each in its own process)")
+    p.add_argument("--hidden", type=int, default=256, help="hidden size (the MLP is 4x)")
+    p.add_argument("--layers", type=int, default=8)
+    args = p.parse_args()
+    if args.arm:
+        print(json.dumps(one(args.arm, args.hidden, args.layers)))  # noqa: T201 - read by the parent
         return
     rows = []
     for arm in ARMS:
-        out = subprocess.run([sys.executable, __file__, arm], capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, __file__, arm, f"--hidden={args.hidden}", f"--layers={args.layers}"],
+                             capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     full = rows[0]
     print("| arm | trainable parameters | AdamW state | peak resident set | of which the step | s a step |")  # noqa: T201
