@@ -45,7 +45,7 @@ def one(arm: str, hidden: int, layers: int) -> dict:
                                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                                          max_position_embeddings=1024, tie_word_embeddings=True))
     if arm.startswith("lora"):
-        model = apply_lora(model, LoraConfig(enabled=True, rank=16, alpha=32.0))
+        model = apply_lora(model, LoraConfig(enabled=True, rank=16, alpha=32.0), seed=0)
     gradient_checkpointing(base_model(model), arm.endswith("+ckpt"))
     params = trainable_parameters(model)
     optimizer = torch.optim.AdamW(params, lr=1e-5)

@@ -105,7 +105,7 @@ def prepare_stage(run: Run) -> Policy:
         path = policy_source(cfg)
         model, tok = load_policy(path, dtype=resolve_dtype(mc.dtype, run.device), device=run.device)
         if mc.lora.enabled:
-            model = apply_lora(model, mc.lora)
+            model = apply_lora(model, mc.lora, derive_seed(cfg.seed, "lora"))
     rc = cfg.rollout
     if rc.engine == "vllm":  # one or more vLLM servers (docs/scale-out.md)
         from tasks.model.server_pool import ServerPool

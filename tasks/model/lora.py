@@ -40,13 +40,19 @@ from tasks.config import LoraConfig
 BASE = ".base_layer"
 
 
-def apply_lora(model: PreTrainedModel, cfg: LoraConfig) -> PeftModel:
-    """Wrap ``model`` with fresh adapters (``cfg``: rank, alpha, dropout, target modules); its weights freeze."""
+def apply_lora(model: PreTrainedModel, cfg: LoraConfig, seed: int) -> PeftModel:
+    """Wrap ``model`` with fresh adapters (``cfg``: rank, alpha, dropout, target modules); its weights freeze.
+
+    ``seed`` draws A's random start (B starts at 0), so a run's adapters, and the run, are reproducible; the global
+    random state is left as it was.
+    """
     targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
     peft_cfg = PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
                               bias="none", task_type="CAUSAL_LM")
     try:
-        return get_peft_model(model, peft_cfg)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return get_peft_model(model, peft_cfg)
     except ValueError as err:  # PEFT's "Target modules ... not found in the base model"
         raise ValueError(f"model.lora.target_modules={cfg.target_modules!r}: {err}") from None
 

@@ -74,8 +74,7 @@ def test_a_lora_run_killed_mid_run_resumes_to_the_uninterrupted_adapters(smoke_c
 
     def lora_policy():
         policy = make_policy()
-        torch.manual_seed(0)
-        policy.model = apply_lora(policy.model, cfg.model.lora)
+        policy.model = apply_lora(policy.model, cfg.model.lora, 0)
         policy.engine.model = policy.model
         return policy
 
@@ -123,7 +122,7 @@ def test_the_sampler_gets_the_merged_adapters(smoke_cfg, lag):
     from tests.tasks.test_train import make_policy
 
     policy = make_policy()
-    policy.model = apply_lora(policy.model, smoke_cfg("model.lora.enabled=true").model.lora)
+    policy.model = apply_lora(policy.model, smoke_cfg("model.lora.enabled=true").model.lora, 0)
     policy.engine.model = policy.model
     with torch.no_grad():
         for n, p in policy.model.named_parameters():

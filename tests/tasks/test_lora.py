@@ -29,9 +29,7 @@ LORA = LoraConfig(enabled=True, rank=4, alpha=8.0)
 
 def lora_model(seed: int = 0, trained: bool = True):
     """A tiny Llama with adapters; ``trained``: B set away from its zero start, so the adapters change the model."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)  # A's random start
-        model = apply_lora(build_tiny_model(hidden=64, layers=2, heads=2, seed=0), LORA)
+    model = apply_lora(build_tiny_model(hidden=64, layers=2, heads=2, seed=0), LORA, seed)
     if trained:
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
@@ -155,7 +153,7 @@ def test_checkpoints_hold_the_adapters_and_refuse_a_model_they_do_not_fit():
         load_checkpoint_state(fresh, build_tiny_model(hidden=64, layers=2, heads=2, seed=0).state_dict())
     with pytest.raises(ValueError, match="do not fit this LoRA model"):
         load_checkpoint_state(apply_lora(build_tiny_model(hidden=64, layers=2, heads=2, seed=0),
-                                         LoraConfig(enabled=True, rank=2)), state)
+                                         LoraConfig(enabled=True, rank=2), 0), state)
 
 
 def test_lora_config_errors_name_the_key():
@@ -168,4 +166,15 @@ def test_lora_config_errors_name_the_key():
         validate({"model": {"lora": {"rank": 0}}})
     with pytest.raises(ValueError, match="model.lora.target_modules=.*nope"):
         apply_lora(build_tiny_model(hidden=64, layers=2, heads=2, seed=0),
-                   LoraConfig(enabled=True, target_modules=("nope",)))
+                   LoraConfig(enabled=True, target_modules=("nope",)), 0)
+
+
+def test_the_adapters_start_from_the_seed_and_leave_the_global_random_state_alone():
+    torch.manual_seed(5)
+    state = torch.get_rng_state()
+    a = apply_lora(build_tiny_model(hidden=64, layers=2, heads=2, seed=0), LORA, 7).state_dict()
+    assert torch.equal(torch.get_rng_state(), state)
+    b = apply_lora(build_tiny_model(hidden=64, layers=2, heads=2, seed=0), LORA, 7).state_dict()
+    c = apply_lora(build_tiny_model(hidden=64, layers=2, heads=2, seed=0), LORA, 8).state_dict()
+    lora_a = [k for k in a if "lora_A" in k]
+    assert all(torch.equal(a[k], b[k]) for k in lora_a) and not all(torch.equal(a[k], c[k]) for k in lora_a)
