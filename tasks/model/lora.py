@@ -101,7 +101,8 @@ def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def plain_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A frozen transformers model holding ``model``'s (merged) weights: what a separate sampler runs."""
+    """A frozen transformers model holding ``model``'s (merged) weights: what a separate sampler runs. Under LoRA
+    only the merged target layers are new tensors; the frozen rest (embeddings, norms) is shared with ``model``."""
     base = base_model(model)
     if not is_lora(model):
         return copy.deepcopy(base).eval().requires_grad_(False)
