@@ -214,10 +214,14 @@ class TrainConfig(_Frozen):
     negative_weight: float = Field(1.0, ge=0, le=1, description=(
         "Scale of negative advantages (1: GRPO; 0: reinforce successes only, as rejection-sampling fine-tuning)."))
     minibatches: int = Field(1, ge=1, description="Optimizer steps per training step, each on a slice of the batch.")
-    bucket_tokens: int = Field(2048, ge=0, description=(
-        "Padded-token budget of one forward pass in the update: rows are grouped by length into passes of at "
-        "most this many (rows x padded length) tokens, so short completions are not padded to the longest "
-        "(docs/performance.md). The loss and gradient are the same up to float rounding. 0: one pass."))
+    micro_batch_tokens: int = Field(2048, ge=0, description=(
+        "Padded-token budget of one forward and backward pass in the update (and of one pass of the no-grad "
+        "log-prob passes): rows are grouped by length into micro-batches of at most this many (rows x padded "
+        "length) tokens, each micro-batch's gradient accumulates before the next runs, and each minibatch steps "
+        "the optimizer once. The loss is the whole minibatch's (each micro-batch weighted by its share of the "
+        "minibatch's tokens or sequences), so loss and gradient are the same up to float rounding, and the "
+        "update's peak memory is set by this budget, not by the batch (docs/performance.md). Before training the "
+        "run checks that one micro-batch fits the device. 0: each minibatch in one pass."))
     skip_zero_advantage: bool = Field(True, description=(
         "Leave rollouts whose advantage is 0 (groups whose rewards are all equal) out of the update's forward and "
         "backward passes; the loss keeps their tokens in its normaliser, so the gradient is the same up to float "

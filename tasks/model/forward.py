@@ -12,7 +12,10 @@ from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext
 
 import torch
+import torch.utils.checkpoint
+from transformers import PreTrainedModel
 
+from tasks.model.lora import BaseModelView
 from tasks.model.rollout import add_special
 
 
@@ -77,18 +80,22 @@ def right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor,
     return ids, mask
 
 
-def length_buckets(prompt_lens: torch.Tensor, completion_lens: torch.Tensor, max_tokens: int) -> list[torch.Tensor]:
+def length_buckets(prompt_lens: torch.Tensor, completion_lens: torch.Tensor, max_tokens: int,
+                   min_rows: int = 1) -> list[torch.Tensor]:
     """Group N rows by length so that each forward pass pads little.
 
     Rows are ordered by completion length, then prompt length (longest first) and cut greedily: a bucket takes
     the next row while ``rows * (longest prompt + longest completion)`` (its padded size in :func:`pack`'s
-    layout) stays within ``max_tokens``. A bucket has at least one row; ``max_tokens <= 0`` gives one bucket
-    of every row in order. verl's dynamic batch size (``use_dynamic_bsz``) bounds micro-batches by tokens the
-    same way; we sort instead of packing sequences into one row (no varlen attention on CPU).
+    layout) stays within ``max_tokens``. A bucket has at least ``min_rows`` rows (scale-out splits each over its
+    ranks): it closes only once it has them, and a last bucket with fewer joins the one before, so such a bucket
+    may exceed the budget. ``max_tokens <= 0`` gives one bucket of every row in order. verl's dynamic batch size
+    (``use_dynamic_bsz``) bounds micro-batches by tokens the same way; we sort instead of packing sequences into
+    one row (no varlen attention on CPU).
 
     Args:
         prompt_lens: [N] real prompt lengths; completion_lens: [N] real completion lengths.
         max_tokens: the padded-token budget of one forward pass.
+        min_rows: the fewest rows of a bucket (when N has them).
 
     Returns:
         Row-index tensors, together a permutation of ``range(N)``.
@@ -100,13 +107,16 @@ def length_buckets(prompt_lens: torch.Tensor, completion_lens: torch.Tensor, max
     buckets, cur, p_max, l_max = [], [], 0, 0
     for i in order:
         p, c = max(p_max, int(prompt_lens[i])), max(l_max, int(completion_lens[i]))
-        if cur and (len(cur) + 1) * (p + c) > max_tokens:
-            buckets.append(torch.tensor(cur))
+        if len(cur) >= max(min_rows, 1) and (len(cur) + 1) * (p + c) > max_tokens:
+            buckets.append(cur)
             cur, p, c = [], int(prompt_lens[i]), int(completion_lens[i])
         cur.append(i)
         p_max, l_max = p, c
-    buckets.append(torch.tensor(cur))
-    return buckets
+    if buckets and len(cur) < min_rows:
+        buckets[-1] = buckets[-1] + cur
+    else:
+        buckets.append(cur)
+    return [torch.tensor(b) for b in buckets]
 
 
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, temperature: float = 1.0,
@@ -136,6 +146,81 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, temperature
     return torch.cat(out) if len(out) > 1 else out[0]
 
 
+#: Float32 logits of one chunk of the LM head in :func:`chunked_head` (2^26 elements: 256 MiB).
+HEAD_CHUNK_ELEMENTS = 1 << 26
+#: Config fields of models whose forward changes the LM head's output before returning it (Gemma 2's soft-capping,
+#: Cohere's logit scale): :func:`chunked_head` cannot stand in for their head, so they take the full-logits path.
+HEAD_POSTPROCESSING = ("final_logit_softcapping", "logit_scale")
+
+
+def causal_lm(model) -> PreTrainedModel:
+    """The transformers model inside ``model``: itself, or under a DDP wrapper, a DeepSpeed engine, PEFT's adapters
+    or a :class:`~tasks.model.lora.BaseModelView` (the first :class:`PreTrainedModel` among its modules)."""
+    root = model.model if isinstance(model, BaseModelView) else model
+    for module in root.modules():
+        if isinstance(module, PreTrainedModel):
+            return module
+    raise TypeError(f"{type(model).__name__} holds no transformers PreTrainedModel")
+
+
+class _LogProbHead(torch.nn.Module):
+    """Stands in for a causal LM's head during one forward pass: hidden states [b, K, H] in, the log-probs [b, K - 1]
+    of ``targets`` [b, K - 1] at ``temperature`` out (the last kept position predicts nothing). See
+    :func:`chunked_head`."""
+
+    def __init__(self, head: torch.nn.Module, targets: torch.Tensor, temperature: float, vocab: int,
+                 max_elements: int):
+        super().__init__()
+        self.head, self.targets, self.temperature = head, targets, temperature
+        self.rows = max(1, max_elements // max(vocab, 1))  # tokens per chunk
+
+    def _chunk(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # [c, H], [c] -> [c]
+        logits = self.head(hidden).float()  # [c, V]
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        b, k, h = hidden.shape
+        flat = hidden[:, :-1].reshape(b * (k - 1), h)  # [T, H]
+        targets = self.targets.reshape(-1)  # [T]
+        chunks = [(s, min(s + self.rows, len(flat))) for s in range(0, len(flat), self.rows)]
+        if len(chunks) == 1 or not torch.is_grad_enabled():
+            out = [self._chunk(flat[s:e], targets[s:e]) for s, e in chunks]
+        else:  # keep no chunk's logits for the backward pass: recompute them there, one chunk at a time
+            out = [torch.utils.checkpoint.checkpoint(self._chunk, flat[s:e], targets[s:e], use_reentrant=False)
+                   for s, e in chunks]
+        return (torch.cat(out) if len(out) > 1 else out[0]).reshape(b, k - 1)
+
+
+@contextmanager
+def chunked_head(model, targets: torch.Tensor, temperature: float, max_elements: int | None = None):
+    """Within the block, ``model``'s forward returns as ``.logits`` the log-probs [b, L] of ``targets`` [b, L] at
+    ``temperature`` instead of logits [b, L + 1, V]: the LM head runs on chunks of at most ``max_elements // V``
+    tokens (default :data:`HEAD_CHUNK_ELEMENTS`), each reduced to its target's log-prob (float32) before the next, and with autograd on each chunk's
+    logits are recomputed in the backward pass (``torch.utils.checkpoint``), so neither the [T, V] logits nor their
+    float32 log-softmax exist at once (TRL's ``ChunkedLogProbFunction`` and Liger's fused linear cross-entropy
+    avoid them the same way). Call the model with ``logits_to_keep = L + 1``.
+
+    The model's own head module runs each chunk (found by ``get_output_embeddings`` and swapped for the block), so
+    what wraps it works unchanged: DDP and FSDP2 (the same parameters), DeepSpeed ZeRO-3 (its hooks gather the
+    weight on each call, also in the recompute), LoRA on the head. Yields False, and changes nothing, for a model
+    whose forward transforms the head's output (:data:`HEAD_POSTPROCESSING`); the caller then takes the logits.
+    """
+    lm = causal_lm(model)
+    head = lm.get_output_embeddings()
+    name = next((n for n, child in lm.named_children() if child is head), None)
+    if head is None or name is None or any(getattr(lm.config, f, None) for f in HEAD_POSTPROCESSING):
+        yield False
+        return
+    setattr(lm, name, _LogProbHead(head, targets, temperature, lm.config.vocab_size,
+                                   max_elements or HEAD_CHUNK_ELEMENTS))
+    try:
+        yield True
+    finally:
+        setattr(lm, name, head)
+
+
 def token_logprobs(model: torch.nn.Module, prompts: Sequence[torch.Tensor], completions: torch.Tensor,
                    completion_mask: torch.Tensor, pad_id: int, temperature: float = 1.0,
                    device: torch.device | str = "cpu", max_tokens: int = 0,
@@ -144,7 +229,10 @@ def token_logprobs(model: torch.nn.Module, prompts: Sequence[torch.Tensor], comp
 
     The rows go through the model in :func:`length_buckets` of at most ``max_tokens`` padded tokens (0: one
     pass), each laid out by :func:`pack` to its own widths; only the completion positions reach the LM head
-    (``logits_to_keep``). The result does not depend on the bucketing beyond float rounding.
+    (``logits_to_keep``), which runs in chunks (:func:`chunked_head`), so a pass never holds the [T, V] logits.
+    The result does not depend on the bucketing beyond float rounding. With autograd on, every bucket's graph
+    lives until the caller's backward pass: the update gives one micro-batch at a time
+    (tasks/training/update.py).
 
     Args:
         mlp_inputs: when a list, each bucket appends ``(mlp_in [b, T, H] float32 detached,
@@ -164,13 +252,15 @@ def token_logprobs(model: torch.nn.Module, prompts: Sequence[torch.Tensor], comp
         comp, cmask = completions[rows, :width_l], completion_mask[rows, :width_l]
         input_ids, attn, pos, width = pack([prompts[i] for i in rows], comp, cmask, pad_id)
         input_ids, attn, pos = input_ids.to(device), attn.to(device), pos.to(device)
-        with capture_mlp_input(model) if mlp_inputs is not None else nullcontext([]) as box:
-            logits = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=False,
-                           logits_to_keep=width_l + 1).logits[:, :-1]  # [b, L_b, V] predicts completion tokens
+        comp, cmask = comp.to(device), cmask.to(device)
+        with capture_mlp_input(model) if mlp_inputs is not None else nullcontext([]) as box, \
+                chunked_head(model, comp, temperature) as chunked:
+            out = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=False,
+                        logits_to_keep=width_l + 1).logits  # chunked: [b, L_b] log-probs; else [b, L_b + 1, V]
         if mlp_inputs is not None:
             mlp_inputs.append((box[0].float().cpu(), attn.bool().cpu()))
-        lp = selective_log_softmax(logits, comp.to(device), temperature) * cmask.to(device)
-        parts.append(torch.nn.functional.pad(lp, (0, length - width_l)))
+        lp = out if chunked else selective_log_softmax(out[:, :-1], comp, temperature)
+        parts.append(torch.nn.functional.pad(lp * cmask, (0, length - width_l)))
     return torch.cat(parts)[torch.argsort(torch.cat(buckets)).to(parts[0].device)]  # back to row order
 
 

@@ -15,18 +15,19 @@ re-implemented. Communication is gloo on CPU and NCCL on CUDA (docs/scale-out.md
   fp32 master weights, unlike the single-process path, which trains the weights in their own dtype).
 
 Data parallelism and the loss (``DataShard``, used by ``tasks/training/update.py``): every rank sees the same batch of
-groups; the rows of each minibatch are split into ``world`` contiguous slices and rank r computes slice r.
-All three libraries *average* gradients over ranks, so rank r must return
-``world * (its share of the global loss)``. With token aggregation the global loss is
-``sum over all tokens / N_tok`` (N_tok: valid tokens of the whole minibatch, summed over ranks with one
-all-reduce), and rank r's local ``clipped_policy_loss`` is ``S_r / n_r``; multiplying it by
-``world * n_r / N_tok`` gives ``world * S_r / N_tok``, whose rank average is exactly the single-process loss
-(``sum_r S_r / N_tok``), hence the same gradient. Sequence aggregation is the same with "sequences with at
-least one valid token" in place of tokens. Normalising each rank by its own count (a plain mean of
+groups and cuts the same micro-batches (tasks/training/minibatch.py); the rows of each micro-batch are split into
+``world`` contiguous slices and rank r computes slice r. All three libraries *average* gradients over ranks, so
+rank r must return ``world * (its share of the global loss)``. With token aggregation the global loss is
+``sum over all tokens / N_tok`` (N_tok: valid tokens of the whole minibatch, known to every rank since every rank
+has the batch), and rank r's local ``clipped_policy_loss`` on a slice is ``S_r / n_r``; multiplying it by
+``world * n_r / N_tok`` gives ``world * S_r / N_tok``, whose rank average summed over micro-batches is exactly the
+single-process loss (``sum S / N_tok``), hence the same gradient. Sequence aggregation is the same with "sequences
+with at least one valid token" in place of tokens. Normalising each rank by its own count (a plain mean of
 per-rank means) would weight tokens unevenly whenever slices differ in length; that is the bias avoided.
-Metrics are combined the same way (weights ``n_r / N``), so ``train/loss`` is the global loss.
+Metrics are weighted the same way and summed over ranks, so ``train/loss`` is the global loss.
 A rank whose slice has no valid token contributes ``0 * sum(logp)`` so its backward (and the collectives
-in it) still runs. Each minibatch must have at least one row per rank.
+in it) still runs. Each micro-batch has at least one row per rank. Gradients are reduced once per minibatch
+(:func:`gradient_sync`), at its last micro-batch.
 """
 
 from __future__ import annotations
@@ -114,13 +115,15 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def deepspeed_config(stage: int, *, grad_clip: float, dtype: torch.dtype, offload_optimizer: bool) -> dict:
-    """The DeepSpeed config of one engine: one micro-batch per step (the update loops over minibatches)."""
+    """The DeepSpeed config of one engine: ``step`` is the accumulation boundary (the update runs its own
+    micro-batches and minibatches)."""
     zero: dict = {"stage": stage}
     if offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,  # the update's micro-batches accumulate; its step() is the boundary
         "gradient_clipping": grad_clip,
         "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,
@@ -182,7 +185,7 @@ def wrap(model: torch.nn.Module, optimizer_factory: Callable[[Iterable[torch.nn.
     return engine, optimizer
 
 
-def _all_finite(loss: torch.Tensor) -> bool:
+def all_finite(loss: torch.Tensor) -> bool:
     """Whether ``loss`` is finite on every rank (one all-reduce when a process group is up)."""
     ok = torch.isfinite(loss.detach()).all().to(torch.float32).reshape(1)
     if dist.is_initialized() and dist.get_world_size() > 1:
@@ -190,30 +193,64 @@ def _all_finite(loss: torch.Tensor) -> bool:
     return bool(ok.item() > 0)
 
 
-def backward_step(model, optimizer, loss: torch.Tensor, grad_clip: float) -> float:
-    """Backward, clip to ``grad_clip`` and one optimizer step; returns the pre-clip global gradient norm.
+def zero_grad(model, optimizer) -> None:
+    """Before a minibatch's first micro-batch: no gradient left (DeepSpeed's engine clears its own in ``step``)."""
+    if not is_deepspeed(model):
+        optimizer.zero_grad(set_to_none=True)
 
-    DeepSpeed engines use ``engine.backward`` / ``engine.step`` (the clip is in their config); the others
-    ``loss.backward``, ``clip_grad_norm_`` (a DTensor norm for FSDP2, made whole with ``full_tensor``) and
-    ``optimizer.step``.
 
-    NaN never reaches the weights: an update whose loss (on any rank) or global gradient norm is not finite
-    is not applied; the gradients are dropped and the returned norm is NaN (or inf), which is how the caller
-    knows (``policy_update`` counts it in ``train/skipped_updates`` and logs why). The norm is global, so
-    every rank takes the same decision. Deviation: under DeepSpeed only the loss is checked before the step
-    (its engine clips and steps in one call); a finite loss with a non-finite gradient is left to DeepSpeed's
-    own overflow check (fp16's loss scaler skips such steps).
-    """
-    if not _all_finite(loss):
-        if not is_deepspeed(model):
-            optimizer.zero_grad(set_to_none=True)
-        return float("nan")
+@contextlib.contextmanager
+def gradient_sync(model, last: bool):
+    """A micro-batch's forward and backward: gradients are reduced over ranks only in the minibatch's ``last``
+    (DDP's ``no_sync`` before it, FSDP2's ``set_requires_gradient_sync(False)``); a local no-op in one process and
+    under DeepSpeed, whose engine runs with ``managed_gradient_accumulation: false`` (:func:`deepspeed_config`), so
+    its ``step`` is the accumulation boundary."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if last or is_deepspeed(model):
+        yield
+    elif isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        with model.no_sync():
+            yield
+    elif isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+def backward(model, loss: torch.Tensor) -> None:
+    """Accumulate ``loss``'s gradient (DeepSpeed: ``engine.backward``)."""
     if is_deepspeed(model):
         model.backward(loss)
+    else:
+        loss.backward()
+
+
+def optimizer_step(model, optimizer, grad_clip: float, finite: bool = True) -> float:
+    """Clip the accumulated gradients to ``grad_clip`` and take one optimizer step; returns the pre-clip global
+    gradient norm.
+
+    DeepSpeed engines use ``engine.step`` (the clip is in their config); the others ``clip_grad_norm_`` (a DTensor
+    norm for FSDP2, made whole with ``full_tensor``) and ``optimizer.step``.
+
+    NaN never reaches the weights: when ``finite`` is False (a micro-batch's loss was not finite on some rank) or
+    the global gradient norm is not finite, the update is not applied; the gradients are dropped and the returned
+    norm is NaN (or inf), which is how the caller knows (``policy_update`` counts it in ``train/skipped_updates``
+    and logs why). The norm is global, so every rank takes the same decision. Deviation: DeepSpeed's engine cannot
+    drop the gradients it has accumulated, so there a non-finite micro-batch is left out of the backward pass
+    (``policy_update``) and the step applies the others; a finite loss with a non-finite gradient is left to
+    DeepSpeed's own overflow check (fp16's loss scaler skips such steps).
+    """
+    if is_deepspeed(model):
         model.step()
-        return float(model.get_global_grad_norm())
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+        return float(model.get_global_grad_norm() or 0.0)
+    if not finite:
+        optimizer.zero_grad(set_to_none=True)
+        return float("nan")
     gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     if hasattr(gnorm, "full_tensor"):
         gnorm = gnorm.full_tensor()
@@ -223,6 +260,16 @@ def backward_step(model, optimizer, loss: torch.Tensor, grad_clip: float) -> flo
     else:
         optimizer.zero_grad(set_to_none=True)
     return gnorm
+
+
+def backward_step(model, optimizer, loss: torch.Tensor, grad_clip: float) -> float:
+    """One loss, one step: :func:`zero_grad`, :func:`backward` and :func:`optimizer_step` (a loss that is not
+    finite on any rank is not backpropagated, and the step is skipped)."""
+    zero_grad(model, optimizer)
+    if not all_finite(loss):
+        return optimizer_step(model, optimizer, 0.0, finite=False) if not is_deepspeed(model) else float("nan")
+    backward(model, loss)
+    return optimizer_step(model, optimizer, grad_clip)
 
 
 def broadcast_module(module: torch.nn.Module, src: int = 0) -> None:
@@ -369,26 +416,14 @@ class DataShard:
         dist.all_reduce(out)
         return out.to(t.device)
 
-    def loss_weights(self, mask: torch.Tensor, aggregation: str) -> tuple[float, float]:
-        """(w_agg, w_tok): this rank's share of the minibatch's aggregation units and of its tokens.
-
-        ``w_agg = n_r / N`` where n counts tokens (``aggregation="token"``) or sequences with a valid token
-        (``"sequence"``); the local loss times ``world * w_agg`` is rank r's part of the global loss.
-        """
-        local = torch.tensor([mask.sum(), (mask.sum(1) > 0).sum()], dtype=torch.float64)
-        total = self.all_sum(local)
-        w_tok = float(local[0] / total[0]) if total[0] > 0 else 0.0
-        w_seq = float(local[1] / total[1]) if total[1] > 0 else 0.0
-        return (w_tok if aggregation == "token" else w_seq), w_tok
-
-    def combine(self, metrics: dict[str, float], w_agg: float, w_tok: float) -> dict[str, float]:
-        """Global metrics: the weighted sum over ranks (loss-like by ``w_agg``, the others by ``w_tok``)."""
+    def sum_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Each key's sum over ranks (a rank may lack a key: it adds 0); collective."""
         if self.world == 1:
             return dict(metrics)
         gathered: list = [None] * self.world
-        dist.all_gather_object(gathered, (metrics, w_agg, w_tok))
+        dist.all_gather_object(gathered, metrics)
         out: dict[str, float] = {}
-        for m, wa, wt in gathered:
+        for m in gathered:
             for k, v in m.items():
-                out[k] = out.get(k, 0.0) + (wa if k in LOSS_LIKE else wt) * v
+                out[k] = out.get(k, 0.0) + v
         return out

@@ -276,7 +276,7 @@ def _train(run: Run, policy: Policy, sampling: SamplingPolicy, updater, pool: li
     model = policy.model
     sampler = sampling.policy  # what the rollouts and the likelihood screen read
     likelihood = policy_likelihood(sampler, temperature=cfg.rollout.temperature,
-                                   max_new_tokens=cfg.rollout.max_new_tokens, bucket_tokens=tc.bucket_tokens,
+                                   max_new_tokens=cfg.rollout.max_new_tokens, micro_batch_tokens=tc.micro_batch_tokens,
                                    device=run.device) if cfg.select.screen > 1 else None
     selector = Selector(cfg, pool, features, likelihood)
     if calibration is not None:

@@ -61,7 +61,7 @@ def pool_stats(policy: Policy, pool: list[PromptRecord], calibration: Calibratio
     if all(r.solution for r in pool):
         likelihood = policy_likelihood(policy, temperature=cfg.rollout.temperature,
                                        max_new_tokens=cfg.rollout.max_new_tokens,
-                                       bucket_tokens=cfg.train.bucket_tokens, device=device)
+                                       micro_batch_tokens=cfg.train.micro_batch_tokens, device=device)
         screen = tuple(float(q) for q in likelihood(refs))
     return PoolStats(successes=tuple(int(round(float(s) * g)) for s in calibration.success), g=g,
                      levels=tuple(r.level for r in refs), screen=screen)
@@ -84,8 +84,8 @@ def probe_costs(policy: Policy, records: list[PromptRecord], cfg: Config, seed: 
         args = (model, rows[r], gen.completion_ids[r], gen.completion_mask[r], pad, rc.temperature, device)
         t0 = time.perf_counter()
         with torch.no_grad():
-            token_logprobs(*args, max_tokens=tc.bucket_tokens)
-        token_logprobs(*args, max_tokens=tc.bucket_tokens).sum().backward()
+            token_logprobs(*args, max_tokens=tc.micro_batch_tokens)
+        token_logprobs(*args, max_tokens=tc.micro_batch_tokens).sum().backward()
         model.zero_grad(set_to_none=True)
         return time.perf_counter() - t0
 
@@ -98,7 +98,7 @@ def probe_costs(policy: Policy, records: list[PromptRecord], cfg: Config, seed: 
         tok = policy.tokenizer
         solution_tokens = sum(len(tok(r.solution, add_special_tokens=False)["input_ids"]) + 1 for r in records)
         likelihood = policy_likelihood(policy, temperature=rc.temperature, max_new_tokens=rc.max_new_tokens,
-                                       bucket_tokens=tc.bucket_tokens, device=device)
+                                       micro_batch_tokens=tc.micro_batch_tokens, device=device)
         t0 = time.perf_counter()
         likelihood(records)
         forward_s = (time.perf_counter() - t0) / max(solution_tokens + prompt_tokens / rc.n, 1)

@@ -51,14 +51,14 @@ def require_solutions(records: list[PromptRecord]) -> None:
             "with worked solutions")
 
 
-def policy_likelihood(policy: Policy, *, temperature: float, max_new_tokens: int, bucket_tokens: int,
+def policy_likelihood(policy: Policy, *, temperature: float, max_new_tokens: int, micro_batch_tokens: int,
                       device: torch.device | str = "cpu") -> Likelihood:
     """The :data:`Likelihood` of ``policy``'s current weights (read at each call).
 
     Args:
         temperature: the rollouts' sampling temperature (``rollout.temperature``).
         max_new_tokens: the longest completion (``rollout.max_new_tokens``); longer solutions score 0.
-        bucket_tokens: padded tokens per forward pass (``train.bucket_tokens``; 0: one pass).
+        micro_batch_tokens: padded tokens per forward pass (``train.micro_batch_tokens``; 0: one pass).
     """
     tok = policy.tokenizer
 
@@ -73,7 +73,7 @@ def policy_likelihood(policy: Policy, *, temperature: float, max_new_tokens: int
         policy.model.eval()
         try:
             logp = token_logprobs(policy.model, prompts, comp, mask, tok.pad_token_id, temperature, device,
-                                  max_tokens=bucket_tokens).sum(1).double().cpu()  # [C]
+                                  max_tokens=micro_batch_tokens).sum(1).double().cpu()  # [C]
         finally:
             policy.model.train(was_training)
         fits = torch.tensor([len(s) <= max_new_tokens for s in sols])

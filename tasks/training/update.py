@@ -27,31 +27,34 @@ from typing import Literal, get_args
 import torch
 from transformers import PreTrainedModel
 
-from rlcore.advantages import solved_mask
 from rlcore.angle import online_angle_signal
 from rlcore.grpo_loss import clipped_policy_loss
-from rlcore.seeding import derive_seed
 from rlcore.types import RolloutGroup
 from tasks.config import Config, KlRows
 from tasks.model.forward import token_logprobs
 from tasks.model.lora import trainable_parameters
-from tasks.training.distributed import DataShard, backward_step
+from tasks.training.distributed import (
+    LOSS_LIKE,
+    DataShard,
+    all_finite,
+    backward,
+    gradient_sync,
+    is_deepspeed,
+    optimizer_step,
+    zero_grad,
+)
+from tasks.training.minibatch import (  # noqa: F401  (flatten, kl_draw, rows_with_gradient: the update's API)
+    BatchRows,
+    Minibatch,
+    batch_rows,
+    flatten,
+    kl_draw,
+    cut_minibatches,
+    loss_units,
+    rows_with_gradient,
+)
 
 log = logging.getLogger(__name__)
-
-
-def flatten(groups: Sequence[RolloutGroup]):
-    """Rows of all groups: prompts (N tensors), completions [N, L], mask [N, L], advantages [N]."""
-    width = max(g.completion_ids.shape[1] for g in groups)
-
-    def pad(t: torch.Tensor, value) -> torch.Tensor:
-        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
-
-    prompts = [g.prompt_ids for g in groups for _ in range(g.size)]
-    comp = torch.cat([pad(g.completion_ids, 0) for g in groups])
-    mask = torch.cat([pad(g.completion_mask, False) for g in groups])
-    adv = torch.cat([g.advantages for g in groups]).float()
-    return prompts, comp, mask, adv, width
 
 
 KL_ROWS: tuple[str, ...] = get_args(KlRows)
@@ -60,7 +63,7 @@ KL_ROWS: tuple[str, ...] = get_args(KlRows)
 def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, groups: Sequence[RolloutGroup], *,
                   clip_eps: float, aggregation: str, grad_clip: float, temperature: float, pad_id: int,
                   minibatches: int, kl_coef: float, kl_rows: KlRows = "all", kl_sample: float = 1.0, seed: int = 0,
-                  bucket_tokens: int = 0, skip_zero_advantage: bool = False,
+                  micro_batch_tokens: int = 0, skip_zero_advantage: bool = False,
                   ref_model: torch.nn.Module | None = None, device: torch.device | str = "cpu",
                   angle_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                   shard: DataShard | None = None, behaviour_cap: float | None = None) -> dict[str, float]:
@@ -71,12 +74,19 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     objective (AReaL, arXiv 2505.24298 section 5; Rollout Replay's form, rlcore/grpo_loss.py): PPO-clip on
     pi_theta / pi_old, weighted by pi_old / mu per token.
 
+    The parts, in order: which rows (:func:`tasks.training.minibatch.batch_rows` and ``cut_minibatches``), the passes
+    without autograd (:func:`no_grad_logprobs`: pi_old when there are several minibatches, the KL reference), then
+    per minibatch one forward and backward per micro-batch (:func:`micro_batch_loss`), gradients accumulating, and
+    one optimizer step (:func:`tasks.training.distributed.optimizer_step`); the metrics (:class:`MetricSums`).
+
     Args:
-        bucket_tokens: padded-token budget of one forward pass (``train.bucket_tokens``): rows are grouped by
-            length (``tasks.model.forward.length_buckets``); the loss and its one backward pass are unchanged.
+        micro_batch_tokens: padded-token budget of one forward and backward pass (``train.micro_batch_tokens``;
+            0: each minibatch in one pass). Rows are grouped by length into micro-batches; each micro-batch's loss is
+            its share of the whole minibatch's, so loss and gradient do not depend on it beyond float rounding, and
+            the update's peak memory is one micro-batch's.
         skip_zero_advantage: leave the rows of groups whose advantages are all 0 out of the forward and backward
-            passes (``train.skip_zero_advantage``); each minibatch's loss is scaled by the share of its aggregation
-            units (tokens, or sequences) that were computed, so loss and gradient are those of the whole minibatch.
+            passes (``train.skip_zero_advantage``); each minibatch's loss keeps every row's aggregation units
+            (tokens, or sequences) in its normaliser, so loss and gradient are those of the whole minibatch.
             With ``kl_coef > 0`` the rows ``kl_rows`` names are computed too (``train.kl_rows``: ``all`` computes
             every row; ``informative_and_solved`` keeps the rows of groups that all earn reward 1 for their KL
             term); ignored under scale-out with ``angle_fn``. A ``kl_rows`` other than ``all`` acts through the
@@ -95,16 +105,18 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
             turns the decoupled loss into exactly the capped one). Replayed groups keep Rollout Replay's uncapped
             loss. None: no cap.
         shard: scale-out (``tasks/training/distributed.py``): every rank passes the same ``groups`` and computes its
-            slice of each minibatch; the loss is renormalised so the averaged gradient is the single-process
+            slice of each micro-batch; the loss is renormalised so the averaged gradient is the single-process
             one, and metrics and behaviour log-probs are combined over ranks. ``model``/``optimizer`` are then
             the wrapped engine and its optimizer. None: one process.
 
     Returns:
         Metrics: ``train/loss``, ``train/grad_norm`` and the loss's own metrics (averaged over the applied
         minibatches), and ``train/skipped_updates``: minibatches whose loss or gradient was not finite, so
-        their update was not applied (``backward_step``); ``train/update_rows`` and ``train/update_tokens``: the
-        rows computed (all of them without the skip) and their real prompt + completion tokens. Where the computed
-        rows carry sampler log-probs, the sampler/trainer mismatch over their tokens (:func:`mismatch_metrics`).
+        their update was not applied (``optimizer_step``; under DeepSpeed see ``train/dropped_micro_batches``);
+        ``train/update_rows`` and ``train/update_tokens``: the rows computed (all of them without the skip) and
+        their real prompt + completion tokens; ``train/micro_batches``: forward and backward passes per process.
+        Where the computed rows carry sampler log-probs, the sampler/trainer mismatch over their tokens
+        (:func:`mismatch_metrics`).
     """
     if kl_rows not in KL_ROWS:
         raise ValueError(f"kl_rows must be one of {', '.join(KL_ROWS)}, got {kl_rows!r}")
@@ -114,135 +126,87 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
                          "needs train.skip_zero_advantage (and, under scale-out, GAIN-RL off)")
     if not 0 < kl_sample <= 1:
         raise ValueError(f"kl_sample must be in (0, 1], got {kl_sample}")
-    sampled = kl_sample < 1 and kl_coef > 0
-    if sampled and not skip:
+    if kl_sample < 1 and kl_coef > 0 and not skip:
         raise ValueError(f"kl_sample={kl_sample} leaves silent groups out of the KL term by skipping them in the "
                          "update: it needs train.skip_zero_advantage (and, under scale-out, GAIN-RL off)")
-
-    def kl_weight_of(i: int, g: RolloutGroup) -> float:  # the group's KL weight; 0: it adds nothing, so it is skipped
-        if not bool((g.advantages == 0).all()):
-            return 1.0  # a policy gradient
-        if kl_coef == 0 or kl_rows == "informative":
-            return 0.0
-        if kl_rows == "informative_and_solved" and not bool(solved_mask(g.rewards.unsqueeze(0))):
-            return 0.0
-        if not sampled:
-            return 1.0
-        return 1.0 / kl_sample if kl_draw(seed, g, i) < kl_sample else 0.0
-
-    prompts, comp, mask, adv, width = flatten(groups)
-    n_rows = comp.shape[0]
-    row_kl = torch.cat([torch.full((g.size,), kl_weight_of(i, g)) for i, g in enumerate(groups)])  # [N]
-    silent = row_kl == 0.0  # [N]
-    kl_weight = row_kl if sampled else None
     if behaviour_cap is not None and not behaviour_cap >= 1:
         raise ValueError(f"behaviour_cap must be >= 1 (or None), got {behaviour_cap}")
+    rows = batch_rows(groups, kl_coef=kl_coef, kl_rows=kl_rows, kl_sample=kl_sample, seed=seed)
+    plan = cut_minibatches(rows, count=minibatches, aggregation=aggregation, skip=skip,
+                       micro_batch_tokens=micro_batch_tokens, shard=shard)
+    mine = torch.cat([mb.rows for mb in plan])  # the rows this process computes (all of them in one process)
+    computed = torch.cat([mb.computed for mb in plan])
+    loss = LossTerms(clip_eps=clip_eps, aggregation=aggregation, kl_coef=kl_coef,
+                     log_cap=math.log(behaviour_cap) if behaviour_cap is not None else None,
+                     kl_weighted=kl_sample < 1 and kl_coef > 0, world=shard.world if shard is not None else 1)
 
-    def rows_of(attr: str, has: Callable[[RolloutGroup], bool]) -> torch.Tensor:  # [N, width]; 0 where not has
-        return torch.cat([torch.nn.functional.pad(getattr(g, attr), (0, width - getattr(g, attr).shape[1]))
-                          if has(g) else torch.zeros(g.size, width) for g in groups])
+    def logp_of(rows_: torch.Tensor, model_, hidden: list | None = None, budget: int = 0) -> torch.Tensor:
+        return token_logprobs(model_, [rows.prompts[i] for i in rows_], rows.completions[rows_], rows.mask[rows_],
+                              pad_id, temperature, device, max_tokens=budget, mlp_inputs=hidden)
 
-    own_rows = torch.cat([torch.full((g.size,), g.has_behaviour) for g in groups])  # [N] mu stored with the group
-    capped_rows = torch.cat([torch.full((g.size,), g.has_behaviour and g.replayed_from is None) for g in groups])
-    behaviour = rows_of("behaviour_logp", lambda g: g.has_behaviour)  # [N, width]
-    def measured_group(g: RolloutGroup) -> bool:  # a fresh group with its sampler's log-probs: the mismatch metrics
-        return g.replayed_from is None and g.sampler_logp.numel() > 0
-
-    sampler_rows = torch.cat([torch.full((g.size,), measured_group(g)) for g in groups])  # [N]
-    sampler = rows_of("sampler_logp", measured_group)  # [N, width]
-    log_cap = math.log(behaviour_cap) if behaviour_cap is not None else None
-
-    def logp_of(rows: torch.Tensor, model_: torch.nn.Module, mlp_inputs: list | None = None) -> torch.Tensor:
-        return token_logprobs(model_, [prompts[i] for i in rows], comp[rows], mask[rows], pad_id, temperature, device,
-                              max_tokens=bucket_tokens, mlp_inputs=mlp_inputs)
-
-    whole = list(torch.arange(n_rows).chunk(minibatches))
-    chunks, scales = whole, [1.0] * len(whole)  # scales: computed share of each minibatch's aggregation units
-    if skip:
-        chunks, scales = map(list, zip(*(rows_with_gradient(c, silent, mask, aggregation,
-                                                            min_rows=shard.world if shard is not None else 1)
-                                         for c in whole), strict=True))
-    computed = torch.cat(chunks)
-    # per minibatch, the skipped rows: GAIN-RL's angle still needs their hidden states
-    angle_only = [w[~torch.isin(w, c)] for w, c in zip(whole, chunks, strict=True)]
-    update_tokens = sum(prompts[i].numel() for i in computed.tolist()) + int(mask[computed].sum())
-    if shard is not None:  # scale-out: this rank's slice of every minibatch
-        chunks = [shard.rows(c) for c in chunks]
-    all_rows = torch.cat(chunks)  # the rows this process computes (all of them in one process)
-    old_full = None
-    if minibatches > 1:
-        old_full = torch.zeros(n_rows, width)
+    def no_grad_logprobs(model_) -> torch.Tensor:  # [N, L] on this process's rows (0 elsewhere), in micro-batches
+        out = torch.zeros(rows.n, rows.width)
         with torch.no_grad():
-            old_full[all_rows] = logp_of(all_rows, model).cpu()
-    ref_full = None
-    if kl_coef > 0 and ref_model is not None:
-        ref_full = torch.zeros(n_rows, width)
-        with torch.no_grad():
-            ref_full[all_rows] = logp_of(all_rows, ref_model).cpu()
+            out[mine] = logp_of(mine, model_, budget=micro_batch_tokens).cpu()
+        return out
+
+    old_full = no_grad_logprobs(model) if minibatches > 1 else None
+    ref_full = no_grad_logprobs(ref_model) if kl_coef > 0 and ref_model is not None else None
 
     model.train()
-    stats: dict[str, float] = {}
-    skipped = 0
+    sums = MetricSums()
+    skipped = dropped = 0
     angle_sum, angle_n = 0.0, 0
-    old_out = torch.zeros(n_rows, width)
-    for mb, scale, skipped_rows in zip(chunks, scales, angle_only, strict=True):
+    old_out = torch.zeros(rows.n, rows.width)
+    for mb in plan:
         hidden: list | None = [] if angle_fn is not None else None  # the hidden-state hook only for GAIN-RL
-        if hidden is not None and skipped_rows.numel():  # a pass without autograd: a third of what it saves
+        if hidden is not None and mb.angle_only.numel():  # a pass without autograd: a third of what it saves
             with torch.no_grad():
-                logp_of(skipped_rows, model, hidden)
-        logp = logp_of(mb, model, hidden)  # [n, L] with grad
-        for mlp_in, am in hidden or ():
-            angle_sum, angle_n = angle_sum + float(angle_fn(mlp_in, am).sum()), angle_n + len(am)
-        old = logp.detach() if old_full is None else old_full[mb].to(logp.device)
-        old_out[mb] = old.cpu()
-        own = own_rows[mb].to(logp.device).unsqueeze(1)  # [n, 1]
-        beh = torch.where(own, behaviour[mb].to(logp.device), old)
-        if log_cap is not None:  # pi_old / mu <= cap on the sampler-corrected fresh rows
-            beh = torch.where(capped_rows[mb].to(logp.device).unsqueeze(1), torch.maximum(beh, old - log_cap), beh)
-        w_agg, w_tok = shard.loss_weights(mask[mb], aggregation) if shard is not None else (1.0, 1.0)
-        ref = None if ref_full is None else ref_full[mb].to(logp.device)
-        poisoned = not all(bool(torch.isfinite(t[mask[mb].to(t.device)]).all()) for t in (old, beh, ref)
-                           if t is not None)  # a non-finite pi_old / reference pass: skip the update (below)
-        if poisoned:
-            old, beh, ref = (None if t is None else torch.nan_to_num(t) for t in (old, beh, ref))
-        if w_tok == 0.0:  # scale-out: no valid token in this rank's slice; still run the collective backward
-            loss, m = logp.sum() * 0.0, {}
-        else:
-            loss, m = clipped_policy_loss(
-                logp, old, adv[mb].to(logp.device), mask[mb].to(logp.device), clip_eps=clip_eps,
-                aggregation=aggregation, behaviour_logp=beh if bool(own.any()) else None, ref_logp=ref,
-                kl_coef=kl_coef, kl_weight=None if kl_weight is None else kl_weight[mb].to(logp.device))
-            if scale != 1.0:  # rows left out by the skip count in the normaliser (their terms are 0)
-                loss = loss * scale
-                for key in ("train/pg_loss", "train/kl"):
-                    if key in m:
-                        m[key] = m[key] * scale
-            m["train/loss"] = float(loss.detach())
-        if poisoned:  # same metric keys on every rank; the NaN loss makes every rank skip (backward_step)
-            loss = loss * float("nan")
-        if shard is not None:  # rank average of world * w_agg * local loss = the global loss
-            loss = loss * (shard.world * w_agg)
-            m = shard.combine(m, w_agg, w_tok)
-        gnorm = backward_step(model, optimizer, loss, grad_clip)
-        if not math.isfinite(gnorm):  # not applied (backward_step): log why, keep NaN out of the averages
+                logp_of(mb.angle_only, model, hidden, budget=micro_batch_tokens)
+        zero_grad(model, optimizer)
+        step_sums, finite = MetricSums(), True
+        for i, part in enumerate(mb.micro):
+            with gradient_sync(model, i == len(mb.micro) - 1):
+                logp = logp_of(part, model, hidden)  # [n, L] with grad
+                old = logp.detach() if old_full is None else old_full[part].to(logp.device)
+                old_out[part] = old.cpu()
+                piece, m = micro_batch_loss(loss, logp, old, rows, part, mb, ref_full)
+                if not all_finite(piece):  # every rank decides alike (one all-reduce)
+                    log.warning("update %s: micro-batch %d of %d (%d rows) gives a non-finite loss (%s)",
+                                "micro-batch dropped" if is_deepspeed(model) else "skipped, not applied",
+                                i + 1, len(mb.micro), len(part), m.get("train/loss", float(piece.detach())))
+                    finite = False
+                    if is_deepspeed(model):  # it cannot drop what it accumulated: the others' gradient stays
+                        dropped += 1
+                        continue
+                    break  # no rank goes on (the decision is global): the minibatch is not applied
+                backward(model, piece)
+                step_sums.add(m)
+        if hidden is not None:
+            for mlp_in, am in hidden:
+                angle_sum, angle_n = angle_sum + float(angle_fn(mlp_in, am).sum()), angle_n + len(am)
+        gnorm = optimizer_step(model, optimizer, grad_clip, finite or is_deepspeed(model))
+        if not math.isfinite(gnorm):  # not applied (optimizer_step): log why, keep NaN out of the averages
             skipped += 1
-            log.warning("update skipped, not applied: loss %s, gradient norm %s (minibatch of %d rows)",
-                        m.get("train/loss", float(loss.detach())), gnorm, len(mb))
+            log.warning("update skipped, not applied: gradient norm %s (minibatch of %d rows)", gnorm,
+                        len(mb.computed))
             continue
-        m["train/grad_norm"] = gnorm
-        for k, v in m.items():
-            stats[k] = stats.get(k, 0.0) + float(v)
-    stats = {k: v / (minibatches - skipped) for k, v in stats.items()}
+        step_sums.add({"train/grad_norm": gnorm})
+        sums.merge(step_sums.over_ranks(shard))
+    stats = sums.mean(minibatches - skipped)
     stats["train/skipped_updates"] = float(skipped)
+    if dropped:
+        stats["train/dropped_micro_batches"] = float(dropped)
     stats["train/update_rows"] = float(computed.numel())
-    stats["train/update_tokens"] = float(update_tokens)
+    stats["train/update_tokens"] = float(rows.tokens(computed))
+    stats["train/micro_batches"] = float(sum(len(mb.micro) for mb in plan))
     if shard is not None:  # every row was computed by exactly one rank
         old_out = shard.all_sum(old_out)
         angle_sum, angle_n = (float(v) for v in shard.all_sum(torch.tensor([angle_sum, float(angle_n)],
                                                                              dtype=torch.float64)))
-    measured = computed[sampler_rows[computed]]  # computed fresh rows with the sampler's log-probs
+    measured = computed[rows.measured[computed]]  # computed fresh rows with the sampler's log-probs
     if measured.numel():
-        stats |= mismatch_metrics(old_out[measured], sampler[measured], mask[measured], log_cap)
+        stats |= mismatch_metrics(old_out[measured], rows.sampler[measured], rows.mask[measured], loss.log_cap)
     row = 0
     for g in groups:
         if not g.has_behaviour:
@@ -251,6 +215,85 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     if angle_n:
         stats["gain/angle_online"] = angle_sum / angle_n
     return stats
+
+
+@dataclass(frozen=True)
+class LossTerms:
+    """What :func:`micro_batch_loss` needs besides the rows: the loss's settings and the process count.
+
+    ``log_cap``: log of ``train.behaviour_cap`` (None: no cap); ``kl_weighted``: the rows' KL weights apply
+    (``train.kl_sample`` < 1); ``world``: ranks (1: one process).
+    """
+
+    clip_eps: float
+    aggregation: str
+    kl_coef: float
+    log_cap: float | None
+    kl_weighted: bool
+    world: int
+
+
+def micro_batch_loss(terms: LossTerms, logp: torch.Tensor, old: torch.Tensor, rows: BatchRows, part: torch.Tensor,
+                     mb: Minibatch, ref_full: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
+    """One micro-batch's part of its minibatch's loss, and its metrics weighted for :class:`MetricSums`.
+
+    The clipped surrogate (rlcore.grpo_loss) of the rows ``part`` is a mean over their loss units; times
+    ``world * units(part) / units(minibatch)`` it is this micro-batch's share of the whole minibatch's loss (the
+    units of rows the skip leaves out count in the minibatch's), and its rank average over ``world`` ranks (what
+    DDP, FSDP2 and DeepSpeed's gradient averaging take) is the single-process share. Summed over micro-batches
+    and ranks, loss and gradient are the whole minibatch's.
+
+    Args:
+        logp: [n, L] log-probs of ``part`` with grad; old: [n, L] pi_old's; ref_full: [N, L] the reference's.
+
+    Returns:
+        ``(loss, metrics)``: a loss that is NaN when pi_old, mu or the reference is not finite on a valid token
+        (the update is then skipped); loss-like metrics weighted by the micro-batch's share of the minibatch's
+        units, the token-level ones by its share of the computed tokens.
+    """
+    dev = logp.device
+    mask = rows.mask[part].to(dev)
+    units = loss_units(mask, terms.aggregation)
+    if units == 0:  # no valid token here: still run the backward pass (and its collectives), adding nothing
+        return logp.sum() * 0.0, {}
+    own = rows.own_behaviour[part].to(dev).unsqueeze(1)  # [n, 1]
+    beh = torch.where(own, rows.behaviour[part].to(dev), old)
+    if terms.log_cap is not None:  # pi_old / mu <= cap on the sampler-corrected fresh rows
+        beh = torch.where(rows.capped[part].to(dev).unsqueeze(1), torch.maximum(beh, old - terms.log_cap), beh)
+    ref = None if ref_full is None else ref_full[part].to(dev)
+    poisoned = not all(bool(torch.isfinite(t[mask]).all()) for t in (old, beh, ref) if t is not None)
+    if poisoned:  # a non-finite pi_old / reference pass: the loss is NaN, so the update is skipped
+        old, beh, ref = (None if t is None else torch.nan_to_num(t) for t in (old, beh, ref))
+    loss, m = clipped_policy_loss(
+        logp, old, rows.advantages[part].to(dev), mask, clip_eps=terms.clip_eps, aggregation=terms.aggregation,
+        behaviour_logp=beh if bool(own.any()) else None, ref_logp=ref, kl_coef=terms.kl_coef,
+        kl_weight=rows.kl_weight[part].to(dev) if terms.kl_weighted else None)
+    share, tok_share = units / mb.units, float(mask.sum()) / mb.tokens
+    m["train/loss"] = float(loss.detach())
+    m = {k: v * (share if k in LOSS_LIKE else tok_share) for k, v in m.items()}
+    loss = loss * (share * terms.world)
+    return (loss * float("nan") if poisoned else loss), m
+
+
+class MetricSums:
+    """Weighted metric sums: each micro-batch adds its weighted metrics (:func:`micro_batch_loss`), so a
+    minibatch's sum over micro-batches and ranks is its metric; minibatches are then averaged."""
+
+    def __init__(self):
+        self.sums: dict[str, float] = {}
+
+    def add(self, metrics: dict[str, float]) -> None:
+        for k, v in metrics.items():
+            self.sums[k] = self.sums.get(k, 0.0) + float(v)
+
+    merge = add
+
+    def over_ranks(self, shard: DataShard | None) -> dict[str, float]:
+        """The sums over every rank (one gather under scale-out); collective."""
+        return dict(self.sums) if shard is None else shard.sum_metrics(self.sums)
+
+    def mean(self, count: int) -> dict[str, float]:
+        return {k: v / count for k, v in self.sums.items()} if count else {}
 
 
 def mismatch_metrics(old: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor,
@@ -276,44 +319,6 @@ def mismatch_metrics(old: torch.Tensor, sampler: torch.Tensor, mask: torch.Tenso
             "offpolicy/truncated_frac": float((d > log_cap).double().mean()) if log_cap is not None else 0.0}
 
 
-def kl_draw(seed: int, group: RolloutGroup, position: int) -> float:
-    """``train.kl_sample``'s uniform draw in [0, 1) for the group at ``position`` in a step's batch: a function of
-    the run's seed, the group's step, its position and its prompt, so every rank and a resumed run draw alike."""
-    return derive_seed(seed, group.step, position, group.prompt_id, "kl-sample") / 2.0**63
-
-
-def rows_with_gradient(rows: torch.Tensor, silent: torch.Tensor, mask: torch.Tensor, aggregation: str, *,
-                       min_rows: int = 1) -> tuple[torch.Tensor, float]:
-    """The rows of a minibatch the update must compute, and the share of the minibatch's loss units they hold.
-
-    A rollout of a group whose advantages are all 0 adds 0 to the clipped surrogate (without a KL term), so
-    leaving it out changes neither loss nor gradient as long as the loss is still divided by the whole
-    minibatch's units: the caller multiplies the computed rows' aggregated loss by the returned share.
-
-    Args:
-        rows: [n] row indices of one minibatch.
-        silent: [N] bool, True for rows of groups whose advantages are all 0.
-        mask: [N, L] bool valid-token mask.
-        aggregation: ``"token"`` (units are valid tokens) or ``"sequence"`` (sequences with a valid token).
-        min_rows: compute at least this many rows (scale-out needs one per rank); when fewer carry a gradient,
-            the minibatch is computed whole.
-
-    Returns:
-        ``(kept [k] row indices in their original order, share in (0, 1])``. A minibatch without any gradient
-        keeps its first ``min_rows`` rows: the optimizer still takes its (zero-gradient) step, as without the skip.
-    """
-    def units(r: torch.Tensor) -> float:
-        valid = mask[r]
-        return float(valid.sum() if aggregation == "token" else (valid.sum(1) > 0).sum())
-
-    kept = rows[~silent[rows]]
-    if kept.numel() == 0:
-        kept = rows[:min_rows]
-    if kept.numel() < min_rows or units(rows) == 0 or units(kept) == 0:
-        return rows, 1.0
-    return kept, units(kept) / units(rows)
-
-
 @dataclass(frozen=True)
 class LossSettings:
     """The fixed settings of every :func:`policy_update` call of a run (``train.*``, ``rollout.temperature``).
@@ -332,7 +337,7 @@ class LossSettings:
     kl_rows: KlRows = "all"
     kl_sample: float = 1.0
     seed: int = 0
-    bucket_tokens: int = 0
+    micro_batch_tokens: int = 0
     skip_zero_advantage: bool = False
     angle: bool = False
     behaviour_cap: float | None = None
@@ -343,7 +348,7 @@ class LossSettings:
         return cls(clip_eps=tc.clip_eps, aggregation=tc.aggregation, grad_clip=tc.grad_clip,
                    temperature=cfg.rollout.temperature, pad_id=pad_id, minibatches=tc.minibatches,
                    kl_coef=tc.kl_coef, kl_rows=tc.kl_rows, kl_sample=tc.kl_sample, seed=cfg.seed,
-                   bucket_tokens=tc.bucket_tokens,
+                   micro_batch_tokens=tc.micro_batch_tokens,
                    skip_zero_advantage=tc.skip_zero_advantage, angle=cfg.gain.enabled,
                    behaviour_cap=tc.behaviour_cap)
 

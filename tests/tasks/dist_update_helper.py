@@ -43,6 +43,9 @@ STEPS = 2
 PAD = 0
 #: Settings shared by the reference and the sharded runs. grad_clip is low enough to be active.
 SETTINGS = dict(clip_eps=0.2, grad_clip=0.5, temperature=1.0, pad_id=PAD, minibatches=2)
+#: The sharded runs' micro-batch budget (padded tokens a rank): 2-4 micro-batches a minibatch, against the
+#: references' one pass of each whole minibatch.
+MICRO_TOKENS = 30
 OPTIM = dict(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.01)
 #: Per-backend loss settings: (aggregation, kl_coef).
 LOSS = {"ddp": ("sequence", 0.05), "fsdp2": ("token", 0.0), "deepspeed_zero2": ("token", 0.0),
@@ -92,9 +95,9 @@ def sampled_kl(batch: list[RolloutGroup]) -> dict:
     return dict(skip_zero_advantage=True, kl_sample=0.5, seed=seed)
 
 
-def run_steps(model, optimizer, batch, backend: str, steps: range, shard) -> list[dict]:
+def run_steps(model, optimizer, batch, backend: str, steps: range, shard, micro: int = 0) -> list[dict]:
     aggregation, kl = LOSS[backend]
-    extra = sampled_kl(batch) if backend in SILENT else {}
+    extra = {**(sampled_kl(batch) if backend in SILENT else {}), "micro_batch_tokens": micro}
     stats = []
     for _ in steps:
         groups = copy.deepcopy(batch)
@@ -131,15 +134,15 @@ def sharded(backend: str) -> dict:
     engine, opt = wrap(model, factory, cfg)
     t_wrap = time.perf_counter() - t0
     t0 = time.perf_counter()
-    stats = run_steps(engine, opt, batch, backend, range(1), shard)
+    stats = run_steps(engine, opt, batch, backend, range(1), shard, MICRO_TOKENS)
     saved_model, saved_opt = full_state_dict(engine), optimizer_state(engine, opt)
-    stats += run_steps(engine, opt, batch, backend, range(1, STEPS), shard)
+    stats += run_steps(engine, opt, batch, backend, range(1, STEPS), shard, MICRO_TOKENS)
     t_steps = time.perf_counter() - t0
     state = full_state_dict(engine)
     # resume: a fresh engine (different init) restored from the step-1 state, then step 2 again
     engine2, opt2 = wrap(build_tiny_model(hidden=64, layers=2, heads=2, seed=7), factory, cfg)
     load_state(engine2, opt2, saved_model, saved_opt)
-    resumed = run_steps(engine2, opt2, batch, backend, range(1, STEPS), shard)
+    resumed = run_steps(engine2, opt2, batch, backend, range(1, STEPS), shard, MICRO_TOKENS)
     return {"stats": stats, "state": state, "resumed_state": full_state_dict(engine2), "resumed_stats": resumed,
             "wrap_s": t_wrap, "step_s": t_steps / STEPS}
 

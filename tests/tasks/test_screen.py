@@ -36,7 +36,7 @@ def test_likelihood_matches_a_loop_over_single_sequences(pool, temperature):
     policy = make_policy()
     tok, model = policy.tokenizer, policy.model
     records = pool[:7]
-    got = policy_likelihood(policy, temperature=temperature, max_new_tokens=200, bucket_tokens=300)(records)
+    got = policy_likelihood(policy, temperature=temperature, max_new_tokens=200, micro_batch_tokens=300)(records)
     want = []
     with torch.no_grad():
         for r in records:
@@ -56,10 +56,10 @@ def test_a_solution_longer_than_the_budget_scores_zero_and_one_missing_is_an_err
     short, long_ = pool[0], max(pool, key=lambda r: len(r.solution))
     budget = len(tok(short.solution, add_special_tokens=False)["input_ids"]) + 1  # the short one and its EOS fit
     assert len(long_.solution) + 1 > budget
-    q = policy_likelihood(policy, temperature=1.0, max_new_tokens=budget, bucket_tokens=0)([short, long_])
+    q = policy_likelihood(policy, temperature=1.0, max_new_tokens=budget, micro_batch_tokens=0)([short, long_])
     assert q[0] > 0 and q[1] == 0
     with pytest.raises(ValueError, match="1 of 2 prompts have none"):
-        policy_likelihood(policy, temperature=1.0, max_new_tokens=99, bucket_tokens=0)(
+        policy_likelihood(policy, temperature=1.0, max_new_tokens=99, micro_batch_tokens=0)(
             [short, dataclasses.replace(long_, solution="")])
 
 
