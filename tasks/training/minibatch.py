@@ -185,11 +185,6 @@ class Minibatch:
     micro: list[torch.Tensor]
     tokens: float
 
-    @property
-    def rows(self) -> torch.Tensor:
-        """This process's rows of the minibatch (all its micro-batches)."""
-        return torch.cat(self.micro)
-
 
 def cut_minibatches(rows: BatchRows, *, count: int, aggregation: str, skip: bool, micro_batch_tokens: int,
                 shard: DataShard | None) -> list[Minibatch]:

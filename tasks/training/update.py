@@ -134,7 +134,6 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     rows = batch_rows(groups, kl_coef=kl_coef, kl_rows=kl_rows, kl_sample=kl_sample, seed=seed)
     plan = cut_minibatches(rows, count=minibatches, aggregation=aggregation, skip=skip,
                        micro_batch_tokens=micro_batch_tokens, shard=shard)
-    mine = torch.cat([mb.rows for mb in plan])  # the rows this process computes (all of them in one process)
     computed = torch.cat([mb.computed for mb in plan])
     loss = LossTerms(clip_eps=clip_eps, aggregation=aggregation, kl_coef=kl_coef,
                      log_cap=math.log(behaviour_cap) if behaviour_cap is not None else None,
@@ -144,10 +143,11 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
         return token_logprobs(model_, [rows.prompts[i] for i in rows_], rows.completions[rows_], rows.mask[rows_],
                               pad_id, temperature, device, max_tokens=budget, mlp_inputs=hidden)
 
-    def no_grad_logprobs(model_) -> torch.Tensor:  # [N, L] on this process's rows (0 elsewhere), in micro-batches
+    def no_grad_logprobs(model_) -> torch.Tensor:  # [N, L] on this process's rows (0 elsewhere)
         out = torch.zeros(rows.n, rows.width)
-        with torch.no_grad():
-            out[mine] = logp_of(mine, model_, budget=micro_batch_tokens).cpu()
+        with torch.no_grad():  # the update's micro-batches: as many passes on every rank (FSDP2 gathers in each)
+            for part in (part for mb in plan for part in mb.micro):
+                out[part] = logp_of(part, model_).cpu()
         return out
 
     old_full = no_grad_logprobs(model) if minibatches > 1 else None
