@@ -55,12 +55,20 @@ def _allowed(model: type[BaseModel], loc: tuple) -> str:
     return f"; allowed keys: {', '.join(fields)}" if fields else ""
 
 
+#: Keys that were renamed: old dotted key -> (new key, what changed).
+RENAMED = {"train.bucket_tokens": ("train.micro_batch_tokens", "its budget now bounds each forward and backward "
+                                   "pass of the update, so its memory")}
+
+
 def _explain(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         loc = tuple(e["loc"])
         key = ".".join(str(p) for p in loc) or "<root>"
-        if e["type"] == "extra_forbidden":
+        if e["type"] == "extra_forbidden" and key in RENAMED:
+            new, why = RENAMED[key]
+            lines.append(f"{key}: renamed {new} ({why}); give the same value there")
+        elif e["type"] == "extra_forbidden":
             lines.append(f"{key}: unknown key{_allowed(Config, loc)}")
         else:
             lines.append(f"{key}: {e['msg']} (got {e.get('input')!r})")

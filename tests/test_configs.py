@@ -97,6 +97,7 @@ def test_overrides_are_typed():
     ("select.method=best", "select.method: Input should be 'uniform' or 'dots'"),
     ("model.hidden=100", "hidden/heads must be an integer >= 32"),
     ("train.steps", "expected key=value"),
+    ("train.bucket_tokens=4096", "train.bucket_tokens: renamed train.micro_batch_tokens"),
 ])
 def test_bad_config_names_the_key(override, expect):
     with pytest.raises(ConfigError, match=None) as err:

@@ -133,7 +133,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
         raise ValueError(f"behaviour_cap must be >= 1 (or None), got {behaviour_cap}")
     rows = batch_rows(groups, kl_coef=kl_coef, kl_rows=kl_rows, kl_sample=kl_sample, seed=seed)
     plan = cut_minibatches(rows, count=minibatches, aggregation=aggregation, skip=skip,
-                       micro_batch_tokens=micro_batch_tokens, shard=shard)
+                           micro_batch_tokens=micro_batch_tokens, shard=shard)
     computed = torch.cat([mb.computed for mb in plan])
     loss = LossTerms(clip_eps=clip_eps, aggregation=aggregation, kl_coef=kl_coef,
                      log_cap=math.log(behaviour_cap) if behaviour_cap is not None else None,
@@ -191,8 +191,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
             log.warning("update skipped, not applied: gradient norm %s (minibatch of %d rows)", gnorm,
                         len(mb.computed))
             continue
-        step_sums.add({"train/grad_norm": gnorm})
-        sums.merge(step_sums.over_ranks(shard))
+        sums.add(step_sums.over_ranks(shard) | {"train/grad_norm": gnorm})  # the norm is global already
     stats = sums.mean(minibatches - skipped)
     stats["train/skipped_updates"] = float(skipped)
     if dropped:
@@ -285,8 +284,6 @@ class MetricSums:
     def add(self, metrics: dict[str, float]) -> None:
         for k, v in metrics.items():
             self.sums[k] = self.sums.get(k, 0.0) + float(v)
-
-    merge = add
 
     def over_ranks(self, shard: DataShard | None) -> dict[str, float]:
         """The sums over every rank (one gather under scale-out); collective."""

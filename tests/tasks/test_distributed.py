@@ -69,7 +69,7 @@ def test_sharded_update_matches_single_process(sharded_results, backend):
     for step, (want, have) in enumerate(zip(ref["stats"], got["stats"], strict=True)):
         assert set(want) == set(have), step
         # the sharded runs cut each minibatch into micro-batches (the references: one pass each); same step
-        assert want["train/micro_batches"] == 2 and have["train/micro_batches"] >= 4, step
+        assert want["train/micro_batches"] == 2 and have["train/micro_batches"] > 2, step
         for key in set(want) - {"train/micro_batches"}:
             if key == "behaviour":  # fresh groups' behaviour log-probs, gathered from both ranks
                 torch.testing.assert_close(have[key], want[key], atol=2e-6, rtol=0)

@@ -27,7 +27,7 @@ def test_a_nan_update_is_skipped_logged_and_never_applied(caplog):
     batch = h.make_batch(model)
     opt = torch.optim.AdamW(model.parameters(), **h.OPTIM)
     before = copy.deepcopy(model.state_dict())
-    handle = _nan_logits(model, {1, 2})  # both minibatches (call 0 is the no-grad pass for pi_old)
+    handle = _nan_logits(model, {2, 3})  # both minibatches (calls 0 and 1 are the no-grad passes for pi_old)
     with caplog.at_level(logging.WARNING, logger="tasks.training.update"):
         stats = policy_update(model, opt, copy.deepcopy(batch), aggregation="token", kl_coef=0.0, **h.SETTINGS)
     handle.remove()
@@ -38,7 +38,7 @@ def test_a_nan_update_is_skipped_logged_and_never_applied(caplog):
     assert not opt.state  # AdamW's moments were never touched either
 
     # One poisoned minibatch of two: the other one is applied; its metrics are finite and are the average.
-    handle = _nan_logits(model, {2})
+    handle = _nan_logits(model, {3})
     stats = policy_update(model, opt, copy.deepcopy(batch), aggregation="token", kl_coef=0.0, **h.SETTINGS)
     handle.remove()
     assert stats["train/skipped_updates"] == 1.0
@@ -52,11 +52,16 @@ def test_a_non_finite_pi_old_pass_skips_its_minibatch_too():
     opt = torch.optim.AdamW(model.parameters(), **h.OPTIM)
     before = copy.deepcopy(model.state_dict())
     batch = h.make_batch(model)
-    handle = _nan_logits(model, {0})  # the no-grad pass that gives pi_old's log-probs
-    stats = policy_update(model, opt, batch, aggregation="token", kl_coef=0.0, **h.SETTINGS)
+    handle = _nan_logits(model, {0, 1})  # the no-grad passes that give pi_old's log-probs, one a minibatch
+    stats = policy_update(model, opt, copy.deepcopy(batch), aggregation="token", kl_coef=0.0, **h.SETTINGS)
     handle.remove()
     assert stats["train/skipped_updates"] == 2.0
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    handle = _nan_logits(model, {1})  # only the second minibatch's pi_old: the first is applied
+    stats = policy_update(model, opt, copy.deepcopy(batch), aggregation="token", kl_coef=0.0, **h.SETTINGS)
+    handle.remove()
+    assert stats["train/skipped_updates"] == 1.0
+    assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
 def test_backward_step_skips_a_non_finite_gradient_with_a_finite_loss():
