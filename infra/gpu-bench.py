@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
 import torch  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--completion", type=int, default=None, help="completion tokens (default 1024)")
     p.add_argument("--micro-batch-tokens", type=int, default=None, help="train.micro_batch_tokens (default 8192)")
     p.add_argument("--steps", type=int, default=1, help="timed steps an arm (after one warm-up step)")
+    p.add_argument("--no-generation", action="store_true", help="only the update's table")
     p.add_argument("--peak-tflops", type=float, default=None, help="the card's dense bf16 TFLOP/s (default: "
                    "989 on an H100/H200, none elsewhere)")
     args = p.parse_args(argv)
@@ -181,13 +182,44 @@ def main(argv: list[str] | None = None) -> int:
     if toy:
         torch.set_num_threads(2)
     arms = [Arm(m, mode, r) for m in models for mode in args.modes for r in rows
-            if not (m == "7b" and r > 64)]  # the 7B at the largest batch: minutes a step
+            if not (m == "7b" and (r > 64 or not mode.endswith("+ckpt")))]  # the 7B: what fits, in minutes
     results = []
     for i, arm in enumerate(arms, 1):
         print(f"[{i}/{len(arms)}] {arm.model} {arm.mode} {arm.rows} rows", file=sys.stderr, flush=True)
         results.append(run_arm(arm, args, device, dtype))
     print(table(results, f"{name}, torch {torch.__version__}, micro-batches of {args.micro_batch_tokens} tokens"))
+    if not args.no_generation:
+        generation(args, models[0], device, dtype, name)
     return 0
+
+
+def generation(args, shape: str, device: torch.device, dtype: torch.dtype, name: str) -> None:
+    """The sampler, the one-GPU overlap and the bf16 mismatch on ``shape`` (infra/gpu_bench_generation.py)."""
+    import gpu_bench_generation as gen
+
+    toy = device.type == "cpu"
+    model, cfg = build(shape, "full", device, dtype)
+    model.eval()
+    rows, new = ([16, 32], 8) if toy else ([256, 512], 512)
+    print(f"\nsampler on {name}: tasks.model.rollout.decode, {shape}, prompts of {gen.PROMPT} tokens")
+    print("\n".join(gen.sampler_rows(model, rows, new, device, name)))
+    print(f"\nsampler/trainer mismatch on {name} ({dtype}, the same weights)")
+    print("\n".join(gen.mismatch_rows(model, rows[0], new, device)))
+    del model
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    model, _ = build(shape, "full+ckpt", device, dtype)
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=1e-6)
+    groups = batch(16 if toy else 64, args.prompt, args.completion, cfg.vocab_size)
+    settings = dict(clip_eps=0.2, aggregation="token", grad_clip=1.0, temperature=1.0, pad_id=0, minibatches=1,
+                    kl_coef=0.0, micro_batch_tokens=args.micro_batch_tokens, device=device)
+    policy_update(model, optimizer, groups, **settings)  # warm-up
+    print(f"\noverlap on one {name}: the sampler in a second process beside full + checkpointing update steps")
+    print("\n".join(gen.overlap_rows(SHAPES[shape], dtype, device, lambda: policy_update(model, optimizer, groups,
+                                                                                         **settings),
+                                      rows=rows[0], new=new if toy else 256, repeats=2 if toy else 3,
+                                      steps=2 if toy else 4)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,187 @@
+"""The GPU check's generation half (run by infra/gpu-bench.py): the in-process sampler, one-GPU overlap, and the
+bf16 sampler/trainer mismatch. Imports only torch, transformers, peft, pydantic, numpy and rlsift's modules that
+need no more.
+
+- **Sampler**: ``tasks.model.rollout.decode`` (the run's in-process sampler) on ``rows`` prompts of 128 tokens,
+  ``new`` tokens each (random weights never end a row early), first call and second call timed apart, beside
+  transformers' ``generate`` (sampling, same shapes, second call). The floor is what the card allows a decode
+  step: the larger of reading the weights and the KV cache once (bytes / memory bandwidth) and the step's FLOPs
+  (2 N a row / peak), so tokens/s <= rows / that time.
+- **Overlap on one GPU**: the sampler in a second process on the same GPU beside update steps in this one, against
+  the two one after the other: the ratio is what ``overlap.lag`` 1 can save on a shared device.
+- **Mismatch**: the sampler's bf16 log-probs mu against the trainer's recomputation pi_old on the same weights
+  (``tasks.training.update.mismatch_metrics``), and the first update on those rollouts with mu = the sampler's
+  (the decoupled loss's correction) and with mu = pi_old (no correction): how much the correction changes the
+  gradient (relative norm of the difference).
+"""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing as mp
+import time
+
+import torch
+
+from rlcore.types import RolloutGroup
+from tasks.model.forward import token_logprobs
+from tasks.model.rollout import decode
+from tasks.model.sampling import Sampling
+from tasks.training.update import mismatch_metrics, policy_update
+
+#: Memory bandwidth (TB/s) and dense bf16 TFLOP/s of the cards the check knows (vendor figures, SXM parts).
+CARDS = {"H100": (3.35, 989.0), "H200": (4.8, 989.0), "A100": (2.0, 312.0)}
+PROMPT = 128
+GROUP = 8  # rollouts a prompt
+
+
+def card(name: str) -> tuple[float, float] | None:
+    return next((v for k, v in CARDS.items() if k in name), None)
+
+
+def prompts(rows: int, vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows / 8`` random prompts of :data:`PROMPT` tokens, each repeated for its 8 rollouts."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(4, vocab, (max(rows // GROUP, 1), PROMPT), generator=g).repeat_interleave(GROUP, dim=0)
+    return ids.to(device), torch.ones_like(ids).to(device)
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def draw(model, rows: int, new: int, device, seed: int = 0):
+    ids, am = prompts(rows, model.config.vocab_size, device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return ids, decode(model, ids, am, max_new_tokens=new, sampling=Sampling(temperature=1.0), eos_id=-1, pad_id=0,
+                       generator=gen)
+
+
+def timed(fn, device) -> float:
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def floor_tokens_per_s(model, rows: int, new: int, bandwidth_tbs: float, peak_tflops: float) -> float:
+    """rows / the fastest a decode step can be (module docstring), at the mean context length."""
+    c = model.config
+    params = sum(p.numel() for p in model.parameters())
+    b = next(model.parameters()).element_size()
+    kv_width = (c.num_key_value_heads or c.num_attention_heads) * (c.hidden_size // c.num_attention_heads)
+    kv_bytes = rows * (PROMPT + new / 2) * c.num_hidden_layers * 2 * kv_width * b
+    t_mem = (params * b + kv_bytes) / (bandwidth_tbs * 1e12)
+    t_flops = 2 * params * rows / (peak_tflops * 1e12)
+    return rows / max(t_mem, t_flops)
+
+
+def sampler_rows(model, rows_list: list[int], new: int, device, name: str) -> list[str]:
+    out = ["| rows | new tokens | decode first call s | decode tokens/s (second call) | generate tokens/s | floor "
+           "tokens/s | share of floor |", "|---|---|---|---|---|---|---|"]
+    spec = card(name)
+    for rows in rows_list:
+        first = timed(lambda rows=rows: draw(model, rows, new, device), device)
+        second = timed(lambda rows=rows: draw(model, rows, new, device), device)
+        ids, am = prompts(rows, model.config.vocab_size, device)
+
+        def hf_generate(ids=ids, am=am):
+            model.generate(input_ids=ids, attention_mask=am, do_sample=True, max_new_tokens=new,
+                           min_new_tokens=new, pad_token_id=0, eos_token_id=None, top_k=0, top_p=1.0)
+
+        hf_generate()
+        hf = timed(hf_generate, device)
+        tps = rows * new / second
+        floor = floor_tokens_per_s(model, rows, new, *spec) if spec else float("nan")
+        out.append(f"| {rows} | {new} | {first:.1f} | {tps:,.0f} | {rows * new / hf:,.0f} | "
+                   f"{floor:,.0f} | {tps / floor:.0%} |")
+    return out
+
+
+def _sampler_worker(shape: dict, dtype, device: str, rows: int, new: int, repeats: int, start, done) -> None:
+    """The second process: its own model of the same shape on the same device, ``repeats`` draws."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    with torch.device(device):
+        model = Qwen2ForCausalLM(Qwen2Config(**shape)).to(dtype).eval()
+    draw(model, rows, 8, device)  # warm
+    start.wait()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        draw(model, rows, new, device)
+    sync(device)
+    done.put(time.perf_counter() - t0)
+
+
+def overlap_rows(shape: dict, dtype, device, update_fn, rows: int, new: int, repeats: int, steps: int) -> list[str]:
+    """The sampler in a second process beside ``steps`` calls of ``update_fn`` here, against one after the other."""
+    ctx = mp.get_context("spawn")
+
+    def run(with_updates: bool, with_draws: bool) -> tuple[float, float | None]:
+        start, done = ctx.Event(), ctx.Queue()
+        proc = None
+        if with_draws:
+            proc = ctx.Process(target=_sampler_worker, args=(shape, dtype, str(device), rows, new, repeats, start,
+                                                             done))
+            proc.start()
+            time.sleep(1.0)
+        start.set()
+        t0 = time.perf_counter()
+        if with_updates:
+            for _ in range(steps):
+                update_fn()
+            sync(device)
+        upd = time.perf_counter() - t0
+        drawn = done.get(timeout=1800) if with_draws else None
+        if proc is not None:
+            proc.join()
+        return (max(upd, drawn) if drawn is not None else upd), drawn
+
+    upd_alone, _ = run(True, False)
+    _, draw_alone = run(False, True)
+    both, _ = run(True, True)
+    seq = upd_alone + draw_alone
+    return ["| update steps | draws | update alone s | sampler alone s | one after the other s | at once s | ratio |",
+            "|---|---|---|---|---|---|---|",
+            f"| {steps} | {repeats} x {rows} rows x {new} | {upd_alone:.1f} | {draw_alone:.1f} | {seq:.1f} | "
+            f"{both:.1f} | {both / seq:.2f}x |"]
+
+
+def mismatch_rows(model, rows: int, new: int, device) -> list[str]:
+    """mu (the sampler's log-probs) against pi_old (the trainer's recomputation), and the first update's gradient
+    with and without the correction."""
+    ids, (comp, mu) = draw(model, rows, new, device, seed=3)
+    comp, mu = comp.cpu(), mu.cpu().float()
+    mask = torch.ones_like(comp, dtype=torch.bool)
+    prompts_ = [p.cpu() for p in ids]
+    with torch.no_grad():
+        old = token_logprobs(model, prompts_, comp, mask, 0, 1.0, device).cpu()
+    m = mismatch_metrics(old, mu, mask, log_cap=torch.log(torch.tensor(2.0)).item())
+    group = GROUP
+    rewards = torch.tensor([1.0, 0.0] * (group // 2))
+    groups = [RolloutGroup(prompt_id=f"p{k}", prompt_ids=prompts_[k * group],
+                           completion_ids=comp[k * group:(k + 1) * group],
+                           completion_mask=mask[k * group:(k + 1) * group], rewards=rewards,
+                           advantages=rewards - rewards.mean(), behaviour_logp=torch.zeros(0), success_rate=0.5,
+                           n_generated=group, step=0) for k in range(rows // group)]
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=0.0)  # the weights stay; the gradients stay readable
+    grads, stats = {}, {}
+    for corrected in (True, False):
+        batch = copy.deepcopy(groups)
+        for k, g in enumerate(batch):
+            if corrected:  # mu = the sampler's log-probs (train.behaviour=sampler)
+                g.sampler_logp = mu[k * group:(k + 1) * group]
+                g.behaviour_logp = g.sampler_logp.clone()
+        stats[corrected] = policy_update(model, opt, batch, clip_eps=0.2, aggregation="token", grad_clip=1e9,
+                                         temperature=1.0, pad_id=0, minibatches=1, kl_coef=0.0,
+                                         micro_batch_tokens=8192, device=device, behaviour_cap=2.0)
+        grads[corrected] = torch.cat([p.grad.float().flatten() for p in params])
+    opt.zero_grad(set_to_none=True)
+    change = float((grads[True] - grads[False]).norm() / grads[False].norm())
+    return ["| KL(mu, pi_old) | mean pi_old / mu | max pi_old / mu | max abs log diff | tokens over cap 2 | "
+            "gradient change by the correction |", "|---|---|---|---|---|---|",
+            f"| {m['offpolicy/kl']:.2e} | {m['offpolicy/ratio_mean']:.4f} | {m['offpolicy/ratio_max']:.3f} | "
+            f"{m['offpolicy/logp_diff_max']:.3f} | {m['offpolicy/truncated_frac']:.2%} | {change:.2%} |"]
