@@ -56,7 +56,12 @@ def stage_done(run: Run, name: str, step: int = 0, parts: tuple[str, ...] | None
     """A stage ended: its cost in the ledger, MLflow and the log (``Run.log_stage_cost``, same arguments), and the
     run's cost table so far as the flow run's ``time-by-stage`` artifact (tasks/records/artifacts.py)."""
     run.log_stage_cost(name, step, parts=parts, metrics=metrics)
-    artifacts.stage_costs(artifacts.title(run.run_id, run.tracker.name), run.cost_table())
+    artifacts.stage_costs(title(run), run.cost_table())
+
+
+def title(run: Run) -> str:
+    """How the Prefect artifacts name the run (its id and MLflow name)."""
+    return artifacts.title(run.run_id, run.tracker.name)
 
 
 @stage(name="ingest")
@@ -164,7 +169,7 @@ def plan_stage(run: Run, policy: Policy, pool: list[PromptRecord], calibration: 
     if cache.exists():
         result = Plan.load(cache)
         name_the_choice(run, result)
-        artifacts.plan_table(artifacts.title(run.run_id, run.tracker.name), result)
+        artifacts.plan_table(title(run), result)
         return result
     with run.meter.stage("plan"):
         result = make_plan(run.cfg, policy, pool, calibration, device=run.device, candidates=candidates)
@@ -176,7 +181,7 @@ def plan_stage(run: Run, policy: Policy, pool: list[PromptRecord], calibration: 
     log.info("plan: %s", result.summary())
     log.info("plan: %s", result.reason)
     name_the_choice(run, result)
-    artifacts.plan_table(artifacts.title(run.run_id, run.tracker.name), result)
+    artifacts.plan_table(title(run), result)
     stage_done(run, "plan")
     return result
 
@@ -241,7 +246,7 @@ def evaluate_stage(run: Run, policy: Policy, test: list[PromptRecord], phase: st
     cached = run.dir / f"eval_{phase}.json"
     if phase == "start" and cached.exists():  # a resumed run keeps its starting evaluation
         result = EvalResult.load(cached)
-        artifacts.eval_by_level(artifacts.title(run.run_id, run.tracker.name), result, None)
+        publish_eval(run, phase, result)
         return result
     with run.meter.stage(f"eval_{phase}"):
         result = evaluate(policy, records, samples=ec.samples, seed=run.cfg.seed)
@@ -249,13 +254,18 @@ def evaluate_stage(run: Run, policy: Policy, test: list[PromptRecord], phase: st
     result.save(cached)
     run.log_metrics(flat_metrics(result, f"eval_{phase}") | flat_metrics(result), step)
     run.tracker.log_artifact(cached)
-    start_file = run.dir / "eval_start.json"
-    start = result if phase == "start" else EvalResult.load(start_file) if start_file.exists() else None
-    if start is not None:
-        artifacts.eval_by_level(artifacts.title(run.run_id, run.tracker.name), start,
-                                None if phase == "start" else result)
+    publish_eval(run, phase, result)
     stage_done(run, f"eval_{phase}", step)
     return result
+
+
+def publish_eval(run: Run, phase: str, result: EvalResult) -> None:
+    """The ``eval-by-level`` artifact: the start alone, then the start (``eval_start.json``) beside the end."""
+    start = run.dir / "eval_start.json"
+    if phase == "start":
+        artifacts.eval_by_level(title(run), result, None)
+    elif start.exists():
+        artifacts.eval_by_level(title(run), EvalResult.load(start), result)
 
 
 def refusal(start_acc: float, end_acc: float, tolerance: float | None) -> str | None:

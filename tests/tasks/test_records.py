@@ -124,10 +124,13 @@ def test_training_curves_start_and_end_at_the_pipelines_heldout_evaluations(tmp_
 def test_source_commit_only_from_the_top_of_a_checkout(tmp_path):
     import subprocess
 
-    from tasks.records.tracking.describe import GIT_COMMIT, PROJECT, source_tags
+    from tasks.records.tracking.describe import GIT_COMMIT, PROJECT, SOURCE_NAME, source_tags
 
     head = subprocess.run(["git", "-C", str(PROJECT), "rev-parse", "HEAD"], capture_output=True, text=True)
-    assert source_tags() == ({GIT_COMMIT: head.stdout.strip()} if head.returncode == 0 else {})
+    if head.returncode == 0:  # a checkout: its commit, and a name so that MLflow shows the source
+        assert source_tags()[GIT_COMMIT] == head.stdout.strip() and source_tags()[SOURCE_NAME] == str(PROJECT)
+    else:
+        assert source_tags() == {}
     assert source_tags(tmp_path) == {}  # not a checkout
     assert source_tags(PROJECT / "tasks") == {}  # inside one, but not the project's top
 

@@ -4,7 +4,9 @@ and the Prefect flow run that ran it, as MLflow's run tags. No MLflow import: ta
 * ``mlflow.runName``: what ran (tasks/run.py ``run_label``; an ``auto`` run is renamed after the plan's choice).
 * ``mlflow.note.content``: the run's Description, the first thing the run's Overview shows (Markdown); the
   pipeline writes a few lines when the run ends (flows/pipeline.py ``RunSummary.description``).
-* ``mlflow.source.git.commit``: the project's commit (``git rev-parse HEAD``), when it is a git checkout.
+* ``mlflow.source.git.commit``, ``mlflow.source.git.branch``, ``mlflow.source.name``, ``mlflow.source.type``: the
+  project's commit (``git rev-parse HEAD``), branch and folder, when it is a git checkout (the run's Overview shows
+  its Source only when it has a name).
 * ``rlsift.prefect.flow_run_id``, ``rlsift.prefect.flow_run_url``: the Prefect flow run, and its page in the
   Prefect UI when a Prefect API URL is configured (a temporary server's page is gone when the run ends).
 """
@@ -18,6 +20,9 @@ RUN_NAME = "mlflow.runName"
 DESCRIPTION = "mlflow.note.content"
 PARENT_RUN = "mlflow.parentRunId"
 GIT_COMMIT = "mlflow.source.git.commit"
+GIT_BRANCH = "mlflow.source.git.branch"
+SOURCE_NAME = "mlflow.source.name"
+SOURCE_TYPE = "mlflow.source.type"
 FLOW_RUN_ID = "rlsift.prefect.flow_run_id"
 FLOW_RUN_URL = "rlsift.prefect.flow_run_url"
 
@@ -26,16 +31,17 @@ PROJECT = Path(__file__).resolve().parents[3]
 
 
 def source_tags(project: Path = PROJECT) -> dict[str, str]:
-    """``{GIT_COMMIT: sha}`` when ``project`` is the top of a git checkout (a clone or a worktree), else ``{}``
-    (an installed copy, no git)."""
+    """The commit, branch (none when detached) and folder of ``project`` when it is the top of a git checkout (a clone
+    or a worktree), else ``{}`` (an installed copy, no git)."""
     try:
-        out = subprocess.run(["git", "-C", str(project), "rev-parse", "--show-toplevel", "HEAD"], capture_output=True,
-                             text=True, timeout=10, check=True).stdout.split()
+        out = subprocess.run(["git", "-C", str(project), "rev-parse", "--show-toplevel", "HEAD", "--abbrev-ref",
+                              "HEAD"], capture_output=True, text=True, timeout=10, check=True).stdout.splitlines()
     except (OSError, subprocess.SubprocessError):
         return {}
-    if len(out) != 2 or Path(out[0]).resolve() != project.resolve():
+    if len(out) != 3 or Path(out[0]).resolve() != project.resolve():
         return {}
-    return {GIT_COMMIT: out[1]}
+    return {SOURCE_NAME: str(project), SOURCE_TYPE: "LOCAL", GIT_COMMIT: out[1],
+            **({GIT_BRANCH: out[2]} if out[2] != "HEAD" else {})}
 
 
 def flow_run_tags(flow_run_id: str, ui_url: str | None) -> dict[str, str]:
