@@ -81,7 +81,8 @@ def cmd_run(args) -> int:
     from flows.pipeline import pipeline
 
     summary = pipeline(config=args.config, overrides=list(args.overrides), resume=args.resume)
-    text = (f"run {summary['run_id']} {summary['status']} in {summary['wall_s']:.0f} s, {summary['steps']} steps\n"
+    text = (f"run {summary['run_id']} ({summary['name']}) {summary['status']} in {summary['wall_s']:.0f} s, "
+            f"{summary['steps']} steps\n"
             f"  held-out greedy accuracy {summary['eval_accuracy_start']:.3f} -> {summary['eval_accuracy_end']:.3f}"
             f"{_paired_text(summary.get('eval_paired'))}\n"
             f"  by level: {_levels(summary['eval_by_level_start'])} -> {_levels(summary['eval_by_level_end'])}\n"
@@ -217,7 +218,7 @@ def _run_row(r: dict) -> dict:
 
     cfg, s = (json.loads(v) if isinstance(v, str) else (v or {}) for v in (r["config"], r["summary"]))
     try:
-        what = run_label(validate(cfg))
+        what = run_label(validate(cfg), (s.get("plan") or {}).get("choice"))  # an auto run: what it trained
     except ConfigError:  # a run of an older config schema
         what = "?"
     acc = (f"{s['eval_accuracy_start']:.3f} -> {s['eval_accuracy_end']:.3f}"

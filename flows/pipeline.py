@@ -21,7 +21,9 @@ from prefect import flow, get_run_logger
 from tasks.config import Config, ConfigError
 from tasks.config_load import default_config, load_config, parse_override, validate
 from tasks.data.ingest import IngestResult
+from tasks.records import artifacts
 from tasks.records.ledger import Ledger
+from tasks.records.tracking import flow_run_tags
 from tasks.run import Run, open_run
 from tasks.stages import (
     calibrate_stage,
@@ -29,6 +31,8 @@ from tasks.stages import (
     ingest_stage,
     plan_stage,
     prepare_stage,
+    refusal,
+    registration,
     report_stage,
     score_stage,
     train_stage,
@@ -57,14 +61,14 @@ class RunSummary:
     """What a pipeline run did (:func:`execute`): the CLI's ``rlsift run`` output and ``--json`` object.
 
     Every run reports where it lives (``run_id``, ``mlflow_run_id``, ``ledger``, ``tracking_uri``,
-    ``run_dir``), its ``status`` (``completed``, ``skipped`` or ``failed``), ``wall_s`` and, once ingest
-    ran, the ``ingest`` counts. A ``skipped`` run (retrain with nothing new) adds ``reason`` and
-    ``model_version`` (None); a ``completed`` run adds the rest: steps, held-out greedy accuracy before and
-    after (overall and by level, level keys as strings), the paired change, the last step's effective-group
-    ratio, device hours and money, the final model and its lineage, and ``overlap``: the overlapped loop's
-    totals in seconds (update, draw, at once, each side's idle; empty when sequential) and ``plan``: what a
-    ``plan.auto`` run chose and why (:func:`plan_summary`; None otherwise). :meth:`to_dict` holds
-    exactly the fields of the run's status.
+    ``run_dir``), its ``name`` (the MLflow run's: what ran; an ``auto`` run's names the plan's choice), its
+    ``status`` (``completed``, ``skipped`` or ``failed``), ``wall_s`` and, once ingest ran, the ``ingest`` counts.
+    A ``skipped`` run (retrain with nothing new) adds ``reason`` and ``model_version`` (None); a ``completed`` run
+    adds the rest: steps, held-out greedy accuracy before and after (overall and by level, level keys as strings),
+    the paired change, the last step's effective-group ratio, device hours and money, the final model and its
+    lineage, and ``overlap``: the overlapped loop's totals in seconds (update, draw, at once, each side's idle; empty
+    when sequential) and ``plan``: what a ``plan.auto`` run chose and why (:func:`plan_summary`; None otherwise).
+    :meth:`to_dict` holds exactly the fields of the run's status.
     """
 
     run_id: str
@@ -72,6 +76,7 @@ class RunSummary:
     ledger: str
     tracking_uri: str
     run_dir: str
+    name: str | None = None
     status: str = "failed"
     wall_s: float = 0.0
     ingest: dict[str, Any] | None = None
@@ -115,8 +120,9 @@ def run_pipeline(cfg: Config, resume: str | None = None, parent_run_id: str | No
 
 
 def claim_flow_run(run: Run) -> None:
-    """Record the calling Prefect flow run in the run's info; on a resume, end the killed process's flow run as
-    Crashed (a SIGKILL leaves it Running for ever: no process is left to report its end)."""
+    """Record the calling Prefect flow run in the run's info and link it with the MLflow run (:func:`link_flow_run`);
+    on a resume, end the killed process's flow run as Crashed (a SIGKILL leaves it Running for ever: no process is
+    left to report its end)."""
     from prefect.client.orchestration import get_client
     from prefect.runtime import flow_run
     from prefect.states import Crashed
@@ -136,6 +142,25 @@ def claim_flow_run(run: Run) -> None:
     if current:
         run.info = replace(run.info, flow_run_id=str(current))
         run.save_info()
+    link_flow_run(run)
+
+
+def flow_run_url(flow_run_id: str) -> str | None:
+    """The flow run's page in the Prefect UI when a Prefect API URL is configured (None for Prefect's temporary
+    server, whose pages end with the run)."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.utilities.urls import url_for
+
+    return url_for("flow-run", obj_id=flow_run_id, url_type="ui") if PREFECT_API_URL.value() else None
+
+
+def link_flow_run(run: Run) -> None:
+    """Link the two UIs: the MLflow run gets the Prefect flow run's id and page as tags
+    (tasks/records/tracking/describe.py), the flow run gets the MLflow run as its ``mlflow-run`` artifact."""
+    if run.info.flow_run_id:
+        run.tracker.set_tags(flow_run_tags(run.info.flow_run_id, flow_run_url(run.info.flow_run_id)))
+    artifacts.mlflow_run(artifacts.title(run.run_id, run.tracker.name), run.tracker.run_id, run.tracker.url,
+                         run.tracking_uri, str(run.dir))
 
 
 def data_fingerprint(data: IngestResult) -> str:
@@ -160,8 +185,13 @@ def execute(run: Run, only_new: bool = False) -> RunSummary:
         else:
             summary = _train(run, data, summary)
     finally:
-        summary = replace(summary, wall_s=time.perf_counter() - t0)
-        run.close(summary.status, summary.to_dict())
+        summary = replace(summary, wall_s=time.perf_counter() - t0, name=run.tracker.name)
+        try:
+            text = describe(run, summary)
+            run.tracker.describe(text)
+            artifacts.run_summary(text)
+        finally:
+            run.close(summary.status, summary.to_dict())
     return summary
 
 
@@ -196,6 +226,39 @@ def _train(run: Run, data: IngestResult, summary: RunSummary) -> RunSummary:
         policy_path=run.info.policy_path, resumed=run.resumed, overlap=trained.overlap,
         plan=None if plan is None else plan_summary(plan))
     return summary
+
+
+def describe(run: Run, summary: RunSummary) -> str:
+    """What happened, in a few Markdown lines: the MLflow run's Description and the flow run's ``run-summary``
+    artifact. Held-out accuracy before and after, the plan's choice and predicted clock (``plan.json``, also of a run
+    that stopped), cost, the registered version, the Prefect flow run."""
+    s = summary
+    lines = [f"**{s.name or s.run_id}**: {s.status} in {s.wall_s:.0f} s (rlsift run `{s.run_id}`)"]
+    if s.status == "completed":
+        paired = s.eval_paired
+        lines.append(f"- held-out greedy accuracy {s.eval_accuracy_start:.3f} → {s.eval_accuracy_end:.3f} "
+                     f"({s.eval_accuracy_end - s.eval_accuracy_start:+.3f}) after {s.steps} steps" + (
+                         f"; {paired.turned_right} prompts turned right, {paired.turned_wrong} wrong (McNemar p "
+                         f"{paired.mcnemar_p:.3g})" if paired is not None else ""))
+    elif s.reason:
+        lines.append(f"- {s.status}: {s.reason}")
+    plan_file = run.dir / "plan.json"
+    if plan_file.is_file():
+        plan = Plan.load(plan_file)
+        lines.append(f"- plan: trains `{plan.choice}`, predicted at {plan.chosen.clock:.2f}x plain GRPO's training "
+                     f"clock, effective ratio {plan.chosen.effective_ratio:.2f}")
+    lines.append(f"- cost: {run.meter.device_hours():.4f} device hours on {run.meter.device}, ${run.meter.usd():.4f}")
+    if s.status == "completed":
+        tc = run.cfg.tracking
+        why = refusal(s.eval_accuracy_start, s.eval_accuracy_end, tc.register_tolerance)
+        lines.append(f"- model: {registration(tc.model_name, tc.register_model, s.model_version, why)}" + (
+            f" (parent version {s.parent_version})" if s.parent_version else ""))
+    elif s.status == "failed":
+        lines.append(f"- `rlsift run --resume {s.run_id}` continues it from its last checkpoint")
+    if run.info.flow_run_id:
+        url = flow_run_url(run.info.flow_run_id)
+        lines.append(f"- Prefect flow run: {f'[{run.info.flow_run_id}]({url})' if url else run.info.flow_run_id}")
+    return "\n".join(lines) + "\n"
 
 
 def plan_summary(plan: Plan) -> dict[str, Any]:
@@ -271,49 +334,6 @@ def resume_config(config: str | None, overrides: list[str], run_id: str) -> Conf
     return validate(tree)
 
 
-def publish(summary: RunSummary) -> None:
-    """A run's results in the Prefect UI, as artifacts of the calling flow run: held-out accuracy by level,
-    time and cost by stage, and where the MLflow run is (a link on a tracking server, else how to open it)."""
-    from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
-
-    from tasks.records.tracking import run_url
-
-    if summary.plan is not None:
-        publish_plan(Plan.load(Path(summary.run_dir) / "plan.json"))
-    if summary.status != "completed":
-        create_markdown_artifact(key="run-summary", markdown=f"Run `{summary.run_id}`: **{summary.status}**"
-                                 + (f" ({summary.reason})" if summary.reason else ""))
-        return
-    start, end = summary.eval_by_level_start, summary.eval_by_level_end
-    rows = [{"level": k, "start": round(start[k], 3) if k in start else None, "end": round(end[k], 3),
-             "change": round(end[k] - start[k], 3) if k in start else None} for k in sorted(end, key=str)]
-    rows.append({"level": "all", "start": round(summary.eval_accuracy_start, 3),
-                 "end": round(summary.eval_accuracy_end, 3),
-                 "change": round(summary.eval_accuracy_end - summary.eval_accuracy_start, 3)})
-    create_table_artifact(key="eval-by-level", table=rows,
-                          description=f"Held-out greedy accuracy of run {summary.run_id}, before and after")
-    total = sum(summary.stage_seconds.values()) or 1.0
-    create_table_artifact(key="time-by-stage", description=(
-        f"Run {summary.run_id}: {summary.device_hours:.4f} device hours on {summary.device}, "
-        f"${summary.cost_usd:.4f} in all"), table=[
-        {"stage": k, "seconds": round(v, 1), "share": f"{100 * v / total:.1f}%"}
-        for k, v in summary.stage_seconds.items()])
-    url = run_url(summary.tracking_uri, summary.mlflow_run_id) if summary.mlflow_run_id else None
-    if url:
-        create_link_artifact(key="mlflow-run", link=url, link_text=f"MLflow run {summary.mlflow_run_id}")
-    else:
-        create_markdown_artifact(key="mlflow-run", markdown=(
-            f"MLflow run `{summary.mlflow_run_id}` in the local store `{summary.tracking_uri}`: open it with "
-            f"`mlflow ui --backend-store-uri {summary.tracking_uri}`. Run folder: `{summary.run_dir}`."))
-
-
-def publish_plan(plan: Plan) -> None:
-    """A plan in the Prefect UI: every composition's predictions as a table, the choice and its reason above it."""
-    from prefect.artifacts import create_table_artifact
-
-    create_table_artifact(key="plan", table=plan.rows(), description=f"**{plan.reason}** ({plan.summary()})")
-
-
 @flow(name="plan", log_prints=True)
 def plan_flow(config: str | None = None, overrides: list[str] | None = None) -> dict:
     """``rlsift plan``: ingest, the policy and the reference rollouts a run would do, the plan (tasks/training/plan.py),
@@ -333,8 +353,9 @@ def plan_flow(config: str | None = None, overrides: list[str] | None = None) -> 
         out = {"run_id": run.run_id, "mlflow_run_id": run.tracker.run_id, "run_dir": str(run.dir),
                "tracking_uri": run.tracking_uri, "plan": plan.to_json(), "table": plan.markdown()}
     finally:
+        run.tracker.describe(f"**{run.tracker.name or run.run_id}**: {status} (`rlsift plan`, no training)" + (
+            f"\n- plan: {plan.reason}\n" if status == "planned" else "\n"))
         run.close(status, {k: v for k, v in out.items() if k != "table"})
-    publish_plan(plan)
     get_run_logger().info("plan of run %s: %s", run.run_id, plan.reason)
     return out
 
@@ -349,7 +370,6 @@ def pipeline(config: str | None = None, overrides: list[str] | None = None, resu
     preflight(cfg)
     logging.getLogger("rlsift").info("config validated")
     summary = run_pipeline(cfg, resume=resume)
-    publish(summary)
     get_run_logger().info("run %s %s in %.0f s%s", summary.run_id, summary.status, summary.wall_s, (
         f": accuracy {summary.eval_accuracy_start:.3f} -> {summary.eval_accuracy_end:.3f}; " + (
             f"registered {cfg.tracking.model_name} version {summary.model_version}" if summary.model_version

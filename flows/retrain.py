@@ -29,7 +29,7 @@ from typing import Literal
 
 from prefect import flow, get_run_logger
 
-from flows.pipeline import RunSummary, execute, publish
+from flows.pipeline import RunSummary, claim_flow_run, execute
 from tasks.config import Config
 from tasks.config_load import load_config, validate
 from tasks.records.tracking import default_uri, latest_model
@@ -62,6 +62,7 @@ def run_retrain(cfg: Config, pool: Literal["new", "all"] = "new") -> RunSummary:
                        parent_path=parent[1] if parent else "")
     run.save_info()
     run.tracker.set_tags({"rlsift.flow": "retrain", "rlsift.parent_version": run.info.parent_version})
+    claim_flow_run(run)
     log.info("retrain %s: starting from %s", run.run_id,
              f"{cfg.tracking.model_name} v{parent[0]}" if parent else "the configured policy (no registered model)")
     return execute(run, only_new=pool == "new")
@@ -74,7 +75,6 @@ def retrain(config: str | None = None, overrides: list[str] | None = None,
     :meth:`~flows.pipeline.RunSummary.to_dict`."""
     cfg = load_config(config, list(overrides or []))
     summary = run_retrain(cfg, pool=pool)
-    publish(summary)
     logger = get_run_logger()
     if summary.status == "skipped":
         logger.info("retrain %s: %s; nothing trained", summary.run_id, summary.reason)

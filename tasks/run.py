@@ -260,11 +260,12 @@ class Run:
             self.tracker.finish("FAILED" if status == "failed" else "FINISHED")
 
 
-def run_label(cfg: Config) -> str:
+def run_label(cfg: Config, choice: str | None = None) -> str:
     """A readable MLflow run name: the techniques switched on (``grpo`` when none; ``auto`` when the plan chooses,
-    its choice is the ``rlsift.plan.choice`` tag), the data and the seed, e.g. ``dots+replay bundled:default s0`` or
-    ``grpo gsm8k s1``. The run id stays the ``rlsift.run_id`` tag."""
-    on = ["auto"] if cfg.plan.auto else [name for name, enabled in (
+    ``auto→<choice>`` once it has chosen ``choice``, also the ``rlsift.plan.choice`` tag), the data and the seed, e.g.
+    ``dots+replay bundled:default s0``, ``auto→dots_screen bundled:default s0`` or ``grpo gsm8k s1``. The run id
+    stays the ``rlsift.run_id`` tag."""
+    on = [f"auto→{choice}" if choice else "auto"] if cfg.plan.auto else [name for name, enabled in (
         ("dots", cfg.select.method == "dots"), ("dynamic", cfg.dynamic.enabled), ("replay", cfg.replay.enabled),
         ("pods", cfg.pods.enabled), ("scalingrl", cfg.curriculum.enabled), ("gain", cfg.gain.enabled),
         ("drop-solved", cfg.select.drop_solved)) if enabled]

@@ -32,10 +32,10 @@ from tasks.model.lora import apply_lora, trainable_parameters
 from tasks.model.policy import Policy, load_policy
 from tasks.model.rollout import HFEngine
 from tasks.model.warmstart import sft_records, warm_start
-from tasks.records import plots
+from tasks.records import artifacts, plots
 from tasks.records.files import write_json
 from tasks.records.ledger import ReferenceRow
-from tasks.run import Run, resolve_dtype
+from tasks.run import Run, resolve_dtype, run_label
 from tasks.training import score
 from tasks.training.calibration import Calibration
 from tasks.training.evaluate import EvalResult, evaluate, flat_metrics, table_rows
@@ -49,6 +49,19 @@ stage = task(cache_policy=NO_CACHE, persist_result=False)
 
 #: Warm-start data: worked solutions over all levels, from a seed the RL pool never uses.
 WARMSTART_SEED = 10_000
+
+
+def stage_done(run: Run, name: str, step: int = 0, parts: tuple[str, ...] | None = None,
+               metrics: bool = True) -> None:
+    """A stage ended: its cost in the ledger, MLflow and the log (``Run.log_stage_cost``, same arguments), and the
+    run's cost table so far as the flow run's ``time-by-stage`` artifact (tasks/records/artifacts.py)."""
+    run.log_stage_cost(name, step, parts=parts, metrics=metrics)
+    artifacts.stage_costs(title(run), run.cost_table())
+
+
+def title(run: Run) -> str:
+    """How the Prefect artifacts name the run (its id and MLflow name)."""
+    return artifacts.title(run.run_id, run.tracker.name)
 
 
 @stage(name="ingest")
@@ -70,7 +83,7 @@ def ingest_stage(run: Run, only_new: bool = False) -> ingest.IngestResult:
                      "ingest/train": len(result.train), "ingest/test": len(result.test)}, 0)
     write_json(cache, {"train": [r.id for r in result.train], "test": [r.id for r in result.test],
                        "new_ids": sorted(result.new_ids), "sources": result.sources})
-    run.log_stage_cost("ingest")
+    stage_done(run, "ingest")
     log.info("ingest: %s", json.dumps(result.summary()["sources"]))
     return result
 
@@ -115,7 +128,7 @@ def prepare_stage(run: Run) -> Policy:
         engine = HFEngine(model, tok, max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
                           top_k=rc.top_k, chunk=rc.chunk, device=run.device)
     run.info = replace(run.info, policy_path=str(path))
-    run.log_stage_cost("prepare", metrics=not run.resumed)
+    stage_done(run, "prepare", metrics=not run.resumed)
     if not run.resumed:
         run.tracker.set_tags({"rlsift.policy_path": str(path)})
         run.log_metrics({"model/params": sum(p.numel() for p in model.parameters()),
@@ -142,7 +155,7 @@ def calibrate_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> Calib
                      success_rate=float(rates[j]), predicted=None) for j, i in enumerate(picked)])
     run.log_metrics(calibration.metrics, 0)
     calibration.save(cache)
-    run.log_stage_cost("calibrate")
+    stage_done(run, "calibrate")
     return calibration
 
 
@@ -150,10 +163,14 @@ def calibrate_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> Calib
 def plan_stage(run: Run, policy: Policy, pool: list[PromptRecord], calibration: Calibration,
                candidates: tuple[str, ...] | None = None) -> Plan:
     """The plan (tasks/training/plan.py): the pool's measured pass rates, a timed probe, each candidate's predicted
-    effective ratio and clock against plain GRPO, and the choice. A resumed run reuses its ``plan.json``."""
+    effective ratio and clock against plain GRPO, and the choice (an ``auto`` run is renamed after it,
+    :func:`name_the_choice`). A resumed run reuses its ``plan.json``."""
     cache = run.dir / "plan.json"
     if cache.exists():
-        return Plan.load(cache)
+        result = Plan.load(cache)
+        name_the_choice(run, result)
+        artifacts.plan_table(title(run), result)
+        return result
     with run.meter.stage("plan"):
         result = make_plan(run.cfg, policy, pool, calibration, device=run.device, candidates=candidates)
     result.save(cache)
@@ -163,8 +180,19 @@ def plan_stage(run: Run, policy: Policy, pool: list[PromptRecord], calibration: 
         run.tracker.log_artifact(f)
     log.info("plan: %s", result.summary())
     log.info("plan: %s", result.reason)
-    run.log_stage_cost("plan")
+    name_the_choice(run, result)
+    artifacts.plan_table(title(run), result)
+    stage_done(run, "plan")
     return result
+
+
+def name_the_choice(run: Run, plan: Plan) -> None:
+    """An ``auto`` run is named after what it trains: ``auto bundled:default s0`` becomes ``auto→dots_screen
+    bundled:default s0`` (also inside a retrain's name); a name the caller chose (a benchmark arm's) stays."""
+    before, after = run_label(run.cfg), run_label(run.cfg, plan.choice)
+    name = run.tracker.name
+    if name and before in name and before != after:
+        run.tracker.rename(name.replace(before, after))
 
 
 @stage(name="score")
@@ -182,7 +210,7 @@ def score_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> Features:
         run.ledger.add_features(run.run_id, feats.ledger_rows())
     corr = torch.corrcoef(torch.stack([feats.angle, feats.prompt_tokens.float()]))[0, 1]
     run.log_metrics({"gain/angle_mean": float(feats.angle.mean()), "gain/angle_length_corr": float(corr)}, 0)
-    run.log_stage_cost("score")
+    stage_done(run, "score")
     return feats
 
 
@@ -205,25 +233,39 @@ def train_stage(run: Run, policy: Policy, pool: list[PromptRecord], features: Fe
         return HeldoutEval(accuracy=res.overall.greedy_acc, metrics=flat_metrics(res))
 
     summary = train(run, policy, pool, features, calibration, evaluate_fn=eval_during, run_round=round_task)
-    run.log_stage_cost("train", summary.steps, parts=TRAIN_PHASES)
+    stage_done(run, "train", summary.steps, parts=TRAIN_PHASES)
     return summary
 
 
 @stage(name="evaluate")
 def evaluate_stage(run: Run, policy: Policy, test: list[PromptRecord], phase: str, step: int) -> EvalResult:
+    """Held-out evaluation ``phase`` (``start`` before training, ``end`` after it) at ``step``; its accuracy by level
+    (with the start's, after training) becomes the flow run's ``eval-by-level`` artifact."""
     ec = run.cfg.eval
     records = test[: ec.limit] if ec.limit else test
     cached = run.dir / f"eval_{phase}.json"
     if phase == "start" and cached.exists():  # a resumed run keeps its starting evaluation
-        return EvalResult.load(cached)
+        result = EvalResult.load(cached)
+        publish_eval(run, phase, result)
+        return result
     with run.meter.stage(f"eval_{phase}"):
         result = evaluate(policy, records, samples=ec.samples, seed=run.cfg.seed)
     run.ledger.replace_evals(run.run_id, phase, table_rows(result, phase, step))
     result.save(cached)
     run.log_metrics(flat_metrics(result, f"eval_{phase}") | flat_metrics(result), step)
     run.tracker.log_artifact(cached)
-    run.log_stage_cost(f"eval_{phase}", step)
+    publish_eval(run, phase, result)
+    stage_done(run, f"eval_{phase}", step)
     return result
+
+
+def publish_eval(run: Run, phase: str, result: EvalResult) -> None:
+    """The ``eval-by-level`` artifact: the start alone, then the start (``eval_start.json``) beside the end."""
+    start = run.dir / "eval_start.json"
+    if phase == "start":
+        artifacts.eval_by_level(title(run), result, None)
+    elif start.exists():
+        artifacts.eval_by_level(title(run), EvalResult.load(start), result)
 
 
 def refusal(start_acc: float, end_acc: float, tolerance: float | None) -> str | None:
@@ -232,6 +274,15 @@ def refusal(start_acc: float, end_acc: float, tolerance: float | None) -> str | 
         return None
     return (f"held-out greedy accuracy {end_acc:.3f} is below the starting model's {start_acc:.3f} by more than "
             f"tracking.register_tolerance={tolerance}")
+
+
+def registration(name: str, register: bool, version: str | None, refused: str | None) -> str:
+    """What became of the final model, in words: ``registered <name> version <v>`` or why not (``register``:
+    ``tracking.register_model``; ``refused``: the quality gate's reason, :func:`refusal`)."""
+    return (f"registered {name} version {version}" if version is not None
+            else "not registered: tracking.register_model=false" if not register
+            else f"not registered: {refused}" if refused
+            else f"{name} not registered yet: MLflow unreachable, the registration is queued")
 
 
 def config_tags(cfg) -> dict[str, str]:
@@ -253,32 +304,49 @@ class Report:
 
 @stage(name="report")
 def report_stage(run: Run, policy: Policy, start: EvalResult, end: EvalResult, summary: TrainSummary) -> Report:
-    """Plots, the eval table, the final model (registered in MLflow)."""
+    """Plots, the eval table, the final model (registered in MLflow with a description and its held-out accuracy).
+    Timed as stage ``report`` (registering the model is most of it)."""
     from tasks.model.policy import save_policy
 
-    files = plots.training_curves(run.dir / "metrics.jsonl", run.dir / "training_curves.png")
-    files += plots.eval_levels(start, end, run.dir / "eval_by_level.png")
-    table = plots.eval_table(start, end)
-    (run.dir / "eval_table.md").write_text(table)
-    for f in [*files, run.dir / "eval_table.md"]:
-        run.tracker.log_artifact(f)
-    final = save_policy(policy.model, policy.tokenizer, run.dir / "final_model")
-    version = None
-    tc = run.cfg.tracking
-    why = refusal(start.overall.greedy_acc, end.overall.greedy_acc, tc.register_tolerance)
-    if tc.register_model and why:
-        log.warning("run %s: not registered: %s", run.run_id, why)
-        run.tracker.set_tags({"rlsift.not_registered": why})
-    elif tc.register_model:
-        version = run.tracker.register_model(final, run.cfg.tracking.model_name, {
-            "rlsift.run_id": run.run_id, "parent_version": run.info.parent_version or "",
-            "data_fingerprint": run.info.data_fingerprint or "", "steps": str(summary.steps),
-            **config_tags(run.cfg)})
-    name = run.cfg.tracking.model_name
-    registered = (f"registered {name} version {version}" if version is not None
-                  else "not registered: tracking.register_model=false" if not tc.register_model
-                  else f"not registered: {why}" if why
-                  else f"{name} not registered yet: MLflow unreachable, the registration is queued")
+    with run.meter.stage("report"):
+        files = plots.training_curves(run.dir / "metrics.jsonl", run.dir / "training_curves.png",
+                                      heldout=((0, start.overall.greedy_acc),
+                                               (summary.steps, end.overall.greedy_acc)))
+        files += plots.eval_levels(start, end, run.dir / "eval_by_level.png")
+        table = plots.eval_table(start, end)
+        (run.dir / "eval_table.md").write_text(table)
+        for f in [*files, run.dir / "eval_table.md"]:
+            run.tracker.log_artifact(f)
+        final = save_policy(policy.model, policy.tokenizer, run.dir / "final_model")
+        version = None
+        tc = run.cfg.tracking
+        why = refusal(start.overall.greedy_acc, end.overall.greedy_acc, tc.register_tolerance)
+        if tc.register_model and why:
+            log.warning("run %s: not registered: %s", run.run_id, why)
+            run.tracker.set_tags({"rlsift.not_registered": why})
+        elif tc.register_model:
+            version = run.tracker.register_model(final, tc.model_name, version_tags(run, end, summary),
+                                                 version_description(run, start, end, summary))
     log.info("report: held-out accuracy %.3f -> %.3f after %d steps; %s", start.overall.greedy_acc,
-             end.overall.greedy_acc, summary.steps, registered)
+             end.overall.greedy_acc, summary.steps, registration(tc.model_name, tc.register_model, version, why))
+    stage_done(run, "report", summary.steps)
     return Report(model_path=str(final), model_version=version, table=table)
+
+
+def version_tags(run: Run, end: EvalResult, summary: TrainSummary) -> dict[str, str]:
+    """A registered version's tags: the run, its lineage (``parent_version`` only when it continues one; the data's
+    fingerprint), its steps, config hash and held-out greedy accuracy (``heldout_accuracy``, 4 decimals)."""
+    info = run.info
+    return {"rlsift.run_id": run.run_id, **({"parent_version": info.parent_version} if info.parent_version else {}),
+            **({"data_fingerprint": info.data_fingerprint} if info.data_fingerprint else {}),
+            "steps": str(summary.steps), "heldout_accuracy": f"{end.overall.greedy_acc:.4f}", **config_tags(run.cfg)}
+
+
+def version_description(run: Run, start: EvalResult, end: EvalResult, summary: TrainSummary) -> str:
+    """A registered version's description: what trained it, what it started from and its held-out accuracy."""
+    name = f" ({run.tracker.name})" if run.tracker.name else ""
+    origin = (f"continues version {run.info.parent_version}" if run.info.parent_version
+              else f"started from {run.info.policy_path}" if run.info.policy_path else "")
+    return (f"Trained by rlsift run {run.run_id}{name}, {summary.steps} steps{'; ' + origin if origin else ''}. "
+            f"Held-out greedy accuracy {start.overall.greedy_acc:.3f} -> {end.overall.greedy_acc:.3f} "
+            f"on {end.overall.n} prompts.")

@@ -1,4 +1,4 @@
 """What a run leaves behind: the selection ledger (``ledger``, the only duckdb user and the only home of
-SQL), experiment tracking (``tracking``, the only MLflow user), device-hour and money accounting
-(``cost``) and the plots and tables people look at (``plots``).
+SQL), experiment tracking (``tracking/``, the only MLflow user), what the Prefect UI shows of a run
+(``artifacts``), device-hour and money accounting (``cost``) and the plots and tables people look at (``plots``).
 """

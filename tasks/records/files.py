@@ -3,7 +3,7 @@
 The content goes to ``<name>.tmp`` next to the target, is flushed and fsynced, then renamed over the
 target (``os.replace`` is atomic on POSIX and Windows within one file system) and the folder is fsynced
 so the rename itself survives a power cut. Used for checkpoints (tasks/training/checkpoint.py), the run's
-JSON files (tasks/run.py, tasks/stages.py) and the tracking outbox (tasks/records/tracking.py).
+JSON files (tasks/run.py, tasks/stages.py) and the tracking outbox (tasks/records/tracking/outbox.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """How rlsift's metrics are laid out for MLflow's UI (docs/operations.md "What MLflow shows"): which keys are step
-series, which are run tags, and which stay in ``metrics.jsonl`` only. Pure; tasks/records/tracking.py sends them.
+series, which are run tags, and which stay in ``metrics.jsonl`` only. Pure; tasks/records/tracking/ sends them.
 """
 
 from __future__ import annotations
@@ -39,3 +39,8 @@ def mlflow_layout(metrics: dict[str, float]) -> tuple[dict[str, float], dict[str
             if k in HEADLINE:
                 series[HEADLINE[k]] = v
     return series, values
+
+
+def mlflow_key(key: str) -> str:
+    """An MLflow-safe metric or param key (no ``@``: ``pass@k`` becomes ``pass_at_k``)."""
+    return key.replace("@", "_at_")

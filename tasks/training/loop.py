@@ -403,6 +403,7 @@ def _train(run: Run, policy: Policy, sampling: SamplingPolicy, updater, pool: li
                 if buffer is not None:
                     metrics |= buffer.stats(step) | {"replay/fresh": float(len(fresh)),
                                                      "replay/replayed": float(n_replay)}
+            held = None
             if evaluate_fn is not None and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
                 sync_rollout_weights(run, policy)  # a server evaluates the weights after this update
                 with run.meter.stage("eval_during"):
@@ -422,7 +423,8 @@ def _train(run: Run, policy: Policy, sampling: SamplingPolicy, updater, pool: li
             idle = {"idle": f"{timing.trainer_idle_s:.2f}/{timing.generator_idle_s:.2f}"} if timing else {}
             bar.set_postfix(reward=f"{accuracy:.2f}", eff=f"{float(eff.mean()):.2f}",
                             s=f"{metrics['time/step_s']:.1f}", **({"acc": bar_acc} if bar_acc else {}), **idle)
-            tally.add(fs.records, fs.rows, eff, len(replayed), (upd_s, timing) if timing is not None else None)
+            tally.add(fs.records, fs.rows, eff, len(replayed), (upd_s, timing) if timing is not None else None,
+                      rewards, None if held is None else held.accuracy)
             if (step + 1) % tc.round_steps == 0 or (tc.checkpoint_every and (step + 1) % tc.checkpoint_every == 0) \
                     or step + 1 == tc.steps:
                 with run.meter.stage("checkpoint"):

@@ -1,6 +1,7 @@
 """The `pipeline` flow end to end on the smoke budget under Prefect's test harness: ledger and MLflow contents."""
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -10,7 +11,8 @@ from flows.pipeline import pipeline
 from tasks.records.ledger import Ledger
 from tasks.records.tracking import metric_history, run_info
 
-SMOKE = str(Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "tiny.yaml")
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = str(ROOT / "tests" / "fixtures" / "tiny.yaml")
 
 
 def test_pipeline_flow_records_everything(tmp_path, prefect_harness, caplog):
@@ -64,7 +66,8 @@ def test_pipeline_flow_records_everything(tmp_path, prefect_harness, caplog):
                                                dst_path=str(tmp_path / "got"), tracking_uri=s["tracking_uri"]))
                        .read_text())
     rows = [dict(zip(table["columns"], r, strict=True)) for r in table["data"]]
-    assert {"ingest", "prepare", "rollout", "update", "eval_end", "total"} <= {r["stage"] for r in rows}
+    rows_by_stage = {r["stage"]: r for r in rows}
+    assert {"ingest", "prepare", "rollout", "update", "eval_end", "report", "total"} <= set(rows_by_stage)
     assert rows[-1]["usd"] == pytest.approx(s["cost_usd"], abs=1e-5)
     assert json.loads(info["tags"]["mlflow.loggedArtifacts"]) == [{"path": "cost_by_stage.json", "type": "table"}]
     # the logs say what the run did and which model version it registered
@@ -80,29 +83,56 @@ def test_pipeline_flow_records_everything(tmp_path, prefect_harness, caplog):
     assert mv.run_id == s["mlflow_run_id"] and "/models/m-" in mv.source  # the run's logged MLflow Model
     assert info["tags"]["mlflow.runName"] == "grpo bundled:default s0" and info["tags"]["rlsift.run_id"] == s["run_id"]
 
-    # what the Prefect UI's Artifacts tab shows for the flow run
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-
-    with get_client(sync_client=True) as client:
-        arts = {a.key: a for a in client.read_artifacts(artifact_filter=ArtifactFilter(
-            key=ArtifactFilterKey(any_=["eval-by-level", "time-by-stage", "mlflow-run"])))}
-    assert set(arts) == {"eval-by-level", "time-by-stage", "mlflow-run"}
+    # what the Prefect UI's Artifacts tab shows for the flow run: the latest version of each key
+    flow_run_id = json.loads((Path(s["run_dir"]) / "info.json").read_text())["flow_run_id"]
+    arts = {k: v[-1] for k, v in flow_run_artifacts(flow_run_id).items()}
+    assert set(arts) == {"eval-by-level", "time-by-stage", "mlflow-run", "run-summary"}
     levels = json.loads(arts["eval-by-level"].data)
     assert levels[-1] == {"level": "all", "start": round(s["eval_accuracy_start"], 3),
                           "end": round(s["eval_accuracy_end"], 3),
                           "change": round(s["eval_accuracy_end"] - s["eval_accuracy_start"], 3)}
-    assert {r["stage"] for r in json.loads(arts["time-by-stage"].data)} >= {"ingest", "prepare", "eval_end"}
+    times = {r["stage"]: r for r in json.loads(arts["time-by-stage"].data)}
+    assert {"ingest", "prepare", "eval_end", "report", "total"} <= set(times)  # the report stage too
+    assert times["total"]["usd"] == pytest.approx(s["cost_usd"], abs=1e-5) and times["report"]["seconds"] > 0
+    assert times["rollout"]["device_hours"] == pytest.approx(rows_by_stage["rollout"]["device_hours"])
     assert s["mlflow_run_id"] in arts["mlflow-run"].data and "mlflow ui" in arts["mlflow-run"].data
+    assert arts["run-summary"].data == info["tags"]["mlflow.note.content"]
+
+    # MLflow's first screen says what happened, and where the run came from
+    note = info["tags"]["mlflow.note.content"]
+    assert note.startswith("**grpo bundled:default s0**: completed in ") and s["run_id"] in note
+    assert (f"held-out greedy accuracy {s['eval_accuracy_start']:.3f} → {s['eval_accuracy_end']:.3f}" in note
+            and f"${s['cost_usd']:.4f}" in note and "registered rlsift-policy version 1" in note), note
+    assert info["tags"]["rlsift.prefect.flow_run_id"] == flow_run_id
+    assert info["tags"]["rlsift.prefect.flow_run_url"].endswith(f"/runs/flow-run/{flow_run_id}")  # the harness's API
+    assert f"[{flow_run_id}]({info['tags']['rlsift.prefect.flow_run_url']})" in note
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert info["tags"]["mlflow.source.git.commit"] == head
+    # the registered version: a description, its held-out accuracy, no empty parent tag (it has no parent)
+    assert mv.tags["heldout_accuracy"] == f"{s['eval_accuracy_end']:.4f}" and "parent_version" not in mv.tags
+    assert mv.description.startswith(f"Trained by rlsift run {s['run_id']} (grpo bundled:default s0), 4 steps")
 
     # the flow-run graph shows the design's rounds (train.steps=4, round_steps=2): a task run each, in the train stage's
-    flow_run_id = json.loads((Path(s["run_dir"]) / "info.json").read_text())["flow_run_id"]
     runs = task_runs(flow_run_id, lambda rs: sum(r.name.startswith("round-") for r in rs) >= 2)
     train = [r for r in runs if r.name.startswith("train-")]
     rounds = {r.name: r for r in runs if r.name.startswith("round-")}
     assert len(train) == 1 and set(rounds) == {"round-0", "round-1"}
     for r in rounds.values():
         assert r.state_name == "Completed" and [p.id for p in r.task_inputs["__parents__"]] == [train[0].id]
+
+
+def flow_run_artifacts(flow_run_id: str) -> dict[str, list]:
+    """The flow run's artifacts by key, each key's versions oldest first (the UI shows the latest)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    out: dict[str, list] = {}
+    for a in sorted(arts, key=lambda a: a.created):
+        out.setdefault(a.key, []).append(a)
+    return out
 
 
 def task_runs(flow_run_id: str, ready, timeout: float = 30.0) -> list:

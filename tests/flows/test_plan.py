@@ -3,12 +3,14 @@
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from flows.pipeline import pipeline, plan_flow
 from tasks.records.ledger import Ledger
 from tasks.records.tracking import run_info
 from tasks.training.plan import Plan
+from tests.flows.test_pipeline import flow_run_artifacts
 
 SMOKE = str(Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "tiny.yaml")
 
@@ -54,3 +56,44 @@ def test_auto_trains_the_plans_choice(tmp_path, prefect_harness):
     assert stored["plan"]["auto"] is True and stored["rollout"]["n"] == 8  # the run's own config is kept
     assert torch.tensor(s["plan"]["predicted_effective_ratio"]).isfinite()
     assert (Path(s["run_dir"]) / "plan.md").is_file()
+    # named after what it trains: in the summary, in MLflow and in the Prefect artifacts
+    assert s["name"] == "auto→grpo_n4 bundled:default s0"
+    info = run_info(s["tracking_uri"], s["mlflow_run_id"])
+    assert info["name"] == info["tags"]["mlflow.runName"] == s["name"]
+    flow_run_id = json.loads((Path(s["run_dir"]) / "info.json").read_text())["flow_run_id"]
+    arts = flow_run_artifacts(flow_run_id)
+    assert arts["run-summary"][-1].data.startswith(f"**{s['name']}**: completed")
+    assert s["name"] in arts["plan"][-1].description and s["name"] in arts["time-by-stage"][-1].description
+
+
+def test_a_run_that_stops_after_the_plan_still_shows_what_it_chose(tmp_path, prefect_harness, monkeypatch):
+    """Each stage's Prefect artifact is published when the stage ends, not when the run does: a run that fails in
+    the stage after the plan shows the plan, the starting evaluation and the time so far; MLflow's Description
+    names the plan's choice."""
+    import flows.pipeline
+
+    def stops(*args, **kwargs):  # the stage after the plan fails (a crash, a bad prompt, ...)
+        raise RuntimeError("stopped after the plan")
+
+    monkeypatch.setattr(flows.pipeline, "score_stage", stops)
+    root = tmp_path / "root"
+    with pytest.raises(RuntimeError, match="stopped after the plan"):
+        pipeline(config=SMOKE, overrides=[f"paths.root={root}", "rollout.n=8", "plan.auto=true",
+                                          "plan.candidates=[grpo_n4]", "plan.min_signal=0", "eval.samples=0"])
+    (run_dir,) = (root / "runs").iterdir()
+    plan = Plan.load(run_dir / "plan.json")
+    arts = flow_run_artifacts(json.loads((run_dir / "info.json").read_text())["flow_run_id"])
+    assert {"mlflow-run", "eval-by-level", "plan", "time-by-stage", "run-summary"} <= set(arts)
+    assert [r["composition"] for r in json.loads(arts["plan"][-1].data)] == ["grpo", "grpo_n4"]
+    assert plan.reason in arts["plan"][-1].description
+    start = json.loads(arts["eval-by-level"][-1].data)[-1]
+    assert start["level"] == "all" and start["start"] is not None and start["end"] is None
+    assert {"ingest", "prepare", "eval_start", "calibrate", "plan"} <= {
+        r["stage"] for r in json.loads(arts["time-by-stage"][-1].data)}
+    assert "**: failed in " in arts["run-summary"][-1].data
+    with Ledger(root / "ledger.duckdb", read_only=True) as led:
+        mlflow_run_id = led.query("SELECT mlflow_run_id FROM runs")[0]["mlflow_run_id"]
+    info = run_info(f"sqlite:///{root / 'mlflow.db'}", mlflow_run_id)
+    assert info["status"] == "FAILED" and info["name"] == f"auto→{plan.choice} bundled:default s0"
+    note = info["tags"]["mlflow.note.content"]
+    assert f"- plan: trains `{plan.choice}`, predicted at {plan.chosen.clock:.2f}x" in note

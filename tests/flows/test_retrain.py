@@ -38,7 +38,13 @@ def test_retrain_continues_from_the_registered_model_on_new_prompts(smoke_cfg, p
     assert second.ingest["new"] == 8 and second.ingest["train"] == 6
     uri = default_uri(cfg.paths.root)
     tags = model_version_tags(uri, cfg.tracking.model_name, "2")
-    assert tags["parent_version"] == "1"
+    assert tags["parent_version"] == "1" and "parent_version" not in model_version_tags(uri, "rlsift-policy", "1")
+    assert tags["heldout_accuracy"] == f"{second.eval_accuracy_end:.4f}"
+    from mlflow import MlflowClient
+
+    described = MlflowClient(tracking_uri=uri).get_model_version("rlsift-policy", "2").description
+    assert f"Trained by rlsift run {second.run_id} (retrain from v1 grpo " in described
+    assert "continues version 1" in described and f"{second.eval_accuracy_end:.3f} on 6 prompts" in described
     assert tags["data_fingerprint"] == second.data_fingerprint != first.data_fingerprint
     assert "config" not in tags and len(tags["config_sha256"]) == 64  # the config itself: the run's artifact
     assert "config.json" in run_info(uri, second.mlflow_run_id)["artifacts"]

@@ -6,7 +6,7 @@ from dataclasses import replace
 from flows.pipeline import RunSummary
 from tasks.training.evaluate import PairedChange
 
-WHERE = {"run_id", "mlflow_run_id", "status", "wall_s", "ledger", "tracking_uri", "run_dir"}
+WHERE = {"run_id", "mlflow_run_id", "name", "status", "wall_s", "ledger", "tracking_uri", "run_dir"}
 COMPLETED = WHERE | {"ingest", "steps", "eval_accuracy_start", "eval_accuracy_end", "eval_by_level_start",
                      "eval_by_level_end", "eval_paired", "effective_ratio", "device", "device_hours", "cost_usd",
                      "stage_seconds", "model_path", "model_version", "parent_version", "data_fingerprint",

@@ -98,6 +98,41 @@ def test_run_label_names_techniques_data_and_seed():
     assert run_label(load_config(None, ["dynamic.enabled=true", "select.drop_solved=true",
                                         "data.sources=[{kind: bundled, mix: {3: 1.0}}]"])) == \
         "dynamic+drop-solved bundled:custom s0"
+    auto = load_config(str(conf_dir() / "presets" / "auto.yaml"), [])
+    assert run_label(auto) == "auto bundled:default s0"  # before the plan has chosen
+    assert run_label(auto, "dots_screen") == "auto→dots_screen bundled:default s0"  # what it trains
+    assert run_label(load_config(None, []), "dots_screen") == "grpo bundled:default s0"  # no plan: no choice
+
+
+def test_training_curves_start_and_end_at_the_pipelines_heldout_evaluations(tmp_path):
+    """training_curves.png's held-out panel has the start (step 0) and end evaluations, as MLflow's chart does;
+    metrics.jsonl holds only the in-training ones."""
+    from tasks.records.plots import curve_points, training_curves
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"step": 0, "train/reward_mean": 0.25, "eval/accuracy": 0.40}, {"step": 1, "train/reward_mean": 0.5},
+        {"step": 2, "train/reward_mean": 0.5, "eval/accuracy": 0.45}]))
+    heldout = ((0, 0.36), (3, 0.5))
+    points = curve_points([json.loads(x) for x in path.read_text().splitlines()], heldout)
+    assert points["eval/accuracy"] == [(0, 0.36), (0, 0.40), (2, 0.45), (3, 0.5)]
+    assert points["train/reward_mean"] == [(0, 0.25), (1, 0.5), (2, 0.5)] and points["time/step_s"] == []
+    assert training_curves(path, tmp_path / "curves.png", heldout) == [tmp_path / "curves.png"]
+    assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_source_commit_only_from_the_top_of_a_checkout(tmp_path):
+    import subprocess
+
+    from tasks.records.tracking.describe import GIT_COMMIT, PROJECT, SOURCE_NAME, source_tags
+
+    head = subprocess.run(["git", "-C", str(PROJECT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:  # a checkout: its commit, and a name so that MLflow shows the source
+        assert source_tags()[GIT_COMMIT] == head.stdout.strip() and source_tags()[SOURCE_NAME] == str(PROJECT)
+    else:
+        assert source_tags() == {}
+    assert source_tags(tmp_path) == {}  # not a checkout
+    assert source_tags(PROJECT / "tasks") == {}  # inside one, but not the project's top
 
 
 def test_registration_quality_gate():

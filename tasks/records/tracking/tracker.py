@@ -1,14 +1,14 @@
-"""Experiment tracking: the only module that imports MLflow.
+"""The run's logger: :class:`MlflowTracker` logs one MLflow run through a write-ahead outbox.
 
-:class:`MlflowTracker` logs by explicit run id through ``MlflowClient`` (MLflow's fluent "active run" is
-thread-local and Prefect may run tasks on other threads).
+It logs by explicit run id through ``MlflowClient`` (MLflow's fluent "active run" is thread-local and Prefect may
+run tasks on other threads).
 
 Delivery (choices, see docs/operations.md "Tracking outages"):
 
-* **Write-ahead outbox.** Every call (metrics, params, tags, artifacts, model registration, the final
-  status) is appended as one JSON line to ``<run dir>/outbox.jsonl`` and returns at once; files are copied
-  to ``<run dir>/outbox-artifacts/`` first, so later changes cannot alter them. A background thread sends
-  the outbox every ``flush_s`` seconds, consecutive metric items merged into batches of up to 1000
+* **Write-ahead outbox** (tasks/records/tracking/outbox.py). Every call (metrics, params, tags, artifacts, model
+  registration, the final status) is appended as one JSON line to ``<run dir>/outbox.jsonl`` and returns at once;
+  files are copied to ``<run dir>/outbox-artifacts/`` first, so later changes cannot alter them. A background
+  thread sends the outbox every ``flush_s`` seconds, consecutive metric items merged into batches of up to 1000
   values, and removes what was sent. Training never waits on the tracking server; a killed process or a
   server that is away loses nothing: the next flush, a resumed run, or ``rlsift sync`` sends the rest.
 * **At least once, without duplicates.** An item may be sent twice (killed between sending and removing
@@ -20,14 +20,6 @@ Delivery (choices, see docs/operations.md "Tracking outages"):
   ``INTERNAL_ERROR``/``TEMPORARILY_UNAVAILABLE``) keep the outbox and retry with a warning while the server
   is away. An item the server rejects as invalid would block the queue forever, so it is moved to
   ``outbox-rejected.jsonl`` with an error log instead.
-
-Registered models are MLflow Models with the ``transformers`` flavour (task ``text-generation``, a string
-in / string out signature), saved from the run's final checkpoint folder with
-``mlflow.transformers.save_model`` and logged as an MLflow 3 *logged model* of the run (the run's "Logged
-models" list), whose registry version points at that logged model's artifacts. So
-``mlflow.pyfunc.load_model("models:/rlsift-policy/<version>")``, ``mlflow.transformers.load_model`` and
-``mlflow models serve`` work, and the folder's ``model/`` subfolder is a plain transformers checkpoint
-(weights and tokenizer: ``from_pretrained`` loads it; :func:`latest_model` returns it for retraining).
 
 :class:`NullTracker` is the do-nothing stand-in for tests and dry runs.
 """
@@ -43,97 +35,46 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-# Fail fast on an unreachable server instead of MLflow's default minutes of retries; the outbox retries.
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-# MLflow prints "View run ... at: <url>" on stdout when a run on a server ends; stdout is the CLI's --json channel.
-os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
 
-import mlflow  # noqa: E402
-from mlflow.entities import LoggedModelOutput, Metric, Param, RunTag  # noqa: E402
-from mlflow.exceptions import MlflowException  # noqa: E402
-from mlflow.tracking import MlflowClient  # noqa: E402
-
-from tasks.records.files import write_text  # noqa: E402
-from tasks.records.layout import mlflow_layout  # noqa: E402
+from tasks.records.files import write_text
+from tasks.records.layout import mlflow_key, mlflow_layout
+from tasks.records.tracking.describe import DESCRIPTION, PARENT_RUN, RUN_NAME, source_tags
+from tasks.records.tracking.outbox import Outbox, requests
+from tasks.records.tracking.query import run_page
+from tasks.records.tracking.registry import register_version, save_mlflow_model
 
 log = logging.getLogger("rlsift.tracking")
 
 #: MLflow error codes that mean "this item is invalid", not "the server is away".
 PERMANENT = frozenset({"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "MALFORMED_REQUEST", "RESOURCE_DOES_NOT_EXIST",
                        "INVALID_STATE", "RESOURCE_ALREADY_EXISTS"})
-#: MLflow's log_batch limit on metrics per request.
-BATCH_METRICS = 1000
+#: MLflow 3's UI opens an experiment on its GenAI pages (traces) unless its kind says model training.
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 
 
 class Tracker(Protocol):
     run_id: str
+    #: the run's name in MLflow (None: not known, or no MLflow run)
+    name: str | None
 
     def log_params(self, params: dict[str, Any]) -> None: ...
     def log_metrics(self, metrics: dict[str, float], step: int, ts: int | None = None) -> None: ...
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
     def log_table(self, rows: list[dict[str, Any]], name: str) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...
-    def register_model(self, local_dir: str | Path, name: str, tags: dict[str, str]) -> str | None: ...
+    def rename(self, name: str) -> None: ...
+    def describe(self, text: str) -> None: ...
+    def register_model(self, local_dir: str | Path, name: str, tags: dict[str, str],
+                       description: str | None = None) -> str | None: ...
     def flush(self) -> bool: ...
     def finish(self, status: str = "FINISHED") -> None: ...
 
 
 def default_uri(root: str | Path) -> str:
     return f"sqlite:///{Path(root).resolve() / 'mlflow.db'}"
-
-
-def _clean(key: str) -> str:
-    """MLflow-safe metric/param keys (no '@')."""
-    return key.replace("@", "_at_")
-
-
-class Outbox:
-    """A file-backed FIFO of JSON items (one per line): appended by loggers, drained by one sender."""
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self._lock = threading.Lock()
-
-    def append(self, item: dict[str, Any]) -> None:
-        line = json.dumps(item) + "\n"
-        with self._lock, open(self.path, "a") as f:
-            f.write(line)
-
-    def peek(self) -> list[dict[str, Any]]:
-        """Every queued item, oldest first (a torn last line from a killed writer is skipped)."""
-        with self._lock:
-            if not self.path.exists():
-                return []
-            lines = self.path.read_text().splitlines()
-        items = []
-        for i, line in enumerate(lines):
-            try:
-                items.append(json.loads(line))
-            except json.JSONDecodeError:
-                if i < len(lines) - 1:
-                    raise
-        return items
-
-    def drop(self, n: int) -> None:
-        """Remove the ``n`` oldest items (what was sent); items appended meanwhile stay."""
-        if n <= 0:
-            return
-        with self._lock:
-            lines = self.path.read_text().splitlines(keepends=True) if self.path.exists() else []
-            rest = lines[n:]
-            if rest:
-                write_text(self.path, "".join(rest))
-            else:
-                self.path.unlink(missing_ok=True)
-
-    def __len__(self) -> int:
-        return len(self.peek())
-
-
-#: MLflow 3's UI opens an experiment on its GenAI pages (traces) unless its kind says model training.
-EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 
 
 class MlflowTracker:
@@ -153,6 +94,8 @@ class MlflowTracker:
         system_metrics_s: sample CPU, memory, disk, network (and GPU where present) every this many seconds
             with MLflow's own system-metrics monitor (metrics ``system/*``); None: off. Unlike everything
             else here it logs directly, not through the outbox: samples taken while the server is away are lost.
+
+    A new run is tagged with the project's git commit (tasks/records/tracking/describe.py ``source_tags``).
     """
 
     def __init__(self, uri: str, experiment: str, run_dir: str | Path, *, run_name: str | None = None,
@@ -169,6 +112,7 @@ class MlflowTracker:
         self.registered: dict[str, str] = {}
         self._tables: list[str] = []
         self.experiment_id: str | None = None
+        self.name: str | None = run_name
         self._send_lock = threading.Lock()
         self._away_since: float | None = None
         if run_id is None:
@@ -182,13 +126,15 @@ class MlflowTracker:
                 exp_id = exp.experiment_id
                 if EXPERIMENT_KIND[0] not in exp.tags:  # made by an older rlsift or by hand
                     self.client.set_experiment_tag(exp_id, *EXPERIMENT_KIND)
-            tags = {"mlflow.runName": run_name} if run_name else {}
+            tags = {RUN_NAME: run_name} if run_name else {}
             if parent_run_id:
-                tags["mlflow.parentRunId"] = parent_run_id
-            run_id = self.client.create_run(exp_id, tags=tags, run_name=run_name).info.run_id
+                tags[PARENT_RUN] = parent_run_id
+            run_id = self.client.create_run(exp_id, tags=tags | source_tags(), run_name=run_name).info.run_id
             self.experiment_id = exp_id
         elif background:
             self.client.update_run(run_id, status="RUNNING")
+            info = self.client.get_run(run_id).info
+            self.experiment_id, self.name = info.experiment_id, info.run_name
         self.run_id = run_id
         self._stop = threading.Event()
         self._thread = None
@@ -212,14 +158,14 @@ class MlflowTracker:
                 self.experiment_id = self.client.get_run(self.run_id).info.experiment_id
             except Exception:  # noqa: BLE001 -- away: no link this time
                 return None
-        return f"{self.uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
+        return run_page(self.uri, self.experiment_id, self.run_id)
 
     # ---- queueing (fast: one appended line) ---------------------------------------------------------
     def _put(self, item: dict[str, Any]) -> None:
         self.outbox.append(item)
 
     def log_params(self, params: dict[str, Any]) -> None:
-        self._put({"kind": "params", "params": {_clean(k): str(v)[:6000] for k, v in params.items()}})
+        self._put({"kind": "params", "params": {mlflow_key(k): str(v)[:6000] for k, v in params.items()}})
 
     def log_metrics(self, metrics: dict[str, float], step: int, ts: int | None = None) -> None:
         """``ts``: the values' timestamp in ms (default now); resending with the same one adds no duplicate.
@@ -230,10 +176,19 @@ class MlflowTracker:
         if series:
             self._put({"kind": "metrics", "step": int(step),
                        "ts": int(time.time() * 1000) if ts is None else int(ts),
-                       "metrics": {_clean(k): float(v) for k, v in series.items()}})
+                       "metrics": {mlflow_key(k): float(v) for k, v in series.items()}})
 
     def set_tags(self, tags: dict[str, str]) -> None:
         self._put({"kind": "tags", "tags": {k: str(v) for k, v in tags.items()}})
+
+    def rename(self, name: str) -> None:
+        """Give the run another name (the runs table's and the run page's title)."""
+        self.name = name
+        self.set_tags({RUN_NAME: name})
+
+    def describe(self, text: str) -> None:
+        """Set the run's Description (Markdown; the top of the run's Overview), replacing any earlier one."""
+        self.set_tags({DESCRIPTION: text})
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Queue a file or folder; it is copied first so later changes or deletion cannot lose it."""
@@ -284,49 +239,13 @@ class MlflowTracker:
             else:  # sent before, removed, then resent after a kill: nothing left to do
                 log.debug("artifact copy %s already sent", p)
         elif kind == "register":
-            self.registered[item["name"]] = self._register(item["name"], item["path"], item["tags"])
+            self.registered[item["name"]] = register_version(self.client, self.run_id, item["name"], item["path"],
+                                                             item["tags"], item.get("description"))
         elif kind == "status":
             self.client.set_terminated(self.run_id, status=item["status"])
         else:
             raise ValueError(f"unknown outbox item kind {kind!r}; allowed: metrics, params, tags, artifact, "
                              "register, status")
-
-    def _register(self, name: str, path: str, tags: dict[str, str]) -> str:
-        mine = self.client.search_model_versions(f"name = '{name}' and run_id = '{self.run_id}'")
-        if mine:  # a resend after a kill: the version exists already
-            return str(max(int(v.version) for v in mine))
-        try:
-            self.client.get_registered_model(name)
-        except MlflowException:
-            self.client.create_registered_model(name)
-        run = self.client.get_run(self.run_id)
-        model = self.client.create_logged_model(run.info.experiment_id, name=name, source_run_id=self.run_id,
-                                                model_type="transformers")
-        self.client.log_model_artifacts(model.model_id, path)
-        self.client.finalize_logged_model(model.model_id, "READY")
-        self.client.log_outputs(self.run_id, [LoggedModelOutput(model.model_id, step=0)])  # the run's "Logged models"
-        version = self.client.create_model_version(name, model.artifact_location, run_id=self.run_id,
-                                                   tags=tags, model_id=model.model_id).version
-        shutil.rmtree(path, ignore_errors=True)  # sent: the server holds it now
-        return str(version)
-
-    @staticmethod
-    def _requests(items: list[dict[str, Any]]):
-        """Group items into requests: consecutive metric items merged up to BATCH_METRICS values."""
-        group: list[dict[str, Any]] = []
-        size = 0
-        for item in items:
-            n = len(item["metrics"]) if item["kind"] == "metrics" else 0
-            if group and (item["kind"] != "metrics" or size + n > BATCH_METRICS):
-                yield group
-                group, size = [], 0
-            if item["kind"] != "metrics":
-                yield [item]
-                continue
-            group.append(item)
-            size += n
-        if group:
-            yield group
 
     def _cleanup(self, items: list[dict[str, Any]]) -> None:
         for item in items:
@@ -345,7 +264,7 @@ class MlflowTracker:
             items = self.outbox.peek()
             done = 0
             try:
-                for req in self._requests(items):
+                for req in requests(items):
                     try:
                         self._send(req)
                     except MlflowException as err:
@@ -377,9 +296,11 @@ class MlflowTracker:
         while not self._stop.wait(every):
             self.flush()
 
-    def register_model(self, local_dir: str | Path, name: str, tags: dict[str, str]) -> str | None:
-        """Save a transformers checkpoint folder as an MLflow Model (:func:`save_mlflow_model`), log it as
-        this run's logged model and register it as a new version of ``name``.
+    def register_model(self, local_dir: str | Path, name: str, tags: dict[str, str],
+                       description: str | None = None) -> str | None:
+        """Save a transformers checkpoint folder as an MLflow Model (``save_mlflow_model``), log it as this run's
+        logged model and register it as a new version of ``name`` with ``tags`` and ``description``
+        (tasks/records/tracking/registry.py).
 
         Returns the version, or None when MLflow is away: the registration then stays queued and happens
         when MLflow answers again (or at ``rlsift sync``); the saved MLflow Model waits in the run folder.
@@ -389,14 +310,11 @@ class MlflowTracker:
             shutil.rmtree(model_dir, ignore_errors=True)
             save_mlflow_model(local_dir, model_dir)
         self._put({"kind": "register", "name": name, "path": str(model_dir),
-                   "tags": {k: str(v) for k, v in tags.items()}})
+                   "tags": {k: str(v) for k, v in tags.items()}, "description": description})
         if not self.flush():
             log.warning("model %s not registered yet: MLflow unreachable; it is queued in %s", name, self.outbox.path)
             return None
         return self.registered.get(name)
-
-    def latest_model(self, name: str, dst: str | Path | None = None) -> tuple[str, str] | None:
-        return latest_model(self.uri, name, dst)
 
     def finish(self, status: str = "FINISHED") -> None:
         """Queue the final status, stop the background thread and send everything (waits up to final_wait_s)."""
@@ -421,81 +339,11 @@ def sync(run_dir: str | Path, uri: str, run_id: str) -> bool:
     return MlflowTracker(uri, "", run_dir, run_id=run_id, background=False).flush()
 
 
-def save_mlflow_model(checkpoint: str | Path, path: str | Path) -> Path:
-    """Save a transformers checkpoint folder (weights and tokenizer) as an MLflow Model at ``path``.
-
-    The ``transformers`` flavour with task ``text-generation`` (pyfunc: a string or list of strings in, the
-    generated text out; ``max_new_tokens``, ``do_sample`` and ``temperature`` as inference params), that
-    signature written out, the requirements pinned to the versions running now
-    (MLflow's own inference of them imports and probes the model), and a model card naming rlsift (MLflow
-    would otherwise ask the Hugging Face Hub for one). The model and tokenizer are loaded and handed over as
-    components (MLflow's local-checkpoint path fails with transformers 5); ``path/model`` gets the
-    checkpoint's tokenizer files too, so it is a complete checkpoint that ``from_pretrained`` loads.
-    """
-    import huggingface_hub
-    import torch
-    import transformers
-    from mlflow.models import ModelSignature
-    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
-
-    checkpoint, path = Path(checkpoint), Path(path)
-    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, local_files_only=True)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
-    params = ParamSchema([ParamSpec("max_new_tokens", "long", 256), ParamSpec("do_sample", "boolean", False),
-                          ParamSpec("temperature", "double", 1.0)])
-    signature = ModelSignature(inputs=Schema([ColSpec("string")]), outputs=Schema([ColSpec("string")]), params=params)
-    card = huggingface_hub.ModelCard("---\nlibrary_name: transformers\n---\nA policy trained by rlsift.\n")
-    requirements = [f"mlflow=={mlflow.__version__}", f"transformers=={transformers.__version__}",
-                    f"torch=={torch.__version__.split('+')[0]}"]
-    mlflow.transformers.save_model({"model": model, "tokenizer": tokenizer}, str(path), task="text-generation",
-                                   signature=signature, model_card=card, pip_requirements=requirements)
-    for f in checkpoint.iterdir():  # tokenizer (and any other small) files beside the weights
-        if f.is_file() and not (path / "model" / f.name).exists():
-            shutil.copy2(f, path / "model" / f.name)
-    return path
-
-
-def checkpoint_folder(folder: str | Path) -> Path:
-    """The transformers checkpoint inside an MLflow Model folder (``model/``); any other folder as it is."""
-    folder = Path(folder)
-    return folder / "model" if (folder / "MLmodel").is_file() and (folder / "model").is_dir() else folder
-
-
-def latest_model(uri: str, name: str, dst: str | Path | None = None) -> tuple[str, str] | None:
-    """(version, local checkpoint folder) of the newest registered version of ``name``, or None.
-
-    The folder is the transformers checkpoint (:func:`checkpoint_folder`) of the downloaded MLflow Model.
-    With ``dst``, the files are downloaded to ``dst/v<version>`` (reused when already there: a version's
-    files never change); otherwise to a temporary folder.
-    """
-    client = MlflowClient(tracking_uri=uri)
-    versions = client.search_model_versions(f"name = '{name}'")
-    if not versions:
-        return None
-    mv = max(versions, key=lambda v: int(v.version))
-    if dst is None:
-        folder = mlflow.artifacts.download_artifacts(artifact_uri=mv.source, tracking_uri=uri)
-        return str(mv.version), str(checkpoint_folder(folder))
-    target = Path(dst) / f"v{mv.version}"
-    if not target.is_dir():
-        tmp = Path(dst) / f".v{mv.version}.partial-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(tmp), tracking_uri=uri)
-        inner = tmp / Path(mv.source.rstrip("/")).name
-        os.replace(inner if inner.is_dir() and not (tmp / "MLmodel").is_file() else tmp, target)
-        shutil.rmtree(tmp, ignore_errors=True)
-    return str(mv.version), str(checkpoint_folder(target))
-
-
-def model_version_tags(uri: str, name: str, version: str) -> dict[str, str]:
-    return dict(MlflowClient(tracking_uri=uri).get_model_version(name, version).tags)
-
-
 class NullTracker:
     """Tracks nothing (tests, dry runs)."""
 
     run_id = "none"
+    name = None
     url = None
 
     def log_params(self, params: dict[str, Any]) -> None: ...
@@ -504,32 +352,11 @@ class NullTracker:
     def log_dict(self, data: Any, name: str) -> None: ...
     def log_table(self, rows: list[dict[str, Any]], name: str) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...
-    def register_model(self, local_dir: str | Path, name: str, tags: dict[str, str]) -> str | None:
+    def rename(self, name: str) -> None: ...
+    def describe(self, text: str) -> None: ...
+    def register_model(self, local_dir: str | Path, name: str, tags: dict[str, str],
+                       description: str | None = None) -> str | None:
         return None
     def flush(self) -> bool:
         return True
     def finish(self, status: str = "FINISHED") -> None: ...
-
-
-def run_url(uri: str, run_id: str) -> str | None:
-    """The MLflow UI page of a run on a tracking server (None for a local store: no server to link to)."""
-    if not uri.startswith(("http://", "https://")):
-        return None
-    exp = MlflowClient(tracking_uri=uri).get_run(run_id).info.experiment_id
-    return f"{uri.rstrip('/')}/#/experiments/{exp}/runs/{run_id}"
-
-
-def run_info(uri: str, run_id: str) -> dict[str, Any]:
-    """Params, latest metrics, tags and artifact names of a run (tests and reports)."""
-    client = MlflowClient(tracking_uri=uri)
-    run = client.get_run(run_id)
-    arts = [a.path for a in client.list_artifacts(run_id)]
-    return {"params": run.data.params, "metrics": run.data.metrics, "tags": run.data.tags,
-            "status": run.info.status, "artifacts": arts}
-
-
-def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
-    """(step, value) of every logged value of a metric, in step order."""
-    client = MlflowClient(tracking_uri=uri)
-    hist = sorted(client.get_metric_history(run_id, _clean(key)), key=lambda m: (m.step, m.timestamp))
-    return [(m.step, m.value) for m in hist]

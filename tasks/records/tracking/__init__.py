@@ -1,0 +1,44 @@
+"""Experiment tracking: the only package that imports MLflow. Import everything from here
+(``from tasks.records.tracking import MlflowTracker``); the modules, by concern:
+
+* ``tracker``: :class:`MlflowTracker`, the run's logger (metrics, params, tags, artifacts, tables, the name and
+  Description, model registration, the final status) through a write-ahead outbox; :class:`NullTracker`;
+  :func:`sync`, which sends what an outage left behind.
+* ``outbox``: the outbox file and how its items are grouped into requests (no MLflow).
+* ``registry``: the trained policy as an MLflow Model in the model registry, and back (:func:`latest_model`).
+* ``describe``: the run's tags beyond metrics: name, Description, source commit, Prefect flow run (no MLflow).
+* ``query``: reading runs back (:func:`run_info`, :func:`metric_history`, :func:`run_url`).
+
+See docs/operations.md "What MLflow shows" and "Tracking outages".
+"""
+
+import os
+
+# Fail fast on an unreachable server instead of MLflow's default minutes of retries; the outbox retries.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# MLflow prints "View run ... at: <url>" on stdout when a run on a server ends; stdout is the CLI's --json channel.
+os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+
+from tasks.records.tracking.describe import flow_run_tags  # noqa: E402
+from tasks.records.tracking.outbox import Outbox  # noqa: E402
+from tasks.records.tracking.query import metric_history, run_info, run_url  # noqa: E402
+from tasks.records.tracking.registry import (  # noqa: E402
+    checkpoint_folder,
+    latest_model,
+    model_version_tags,
+    save_mlflow_model,
+)
+from tasks.records.tracking.tracker import (  # noqa: E402
+    EXPERIMENT_KIND,
+    MlflowTracker,
+    NullTracker,
+    Tracker,
+    default_uri,
+    sync,
+)
+
+__all__ = ["EXPERIMENT_KIND", "MlflowTracker", "NullTracker", "Outbox", "Tracker", "checkpoint_folder", "default_uri",
+           "flow_run_tags", "latest_model", "metric_history", "model_version_tags", "run_info", "run_url",
+           "save_mlflow_model", "sync"]
