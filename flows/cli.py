@@ -122,12 +122,15 @@ def cmd_plan(args) -> int:
 
 
 def _overlap_text(o: dict | None) -> str:
-    """The run's overlap totals in one line (empty for a sequential run)."""
+    """The run's overlap: the lag and why, and overlapped, its totals in one line."""
     if not o:
         return ""
-    return (f"  overlap: update {o['update_s']:.0f} s, next step's draw {o['draw_s']:.0f} s, at once "
-            f"{o['overlap_s']:.0f} s; idle: trainer {o['trainer_idle_s']:.0f} s, "
-            f"generator {o['generator_idle_s']:.0f} s\n")
+    out = f"  overlap {o['reason']}\n" if "reason" in o else ""
+    if "update_s" not in o:
+        return out
+    return out + (f"  overlap: update {o['update_s']:.0f} s, next step's draw {o['draw_s']:.0f} s, at once "
+                  f"{o['overlap_s']:.0f} s; idle: trainer {o['trainer_idle_s']:.0f} s, "
+                  f"generator {o['generator_idle_s']:.0f} s\n")
 
 
 def _is_override(item: str) -> bool:

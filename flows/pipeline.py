@@ -29,6 +29,7 @@ from tasks.stages import (
     calibrate_stage,
     evaluate_stage,
     ingest_stage,
+    overlap_stage,
     plan_stage,
     prepare_stage,
     refusal,
@@ -66,9 +67,10 @@ class RunSummary:
     A ``skipped`` run (retrain with nothing new) adds ``reason`` and ``model_version`` (None); a ``completed`` run
     adds the rest: steps, held-out greedy accuracy before and after (overall and by level, level keys as strings),
     the paired change, the last step's effective-group ratio, device hours and money, the final model and its
-    lineage, and ``overlap``: the overlapped loop's totals in seconds (update, draw, at once, each side's idle; empty
-    when sequential) and ``plan``: what a ``plan.auto`` run chose and why (:func:`plan_summary`; None otherwise).
-    :meth:`to_dict` holds exactly the fields of the run's status.
+    lineage, and ``overlap``: the lag trained with, its ``basis`` and ``reason`` (tasks/stages.py ``overlap_stage``)
+    and, overlapped, the loop's totals in seconds (update, draw, at once, each side's idle) and ``plan``: what a
+    ``plan.auto`` run chose and why (:func:`plan_summary`; None otherwise). :meth:`to_dict` holds exactly the
+    fields of the run's status.
     """
 
     run_id: str
@@ -98,7 +100,7 @@ class RunSummary:
     data_fingerprint: str | None = None
     policy_path: str | None = None
     resumed: bool = False
-    overlap: dict[str, float] = field(default_factory=dict)
+    overlap: dict[str, Any] = field(default_factory=dict)
     plan: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -208,7 +210,8 @@ def _train(run: Run, data: IngestResult, summary: RunSummary) -> RunSummary:
         plan = plan_stage(run, policy, data.train, calibration)
         run.cfg = planned_config(run.cfg, plan)
     features = score_stage(run, policy, data.train)
-    trained = train_stage(run, policy, data.train, features, data.test, calibration)
+    lag = overlap_stage(run, policy, data.train, calibration, plan)
+    trained = train_stage(run, policy, data.train, features, data.test, calibration, lag)
     end = evaluate_stage(run, policy, data.test, "end", trained.steps)
     paired = paired_change(start, end)
     if paired is not None:
@@ -223,7 +226,8 @@ def _train(run: Run, data: IngestResult, summary: RunSummary) -> RunSummary:
         device=run.meter.device, device_hours=run.meter.device_hours(), cost_usd=run.meter.usd(),
         stage_seconds=dict(run.meter.seconds), model_path=report.model_path, model_version=report.model_version,
         parent_version=run.info.parent_version, data_fingerprint=run.info.data_fingerprint,
-        policy_path=run.info.policy_path, resumed=run.resumed, overlap=trained.overlap,
+        policy_path=run.info.policy_path, resumed=run.resumed,
+        overlap={"lag": lag.lag, "basis": lag.basis, "reason": lag.reason, **trained.overlap},
         plan=None if plan is None else plan_summary(plan))
     return summary
 

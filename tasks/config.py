@@ -254,13 +254,28 @@ class TrainConfig(_Frozen):
 class OverlapConfig(_Frozen):
     """Generation and update at once (docs/algorithms.md section 8; tasks/training/overlap.py)."""
 
-    lag: int = Field(1, ge=0, le=1, description=(
+    lag: Literal["auto", 0, 1] = Field("auto", description=(
         "Updates by which the sampling weights may trail the trainer's: 1 generates step t+1's rollouts (with the "
         "weights before update t) while update t runs; 0 is the sequential loop (rollout, then update). One step "
-        "in flight already hides the shorter phase behind the longer; deeper lags are not offered."))
+        "in flight already hides the shorter phase behind the longer; deeper lags are not offered. auto: chosen "
+        "before training (rlcore/plan.py choose_lag): 1 where the sampler and the trainer run on different devices "
+        "(rollout.engine=vllm; on a CPU, generator and trainer threads that fit the cores this process may use), "
+        "else 1 only when a probe of a draw and an update at once is at least min_gain faster than one after the "
+        "other. The choice and why are in the run summary, `rlsift plan` and the MLflow tags rlsift.overlap.*."))
     generator_threads: int | None = Field(None, ge=1, description=(
         "In-process engine with lag 1: torch threads of the generator process; the trainer keeps the rest of "
         "torch's threads (at least 1). None: half of them."))
+    min_gain: float = Field(0.05, ge=0, lt=1, description=(
+        "lag auto on a shared device: overlap only when the probe's draw and update at once take at most "
+        "(1 - min_gain) of their time one after the other. The margin covers the probe's noise and the cost of "
+        "rollouts one update old."))
+
+    @field_validator("lag", mode="before")
+    @classmethod
+    def _lag(cls, value: Any) -> Any:
+        if value == "auto" or (type(value) is int and value in (0, 1)):
+            return value
+        raise ValueError("must be auto, 0 (sequential) or 1 (one step off)")
 
 
 class ScaleConfig(_Frozen):

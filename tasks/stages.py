@@ -24,6 +24,7 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from rlcore.plan import LagChoice
 from rlcore.seeding import derive_seed
 from tasks.config import Config
 from tasks.data import ingest
@@ -40,7 +41,7 @@ from tasks.training import score
 from tasks.training.calibration import Calibration
 from tasks.training.evaluate import EvalResult, evaluate, flat_metrics, table_rows
 from tasks.training.loop import TRAIN_PHASES, HeldoutEval, TrainSummary, train
-from tasks.training.plan import Plan, make_plan
+from tasks.training.plan import Plan, decide_lag, lag_from_json, lag_to_json, make_plan, probe_records
 from tasks.training.rollouts import policy_measure, reference_rollouts, stratified_reference
 from tasks.training.score import Features
 
@@ -195,6 +196,32 @@ def name_the_choice(run: Run, plan: Plan) -> None:
         run.tracker.rename(name.replace(before, after))
 
 
+@stage(name="overlap")
+def overlap_stage(run: Run, policy: Policy, pool: list[PromptRecord], calibration: Calibration,
+                  plan: Plan | None = None) -> LagChoice:
+    """The overlap's lag for the training stage (tasks/training/plan.py ``decide_lag``): the plan's where it ran,
+    else decided here (``overlap.lag=auto`` on a shared device: a probe on the reference prompts). Recorded as the
+    MLflow tags ``rlsift.overlap.*`` and the run's ``overlap.json``, which a resumed run reuses."""
+    cache = run.dir / "overlap.json"
+    if cache.exists():
+        return lag_from_json(json.loads(cache.read_text()))
+    if plan is not None and plan.overlap is not None:
+        choice = plan.overlap
+    else:
+        with run.meter.stage("overlap"):
+            choice = decide_lag(run.cfg, policy, probe_records(pool, calibration, run.cfg), run.device)
+        if choice.probe is not None:
+            run.log_stage_cost("overlap")
+    write_json(cache, lag_to_json(choice))
+    probe = {} if choice.probe is None else {f"rlsift.overlap.{k}": f"{v:.4g}" for k, v in (
+        ("draw_s", choice.probe.draw_s), ("update_s", choice.probe.update_s),
+        ("at_once_s", choice.probe.at_once_s), ("at_once_ratio", choice.probe.ratio))}
+    run.tracker.set_tags({"rlsift.overlap.lag": str(choice.lag), "rlsift.overlap.basis": choice.basis,
+                          "rlsift.overlap.reason": choice.reason} | probe)
+    log.info("overlap: %s", choice.reason)
+    return choice
+
+
 @stage(name="score")
 def score_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> Features:
     saved = run.dir / "features.pt"
@@ -223,7 +250,7 @@ def round_task(index: int, body: Callable[[], None]) -> None:
 
 @stage(name="train")
 def train_stage(run: Run, policy: Policy, pool: list[PromptRecord], features: Features, test: list[PromptRecord],
-                calibration: Calibration) -> TrainSummary:
+                calibration: Calibration, lag: LagChoice | None = None) -> TrainSummary:
     ec = run.cfg.eval
     during = test[: ec.limit] if ec.limit else test
 
@@ -232,7 +259,7 @@ def train_stage(run: Run, policy: Policy, pool: list[PromptRecord], features: Fe
         run.ledger.add_evals(run.run_id, table_rows(res, "during", step))
         return HeldoutEval(accuracy=res.overall.greedy_acc, metrics=flat_metrics(res))
 
-    summary = train(run, policy, pool, features, calibration, evaluate_fn=eval_during, run_round=round_task)
+    summary = train(run, policy, pool, features, calibration, evaluate_fn=eval_during, run_round=round_task, lag=lag)
     stage_done(run, "train", summary.steps, parts=TRAIN_PHASES)
     return summary
 

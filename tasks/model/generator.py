@@ -12,10 +12,19 @@ Failure handling: a child that dies (killed, out of memory, an exception) is rep
 one line naming its exit code or error, and the run stops at its last checkpoint. A parent that dies closes its
 end of the pipe, and the child leaves at its next read: no process is left behind. :meth:`close` stops the
 child (terminating it if it does not answer).
+
+Shutdown order on a GPU: the child's weights are the parent's CUDA memory, shared through CUDA IPC, and PyTorch
+counts the child's references (torch.multiprocessing, "Sharing CUDA tensors": the producer must outlive its
+consumers' references, or it warns "Producer process has been terminated before all shared CUDA tensors
+released" at exit). So the child drops the shared tensors' every reference (its model, its engine, the arguments
+it was started with) before it acknowledges ``("stop",)``; :meth:`close` waits for that acknowledgement, joins the
+child, and only then collects the released blocks (``torch.cuda.ipc_collect``), while the parent still holds its
+copy. A child killed by a signal releases nothing, and PyTorch then keeps the blocks until the parent exits.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -43,11 +52,13 @@ def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenize
     ``("stop",)`` or a closed pipe (the parent is gone) ends it.
 
     The model is rebuilt from its class and config, and its parameters become the parent's shared tensors
-    (``load_state_dict(assign=True)``: no copy), so the parent's syncs are what it samples from.
+    (``load_state_dict(assign=True)``: no copy), so the parent's syncs are what it samples from. ``("stop",)``
+    releases them before it is acknowledged with ``("stopped",)`` (module docstring).
     """
     torch.set_num_threads(threads)
     model = model_class(config)
     model.load_state_dict(weights, assign=True)
+    weights.clear()  # the process's own arguments hold this dict until exit: the model is the one reference left
     model.to(settings["device"]).eval().requires_grad_(False)
     engine = HFEngine(model, tokenizer, **settings)
     while True:
@@ -56,6 +67,14 @@ def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenize
         except (EOFError, OSError):
             return
         if msg[0] == "stop":
+            del engine, model
+            gc.collect()
+            if torch.device(settings["device"]).type == "cuda":
+                torch.cuda.synchronize()  # nothing of this process still reads the parent's memory
+            try:
+                conn.send(("stopped",))
+            except (BrokenPipeError, OSError):
+                pass
             return
         try:
             reset_own_peak(settings["device"])
@@ -135,11 +154,15 @@ class GeneratorProcess(RolloutEngine):
         return time.perf_counter() - t0
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop the child; terminate it when it does not stop within ``timeout`` seconds."""
+        """Stop the child (it releases the shared weights, acknowledges, exits), then collect what it released;
+        terminate it when it does not stop within ``timeout`` seconds."""
         if self._proc.is_alive():
             try:
                 self._conn.send(("stop",))
-            except (BrokenPipeError, OSError):
+                while self._conn.poll(timeout):  # a reply to a request abandoned by a failure may come first
+                    if self._conn.recv()[0] == "stopped":  # the child holds no shared tensor any more
+                        break
+            except (BrokenPipeError, EOFError, OSError):
                 pass
             self._proc.join(timeout)
         if self._proc.is_alive():
@@ -149,3 +172,5 @@ class GeneratorProcess(RolloutEngine):
             os.kill(self._proc.pid, 9)
             self._proc.join()
         self._conn.close()
+        if next(self.model.parameters()).device.type == "cuda":
+            torch.cuda.ipc_collect()  # the blocks the child released (module docstring: shutdown order)

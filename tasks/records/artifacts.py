@@ -83,8 +83,9 @@ def plan_table(run: str, plan: Plan) -> None:
     """``plan``: every composition's predictions as a table, the choice and its reason above it."""
     from prefect.artifacts import create_table_artifact
 
+    overlap = f"; overlap {plan.overlap.reason}" if plan.overlap is not None else ""
     _publish("plan", lambda: create_table_artifact(
-        key="plan", table=plan.rows(), description=f"Plan of {run}: **{plan.reason}** ({plan.summary()})"))
+        key="plan", table=plan.rows(), description=f"Plan of {run}: **{plan.reason}** ({plan.summary()}{overlap})"))
 
 
 def stage_costs(run: str, rows: list[dict[str, Any]]) -> None:

@@ -35,6 +35,7 @@ from rlcore.adaptive_composition import AdaptiveComposition, CompositionPlan
 from rlcore.advantages import effective_mask, group_advantages, solved_anchor
 from rlcore.downsample import downsample
 from rlcore.dynamic_sampling import BatchFiller
+from rlcore.plan import LagChoice
 from rlcore.replay_buffer import ReplayBuffer, mix_counts
 from rlcore.seeding import derive_seed
 from rlcore.types import RolloutGroup
@@ -49,6 +50,7 @@ from tasks.training import checkpoint
 from tasks.training.backend import build_updater
 from tasks.training.calibration import Calibration
 from tasks.training.overlap import Overlap, SamplingPolicy
+from tasks.training.plan import decide_lag, probe_records
 from tasks.training.rollouts import policy_measure, rollout_rewards
 from tasks.training.rounds import RoundLog, RoundRunner, run_plainly
 from tasks.training.score import Features
@@ -239,30 +241,36 @@ class TrainSummary:
     overlap: dict[str, float] = field(default_factory=dict)
 
 
-def use_sampler_behaviour(cfg) -> bool:
+def use_sampler_behaviour(cfg, lag: int) -> bool:
     """``train.behaviour``: whether fresh groups' mu is the sampler's log-probs (auto: whenever the sampler is not
-    the trainer's own module at the step's start)."""
+    the trainer's own module at the step's start: ``lag`` 1, or an engine outside this process)."""
     if cfg.train.behaviour != "auto":
         return cfg.train.behaviour == "sampler"
-    return cfg.overlap.lag > 0 or cfg.rollout.engine != "hf"
+    return lag > 0 or cfg.rollout.engine != "hf"
 
 
 def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features,
           calibration: Calibration | None = None, evaluate_fn: EvaluateFn | None = None,
-          run_round: RoundRunner = run_plainly) -> TrainSummary:
+          run_round: RoundRunner = run_plainly, lag: LagChoice | None = None) -> TrainSummary:
     """Run (or resume) the training stage.
 
     ``evaluate_fn`` runs every ``eval.every`` steps (0: never); its accuracy goes to
     ``Selector.set_heldout_accuracy``, which ScalingRL's scheduler reads at the next round start. With
-    ``overlap.lag`` 1 the next step's draw runs while this step updates (tasks/training/overlap.py).
+    ``lag`` 1 the next step's draw runs while this step updates (tasks/training/overlap.py); ``lag``: the overlap
+    decided before training (the pipeline's overlap stage), or None to decide it here
+    (tasks/training/plan.py ``decide_lag``, probing on the reference prompts or the pool's first ones).
     ``run_round`` runs each round's steps (a resume mid-round: the rest of that round), whose :class:`RoundLog`
     line ends them.
     """
     cfg = run.cfg
     model = policy.model
+    if lag is None:
+        lag = decide_lag(cfg, policy, probe_records(pool, calibration, cfg) if calibration is not None
+                         else pool[: cfg.plan.probe_prompts], run.device)
+        log.info("overlap: %s", lag.reason)
     # one process, or sharded over the torchrun ranks (then `model` stays rank 0's full copy, updated in place)
     updater = build_updater(cfg, model, pad_id=policy.tokenizer.pad_token_id, device=run.device)
-    sampling = SamplingPolicy(policy, cfg.overlap.lag, threads=cfg.overlap.generator_threads,
+    sampling = SamplingPolicy(policy, lag.lag, threads=cfg.overlap.generator_threads,
                               needs_copy=cfg.select.screen > 1)
     try:
         return _train(run, policy, sampling, updater, pool, features, calibration, evaluate_fn, run_round)
@@ -290,7 +298,7 @@ def _train(run: Run, policy: Policy, sampling: SamplingPolicy, updater, pool: li
         run.ledger.truncate_after(run.run_id, start - 1)
         log.info("resuming at step %d%s", start, " with its rollouts restored" if pending is not None else "")
     measure = policy_measure(sampler)
-    sampler_behaviour = use_sampler_behaviour(cfg)
+    sampler_behaviour = use_sampler_behaviour(cfg, sampling.lag)
     shape = ModelShape.of(model)
     machine = peak(run.meter.device, run.device, next(model.parameters()).dtype)
     if not start:

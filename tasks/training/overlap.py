@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,9 +38,34 @@ import torch
 
 from tasks.model.generator import GeneratorProcess
 from tasks.model.policy import Policy
-from tasks.model.rollout import HFEngine
+from tasks.model.rollout import HFEngine, RolloutEngine
 
 log = logging.getLogger("rlsift.train")
+
+
+def thread_split(total: int, generator_threads: int | None) -> tuple[int, int]:
+    """The in-process engine with lag 1: (generator process, trainer) torch threads out of ``total``: the
+    generator's ``generator_threads`` (``overlap.generator_threads``; None: half), the trainer the rest (at least 1)."""
+    gen = generator_threads or max(1, total // 2)
+    return gen, max(1, total - gen)
+
+
+def separate_devices(engine: RolloutEngine, device: torch.device | str, generator_threads: int | None) -> str | None:
+    """Why the sampler and the trainer would run on different devices with lag 1, or None where they share one:
+    an engine outside this process (vLLM); an in-process engine on another device than the trainer's; on a CPU,
+    the generator's and the trainer's threads (:func:`thread_split`) fitting the cores this process may use."""
+    if not isinstance(engine, HFEngine):
+        return f"the sampler is {type(engine).__name__}, outside this process"
+    sampler, trainer = torch.device(engine.device), torch.device(device)
+    if sampler.type != trainer.type or (sampler.index or 0) != (trainer.index or 0):
+        return f"the sampler on {sampler}, the trainer on {trainer}"
+    if trainer.type != "cpu":
+        return None
+    gen, rest = thread_split(torch.get_num_threads(), generator_threads)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if gen + rest > cores:
+        return None
+    return f"CPU cores for each: {gen} generator and {rest} trainer thread{'s'[:rest != 1]} on {cores} cores"
 
 
 class SamplingPolicy:
@@ -58,9 +84,9 @@ class SamplingPolicy:
             self.policy = trainer
         elif isinstance(trainer.engine, HFEngine):
             total = torch.get_num_threads()
-            gen = threads or max(1, total // 2)
+            gen, rest = thread_split(total, threads)
             self._process = GeneratorProcess(trainer.engine, gen)
-            self._trainer_threads = (total, max(1, total - gen))
+            self._trainer_threads = (total, rest)
             torch.set_num_threads(self._trainer_threads[1])
             self.policy = Policy(model=self._process.model, tokenizer=trainer.tokenizer, engine=self._process,
                                  system_prompt=trainer.system_prompt)

@@ -167,6 +167,7 @@ def test_heldout_accuracy_moves_scalingrl_rho(tmp_path, prefect_harness, easy_ta
         "curriculum.rho_step=0.05", "eval.every=1", "train.steps=8",
         "train.round_steps=2", "train.lr=3e-3", f"overlap.lag={lag}"])
     assert s["status"] == "completed" and s["steps"] == 8
+    assert (s["overlap"]["lag"], s["overlap"]["basis"]) == (lag, "config")  # an explicit lag wins
     logged = [json.loads(line) for line in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     heldout = {m["step"]: m["eval/accuracy"] for m in logged if "eval/accuracy" in m}
     rho = {m["step"]: m["curriculum/rho"] for m in logged}

@@ -1,6 +1,7 @@
 """The plan end to end: `rlsift plan` measures and chooses without training; `plan.auto` trains the choice."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 from flows.pipeline import pipeline, plan_flow
 from tasks.records.ledger import Ledger
 from tasks.records.tracking import run_info
-from tasks.training.plan import Plan
+from tasks.training.plan import Plan, lag_from_json
 from tests.flows.test_pipeline import flow_run_artifacts
 
 SMOKE = str(Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "tiny.yaml")
@@ -28,12 +29,14 @@ def test_plan_flow_measures_predicts_and_records_without_training(tmp_path, pref
     dapo = next(p for p in plan.predictions if p.name == "dapo")
     assert 0 <= dapo.effective_ratio <= 1 and dapo.generated >= plan.baseline.generated  # it generates more
     assert "| composition |" in out["table"] and plan.reason in out["table"]
+    assert plan.overlap is not None and f"**Overlap: {plan.overlap.reason}**" in out["table"]  # for the choice
     with Ledger(root / "ledger.duckdb", read_only=True) as led:
         assert led.run_status(out["run_id"]) == "planned"
         assert led.query("SELECT count(*) AS c FROM groups WHERE run_id = ?", [out["run_id"]])[0]["c"] == 0
     info = run_info(out["tracking_uri"], out["mlflow_run_id"])
     assert info["tags"]["rlsift.plan.choice"] == plan.choice and "plan.json" in info["artifacts"]
     assert float(info["tags"]["plan/pool_mixed"]) == round(plan.shares["mixed"], 4)  # one value, not a chart
+    assert float(info["tags"]["plan/overlap_lag"]) == plan.overlap.lag
     assert not any(k.startswith("plan/") for k in info["metrics"])
 
     from prefect.client.orchestration import get_client
@@ -45,8 +48,10 @@ def test_plan_flow_measures_predicts_and_records_without_training(tmp_path, pref
 def test_auto_trains_the_plans_choice(tmp_path, prefect_harness):
     root = tmp_path / "root"
     # groups of 8 against the candidate's groups of 4 (half the generation) with no signal floor: it is chosen
+    cores = len(os.sched_getaffinity(0))
     s = pipeline(config=SMOKE, overrides=[f"paths.root={root}", "rollout.n=8", "plan.auto=true",
-                                          "plan.candidates=[grpo_n4]", "plan.min_signal=0", "eval.samples=0"])
+                                          "plan.candidates=[grpo_n4]", "plan.min_signal=0", "eval.samples=0",
+                                          f"overlap.generator_threads={cores + 1}", "overlap.min_gain=0.99"])
     assert s["status"] == "completed" and s["plan"]["choice"] == "grpo_n4"
     assert s["plan"]["predicted_clock"] < 1 and s["plan"]["reason"].startswith("grpo_n4")
     with Ledger(root / "ledger.duckdb", read_only=True) as led:
@@ -56,6 +61,27 @@ def test_auto_trains_the_plans_choice(tmp_path, prefect_harness):
     assert stored["plan"]["auto"] is True and stored["rollout"]["n"] == 8  # the run's own config is kept
     assert torch.tensor(s["plan"]["predicted_effective_ratio"]).isfinite()
     assert (Path(s["run_dir"]) / "plan.md").is_file()
+    # overlap.lag=auto (the default) where sampler and trainer share the CPU's cores (more generator threads than
+    # cores) and a margin no probe can meet: the plan's probe decides lag 0 for its choice's config, and the run
+    # trains with it, sequentially, and says so in its summary, its overlap.json and MLflow
+    choice = Plan.load(Path(s["run_dir"]) / "plan.json").overlap
+    o = s["overlap"]
+    assert (o["lag"], o["basis"], o["reason"]) == (choice.lag, choice.basis, choice.reason) == (
+        0, "probe", choice.reason) and o["reason"].startswith("lag 0: a draw and an update at once")
+    assert "update_s" not in o and choice.probe.at_once_s > 0  # sequential: no overlap totals
+    assert lag_from_json(json.loads((Path(s["run_dir"]) / "overlap.json").read_text())) == choice
+    logged = [json.loads(line) for line in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    assert {m["train/policy_lag"] for m in logged} == {0}
+    tags = run_info(s["tracking_uri"], s["mlflow_run_id"])["tags"]
+    assert (tags["rlsift.overlap.lag"], tags["rlsift.overlap.basis"], tags["rlsift.overlap.reason"]) == (
+        "0", "probe", o["reason"])
+    assert float(tags["rlsift.overlap.at_once_ratio"]) == pytest.approx(choice.probe.ratio, rel=1e-3)
+    assert float(tags["plan/overlap_lag"]) == 0
+
+    from flows.cli import _overlap_text
+
+    assert _overlap_text(o) == f"  overlap {o['reason']}\n"
+
     # named after what it trains: in the summary, in MLflow and in the Prefect artifacts
     assert s["name"] == "auto→grpo_n4 bundled:default s0"
     info = run_info(s["tracking_uri"], s["mlflow_run_id"])

@@ -1,7 +1,7 @@
 """Crash-safe resume: SIGKILL a run during training, resume it, and get what an uninterrupted run gets.
 
 A run with DOTS, Rollout Replay, PODS, ScalingRL, GAIN-RL and the adaptive composition on (every piece of state a
-checkpoint holds), overlapped (``overlap.lag=1``, the default: the next step's rollouts are always in flight while
+checkpoint holds), overlapped (``overlap.lag=1``, set: the next step's rollouts are always in flight while
 a step updates, and a checkpoint holds the drawn, untrained ones), trains 6 steps in rounds of 3 with checkpoints
 every 2 steps (at steps 2, 3, 4 and 6). The test
 
@@ -44,7 +44,7 @@ STATEFUL = ["select.method=dots", "calibrate.k=8", "calibrate.g=4", "select.pred
             "pods.m=2", "rollout.n=4", "rollout.max_new_tokens=32", "curriculum.enabled=true", "gain.enabled=true",
             "adapt.enabled=true", "adapt.low=0.0", "adapt.high=1.0", "adapt.momentum=0.5",
             "train.steps=6", "train.round_steps=3", "train.checkpoint_every=2", "train.prompts_per_step=6",
-            "eval.every=2", "eval.samples=0", "model.threads=1"]
+            "eval.every=2", "eval.samples=0", "model.threads=1", "overlap.lag=1"]
 STEPS = 6
 TINY = ROOT / "tests" / "fixtures" / "tiny.yaml"
 #: metrics that depend on the clock, not on the computation

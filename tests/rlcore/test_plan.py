@@ -1,4 +1,5 @@
-"""rlcore.plan: the informative chance against slow oracles, hand-worked draws and steps, the choice rule."""
+"""rlcore.plan: the informative chance against slow oracles, hand-worked draws and steps, the choice rule, and the
+overlap's lag (choose_lag) in each of its cases."""
 
 import itertools
 import math
@@ -12,10 +13,13 @@ from rlcore.adaptive_composition import subset_informative
 from rlcore.plan import (
     TIE,
     Composition,
+    LagChoice,
+    OverlapProbe,
     PoolStats,
     Prediction,
     UnitCosts,
     choose,
+    choose_lag,
     draw_ratio,
     informative_chance,
     predict,
@@ -153,3 +157,52 @@ def test_bad_records_are_refused():
         UnitCosts(generate_s=float("nan"), update_s=1, forward_s=1, completion_tokens=1, prompt_tokens=1)
     with pytest.raises(ValueError, match="m <= n"):
         Composition("x", 4, 4, 8)
+
+
+def test_lag_is_one_step_off_where_sampler_and_trainer_run_on_different_devices():
+    """No probe is needed (or read): the draw hides behind the update on another device."""
+    slow = OverlapProbe(draw_s=1.0, update_s=1.0, at_once_s=5.0)
+    for probe in (None, slow):
+        c = choose_lag("the sampler is ServerPool, outside this process", probe, 0.05)
+        assert (c.lag, c.basis, c.probe) == (1, "devices", None)
+        assert "different devices (the sampler is ServerPool" in c.reason
+
+
+@pytest.mark.parametrize("at_once, lag", [
+    (2.6, 0),    # at once slower than one after the other (the toy on one GPU: 1.43x)
+    (2.0, 0),    # no gain
+    (1.92, 0),   # 4% faster: within the 5% margin
+    (1.90, 1),   # exactly 5% faster: the margin is met
+    (1.76, 1),   # 0.88x (the 1.5B shape on one GPU)
+])
+def test_lag_on_a_shared_device_follows_the_probe_and_its_margin(at_once, lag):
+    probe = OverlapProbe(draw_s=0.5, update_s=1.5, at_once_s=at_once, repeats=3)
+    c = choose_lag(None, probe, 0.05)
+    assert (c.lag, c.basis, c.probe) == (lag, "probe", probe)
+    assert probe.sequential_s == 2.0 and probe.ratio == pytest.approx(at_once / 2)
+    assert c.reason.startswith(f"lag {lag}: a draw and an update at once took {at_once:.3g} s, "
+                               f"{at_once / 2:.2f}x the 2 s of one after the other")
+    assert ("at least 5% faster" in c.reason) == bool(lag) and ("not 5% faster" in c.reason) == (not lag)
+    assert "median of 3" in c.reason
+    assert choose_lag(None, probe, 0.0).lag == int(at_once <= 2.0)  # no margin: any gain, or none, overlaps
+
+
+def test_lag_choice_refuses_what_it_cannot_decide_or_hold():
+    with pytest.raises(ValueError, match="no probe to decide by"):
+        choose_lag(None, None, 0.05)
+    with pytest.raises(ValueError, match="min_gain"):
+        choose_lag(None, OverlapProbe(1, 1, 1), 1.0)
+    with pytest.raises(ValueError, match="at_once_s"):
+        OverlapProbe(draw_s=1, update_s=1, at_once_s=0)
+    with pytest.raises(ValueError, match="repeats"):
+        OverlapProbe(draw_s=1, update_s=1, at_once_s=1, repeats=0)
+    with pytest.raises(ValueError, match="lag must be 0 or 1"):
+        LagChoice(2, "config", "x")
+    with pytest.raises(ValueError, match="lag must be 0 or 1"):
+        LagChoice(True, "config", "x")
+    with pytest.raises(ValueError, match="basis"):
+        LagChoice(1, "guess", "x")
+    with pytest.raises(ValueError, match="probe's timing goes with basis probe"):
+        LagChoice(1, "probe", "x")
+    with pytest.raises(ValueError, match="probe's timing goes with basis probe"):
+        LagChoice(1, "devices", "x", OverlapProbe(1, 1, 1))

@@ -1,0 +1,226 @@
+"""The overlap where it pays (``overlap.lag`` auto): the config, where the sampler and the trainer run, the probe on a
+shared device and the loop's use of the choice; the generator process's shutdown order (its shared weights released
+before it says it stopped, no process and no warning left).
+
+rlcore.plan.choose_lag's cases are tested in tests/rlcore/test_plan.py; the pipeline's record of the choice (run
+summary, ``overlap.json``, MLflow tags) in tests/flows/test_plan.py.
+"""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import threading
+import weakref
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from transformers import LlamaForCausalLM
+
+from tasks.config import ConfigError
+from tasks.config_load import load_config
+from tasks.model.generator import _serve
+from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
+from tasks.model.rollout import HFEngine
+from tasks.model.server_pool import ServerPool
+from tasks.training.overlap import separate_devices, thread_split
+from tasks.training.plan import decide_lag, lag_from_json, lag_to_json
+from tests.conftest import ROOT
+from tests.tasks.test_train import PRESETS, SMALL, run_train, text_reward
+
+CORES = len(os.sched_getaffinity(0))
+#: generator threads that, with the trainer's one, do not fit this machine's cores: a shared device on any machine
+CROWDED = f"overlap.generator_threads={CORES + 1}"
+
+
+@pytest.fixture(autouse=True)
+def _reward(monkeypatch):
+    monkeypatch.setattr("tasks.training.rollouts.batch_rewards", text_reward)
+
+
+def tiny_policy(device: str = "cpu") -> Policy:
+    tok = build_tokenizer()
+    model = build_tiny_model(hidden=64, layers=2, heads=2, tokenizer=tok, seed=0)
+    return Policy(model=model, tokenizer=tok, engine=HFEngine(model, tok, max_new_tokens=12, temperature=1.0,
+                                                              top_p=1.0, top_k=0, chunk=512, device=device))
+
+
+@pytest.mark.parametrize("value", ["auto", 0, 1])
+def test_the_lag_is_auto_0_or_1(value):
+    assert load_config(None, [f"overlap.lag={value}"]).overlap.lag == value
+    assert load_config(None).overlap.lag == "auto" and load_config(None).overlap.min_gain == 0.05
+
+
+@pytest.mark.parametrize("value", ["2", "-1", "true", "'1'", "0.5", "sometimes", "null"])
+def test_any_other_lag_is_a_clear_error(value):
+    with pytest.raises(ConfigError, match=r"overlap.lag: .*must be auto, 0 \(sequential\) or 1 \(one step off\)"):
+        load_config(None, [f"overlap.lag={value}"])
+    with pytest.raises(ConfigError, match="overlap.min_gain"):
+        load_config(None, ["overlap.min_gain=1"])
+
+
+def test_where_the_sampler_and_the_trainer_run():
+    assert thread_split(2, None) == (1, 1) and thread_split(8, 2) == (2, 6) and thread_split(1, None) == (1, 1)
+    assert thread_split(2, 4) == (4, 1)
+    tok = build_tokenizer()
+    rc = load_config(None, ["rollout.engine=vllm", "rollout.vllm_url=http://127.0.0.1:9"]).rollout
+    assert "the sampler is ServerPool, outside this process" == separate_devices(
+        ServerPool.from_config(rc, tok), "cpu", None)
+    policy = tiny_policy()
+    assert separate_devices(tiny_policy("cuda").engine, "cpu", None) == "the sampler on cuda, the trainer on cpu"
+    assert separate_devices(tiny_policy("cuda").engine, "cuda:0", None) is None  # one GPU: shared
+    assert separate_devices(policy.engine, "cpu", CORES + 1) is None  # more threads than cores: shared
+    gen, rest = thread_split(torch.get_num_threads(), None)
+    fits = separate_devices(policy.engine, "cpu", None)
+    assert (fits is not None) == (gen + rest <= CORES)
+    if fits is not None:
+        assert fits.startswith(f"CPU cores for each: {gen} generator and {rest} trainer thread")
+
+
+def test_an_explicit_lag_wins_without_a_probe(smoke_cfg):
+    policy = tiny_policy()
+    for lag in (0, 1):  # where auto would probe (a shared device)
+        c = decide_lag(smoke_cfg(f"overlap.lag={lag}", CROWDED), policy, [], "cpu")
+        assert (c.lag, c.basis, c.probe) == (lag, "config", None)
+        assert c.reason == f"lag {lag}: overlap.lag={lag} in the config"
+    vllm = decide_lag(smoke_cfg("rollout.engine=vllm", "rollout.vllm_url=http://127.0.0.1:9"),
+                      Policy(model=policy.model, tokenizer=policy.tokenizer, engine=ServerPool.from_config(
+                          smoke_cfg("rollout.engine=vllm", "rollout.vllm_url=http://127.0.0.1:9").rollout,
+                          policy.tokenizer)), [], "cpu")
+    assert (vllm.lag, vllm.basis) == (1, "devices")
+
+
+def test_auto_on_a_shared_device_probes_a_draw_and_an_update_alone_and_at_once(smoke_cfg, pool):
+    """The real probe on the tiny model: it times all three, decides by its own ratio, leaves no process behind,
+    gives the trainer its threads back, and changes no weight."""
+    policy = tiny_policy()
+    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    threads = torch.get_num_threads()
+    c = decide_lag(smoke_cfg(CROWDED), policy, pool[:4], "cpu")
+    p = c.probe
+    assert c.basis == "probe" and p is not None and 1 <= p.repeats <= 5
+    assert p.draw_s > 0 and p.update_s > 0 and p.at_once_s > 0
+    assert c.lag == int(p.ratio <= 0.95), c.reason
+    assert c.reason.startswith(f"lag {c.lag}: a draw and an update at once took")
+    assert lag_from_json(lag_to_json(c)) == c
+    assert torch.get_num_threads() == threads and not mp.active_children()
+    assert all(torch.equal(v, before[k]) for k, v in policy.model.state_dict().items())
+    assert all(p.grad is None for p in policy.model.parameters())
+
+
+def test_the_loop_trains_with_the_lag_it_decides(smoke_cfg, pool):
+    """train() without a decision decides: auto on a shared device with a margin no probe can meet (at once 100x
+    faster) trains sequentially, where lag 1 would have every fresh group after the first step one update old."""
+    small = [o for o in SMALL if not o.startswith("overlap.")]
+    _, summary, groups, _, logged = run_train(smoke_cfg(*small, "train.steps=3", CROWDED, "overlap.min_gain=0.99",
+                                                        path=PRESETS.format("grpo")), pool)
+    assert summary.steps == 3 and summary.overlap == {}  # sequential: no overlap totals
+    assert all(m["train/policy_lag"] == 0 for m in logged) and all(g["lag"] == 0 for g in groups)
+    assert not any(k.startswith("overlap/") for m in logged for k in m)
+
+
+def test_the_overlap_stage_keeps_its_choice_for_a_resume_and_takes_the_plans(smoke_cfg, pool):
+    from rlcore.plan import LagChoice
+    from tasks.run import open_run
+    from tasks.stages import overlap_stage
+    from tasks.training.calibration import Calibration
+    from tests.tasks.test_plan_config import plan_choosing
+
+    run = open_run(smoke_cfg("overlap.lag=0"), track=False)
+    calibration = Calibration(indices=(0, 1), success=torch.tensor([0.5, 0.25]))
+    try:
+        first = overlap_stage.fn(run, tiny_policy(), pool, calibration)
+        assert first == LagChoice(0, "config", "lag 0: overlap.lag=0 in the config")
+        stored = run.dir / "overlap.json"
+        assert lag_from_json(json.loads(stored.read_text())) == first
+        run.cfg = smoke_cfg("overlap.lag=1")  # a resumed run trains with the lag it started with
+        assert overlap_stage.fn(run, tiny_policy(), pool, calibration) == first
+        stored.unlink()
+        planned = LagChoice(1, "devices", "lag 1: the plan's")
+        plan = dataclasses.replace(plan_choosing("grpo"), overlap=planned)
+        assert overlap_stage.fn(run, tiny_policy(), pool, calibration, plan) == planned
+    finally:
+        run.close("completed", {})
+
+
+@pytest.fixture(scope="module")
+def pool():
+    from tasks.data import arith
+
+    return arith.generate(0, 40, "train", "default")
+
+
+class Recorded(LlamaForCausalLM):
+    """The tiny model's class, whose instances are recorded (weakly) as they are built."""
+
+    built: list = []
+
+    def __init__(self, config):
+        super().__init__(config)
+        Recorded.built.append(weakref.ref(self))
+
+
+def test_the_generator_drops_the_shared_weights_before_it_says_it_stopped():
+    """The child's loop, run here on a thread: when ``("stopped",)`` arrives, its model is gone and the weights it
+    was started with are no longer held by its arguments (on a GPU: every CUDA IPC reference released, so the
+    parent outlives them; tasks/model/generator.py)."""
+    policy = tiny_policy()
+    weights = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    ours, theirs = mp.Pipe()
+    settings = policy.engine.settings()
+    Recorded.built.clear()
+    serve = threading.Thread(target=_serve, args=(Recorded, policy.model.config, weights, policy.tokenizer, settings,
+                                                   theirs, 1))
+    threads = torch.get_num_threads()
+    serve.start()
+    try:
+        ours.send(("generate", ["Q: 1+2=?\n"], 2, 0, False))
+        status, (gen, _) = ours.recv()
+        assert status == "ok" and gen.completion_ids.shape[0] == 2
+        assert not weights and len(Recorded.built) == 1 and Recorded.built[0]() is not None
+        ours.send(("stop",))
+        assert ours.poll(30) and ours.recv() == ("stopped",)
+        assert Recorded.built[0]() is None, "the child's model outlived its stop"
+    finally:
+        serve.join(30)
+        torch.set_num_threads(threads)
+    assert not serve.is_alive()
+
+
+SHUTDOWN = """
+import warnings
+warnings.simplefilter("always")
+from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
+from tasks.model.rollout import HFEngine
+from tasks.training.overlap import SamplingPolicy
+
+if __name__ == "__main__":
+    tok = build_tokenizer()
+    model = build_tiny_model(hidden=64, layers=2, heads=2, tokenizer=tok, seed=0)
+    policy = Policy(model=model, tokenizer=tok, engine=HFEngine(model, tok, max_new_tokens=4, temperature=1.0,
+                                                               top_p=1.0, top_k=0, chunk=8))
+    sampling = SamplingPolicy(policy, 1, threads=1)
+    process = sampling._process
+    sampling.policy.engine.generate(["Q: 1+1=?\\n"], 1, 0)
+    sampling.close()
+    print(process.pid, process._proc.exitcode, flush=True)
+"""
+
+
+def test_shutdown_leaves_no_process_and_no_warning(tmp_path):
+    """The trainer closes its sampler and exits: the child stopped on request (exit code 0, not terminated), is
+    gone, and neither process wrote a warning (on a GPU, PyTorch's "Producer process has been terminated before
+    all shared CUDA tensors released" would be one)."""
+    script = tmp_path / "shutdown.py"
+    script.write_text(SHUTDOWN)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="always")
+    out = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    pid, code = (int(x) for x in out.stdout.split())
+    assert code == 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert not any(w in out.stderr.lower() for w in ("warn", "leaked", "producer process")), out.stderr[-3000:]
