@@ -115,10 +115,11 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
         out[live, t] = tok
         out_logp[live, t] = logp
         going = tok != eos_id
-        if t + 1 == max_new_tokens or not bool(going.any()):
+        n_going = int(going.sum())  # the step's one host sync
+        if t + 1 == max_new_tokens or n_going == 0:
             width = t + 1
             break
-        if not bool(going.all()):  # drop finished rows from the batch and the cache
+        if n_going < len(live):  # drop finished rows from the batch and the cache
             keep = going.nonzero().squeeze(1)
             cache.batch_select_indices(keep)
             live, tok, pos, attention_mask = live[keep], tok[keep], pos[keep], attention_mask[keep]
