@@ -74,9 +74,9 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
     rows' next tokens with :func:`tasks.model.sampling.sample_next`: the exponential race (Gumbel-max, an exact
     sampler of the softmax) on the logits divided by the temperature and cut by top-k and top-p, in float32 chunks
     of rows, with the noise from ``generator``; the drawn token's log-prob comes from the same chunk. No float32
-    matrix of all rows' logits, no ``softmax`` + ``torch.multinomial`` over the vocabulary, no host sync but the
-    one that asks whether every row has ended. The draws follow exactly the distribution ``generate`` samples
-    from, but they are not its draws token for token (the noise is drawn for the live rows only). Positions are
+    matrix of all rows' logits, no ``softmax`` + ``torch.multinomial`` over the vocabulary, and one host sync a
+    step (how many rows go on). The draws follow exactly the distribution ``generate`` samples from, but they
+    are not its draws token for token (the noise is drawn for the live rows only). Positions are
     the attention mask's cumulative sum, as in ``tasks.model.forward.pack``. Only ``sampling`` applies: a model
     folder's own ``generation_config`` (a repetition penalty, say) does not, so the sampling distribution is
     exactly the one the update's log-probs describe.

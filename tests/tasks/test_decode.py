@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from scipy.stats import chisquare
+from transformers import TemperatureLogitsWarper
 
 from tasks.model import sampling as sampling_module
 from tasks.model.forward import token_logprobs
@@ -32,8 +33,6 @@ def policy():
 
 def warped_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
     """The oracle: transformers' temperature, top-k and top-p warpers (as ``generate`` applies them), softmax."""
-    from transformers import TemperatureLogitsWarper
-
     return torch.softmax(s.warpers()(None, TemperatureLogitsWarper(s.temperature)(None, logits.double())), -1)
 
 
