@@ -8,7 +8,7 @@ Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions`` (token-
 in-place reload) and ``POST /reset_prefix_cache``.
 
 Sampling: one request is ``n`` copies of its prompt through :func:`tasks.model.rollout.decode` with the request's
-warpers (:meth:`HFEngine.warpers`), ``torch.manual_seed(seed)`` first; a process-wide lock serialises every scripted
+settings (:meth:`HFEngine.sampling`), ``torch.manual_seed(seed)`` first; a process-wide lock serialises every scripted
 server's sampling (torch's generator is global), so a request's answer depends on its prompt, n, seed and the loaded
 weights alone, whichever server and thread answers it. Deviation from vLLM: its n children are seeded ``seed + j``;
 here the n rows share one seeded draw (either way a seed gives one answer).
@@ -104,7 +104,7 @@ class ScriptedVLLM:
         with _SAMPLING:
             torch.manual_seed(int(body["seed"]))
             out, logp = decode(self.model, ids, torch.ones_like(ids), max_new_tokens=engine.max_new_tokens,
-                               warpers=engine.warpers() if temperature > 0 else None,
+                               sampling=engine.sampling() if temperature > 0 else None,
                                eos_id=self.tok.eos_token_id, pad_id=self.tok.pad_token_id)
         choices = []
         for j in range(n):

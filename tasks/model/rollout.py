@@ -1,7 +1,8 @@
 """Rollout engines: batched sampling of n completions per prompt.
 
-``HFEngine`` uses ``transformers`` generation (left padding, KV cache, sampling settings from config).
-Each call is seeded from ``(seed, step, purpose)``, so a resumed run samples exactly what an
+``HFEngine`` decodes with the transformers model in this process (:func:`decode`: left padding, KV cache, the
+exponential-race sampler of ``tasks/model/sampling.py``, sampling settings from config). Each call's noise comes
+from its own generator seeded from ``(seed, step, purpose)``, so a resumed run samples exactly what an
 uninterrupted one would. Every engine implements :class:`RolloutEngine` (``generate``, ``sync_weights`` and
 ``metrics``); the others are the vLLM server's (``tasks/model/vllm_engine.py``) and a pool of such servers
 (``tasks/model/server_pool.py``).
@@ -14,16 +15,10 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import torch
-from transformers import (
-    DynamicCache,
-    LogitsProcessorList,
-    PreTrainedTokenizerBase,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
+from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from rlcore.seeding import derive_seed
+from tasks.model.sampling import Sampling, sample_next
 
 
 @dataclass
@@ -69,26 +64,39 @@ def add_special(tokenizer) -> bool:
 
 @torch.inference_mode()
 def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
-           warpers: LogitsProcessorList | None, eos_id: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample (or, with ``warpers=None``, arg-max) completions, dropping each row from the batch once it ends.
+           sampling: Sampling | None, eos_id: int, pad_id: int,
+           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample (or, with ``sampling=None``, arg-max) completions, dropping each row from the batch once it ends.
 
     ``model.generate`` keeps finished rows in every decode step until the longest one ends; here a row leaves
     the batch and its KV cache (``DynamicCache.batch_select_indices``) at its EOS, so a step costs what the
-    live rows cost (on the embedded task the mean completion is half the longest). Otherwise it is
-    ``generate``'s sampling step: float32 logits through the same warpers (transformers' temperature, top-k,
-    top-p), ``softmax`` and one ``torch.multinomial`` over all B rows, finished rows given a certain pad
-    token, so each live row draws exactly what ``generate`` draws for it from the same seed (multinomial
-    draws row by row). Positions are the attention mask's cumulative sum, as in ``tasks.model.forward.pack``.
-    Only the run's temperature, top-k and top-p apply: a model folder's own ``generation_config`` (a repetition
-    penalty, say) does not, so the sampling distribution is exactly the one the update's log-probs describe.
+    live rows cost (on the embedded task the mean completion is half the longest). Each step draws the live
+    rows' next tokens with :func:`tasks.model.sampling.sample_next`: the exponential race (Gumbel-max, an exact
+    sampler of the softmax) on the logits divided by the temperature and cut by top-k and top-p, in float32 chunks
+    of rows, with the noise from ``generator``; the drawn token's log-prob comes from the same chunk. No float32
+    matrix of all rows' logits, no ``softmax`` + ``torch.multinomial`` over the vocabulary, and one host sync a
+    step (how many rows go on). The draws follow exactly the distribution ``generate`` samples from, but they
+    are not its draws token for token (the noise is drawn for the live rows only). Positions are
+    the attention mask's cumulative sum, as in ``tasks.model.forward.pack``. Only ``sampling`` applies: a model
+    folder's own ``generation_config`` (a repetition penalty, say) does not, so the sampling distribution is
+    exactly the one the update's log-probs describe.
+
+    The KV cache grows by concatenation (transformers' ``DynamicCache``) and shapes change as rows leave, so the
+    step is not captured in CUDA graphs; docs/performance.md says what is measured and what is left.
 
     Args:
         input_ids: [B, P] left-padded prompts (a prompt repeated n times for n rollouts); attention_mask: [B, P].
+        sampling: the distribution (temperature, top-k, top-p); None: arg-max decoding.
+        generator: the noise's source, on the model's device; the same seed gives the same draws (on one device
+            and software stack). None: torch's default generator.
 
     Returns:
         ``(ids, logp)``: [B, T] completion ids, T <= ``max_new_tokens`` the longest completion, ``pad_id`` after
         each EOS; [B, T] float32 log-prob of each drawn token under the distribution it was drawn from (the
         warped one; arg-max decoding: the plain softmax), 0 after each EOS.
+
+    Raises:
+        FloatingPointError: the model's logits were NaN for some drawn token (broken weights).
     """
     b = input_ids.shape[0]
     out = torch.full((b, max_new_tokens), pad_id, dtype=torch.long, device=input_ids.device)
@@ -99,32 +107,30 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
     cache = DynamicCache()
     pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, past_key_values=cache,
-                   use_cache=True, logits_to_keep=1).logits[:, -1].float()  # [B_live, V]
+                   use_cache=True, logits_to_keep=1).logits[:, -1]  # [B_live, V] in the model's dtype
     pos = pos[:, -1:]
+    width = max_new_tokens
     for t in range(max_new_tokens):
-        if warpers is None:
-            tok = logits.argmax(-1)
-            logp = torch.log_softmax(logits, dim=-1)  # [B_live, V]
-        else:
-            warped = warpers(None, logits)  # these warpers read no history
-            probs = torch.zeros(b, logits.shape[-1], device=logits.device)
-            probs[:, pad_id] = 1.0  # finished rows draw a certain pad, as generate's would be replaced by one
-            probs[live] = torch.softmax(warped, dim=-1)
-            tok = torch.multinomial(probs, num_samples=1).squeeze(1)[live]
-            logp = torch.log_softmax(warped, dim=-1)  # [B_live, V]
+        tok, logp = sample_next(logits, sampling, generator)
         out[live, t] = tok
-        out_logp[live, t] = logp.gather(1, tok[:, None]).squeeze(1)
+        out_logp[live, t] = logp
         going = tok != eos_id
-        if t + 1 == max_new_tokens or not bool(going.any()):
-            return out[:, :t + 1], out_logp[:, :t + 1]
-        if not bool(going.all()):  # drop finished rows from the batch and the cache
+        n_going = int(going.sum())  # the step's one host sync
+        if t + 1 == max_new_tokens or n_going == 0:
+            width = t + 1
+            break
+        if n_going < len(live):  # drop finished rows from the batch and the cache
             keep = going.nonzero().squeeze(1)
             cache.batch_select_indices(keep)
             live, tok, pos, attention_mask = live[keep], tok[keep], pos[keep], attention_mask[keep]
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(live), 1)], dim=1)
         pos = pos + 1
         logits = model(input_ids=tok[:, None], attention_mask=attention_mask, position_ids=pos,
-                       past_key_values=cache, use_cache=True).logits[:, -1].float()
+                       past_key_values=cache, use_cache=True).logits[:, -1]
+    out, out_logp = out[:, :width], out_logp[:, :width]
+    if bool(out_logp.isnan().any()):
+        raise FloatingPointError(f"decode: the model's logits were NaN for {int(out_logp.isnan().sum())} of the "
+                                 f"drawn tokens ({b} rows); its weights are not finite")
     return out, out_logp
 
 
@@ -160,17 +166,9 @@ class HFEngine(RolloutEngine):
         self.max_new_tokens, self.temperature, self.top_p, self.top_k = max_new_tokens, temperature, top_p, top_k
         self.chunk, self.device = chunk, device
 
-    def warpers(self) -> LogitsProcessorList:
-        """The sampling warpers ``generate`` would build from these settings, in its order (temperature, top-k,
-        top-p; each only when it changes the distribution: top_k 0 and top_p 1 are off)."""
-        out = LogitsProcessorList()
-        if self.temperature != 1.0:
-            out.append(TemperatureLogitsWarper(self.temperature))
-        if self.top_k > 0:
-            out.append(TopKLogitsWarper(self.top_k))
-        if self.top_p < 1.0:
-            out.append(TopPLogitsWarper(self.top_p))
-        return out
+    def sampling(self) -> Sampling:
+        """The distribution these settings sample from (temperature, then top-k, then top-p, as ``generate``)."""
+        return Sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
 
     @torch.inference_mode()
     def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False) -> Generation:
@@ -181,16 +179,16 @@ class HFEngine(RolloutEngine):
         outs: list[tuple[torch.Tensor, torch.Tensor]] = []
         was_training = self.model.training
         self.model.eval()
-        warpers = None if greedy else self.warpers()
+        sampling = None if greedy else self.sampling()
         for c, start in enumerate(range(0, len(prompts), per_call)):
             am = am_all[start:start + per_call]
             cut = int((am.sum(0) == 0).sum())  # pad columns no prompt of this chunk needs
             ids, am = ids_all[start:start + per_call, cut:], am[:, cut:]
-            torch.manual_seed(derive_seed(seed, c))
+            gen = torch.Generator(device=self.device).manual_seed(derive_seed(seed, c))
             outs.append(decode(self.model, ids.repeat_interleave(n, 0).to(self.device),
                                am.repeat_interleave(n, 0).to(self.device), max_new_tokens=self.max_new_tokens,
-                               warpers=warpers, eos_id=self.tok.eos_token_id,
-                               pad_id=self.tok.pad_token_id))
+                               sampling=sampling, eos_id=self.tok.eos_token_id,
+                               pad_id=self.tok.pad_token_id, generator=gen))
         self.model.train(was_training)
         width = max(o.shape[1] for o, _ in outs)
         ids = torch.cat([torch.nn.functional.pad(o.cpu(), (0, width - o.shape[1]), value=self.tok.pad_token_id)

@@ -167,7 +167,7 @@ def check_update_fits(cfg: Config, model: torch.nn.Module, hf_config, device: to
     """
     shape = ModelShape.of(model, hf_config)
     tokens = micro_batch_tokens(cfg)
-    same_device = cfg.overlap.lag == 1 and cfg.rollout.engine == "hf"
+    same_device = cfg.overlap.lag != 0 and cfg.rollout.engine == "hf"  # auto may choose 1: counted
     kw = dict(reference_copy=cfg.train.kl_coef > 0 and not lora, generator_copy=same_device,
               backend=cfg.scale.backend, world=world)
     est = estimate(shape, tokens=tokens, checkpointing=cfg.train.gradient_checkpointing, **kw)
