@@ -94,9 +94,9 @@ def sampler_rows(model, rows_list: list[int], new: int, device, name: str) -> li
         hf_generate()
         hf = timed(hf_generate, device)
         tps = rows * new / second
-        floor = floor_tokens_per_s(model, rows, new, *spec) if spec else float("nan")
-        out.append(f"| {rows} | {new} | {first:.1f} | {tps:,.0f} | {rows * new / hf:,.0f} | "
-                   f"{floor:,.0f} | {tps / floor:.0%} |")
+        floor = floor_tokens_per_s(model, rows, new, *spec) if spec else 0.0
+        floor_s, share = ("", "") if spec is None else (f"{floor:,.0f}", f"{tps / floor:.0%}")
+        out.append(f"| {rows} | {new} | {first:.1f} | {tps:,.0f} | {rows * new / hf:,.0f} | {floor_s} | {share} |")
     return out
 
 
