@@ -39,6 +39,7 @@ from tasks.records.ledger import Ledger
 from tasks.records.tracking import MlflowTracker, default_uri, run_info
 from tasks.run import RunInfo
 from tasks.stages import policy_source
+from tasks.training.plan import reads_upfront
 
 log = logging.getLogger("rlsift.bench")
 
@@ -124,11 +125,10 @@ def clock_skips(cfg: Config) -> tuple[str, ...]:
 
     The pipeline always scores the pool and calibrates, but only DOTS (embeddings, labels), ScalingRL
     (CoT complexity, measured difficulty) and GAIN-RL (angle) use them; plain GRPO and PODS would not pay.
-    ``plan.auto`` pays for both: the plan reads the calibration and its choice is not known beforehand.
+    ``plan.auto`` pays for both: the plan reads the calibration and its choice is not known beforehand
+    (tasks/training/plan.py ``reads_upfront``, which the plan's prediction of each clock reads too).
     """
-    uses_score = cfg.select.method == "dots" or cfg.curriculum.enabled or cfg.gain.enabled or cfg.plan.auto
-    uses_calibration = cfg.select.method == "dots" or cfg.curriculum.enabled or cfg.plan.auto
-    return tuple(s for s, used in (("score", uses_score), ("calibrate", uses_calibration)) if not used)
+    return tuple(s for s, used in reads_upfront(cfg).items() if not used)
 
 
 def policy_path_of(summary: dict) -> str:

@@ -249,7 +249,7 @@ def describe(run: Run, summary: RunSummary) -> str:
     plan_file = run.dir / "plan.json"
     if plan_file.is_file():
         plan = Plan.load(plan_file)
-        lines.append(f"- plan: trains `{plan.choice}`, predicted at {plan.chosen.clock:.2f}x plain GRPO's training "
+        lines.append(f"- plan: trains `{plan.choice}`, predicted at {plan.run_clock:.2f}x plain GRPO's training "
                      f"clock, effective ratio {plan.chosen.effective_ratio:.2f}")
     lines.append(f"- cost: {run.meter.device_hours():.4f} device hours on {run.meter.device}, ${run.meter.usd():.4f}")
     if s.status == "completed":
@@ -266,8 +266,9 @@ def describe(run: Run, summary: RunSummary) -> str:
 
 
 def plan_summary(plan: Plan) -> dict[str, Any]:
-    """A plan in the run summary: the choice, why, and its predicted clock and effective ratio against GRPO."""
-    return {"choice": plan.choice, "reason": plan.reason, "predicted_clock": plan.chosen.clock,
+    """A plan in the run summary: the choice, why, and the run's predicted clock (its calibration, plan and scoring
+    included) and effective ratio against GRPO."""
+    return {"choice": plan.choice, "reason": plan.reason, "predicted_clock": plan.run_clock,
             "predicted_effective_ratio": plan.chosen.effective_ratio, "pool": plan.shares}
 
 

@@ -6,12 +6,13 @@ Ours (docs/algorithms.md section 9). Whether a technique pays depends on three m
   successes s of g, so the share of prompts solved, unsolved and mixed;
 * whether prompts have worked solutions, and how well the policy's likelihood of them (the screen,
   tasks/training/screen.py) ranks the reference prompts;
-* what a generated token costs against an updated one (a timed probe of generation and of one update's forward
-  and backward passes).
+* what the work of a step costs: a timed probe of generation and of the update at the batch sizes the candidates
+  use, of the screen's forward pass, and of what a step pays whatever its tokens (the optimizer step, the
+  bookkeeping, a round's checkpoint, DOTS's predictor fit).
 
 From them this module predicts, for each candidate composition (:class:`Composition`, read from a config), the
-effective-group ratio (share of a step's groups with unequal rewards) and the training clock of a step, and
-:func:`choose` picks the cheapest composition that keeps plain GRPO's learning signal.
+effective-group ratio (share of a step's groups with unequal rewards) and the training clock, and :func:`choose`
+picks the cheapest composition that keeps plain GRPO's learning signal.
 
 **Informative chance.** A group of n rollouts of a prompt whose g reference rollouts had s successes is
 informative (unequal rewards) with chance
@@ -23,24 +24,37 @@ the first an unbiased estimate of 1 - p^n - (1 - p)^n (DAPO, arXiv 2503.14476 se
 the gradient); ``rlcore.adaptive_composition.subset_informative`` is the same count for one group.
 
 **A draw's ratio.** A selection draws reference prompt j with weight q_j; the predicted ratio of its fresh
-groups is r = sum_j q_j w_j / sum_j q_j. Uniform: q = 1. DOTS (arXiv 2506.05316): q is the configured weighting
-of the predicted pass rate, with the predictor modelled by each level's pooled pass rate (s + 1) / (g + 2)
-(on the bundled task the prompt embedding DOTS reads predicts no better than the level; docs/algorithms.md 7.8).
-The screen (``select.screen`` = f) keeps, of f candidates a slot, those whose screened pass rate gives the
-highest informative chance: its ratio is that of the top 1/f of the q-mass ranked by the screen (the limit of
-many candidates). Rollout Replay fills a share 1 - delta of the batch with stored informative groups.
-DAPO's dynamic sampling asks ceil(o * missing) prompts a round (``rlcore.dynamic_sampling``), predicted with
-the expected yield r per prompt.
+groups is r = sum_j q_j w_j / sum_j q_j. Each reference prompt stands for its share of the pool
+(``PoolStats.weights``: the calibrate stage draws the same number of prompts from every level, so a level that
+is a tenth of the pool and a quarter of the reference set weighs 0.4 a prompt). Uniform: q is that weight. DOTS
+(arXiv 2506.05316): that weight times the configured weighting of the predicted pass rate, with the predictor
+modelled by each level's pooled pass rate (s + 1) / (g + 2) (on the bundled task the prompt embedding DOTS reads
+predicts no better than the level; docs/algorithms.md 7.8). The screen (``select.screen`` = f) keeps, of f
+candidates a slot, those whose screened pass rate gives the highest informative chance: its ratio is that of the
+top 1/f of the q-mass ranked by the screen (the limit of many candidates). Rollout Replay fills a share
+1 - delta of the batch with stored informative groups. DAPO's dynamic sampling (``rlcore.dynamic_sampling``)
+asks ceil(o * missing) prompts a round until the batch holds B informative groups or ``max_rounds`` is reached:
+the informative groups a round finds are taken as binomial in the prompts it asks with chance r, and the
+expectation over the missing count is exact (:func:`dynamic_rounds`).
 
-**A step's clock.** generated tokens x c_gen + updated tokens x c_upd + screened tokens x c_fwd, where a
-rollout has the probe's mean completion length, an updated row is prompt plus completion, silent groups are
-left out of the update (``train.skip_zero_advantage``), and DOTS's fresh reference rollouts
-(``calibrate.reference=fresh``: K x g a round) count as generation. Fixed costs a step (the optimizer step,
-selection) are left out: they are the same for every composition up to the predictor's fit.
+**A step's clock.** Each kind of work is a call whose seconds are a line in its tokens, a + b * tokens
+(:class:`CallCost`), fitted to calls of the sizes the candidates make: on a GPU the fixed part a is most of a
+small call, so a token costs less in a bigger batch; on a CPU the line passes near 0 and a token costs the same
+at any batch. A step makes generate-and-verify calls of at most ``chunk // n`` prompts of n rollouts (the
+in-process engine's chunks), one update over the rows it computes (an informative group's m rows of prompt and
+completion: silent groups are left out, ``train.skip_zero_advantage``) and, with the screen, one teacher-forced
+pass over f candidates a slot. It also pays fixed seconds whatever its tokens (:class:`FixedCosts`): the
+optimizer step and the step's bookkeeping (the draw, the ledger's rows, the metrics line); each round a
+checkpoint and, for DOTS, the predictor's fit and its predictions over the pool and the fresh reference
+rollouts (``calibrate.reference=fresh``: K x g). **The training clock** is ``train.steps`` such steps plus what
+the composition pays before its first step and plain GRPO does not: the calibrate stage's rollouts and the
+scoring of the pool where it reads them (the benchmark's clock, docs/benchmarks.md). A candidate's ``clock`` is
+its training clock over plain GRPO's.
 
 **Choice.** The signal of a step is its informative groups (fresh plus replayed). A candidate qualifies when its
-signal is at least ``min_signal`` times plain GRPO's; the cheapest qualifying one is chosen (plain GRPO always
-qualifies), and among those within ``TIE`` of the cheapest, the one with the most signal.
+signal is at least ``min_signal`` times plain GRPO's; the cheapest step among those is chosen (plain GRPO always
+qualifies), and among those within ``TIE`` of the cheapest, the one with the most signal. Steps, not clocks, are
+compared: a run that plans has calibrated and scores its pool whatever it then trains.
 
 **Overlap.** Whether generation of step t+1 runs while update t does (``overlap.lag`` 1, AReaL's and verl's one
 step off; tasks/training/overlap.py): :func:`choose_lag`. Where the sampler and the trainer run on different
@@ -51,9 +65,9 @@ alone and at once (:class:`OverlapProbe`), and lag 1 is chosen only when at once
 alone one after the other: a gain smaller than the probe's own noise, bought with rollouts one update old, does
 not pay.
 
-Deviations and limits: the ratio is the one at the start of training (it moves as the policy learns); the
-per-token costs are linear (true of a CPU; on a GPU decoding gets cheaper per token with the batch); replayed
-groups count as fresh ones in the signal.
+Deviations and limits: the ratio is the one at the start of training (it moves as the policy learns, and with it
+DAPO's rounds); the clock is that of generation and update one after the other (lag 0); replayed groups count as
+fresh ones in the signal.
 
 Shape letters as in ``rlcore/__init__.py``.
 """
@@ -61,7 +75,8 @@ Shape letters as in ``rlcore/__init__.py``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
@@ -69,19 +84,30 @@ import torch
 #: Predicted step times within this share of the cheapest count as a tie, broken by the larger signal.
 TIE = 0.05
 
-__all__ = ["Composition", "LagChoice", "OverlapProbe", "PoolStats", "Prediction", "UnitCosts", "choose",
-           "choose_lag", "draw_ratio", "informative_chance", "predict"]
+__all__ = ["CallCost", "Composition", "FixedCosts", "LagChoice", "OverlapProbe", "PoolStats", "Prediction",
+           "UnitCosts", "call_rows", "choose", "choose_lag", "draw_ratio", "dynamic_rounds", "informative_chance",
+           "predict"]
+
+
+def _check_seconds(owner: str, **values: float) -> None:
+    for name, v in values.items():
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"{owner}.{name} must be finite and >= 0, got {v!r}")
 
 
 @dataclass(frozen=True)
 class PoolStats:
     """The reference set: each of K prompts' ``successes`` of ``g`` rollouts, its ``levels`` (None where a prompt
-    has none) and ``screen``, the policy's likelihood of its worked solution (None when prompts have none)."""
+    has none), ``screen``, the policy's likelihood of its worked solution (None when prompts have none), and
+    ``weights``, the share of the pool each reference prompt stands for (None: equal shares, a plain random
+    sample; the calibrate stage's reference set is stratified by level, so a level's prompts stand for its share of
+    the pool over its count in the set)."""
 
     successes: tuple[int, ...]
     g: int
     levels: tuple
     screen: tuple[float, ...] | None = None
+    weights: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         k = len(self.successes)
@@ -89,41 +115,129 @@ class PoolStats:
             raise ValueError("PoolStats needs at least one reference prompt")
         if self.g < 1 or any(not 0 <= s <= self.g for s in self.successes):
             raise ValueError(f"successes must lie in [0, g={self.g}], got {self.successes}")
-        if len(self.levels) != k or (self.screen is not None and len(self.screen) != k):
-            raise ValueError(f"levels ({len(self.levels)}) and screen must have one entry per reference prompt ({k})")
+        if len(self.levels) != k or any(len(x) != k for x in (self.screen, self.weights) if x is not None):
+            raise ValueError(f"levels ({len(self.levels)}), screen and weights must have one entry per reference "
+                             f"prompt ({k})")
         if self.screen is not None and any(not (0 <= q <= 1) for q in self.screen):
             raise ValueError("screen likelihoods must lie in [0, 1]")
+        if self.weights is not None and (any(not (math.isfinite(w) and w >= 0) for w in self.weights)
+                                         or sum(self.weights) <= 0):
+            raise ValueError(f"weights must be finite, >= 0 and not all 0, got {self.weights}")
+
+    @property
+    def mass(self) -> torch.Tensor:
+        """[K] float64: the share of the pool each reference prompt stands for (sums to 1)."""
+        k = len(self.successes)
+        w = torch.ones(k, dtype=torch.float64) if self.weights is None else torch.tensor(self.weights,
+                                                                                          dtype=torch.float64)
+        return w / w.sum()
 
     @property
     def shares(self) -> dict[str, float]:
-        """Shares of reference prompts with every rollout right, none right, and mixed."""
-        k = len(self.successes)
-        solved = sum(s == self.g for s in self.successes) / k
-        unsolved = sum(s == 0 for s in self.successes) / k
-        return {"solved": solved, "unsolved": unsolved, "mixed": 1 - solved - unsolved}
+        """Shares of the pool with every reference rollout right, none right, and mixed."""
+        mass, s = self.mass, torch.tensor(self.successes)
+        solved = float(mass[s == self.g].sum())
+        unsolved = float(mass[s == 0].sum())
+        return {"solved": solved, "unsolved": unsolved, "mixed": max(0.0, 1 - solved - unsolved)}
+
+
+@dataclass(frozen=True)
+class CallCost:
+    """Seconds of one call of some work (a batch generated, an update, a screen pass) as a line in the tokens it
+    processes: ``fixed_s + token_s * tokens``. ``tokens`` and ``seconds``: the timed calls it was fitted to
+    (:meth:`fit`). A large ``fixed_s`` against a call's token part means a token costs less in a bigger batch (a
+    GPU's decoding); near 0, a token costs the same at any batch (a CPU's)."""
+
+    fixed_s: float
+    token_s: float
+    tokens: tuple[float, ...] = ()
+    seconds: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tokens", tuple(float(t) for t in self.tokens))
+        object.__setattr__(self, "seconds", tuple(float(s) for s in self.seconds))
+        _check_seconds("CallCost", fixed_s=self.fixed_s, token_s=self.token_s)
+        if len(self.tokens) != len(self.seconds):
+            raise ValueError(f"CallCost: {len(self.tokens)} token counts for {len(self.seconds)} timings")
+        _check_seconds("CallCost", **{f"tokens[{i}]": t for i, t in enumerate(self.tokens)},
+                       **{f"seconds[{i}]": s for i, s in enumerate(self.seconds)})
+
+    @classmethod
+    def fit(cls, tokens: Sequence[float], seconds: Sequence[float]) -> CallCost:
+        """The least-squares line through timed calls (``tokens[i]``, ``seconds[i]``). Where the points give a
+        negative part (a timing's noise: the smaller call slower than the larger, or the line below 0 at no
+        tokens), or there is one size only, the line through 0: a token costs the same at any batch."""
+        t = torch.tensor([float(x) for x in tokens], dtype=torch.float64)
+        s = torch.tensor([float(x) for x in seconds], dtype=torch.float64)
+        if len(t) == 0 or len(t) != len(s) or float(t.max()) <= 0:
+            raise ValueError(f"CallCost.fit needs timed calls with tokens, got tokens={tokens}, seconds={seconds}")
+        fixed, slope = 0.0, float((t * s).sum() / (t * t).sum())  # through 0
+        if len(set(t.tolist())) > 1:
+            tm, sm = t.mean(), s.mean()
+            b = float(((t - tm) * (s - sm)).sum() / ((t - tm) ** 2).sum())
+            a = float(sm - b * tm)
+            if a >= 0 and b >= 0:
+                fixed, slope = a, b
+        return cls(fixed_s=fixed, token_s=slope, tokens=tuple(t.tolist()), seconds=tuple(s.tolist()))
+
+    def time(self, tokens: float) -> float:
+        """Seconds of one call over ``tokens`` (0 tokens: no call, 0 s)."""
+        return self.fixed_s + self.token_s * tokens if tokens > 0 else 0.0
+
+    def per_token(self, tokens: float) -> float:
+        """Seconds a token in a call of ``tokens``."""
+        return self.time(tokens) / tokens if tokens > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class FixedCosts:
+    """Seconds a step or a round pays whatever its tokens, timed by the probe.
+
+    ``optimizer_s``: one optimizer step (gradient clipping and AdamW over the trainable parameters), a step;
+    ``step_s``: a step's bookkeeping (the draw over the pool, the ledger's selection and group rows, the metrics
+    line), a step; ``round_s``: a round's checkpoint (the weights and the optimizer's state); ``fit_s``: DOTS's
+    predictor a round (its fit on the labels and its predictions over the pool), paid only by compositions that
+    draw with it."""
+
+    optimizer_s: float = 0.0
+    step_s: float = 0.0
+    round_s: float = 0.0
+    fit_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_seconds("FixedCosts", optimizer_s=self.optimizer_s, step_s=self.step_s, round_s=self.round_s,
+                       fit_s=self.fit_s)
 
 
 @dataclass(frozen=True)
 class UnitCosts:
-    """Seconds per token of each kind of work, measured by a probe, and the mean token counts it saw.
+    """What the work of a step costs, measured by a probe, and the mean token counts it saw.
 
-    ``generate_s``: a generated (completion) token; ``update_s``: an updated token (the update's no-grad forward
-    for pi_old plus its forward and backward); ``forward_s``: a teacher-forced token (the screen);
-    ``completion_tokens``, ``prompt_tokens``, ``solution_tokens``: mean tokens of a completion, a prompt and a
-    worked solution (0 where there is none)."""
+    ``generate``: a call that generates and verifies rollouts, in their completion tokens; ``update``: the update's
+    passes over the rows it computes, in their prompt and completion tokens (the optimizer step is in ``fixed``);
+    ``forward``: the screen's teacher-forced pass, in prompt and solution tokens; ``completion_tokens``,
+    ``prompt_tokens``, ``solution_tokens``: mean tokens of a completion, a prompt and a worked solution (0 where
+    there is none); ``fixed``: what a step and a round pay whatever their tokens; ``score_s``: seconds to score
+    (embed) one pool prompt before training."""
 
-    generate_s: float
-    update_s: float
-    forward_s: float
+    generate: CallCost
+    update: CallCost
+    forward: CallCost
     completion_tokens: float
     prompt_tokens: float
     solution_tokens: float = 0.0
+    fixed: FixedCosts = field(default_factory=FixedCosts)
+    score_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("generate_s", "update_s", "forward_s", "completion_tokens", "prompt_tokens", "solution_tokens"):
-            v = getattr(self, name)
-            if not math.isfinite(v) or v < 0:
-                raise ValueError(f"UnitCosts.{name} must be finite and >= 0, got {v!r}")
+        _check_seconds("UnitCosts", completion_tokens=self.completion_tokens, prompt_tokens=self.prompt_tokens,
+                       solution_tokens=self.solution_tokens, score_s=self.score_s)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> UnitCosts:
+        """The inverse of ``dataclasses.asdict``."""
+        return cls(**{**d, **{k: CallCost(**d[k]) for k in ("generate", "update", "forward")},
+                      "fixed": FixedCosts(**d.get("fixed", {}))})
 
 
 @dataclass(frozen=True)
@@ -133,8 +247,12 @@ class Composition:
     ``prompts`` B a step; ``n`` rollouts generated and ``m`` kept a prompt (PODS: m < n); ``draw`` uniform or
     dots, with DOTS's ``weighting`` (target, informative, observed, posterior), ``alpha`` and ``tau``;
     ``screen`` f (1: off); ``fresh_frac`` delta (1 without replay); ``dynamic`` (oversample, max_rounds) or
-    None; ``reference_rollouts``: DOTS's fresh reference rollouts a step (K g / round_steps, 0 otherwise);
-    ``skip_silent``: silent groups left out of the update."""
+    None; ``skip_silent``: silent groups left out of the update; ``steps`` and ``round_steps``: the budget and
+    a round; ``chunk``: the rollouts a generate call holds (max(1, chunk // n) prompts of n; 0: a draw in one
+    call); ``reference``: DOTS's fresh reference rollouts a round, (K prompts, g each), (0, 0) without;
+    ``predictor``: DOTS's predictor is fitted each round; ``calibration``: the calibrate stage's (K, g) where the
+    composition reads its pass rates, (0, 0) where it does not; ``scored``: pool prompts the score stage embeds
+    where the composition reads the scores, 0 where it does not."""
 
     name: str
     prompts: int
@@ -147,8 +265,14 @@ class Composition:
     screen: int = 1
     fresh_frac: float = 1.0
     dynamic: tuple[float, int] | None = None
-    reference_rollouts: float = 0.0
     skip_silent: bool = True
+    steps: int = 1
+    round_steps: int = 1
+    chunk: int = 0
+    reference: tuple[int, int] = (0, 0)
+    predictor: bool = False
+    calibration: tuple[int, int] = (0, 0)
+    scored: int = 0
 
     def __post_init__(self) -> None:
         if self.prompts < 1 or not 1 <= self.m <= self.n:
@@ -157,13 +281,22 @@ class Composition:
             raise ValueError(f"{self.name}: draw must be uniform or dots, got {self.draw!r}")
         if not 0 < self.fresh_frac <= 1 or self.screen < 1:
             raise ValueError(f"{self.name}: need 0 < fresh_frac <= 1 and screen >= 1")
+        if self.steps < 1 or self.round_steps < 1 or self.chunk < 0 or self.scored < 0:
+            raise ValueError(f"{self.name}: need steps >= 1, round_steps >= 1, chunk >= 0 and scored >= 0")
+        if any(x < 0 for x in (*self.reference, *self.calibration)):
+            raise ValueError(f"{self.name}: reference and calibration are (K, g) >= 0")
 
 
 @dataclass(frozen=True)
 class Prediction:
-    """One composition's predicted step: ``effective_ratio`` (share of its groups with unequal rewards),
-    ``signal`` (informative groups), ``generated`` rollouts, ``generated_tokens``, ``updated_tokens``,
-    ``forward_tokens``, ``step_s`` seconds, and ``clock`` (step_s over plain GRPO's; set by :func:`predict`)."""
+    """One composition's predicted step and budget.
+
+    ``effective_ratio`` (share of its groups with unequal rewards), ``signal`` (informative groups),
+    ``generated`` rollouts, ``generated_tokens``, ``updated_tokens``, ``forward_tokens`` and ``step_s`` seconds,
+    all a step; ``step_s`` is ``generate_s`` + ``update_s`` + ``forward_s`` + ``fixed_s`` (the optimizer step,
+    the bookkeeping, and a round's checkpoint and predictor fit over its steps); ``upfront_s``: what it pays
+    before its first step and plain GRPO does not (calibration, scoring); ``train_s``: its training clock,
+    ``upfront_s`` plus ``train.steps`` steps; ``clock``: ``train_s`` over plain GRPO's (set by :func:`predict`)."""
 
     name: str
     effective_ratio: float
@@ -173,6 +306,12 @@ class Prediction:
     updated_tokens: float
     forward_tokens: float
     step_s: float
+    generate_s: float = 0.0
+    update_s: float = 0.0
+    forward_s: float = 0.0
+    fixed_s: float = 0.0
+    upfront_s: float = 0.0
+    train_s: float = 0.0
     clock: float = field(default=float("nan"))
 
 
@@ -200,10 +339,12 @@ def _binomial_informative(p: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _draw_weights(c: Composition, pool: PoolStats) -> torch.Tensor:
-    """[K] weights q of each reference prompt under the composition's draw (module docstring)."""
+    """[K] weights q of each reference prompt under the composition's draw: the pool share it stands for, times
+    DOTS's weighting of its level's pooled rate (module docstring)."""
     k = len(pool.successes)
+    mass = pool.mass
     if c.draw == "uniform":
-        return torch.ones(k, dtype=torch.float64)
+        return mass
     s = torch.tensor(pool.successes, dtype=torch.float64)
     pred = torch.empty(k, dtype=torch.float64)
     for lv in set(pool.levels):
@@ -211,8 +352,8 @@ def _draw_weights(c: Composition, pool: PoolStats) -> torch.Tensor:
         pred[at] = (s[at].sum() + 1) / (pool.g * int(at.sum()) + 2)
     if c.weighting == "target":
         dist = (pred - c.alpha).abs()
-        return torch.exp(-(dist - dist.min()) / c.tau)
-    return _binomial_informative(pred, c.n).clamp_min(1e-12)
+        return mass * torch.exp(-(dist - dist.min()) / c.tau)
+    return mass * _binomial_informative(pred, c.n).clamp_min(1e-12)
 
 
 def draw_ratio(c: Composition, pool: PoolStats) -> float:
@@ -232,52 +373,97 @@ def draw_ratio(c: Composition, pool: PoolStats) -> float:
     return float((q * w).sum() / q.sum())
 
 
-def _dynamic_prompts(b: int, r: float, oversample: float, max_rounds: int) -> tuple[float, float]:
-    """(prompts generated, informative groups kept) of DAPO's filling at yield r a prompt (fluid model of
-    ``rlcore.dynamic_sampling.BatchFiller``)."""
-    need, asked = float(b), 0.0
+def call_rows(prompts: int, n: int, chunk: int) -> list[int]:
+    """The rollouts of each generate call a draw of ``prompts`` prompts of n rollouts makes: at most
+    max(1, chunk // n) prompts a call (the in-process engine's chunks; ``chunk`` 0: one call)."""
+    if prompts <= 0:
+        return []
+    per = max(1, chunk // n) if chunk else prompts
+    full, rest = divmod(prompts, per)
+    return [per * n] * full + ([rest * n] if rest else [])
+
+
+def _binomial_pmf(k: int, p: float) -> torch.Tensor:
+    """[k + 1] float64: P(y successes of k, each with chance p)."""
+    y = torch.arange(k + 1, dtype=torch.float64)
+    if p <= 0 or p >= 1:
+        return (y == (k if p >= 1 else 0)).to(torch.float64)
+    log_c = torch.lgamma(torch.tensor(k + 1.0, dtype=torch.float64)) - torch.lgamma(y + 1) - torch.lgamma(k - y + 1)
+    return torch.exp(log_c + y * math.log(p) + (k - y) * math.log1p(-p))
+
+
+def dynamic_rounds(b: int, r: float, oversample: float, max_rounds: int,
+                   round_s: Callable[[int], float] = lambda ask: 0.0) -> tuple[float, float, float]:
+    """DAPO's filling of a batch of ``b`` informative groups (``rlcore.dynamic_sampling.BatchFiller``: each round
+    asks ceil(oversample * missing) prompts, at most ``max_rounds`` rounds) when each prompt asked gives an
+    informative group with chance ``r``, independently. Returns the expected prompts asked, informative groups
+    kept and seconds (``round_s(ask)``: one round of ``ask`` prompts), exact over the binomial yields."""
+    missing = torch.zeros(b + 1, dtype=torch.float64)  # P(missing = j)
+    missing[b] = 1.0
+    asked = seconds = 0.0
     for _ in range(max_rounds):
-        ask = math.ceil(oversample * need - 1e-9)
-        asked += ask
-        need -= r * ask
-        if need <= 0:
-            break
-    return asked, min(float(b), r * asked)
+        nxt = torch.zeros_like(missing)
+        nxt[0] = missing[0]
+        for j in range(1, b + 1):
+            p = float(missing[j])
+            if p == 0.0:
+                continue
+            ask = math.ceil(oversample * j - 1e-9)
+            asked += p * ask
+            seconds += p * round_s(ask)
+            left = (j - torch.arange(ask + 1)).clamp(min=0)  # missing after y informative groups
+            nxt.index_add_(0, left, p * _binomial_pmf(ask, r))
+        missing = nxt
+    kept = b - float((torch.arange(b + 1, dtype=torch.float64) * missing).sum())
+    return asked, kept, seconds
 
 
 def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
     r = draw_ratio(c, pool)
+    length = costs.completion_tokens
+
+    def draw_s(prompts: int, n: int) -> float:  # the generate calls of one draw
+        return sum(costs.generate.time(rows * length) for rows in call_rows(prompts, n, c.chunk))
+
     fresh = c.prompts * c.fresh_frac
     replayed = c.prompts - fresh
     if c.dynamic is not None:
-        asked, informative = _dynamic_prompts(round(fresh), r, *c.dynamic)
+        asked, informative, generate_s = dynamic_rounds(round(fresh), r, *c.dynamic, lambda ask: draw_s(ask, c.n))
         groups = max(informative, 1.0)
     else:
         asked, informative, groups = fresh, r * fresh, fresh
+        generate_s = draw_s(round(fresh), c.n)
     signal = informative + replayed
     trained = signal if c.skip_silent else groups + replayed
-    generated = asked * c.n + c.reference_rollouts
-    gen_tokens = generated * costs.completion_tokens
-    upd_tokens = trained * c.m * (costs.prompt_tokens + costs.completion_tokens)
+    k, g = c.reference
+    generated = asked * c.n + k * g / c.round_steps
+    generate_s += draw_s(k, g) / c.round_steps
+    gen_tokens = generated * length
+    upd_tokens = trained * c.m * (costs.prompt_tokens + length)
     fwd_tokens = c.screen * fresh * (costs.prompt_tokens + costs.solution_tokens) if c.screen > 1 else 0.0
-    step_s = gen_tokens * costs.generate_s + upd_tokens * costs.update_s + fwd_tokens * costs.forward_s
+    fx = costs.fixed
+    update_s, forward_s = costs.update.time(upd_tokens), costs.forward.time(fwd_tokens)
+    fixed_s = fx.optimizer_s + fx.step_s + (fx.round_s + (fx.fit_s if c.predictor else 0.0)) / c.round_steps
+    step_s = generate_s + update_s + forward_s + fixed_s
+    upfront_s = draw_s(*c.calibration) + c.scored * costs.score_s
     return Prediction(name=c.name, effective_ratio=signal / (groups + replayed), signal=signal, generated=generated,
                       generated_tokens=gen_tokens, updated_tokens=upd_tokens, forward_tokens=fwd_tokens,
-                      step_s=step_s)
+                      step_s=step_s, generate_s=generate_s, update_s=update_s, forward_s=forward_s, fixed_s=fixed_s,
+                      upfront_s=upfront_s, train_s=upfront_s + c.steps * step_s)
 
 
 def predict(candidates: list[Composition], baseline: Composition, pool: PoolStats,
             costs: UnitCosts) -> tuple[Prediction, list[Prediction]]:
-    """The baseline's prediction and each candidate's, with ``clock`` relative to the baseline's step."""
+    """The baseline's prediction and each candidate's, with ``clock`` its training clock over the baseline's."""
     base = _step(baseline, pool, costs)
-    scale = base.step_s if base.step_s > 0 else 1.0
-    rel = lambda p: Prediction(**{**p.__dict__, "clock": p.step_s / scale})  # noqa: E731
-    return rel(base), [rel(_step(c, pool, costs)) for c in candidates]
+    scale = base.train_s if base.train_s > 0 else 1.0
+    return (replace(base, clock=base.train_s / scale),
+            [replace(p, clock=p.train_s / scale) for p in (_step(c, pool, costs) for c in candidates)])
 
 
 def choose(base: Prediction, predictions: list[Prediction], min_signal: float) -> tuple[Prediction, str]:
-    """The cheapest prediction whose signal is at least ``min_signal`` times the baseline's (the baseline when
-    none is), and why in one line."""
+    """The prediction with the cheapest step whose signal is at least ``min_signal`` times the baseline's (the
+    baseline when none is), and why in one line."""
     if not 0 <= min_signal <= 1:
         raise ValueError(f"min_signal must be in [0, 1], got {min_signal!r}")
     qualify = [p for p in predictions if p.signal >= min_signal * base.signal - 1e-9]

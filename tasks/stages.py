@@ -173,7 +173,8 @@ def plan_stage(run: Run, policy: Policy, pool: list[PromptRecord], calibration: 
         artifacts.plan_table(title(run), result)
         return result
     with run.meter.stage("plan"):
-        result = make_plan(run.cfg, policy, pool, calibration, device=run.device, candidates=candidates)
+        result = make_plan(run.cfg, policy, pool, calibration, device=run.device, candidates=candidates,
+                           spent_s=run.meter.seconds.get("calibrate", 0.0), scratch=run.dir)
     result.save(cache)
     run.log_metrics(result.metrics(), 0)
     run.tracker.set_tags({"rlsift.plan.choice": result.choice, "rlsift.plan.reason": result.reason})

@@ -1,11 +1,10 @@
-"""The plan's measurements and its record: the pool's pass rates, a timed probe of generation and update, the
+"""The plan's measurements and its record: the pool's pass rates, the timed probe (tasks/training/probe.py), the
 candidates read from their configs, and what the run then trains (rlcore/plan.py has the prediction).
 
-The pool is measured by the calibrate stage's reference rollouts (K prompts x g rollouts, done anyway) and, where
-every prompt has a worked solution, by the screen's likelihood of each reference prompt's solution (one forward
-pass each). The probe generates ``rollout.n`` rollouts for ``plan.probe_prompts`` reference prompts, times a
-no-grad forward and a forward and backward pass over them (the update's work, without an optimizer step: the
-weights do not change) and a teacher-forced pass over prompts and solutions (the screen's work).
+The pool is measured by the calibrate stage's reference rollouts (K prompts x g rollouts, done anyway), each
+reference prompt weighted by the share of the pool its level holds over its share of the reference set (the set is
+stratified by level), and, where every prompt has a worked solution, by the screen's likelihood of each reference
+prompt's solution (one forward pass each).
 
 The overlap (``overlap.lag``, :func:`decide_lag`): as configured, or for ``auto`` rlcore.plan.choose_lag, from
 where the sampler and the trainer run (tasks/training/overlap.py ``separate_devices``) and, where they share a
@@ -18,6 +17,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from rlcore.plan import (
+    CallCost,
     Composition,
     LagChoice,
     OverlapProbe,
@@ -46,21 +47,34 @@ from tasks.model.rollout import Generation
 from tasks.records.files import write_json
 from tasks.training.calibration import Calibration
 from tasks.training.overlap import SamplingPolicy, separate_devices, thread_split
+from tasks.training.probe import ProbeInputs, probe_costs
 from tasks.training.screen import policy_likelihood
 
 
-def composition(name: str, cfg: Config) -> Composition:
-    """What ``cfg`` does a step, as rlcore.plan predicts it."""
-    sc, tc = cfg.select, cfg.train
+def reads_upfront(cfg: Config) -> dict[str, bool]:
+    """Whether a run of ``cfg`` reads what the score and calibrate stages measure before training: DOTS
+    (embeddings, labels), ScalingRL (CoT complexity, measured difficulty) and GAIN-RL (angle) do, and ``plan.auto``
+    (the plan reads the calibration, and its choice is not known beforehand); plain GRPO and PODS do not. The
+    pipeline runs both stages always; the benchmark's clock counts them only where they are read."""
+    dots, cc = cfg.select.method == "dots", cfg.curriculum.enabled
+    return {"score": dots or cc or cfg.gain.enabled or cfg.plan.auto, "calibrate": dots or cc or cfg.plan.auto}
+
+
+def composition(name: str, cfg: Config, pool_size: int = 0) -> Composition:
+    """What ``cfg`` does a step and before its first, as rlcore.plan predicts it (``pool_size``: prompts the score
+    stage embeds)."""
+    sc, tc, rc, cal = cfg.select, cfg.train, cfg.rollout, cfg.calibrate
     dots = sc.method == "dots"
+    reads = reads_upfront(cfg)
     return Composition(
-        name=name, prompts=tc.prompts_per_step, n=cfg.rollout.n, m=cfg.kept_per_prompt, draw=sc.method,
+        name=name, prompts=tc.prompts_per_step, n=rc.n, m=cfg.kept_per_prompt, draw=sc.method,
         weighting=sc.weighting, alpha=sc.alpha, tau=sc.tau, screen=sc.screen,
         fresh_frac=cfg.replay.fresh_frac if cfg.replay.enabled else 1.0,
         dynamic=(cfg.dynamic.oversample, cfg.dynamic.max_rounds) if cfg.dynamic.enabled else None,
-        reference_rollouts=(cfg.calibrate.k * cfg.calibrate.g / tc.round_steps
-                            if dots and cfg.calibrate.reference == "fresh" else 0.0),
-        skip_silent=tc.skip_zero_advantage and tc.kl_coef == 0)
+        skip_silent=tc.skip_zero_advantage and tc.kl_coef == 0, steps=tc.steps, round_steps=tc.round_steps,
+        chunk=rc.chunk if rc.engine == "hf" else 0,
+        reference=(cal.k, cal.g) if dots and cal.reference == "fresh" else (0, 0), predictor=dots,
+        calibration=(cal.k, cal.g) if reads["calibrate"] else (0, 0), scored=pool_size if reads["score"] else 0)
 
 
 def candidate_config(cfg: Config, name: str) -> Config:
@@ -73,7 +87,9 @@ def candidate_config(cfg: Config, name: str) -> Config:
 
 def pool_stats(policy: Policy, pool: list[PromptRecord], calibration: Calibration, cfg: Config,
                device: torch.device | str = "cpu") -> PoolStats:
-    """The reference set's successes and levels, and the screen's likelihoods where every prompt has a solution."""
+    """The reference set's successes and levels, the pool share each reference prompt stands for (its level's
+    share of the pool over the level's count in the set), and the screen's likelihoods where every prompt has a
+    solution."""
     g = cfg.calibrate.g
     refs = [pool[i] for i in calibration.indices]
     screen = None
@@ -82,42 +98,16 @@ def pool_stats(policy: Policy, pool: list[PromptRecord], calibration: Calibratio
                                        max_new_tokens=cfg.rollout.max_new_tokens,
                                        micro_batch_tokens=cfg.train.micro_batch_tokens, device=device)
         screen = tuple(float(q) for q in likelihood(refs))
+    levels = [r.level for r in refs]
+    in_pool, in_refs = Counter(r.level for r in pool), Counter(levels)
     return PoolStats(successes=tuple(int(round(float(s) * g)) for s in calibration.success), g=g,
-                     levels=tuple(r.level for r in refs), screen=screen)
-
-
-def probe_costs(policy: Policy, records: list[PromptRecord], cfg: Config, seed: int,
-                device: torch.device | str = "cpu") -> UnitCosts:
-    """Seconds per generated, updated and teacher-forced token, timed on ``records`` (module docstring)."""
-    rc, tc = cfg.rollout, cfg.train
-    prompts = policy.prompts(records)
-    policy.engine.generate(prompts[:1], n=1, seed=seed)  # warm-up: first-call costs are not a token's
-    t0 = time.perf_counter()
-    gen = policy.engine.generate(prompts, n=rc.n, seed=seed)
-    generate_s = time.perf_counter() - t0
-    rows = [gen.prompt_ids[i // rc.n] for i in range(gen.completion_ids.shape[0])]
-    update = _update_probe(policy, gen, cfg, device)
-    update(slice(0, rc.n))  # warm-up: the first backward allocates what later ones reuse
-    update_s = update(slice(None))
-    prompt_tokens = sum(int(r.numel()) for r in rows)
-    updated = prompt_tokens + gen.tokens
-    solution_tokens = forward_s = 0.0
-    if all(r.solution for r in records):
-        tok = policy.tokenizer
-        solution_tokens = sum(len(tok(r.solution, add_special_tokens=False)["input_ids"]) + 1 for r in records)
-        likelihood = policy_likelihood(policy, temperature=rc.temperature, max_new_tokens=rc.max_new_tokens,
-                                       micro_batch_tokens=tc.micro_batch_tokens, device=device)
-        t0 = time.perf_counter()
-        likelihood(records)
-        forward_s = (time.perf_counter() - t0) / max(solution_tokens + prompt_tokens / rc.n, 1)
-    return UnitCosts(generate_s=generate_s / max(gen.tokens, 1), update_s=update_s / max(updated, 1),
-                     forward_s=forward_s, completion_tokens=gen.tokens / len(rows),
-                     prompt_tokens=prompt_tokens / len(rows), solution_tokens=solution_tokens / len(records))
+                     levels=tuple(levels), screen=screen,
+                     weights=tuple(in_pool[lv] / len(pool) / in_refs[lv] for lv in levels))
 
 
 def _update_probe(policy: Policy, gen: Generation, cfg: Config, device: torch.device | str):
-    """``rows -> seconds``: the update's work on rows of ``gen`` (a slice): a no-grad forward (pi_old), then a
-    forward and backward pass; the gradients are dropped, the weights do not change."""
+    """``rows -> seconds`` for the overlap probe: the update's work on rows of ``gen`` (a slice): a no-grad forward
+    (pi_old), then a forward and backward pass; the gradients are dropped, the weights do not change."""
     rc, tc = cfg.rollout, cfg.train
     prompts = [gen.prompt_ids[i // gen.n] for i in range(gen.completion_ids.shape[0])]
     pad, model = policy.tokenizer.pad_token_id, policy.model
@@ -212,10 +202,12 @@ def lag_from_json(d: dict[str, Any]) -> LagChoice:
 class Plan:
     """What the plan measured, predicted and chose; saved as the run's ``plan.json``.
 
-    ``shares``: the reference set's solved / unsolved / mixed shares at g rollouts; ``costs``: the probe's;
+    ``shares``: the pool's solved / unsolved / mixed shares at g rollouts; ``costs``: the probe's;
     ``baseline``: plain GRPO's prediction; ``predictions``: each candidate's; ``unavailable``: candidates left
     out and why; ``choice``, ``reason``: the chosen candidate and why in one line; ``overrides``: its keys;
-    ``overlap``: the overlap's lag for the chosen candidate's config, and why (None in a plan saved before it)."""
+    ``overlap``: the overlap's lag for the chosen candidate's config, and why (None in a plan saved before it);
+    ``upfront_s``: what this run spends before its first step and plain GRPO would not: its calibration and the
+    plan (measured) and the scoring of its pool (predicted)."""
 
     shares: dict[str, float]
     g: int
@@ -227,17 +219,31 @@ class Plan:
     reason: str
     overrides: tuple[str, ...]
     overlap: LagChoice | None = None
+    upfront_s: float = 0.0
 
     @property
     def chosen(self) -> Prediction:
         return next((p for p in self.predictions if p.name == self.choice), self.baseline)
 
+    @property
+    def run_clock(self) -> float:
+        """This run's predicted training clock over plain GRPO's: the chosen candidate's steps plus what the run
+        spends before them (``upfront_s``); the chosen candidate's own clock in a plan saved without them."""
+        c, base = self.chosen, self.baseline
+        if base.train_s <= 0:
+            return c.clock
+        return (c.train_s - c.upfront_s + self.upfront_s) / base.train_s
+
     def metrics(self) -> dict[str, float]:
         """``plan/*``: one value each, at step 0."""
-        c = self.costs
+        c, base, fx = self.costs, self.baseline, self.costs.fixed
         return {"plan/pool_solved": self.shares["solved"], "plan/pool_unsolved": self.shares["unsolved"],
-                "plan/pool_mixed": self.shares["mixed"], "plan/generate_us_per_token": 1e6 * c.generate_s,
-                "plan/update_us_per_token": 1e6 * c.update_s, "plan/predicted_clock": self.chosen.clock,
+                "plan/pool_mixed": self.shares["mixed"],
+                "plan/generate_us_per_token": 1e6 * c.generate.per_token(max(c.generate.tokens, default=1.0)),
+                "plan/update_us_per_token": 1e6 * c.update.per_token(base.updated_tokens),
+                "plan/optimizer_ms": 1e3 * fx.optimizer_s, "plan/bookkeeping_ms": 1e3 * fx.step_s,
+                "plan/checkpoint_ms": 1e3 * fx.round_s, "plan/predictor_fit_ms": 1e3 * fx.fit_s,
+                "plan/upfront_s": self.upfront_s, "plan/predicted_clock": self.run_clock,
                 "plan/predicted_effective_ratio": self.chosen.effective_ratio} | self._overlap_metrics()
 
     def _overlap_metrics(self) -> dict[str, float]:
@@ -258,23 +264,27 @@ class Plan:
                         "informative_groups": round(p.signal, 1), "vs_grpo_signal": round(
                             p.signal / self.baseline.signal, 2) if self.baseline.signal else None,
                         "generated_rollouts": round(p.generated, 1), "step_s": round(p.step_s, 3),
+                        "fixed_s": round(p.fixed_s, 3), "upfront_s": round(p.upfront_s, 2),
                         "clock_vs_grpo": round(p.clock, 3)})
         out += [{"composition": name, "chosen": f"left out: {why}"} for name, why in self.unavailable.items()]
         return out
 
     def summary(self) -> str:
         """The pool and the costs in one line."""
-        c, s = self.costs, self.shares
-        ratio = c.generate_s / c.update_s if c.update_s else float("inf")
+        c, s, fx = self.costs, self.shares, self.costs.fixed
         return (f"pool at g={self.g}: {s['mixed']:.0%} mixed, {s['solved']:.0%} solved, {s['unsolved']:.0%} unsolved; "
-                f"a generated token {1e6 * c.generate_s:.0f} us, an updated one {1e6 * c.update_s:.0f} us "
-                f"({ratio:.1f}x); {c.completion_tokens:.0f} completion and {c.prompt_tokens:.0f} prompt tokens a "
-                "rollout")
+                f"a generated token {_per_token(c.generate)}; an updated one {_per_token(c.update)}; "
+                f"a step's fixed costs: optimizer step {1e3 * fx.optimizer_s:.1f} ms, bookkeeping "
+                f"{1e3 * fx.step_s:.1f} ms; a round's: checkpoint {1e3 * fx.round_s:.0f} ms, DOTS's predictor "
+                f"{1e3 * fx.fit_s:.0f} ms; {c.completion_tokens:.0f} completion and {c.prompt_tokens:.0f} prompt "
+                "tokens a rollout")
 
     def markdown(self) -> str:
         rows = self.rows()
         cols = list(rows[0])
-        lines = [f"**Plan: {self.reason}**", "", self.summary(), "",
+        run = (f"This run: predicted {self.run_clock:.2f}x plain GRPO's training clock, with the "
+               f"{self.upfront_s:.1f} s of its calibration, plan and scoring.")
+        lines = [f"**Plan: {self.reason}**", "", self.summary(), "", run, "",
                  *([f"**Overlap: {self.overlap.reason}**", ""] if self.overlap is not None else []),
                  "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         lines += ["| " + " | ".join("" if r.get(k) is None else str(r[k]) for k in cols) + " |" for r in rows]
@@ -284,14 +294,16 @@ class Plan:
         return {"shares": self.shares, "g": self.g, "costs": asdict(self.costs), "baseline": asdict(self.baseline),
                 "predictions": [asdict(p) for p in self.predictions], "unavailable": self.unavailable,
                 "choice": self.choice, "reason": self.reason, "overrides": list(self.overrides),
-                "overlap": None if self.overlap is None else lag_to_json(self.overlap)}
+                "overlap": None if self.overlap is None else lag_to_json(self.overlap), "upfront_s": self.upfront_s}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Plan:
-        return cls(shares=d["shares"], g=d["g"], costs=UnitCosts(**d["costs"]), baseline=Prediction(**d["baseline"]),
-                   predictions=tuple(Prediction(**p) for p in d["predictions"]), unavailable=d["unavailable"],
-                   choice=d["choice"], reason=d["reason"], overrides=tuple(d["overrides"]),
-                   overlap=lag_from_json(d["overlap"]) if d.get("overlap") is not None else None)
+        return cls(shares=d["shares"], g=d["g"], costs=costs_from_json(d["costs"]),
+                   baseline=Prediction(**d["baseline"]), predictions=tuple(Prediction(**p) for p in d["predictions"]),
+                   unavailable=d["unavailable"], choice=d["choice"], reason=d["reason"],
+                   overrides=tuple(d["overrides"]),
+                   overlap=lag_from_json(d["overlap"]) if d.get("overlap") is not None else None,
+                   upfront_s=d.get("upfront_s", 0.0))
 
     def save(self, path: Path) -> Path:
         write_json(path, self.to_json())
@@ -303,28 +315,61 @@ class Plan:
         return cls.from_json(json.loads(Path(path).read_text()))
 
 
+def costs_from_json(d: dict[str, Any]) -> UnitCosts:
+    """``UnitCosts`` of a ``plan.json``; one saved before the probe timed calls of several sizes (seconds a token,
+    ``generate_s``, ``update_s``, ``forward_s``) reads as lines through 0 with no fixed costs."""
+    if "generate" in d:
+        return UnitCosts.from_dict(d)
+    return UnitCosts(generate=CallCost(0.0, d["generate_s"]), update=CallCost(0.0, d["update_s"]),
+                     forward=CallCost(0.0, d["forward_s"]), completion_tokens=d["completion_tokens"],
+                     prompt_tokens=d["prompt_tokens"], solution_tokens=d.get("solution_tokens", 0.0))
+
+
+def _per_token(cost: CallCost) -> str:
+    """What a token costs at the probe's smallest and largest calls, and whether that falls with the batch."""
+    if len(cost.tokens) < 2:
+        return f"{1e6 * cost.token_s:.0f} us"
+    lo, hi = min(cost.tokens), max(cost.tokens)
+    small, large = cost.per_token(lo), cost.per_token(hi)
+    trend = ("falls with the batch" if large < (1 - FLAT) * small else
+             f"flat: within {FLAT:.0%} at any batch")
+    return f"{1e6 * small:.0f} us in a call of {lo:.0f} tokens, {1e6 * large:.0f} us in one of {hi:.0f} ({trend})"
+
+
+#: A token's cost that moves less than this between the probe's smallest and largest calls is called flat.
+FLAT = 0.15
+
+
 def make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibration: Calibration,
-              device: torch.device | str = "cpu", candidates: tuple[str, ...] | None = None) -> Plan:
-    """Measure the pool and the unit costs, predict every candidate (``plan.candidates`` unless given) against
-    ``plan.baseline`` and choose."""
+              device: torch.device | str = "cpu", candidates: tuple[str, ...] | None = None, spent_s: float = 0.0,
+              scratch: Path | None = None) -> Plan:
+    """Measure the pool and the costs (tasks/training/probe.py), predict every candidate (``plan.candidates``
+    unless given) against ``plan.baseline`` and choose. ``spent_s``: the seconds the run spent on its calibration
+    (on this run's clock with the plan's own); ``scratch``: where the probe writes its scratch files."""
+    t0 = time.perf_counter()
     pc = cfg.plan
     stats = pool_stats(policy, pool, calibration, cfg, device)
     refs = probe_records(pool, calibration, cfg)
-    costs = probe_costs(policy, refs, cfg, derive_seed(cfg.seed, "plan-probe"), device)
-    comps, unavailable = [], {}
+    comps, configs, unavailable = [], {}, {}
     for name in dict.fromkeys(candidates or pc.candidates):
-        c = composition(name, candidate_config(cfg, name))
+        configs[name] = candidate_config(cfg, name)
+        c = composition(name, configs[name], len(pool))
         if c.screen > 1 and stats.screen is None:
             unavailable[name] = "the screen needs a worked solution for every prompt"
             continue
         comps.append(c)
-    base = composition(pc.baseline, candidate_config(cfg, pc.baseline))
+    base = composition(pc.baseline, candidate_config(cfg, pc.baseline), len(pool))
+    dots = next((configs[c.name] for c in comps if c.predictor), None)
+    costs = probe_costs(policy, cfg, ProbeInputs(records=refs, pool=pool, calibration=calibration,
+                                                 comps=[base, *comps], dots=dots, scratch=scratch),
+                        derive_seed(cfg.seed, "plan-probe"), device)
     baseline, predictions = predict(comps, base, stats, costs)
     best, reason = choose(baseline, predictions, pc.min_signal)
     overlap = decide_lag(candidate_config(cfg, best.name), policy, refs, device)
+    upfront = spent_s + time.perf_counter() - t0 + len(pool) * costs.score_s
     return Plan(shares=stats.shares, g=stats.g, costs=costs, baseline=baseline, predictions=tuple(predictions),
                 unavailable=unavailable, choice=best.name, reason=reason,
-                overrides=tuple(preset_overrides(best.name)), overlap=overlap)
+                overrides=tuple(preset_overrides(best.name)), overlap=overlap, upfront_s=upfront)
 
 
 def planned_config(cfg: Config, plan: Plan) -> Config:

@@ -109,8 +109,8 @@ class Selector:
         # (prediction, own successes, own trials) when drawn, then (successes, n); rewards are 0 or 1
         self.concentration = float("nan")  # weighting=posterior: the round's fitted Beta concentration
         sc, cc, gc = cfg.select, cfg.curriculum, cfg.gain
-        self.predictor = _predictor(cfg, self.emb.shape[1], linear_recalibration=sc.predictor.linear_recalibration
-                                    ) if sc.method == "dots" else None
+        self.predictor = dots_predictor(cfg, self.emb.shape[1], linear_recalibration=sc.predictor.linear_recalibration
+                                        ) if sc.method == "dots" else None
         floor = min(m, cfg.train.prompts_per_step * cfg.train.round_steps)
         self.scheduler = CurriculumScheduler(
             m, s_min=max(floor, cc.s_min * m), s_max=max(floor, cc.s_max * m), scale0=max(floor, cc.scale0 * m),
@@ -256,7 +256,7 @@ class Selector:
         known = ~torch.isnan(self.last_success)
         if not known.any():
             return torch.full_like(self.last_success, 0.5)
-        attention = _predictor(self.cfg, self.emb.shape[1], linear_recalibration=False)
+        attention = dots_predictor(self.cfg, self.emb.shape[1], linear_recalibration=False)
         est = attention.predict(self.emb, self.emb[known], self.last_success[known])
         return torch.where(known, self.last_success, est)
 
@@ -406,7 +406,7 @@ class Selector:
                 obj.load_state_dict(s[name])
 
 
-def _predictor(cfg: Config, dim: int, *, linear_recalibration: bool) -> AttentionDifficultyPredictor:
+def dots_predictor(cfg: Config, dim: int, *, linear_recalibration: bool) -> AttentionDifficultyPredictor:
     """DOTS's predictor with the run's ``select.predictor`` settings (``_estimate`` uses only its attention)."""
     pc = cfg.select.predictor
     return AttentionDifficultyPredictor(

@@ -22,7 +22,9 @@ def test_plan_flow_measures_predicts_and_records_without_training(tmp_path, pref
     plan = Plan.load(Path(out["run_dir"]) / "plan.json")
     assert plan.to_json() == out["plan"]
     assert abs(sum(plan.shares.values()) - 1) < 1e-9 and plan.g == 4
-    assert plan.costs.generate_s > 0 and plan.costs.update_s > 0 and plan.costs.completion_tokens > 0
+    assert plan.costs.generate.time(1000) > 0 and plan.costs.update.time(1000) > 0 and plan.costs.completion_tokens > 0
+    assert plan.costs.fixed.optimizer_s > 0 and plan.costs.fixed.step_s > 0 and plan.costs.fixed.round_s > 0
+    assert plan.upfront_s > 0 and "This run: predicted" in out["table"]
     assert [p.name for p in plan.predictions] == ["grpo_n4", "dapo", "dots_screen"]  # the bundled task has solutions
     assert plan.baseline.name == "grpo" and plan.baseline.clock == 1.0
     assert plan.choice in {"grpo", "grpo_n4", "dapo", "dots_screen"} and plan.reason.startswith(plan.choice)
@@ -53,7 +55,10 @@ def test_auto_trains_the_plans_choice(tmp_path, prefect_harness):
                                           "plan.candidates=[grpo_n4]", "plan.min_signal=0", "eval.samples=0",
                                           f"overlap.generator_threads={cores + 1}", "overlap.min_gain=0.99"])
     assert s["status"] == "completed" and s["plan"]["choice"] == "grpo_n4"
-    assert s["plan"]["predicted_clock"] < 1 and s["plan"]["reason"].startswith("grpo_n4")
+    plan = Plan.load(Path(s["run_dir"]) / "plan.json")
+    assert plan.chosen.clock < 1 and s["plan"]["reason"].startswith("grpo_n4")
+    # the run's own clock adds what it spent before training (calibration, plan, scoring) to the choice's steps
+    assert s["plan"]["predicted_clock"] == plan.run_clock > plan.chosen.clock and plan.upfront_s > 0
     with Ledger(root / "ledger.duckdb", read_only=True) as led:
         ns = {r["n"] for r in led.query("SELECT n FROM groups WHERE run_id = ?", [s["run_id"]])}
         stored = json.loads(led.query("SELECT config FROM runs WHERE run_id = ?", [s["run_id"]])[0]["config"])
@@ -122,4 +127,4 @@ def test_a_run_that_stops_after_the_plan_still_shows_what_it_chose(tmp_path, pre
     info = run_info(f"sqlite:///{root / 'mlflow.db'}", mlflow_run_id)
     assert info["status"] == "FAILED" and info["name"] == f"auto→{plan.choice} bundled:default s0"
     note = info["tags"]["mlflow.note.content"]
-    assert f"- plan: trains `{plan.choice}`, predicted at {plan.chosen.clock:.2f}x" in note
+    assert f"- plan: trains `{plan.choice}`, predicted at {plan.run_clock:.2f}x" in note

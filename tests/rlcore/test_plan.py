@@ -1,5 +1,5 @@
-"""rlcore.plan: the informative chance against slow oracles, hand-worked draws and steps, the choice rule, and the
-overlap's lag (choose_lag) in each of its cases."""
+"""rlcore.plan: the informative chance and DAPO's rounds against slow oracles, the probe's lines, hand-worked draws,
+steps and clocks (fixed costs included), the choice rule, and the overlap's lag (choose_lag) in each of its cases."""
 
 import itertools
 import math
@@ -12,15 +12,19 @@ from hypothesis import strategies as st
 from rlcore.adaptive_composition import subset_informative
 from rlcore.plan import (
     TIE,
+    CallCost,
     Composition,
+    FixedCosts,
     LagChoice,
     OverlapProbe,
     PoolStats,
     Prediction,
     UnitCosts,
+    call_rows,
     choose,
     choose_lag,
     draw_ratio,
+    dynamic_rounds,
     informative_chance,
     predict,
 )
@@ -89,14 +93,76 @@ def test_dots_draw_weights_levels_by_their_pooled_rate():
     assert draw_ratio(inf, POOL) == pytest.approx(sum(a * b for a, b in zip(q, w, strict=True)) / sum(q))
 
 
-COSTS = UnitCosts(generate_s=2.0, update_s=1.0, forward_s=0.5, completion_tokens=10, prompt_tokens=5,
-                  solution_tokens=7)
+def test_a_reference_prompt_stands_for_its_share_of_the_pool():
+    # a stratified set: the unsolved and the solved prompt stand for a tenth of the pool each, the mixed ones for 0.4
+    pool = PoolStats(successes=(0, 2, 4, 8), g=8, levels=(1, 2, 3, 4), weights=(0.2, 0.8, 0.8, 0.2))
+    assert pool.shares == pytest.approx({"solved": 0.1, "unsolved": 0.1, "mixed": 0.8})
+    assert draw_ratio(Composition("grpo", 32, 8, 8), pool) == pytest.approx(0.8)  # equal shares: 0.5
+    # DOTS with tau -> 0 keeps the levels nearest alpha (3/10 and 5/10 are equally near 0.4): mass 0.4 each
+    dots = Composition("dots", 32, 8, 8, draw="dots", alpha=0.4, tau=1e-3)
+    assert draw_ratio(dots, pool) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="weights"):
+        PoolStats(successes=(1, 2), g=8, levels=(1, 1), weights=(0.0, 0.0))
+
+
+def test_a_call_costs_a_line_in_its_tokens():
+    line = CallCost.fit([100, 300], [1.5, 2.5])
+    assert (line.fixed_s, line.token_s) == pytest.approx((1.0, 0.005))
+    assert line.time(200) == pytest.approx(2.0) and line.time(0) == 0.0  # no tokens: no call
+    assert line.per_token(100) == pytest.approx(0.015) and line.per_token(300) == pytest.approx(2.5 / 300)
+    assert (line.tokens, line.seconds) == ((100.0, 300.0), (1.5, 2.5))
+    # noise that would make a part negative, or one size only: the line through 0, the same cost at any batch
+    for tokens, seconds, slope in (([100, 300], [2.0, 1.0], 500 / 100_000), ([100, 300], [0.5, 2.5], 800 / 100_000),
+                                   ([200], [1.0], 0.005)):
+        flat = CallCost.fit(tokens, seconds)
+        assert (flat.fixed_s, flat.token_s) == pytest.approx((0.0, slope))
+    with pytest.raises(ValueError, match="timed calls"):
+        CallCost.fit([], [])
+    with pytest.raises(ValueError, match="fixed_s"):
+        CallCost(-1.0, 0.1)
+
+
+def test_a_draw_is_cut_into_calls_of_the_engines_chunk():
+    assert call_rows(32, 8, 512) == [256] and call_rows(80, 8, 512) == [512, 128]
+    assert call_rows(5, 8, 16) == [16, 16, 8] and call_rows(5, 8, 0) == [40] and call_rows(0, 8, 512) == []
+    assert call_rows(3, 600, 512) == [600, 600, 600]  # a prompt a call at least
+
+
+def slow_rounds(missing: int, r: float, oversample: float, rounds: int) -> tuple[float, float]:
+    """(prompts asked, groups still missing) expected, every yield of every round enumerated."""
+    if missing == 0 or rounds == 0:
+        return 0.0, float(missing)
+    ask = math.ceil(oversample * missing - 1e-9)
+    asked, left = float(ask), 0.0
+    for y in range(ask + 1):
+        p = math.comb(ask, y) * r ** y * (1 - r) ** (ask - y)
+        a, m = slow_rounds(max(missing - y, 0), r, oversample, rounds - 1)
+        asked, left = asked + p * a, left + p * m
+    return asked, left
+
+
+def test_dapo_rounds_hand_worked_and_against_every_yield():
+    # one group wanted, a coin a prompt, one prompt a round, two rounds: 1 + 1/2 asked, 3/4 found
+    assert dynamic_rounds(1, 0.5, 1.0, 2) == pytest.approx((1.5, 0.75, 0.0))
+    # two prompts a round, three rounds: 2 + 2/4 + 2/16 asked; each round misses with 1/4
+    asked, kept, seconds = dynamic_rounds(1, 0.5, 2.0, 3, round_s=lambda ask: 10.0 + ask)
+    assert (asked, kept) == pytest.approx((2.625, 1 - 0.25 ** 3))
+    assert seconds == pytest.approx(12.0 + 0.25 * 12.0 + 0.0625 * 12.0)  # a round's seconds as often as it runs
+    assert dynamic_rounds(4, 1.0, 2.0, 3) == pytest.approx((8.0, 4.0, 0.0))  # every group informative: one round
+    assert dynamic_rounds(4, 0.0, 2.0, 3) == pytest.approx((24.0, 0.0, 0.0))  # none: every round in vain
+    for b, r, o, rounds in ((4, 0.3, 2.0, 3), (6, 0.7, 1.5, 2), (3, 0.45, 1.0, 4)):
+        asked, left = slow_rounds(b, r, o, rounds)
+        assert dynamic_rounds(b, r, o, rounds)[:2] == pytest.approx((asked, b - left), rel=1e-12)
+
+
+COSTS = UnitCosts(generate=CallCost(0.0, 2.0), update=CallCost(0.0, 1.0), forward=CallCost(0.0, 0.5),
+                  completion_tokens=10, prompt_tokens=5, solution_tokens=7)
 
 
 def test_a_step_hand_worked():
     base, (grpo, replay, dyn, screen) = predict([
         Composition("grpo", 4, 8, 8), Composition("replay", 4, 8, 8, fresh_frac=0.5),
-        Composition("dyn", 4, 8, 8, dynamic=(2.0, 3)), Composition("screen", 4, 8, 8, screen=2)],
+        Composition("dyn", 4, 8, 8, dynamic=(2.0, 1)), Composition("screen", 4, 8, 8, screen=2)],
         Composition("grpo", 4, 8, 8), POOL, COSTS)
     r = 0.5  # prompts of 2/8 and 4/8 are always mixed at n = 8, 0/8 and 8/8 never
     assert grpo.effective_ratio == pytest.approx(r) and grpo.signal == pytest.approx(4 * r)
@@ -106,12 +172,40 @@ def test_a_step_hand_worked():
     # replay: 2 fresh prompts (1 informative) + 2 replayed (informative)
     assert replay.signal == pytest.approx(3) and replay.effective_ratio == pytest.approx(0.75)
     assert replay.step_s == pytest.approx(2 * 8 * 10 * 2 + 3 * 8 * 15)
-    # dynamic: asks ceil(2 x 4) = 8 prompts, 4 informative: full after one round
-    assert dyn.generated == pytest.approx(64) and dyn.signal == pytest.approx(4) and dyn.effective_ratio == 1.0
+    # dynamic, one round: asks ceil(2 x 4) = 8 prompts and keeps min(y, 4) of y ~ Binomial(8, 1/2) informative:
+    # 4 - (4 x 1 + 3 x 8 + 2 x 28 + 1 x 56) / 256
+    kept = 4 - 140 / 256
+    assert dyn.generated == pytest.approx(64) and dyn.signal == pytest.approx(kept) and dyn.effective_ratio == 1.0
+    assert dyn.step_s == pytest.approx(64 * 10 * 2 + kept * 8 * 15)
     # screen f = 2: the two best-screened prompts are both mixed; 8 candidates x (5 + 7) tokens x 0.5 s forward
     assert screen.signal == pytest.approx(4)
     assert screen.step_s == pytest.approx(4 * 8 * 10 * 2 + 4 * 8 * 15 + 2 * 4 * 12 * 0.5)
     assert screen.clock == pytest.approx(screen.step_s / grpo.step_s)
+
+
+def test_a_training_clock_with_its_fixed_costs_hand_worked():
+    costs = UnitCosts(generate=CallCost(0.5, 0.01), update=CallCost(0.2, 0.001), forward=CallCost(0.0, 0.0),
+                      completion_tokens=10, prompt_tokens=5,
+                      fixed=FixedCosts(optimizer_s=0.05, step_s=0.02, round_s=0.3, fit_s=0.7), score_s=0.001)
+    budget = {"steps": 10, "round_steps": 5, "chunk": 16}  # 2 prompts of 8 a generate call
+    grpo = Composition("grpo", 4, 8, 8, **budget)
+    dots = Composition("dots", 4, 8, 8, reference=(2, 4), predictor=True, calibration=(4, 4), scored=100, **budget)
+    base, (fit,) = predict([dots], grpo, POOL, costs)
+    # two calls of 16 rollouts x 10 tokens; one update of 2 informative groups x 8 rows x 15 tokens
+    generate, update = 2 * (0.5 + 0.01 * 160), 0.2 + 0.001 * 240
+    assert (base.generate_s, base.update_s, base.forward_s) == pytest.approx((4.2, 0.44, 0.0))
+    # the optimizer step and the bookkeeping a step, a checkpoint a round of 5; plain GRPO pays no predictor fit
+    assert base.fixed_s == pytest.approx(0.05 + 0.02 + 0.3 / 5)
+    assert base.step_s == pytest.approx(generate + update + base.fixed_s)
+    assert base.upfront_s == 0.0 and base.train_s == pytest.approx(10 * base.step_s)
+    # DOTS: the fit a round, and its fresh reference rollouts (2 prompts x 4: one call of 8) a round
+    assert fit.fixed_s == pytest.approx(0.05 + 0.02 + (0.3 + 0.7) / 5)
+    assert fit.generate_s == pytest.approx(generate + (0.5 + 0.01 * 80) / 5)
+    assert fit.generated == pytest.approx(32 + 8 / 5)
+    # before its first step: the calibration (4 prompts x 4: one call of 16) and 100 prompts scored
+    assert fit.upfront_s == pytest.approx(0.5 + 0.01 * 160 + 100 * 0.001)
+    assert fit.train_s == pytest.approx(fit.upfront_s + 10 * fit.step_s)
+    assert fit.clock == pytest.approx(fit.train_s / base.train_s) and base.clock == 1.0
 
 
 def pred(name, signal, step_s, base_step=10.0):
@@ -153,8 +247,12 @@ def test_bad_records_are_refused():
         PoolStats(successes=(9,), g=8, levels=(1,))
     with pytest.raises(ValueError, match="one entry per reference prompt"):
         PoolStats(successes=(1, 2), g=8, levels=(1,))
-    with pytest.raises(ValueError, match="generate_s"):
-        UnitCosts(generate_s=float("nan"), update_s=1, forward_s=1, completion_tokens=1, prompt_tokens=1)
+    with pytest.raises(ValueError, match="completion_tokens"):
+        UnitCosts(CallCost(0, 1), CallCost(0, 1), CallCost(0, 1), completion_tokens=float("nan"), prompt_tokens=1)
+    with pytest.raises(ValueError, match="fit_s"):
+        FixedCosts(fit_s=-0.1)
+    with pytest.raises(ValueError, match="steps >= 1"):
+        Composition("x", 4, 4, 4, steps=0)
     with pytest.raises(ValueError, match="m <= n"):
         Composition("x", 4, 4, 8)
 

@@ -2,20 +2,22 @@
 
 import pytest
 
-from rlcore.plan import Prediction, UnitCosts
+from rlcore.plan import CallCost, FixedCosts, Prediction, UnitCosts
 from tasks.config import ConfigError
-from tasks.config_load import load_config
-from tasks.training.plan import Plan, candidate_config, composition, planned_config
+from tasks.config_load import load_config, with_overrides
+from tasks.training.plan import Plan, candidate_config, composition, costs_from_json, planned_config, reads_upfront
 
 
 def plan_choosing(name: str) -> Plan:
     p = Prediction(name, effective_ratio=0.5, signal=4, generated=32, generated_tokens=1, updated_tokens=1,
-                   forward_tokens=0, step_s=1, clock=0.5)
+                   forward_tokens=0, step_s=1, upfront_s=5, train_s=15, clock=0.5)
     base = Prediction("grpo", effective_ratio=0.4, signal=4, generated=64, generated_tokens=1, updated_tokens=1,
-                      forward_tokens=0, step_s=2, clock=1.0)
-    return Plan(shares={"solved": 0.2, "unsolved": 0.3, "mixed": 0.5}, g=8,
-                costs=UnitCosts(1e-4, 5e-5, 2e-5, 20, 10, 15), baseline=base, predictions=(p,), unavailable={},
-                choice=name, reason=f"{name}: test", overrides=())
+                      forward_tokens=0, step_s=3, train_s=30, clock=1.0)
+    costs = UnitCosts(generate=CallCost.fit([100, 400], [0.5, 0.8]), update=CallCost(0.01, 5e-5),
+                      forward=CallCost(0.0, 2e-5), completion_tokens=20, prompt_tokens=10, solution_tokens=15,
+                      fixed=FixedCosts(optimizer_s=0.002, step_s=0.03, round_s=0.05, fit_s=0.4), score_s=0.002)
+    return Plan(shares={"solved": 0.2, "unsolved": 0.3, "mixed": 0.5}, g=8, costs=costs, baseline=base,
+                predictions=(p,), unavailable={}, choice=name, reason=f"{name}: test", overrides=(), upfront_s=12)
 
 
 def test_the_choice_replaces_the_composition_keys_and_keeps_the_rest(tmp_path):
@@ -36,17 +38,54 @@ def test_a_plan_round_trips_and_names_its_choice(tmp_path):
     plan = plan_choosing("dots_n4")
     plan.save(tmp_path / "plan.json")
     assert Plan.load(tmp_path / "plan.json") == plan and plan.chosen.name == "dots_n4"
-    assert "**Plan: dots_n4: test**" in (tmp_path / "plan.md").read_text()
+    md = (tmp_path / "plan.md").read_text()
+    assert "**Plan: dots_n4: test**" in md
     assert [r["composition"] for r in plan.rows()] == ["grpo", "dots_n4"]
+    # this run: the choice's 10 s of steps and the 12 s it spent before them, over GRPO's 30 s
+    assert plan.run_clock == pytest.approx((15 - 5 + 12) / 30) and plan.metrics()["plan/predicted_clock"] == \
+        plan.run_clock
+    assert "This run: predicted 0.73x plain GRPO's training clock, with the 12.0 s" in md
+    # the costs say what a token costs at the probe's two calls (here it falls with the batch) and the fixed costs
+    assert "a generated token 5000 us in a call of 100 tokens, 2000 us in one of 400 (falls with the batch)" in md
+    assert "optimizer step 2.0 ms, bookkeeping 30.0 ms; a round's: checkpoint 50 ms, DOTS's predictor 400 ms" in md
+    flat = UnitCosts(**{**plan.costs.__dict__, "generate": CallCost.fit([100, 400], [0.1, 0.41])})
+    assert "(flat: within 15% at any batch)" in Plan(**{**plan.__dict__, "costs": flat}).summary()
+
+
+def test_a_plan_saved_before_the_calls_were_timed_still_loads():
+    old = {"generate_s": 1e-4, "update_s": 5e-5, "forward_s": 0.0, "completion_tokens": 20.0, "prompt_tokens": 10.0,
+           "solution_tokens": 15.0}
+    costs = costs_from_json(old)
+    assert costs.generate == CallCost(0.0, 1e-4) and costs.fixed == FixedCosts() and costs.score_s == 0.0
+    base = Prediction("grpo", effective_ratio=0.4, signal=4, generated=64, generated_tokens=1, updated_tokens=1,
+                      forward_tokens=0, step_s=2, clock=1.0)
+    legacy = Plan(shares={}, g=8, costs=costs, baseline=base, predictions=(), unavailable={}, choice="grpo",
+                  reason="grpo", overrides=())
+    assert legacy.run_clock == 1.0  # no training clock saved: the choice's own clock
 
 
 def test_composition_reads_what_a_config_does():
     cfg = load_config(None)
-    c = composition("dots", candidate_config(cfg, "dots"))
+    c = composition("dots", candidate_config(cfg, "dots"), pool_size=2000)
     assert (c.draw, c.weighting, c.fresh_frac, c.prompts, c.n, c.m) == ("dots", "target", 0.5, 32, 8, 8)
-    assert c.reference_rollouts == pytest.approx(32 * 8 / 5)  # K x g every round of 5 steps
-    pods = composition("pods", candidate_config(cfg, "pods"))
-    assert (pods.n, pods.m, pods.reference_rollouts) == (16, 8, 0.0)
+    assert (c.steps, c.round_steps, c.chunk) == (150, 5, 512)
+    # K x g fresh reference rollouts and the predictor's fit every round; the calibration and the scores before
+    assert c.reference == (32, 8) and c.predictor and c.calibration == (32, 8) and c.scored == 2000
+    pods = composition("pods", candidate_config(cfg, "pods"), pool_size=2000)
+    assert (pods.n, pods.m, pods.reference, pods.predictor, pods.calibration, pods.scored) == (
+        16, 8, (0, 0), False, (0, 0), 0)
+    screen = composition("dots_screen", candidate_config(cfg, "dots_screen"))
+    assert screen.reference == (0, 0) and screen.predictor  # calibrate.reference=trained: no fresh rollouts
     assert composition("dapo", candidate_config(cfg, "dapo")).dynamic == (2.0, 3)
+    vllm = composition("grpo", with_overrides(cfg, ["rollout.engine=vllm"]))
+    assert vllm.chunk == 0  # a server takes the draw in one request
     with pytest.raises(ConfigError, match="plan.candidates: nope"):
         candidate_config(cfg, "nope")
+
+
+def test_what_a_run_reads_before_training():
+    cfg = load_config(None)
+    assert reads_upfront(candidate_config(cfg, "grpo")) == {"score": False, "calibrate": False}
+    assert reads_upfront(candidate_config(cfg, "dots")) == {"score": True, "calibrate": True}
+    assert reads_upfront(candidate_config(cfg, "gain")) == {"score": True, "calibrate": False}
+    assert reads_upfront(load_config("conf/presets/auto.yaml")) == {"score": True, "calibrate": True}

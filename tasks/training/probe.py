@@ -1,0 +1,245 @@
+"""The plan's probe: what the work of a step costs on this device, timed before training (docs/algorithms.md 9.1).
+
+rlcore/plan.py predicts each candidate's clock from these measurements (:class:`rlcore.plan.UnitCosts`):
+
+- **Generation at the candidates' batch sizes.** Rollouts are generated and verified (the training step's rollout
+  phase, tasks/training/rollouts.py) in a call as small as the smallest first call a candidate makes and one as
+  large as the largest (a step's draw, DOTS's reference rollouts, the calibrate stage's, each cut at
+  ``rollout.chunk``), after a one-prompt warm-up, from the first ``plan.probe_prompts`` reference prompts (repeated
+  where a call needs more); ``CallCost.fit`` puts a line through the two. On a GPU decoding's fixed cost a step is
+  most of a small call, so a token costs less in a larger one; on a CPU the line passes near 0.
+- **The update** at two sizes (one prompt's rows and every row of the small call), as the training step runs it:
+  the run's ``policy_update`` through an updater of the probe's own at learning rate 0 (AdamW then leaves the
+  weights exactly as they are) on the generated rollouts with rewards that alternate 1, 0, ... so that every row
+  is computed. From each timing the optimizer step is taken out and timed alone (gradient clipping and AdamW over
+  the trainable parameters), then a round's checkpoint of the weights and that optimizer's state is written to
+  a scratch folder.
+- **The screen's teacher-forced pass** (where a candidate screens) at its candidates' count and half of it.
+- **A step's bookkeeping**: the draw over the pool, a step's selection and group rows written to a scratch ledger
+  (tasks/records/ledger.py, the same code), and a step's metrics line to a scratch outbox and ``metrics.jsonl``.
+- **Scoring and DOTS's predictor** (where a candidate reads them): one batch of the pool scored (the reference
+  prompts first), and DOTS's predictor (tasks/training/selector.py ``dots_predictor``) labelled with the
+  calibration's pass rates on their embeddings, fitted for ``select.predictor.fit_steps`` and asked for the
+  pool's predictions, as a round does.
+
+Deviations: the probe times the single-process update without activation checkpointing (sharded backends and
+``train.gradient_checkpointing`` change it); the predictor is timed with the first DOTS candidate's settings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rlcore.advantages import group_advantages
+from rlcore.plan import CallCost, Composition, FixedCosts, UnitCosts, call_rows
+from rlcore.selection import sample_prompts, uniform_weights
+from rlcore.types import RolloutGroup
+from tasks.config import Config
+from tasks.data.prompts import PromptRecord
+from tasks.model.lora import checkpoint_state
+from tasks.model.policy import Policy
+from tasks.model.rollout import Generation
+from tasks.records.files import atomic_write
+from tasks.records.ledger import GroupRow, Ledger, SelectionRow
+from tasks.records.tracking.outbox import Outbox
+from tasks.training.calibration import Calibration
+from tasks.training.distributed import optimizer_step
+from tasks.training.rollouts import rollout_rewards
+from tasks.training.score import score
+from tasks.training.screen import policy_likelihood
+from tasks.training.selector import dots_predictor
+from tasks.training.update import LocalUpdater, LossSettings
+
+#: Values a training step logs (tasks/training/loop.py; 78-84 on the embedded task): the probe's metrics line.
+STEP_METRICS = 80
+#: Timed repeats of the small fixed costs (the optimizer step, the bookkeeping); the median is kept.
+REPEATS = 3
+
+
+@dataclass(frozen=True)
+class ProbeInputs:
+    """What the probe reads: ``records`` (the probe's prompts, cycled where a call needs more), ``pool`` and its
+    ``calibration`` (scoring and the predictor), ``comps`` (the candidates and the baseline: their call sizes and
+    what they read), ``dots`` (the first candidate config that draws with DOTS, None where none does) and
+    ``scratch`` (a folder for the scratch ledger and checkpoint; None: the system's temporary folder)."""
+
+    records: list[PromptRecord]
+    pool: list[PromptRecord]
+    calibration: Calibration
+    comps: list[Composition]
+    dots: Config | None = None
+    scratch: Path | None = None
+
+
+def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int,
+                device: torch.device | str = "cpu") -> UnitCosts:
+    """The unit and fixed costs of a step (module docstring), timed with ``cfg``'s rollouts and update."""
+    rc = cfg.rollout
+    small, large = _generation_sizes(inputs.comps, rc.n)
+    records = inputs.records
+    rollout_rewards(policy, records[:1], rc.n, seed)  # warm-up: first-call costs are not a token's
+    draws = [_timed(lambda k=k: rollout_rewards(policy, _cycle(records, k), rc.n, seed)[0]) for k in (small, large)]
+    generate = CallCost.fit([g.tokens for g, _ in draws], [s for _, s in draws])
+    rows = sum(g.completion_ids.shape[0] for g, _ in draws)
+    prompt_tokens = sum(int(p.numel()) * g.n for g, _ in draws for p in g.prompt_ids)
+    update, optimizer_s, round_s = _probe_update(policy, draws[0][0], cfg, device, inputs.scratch)
+    forward, solution_tokens = _probe_screen(policy, records, cfg, inputs.comps, device)
+    score_s, fit_s = _probe_scoring(policy, cfg, inputs, seed, device)
+    fixed = FixedCosts(optimizer_s=optimizer_s, step_s=_probe_bookkeeping(records, cfg, len(inputs.pool),
+                                                                          inputs.scratch),
+                       round_s=round_s, fit_s=fit_s)
+    return UnitCosts(generate=generate, update=update, forward=forward,
+                     completion_tokens=sum(g.tokens for g, _ in draws) / rows, prompt_tokens=prompt_tokens / rows,
+                     solution_tokens=solution_tokens, fixed=fixed, score_s=score_s)
+
+
+def _timed(work):
+    t0 = time.perf_counter()
+    out = work()
+    return out, time.perf_counter() - t0
+
+
+def _cycle(records: list[PromptRecord], k: int) -> list[PromptRecord]:
+    return [records[i % len(records)] for i in range(k)]
+
+
+def _generation_sizes(comps: Sequence[Composition], n: int) -> tuple[int, int]:
+    """Prompts (of n rollouts) of the probe's two generate calls: as many rollouts as the smallest and the largest
+    first call the candidates make (a step's draw, DOTS's reference rollouts, the calibration), the small one a
+    quarter of the large one where they all make the same."""
+    rows = []
+    for c in comps:
+        first = math.ceil(c.dynamic[0] * c.prompts) if c.dynamic else max(1, round(c.prompts * c.fresh_frac))
+        for prompts, each in ((first, c.n), c.reference, c.calibration):
+            rows += call_rows(prompts, each, c.chunk)[:1]
+    large = max(1, round(max(rows) / n))
+    small = max(1, round(min(rows) / n))
+    return (small if small < large else max(1, large // 4)), large
+
+
+def probe_groups(gen: Generation) -> list[RolloutGroup]:
+    """``gen``'s rollouts as one group a prompt with rewards 1, 0, 1, ...: every group informative, so the update
+    computes every row (the probe times the work; the rewards it trains on are not the task's)."""
+    n = gen.n
+    rewards = torch.tensor([float(j % 2 == 0) for j in range(n)])
+    adv = group_advantages(rewards.unsqueeze(0), scale_by_std=False)[0]
+    return [RolloutGroup(prompt_id=f"probe-{i}", prompt_ids=p, completion_ids=gen.completion_ids[i * n:(i + 1) * n],
+                         completion_mask=gen.completion_mask[i * n:(i + 1) * n], rewards=rewards, advantages=adv,
+                         behaviour_logp=torch.zeros(0), success_rate=float(rewards.mean()), n_generated=n, step=0,
+                         sampler_logp=gen.logprobs[i * n:(i + 1) * n])
+            for i, p in enumerate(gen.prompt_ids)]
+
+
+def _probe_update(policy: Policy, gen: Generation, cfg: Config, device: torch.device | str,
+                  scratch: Path | None) -> tuple[CallCost, float, float]:
+    """The update's passes as a :class:`CallCost` (each timed update less the optimizer step), the optimizer step
+    and a round's checkpoint, in seconds (module docstring)."""
+    tc, model = cfg.train, policy.model
+    was_training = model.training
+    groups = probe_groups(gen)
+    updater = LocalUpdater(model, LossSettings.from_config(cfg, policy.tokenizer.pad_token_id), lr=0.0,
+                           betas=tc.betas, eps=tc.adam_eps, weight_decay=tc.weight_decay, device=device,
+                           ref_model=model if tc.kl_coef > 0 else None)  # a reference pass costs a policy pass
+    try:
+        def update(gs: list[RolloutGroup]) -> tuple[float, float]:
+            stats, seconds = _timed(lambda: updater.step(gs))
+            return stats["train/update_tokens"], seconds
+
+        update(groups[:1])  # warm-up: the first backward allocates, the first AdamW step makes its state
+        points = [update(groups[:1]), update(groups)]
+        optimizer_s = statistics.median(_timed(lambda: optimizer_step(model, updater.optimizer, tc.grad_clip))[1]
+                                        for _ in range(REPEATS))  # on the gradients the last update left
+        with tempfile.TemporaryDirectory(prefix="rlsift-probe-", dir=scratch) as tmp:
+            state = {"model": checkpoint_state(model), "optimizer": updater.state_dict()}
+            round_s = _timed(lambda: atomic_write(Path(tmp) / "checkpoint.pt", lambda f: torch.save(state, f)))[1]
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+    passes = CallCost.fit([t for t, _ in points], [max(s - optimizer_s, 0.0) for _, s in points])
+    return passes, optimizer_s, round_s
+
+
+def _probe_screen(policy: Policy, records: list[PromptRecord], cfg: Config, comps: Sequence[Composition],
+                  device: torch.device | str) -> tuple[CallCost, float]:
+    """The screen's pass at the largest candidate count a candidate screens and half of it, and the mean worked
+    solution's tokens (0 where a prompt has none)."""
+    if not all(r.solution for r in records):
+        return CallCost(0.0, 0.0), 0.0
+    tok = policy.tokenizer
+    solution = [len(tok(r.solution, add_special_tokens=False)["input_ids"]) + 1 for r in records]
+    counts = [c.screen * max(1, round(c.prompts * c.fresh_frac)) for c in comps if c.screen > 1]
+    if not counts:
+        return CallCost(0.0, 0.0), statistics.fmean(solution)
+    rc, tc = cfg.rollout, cfg.train
+    likelihood = policy_likelihood(policy, temperature=rc.temperature, max_new_tokens=rc.max_new_tokens,
+                                   micro_batch_tokens=tc.micro_batch_tokens, device=device)
+    likelihood(records[:1])  # warm-up
+    points = []
+    for k in sorted({max(1, max(counts) // 2), max(counts)}):
+        batch = _cycle(records, k)
+        prompts = [len(ids) for ids in tok(policy.prompts(batch))["input_ids"]]
+        points.append((sum(prompts) + sum(solution[i % len(records)] for i in range(k)),
+                       _timed(lambda b=batch: likelihood(b))[1]))
+    return CallCost.fit([t for t, _ in points], [s for _, s in points]), statistics.fmean(solution)
+
+
+def _probe_bookkeeping(records: list[PromptRecord], cfg: Config, pool_size: int, scratch: Path | None) -> float:
+    """Seconds of a step's bookkeeping (module docstring): the draw, the ledger's rows, the metrics line."""
+    b = cfg.train.prompts_per_step
+    ids = [r.id for r in _cycle(records, b)]
+    selections = [SelectionRow(prompt_id=i, selector="uniform", weight=1.0 / pool_size) for i in ids]
+    groups = [GroupRow(prompt_id=i, n=cfg.rollout.n, successes=1, mean_reward=1 / cfg.rollout.n, kept=cfg.rollout.n,
+                       kept_mean_reward=1 / cfg.rollout.n, replayed=False, from_step=0) for i in ids]
+    weights = uniform_weights(pool_size)
+    metrics = {f"probe/value_{i}": float(i) for i in range(STEP_METRICS)}
+    with tempfile.TemporaryDirectory(prefix="rlsift-probe-", dir=scratch) as tmp, \
+            Ledger(Path(tmp) / "ledger.duckdb") as ledger:
+        outbox, lines = Outbox(Path(tmp) / "outbox.jsonl"), Path(tmp) / "metrics.jsonl"
+
+        def step(s: int) -> float:
+            t0 = time.perf_counter()
+            sample_prompts(weights, min(b, pool_size), torch.Generator().manual_seed(s), method="weighted")
+            ledger.add_selections("probe", 0, s, selections)
+            ledger.add_groups("probe", s, groups)
+            outbox.append({"kind": "metrics", "step": s, "ts": 0, "metrics": metrics})
+            with open(lines, "a") as f:
+                f.write(json.dumps({"step": s, **metrics}) + "\n")
+            return time.perf_counter() - t0
+
+        step(0)  # warm-up: the first insert prepares what the later ones reuse
+        return statistics.median(step(s) for s in range(1, REPEATS + 1))
+
+
+def _probe_scoring(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int,
+                   device: torch.device | str) -> tuple[float, float]:
+    """Seconds to score one pool prompt (0 where no candidate reads the scores) and DOTS's predictor a round (0
+    where no candidate draws with it): module docstring."""
+    if not any(c.scored or c.predictor for c in inputs.comps):
+        return 0.0, 0.0
+    pool, cal = inputs.pool, inputs.calibration
+    refs = list(cal.indices)
+    taken = set(refs)
+    batch = (refs + [i for i in range(len(pool)) if i not in taken])[:max(cfg.eval.batch_size, len(refs))]
+    feats, seconds = _timed(lambda: score(policy, [pool[i] for i in batch], inter_weight=cfg.gain.inter_weight,
+                                          batch_size=cfg.eval.batch_size, device=device))
+    score_s = seconds / len(batch)
+    if inputs.dots is None:
+        return score_s, 0.0
+    sc = inputs.dots.select
+    predictor = dots_predictor(inputs.dots, feats.emb.shape[1], linear_recalibration=sc.predictor.linear_recalibration)
+    emb = feats.emb.float()
+    ref_emb, labels = emb[: len(refs)], cal.success.float()
+    for s in range(math.ceil(predictor.min_labels / len(refs))):  # as many labels as a round past the first has
+        predictor.observe(ref_emb, labels, s)
+    fit_s = _timed(lambda: predictor.fit(sc.predictor.fit_steps, torch.Generator().manual_seed(seed)))[1]
+    predict_s = _timed(lambda: predictor.predict(emb, ref_emb, labels))[1]
+    return score_s, fit_s + predict_s * len(pool) / len(batch)

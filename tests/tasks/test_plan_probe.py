@@ -1,0 +1,81 @@
+"""The plan's probe (tasks/training/probe.py) on a tiny policy: it times generation at two batch sizes, the update,
+and the fixed costs of a step and a round, leaves the weights and its scratch folder as they were, and only a
+candidate that draws with DOTS's predictor pays its fit."""
+
+import pytest
+import torch
+
+from rlcore.plan import predict
+from tasks.config_load import load_config
+from tasks.data.arith import generate
+from tasks.training.calibration import Calibration
+from tasks.training.plan import candidate_config, composition, pool_stats
+from tasks.training.probe import ProbeInputs, _generation_sizes, probe_costs, probe_groups
+from tasks.training.rollouts import stratified_reference
+from tests.conftest import SMOKE
+from tests.tasks.test_overlap_choice import tiny_policy
+
+
+@pytest.fixture(scope="module")
+def setting():
+    cfg = load_config(SMOKE, ["eval.batch_size=32"])
+    pool = generate(0, 48, "train", "default")
+    refs = stratified_reference(pool, cfg.calibrate.k, 0)
+    calibration = Calibration(indices=tuple(refs), success=torch.tensor([0.0, 0.25, 0.5, 1.0] * 2))
+    return cfg, pool, calibration
+
+
+def test_the_probe_times_each_cost_and_only_dots_pays_the_predictor_fit(setting, tmp_path):
+    cfg, pool, calibration = setting
+    policy = tiny_policy()
+    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    grpo = composition("grpo", candidate_config(cfg, "grpo"), len(pool))
+    dots = composition("dots_n4", candidate_config(cfg, "dots_n4"), len(pool))
+    records = [pool[i] for i in calibration.indices[:4]]
+    costs = probe_costs(policy, cfg, ProbeInputs(records=records, pool=pool, calibration=calibration,
+                                                 comps=[grpo, dots], dots=candidate_config(cfg, "dots_n4"),
+                                                 scratch=tmp_path), seed=0)
+    fx = costs.fixed
+    assert fx.optimizer_s > 0 and fx.step_s > 0 and fx.round_s > 0 and fx.fit_s > 0 and costs.score_s > 0
+    # generation at the smallest and the largest first call (GRPO's 8 prompts x 4, dots_n4's calibration of 32 x 8);
+    # the update at one prompt's rows and at the small call's
+    assert len(costs.generate.tokens) == 2 and costs.generate.tokens[0] < costs.generate.tokens[1]
+    assert len(costs.update.tokens) == 2 and costs.update.tokens[0] < costs.update.tokens[1]
+    assert costs.generate.time(1000) > 0 and costs.update.time(1000) > 0
+    assert costs.completion_tokens > 0 and costs.prompt_tokens > 0 and costs.solution_tokens > 0
+    assert costs.forward.tokens == ()  # no candidate screens: no screen pass timed
+    assert all(torch.equal(before[k], v) for k, v in policy.model.state_dict().items())  # learning rate 0
+    assert all(p.grad is None for p in policy.model.parameters())
+    assert list(tmp_path.iterdir()) == []  # the scratch ledger and checkpoint are gone
+    # the fixed costs in each candidate's clock: the fit only where the predictor is
+    base, (fit,) = predict([dots], grpo, pool_stats(policy, pool, calibration, cfg), costs)
+    per_round = cfg.train.round_steps
+    assert base.fixed_s == pytest.approx(fx.optimizer_s + fx.step_s + fx.round_s / per_round)
+    assert fit.fixed_s == pytest.approx(base.fixed_s + fx.fit_s / per_round)
+    assert base.upfront_s == 0 and fit.upfront_s > len(pool) * costs.score_s  # calibration and scores
+
+
+def test_a_probe_without_dots_or_scores_times_neither(setting, tmp_path):
+    cfg, pool, calibration = setting
+    grpo = composition("grpo", candidate_config(cfg, "grpo"), len(pool))
+    dapo = composition("dapo", candidate_config(cfg, "dapo"), len(pool))
+    costs = probe_costs(tiny_policy(), cfg, ProbeInputs(records=[pool[i] for i in calibration.indices[:4]], pool=pool,
+                                                        calibration=calibration, comps=[grpo, dapo], scratch=tmp_path),
+                        seed=0)
+    assert costs.fixed.fit_s == 0.0 and costs.score_s == 0.0 and costs.fixed.optimizer_s > 0
+
+
+def test_the_probes_batch_sizes_come_from_the_candidates():
+    cfg = load_config(None)
+    comps = [composition(n, candidate_config(cfg, n), 2000) for n in ("grpo", "dots_screen", "pods", "dapo")]
+    # dots_screen draws 20 prompts x 4 = 80 rollouts, PODS 32 x 16 and DAPO 64 x 8 = 512 (the engine's chunk)
+    assert _generation_sizes(comps, 8) == (10, 64)
+    assert _generation_sizes(comps[:1], 8) == (8, 32)  # GRPO alone: 32 x 8, and a quarter of it
+
+
+def test_the_probes_groups_are_all_informative():
+    policy = tiny_policy()
+    gen = policy.engine.generate(policy.prompts(generate(0, 3, "train", "default")), n=4, seed=0)
+    groups = probe_groups(gen)
+    assert len(groups) == 3 and all(g.rewards.tolist() == [1.0, 0.0, 1.0, 0.0] for g in groups)
+    assert all(g.advantages.abs().min() > 0 and g.completion_ids.shape[0] == 4 for g in groups)
