@@ -86,7 +86,7 @@ TIE = 0.05
 
 __all__ = ["CallCost", "Composition", "FixedCosts", "LagChoice", "OverlapProbe", "PoolStats", "Prediction",
            "UnitCosts", "call_rows", "choose", "choose_lag", "draw_ratio", "dynamic_rounds", "informative_chance",
-           "predict"]
+           "predict", "update_rows"]
 
 
 def _check_seconds(owner: str, **values: float) -> None:
@@ -218,7 +218,8 @@ class UnitCosts:
     ``forward``: the screen's teacher-forced pass, in prompt and solution tokens; ``completion_tokens``,
     ``prompt_tokens``, ``solution_tokens``: mean tokens of a completion, a prompt and a worked solution (0 where
     there is none); ``fixed``: what a step and a round pay whatever their tokens; ``score_s``: seconds to score
-    (embed) one pool prompt before training."""
+    (embed) one pool prompt before training; ``levels``: (level, completion tokens, prompt tokens), the mean lengths
+    of a rollout of each level's prompts the probe drew (a draw that favours some levels has their lengths)."""
 
     generate: CallCost
     update: CallCost
@@ -228,16 +229,27 @@ class UnitCosts:
     solution_tokens: float = 0.0
     fixed: FixedCosts = field(default_factory=FixedCosts)
     score_s: float = 0.0
+    levels: tuple[tuple, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "levels", tuple((lv, float(c), float(p)) for lv, c, p in self.levels))
         _check_seconds("UnitCosts", completion_tokens=self.completion_tokens, prompt_tokens=self.prompt_tokens,
-                       solution_tokens=self.solution_tokens, score_s=self.score_s)
+                       solution_tokens=self.solution_tokens, score_s=self.score_s,
+                       **{f"levels[{i}]": x for i, (_, c, p) in enumerate(self.levels) for x in (c, p)})
 
     @classmethod
     def from_dict(cls, d: dict) -> UnitCosts:
         """The inverse of ``dataclasses.asdict``."""
         return cls(**{**d, **{k: CallCost(**d[k]) for k in ("generate", "update", "forward")},
-                      "fixed": FixedCosts(**d.get("fixed", {}))})
+                      "fixed": FixedCosts(**d.get("fixed", {})), "levels": tuple(map(tuple, d.get("levels", ())))})
+
+    def lengths(self, levels: Sequence) -> tuple[torch.Tensor, torch.Tensor]:
+        """[K] float64 each: the mean completion and prompt tokens of a rollout of a prompt of each of ``levels``
+        (the probe's for that level; its mean over every level where it drew none of that level)."""
+        by = {lv: (c, p) for lv, c, p in self.levels}
+        pairs = [by.get(lv, (self.completion_tokens, self.prompt_tokens)) for lv in levels]
+        return (torch.tensor([c for c, _ in pairs], dtype=torch.float64),
+                torch.tensor([p for _, p in pairs], dtype=torch.float64))
 
 
 @dataclass(frozen=True)
@@ -356,21 +368,33 @@ def _draw_weights(c: Composition, pool: PoolStats) -> torch.Tensor:
     return mass * _binomial_informative(pred, c.n).clamp_min(1e-12)
 
 
+def _kept(c: Composition, pool: PoolStats) -> torch.Tensor:
+    """[K] the q-mass of each reference prompt the composition's fresh groups come from: the draw's weights, and
+    with the screen the top 1/f of them ranked by the screen (the boundary prompt in part)."""
+    q = _draw_weights(c, pool)
+    if c.screen == 1:
+        return q
+    if pool.screen is None:
+        raise ValueError(f"{c.name}: the screen needs worked solutions, and the pool has none")
+    score = _binomial_informative(torch.tensor(pool.screen, dtype=torch.float64), c.n)
+    order = torch.argsort(score, descending=True, stable=True)
+    q_sorted = q[order]
+    before = torch.cumsum(q_sorted, 0) - q_sorted  # q-mass ranked above each prompt
+    kept = torch.zeros_like(q)
+    kept[order] = (float(q.sum()) / c.screen - before).clamp(0).minimum(q_sorted)
+    return kept
+
+
 def draw_ratio(c: Composition, pool: PoolStats) -> float:
     """The predicted share of the composition's fresh groups that are informative (module docstring)."""
     w = informative_chance(torch.tensor(pool.successes), pool.g, c.n)
-    q = _draw_weights(c, pool)
-    if c.screen > 1:
-        if pool.screen is None:
-            raise ValueError(f"{c.name}: the screen needs worked solutions, and the pool has none")
-        score = _binomial_informative(torch.tensor(pool.screen, dtype=torch.float64), c.n)
-        order = torch.argsort(score, descending=True, stable=True)
-        q_sorted = q[order]
-        before = torch.cumsum(q_sorted, 0) - q_sorted  # q-mass ranked above each prompt
-        budget = float(q.sum()) / c.screen
-        keep = (budget - before).clamp(0).minimum(q_sorted)  # the top 1/f of the mass, the boundary prompt in part
-        return float((keep * w[order]).sum() / keep.sum())
+    q = _kept(c, pool)
     return float((q * w).sum() / q.sum())
+
+
+def _mean(x: torch.Tensor, weights: torch.Tensor) -> float:
+    total = float(weights.sum())
+    return float((x * weights).sum() / total) if total > 0 else float(x.mean())
 
 
 def call_rows(prompts: int, n: int, chunk: int) -> list[int]:
@@ -418,34 +442,56 @@ def dynamic_rounds(b: int, r: float, oversample: float, max_rounds: int,
     return asked, kept, seconds
 
 
+def _batch(c: Composition, r: float) -> tuple[float, float, float, float, float]:
+    """A step's (fresh, replayed, asked, informative, groups) at the draw's ratio r: fresh and replayed groups in
+    the batch (round 0 has an empty buffer, so its steps are all fresh, rlcore.replay_buffer.mix_counts), prompts
+    asked, informative fresh groups, and fresh groups in the batch."""
+    first = min(c.round_steps, c.steps) / c.steps if c.fresh_frac < 1 else 0.0
+    fresh = c.prompts * (first + (1 - first) * c.fresh_frac)
+    if c.dynamic is None:
+        return fresh, c.prompts - fresh, fresh, r * fresh, fresh
+    asked, informative, _ = dynamic_rounds(round(fresh), r, *c.dynamic)
+    return fresh, c.prompts - fresh, asked, informative, max(informative, 1.0)
+
+
+def update_rows(c: Composition, pool: PoolStats) -> float:
+    """Rows a step of the composition updates: its informative groups' m rows (every group's without the skip)."""
+    _, replayed, _, informative, groups = _batch(c, draw_ratio(c, pool))
+    return c.m * (informative + replayed if c.skip_silent else groups + replayed)
+
+
 def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
-    r = draw_ratio(c, pool)
-    length = costs.completion_tokens
+    kept = _kept(c, pool)
+    w = informative_chance(torch.tensor(pool.successes), pool.g, c.n)
+    r = float((kept * w).sum() / kept.sum())
+    completion, prompt = costs.lengths(pool.levels)
+    length = _mean(completion, kept)  # a fresh rollout's completion, under the draw
+    row = _mean(completion + prompt, kept * w)  # an informative group's row (replayed ones were informative too)
 
-    def draw_s(prompts: int, n: int) -> float:  # the generate calls of one draw
-        return sum(costs.generate.time(rows * length) for rows in call_rows(prompts, n, c.chunk))
+    def draw_s(prompts: int, n: int, tokens: float) -> float:  # the generate calls of one draw
+        return sum(costs.generate.time(rows * tokens) for rows in call_rows(prompts, n, c.chunk))
 
-    fresh = c.prompts * c.fresh_frac
-    replayed = c.prompts - fresh
+    fresh, replayed, asked, informative, groups = _batch(c, r)
     if c.dynamic is not None:
-        asked, informative, generate_s = dynamic_rounds(round(fresh), r, *c.dynamic, lambda ask: draw_s(ask, c.n))
-        groups = max(informative, 1.0)
+        generate_s = dynamic_rounds(round(fresh), r, *c.dynamic, lambda ask: draw_s(ask, c.n, length))[2]
     else:
-        asked, informative, groups = fresh, r * fresh, fresh
-        generate_s = draw_s(round(fresh), c.n)
+        generate_s = draw_s(round(fresh), c.n, length)
     signal = informative + replayed
-    trained = signal if c.skip_silent else groups + replayed
-    k, g = c.reference
+    k, g = c.reference  # a round's reference prompts, drawn from the whole pool
+    reference_length = _mean(completion, pool.mass)
     generated = asked * c.n + k * g / c.round_steps
-    generate_s += draw_s(k, g) / c.round_steps
-    gen_tokens = generated * length
-    upd_tokens = trained * c.m * (costs.prompt_tokens + length)
-    fwd_tokens = c.screen * fresh * (costs.prompt_tokens + costs.solution_tokens) if c.screen > 1 else 0.0
+    generate_s += draw_s(k, g, reference_length) / c.round_steps
+    gen_tokens = asked * c.n * length + k * g * reference_length / c.round_steps
+    upd_tokens = (signal * c.m * row if c.skip_silent
+                  else (groups + replayed) * c.m * _mean(completion + prompt, kept))
+    fwd_tokens = (c.screen * fresh * (_mean(prompt, _draw_weights(c, pool)) + costs.solution_tokens)
+                  if c.screen > 1 else 0.0)
     fx = costs.fixed
     update_s, forward_s = costs.update.time(upd_tokens), costs.forward.time(fwd_tokens)
     fixed_s = fx.optimizer_s + fx.step_s + (fx.round_s + (fx.fit_s if c.predictor else 0.0)) / c.round_steps
     step_s = generate_s + update_s + forward_s + fixed_s
-    upfront_s = draw_s(*c.calibration) + c.scored * costs.score_s
+    calibration_length = float(completion.mean())  # the calibrate stage's set, stratified by level
+    upfront_s = draw_s(*c.calibration, calibration_length) + c.scored * costs.score_s
     return Prediction(name=c.name, effective_ratio=signal / (groups + replayed), signal=signal, generated=generated,
                       generated_tokens=gen_tokens, updated_tokens=upd_tokens, forward_tokens=fwd_tokens,
                       step_s=step_s, generate_s=generate_s, update_s=update_s, forward_s=forward_s, fixed_s=fixed_s,

@@ -361,7 +361,7 @@ def make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibration
     base = composition(pc.baseline, candidate_config(cfg, pc.baseline), len(pool))
     dots = next((configs[c.name] for c in comps if c.predictor), None)
     costs = probe_costs(policy, cfg, ProbeInputs(records=refs, pool=pool, calibration=calibration,
-                                                 comps=[base, *comps], dots=dots, scratch=scratch),
+                                                 comps=[base, *comps], stats=stats, dots=dots, scratch=scratch),
                         derive_seed(cfg.seed, "plan-probe"), device)
     baseline, predictions = predict(comps, base, stats, costs)
     best, reason = choose(baseline, predictions, pc.min_signal)

@@ -7,13 +7,15 @@ rlcore/plan.py predicts each candidate's clock from these measurements (:class:`
   large as the largest (a step's draw, DOTS's reference rollouts, the calibrate stage's, each cut at
   ``rollout.chunk``), after a one-prompt warm-up, from the first ``plan.probe_prompts`` reference prompts (repeated
   where a call needs more); ``CallCost.fit`` puts a line through the two. On a GPU decoding's fixed cost a step is
-  most of a small call, so a token costs less in a larger one; on a CPU the line passes near 0.
-- **The update** at two sizes (one prompt's rows and every row of the small call), as the training step runs it:
-  the run's ``policy_update`` through an updater of the probe's own at learning rate 0 (AdamW then leaves the
-  weights exactly as they are) on the generated rollouts with rewards that alternate 1, 0, ... so that every row
-  is computed. From each timing the optimizer step is taken out and timed alone (gradient clipping and AdamW over
-  the trainable parameters), then a round's checkpoint of the weights and that optimizer's state is written to
-  a scratch folder.
+  most of a small call, so a token costs less in a larger one; on a CPU the line passes near 0. The same calls give
+  the mean completion and prompt tokens of a rollout of each level's prompts (a draw that favours some levels has
+  their lengths).
+- **The update** at the smallest and the largest batch a candidate updates (its predicted informative groups'
+  rows, ``rlcore.plan.update_rows``), as the training step runs it: the run's ``policy_update`` through an updater
+  of the probe's own at learning rate 0 (AdamW then leaves the weights exactly as they are) on the generated
+  rollouts with rewards that alternate 1, 0, ... so that every row is computed. The optimizer step (gradient
+  clipping and AdamW over the trainable parameters) is timed alone and taken out of each timing; then a round's
+  checkpoint of the weights and that optimizer's state is written to a scratch folder.
 - **The screen's teacher-forced pass** (where a candidate screens) at its candidates' count and half of it.
 - **A step's bookkeeping**: the draw over the pool, a step's selection and group rows written to a scratch ledger
   (tasks/records/ledger.py, the same code), and a step's metrics line to a scratch outbox and ``metrics.jsonl``.
@@ -40,7 +42,7 @@ from pathlib import Path
 import torch
 
 from rlcore.advantages import group_advantages
-from rlcore.plan import CallCost, Composition, FixedCosts, UnitCosts, call_rows
+from rlcore.plan import CallCost, Composition, FixedCosts, PoolStats, UnitCosts, call_rows, update_rows
 from rlcore.selection import sample_prompts, uniform_weights
 from rlcore.types import RolloutGroup
 from tasks.config import Config
@@ -69,13 +71,15 @@ REPEATS = 3
 class ProbeInputs:
     """What the probe reads: ``records`` (the probe's prompts, cycled where a call needs more), ``pool`` and its
     ``calibration`` (scoring and the predictor), ``comps`` (the candidates and the baseline: their call sizes and
-    what they read), ``dots`` (the first candidate config that draws with DOTS, None where none does) and
-    ``scratch`` (a folder for the scratch ledger and checkpoint; None: the system's temporary folder)."""
+    what they read) and ``stats`` (their batch sizes), ``dots`` (the first candidate config that draws with DOTS,
+    None where none does) and ``scratch`` (a folder for the scratch ledger and checkpoint; None: the system's
+    temporary folder)."""
 
     records: list[PromptRecord]
     pool: list[PromptRecord]
     calibration: Calibration
     comps: list[Composition]
+    stats: PoolStats
     dots: Config | None = None
     scratch: Path | None = None
 
@@ -87,19 +91,34 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int,
     small, large = _generation_sizes(inputs.comps, rc.n)
     records = inputs.records
     rollout_rewards(policy, records[:1], rc.n, seed)  # warm-up: first-call costs are not a token's
-    draws = [_timed(lambda k=k: rollout_rewards(policy, _cycle(records, k), rc.n, seed)[0]) for k in (small, large)]
+    batches = [_cycle(records, k) for k in (small, large)]
+    draws = [_timed(lambda b=b: rollout_rewards(policy, b, rc.n, seed)[0]) for b in batches]
     generate = CallCost.fit([g.tokens for g, _ in draws], [s for _, s in draws])
-    rows = sum(g.completion_ids.shape[0] for g, _ in draws)
-    prompt_tokens = sum(int(p.numel()) * g.n for g, _ in draws for p in g.prompt_ids)
-    update, optimizer_s, round_s = _probe_update(policy, draws[0][0], cfg, device, inputs.scratch)
+    (completion, prompt), by_level = _lengths([(b, g) for b, (g, _) in zip(batches, draws, strict=True)])
+    groups = [g for gen, _ in draws for g in probe_groups(gen)]
+    sizes = _update_sizes(inputs.comps, inputs.stats, rc.n, len(groups))
+    update, optimizer_s, round_s = _probe_update(policy, groups, sizes, cfg, device, inputs.scratch)
     forward, solution_tokens = _probe_screen(policy, records, cfg, inputs.comps, device)
     score_s, fit_s = _probe_scoring(policy, cfg, inputs, seed, device)
     fixed = FixedCosts(optimizer_s=optimizer_s, step_s=_probe_bookkeeping(records, cfg, len(inputs.pool),
                                                                           inputs.scratch),
                        round_s=round_s, fit_s=fit_s)
-    return UnitCosts(generate=generate, update=update, forward=forward,
-                     completion_tokens=sum(g.tokens for g, _ in draws) / rows, prompt_tokens=prompt_tokens / rows,
-                     solution_tokens=solution_tokens, fixed=fixed, score_s=score_s)
+    return UnitCosts(generate=generate, update=update, forward=forward, completion_tokens=completion,
+                     prompt_tokens=prompt, solution_tokens=solution_tokens, fixed=fixed, score_s=score_s,
+                     levels=by_level)
+
+
+def _lengths(draws: list[tuple[list[PromptRecord], Generation]]) -> tuple[tuple[float, float], tuple[tuple, ...]]:
+    """The mean completion and prompt tokens of a rollout, over every drawn prompt and (level, completion, prompt)
+    of each level's."""
+    rows = [(batch[i // gen.n].level, tokens, int(gen.prompt_ids[i // gen.n].numel()))
+            for batch, gen in draws for i, tokens in enumerate(gen.completion_mask.sum(1).tolist())]
+
+    def mean(of: list[tuple]) -> tuple[float, float]:
+        return statistics.fmean(c for _, c, _ in of), statistics.fmean(p for _, _, p in of)
+
+    levels = dict.fromkeys(lv for lv, _, _ in rows)
+    return mean(rows), tuple((lv, *mean([r for r in rows if r[0] == lv])) for lv in levels)
 
 
 def _timed(work):
@@ -126,6 +145,16 @@ def _generation_sizes(comps: Sequence[Composition], n: int) -> tuple[int, int]:
     return (small if small < large else max(1, large // 4)), large
 
 
+def _update_sizes(comps: Sequence[Composition], stats: PoolStats, n: int, available: int) -> tuple[int, int]:
+    """Groups (of n rows) of the probe's two updates: as many rows as the smallest and the largest update a
+    candidate is predicted to make, at most ``available`` groups; the small one a quarter of the large one where
+    they are the same."""
+    rows = [update_rows(c, stats) for c in comps]
+    large = min(available, max(1, round(max(rows) / n)))
+    small = min(large, max(1, round(min(rows) / n)))
+    return (small if small < large else max(1, large // 4)), large
+
+
 def probe_groups(gen: Generation) -> list[RolloutGroup]:
     """``gen``'s rollouts as one group a prompt with rewards 1, 0, 1, ...: every group informative, so the update
     computes every row (the probe times the work; the rewards it trains on are not the task's)."""
@@ -139,13 +168,12 @@ def probe_groups(gen: Generation) -> list[RolloutGroup]:
             for i, p in enumerate(gen.prompt_ids)]
 
 
-def _probe_update(policy: Policy, gen: Generation, cfg: Config, device: torch.device | str,
-                  scratch: Path | None) -> tuple[CallCost, float, float]:
-    """The update's passes as a :class:`CallCost` (each timed update less the optimizer step), the optimizer step
-    and a round's checkpoint, in seconds (module docstring)."""
+def _probe_update(policy: Policy, groups: list[RolloutGroup], sizes: tuple[int, int], cfg: Config,
+                  device: torch.device | str, scratch: Path | None) -> tuple[CallCost, float, float]:
+    """The update's passes as a :class:`CallCost` (an update of the first ``sizes`` of ``groups``, each timed less
+    the optimizer step), the optimizer step and a round's checkpoint, in seconds (module docstring)."""
     tc, model = cfg.train, policy.model
     was_training = model.training
-    groups = probe_groups(gen)
     updater = LocalUpdater(model, LossSettings.from_config(cfg, policy.tokenizer.pad_token_id), lr=0.0,
                            betas=tc.betas, eps=tc.adam_eps, weight_decay=tc.weight_decay, device=device,
                            ref_model=model if tc.kl_coef > 0 else None)  # a reference pass costs a policy pass
@@ -155,7 +183,7 @@ def _probe_update(policy: Policy, gen: Generation, cfg: Config, device: torch.de
             return stats["train/update_tokens"], seconds
 
         update(groups[:1])  # warm-up: the first backward allocates, the first AdamW step makes its state
-        points = [update(groups[:1]), update(groups)]
+        points = [update(groups[:k]) for k in sizes]
         optimizer_s = statistics.median(_timed(lambda: optimizer_step(model, updater.optimizer, tc.grad_clip))[1]
                                         for _ in range(REPEATS))  # on the gradients the last update left
         with tempfile.TemporaryDirectory(prefix="rlsift-probe-", dir=scratch) as tmp:

@@ -161,7 +161,7 @@ COSTS = UnitCosts(generate=CallCost(0.0, 2.0), update=CallCost(0.0, 1.0), forwar
 
 def test_a_step_hand_worked():
     base, (grpo, replay, dyn, screen) = predict([
-        Composition("grpo", 4, 8, 8), Composition("replay", 4, 8, 8, fresh_frac=0.5),
+        Composition("grpo", 4, 8, 8), Composition("replay", 4, 8, 8, fresh_frac=0.5, steps=10, round_steps=5),
         Composition("dyn", 4, 8, 8, dynamic=(2.0, 1)), Composition("screen", 4, 8, 8, screen=2)],
         Composition("grpo", 4, 8, 8), POOL, COSTS)
     r = 0.5  # prompts of 2/8 and 4/8 are always mixed at n = 8, 0/8 and 8/8 never
@@ -169,9 +169,9 @@ def test_a_step_hand_worked():
     # generated 4 x 8 rollouts x 10 tokens x 2 s; updated 2 informative groups x 8 rows x 15 tokens x 1 s
     assert grpo.step_s == pytest.approx(4 * 8 * 10 * 2 + 2 * 8 * 15)
     assert base.clock == grpo.clock == pytest.approx(1.0)
-    # replay: 2 fresh prompts (1 informative) + 2 replayed (informative)
-    assert replay.signal == pytest.approx(3) and replay.effective_ratio == pytest.approx(0.75)
-    assert replay.step_s == pytest.approx(2 * 8 * 10 * 2 + 3 * 8 * 15)
+    # replay: round 0 (5 of 10 steps) is all fresh, the rest half: 3 fresh prompts (1.5 informative) + 1 replayed
+    assert replay.signal == pytest.approx(2.5) and replay.effective_ratio == pytest.approx(2.5 / 4)
+    assert replay.step_s == pytest.approx(3 * 8 * 10 * 2 + 2.5 * 8 * 15)
     # dynamic, one round: asks ceil(2 x 4) = 8 prompts and keeps min(y, 4) of y ~ Binomial(8, 1/2) informative:
     # 4 - (4 x 1 + 3 x 8 + 2 x 28 + 1 x 56) / 256
     kept = 4 - 140 / 256
@@ -206,6 +206,19 @@ def test_a_training_clock_with_its_fixed_costs_hand_worked():
     assert fit.upfront_s == pytest.approx(0.5 + 0.01 * 160 + 100 * 0.001)
     assert fit.train_s == pytest.approx(fit.upfront_s + 10 * fit.step_s)
     assert fit.clock == pytest.approx(fit.train_s / base.train_s) and base.clock == 1.0
+
+
+def test_a_draw_has_the_lengths_of_the_levels_it_favours():
+    # the probe's rollouts: level 1 completions of 10 tokens after prompts of 5, level 2 of 30 after 5
+    costs = UnitCosts(**{**COSTS.__dict__, "levels": ((1, 10, 5), (2, 30, 5))})
+    base, (dots,) = predict([Composition("dots", 4, 8, 8, draw="dots", alpha=0.6)], Composition("grpo", 4, 8, 8),
+                            POOL, costs)
+    # uniform: completions of (10 + 30) / 2 tokens; the informative prompts (2/8 at level 1, 4/8 at level 2) update
+    # rows of 15 and 35 tokens
+    assert base.generated_tokens == pytest.approx(32 * 20) and base.updated_tokens == pytest.approx(2 * 8 * 25)
+    # DOTS near 0.6 draws level 2 only (its pooled rate 13/18): completions of 30, the 4/8 prompt's rows of 35
+    assert dots.generated_tokens == pytest.approx(32 * 30) and dots.updated_tokens == pytest.approx(2 * 8 * 35)
+    assert dots.step_s == pytest.approx(32 * 30 * 2 + 2 * 8 * 35)
 
 
 def pred(name, signal, step_s, base_step=10.0):

@@ -5,12 +5,12 @@ candidate that draws with DOTS's predictor pays its fit."""
 import pytest
 import torch
 
-from rlcore.plan import predict
+from rlcore.plan import PoolStats, predict, update_rows
 from tasks.config_load import load_config
 from tasks.data.arith import generate
 from tasks.training.calibration import Calibration
 from tasks.training.plan import candidate_config, composition, pool_stats
-from tasks.training.probe import ProbeInputs, _generation_sizes, probe_costs, probe_groups
+from tasks.training.probe import ProbeInputs, _generation_sizes, _update_sizes, probe_costs, probe_groups
 from tasks.training.rollouts import stratified_reference
 from tests.conftest import SMOKE
 from tests.tasks.test_overlap_choice import tiny_policy
@@ -32,23 +32,27 @@ def test_the_probe_times_each_cost_and_only_dots_pays_the_predictor_fit(setting,
     grpo = composition("grpo", candidate_config(cfg, "grpo"), len(pool))
     dots = composition("dots_n4", candidate_config(cfg, "dots_n4"), len(pool))
     records = [pool[i] for i in calibration.indices[:4]]
+    stats = pool_stats(policy, pool, calibration, cfg)
     costs = probe_costs(policy, cfg, ProbeInputs(records=records, pool=pool, calibration=calibration,
-                                                 comps=[grpo, dots], dots=candidate_config(cfg, "dots_n4"),
+                                                 comps=[grpo, dots], stats=stats, dots=candidate_config(cfg, "dots_n4"),
                                                  scratch=tmp_path), seed=0)
     fx = costs.fixed
     assert fx.optimizer_s > 0 and fx.step_s > 0 and fx.round_s > 0 and fx.fit_s > 0 and costs.score_s > 0
     # generation at the smallest and the largest first call (GRPO's 8 prompts x 4, dots_n4's calibration of 32 x 8);
-    # the update at one prompt's rows and at the small call's
+    # the update at the smallest and the largest batch a candidate is predicted to update
     assert len(costs.generate.tokens) == 2 and costs.generate.tokens[0] < costs.generate.tokens[1]
     assert len(costs.update.tokens) == 2 and costs.update.tokens[0] < costs.update.tokens[1]
     assert costs.generate.time(1000) > 0 and costs.update.time(1000) > 0
     assert costs.completion_tokens > 0 and costs.prompt_tokens > 0 and costs.solution_tokens > 0
+    # each level's lengths from the same calls: what a draw that favours some levels generates and updates
+    assert [lv for lv, _, _ in costs.levels] == list(dict.fromkeys(r.level for r in records))
+    assert all(c > 0 and p > 0 for _, c, p in costs.levels)
     assert costs.forward.tokens == ()  # no candidate screens: no screen pass timed
     assert all(torch.equal(before[k], v) for k, v in policy.model.state_dict().items())  # learning rate 0
     assert all(p.grad is None for p in policy.model.parameters())
     assert list(tmp_path.iterdir()) == []  # the scratch ledger and checkpoint are gone
     # the fixed costs in each candidate's clock: the fit only where the predictor is
-    base, (fit,) = predict([dots], grpo, pool_stats(policy, pool, calibration, cfg), costs)
+    base, (fit,) = predict([dots], grpo, stats, costs)
     per_round = cfg.train.round_steps
     assert base.fixed_s == pytest.approx(fx.optimizer_s + fx.step_s + fx.round_s / per_round)
     assert fit.fixed_s == pytest.approx(base.fixed_s + fx.fit_s / per_round)
@@ -59,8 +63,10 @@ def test_a_probe_without_dots_or_scores_times_neither(setting, tmp_path):
     cfg, pool, calibration = setting
     grpo = composition("grpo", candidate_config(cfg, "grpo"), len(pool))
     dapo = composition("dapo", candidate_config(cfg, "dapo"), len(pool))
-    costs = probe_costs(tiny_policy(), cfg, ProbeInputs(records=[pool[i] for i in calibration.indices[:4]], pool=pool,
-                                                        calibration=calibration, comps=[grpo, dapo], scratch=tmp_path),
+    policy = tiny_policy()
+    costs = probe_costs(policy, cfg, ProbeInputs(records=[pool[i] for i in calibration.indices[:4]], pool=pool,
+                                                 calibration=calibration, comps=[grpo, dapo],
+                                                 stats=pool_stats(policy, pool, calibration, cfg), scratch=tmp_path),
                         seed=0)
     assert costs.fixed.fit_s == 0.0 and costs.score_s == 0.0 and costs.fixed.optimizer_s > 0
 
@@ -71,6 +77,18 @@ def test_the_probes_batch_sizes_come_from_the_candidates():
     # dots_screen draws 20 prompts x 4 = 80 rollouts, PODS 32 x 16 and DAPO 64 x 8 = 512 (the engine's chunk)
     assert _generation_sizes(comps, 8) == (10, 64)
     assert _generation_sizes(comps[:1], 8) == (8, 32)  # GRPO alone: 32 x 8, and a quarter of it
+
+
+def test_the_probes_updates_have_the_candidates_sizes():
+    cfg = load_config(None)
+    comps = [composition(n, candidate_config(cfg, n)) for n in ("grpo", "dots_screen", "dapo")]
+    stats = PoolStats(successes=(0, 4, 4, 8), g=8, levels=(1, 2, 3, 4), screen=(0.0, 0.5, 0.5, 1.0))
+    # GRPO: half of 32 groups of 8 informative, 128 rows; dots_screen: nearly all of its 20 groups of 4, about 78
+    # rows; DAPO: a full batch of 32 x 8 = 256 rows (nearly: three rounds of yield 1/2 leave a few missing)
+    small, large = _update_sizes(comps, stats, 8, available=100)
+    assert small == round(update_rows(comps[1], stats) / 8) and large == round(update_rows(comps[2], stats) / 8) == 32
+    assert _update_sizes(comps, stats, 8, available=20) == (min(20, small), 20)  # no more than the probe drew
+    assert _update_sizes(comps[:1], stats, 8, available=100) == (4, 16)  # one size: a quarter of it too
 
 
 def test_the_probes_groups_are_all_informative():
