@@ -84,7 +84,7 @@ def build_tiny_model(
     tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> LlamaForCausalLM:
     """A randomly initialised tiny Llama with tied embeddings (the default ``model.hidden`` 128 and
-    ``model.layers`` 4 of ``tasks/config.py``: about 0.86M parameters).
+    ``model.layers`` 4 of ``tasks/config/model.py``: about 0.86M parameters).
 
     The sizes and the seed are required: their defaults live in the config (``model.*``, ``seed``).
 

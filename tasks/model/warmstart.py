@@ -12,7 +12,7 @@ randomly initialised tiny Llama on the bundled task's worked solutions. Choices:
   task, slowed learning far more (batches of one level at a time), so batches stay mixed.
 - AdamW (betas 0.9/0.95, weight decay 0.01), linear warmup over ``warmup`` of the steps, then cosine decay
   to zero (``transformers.get_cosine_schedule_with_warmup``), gradient-norm clip 1.0.
-- The config's defaults (``model.*`` in tasks/config.py: hidden 128, 4 layers, 4 heads, 1200 steps of 64,
+- The config's defaults (``model.*`` in tasks/config/model.py: hidden 128, 4 layers, 4 heads, 1200 steps of 64,
   peak lr 2e-3) and the 5 percent warmup here were tuned
   on the bundled task with ``sft_records``: about 4 to 4.5 minutes on 2 idle cores (2 torch threads;
   7 minutes on one), final loss about 0.08; the per-level accuracy it reaches is in ``tasks.data.arith.LEVELS``.
