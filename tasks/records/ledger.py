@@ -36,7 +36,7 @@ from tasks.data.prompts import PromptRecord, Rejected
 
 log = logging.getLogger(__name__)
 
-#: How long a writer waits for readers to let go of the file before it fails naming the holder.
+#: How long a writer waits for the file (readers let go in milliseconds) before it fails naming the holder.
 LOCK_WAIT_S = 60.0
 #: Copies a snapshot tries while a checkpoint rewrites the file under it.
 SNAPSHOT_TRIES = 20
@@ -475,8 +475,9 @@ def _connect_to_write(path: Path) -> duckdb.DuckDBPyConnection:
             if not _held_elsewhere(err):
                 raise
             if time.monotonic() - start > LOCK_WAIT_S:
-                raise duckdb.IOException(f"the ledger {path} stayed held by a reader for more than "
-                                         f"{LOCK_WAIT_S:.0f} s: {err}") from err
+                raise duckdb.IOException(f"the ledger {path} stayed held by another process for more than "
+                                         f"{LOCK_WAIT_S:.0f} s (runs that share a root must not overlap): {err}"
+                                         ) from err
             time.sleep(pause)
             pause = min(2 * pause, 0.2)
 
