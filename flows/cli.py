@@ -183,34 +183,46 @@ def cmd_ledger(args) -> int:
         print(f"rlsift ledger {args.what}: needs {' and '.join(missing)}", file=sys.stderr)
         return 2
     root = Path(args.root or load_config(args.config, args.overrides).paths.root)
-    empty = "(no rows)"
-    known = True
+    rows: list[dict] = []
+    empty, error = "(no rows)", None  # error: an answer about no run or no prompt at all (exit 1)
     with Ledger(root / "ledger.duckdb", read_only=True) as ledger:
-        if args.what == "runs":
+        if args.what in ("why", "round") and ledger.run_status(args.run) is None:
+            error = _unknown_run(args.run, ledger.run_ids(), ledger.path)
+        elif args.what == "runs":
             rows = [_run_row(r) for r in ledger.runs()]
         elif args.what == "why":
             rows = ledger.why(args.run, args.prompt, args.step)
             if not rows:
                 known = ledger.prompts_like(args.prompt)
-                empty = (f"no prompt id starts with {args.prompt!r} in {ledger.path}" if not known else
-                         f"prompt {known[0]['prompt_id']} (level {known[0]['level']}, {known[0]['split']}) was never "
-                         f"selected in run {args.run}" + (f" at step {args.step}" if args.step is not None else ""))
+                if not known:
+                    error = f"no prompt id starts with {args.prompt!r} in {ledger.path}"
+                else:
+                    empty = (f"prompt {known[0]['prompt_id']} (level {known[0]['level']}, {known[0]['split']}) was "
+                             f"never selected in run {args.run}" +
+                             (f" at step {args.step}" if args.step is not None else ""))
         elif args.what == "round":
             rows = ledger.round_selection(args.run, args.round)
             empty = f"no selections in round {args.round} of run {args.run}"
         else:
             rows = ledger.query(args.sql)
-    unknown = args.what == "why" and not rows and not known  # an answer about no prompt at all
     if args.json:
         sys.stdout.write(json.dumps(rows, default=str) + "\n")
     elif rows:
         _print_table(rows, drop=("question",) if args.what == "round" else ())
-    elif not unknown:
+    elif error is None:
         print(empty)
-    if unknown:
-        print(empty, file=sys.stderr)
+    if error is not None:
+        print(error, file=sys.stderr)
         return 1
     return 0
+
+
+def _unknown_run(run_id: str, known: list[str], path, shown: int = 10) -> str:
+    """The error for a run id the ledger does not have, with the newest ``shown`` of the runs it has."""
+    if not known:
+        return f"no run {run_id!r} in {path}: it has no runs yet"
+    more = f" and {len(known) - shown} older (rlsift ledger runs lists them)" if len(known) > shown else ""
+    return f"no run {run_id!r} in {path}; its runs, newest first: {', '.join(known[:shown])}{more}"
 
 
 def _run_row(r: dict) -> dict:

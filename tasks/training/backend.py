@@ -10,6 +10,7 @@ import copy
 
 import torch
 import torch.distributed as dist
+from transformers import PreTrainedModel
 
 from tasks.config import Config
 from tasks.model.lora import BaseModelView, base_model, is_lora
@@ -29,8 +30,9 @@ def build_updater(cfg: Config, model: torch.nn.Module, *, pad_id: int, device: t
     """
     settings = LossSettings.from_config(cfg, pad_id)
     tc = cfg.train
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    check_update_fits(cfg, model, base_model(model).config, device, lora=is_lora(model), world=world)
+    if isinstance(base_model(model), PreTrainedModel):  # the estimate reads a transformers decoder's shape
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        check_update_fits(cfg, model, base_model(model).config, device, lora=is_lora(model), world=world)
     if cfg.scale.backend != "single":
         return Driver(cfg, model, settings)
     ref = None
