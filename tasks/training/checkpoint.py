@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from rlcore.seeding import derive_seed
-from tasks.model.lora import checkpoint_state, load_checkpoint_state
+from tasks.model.policy import Policy
 from tasks.records.files import atomic_write
 from tasks.training.update import Updater
 
@@ -48,12 +48,12 @@ class Resume:
     draw: Any = None
 
 
-def save(run, step: int, model, updater: Updater, selector, buffer, composer=None, draw=None) -> Path:
+def save(run, step: int, policy: Policy, updater: Updater, selector, buffer, composer=None, draw=None) -> Path:
     folder = run.checkpoint_dir
     folder.mkdir(parents=True, exist_ok=True)
     state = {
         "step": step,
-        "model": checkpoint_state(model),
+        "model": policy.checkpoint_state(),
         "optimizer": updater.state_dict(),
         "selector": selector.state_dict(),
         "buffer": buffer.state_dict() if buffer is not None else None,
@@ -88,7 +88,7 @@ def _write_seconds(run) -> float:
     return float(lines[1]) if len(lines) > 1 else 0.0
 
 
-def restore(run, model, updater: Updater, selector, buffer, composer=None) -> Resume:
+def restore(run, policy: Policy, updater: Updater, selector, buffer, composer=None) -> Resume:
     """Load the latest checkpoint of ``run`` into the given objects; returns the step to continue from and the
     rollouts drawn for it.
 
@@ -105,7 +105,7 @@ def restore(run, model, updater: Updater, selector, buffer, composer=None) -> Re
         run.defer_metrics(0)
         return Resume(0)
     state = torch.load(path, weights_only=False)
-    load_checkpoint_state(model, state["model"])
+    policy.load_checkpoint_state(state["model"])
     updater.load_state_dict(state["optimizer"])  # after the model: the sharded updater pushes its weights
     selector.load_state_dict(state["selector"])
     if buffer is not None and state["buffer"] is not None:
