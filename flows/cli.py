@@ -43,6 +43,25 @@ def _config(args):
     return load_config(args.config, args.overrides)
 
 
+def _prefect_server() -> None:
+    """Start Prefect's temporary API server now, when no server is configured, with SIGINT blocked: the server
+    inherits the blocked signal, so a Ctrl-C at the terminal (which reaches the whole process group) stops the run
+    but not the server, which then records the flow run's end. Prefect stops the server when rlsift exits (atexit,
+    with SIGTERM)."""
+    import signal
+
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        get_client(sync_client=True)  # starts the server (once per process)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def _paired_text(paired: dict | None) -> str:
     if not paired:
         return ""
@@ -80,7 +99,18 @@ def cmd_run(args) -> int:
         return 2
     from flows.pipeline import pipeline
 
-    summary = pipeline(config=args.config, overrides=list(args.overrides), resume=args.resume)
+    _prefect_server()
+    try:
+        summary = pipeline(config=args.config, overrides=list(args.overrides), resume=args.resume)
+    except BaseException as err:
+        from tasks.records.stopping import stop_signal
+
+        if (sig := stop_signal(err)) is None:
+            raise
+        if args.json:  # the run's own log line has said why and what is kept
+            stopped = getattr(err, "rlsift_summary", None) or {"status": "cancelled", "reason": f"by {sig.name}"}
+            sys.stdout.write(json.dumps(stopped, default=str) + "\n")
+        return 128 + sig
     text = (f"run {summary['run_id']} {summary['status']} in {summary['wall_s']:.0f} s, {summary['steps']} steps\n"
             f"  held-out greedy accuracy {summary['eval_accuracy_start']:.3f} -> {summary['eval_accuracy_end']:.3f}"
             f"{_paired_text(summary.get('eval_paired'))}\n"
@@ -114,6 +144,7 @@ def cmd_plan(args) -> int:
         return 2
     from flows.pipeline import plan_flow
 
+    _prefect_server()
     out = plan_flow(config=args.config, overrides=list(args.overrides))
     _emit(out, args.json, f"{out['table']}\nrun {out['run_id']}: MLflow run {out['mlflow_run_id']} at "
           f"{out['tracking_uri']}; {out['run_dir']}/plan.json")
@@ -365,7 +396,15 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "json", False):
         logging.getLogger().setLevel(logging.WARNING)
         logging.getLogger("rlsift").setLevel(logging.WARNING)
-    return args.fn(args)
+    from tasks.records.stopping import sigterm_raises, stop_signal
+
+    try:
+        with sigterm_raises():  # SIGTERM ends rlsift as Ctrl-C does: cleanup and exit handlers run
+            return args.fn(args)
+    except BaseException as err:
+        if (sig := stop_signal(err)) is None:
+            raise
+        return 128 + sig  # the shell's code for a process ended by that signal; no traceback
 
 
 if __name__ == "__main__":

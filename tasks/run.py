@@ -13,9 +13,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import time
 import uuid
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,12 +31,15 @@ from tasks.records.cost import CostMeter
 from tasks.records.files import write_json
 from tasks.records.ledger import Ledger, StageRow
 from tasks.records.memory import PeakMemory
+from tasks.records.stopping import CANCELLED, TRACKER_STATUS, held_signals
 from tasks.records.tracking import MlflowTracker, NullTracker, Tracker, default_uri
 
 log = logging.getLogger("rlsift")
 
 #: The run's per-stage cost table in MLflow (:meth:`Run.log_cost_table`).
 COST_TABLE = "cost_by_stage.json"
+#: Where a run names its process's temporary folder (:attr:`Run.temp_dir`).
+TEMP_RECORD = "temp.json"
 
 
 def show_progress() -> bool:
@@ -166,6 +172,7 @@ class Run:
     carried: dict[str, float] = field(default_factory=dict)
     _hold_from: int | None = field(default=None, repr=False)
     _held: list[tuple[dict[str, float], int, int]] = field(default_factory=list, repr=False)  # metrics, step, ts
+    _temp: Path | None = field(default=None, repr=False)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -242,22 +249,71 @@ class Run:
         """Send :meth:`cost_table` as the run's ``cost_by_stage.json`` table (replaced at each stage's end)."""
         self.tracker.log_table(self.cost_table(), COST_TABLE)
 
-    def close(self, status: str, summary: dict[str, Any]) -> None:
+    @property
+    def temp_dir(self) -> Path:
+        """This process's scratch folder in the system's temporary directory (the overlap's generator process keeps
+        its multiprocessing sockets there), made at the first use and named in ``<run>/temp.json``: :meth:`close`
+        removes it, and a resume removes the one a killed process left (:func:`remove_leftovers`)."""
+        if self._temp is None:
+            self._temp = Path(tempfile.mkdtemp(prefix=f"rlsift-{self.run_id}-"))
+            write_json(self.dir / TEMP_RECORD, {"path": str(self._temp), "pid": os.getpid()})
+        return self._temp
+
+    def close(self, status: str, summary: dict[str, Any], note: str = "") -> None:
         """Finish the run: ``completed`` and ``skipped`` send every held metric; any other status drops the
-        metrics past the last checkpoint (a resume recomputes and logs them)."""
+        metrics past the last checkpoint (a resume recomputes and logs them). One log line says how it ended
+        (``note``: why, e.g. the signal that stopped it) and what was not sent. A ``cancelled`` run (stopped by a
+        signal, tasks/records/stopping.py) marks its stores with SIGINT and SIGTERM held: a second Ctrl-C waits."""
+        with held_signals() if status == CANCELLED else nullcontext():
+            self._close(status, summary, note)
+
+    def _close(self, status: str, summary: dict[str, Any], note: str) -> None:
+        dropped = 0
         if status in ("completed", "skipped"):
             self._hold_from = None
             self.commit_metrics(2**62)
-        elif self._held:
-            log.info("run %s %s: %d steps' metrics past the last checkpoint not sent (metrics.jsonl has them; "
-                     "`rlsift run --resume %s` logs them again)", self.run_id, status, len(self._held), self.run_id)
-            self._held = []
+        else:
+            dropped, self._held = len(self._held), []
+        if note or dropped:
+            log.log(logging.WARNING if status == CANCELLED else logging.INFO, "run %s %s%s%s", self.run_id, status,
+                    f" {note}" if note else "",
+                    f"; {dropped} steps' metrics past the last checkpoint not sent (metrics.jsonl has them; "
+                    + ("a resume" if note else f"`rlsift run --resume {self.run_id}`") + " logs them again)"
+                    if dropped else "")
         try:
             self.log_cost_table()
             self.ledger.finish_run(self.run_id, status, summary)
         finally:
             self.ledger.close()
-            self.tracker.finish("FAILED" if status == "failed" else "FINISHED")
+            self.tracker.finish(TRACKER_STATUS.get(status, "FINISHED"))
+            if self._temp is not None:
+                shutil.rmtree(self._temp, ignore_errors=True)
+                (self.dir / TEMP_RECORD).unlink(missing_ok=True)
+                self._temp = None
+
+
+def remove_leftovers(run_dir: Path) -> None:
+    """Remove the scratch folder a killed process of this run left (``Run.temp_dir``: a SIGKILL leaves it, with
+    the generator's multiprocessing listener socket in it). One whose process still lives is left alone."""
+    record = run_dir / TEMP_RECORD
+    if not record.is_file():
+        return
+    left = json.loads(record.read_text())
+    try:
+        os.kill(left["pid"], 0)
+        alive = left["pid"] != os.getpid()
+    except ProcessLookupError:
+        alive = False
+    except PermissionError:  # another user's process now has that id
+        alive = False
+    if alive:
+        log.warning("run %s: process %d still lives; its temporary folder %s is left", run_dir.name, left["pid"],
+                    left["path"])
+        return
+    if Path(left["path"]).exists():
+        shutil.rmtree(left["path"], ignore_errors=True)
+        log.info("run %s: removed %s, left by its killed process %d", run_dir.name, left["path"], left["pid"])
+    record.unlink(missing_ok=True)
 
 
 def run_label(cfg: Config) -> str:
@@ -283,6 +339,8 @@ def open_run(cfg: Config, *, run_id: str | None = None, track: bool = True, pare
     if resume and not run_dir.exists():
         raise FileNotFoundError(f"no run {run_id} under {root / 'runs'}")
     run_dir.mkdir(parents=True, exist_ok=True)
+    if resume:
+        remove_leftovers(run_dir)
     ledger = Ledger(root / "ledger.duckdb")
     tracker: Tracker | None = None
     try:  # a failure here must not leave the ledger open (nor the MLflow run running)

@@ -11,13 +11,19 @@ and the sync is a device copy.
 Failure handling: a child that dies (killed, out of memory, an exception) is reported as :class:`GeneratorDied`,
 one line naming its exit code or error, and the run stops at its last checkpoint. A parent that dies closes its
 end of the pipe, and the child leaves at its next read: no process is left behind. :meth:`close` stops the
-child (terminating it if it does not answer).
+child (terminating it if it does not answer). The child ignores SIGINT (a Ctrl-C at the terminal reaches the whole
+process group: the parent, stopping its run, closes it) and leaves cleanly on SIGTERM, removing its multiprocessing
+temporary folder (its listener socket); that folder is made under ``temp_dir`` when one is given, so a run can
+remove what a SIGKILL left (tasks/run.py ``Run.temp_dir``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
+import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -37,7 +43,7 @@ class GeneratorDied(RuntimeError):
 
 
 def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenizer, settings: dict, conn,
-           threads: int) -> None:
+           threads: int, temp_dir: str | None = None) -> None:
     """The child's loop: ``("generate", prompts, n, seed, greedy)`` -> ``("ok", (Generation, peak MiB))`` or
     ``("error", text)`` (the peak: the child's own memory during that generation, tasks/records/memory.py);
     ``("stop",)`` or a closed pipe (the parent is gone) ends it.
@@ -45,6 +51,10 @@ def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenize
     The model is rebuilt from its class and config, and its parameters become the parent's shared tensors
     (``load_state_dict(assign=True)``: no copy), so the parent's syncs are what it samples from.
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # exit handlers run
+    if temp_dir is not None:
+        tempfile.tempdir = temp_dir  # where multiprocessing makes its folder for the sockets that share tensors
     torch.set_num_threads(threads)
     model = model_class(config)
     model.load_state_dict(weights, assign=True)
@@ -76,9 +86,10 @@ class GeneratorProcess(RolloutEngine):
         engine: the trainer's in-process engine (its model is copied; its sampling settings are kept).
         threads: torch threads of the child.
         poll_s: how often a wait checks that the child is alive.
+        temp_dir: where the child's temporary files go (None: the system's temporary directory).
     """
 
-    def __init__(self, engine: HFEngine, threads: int, poll_s: float = 0.5):
+    def __init__(self, engine: HFEngine, threads: int, poll_s: float = 0.5, temp_dir: str | Path | None = None):
         self.model = plain_copy(engine.model)  # under LoRA: the merged weights
         if next(self.model.parameters()).device.type == "cpu":
             self.model.share_memory()
@@ -88,7 +99,7 @@ class GeneratorProcess(RolloutEngine):
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         args = (type(self.model), self.model.config, self.model.state_dict(), engine.tok, engine.settings(), child,
-                threads)
+                threads, None if temp_dir is None else str(temp_dir))
         self._proc = ctx.Process(target=_serve, args=args, name="rlsift-generator", daemon=True)
         self._proc.start()
         child.close()
@@ -135,8 +146,9 @@ class GeneratorProcess(RolloutEngine):
         return time.perf_counter() - t0
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop the child; terminate it when it does not stop within ``timeout`` seconds."""
-        if self._proc.is_alive():
+        """Stop the child; terminate it (SIGTERM: it leaves cleanly) when it does not stop within ``timeout``
+        seconds (0: at once, e.g. for a run that is stopping, whose child may be in the middle of a generation)."""
+        if self._proc.is_alive() and timeout > 0:
             try:
                 self._conn.send(("stop",))
             except (BrokenPipeError, OSError):
@@ -144,7 +156,7 @@ class GeneratorProcess(RolloutEngine):
             self._proc.join(timeout)
         if self._proc.is_alive():
             self._proc.terminate()
-            self._proc.join(timeout)
+            self._proc.join(10.0)
         if self._proc.is_alive():
             os.kill(self._proc.pid, 9)
             self._proc.join()

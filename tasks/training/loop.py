@@ -263,7 +263,7 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
     # one process, or sharded over the torchrun ranks (then `model` stays rank 0's full copy, updated in place)
     updater = build_updater(cfg, model, pad_id=policy.tokenizer.pad_token_id, device=run.device)
     sampling = SamplingPolicy(policy, cfg.overlap.lag, threads=cfg.overlap.generator_threads,
-                              needs_copy=cfg.select.screen > 1)
+                              needs_copy=cfg.select.screen > 1, temp_dir=run.temp_dir if cfg.overlap.lag else None)
     try:
         return _train(run, policy, sampling, updater, pool, features, calibration, evaluate_fn, run_round)
     finally:
@@ -434,6 +434,9 @@ def _train(run: Run, policy: Policy, sampling: SamplingPolicy, updater, pool: li
             run.meter.add("weight_sync", sampling.sync(run.dir / "vllm_weights"))
         for round_, steps in groupby(range(start, tc.steps), key=lambda s: s // tc.round_steps):
             run_round(round_, partial(play_round, round_, list(steps)))
+    except BaseException:
+        sampling.close(now=True)  # a failing or stopped run does not wait for the draw in flight
+        raise
     finally:
         overlap.close()
     bar.close()
