@@ -15,7 +15,6 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 import time
 import uuid
 from contextlib import nullcontext
@@ -23,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
 from tasks.config import Config
@@ -38,7 +38,7 @@ log = logging.getLogger("rlsift")
 
 #: The run's per-stage cost table in MLflow (:meth:`Run.log_cost_table`).
 COST_TABLE = "cost_by_stage.json"
-#: Where a run names its process's temporary folder (:attr:`Run.temp_dir`).
+#: Where a run names the temporary folders its processes keep (:meth:`Run.note_temp`).
 TEMP_RECORD = "temp.json"
 
 
@@ -172,7 +172,6 @@ class Run:
     carried: dict[str, float] = field(default_factory=dict)
     _hold_from: int | None = field(default=None, repr=False)
     _held: list[tuple[dict[str, float], int, int]] = field(default_factory=list, repr=False)  # metrics, step, ts
-    _temp: Path | None = field(default=None, repr=False)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -249,15 +248,13 @@ class Run:
         """Send :meth:`cost_table` as the run's ``cost_by_stage.json`` table (replaced at each stage's end)."""
         self.tracker.log_table(self.cost_table(), COST_TABLE)
 
-    @property
-    def temp_dir(self) -> Path:
-        """This process's scratch folder in the system's temporary directory (the overlap's generator process keeps
-        its multiprocessing sockets there), made at the first use and named in ``<run>/temp.json``: :meth:`close`
-        removes it, and a resume removes the one a killed process left (:func:`remove_leftovers`)."""
-        if self._temp is None:
-            self._temp = Path(tempfile.mkdtemp(prefix=f"rlsift-{self.run_id}-"))
-            write_json(self.dir / TEMP_RECORD, {"path": str(self._temp), "pid": os.getpid()})
-        return self._temp
+    def note_temp(self, path: str, pid: int) -> None:
+        """Record a temporary folder that process ``pid`` of this run keeps (the overlap's generator process: its
+        multiprocessing folder with a listener socket) in ``<run>/temp.json``. A process that ends cleanly removes its
+        own; :meth:`close` and a resume remove one whose process is gone (:func:`remove_leftovers`)."""
+        record = self.dir / TEMP_RECORD
+        noted = json.loads(record.read_text()) if record.is_file() else []
+        write_json(record, [*noted, {"path": path, "pid": pid}])
 
     def close(self, status: str, summary: dict[str, Any], note: str = "") -> None:
         """Finish the run: ``completed`` and ``skipped`` send every held metric; any other status drops the
@@ -286,34 +283,28 @@ class Run:
         finally:
             self.ledger.close()
             self.tracker.finish(TRACKER_STATUS.get(status, "FINISHED"))
-            if self._temp is not None:
-                shutil.rmtree(self._temp, ignore_errors=True)
-                (self.dir / TEMP_RECORD).unlink(missing_ok=True)
-                self._temp = None
+            remove_leftovers(self.dir)
 
 
 def remove_leftovers(run_dir: Path) -> None:
-    """Remove the scratch folder a killed process of this run left (``Run.temp_dir``: a SIGKILL leaves it, with
-    the generator's multiprocessing listener socket in it). One whose process still lives is left alone."""
+    """Remove the temporary folders of this run's processes that are gone (:meth:`Run.note_temp`; a SIGKILL leaves
+    them); those whose process still lives stay recorded."""
     record = run_dir / TEMP_RECORD
     if not record.is_file():
         return
-    left = json.loads(record.read_text())
-    try:
-        os.kill(left["pid"], 0)
-        alive = left["pid"] != os.getpid()
-    except ProcessLookupError:
-        alive = False
-    except PermissionError:  # another user's process now has that id
-        alive = False
-    if alive:
-        log.warning("run %s: process %d still lives; its temporary folder %s is left", run_dir.name, left["pid"],
-                    left["path"])
-        return
-    if Path(left["path"]).exists():
-        shutil.rmtree(left["path"], ignore_errors=True)
-        log.info("run %s: removed %s, left by its killed process %d", run_dir.name, left["path"], left["pid"])
-    record.unlink(missing_ok=True)
+    kept = []
+    for noted in json.loads(record.read_text()):
+        if not Path(noted["path"]).exists():
+            continue
+        if psutil.pid_exists(noted["pid"]):
+            kept.append(noted)
+            continue
+        shutil.rmtree(noted["path"], ignore_errors=True)
+        log.info("run %s: removed %s, left by its process %d", run_dir.name, noted["path"], noted["pid"])
+    if kept:
+        write_json(record, kept)
+    else:
+        record.unlink()
 
 
 def run_label(cfg: Config) -> str:

@@ -13,8 +13,8 @@ one line naming its exit code or error, and the run stops at its last checkpoint
 end of the pipe, and the child leaves at its next read: no process is left behind. :meth:`close` stops the
 child (terminating it if it does not answer). The child ignores SIGINT (a Ctrl-C at the terminal reaches the whole
 process group: the parent, stopping its run, closes it) and leaves cleanly on SIGTERM, removing its multiprocessing
-temporary folder (its listener socket); that folder is made under ``temp_dir`` when one is given, so a run can
-remove what a SIGKILL left (tasks/run.py ``Run.temp_dir``).
+temporary folder (``pymp-*``, with the listener socket its replies' tensors are shared through). Its replies name
+that folder, so the run can remove it after a SIGKILL (tasks/run.py ``Run.note_temp``).
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ import logging
 import os
 import signal
 import sys
-import tempfile
 import time
 import traceback
+from collections.abc import Callable
+from multiprocessing import util as mp_util
 from pathlib import Path
 
 import torch
@@ -43,18 +44,17 @@ class GeneratorDied(RuntimeError):
 
 
 def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenizer, settings: dict, conn,
-           threads: int, temp_dir: str | None = None) -> None:
-    """The child's loop: ``("generate", prompts, n, seed, greedy)`` -> ``("ok", (Generation, peak MiB))`` or
-    ``("error", text)`` (the peak: the child's own memory during that generation, tasks/records/memory.py);
-    ``("stop",)`` or a closed pipe (the parent is gone) ends it.
+           threads: int) -> None:
+    """The child's loop: ``("generate", prompts, n, seed, greedy)`` -> ``("ok", (Generation, peak MiB, temporary
+    folder))`` or ``("error", text)`` (the peak: the child's own memory during that generation,
+    tasks/records/memory.py; the folder: multiprocessing's, made for the reply's tensors); ``("stop",)`` or a closed
+    pipe (the parent is gone) ends it.
 
     The model is rebuilt from its class and config, and its parameters become the parent's shared tensors
     (``load_state_dict(assign=True)``: no copy), so the parent's syncs are what it samples from.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # exit handlers run
-    if temp_dir is not None:
-        tempfile.tempdir = temp_dir  # where multiprocessing makes its folder for the sockets that share tensors
     torch.set_num_threads(threads)
     model = model_class(config)
     model.load_state_dict(weights, assign=True)
@@ -70,7 +70,7 @@ def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenize
         try:
             reset_own_peak(settings["device"])
             gen = engine.generate(*msg[1:])
-            out = ("ok", (gen, own_peak_mb(settings["device"])))
+            out = ("ok", (gen, own_peak_mb(settings["device"]), mp_util.get_temp_dir()))
         except Exception as err:  # noqa: BLE001 - sent to the parent, which stops the run with it
             out = ("error", f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=5)}")
         try:
@@ -86,20 +86,24 @@ class GeneratorProcess(RolloutEngine):
         engine: the trainer's in-process engine (its model is copied; its sampling settings are kept).
         threads: torch threads of the child.
         poll_s: how often a wait checks that the child is alive.
-        temp_dir: where the child's temporary files go (None: the system's temporary directory).
+        on_temp_dir: called with the child's temporary folder and pid once a reply names it (the run records it).
     """
 
-    def __init__(self, engine: HFEngine, threads: int, poll_s: float = 0.5, temp_dir: str | Path | None = None):
+    def __init__(self, engine: HFEngine, threads: int, poll_s: float = 0.5,
+                 on_temp_dir: Callable[[str, int], None] | None = None):
         self.model = plain_copy(engine.model)  # under LoRA: the merged weights
         if next(self.model.parameters()).device.type == "cpu":
             self.model.share_memory()
         self.poll_s = poll_s
         #: the child's peak memory (MiB) during the last generation (tasks/records/memory.py); None before one
         self.peak_mb: float | None = None
+        #: the child's multiprocessing temporary folder (None before its first reply)
+        self.temp_dir: str | None = None
+        self._on_temp_dir = on_temp_dir
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         args = (type(self.model), self.model.config, self.model.state_dict(), engine.tok, engine.settings(), child,
-                threads, None if temp_dir is None else str(temp_dir))
+                threads)
         self._proc = ctx.Process(target=_serve, args=args, name="rlsift-generator", daemon=True)
         self._proc.start()
         child.close()
@@ -122,7 +126,11 @@ class GeneratorProcess(RolloutEngine):
             raise GeneratorDied(self._why(err)) from None
         if status != "ok":
             raise GeneratorDied(f"the generator process failed: {out.strip().splitlines()[0]}\n{out}")
-        gen, self.peak_mb = out
+        gen, self.peak_mb, temp_dir = out
+        if temp_dir != self.temp_dir:
+            self.temp_dir = temp_dir
+            if self._on_temp_dir is not None:
+                self._on_temp_dir(temp_dir, self.pid)
         return gen
 
     def metrics(self) -> dict[str, float]:

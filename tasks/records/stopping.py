@@ -15,6 +15,7 @@ would outlive it); :func:`sigterm_raises`' raises again, so the process ends thr
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,6 +43,9 @@ def stop_signal(err: BaseException) -> signal.Signals | None:
 def _raise_termination(signum: int, frame) -> None:
     from prefect.exceptions import TerminationSignal
 
+    handling = sys.exc_info()[1]
+    if isinstance(handling, TerminationSignal):  # Prefect re-sending the signal it handles: the same stop goes on,
+        raise handling                          # with what the run attached to it (flows/pipeline.py ``execute``)
     raise TerminationSignal(signum)
 
 

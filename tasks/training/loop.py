@@ -263,7 +263,7 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
     # one process, or sharded over the torchrun ranks (then `model` stays rank 0's full copy, updated in place)
     updater = build_updater(cfg, model, pad_id=policy.tokenizer.pad_token_id, device=run.device)
     sampling = SamplingPolicy(policy, cfg.overlap.lag, threads=cfg.overlap.generator_threads,
-                              needs_copy=cfg.select.screen > 1, temp_dir=run.temp_dir if cfg.overlap.lag else None)
+                              needs_copy=cfg.select.screen > 1, on_temp_dir=run.note_temp)
     try:
         return _train(run, policy, sampling, updater, pool, features, calibration, evaluate_fn, run_round)
     finally:

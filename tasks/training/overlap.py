@@ -51,7 +51,7 @@ class SamplingPolicy:
     """
 
     def __init__(self, trainer: Policy, lag: int, *, threads: int | None = None, needs_copy: bool = False,
-                 temp_dir: Path | None = None):
+                 on_temp_dir: Callable[[str, int], None] | None = None):
         self.trainer, self.lag = trainer, lag
         self._process: GeneratorProcess | None = None
         self._copy: torch.nn.Module | None = None
@@ -60,7 +60,7 @@ class SamplingPolicy:
         elif isinstance(trainer.engine, HFEngine):
             total = torch.get_num_threads()
             gen = threads or max(1, total // 2)
-            self._process = GeneratorProcess(trainer.engine, gen, temp_dir=temp_dir)
+            self._process = GeneratorProcess(trainer.engine, gen, on_temp_dir=on_temp_dir)
             self._trainer_threads = (total, max(1, total - gen))
             torch.set_num_threads(self._trainer_threads[1])
             self.policy = Policy(model=self._process.model, tokenizer=trainer.tokenizer, engine=self._process,
