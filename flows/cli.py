@@ -103,12 +103,13 @@ def cmd_run(args) -> int:
     try:
         summary = pipeline(config=args.config, overrides=list(args.overrides), resume=args.resume)
     except BaseException as err:
-        from tasks.records.stopping import stop_signal
+        from tasks.records.stopping import stop_signal, stopping
 
         if (sig := stop_signal(err)) is None:
             raise
         if args.json:  # the run's own log line has said why and what is kept
-            stopped = getattr(err, "rlsift_summary", None) or {"status": "cancelled", "reason": f"by {sig.name}"}
+            stopped = getattr(stopping(err), "rlsift_summary", None) or {"status": "cancelled",
+                                                                          "reason": f"by {sig.name}"}
             sys.stdout.write(json.dumps(stopped, default=str) + "\n")
         return 128 + sig
     text = (f"run {summary['run_id']} {summary['status']} in {summary['wall_s']:.0f} s, {summary['steps']} steps\n"
@@ -307,6 +308,12 @@ def cmd_deploy(args) -> int:
     return 0
 
 
+def cmd_worker(args) -> int:
+    from flows.worker import serve
+
+    return serve(args.pool, args.grace)
+
+
 def cmd_sync(args) -> int:
     from tasks.records.tracking import sync
 
@@ -372,6 +379,13 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("deploy", help="register the Prefect deployments with the configured server")
     d.set_defaults(fn=cmd_deploy)
 
+    w = sub.add_parser("worker", help=("a Prefect process worker (prefect worker start) whose Ctrl-C or SIGTERM "
+                                       "first lets its runs in flight end cleanly (cancelled, resumable)"))
+    w.add_argument("--pool", default=os.environ.get("RLSIFT_WORK_POOL", "rlsift-process"), help="work pool")
+    w.add_argument("--grace", type=float, default=60.0,
+                   help="seconds the runs in flight get to end before the worker stops (default 60)")
+    w.set_defaults(fn=cmd_worker)
+
     s = sub.add_parser("sync", help="send a run's tracking outbox after an MLflow outage")
     s.add_argument("run_dir")
     s.add_argument("uri")
@@ -381,11 +395,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _env()
     p = parser()
     args, extra = p.parse_known_args(argv)  # key=value overrides may also follow options (`--json a=b`)
     if extra and (not hasattr(args, "overrides") or not all(_is_override(e) for e in extra)):
         p.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.cmd != "worker":  # a worker's flow runs get their environment from the deployments (infra/prefect.yaml)
+        _env()
     if extra:
         args.overrides = [*args.overrides, *extra]
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s",

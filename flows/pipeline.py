@@ -23,7 +23,7 @@ from tasks.config import Config, ConfigError
 from tasks.config_load import default_config, load_config, parse_override, validate
 from tasks.data.ingest import IngestResult
 from tasks.records.ledger import Ledger
-from tasks.records.stopping import CANCELLED, stop_signal
+from tasks.records.stopping import CANCELLED, stop_signal, stopping, watch_worker
 from tasks.run import Run, open_run
 from tasks.stages import (
     calibrate_stage,
@@ -154,7 +154,7 @@ def execute(run: Run, only_new: bool = False) -> RunSummary:
     t0 = time.perf_counter()
     summary = RunSummary(run_id=run.run_id, mlflow_run_id=run.tracker.run_id, ledger=str(run.ledger.path),
                          tracking_uri=run.tracking_uri, run_dir=str(run.dir))
-    note = ""
+    note, unwatch = "", watch_worker()
     try:
         data = ingest_stage(run, only_new=only_new)
         summary = replace(summary, ingest=data.summary())
@@ -168,9 +168,10 @@ def execute(run: Run, only_new: bool = False) -> RunSummary:
         if (sig := stop_signal(err)) is not None:
             note = stopped_note(run, sig)
             summary = replace(summary, status=CANCELLED, reason=note, wall_s=time.perf_counter() - t0)
-            err.rlsift_summary = summary.to_dict()  # what `rlsift run --json` prints for a stopped run
+            stopping(err).rlsift_summary = summary.to_dict()  # what `rlsift run --json` prints for a stopped run
         raise
     finally:
+        unwatch()
         summary = replace(summary, wall_s=time.perf_counter() - t0)
         run.close(summary.status, summary.to_dict(), note)
     return summary
@@ -345,7 +346,7 @@ def plan_flow(config: str | None = None, overrides: list[str] | None = None) -> 
     run = open_run(cfg)
     claim_flow_run(run)
     status, out = "failed", {}
-    note = ""
+    note, unwatch = "", watch_worker()
     try:
         data = ingest_stage(run)
         policy = prepare_stage(run)
@@ -360,6 +361,7 @@ def plan_flow(config: str | None = None, overrides: list[str] | None = None) -> 
             status, note = CANCELLED, f"by {sig.name}"
         raise
     finally:
+        unwatch()
         run.close(status, {k: v for k, v in out.items() if k != "table"}, note)
     publish_plan(plan)
     get_run_logger().info("plan of run %s: %s", run.run_id, plan.reason)

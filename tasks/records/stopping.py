@@ -10,15 +10,22 @@ from outside) or ``Cancelled`` (a cancellation asked of Prefect, delivered by th
 Prefect's handler, once its flow run has been reported, sends the signal again to the handler that was installed
 before it: Python's default one kills the process on the spot (no ``atexit``: Prefect's temporary API server
 would outlive it); :func:`sigterm_raises`' raises again, so the process ends through its ``atexit`` handlers.
+
+A flow-run process whose Prefect worker dies without stopping it (a SIGKILL) would train on, orphaned:
+:func:`watch_worker` sends it SIGTERM then, so it ends as above.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+log = logging.getLogger("rlsift")
 
 #: The status a stopped run ends with in the ledger and the run summary.
 CANCELLED = "cancelled"
@@ -28,16 +35,26 @@ TRACKER_STATUS = {"failed": "FAILED", CANCELLED: "KILLED"}
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def stop_signal(err: BaseException) -> signal.Signals | None:
-    """The signal ``err`` stands for: SIGINT for ``KeyboardInterrupt``, the signal of Prefect's
-    ``TerminationSignal``; None for any other exception (a failure)."""
+def stopping(err: BaseException) -> BaseException | None:
+    """The exception a stop signal raised: ``err`` itself, or the one being handled when ``err`` was raised (e.g.
+    Prefect's client failing to report the stop to a server the same signal stopped); None for a failure."""
     from prefect.exceptions import TerminationSignal
 
-    if isinstance(err, KeyboardInterrupt):
-        return signal.SIGINT
-    if isinstance(err, TerminationSignal):
-        return signal.Signals(err.signal)
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt | TerminationSignal):
+            return seen
+        seen = seen.__context__
     return None
+
+
+def stop_signal(err: BaseException) -> signal.Signals | None:
+    """The signal that stopped the run ``err`` ended: SIGINT for ``KeyboardInterrupt``, the signal of Prefect's
+    ``TerminationSignal`` (:func:`stopping`); None for any other exception (a failure)."""
+    stop = stopping(err)
+    if stop is None:
+        return None
+    return signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.Signals(stop.signal)
 
 
 def _raise_termination(signum: int, frame) -> None:
@@ -81,3 +98,24 @@ def held_signals() -> Iterator[None]:
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
         if caught:
             signal.raise_signal(caught[0])
+
+
+def watch_worker(poll_s: float = 1.0) -> Callable[[], None]:
+    """In a flow-run process that a Prefect worker started (``PREFECT__FLOW_RUN_ID`` in its environment), watch the
+    worker: when it dies (this process gets another parent), send this process SIGTERM, so its run ends cleanly.
+    Elsewhere (``rlsift run``: its parent may leave, e.g. a shell that started it in the background) nothing.
+    Returns the function that ends the watch."""
+    done = threading.Event()
+    if "PREFECT__FLOW_RUN_ID" not in os.environ:
+        return done.set
+    worker = os.getppid()
+
+    def watch() -> None:
+        while not done.wait(poll_s):
+            if os.getppid() != worker:
+                log.warning("the Prefect worker (process %d) of this flow run is gone: stopping the run", worker)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    threading.Thread(target=watch, name="rlsift-watch-worker", daemon=True).start()
+    return done.set

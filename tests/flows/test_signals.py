@@ -25,6 +25,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -175,3 +176,75 @@ def test_a_resume_removes_the_temporary_folder_a_killed_generator_left(smoke_cfg
         live.kill()
         live.wait()
         shutil.rmtree(mine, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["ctrl-c-to-rlsift-worker", "sigkill-to-prefect-worker"])
+def test_a_stopped_or_killed_worker_ends_its_run_in_flight_cancelled(tmp_path, how):
+    """A Prefect server, the deployments, a worker running the pipeline deployment; during training either a Ctrl-C
+    at the terminal of ``rlsift worker`` (SIGINT to its process group; flows/worker.py sends the flow-run process
+    SIGTERM, waits for it, then stops the worker) or a SIGKILL to Prefect's own worker (its flow-run process,
+    orphaned, sends itself SIGTERM: tasks/records/stopping.py ``watch_worker``). Either way the run ends: flow run
+    ``CRASHED``, ledger ``cancelled``, MLflow ``KILLED``, and no process of the worker, the flow run or its
+    generator is left."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.worker import flow_processes
+    from tests.servers import free_port, start, stop, wait_http
+
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = cli_env(tmp_path, PREFECT_API_URL=api, PREFECT_WORKER_QUERY_SECONDS="2")
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    server_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}
+    server = start([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], server_env,
+                   tmp_path / "server.log")
+    worker, sessions = None, []
+    try:
+        wait_http(f"{api}/health", server, tmp_path / "server.log")
+        assert rlsift("deploy", env=env).returncode == 0
+        root = tmp_path / "root"
+        params = {"config": str(TINY), "overrides": [*FAST, f"paths.root={root}"]}
+        with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+            flow_run = client.create_flow_run_from_deployment(
+                client.read_deployment_by_name("pipeline/pipeline").id, parameters=params)
+            command = ([sys.executable, "-m", "flows.cli", "worker"] if how == "ctrl-c-to-rlsift-worker" else
+                       [prefect, "worker", "start", "--type", "process"])
+            worker = start([*command, "--pool", "rlsift-process"], env, tmp_path / "worker.log", cwd=ROOT)
+            deadline = time.time() + 600
+            while not ((root / "runs").exists() and any(
+                    len(f.read_text().splitlines()) >= 3 for f in (root / "runs").glob("*/metrics.jsonl"))):
+                assert worker.poll() is None and time.time() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
+                time.sleep(0.2)
+            prefect_worker = psutil.Process(worker.pid).children()[0] if how == "ctrl-c-to-rlsift-worker" else \
+                psutil.Process(worker.pid)
+            (flow_process,) = flow_processes(prefect_worker.pid)
+            sessions = sorted({os.getsid(p) for p in (worker.pid, prefect_worker.pid, flow_process.pid)})
+            if how == "ctrl-c-to-rlsift-worker":
+                os.killpg(worker.pid, signal.SIGINT)
+                assert worker.wait(180) == 0, (tmp_path / "worker.log").read_text()[-3000:]
+            else:
+                worker.kill()
+                flow_process.wait(180)
+            state = client.read_flow_run(flow_run.id).state
+        log = (tmp_path / "worker.log").read_text()
+        assert state.is_crashed() and "termination signal" in state.message, log[-3000:]
+        with Ledger(root / "ledger.duckdb", read_only=True) as led:
+            row = led.query("SELECT run_id, status, mlflow_run_id FROM runs")[0]
+        assert row["status"] == "cancelled"
+        assert run_info(f"sqlite:///{root / 'mlflow.db'}", row["mlflow_run_id"])["status"] == "KILLED"
+        if how == "ctrl-c-to-rlsift-worker":  # the flow run's log reaches the worker's output while it lives
+            assert "1 flow run(s) in flight get SIGTERM" in log and "still running" not in log
+            assert f"run {row['run_id']} cancelled by SIGTERM" in log
+        time.sleep(2)
+        assert [p for s in sessions for p in leftovers(s)] == []
+    finally:
+        if worker is not None:
+            stop(worker, signal.SIGKILL, timeout=5)
+        for s in sessions:
+            try:
+                os.killpg(s, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        stop(server, signal.SIGTERM, timeout=30)
