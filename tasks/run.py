@@ -272,11 +272,11 @@ class Run:
         else:
             dropped, self._held = len(self._held), []
         if note or dropped:
+            resume = "a resume" if note else f"`rlsift run --resume {self.run_id}`"  # a note names the command
+            unsent = (f"; {dropped} steps' metrics past the last checkpoint not sent (metrics.jsonl has them; "
+                      f"{resume} logs them again)") if dropped else ""
             log.log(logging.WARNING if status == CANCELLED else logging.INFO, "run %s %s%s%s", self.run_id, status,
-                    f" {note}" if note else "",
-                    f"; {dropped} steps' metrics past the last checkpoint not sent (metrics.jsonl has them; "
-                    + ("a resume" if note else f"`rlsift run --resume {self.run_id}`") + " logs them again)"
-                    if dropped else "")
+                    f" {note}" if note else "", unsent)
         try:
             self.log_cost_table()
             self.ledger.finish_run(self.run_id, status, summary)
