@@ -271,7 +271,7 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
     # one process, or sharded over the torchrun ranks (then `model` stays rank 0's full copy, updated in place)
     updater = build_updater(cfg, policy, device=run.device)
     sampling = SamplingPolicy(policy, lag.lag, threads=cfg.overlap.generator_threads,
-                              needs_copy=cfg.select.screen > 1)
+                              needs_copy=cfg.select.screen > 1, on_temp_dir=run.note_temp)
     try:
         return _train(run, policy, sampling, updater, pool, features, calibration, evaluate_fn, run_round)
     finally:
@@ -444,6 +444,9 @@ def _train(run: Run, policy: Policy, sampling: SamplingPolicy, updater, pool: li
             run.meter.add("weight_sync", sampling.sync(run.dir / "vllm_weights"))
         for round_, steps in groupby(range(start, tc.steps), key=lambda s: s // tc.round_steps):
             run_round(round_, partial(play_round, round_, list(steps)))
+    except BaseException:
+        sampling.close(now=True)  # a failing or stopped run does not wait for the draw in flight
+        raise
     finally:
         overlap.close()
     bar.close()

@@ -67,7 +67,11 @@ def step_metrics(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(CLOCK)} for r in rows]
 
 
-def kill_during_training(root: Path, argv: list[str], env: dict, after_steps: int) -> str:
+def signal_during_training(root: Path, argv: list[str], env: dict, after_steps: int, sig: int = signal.SIGKILL,
+                           group: bool = True) -> tuple[subprocess.Popen, str, str, str]:
+    """Start ``rlsift run ... --json`` in a session of its own, send ``sig`` once ``metrics.jsonl`` shows
+    ``after_steps`` finished steps (to its process group, as a terminal's Ctrl-C does, or to it alone), wait for it
+    to end. Returns the process, the run id, and its stdout and stderr."""
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", *argv, "--json"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.time() + 600
@@ -75,18 +79,30 @@ def kill_during_training(root: Path, argv: list[str], env: dict, after_steps: in
         while time.time() < deadline:
             files = list((root / "runs").glob("*/metrics.jsonl")) if (root / "runs").exists() else []
             if files and len(files[0].read_text().splitlines()) >= after_steps:
-                os.killpg(proc.pid, signal.SIGKILL)
+                (os.killpg if group else os.kill)(proc.pid, sig)
                 break
-            assert proc.poll() is None, f"run ended before the kill: {proc.stderr.read().decode()[-3000:]}"
+            assert proc.poll() is None, f"run ended before the signal: {proc.stderr.read().decode()[-3000:]}"
             time.sleep(0.02)
         else:
             raise TimeoutError("training did not start in time")
+        out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+            proc.wait()
+    return proc, files[0].parent.name, out.decode(), err.decode()
+
+
+def kill_during_training(root: Path, argv: list[str], env: dict, after_steps: int) -> str:
+    proc, run_id, *_ = signal_during_training(root, argv, env, after_steps)
     assert proc.returncode == -signal.SIGKILL
-    return files[0].parent.name
+    return run_id
+
+
+def memory_phases(run_dir: Path) -> list[list[str]]:
+    """Each step's ``memory/<phase>_peak_mb`` keys in metrics.jsonl (their values are the clock's, the keys not)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [sorted(k for k in r if k.startswith("memory/")) for r in rows]
 
 
 @pytest.mark.slow
@@ -138,6 +154,11 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, easy_task, lo
     differ = [(m["step"], k) for m, w in zip(got, want, strict=True) for k in m.keys() | w.keys()
               if m.get(k) != w.get(k) and not (m.get(k) != m.get(k) and w.get(k) != w.get(k))]  # NaN equals NaN
     assert len(got) == len(want) and not differ, differ
+    phases, want_phases = memory_phases(run_dir), memory_phases(root_a / "runs" / ref["run_id"])
+    if ckpt == "none":  # step 0 holds the stages the resume redid; those it found on disk it did not measure again
+        assert set(phases[0]) <= set(want_phases[0])
+        phases, want_phases = phases[1:], want_phases[1:]
+    assert phases == want_phases  # the resumed step's too: its checkpoint's peak, no redone stage's
     for key in ("train/reward_mean", "train/effective_ratio", "select/entropy", "replay/size", "eval/accuracy"):
         hist_a = metric_history(ref["tracking_uri"], ref["mlflow_run_id"], key)
         hist_b = metric_history(res["tracking_uri"], res["mlflow_run_id"], key)
