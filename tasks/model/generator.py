@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from tasks.model.lora import plain_copy, plain_state_dict
+from tasks.model.lora import plain_state_dict
 from tasks.model.rollout import Generation, HFEngine, RolloutEngine
 from tasks.records.memory import own_peak_mb, reset_own_peak
 
@@ -104,15 +104,17 @@ class GeneratorProcess(RolloutEngine):
     """A rollout engine whose sampling runs in a child process on a shared-memory copy of the policy.
 
     Args:
-        engine: the trainer's in-process engine (its model is copied; its sampling settings are kept).
+        engine: the trainer's in-process engine (its sampling settings are kept).
+        weights: the frozen plain model the child samples from (``Policy.merged_copy``: merged under LoRA); on a
+            CPU it is moved to shared memory, on a GPU shared through CUDA IPC.
         threads: torch threads of the child.
         poll_s: how often a wait checks that the child is alive.
         on_temp_dir: called with the child's temporary folder and pid once a reply names it (the run records it).
     """
 
-    def __init__(self, engine: HFEngine, threads: int, poll_s: float = 0.5,
+    def __init__(self, engine: HFEngine, threads: int, weights: torch.nn.Module, poll_s: float = 0.5,
                  on_temp_dir: Callable[[str, int], None] | None = None):
-        self.model = plain_copy(engine.model)  # under LoRA: the merged weights
+        self.model = weights
         if next(self.model.parameters()).device.type == "cpu":
             self.model.share_memory()
         self.poll_s = poll_s

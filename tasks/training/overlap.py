@@ -86,7 +86,7 @@ class SamplingPolicy:
         elif isinstance(trainer.engine, HFEngine):
             total = torch.get_num_threads()
             gen, rest = thread_split(total, threads)
-            self._process = GeneratorProcess(trainer.engine, gen, on_temp_dir=on_temp_dir)
+            self._process = GeneratorProcess(trainer.engine, gen, trainer.merged_copy(), on_temp_dir=on_temp_dir)
             self._trainer_threads = (total, rest)
             torch.set_num_threads(self._trainer_threads[1])
             self.policy = Policy(model=self._process.model, tokenizer=trainer.tokenizer, engine=self._process,

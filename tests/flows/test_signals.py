@@ -147,6 +147,7 @@ def test_a_resume_removes_the_temporary_folder_a_killed_generator_left(smoke_cfg
     its run recorded: the resume removes it, and keeps one whose process still lives."""
     from tasks.model.generator import GeneratorProcess
     from tasks.model.policy import build_tiny_model, build_tokenizer
+    from tasks.model.lora import plain_copy
     from tasks.model.rollout import HFEngine
     from tasks.run import TEMP_RECORD, open_run
 
@@ -155,6 +156,7 @@ def test_a_resume_removes_the_temporary_folder_a_killed_generator_left(smoke_cfg
     tok = build_tokenizer()
     model = build_tiny_model(hidden=64, layers=2, heads=2, tokenizer=tok, seed=0)
     gp = GeneratorProcess(HFEngine(model, tok, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0, chunk=8), 1,
+                          plain_copy(model),
                           on_temp_dir=run.note_temp)
     gp.generate(["Q: 1+1=?\n"], 2, 0)
     left = Path(gp.temp_dir)
