@@ -66,11 +66,11 @@ def _die_with_parent(parent: int):
     return arm
 
 
-def serve(pool: str, grace: float = 60.0, worker_args: tuple[str, ...] = ()) -> int:
+def serve(pool: str, grace: float = 60.0) -> int:
     """Run a process worker on ``pool`` until it stops or a stop signal comes (then as the module docstring says).
     Returns the worker's exit code. Call from the main thread."""
     prefect = str(Path(sys.executable).with_name("prefect"))
-    worker = subprocess.Popen([prefect, "worker", "start", "--pool", pool, "--type", "process", *worker_args],
+    worker = subprocess.Popen([prefect, "worker", "start", "--pool", pool, "--type", "process"],
                               start_new_session=True, preexec_fn=_die_with_parent(os.getpid()))
     stops: list[int] = []
     asked = threading.Event()

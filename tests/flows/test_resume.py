@@ -17,6 +17,8 @@ same MLflow run, and that the final weights and evaluation equal A's bit for bit
 random draw seeded from (seed, step, purpose) and the RNG states in the checkpoint). The cost figures count the
 crashed process's stages once: no stage metric is logged twice at step 0, the ingest cost is in every later step's
 totals (also after a kill before the first checkpoint), and the killed process's Prefect flow run ends Crashed.
+The resume removes the multiprocessing folder (a listener socket) the killed generator left in the temporary
+directory, and every step reports the peak-memory phases an uninterrupted run's does.
 """
 
 import json
@@ -110,7 +112,8 @@ def memory_phases(run_dir: Path) -> list[list[str]]:
 def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, easy_task, lora):
     """Every weight trained, or LoRA adapters (``model.lora``: the checkpoint holds the adapters and their AdamW
     state; the final model is the merged one)."""
-    env = cli_env(tmp_path)
+    (tmp_path / "tmp").mkdir()
+    env = cli_env(tmp_path, TMPDIR=str(tmp_path / "tmp"))  # the kill leaves the generator's pymp-* folder there
     if lora:
         easy_task = (*easy_task, "model.lora.enabled=true", "model.lora.rank=4", "train.lr=1e-3")
     root_a, root_b = tmp_path / "a", tmp_path / "b"
@@ -131,6 +134,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, easy_task, lo
     with Ledger(root_b / "ledger.duckdb", read_only=True) as led:
         crashed = led.query("SELECT status, mlflow_run_id FROM runs WHERE run_id = ?", [run_id])[0]
     assert crashed["status"] == "running"
+    assert list((tmp_path / "tmp").glob("pymp-*/listener-*")), "the SIGKILLed generator's listener socket"
 
     resumed = rlsift("run", "--resume", run_id, *args(root_b, easy_task), "--json", env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -166,6 +170,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, easy_task, lo
     steps = [s for s, _ in metric_history(res["tracking_uri"], res["mlflow_run_id"], "train/reward_mean")]
     assert steps == list(range(STEPS))
     assert not (run_dir / "outbox.jsonl").exists()
+    assert not list((tmp_path / "tmp").glob("pymp-*")), "the resume removes what the killed run left"
 
     # the same final model and evaluation, bit for bit
     wa = load_file(Path(ref["model_path"]) / "model.safetensors")
