@@ -310,6 +310,7 @@ def cmd_bench(args) -> int:
         return 2
     from flows.benchmark import benchmark
 
+    _prefect_server()
     result = benchmark(config=args.config, overrides=list(args.overrides), quick=args.quick, seeds=args.seeds,
                        presets=args.presets.split(",") if args.presets else None, trl=not args.no_trl,
                        jobs=args.jobs)
