@@ -43,6 +43,25 @@ def _config(args):
     return load_config(args.config, args.overrides)
 
 
+def _prefect_server() -> None:
+    """Start Prefect's temporary API server now, when no server is configured, with SIGINT blocked: the server
+    inherits the blocked signal, so a Ctrl-C at the terminal (which reaches the whole process group) stops the run
+    but not the server, which then records the flow run's end. Prefect stops the server when rlsift exits (atexit,
+    with SIGTERM)."""
+    import signal
+
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        get_client(sync_client=True)  # starts the server (once per process)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def _paired_text(paired: dict | None) -> str:
     if not paired:
         return ""
@@ -80,7 +99,19 @@ def cmd_run(args) -> int:
         return 2
     from flows.pipeline import pipeline
 
-    summary = pipeline(config=args.config, overrides=list(args.overrides), resume=args.resume)
+    _prefect_server()
+    try:
+        summary = pipeline(config=args.config, overrides=list(args.overrides), resume=args.resume)
+    except BaseException as err:
+        from tasks.records.stopping import stop_signal, stopping
+
+        if (sig := stop_signal(err)) is None:
+            raise
+        if args.json:  # the run's own log line has said why and what is kept
+            stopped = getattr(stopping(err), "rlsift_summary", None) or {"status": "cancelled",
+                                                                          "reason": f"by {sig.name}"}
+            sys.stdout.write(json.dumps(stopped, default=str) + "\n")
+        return 128 + sig
     text = (f"run {summary['run_id']} ({summary['name']}) {summary['status']} in {summary['wall_s']:.0f} s, "
             f"{summary['steps']} steps\n"
             f"  held-out greedy accuracy {summary['eval_accuracy_start']:.3f} -> {summary['eval_accuracy_end']:.3f}"
@@ -115,6 +146,7 @@ def cmd_plan(args) -> int:
         return 2
     from flows.pipeline import plan_flow
 
+    _prefect_server()
     out = plan_flow(config=args.config, overrides=list(args.overrides))
     _emit(out, args.json, f"{out['table']}\nrun {out['run_id']}: MLflow run {out['mlflow_run_id']} at "
           f"{out['tracking_uri']}; {out['run_dir']}/plan.json")
@@ -183,34 +215,46 @@ def cmd_ledger(args) -> int:
         print(f"rlsift ledger {args.what}: needs {' and '.join(missing)}", file=sys.stderr)
         return 2
     root = Path(args.root or load_config(args.config, args.overrides).paths.root)
-    empty = "(no rows)"
-    known = True
+    rows: list[dict] = []
+    empty, error = "(no rows)", None  # error: an answer about no run or no prompt at all (exit 1)
     with Ledger(root / "ledger.duckdb", read_only=True) as ledger:
-        if args.what == "runs":
+        if args.what in ("why", "round") and ledger.run_status(args.run) is None:
+            error = _unknown_run(args.run, ledger.run_ids(), ledger.path)
+        elif args.what == "runs":
             rows = [_run_row(r) for r in ledger.runs()]
         elif args.what == "why":
             rows = ledger.why(args.run, args.prompt, args.step)
             if not rows:
                 known = ledger.prompts_like(args.prompt)
-                empty = (f"no prompt id starts with {args.prompt!r} in {ledger.path}" if not known else
-                         f"prompt {known[0]['prompt_id']} (level {known[0]['level']}, {known[0]['split']}) was never "
-                         f"selected in run {args.run}" + (f" at step {args.step}" if args.step is not None else ""))
+                if not known:
+                    error = f"no prompt id starts with {args.prompt!r} in {ledger.path}"
+                else:
+                    empty = (f"prompt {known[0]['prompt_id']} (level {known[0]['level']}, {known[0]['split']}) was "
+                             f"never selected in run {args.run}" +
+                             (f" at step {args.step}" if args.step is not None else ""))
         elif args.what == "round":
             rows = ledger.round_selection(args.run, args.round)
             empty = f"no selections in round {args.round} of run {args.run}"
         else:
             rows = ledger.query(args.sql)
-    unknown = args.what == "why" and not rows and not known  # an answer about no prompt at all
     if args.json:
         sys.stdout.write(json.dumps(rows, default=str) + "\n")
     elif rows:
         _print_table(rows, drop=("question",) if args.what == "round" else ())
-    elif not unknown:
+    elif error is None:
         print(empty)
-    if unknown:
-        print(empty, file=sys.stderr)
+    if error is not None:
+        print(error, file=sys.stderr)
         return 1
     return 0
+
+
+def _unknown_run(run_id: str, known: list[str], path, shown: int = 10) -> str:
+    """The error for a run id the ledger does not have, with the newest ``shown`` of the runs it has."""
+    if not known:
+        return f"no run {run_id!r} in {path}: it has no runs yet"
+    more = f" and {len(known) - shown} older (rlsift ledger runs lists them)" if len(known) > shown else ""
+    return f"no run {run_id!r} in {path}; its runs, newest first: {', '.join(known[:shown])}{more}"
 
 
 def _run_row(r: dict) -> dict:
@@ -266,6 +310,7 @@ def cmd_bench(args) -> int:
         return 2
     from flows.benchmark import benchmark
 
+    _prefect_server()
     result = benchmark(config=args.config, overrides=list(args.overrides), quick=args.quick, seeds=args.seeds,
                        presets=args.presets.split(",") if args.presets else None, trl=not args.no_trl,
                        jobs=args.jobs)
@@ -278,6 +323,12 @@ def cmd_deploy(args) -> int:
 
     print(json.dumps(deploy(), indent=2))
     return 0
+
+
+def cmd_worker(args) -> int:
+    from flows.worker import serve
+
+    return serve(args.pool, args.grace)
 
 
 def cmd_sync(args) -> int:
@@ -345,6 +396,13 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("deploy", help="register the Prefect deployments with the configured server")
     d.set_defaults(fn=cmd_deploy)
 
+    w = sub.add_parser("worker", help=("a Prefect process worker (prefect worker start) whose Ctrl-C or SIGTERM "
+                                       "first lets its runs in flight end cleanly (cancelled, resumable)"))
+    w.add_argument("--pool", default=os.environ.get("RLSIFT_WORK_POOL", "rlsift-process"), help="work pool")
+    w.add_argument("--grace", type=float, default=60.0,
+                   help="seconds the runs in flight get to end before the worker stops (default 60)")
+    w.set_defaults(fn=cmd_worker)
+
     s = sub.add_parser("sync", help="send a run's tracking outbox after an MLflow outage")
     s.add_argument("run_dir")
     s.add_argument("uri")
@@ -354,11 +412,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _env()
     p = parser()
     args, extra = p.parse_known_args(argv)  # key=value overrides may also follow options (`--json a=b`)
     if extra and (not hasattr(args, "overrides") or not all(_is_override(e) for e in extra)):
         p.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.cmd != "worker":  # a worker's flow runs get their environment from the deployments (infra/prefect.yaml)
+        _env()
     if extra:
         args.overrides = [*args.overrides, *extra]
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s",
@@ -369,7 +428,15 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "json", False):
         logging.getLogger().setLevel(logging.WARNING)
         logging.getLogger("rlsift").setLevel(logging.WARNING)
-    return args.fn(args)
+    from tasks.records.stopping import sigterm_raises, stop_signal
+
+    try:
+        with sigterm_raises():  # SIGTERM ends rlsift as Ctrl-C does: cleanup and exit handlers run
+            return args.fn(args)
+    except BaseException as err:
+        if (sig := stop_signal(err)) is None:
+            raise
+        return 128 + sig  # the shell's code for a process ended by that signal; no traceback
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import time
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -24,6 +25,7 @@ from tasks.data.ingest import IngestResult
 from tasks.records import artifacts
 from tasks.records.ledger import Ledger
 from tasks.records.tracking import flow_run_tags
+from tasks.records.stopping import CANCELLED, stop_signal, stopping, watch_worker
 from tasks.run import Run, open_run
 from tasks.stages import (
     calibrate_stage,
@@ -38,6 +40,7 @@ from tasks.stages import (
     score_stage,
     train_stage,
 )
+from tasks.training import checkpoint
 from tasks.training.evaluate import PairedChange, paired_change
 from tasks.training.plan import Plan, planned_config
 
@@ -51,7 +54,7 @@ RESUME_MAY_CHANGE = ("paths.", "tracking.uri", "model.threads", "model.device", 
 
 
 #: RunSummary fields only a run of that status reports (the others report none of them).
-_ONLY = {"skipped": ("reason", "model_version"), "completed": (
+_ONLY = {"skipped": ("reason", "model_version"), CANCELLED: ("reason",), "completed": (
     "steps", "eval_accuracy_start", "eval_accuracy_end", "eval_by_level_start", "eval_by_level_end", "eval_paired",
     "effective_ratio", "device", "device_hours", "cost_usd", "stage_seconds", "model_path", "model_version",
     "parent_version", "data_fingerprint", "policy_path", "resumed", "overlap", "plan")}
@@ -63,14 +66,15 @@ class RunSummary:
 
     Every run reports where it lives (``run_id``, ``mlflow_run_id``, ``ledger``, ``tracking_uri``,
     ``run_dir``), its ``name`` (the MLflow run's: what ran; an ``auto`` run's names the plan's choice), its
-    ``status`` (``completed``, ``skipped`` or ``failed``), ``wall_s`` and, once ingest ran, the ``ingest`` counts.
+    ``status`` (``completed``, ``skipped``, ``failed`` or ``cancelled``), ``wall_s`` and, once ingest ran, the ``ingest`` counts.
     A ``skipped`` run (retrain with nothing new) adds ``reason`` and ``model_version`` (None); a ``completed`` run
     adds the rest: steps, held-out greedy accuracy before and after (overall and by level, level keys as strings),
     the paired change, the last step's effective-group ratio, device hours and money, the final model and its
     lineage, and ``overlap``: the lag trained with, its ``basis`` and ``reason`` (tasks/stages.py ``overlap_stage``)
     and, overlapped, the loop's totals in seconds (update, draw, at once, each side's idle) and ``plan``: what a
     ``plan.auto`` run chose and why (:func:`plan_summary`; None otherwise). :meth:`to_dict` holds exactly the
-    fields of the run's status.
+    fields of the run's status. A ``cancelled`` run (stopped by SIGINT or SIGTERM, tasks/records/stopping.py) adds
+    ``reason``: the signal, the step and the checkpoint kept.
     """
 
     run_id: str
@@ -177,6 +181,7 @@ def execute(run: Run, only_new: bool = False) -> RunSummary:
     t0 = time.perf_counter()
     summary = RunSummary(run_id=run.run_id, mlflow_run_id=run.tracker.run_id, ledger=str(run.ledger.path),
                          tracking_uri=run.tracking_uri, run_dir=str(run.dir))
+    note, unwatch = "", watch_worker()
     try:
         data = ingest_stage(run, only_new=only_new)
         summary = replace(summary, ingest=data.summary())
@@ -186,15 +191,33 @@ def execute(run: Run, only_new: bool = False) -> RunSummary:
             run.tracker.set_tags({"rlsift.skipped": "no new training prompts"})
         else:
             summary = _train(run, data, summary)
+    except BaseException as err:
+        if (sig := stop_signal(err)) is not None:
+            note = stopped_note(run, sig)
+            summary = replace(summary, status=CANCELLED, reason=note, wall_s=time.perf_counter() - t0)
+            stopping(err).rlsift_summary = summary.to_dict()  # what `rlsift run --json` prints for a stopped run
+        raise
     finally:
+        unwatch()
         summary = replace(summary, wall_s=time.perf_counter() - t0, name=run.tracker.name)
         try:
             text = describe(run, summary)
             run.tracker.describe(text)
             artifacts.run_summary(text)
         finally:
-            run.close(summary.status, summary.to_dict())
+            run.close(summary.status, summary.to_dict(), note)
     return summary
+
+
+def stopped_note(run: Run, sig: signal.Signals) -> str:
+    """Why a run stopped and what is kept, for its log line and summary: ``by SIGINT at step 7 (checkpoint at step 6
+    kept; `rlsift run --resume ID` finishes it)``."""
+    logged = run.dir / "metrics.jsonl"
+    steps = len(logged.read_text().splitlines()) if logged.exists() else 0
+    kept = checkpoint.latest(run)
+    where = f" at step {steps}" if steps else " before training"
+    what = f"checkpoint at step {int(kept.stem.split('-')[1])} kept" if kept else "no checkpoint yet"
+    return f"by {sig.name}{where} ({what}; `rlsift run --resume {run.run_id}` finishes it)"
 
 
 def _train(run: Run, data: IngestResult, summary: RunSummary) -> RunSummary:
@@ -348,6 +371,7 @@ def plan_flow(config: str | None = None, overrides: list[str] | None = None) -> 
     run = open_run(cfg)
     claim_flow_run(run)
     status, out = "failed", {}
+    note, unwatch = "", watch_worker()
     try:
         data = ingest_stage(run)
         policy = prepare_stage(run)
@@ -357,10 +381,15 @@ def plan_flow(config: str | None = None, overrides: list[str] | None = None) -> 
         status = "planned"
         out = {"run_id": run.run_id, "mlflow_run_id": run.tracker.run_id, "run_dir": str(run.dir),
                "tracking_uri": run.tracking_uri, "plan": plan.to_json(), "table": plan.markdown()}
+    except BaseException as err:
+        if (sig := stop_signal(err)) is not None:
+            status, note = CANCELLED, f"by {sig.name}"
+        raise
     finally:
         run.tracker.describe(f"**{run.tracker.name or run.run_id}**: {status} (`rlsift plan`, no training)" + (
             f"\n- plan: {plan.reason}\n" if status == "planned" else "\n"))
-        run.close(status, {k: v for k, v in out.items() if k != "table"})
+        unwatch()
+        run.close(status, {k: v for k, v in out.items() if k != "table"}, note)
     get_run_logger().info("plan of run %s: %s", run.run_id, plan.reason)
     return out
 

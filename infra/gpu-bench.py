@@ -14,8 +14,12 @@ utilisation and the peak memory measured against tasks/training/fit.py's estimat
   ``VmHWM``, reset per arm where Linux allows it: the interpreter and libraries included, about 0.6 GiB).
 - One warm-up step, then ``--steps`` timed steps; an arm that runs out of memory says so and the others go on.
 
+Then the generation half (infra/gpu_bench_generation.py) on the first model: the in-process sampler against
+transformers' ``generate`` and the card's floor, the bf16 sampler/trainer mismatch, and the one-GPU overlap.
+
 It imports only torch, transformers, peft, pydantic and numpy (and rlsift's modules that need no more), so it runs
-on a machine where the rest of the stack is not installed. Under 8 minutes on one H100 with the defaults.
+on a machine where the rest of the stack is not installed. Meant to take under 8 minutes on one H100 with the
+defaults (not yet run on a GPU).
 
 Usage:
     python infra/gpu-bench.py                      # on a GPU: the full table

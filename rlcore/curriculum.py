@@ -161,7 +161,7 @@ def reward_adaptability(history: Sequence[Sequence[float]], trend_weight: float 
 class CurriculumScheduler:
     """Reconstructed ScalingRL scheduler: sets the active pool's size (scale) and explore/exploit mix (rho).
 
-    Every knob the config sets is a required keyword (its default lives in ``tasks/config.py``,
+    Every knob the config sets is a required keyword (its default lives in ``tasks/config/techniques.py``,
     ``CurriculumConfig``); only ``window`` has a default here.
 
     Args:

@@ -95,7 +95,7 @@ def _attention_mean(scores: torch.Tensor, ref_labels: torch.Tensor, tau: float, 
 class AttentionDifficultyPredictor(nn.Module):
     """Predicts per-prompt success rates under the current policy from embeddings and a labelled reference set.
 
-    The knobs the config sets are required keywords (defaults in ``tasks/config.py``, ``PredictorConfig``;
+    The knobs the config sets are required keywords (defaults in ``tasks/config/select.py``, ``PredictorConfig``;
     ``seed`` is the run's ``seed``); the label store and episode sizes, which it does not set, keep theirs here.
 
     Args:

@@ -20,7 +20,7 @@ Choices and deviations:
 * **Scale with the pool.** sigma, the step size n and adj_max are fractions of N: sigma = ``sigma_frac`` N,
   n = ``step_frac`` N, adj_max = ``adj_max_frac`` N. The official fixed 1000 / 500 / 1000 are 0.13 / 0.065 /
   0.13 of GSM8K's N = 7,473 (and only about 2.5 % of DeepScaleR's 40K for sigma). rlsift's defaults
-  (``gain.sigma_frac`` = 0.13, ``gain.step_frac`` = 0.05 in ``tasks/config.py``; adj_max_frac 0.13 here)
+  (``gain.sigma_frac`` = 0.13, ``gain.step_frac`` = 0.05 in ``tasks/config/techniques.py``; adj_max_frac 0.13 here)
   take a slightly smaller step than the official ratio. Absolute values may be given instead.
 * **gamma** (angle sensitivity): the code uses alpha for both terms, a secondary summary of the paper says
   gamma = 0.5. ``gamma=None`` means gamma = alpha (the code); rlsift runs ``gain.gamma`` = 0.5 (the paper's).
@@ -43,7 +43,7 @@ import torch
 class GaussianWindowSampler:
     """A Gaussian window over rank positions 0..N-1 that slides toward lower angle concentration.
 
-    The knobs the config sets are required keywords (defaults in ``tasks/config.py``, ``GainConfig``);
+    The knobs the config sets are required keywords (defaults in ``tasks/config/techniques.py``, ``GainConfig``);
     the absolute forms and the clamp bounds, which the config does not set, keep their defaults here.
 
     Args:

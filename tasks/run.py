@@ -13,13 +13,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 import uuid
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
 from tasks.config import Config
@@ -28,12 +31,15 @@ from tasks.records.cost import CostMeter
 from tasks.records.files import write_json
 from tasks.records.ledger import Ledger, StageRow
 from tasks.records.memory import PeakMemory
+from tasks.records.stopping import CANCELLED, TRACKER_STATUS, held_signals
 from tasks.records.tracking import MlflowTracker, NullTracker, Tracker, default_uri
 
 log = logging.getLogger("rlsift")
 
 #: The run's per-stage cost table in MLflow (:meth:`Run.log_cost_table`).
 COST_TABLE = "cost_by_stage.json"
+#: Where a run names the temporary folders its processes keep (:meth:`Run.note_temp`).
+TEMP_RECORD = "temp.json"
 
 
 def show_progress() -> bool:
@@ -242,22 +248,63 @@ class Run:
         """Send :meth:`cost_table` as the run's ``cost_by_stage.json`` table (replaced at each stage's end)."""
         self.tracker.log_table(self.cost_table(), COST_TABLE)
 
-    def close(self, status: str, summary: dict[str, Any]) -> None:
+    def note_temp(self, path: str, pid: int) -> None:
+        """Record a temporary folder that process ``pid`` of this run keeps (the overlap's generator process: its
+        multiprocessing folder with a listener socket) in ``<run>/temp.json``. A process that ends cleanly removes its
+        own; :meth:`close` and a resume remove one whose process is gone (:func:`remove_leftovers`)."""
+        record = self.dir / TEMP_RECORD
+        noted = json.loads(record.read_text()) if record.is_file() else []
+        write_json(record, [*noted, {"path": path, "pid": pid}])
+
+    def close(self, status: str, summary: dict[str, Any], note: str = "") -> None:
         """Finish the run: ``completed`` and ``skipped`` send every held metric; any other status drops the
-        metrics past the last checkpoint (a resume recomputes and logs them)."""
+        metrics past the last checkpoint (a resume recomputes and logs them). One log line says how it ended
+        (``note``: why, e.g. the signal that stopped it) and what was not sent. A ``cancelled`` run (stopped by a
+        signal, tasks/records/stopping.py) marks its stores with SIGINT and SIGTERM held: a second Ctrl-C waits."""
+        with held_signals() if status == CANCELLED else nullcontext():
+            self._close(status, summary, note)
+
+    def _close(self, status: str, summary: dict[str, Any], note: str) -> None:
+        dropped = 0
         if status in ("completed", "skipped"):
             self._hold_from = None
             self.commit_metrics(2**62)
-        elif self._held:
-            log.info("run %s %s: %d steps' metrics past the last checkpoint not sent (metrics.jsonl has them; "
-                     "`rlsift run --resume %s` logs them again)", self.run_id, status, len(self._held), self.run_id)
-            self._held = []
+        else:
+            dropped, self._held = len(self._held), []
+        if note or dropped:
+            resume = "a resume" if note else f"`rlsift run --resume {self.run_id}`"  # a note names the command
+            unsent = (f"; {dropped} steps' metrics past the last checkpoint not sent (metrics.jsonl has them; "
+                      f"{resume} logs them again)") if dropped else ""
+            log.log(logging.WARNING if status == CANCELLED else logging.INFO, "run %s %s%s%s", self.run_id, status,
+                    f" {note}" if note else "", unsent)
         try:
             self.log_cost_table()
             self.ledger.finish_run(self.run_id, status, summary)
         finally:
             self.ledger.close()
-            self.tracker.finish("FAILED" if status == "failed" else "FINISHED")
+            self.tracker.finish(TRACKER_STATUS.get(status, "FINISHED"))
+            remove_leftovers(self.dir)
+
+
+def remove_leftovers(run_dir: Path) -> None:
+    """Remove the temporary folders of this run's processes that are gone (:meth:`Run.note_temp`; a SIGKILL leaves
+    them); those whose process still lives stay recorded."""
+    record = run_dir / TEMP_RECORD
+    if not record.is_file():
+        return
+    kept = []
+    for noted in json.loads(record.read_text()):
+        if not Path(noted["path"]).exists():
+            continue
+        if psutil.pid_exists(noted["pid"]):
+            kept.append(noted)
+            continue
+        shutil.rmtree(noted["path"], ignore_errors=True)
+        log.info("run %s: removed %s, left by its process %d", run_dir.name, noted["path"], noted["pid"])
+    if kept:
+        write_json(record, kept)
+    else:
+        record.unlink()
 
 
 def run_label(cfg: Config, choice: str | None = None) -> str:
@@ -284,6 +331,8 @@ def open_run(cfg: Config, *, run_id: str | None = None, track: bool = True, pare
     if resume and not run_dir.exists():
         raise FileNotFoundError(f"no run {run_id} under {root / 'runs'}")
     run_dir.mkdir(parents=True, exist_ok=True)
+    if resume:
+        remove_leftovers(run_dir)
     ledger = Ledger(root / "ledger.duckdb")
     tracker: Tracker | None = None
     try:  # a failure here must not leave the ledger open (nor the MLflow run running)

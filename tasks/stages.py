@@ -29,7 +29,7 @@ from rlcore.seeding import derive_seed
 from tasks.config import Config
 from tasks.data import ingest
 from tasks.data.prompts import PromptRecord
-from tasks.model.lora import apply_lora, trainable_parameters
+from tasks.model.lora import apply_lora
 from tasks.model.policy import Policy, load_policy
 from tasks.model.rollout import HFEngine
 from tasks.model.warmstart import sft_records, warm_start
@@ -128,14 +128,15 @@ def prepare_stage(run: Run) -> Policy:
     else:
         engine = HFEngine(model, tok, max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
                           top_k=rc.top_k, chunk=rc.chunk, device=run.device)
+    policy = Policy(model=model, tokenizer=tok, engine=engine,
+                    system_prompt=mc.system_prompt if getattr(tok, "chat_template", None) else None)
     run.info = replace(run.info, policy_path=str(path))
     stage_done(run, "prepare", metrics=not run.resumed)
     if not run.resumed:
         run.tracker.set_tags({"rlsift.policy_path": str(path)})
         run.log_metrics({"model/params": sum(p.numel() for p in model.parameters()),
-                         "model/trainable_params": sum(p.numel() for p in trainable_parameters(model))}, 0)
-    return Policy(model=model, tokenizer=tok, engine=engine,
-                  system_prompt=mc.system_prompt if getattr(tok, "chat_template", None) else None)
+                         "model/trainable_params": sum(p.numel() for p in policy.trainable_parameters())}, 0)
+    return policy
 
 
 @stage(name="calibrate")
@@ -334,8 +335,6 @@ class Report:
 def report_stage(run: Run, policy: Policy, start: EvalResult, end: EvalResult, summary: TrainSummary) -> Report:
     """Plots, the eval table, the final model (registered in MLflow with a description and its held-out accuracy).
     Timed as stage ``report`` (registering the model is most of it)."""
-    from tasks.model.policy import save_policy
-
     with run.meter.stage("report"):
         files = plots.training_curves(run.dir / "metrics.jsonl", run.dir / "training_curves.png",
                                       heldout=((0, start.overall.greedy_acc),
@@ -345,7 +344,7 @@ def report_stage(run: Run, policy: Policy, start: EvalResult, end: EvalResult, s
         (run.dir / "eval_table.md").write_text(table)
         for f in [*files, run.dir / "eval_table.md"]:
             run.tracker.log_artifact(f)
-        final = save_policy(policy.model, policy.tokenizer, run.dir / "final_model")
+        final = policy.save(run.dir / "final_model")
         version = None
         tc = run.cfg.tracking
         why = refusal(start.overall.greedy_acc, end.overall.greedy_acc, tc.register_tolerance)

@@ -1,30 +1,48 @@
 """The shipped warm start (assets/tiny-warmstart, conf/smoke.yaml's policy) is what the warm-start code makes."""
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tasks.config_load import load_config
+from tasks.config_load import default_config, load_config
 from tasks.model import warmstart
 from tasks.stages import policy_source
 
 ASSET = Path(__file__).resolve().parents[1] / "assets" / "tiny-warmstart"
 
 
-def test_shipped_warm_start_matches_the_default_fingerprint(tmp_path, monkeypatch):
-    """The embedded default (seed 0) finds the shipped folder as its cache entry without training: the settings,
-    data and code it was made with are today's. If this fails, the warm start changed: run the embedded default
-    once with ``paths.cache=<dir>`` and copy the new ``<dir>/<fingerprint>/`` folder here."""
-    meta = json.loads((ASSET / "meta.json").read_text())
-    shutil.copytree(ASSET, tmp_path / meta["fingerprint"])
+class WouldTrain(Exception):
+    """Raised where the warm start would start training (building the model is its first step)."""
 
-    def no_training(*_a, **_k):
-        raise AssertionError("the shipped warm start is stale: the default config would train a new one")
 
-    monkeypatch.setattr(warmstart, "_train", no_training)
-    assert Path(policy_source(load_config(None, [f"paths.cache={tmp_path}"]))) == tmp_path / meta["fingerprint"]
+@pytest.fixture
+def no_training(monkeypatch):
+    def refuse(*_a, **_k):
+        raise WouldTrain
+
+    monkeypatch.setattr(warmstart, "build_tiny_model", refuse)
+
+
+def test_the_default_run_starts_from_the_shipped_warm_start(tmp_path, no_training):
+    """`rlsift run`'s config (an empty cache) resolves to assets/tiny-warmstart without training: the settings, data
+    and code the asset's meta.json records are today's. If this fails, the warm start changed: run the embedded
+    default once with ``paths.cache=<dir>`` and copy the new ``<dir>/<fingerprint>/`` folder here."""
+    cfg = load_config(default_config(), [f"paths.root={tmp_path}", f"paths.cache={tmp_path / 'cache'}"])
+    try:
+        assert Path(policy_source(cfg)) == ASSET
+    except WouldTrain:
+        pytest.fail("the default run would train its warm start: the shipped one is not used, or is stale")
+    assert warmstart.shipped(json.loads((ASSET / "meta.json").read_text())["fingerprint"]) == ASSET
+
+
+@pytest.mark.parametrize("override", ["seed=1", "model.warmstart.steps=1"])
+def test_another_warm_start_is_trained_not_the_shipped_one(tmp_path, no_training, override):
+    """Another seed or recipe has another fingerprint: it trains (and caches) its own warm start."""
+    cfg = load_config(default_config(), [f"paths.root={tmp_path}", override])
+    with pytest.raises(WouldTrain):
+        policy_source(cfg)
+    assert warmstart.shipped("0" * 16) is None
 
 
 def test_smoke_config_uses_the_shipped_warm_start():

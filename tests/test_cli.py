@@ -65,6 +65,32 @@ def test_run_json_contract(tmp_path):
     assert unknown.returncode == 2 and "no run nope under" in unknown.stderr and "Traceback" not in unknown.stderr
 
 
+def test_ledger_questions_about_an_unknown_run_are_errors(tmp_path, capsys):
+    """`ledger why` / `ledger round` of a run the ledger lacks: exit 1, naming the runs it has (the newest 10)."""
+    from flows.cli import main
+    from tasks.records.ledger import Ledger
+
+    root = tmp_path / "root"
+    asks = (("why", "--prompt", "ab"), ("round", "--round", "0"))
+    Ledger(root / "ledger.duckdb").close()
+    for argv in asks:
+        assert main(["ledger", *argv, "--run", "nosuchrun", "--root", str(root)]) == 1
+        out, err = capsys.readouterr()
+        assert out == "" and "no run 'nosuchrun' in" in err and "it has no runs yet" in err
+    with Ledger(root / "ledger.duckdb") as led:
+        for i in range(12):
+            led.start_run(f"run{i:02d}", {}, None)
+    for argv in asks:
+        assert main(["ledger", *argv, "--run", "nosuchrun", "--root", str(root)]) == 1
+        out, err = capsys.readouterr()
+        assert out == "" and "no run 'nosuchrun'" in err and "run11" in err and "and 2 older" in err, err
+        assert "run02" in err and "run01" not in err and "run00" not in err  # the newest 10
+        assert main(["ledger", *argv, "--run", "nosuchrun", "--root", str(root), "--json"]) == 1
+        assert json.loads(capsys.readouterr().out) == []
+    assert main(["ledger", "round", "--round", "0", "--run", "run03", "--root", str(root)]) == 0  # known, no rows
+    assert "no selections in round 0 of run run03" in capsys.readouterr().out
+
+
 def test_plan_prints_the_choice_and_trains_nothing(tmp_path):
     p = rlsift("plan", "-c", "tests/fixtures/tiny.yaml", f"paths.root={tmp_path}", "plan.candidates=[grpo_n4]",
                "--json")

@@ -11,6 +11,11 @@ and the sync is a device copy.
 Failure handling: a child that dies (killed, out of memory, an exception) is reported as :class:`GeneratorDied`,
 one line naming its exit code or error, and the run stops at its last checkpoint. A parent that dies closes its
 end of the pipe, and the child leaves at its next read: no process is left behind. :meth:`close` stops the
+child (terminating it if it does not answer). The child ignores SIGINT (a Ctrl-C at the terminal reaches the whole
+process group: the parent, stopping its run, closes it) and leaves cleanly on SIGTERM, removing its multiprocessing
+temporary folder (``pymp-*``, with the listener socket its replies' tensors are shared through). Its replies name
+that folder, so the run can remove it after a SIGKILL (tasks/run.py ``Run.note_temp``).
+
 child (terminating it if it does not answer).
 
 Shutdown order on a GPU: the child's weights are the parent's CUDA memory, shared through CUDA IPC, and PyTorch
@@ -27,14 +32,18 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import signal
+import sys
 import time
 import traceback
+from collections.abc import Callable
+from multiprocessing import util as mp_util
 from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
 
-from tasks.model.lora import plain_copy, plain_state_dict
+from tasks.model.lora import plain_state_dict
 from tasks.model.rollout import Generation, HFEngine, RolloutEngine
 from tasks.records.memory import own_peak_mb, reset_own_peak
 
@@ -47,14 +56,17 @@ class GeneratorDied(RuntimeError):
 
 def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenizer, settings: dict, conn,
            threads: int) -> None:
-    """The child's loop: ``("generate", prompts, n, seed, greedy)`` -> ``("ok", (Generation, peak MiB))`` or
-    ``("error", text)`` (the peak: the child's own memory during that generation, tasks/records/memory.py);
-    ``("stop",)`` or a closed pipe (the parent is gone) ends it.
+    """The child's loop: ``("generate", prompts, n, seed, greedy)`` -> ``("ok", (Generation, peak MiB, temporary
+    folder))`` or ``("error", text)`` (the peak: the child's own memory during that generation,
+    tasks/records/memory.py; the folder: multiprocessing's, made for the reply's tensors); ``("stop",)`` or a closed
+    pipe (the parent is gone) ends it.
 
     The model is rebuilt from its class and config, and its parameters become the parent's shared tensors
     (``load_state_dict(assign=True)``: no copy), so the parent's syncs are what it samples from. ``("stop",)``
     releases them before it is acknowledged with ``("stopped",)`` (module docstring).
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # exit handlers run
     torch.set_num_threads(threads)
     model = model_class(config)
     model.load_state_dict(weights, assign=True)
@@ -79,7 +91,7 @@ def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenize
         try:
             reset_own_peak(settings["device"])
             gen = engine.generate(*msg[1:])
-            out = ("ok", (gen, own_peak_mb(settings["device"])))
+            out = ("ok", (gen, own_peak_mb(settings["device"]), mp_util.get_temp_dir()))
         except Exception as err:  # noqa: BLE001 - sent to the parent, which stops the run with it
             out = ("error", f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=5)}")
         try:
@@ -92,18 +104,25 @@ class GeneratorProcess(RolloutEngine):
     """A rollout engine whose sampling runs in a child process on a shared-memory copy of the policy.
 
     Args:
-        engine: the trainer's in-process engine (its model is copied; its sampling settings are kept).
+        engine: the trainer's in-process engine (its sampling settings are kept).
+        weights: the frozen plain model the child samples from (``Policy.merged_copy``: merged under LoRA); on a
+            CPU it is moved to shared memory, on a GPU shared through CUDA IPC.
         threads: torch threads of the child.
         poll_s: how often a wait checks that the child is alive.
+        on_temp_dir: called with the child's temporary folder and pid once a reply names it (the run records it).
     """
 
-    def __init__(self, engine: HFEngine, threads: int, poll_s: float = 0.5):
-        self.model = plain_copy(engine.model)  # under LoRA: the merged weights
+    def __init__(self, engine: HFEngine, threads: int, weights: torch.nn.Module, poll_s: float = 0.5,
+                 on_temp_dir: Callable[[str, int], None] | None = None):
+        self.model = weights
         if next(self.model.parameters()).device.type == "cpu":
             self.model.share_memory()
         self.poll_s = poll_s
         #: the child's peak memory (MiB) during the last generation (tasks/records/memory.py); None before one
         self.peak_mb: float | None = None
+        #: the child's multiprocessing temporary folder (None before its first reply)
+        self.temp_dir: str | None = None
+        self._on_temp_dir = on_temp_dir
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         args = (type(self.model), self.model.config, self.model.state_dict(), engine.tok, engine.settings(), child,
@@ -130,7 +149,11 @@ class GeneratorProcess(RolloutEngine):
             raise GeneratorDied(self._why(err)) from None
         if status != "ok":
             raise GeneratorDied(f"the generator process failed: {out.strip().splitlines()[0]}\n{out}")
-        gen, self.peak_mb = out
+        gen, self.peak_mb, temp_dir = out
+        if temp_dir != self.temp_dir:
+            self.temp_dir = temp_dir
+            if self._on_temp_dir is not None:
+                self._on_temp_dir(temp_dir, self.pid)
         return gen
 
     def metrics(self) -> dict[str, float]:
@@ -155,8 +178,9 @@ class GeneratorProcess(RolloutEngine):
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the child (it releases the shared weights, acknowledges, exits), then collect what it released;
-        terminate it when it does not stop within ``timeout`` seconds."""
-        if self._proc.is_alive():
+        terminate it (SIGTERM: it leaves cleanly) when it does not stop within ``timeout`` seconds (0: at once, e.g.
+        for a run that is stopping, whose child may be in the middle of a generation)."""
+        if self._proc.is_alive() and timeout > 0:
             try:
                 self._conn.send(("stop",))
                 while self._conn.poll(timeout):  # a reply to a request abandoned by a failure may come first
@@ -167,7 +191,7 @@ class GeneratorProcess(RolloutEngine):
             self._proc.join(timeout)
         if self._proc.is_alive():
             self._proc.terminate()
-            self._proc.join(timeout)
+            self._proc.join(10.0)
         if self._proc.is_alive():
             os.kill(self._proc.pid, 9)
             self._proc.join()

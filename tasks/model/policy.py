@@ -35,6 +35,7 @@ from transformers import (
 )
 
 from tasks.data.prompts import PromptRecord
+from tasks.model import lora
 from tasks.model.rollout import RolloutEngine
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
@@ -84,7 +85,7 @@ def build_tiny_model(
     tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> LlamaForCausalLM:
     """A randomly initialised tiny Llama with tied embeddings (the default ``model.hidden`` 128 and
-    ``model.layers`` 4 of ``tasks/config.py``: about 0.86M parameters).
+    ``model.layers`` 4 of ``tasks/config/model.py``: about 0.86M parameters).
 
     The sizes and the seed are required: their defaults live in the config (``model.*``, ``seed``).
 
@@ -173,12 +174,10 @@ def save_policy(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, path
     A LoRA policy is saved as the plain model with its adapters merged (tasks/model/lora.py), so the folder loads
     with ``load_policy`` (and from MLflow's registry) as a full model.
     """
-    from tasks.model.lora import base_model, is_lora, plain_state_dict
-
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    if is_lora(model):
-        base_model(model).save_pretrained(path, state_dict=plain_state_dict(model))
+    if lora.is_lora(model):
+        lora.base_model(model).save_pretrained(path, state_dict=lora.plain_state_dict(model))
     else:
         model.save_pretrained(path)
     tokenizer.save_pretrained(path)
@@ -214,3 +213,38 @@ class Policy:
 
     def prompts(self, records: list[PromptRecord]) -> list[str]:
         return [format_prompt(self.tokenizer, r.question, self.system_prompt) for r in records]
+
+    # What the policy's weights are to the rest of the run, with or without LoRA adapters (tasks/model/lora.py):
+    # code that holds a policy asks it, and only this class knows whether adapters are there.
+
+    @property
+    def has_adapters(self) -> bool:
+        """Whether the model trains LoRA adapters (``model.lora``) rather than every weight."""
+        return lora.is_lora(self.model)
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """What the optimizer steps: the adapters under LoRA, every weight otherwise."""
+        return lora.trainable_parameters(self.model)
+
+    def kl_reference(self):
+        """The frozen KL reference as the model is now: under LoRA the same model with its adapters disabled (no
+        copy), else a frozen copy."""
+        if self.has_adapters:
+            return lora.BaseModelView(self.model)
+        return lora.plain_copy(self.model)
+
+    def merged_copy(self) -> torch.nn.Module:
+        """A frozen plain transformers model with the (merged) weights: what a separate sampler runs."""
+        return lora.plain_copy(self.model)
+
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint keeps of the weights: the adapters under LoRA, else every weight."""
+        return lora.checkpoint_state(self.model)
+
+    def load_checkpoint_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore :meth:`checkpoint_state`'s result."""
+        lora.load_checkpoint_state(self.model, state)
+
+    def save(self, path: str | Path) -> Path:
+        """The plain model (merged under LoRA) and tokenizer in ``path`` (:func:`save_policy`)."""
+        return save_policy(self.model, self.tokenizer, path)

@@ -3,12 +3,27 @@
 This is the only module that imports duckdb. One ledger file per run root holds all runs; rows carry
 their ``run_id``. Writes for a step are idempotent: :meth:`Ledger.truncate_after` removes whatever a
 crashed run wrote past its last checkpoint, so a resumed run never duplicates a step.
+
+The ledger is read while a run writes it (``rlsift ledger runs`` mid-training). DuckDB lets one process hold a
+file for writing, or any number hold it for reading, never both (https://duckdb.org/docs/stable/connect/concurrency).
+A run keeps its connection: opening one for each step's writes (closing it checkpoints the file) measured 120 ms
+a step against 30 ms on the embedded default, on a loaded 2-core machine. A reader that finds the file held reads a
+snapshot instead (:func:`_snapshot`): a copy of the file and of its write-ahead log, taken while the file itself
+did not change. Between the writer's checkpoints duckdb only
+appends committed transactions to the log, and it replays a log whose last entry is cut short up to the last
+whole transaction, so the copy shows the run as of its last commit. A writer that finds the file held by a
+reader waits for it (:data:`LOCK_WAIT_S`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import os
+import shutil
+import tempfile
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -18,6 +33,13 @@ import duckdb
 import pyarrow as pa
 
 from tasks.data.prompts import PromptRecord, Rejected
+
+log = logging.getLogger(__name__)
+
+#: How long a writer waits for the file (readers let go in milliseconds) before it fails naming the holder.
+LOCK_WAIT_S = 60.0
+#: Copies a snapshot tries while a checkpoint rewrites the file under it.
+SNAPSHOT_TRIES = 20
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -179,14 +201,26 @@ class _Closed:
 
 
 class Ledger:
-    """A duckdb ledger file. Use as a context manager, or call :meth:`close` (closing twice is harmless)."""
+    """A duckdb ledger file. Use as a context manager, or call :meth:`close` (closing twice is harmless).
+
+    ``read_only``: a reader; while another process writes the file it reads a snapshot (``snapshot`` is then
+    True; the module's docstring says how)."""
 
     def __init__(self, path: str | Path, read_only: bool = False):
         self.path = Path(path)
         if read_only and not self.path.exists():
             raise FileNotFoundError(f"no ledger at {self.path}")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.con = duckdb.connect(str(self.path), read_only=read_only)
+        self.snapshot = False
+        if read_only:
+            try:
+                self.con = duckdb.connect(str(self.path), read_only=True)
+            except (duckdb.IOException, duckdb.ConnectionException) as err:
+                if not _held_elsewhere(err):
+                    raise
+                self.con, self.snapshot = _snapshot(self.path), True
+        else:
+            self.con = _connect_to_write(self.path)
         self._in_transaction = False
         if not read_only:
             self.con.execute(SCHEMA)
@@ -359,6 +393,10 @@ class Ledger:
         return self.query("SELECT prompt_id, split, level FROM prompts WHERE prompt_id LIKE ? ORDER BY prompt_id",
                           [prefix + "%"])
 
+    def run_ids(self) -> list[str]:
+        """Every run's id, newest first."""
+        return [r["run_id"] for r in self.query("SELECT run_id FROM runs ORDER BY started_at DESC, run_id")]
+
     def run_status(self, run_id: str) -> str | None:
         """A run's status (running, completed, failed, skipped), or None when the ledger has no such run."""
         rows = self.query("SELECT status FROM runs WHERE run_id = ?", [run_id])
@@ -417,3 +455,55 @@ def _cell(v: Any) -> Any:
     if hasattr(v, "item"):  # numpy / torch scalars
         return v.item()
     return v
+
+
+def _held_elsewhere(err: Exception) -> bool:
+    """Whether opening the file failed only because it is held now: another process's lock, or this process's
+    connection of the other mode (duckdb admits one configuration per file and process)."""
+    text = str(err)
+    return "Could not set lock on file" in text or "different configuration than existing connections" in text
+
+
+def _connect_to_write(path: Path) -> duckdb.DuckDBPyConnection:
+    """A writing connection; while readers hold the file (a query takes milliseconds), wait and try again, up to
+    :data:`LOCK_WAIT_S`."""
+    start, pause = time.monotonic(), 0.01
+    while True:
+        try:
+            return duckdb.connect(str(path))
+        except (duckdb.IOException, duckdb.ConnectionException) as err:
+            if not _held_elsewhere(err):
+                raise
+            if time.monotonic() - start > LOCK_WAIT_S:
+                raise duckdb.IOException(f"the ledger {path} stayed held by another process for more than "
+                                         f"{LOCK_WAIT_S:.0f} s (runs that share a root must not overlap): {err}"
+                                         ) from err
+            time.sleep(pause)
+            pause = min(2 * pause, 0.2)
+
+
+def _snapshot(path: Path) -> duckdb.DuckDBPyConnection:
+    """A read-only connection to a copy of ``path`` and its write-ahead log, taken while the file's size and time
+    stayed the same (a checkpoint rewrites it; then copy again). The copy lies in a temporary folder that is
+    removed once the connection is open (the open connection keeps reading it), so nothing is left behind."""
+    wal = path.with_name(path.name + ".wal")
+    for attempt in range(SNAPSHOT_TRIES):
+        folder = Path(tempfile.mkdtemp(prefix="rlsift-ledger-"))
+        copy = folder / path.name
+        try:
+            before = os.stat(path)
+            shutil.copyfile(path, copy)
+            with contextlib.suppress(FileNotFoundError):  # none right after a checkpoint
+                shutil.copyfile(wal, copy.with_name(wal.name))
+            after = os.stat(path)
+            if (before.st_size, before.st_mtime_ns) == (after.st_size, after.st_mtime_ns):
+                con = duckdb.connect(str(copy), read_only=True)
+                log.debug("ledger %s is being written: reading a snapshot", path)
+                return con
+        except duckdb.Error as err:  # a copy the writer's checkpoint changed under us in the same instant
+            log.debug("ledger snapshot %d of %s failed: %s", attempt + 1, path, err)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        time.sleep(0.05 * (attempt + 1))
+    raise duckdb.IOException(f"could not take a consistent snapshot of the ledger {path} in {SNAPSHOT_TRIES} tries "
+                             "while another process writes it; try again")

@@ -71,6 +71,15 @@ class PeakMemory:
         finally:
             self._peaks[name] = max(self._peaks.get(name, 0.0), own_peak_mb(self.device))
 
+    def peak(self) -> float:
+        """The peak of the phase running now, so far."""
+        return own_peak_mb(self.device)
+
+    def record(self, name: str, mb: float) -> None:
+        """A phase's peak measured by another process (a killed run's last checkpoint write, which its resume
+        reports at the step it continues from, as an uninterrupted run does)."""
+        self._peaks[name] = max(self._peaks.get(name, 0.0), mb)
+
     def take(self) -> dict[str, float]:
         """``memory/<phase>_peak_mb`` of the phases run since the last call (the largest of each), then forget them."""
         out = {f"memory/{name}_peak_mb": v for name, v in self._peaks.items()}

@@ -17,11 +17,15 @@ pointer's update and :func:`save`'s send would otherwise lose them for good; a r
 (key, step, timestamp, value) duplicate, which MLflow's SQL store drops. The cost meter of a resumed
 run is the checkpoint's plus what the resuming process spent before training (redone stages); the time a
 crashed process spent past its last checkpoint is not counted. A resume before the first checkpoint keeps the
-stages the crashed process recorded (``Run.carried``), so their cost is in every later step's totals.
+stages the crashed process recorded (``Run.carried``), so their cost is in every later step's totals. The step a
+resume continues from reports the peak memory of the phases an uninterrupted run's does (tasks/records/memory.py):
+the checkpoint write's, kept in the ``latest`` pointer (measured when the file is written, before the pointer and
+the metrics' send), not those of the stages the resuming process redid before training.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -32,7 +36,7 @@ import numpy as np
 import torch
 
 from rlcore.seeding import derive_seed
-from tasks.model.lora import checkpoint_state, load_checkpoint_state
+from tasks.model.policy import Policy
 from tasks.records.files import atomic_write
 from tasks.training.update import Updater
 
@@ -48,12 +52,12 @@ class Resume:
     draw: Any = None
 
 
-def save(run, step: int, model, updater: Updater, selector, buffer, composer=None, draw=None) -> Path:
+def save(run, step: int, policy: Policy, updater: Updater, selector, buffer, composer=None, draw=None) -> Path:
     folder = run.checkpoint_dir
     folder.mkdir(parents=True, exist_ok=True)
     state = {
         "step": step,
-        "model": checkpoint_state(model),
+        "model": policy.checkpoint_state(),
         "optimizer": updater.state_dict(),
         "selector": selector.state_dict(),
         "buffer": buffer.state_dict() if buffer is not None else None,
@@ -66,8 +70,9 @@ def save(run, step: int, model, updater: Updater, selector, buffer, composer=Non
     path = folder / f"step-{step:06d}.pt"
     t0 = time.perf_counter()
     atomic_write(path, lambda f: torch.save(state, f))
-    # the pointer also keeps the write's seconds, which the meter in the file could not hold (restore adds them)
-    atomic_write(folder / "latest", lambda f: f.write(f"{path.name}\n{time.perf_counter() - t0!r}\n".encode()))
+    # the pointer also keeps the write's seconds and peak memory, which the file could not hold (restore adds them)
+    mb = run.meter.memory.peak() if run.meter.memory is not None else float("nan")
+    atomic_write(folder / "latest", lambda f: f.write(f"{path.name}\n{time.perf_counter() - t0!r}\n{mb!r}\n".encode()))
     for old in sorted(folder.glob("step-*.pt"))[:-KEEP]:
         old.unlink(missing_ok=True)
     run.commit_metrics(step)
@@ -88,7 +93,13 @@ def _write_seconds(run) -> float:
     return float(lines[1]) if len(lines) > 1 else 0.0
 
 
-def restore(run, model, updater: Updater, selector, buffer, composer=None) -> Resume:
+def _write_peak_mb(run) -> float:
+    """The peak memory of the latest checkpoint's write (NaN where not measured or not kept)."""
+    lines = (run.checkpoint_dir / "latest").read_text().split()
+    return float(lines[2]) if len(lines) > 2 else float("nan")
+
+
+def restore(run, policy: Policy, updater: Updater, selector, buffer, composer=None) -> Resume:
     """Load the latest checkpoint of ``run`` into the given objects; returns the step to continue from and the
     rollouts drawn for it.
 
@@ -105,7 +116,7 @@ def restore(run, model, updater: Updater, selector, buffer, composer=None) -> Re
         run.defer_metrics(0)
         return Resume(0)
     state = torch.load(path, weights_only=False)
-    load_checkpoint_state(model, state["model"])
+    policy.load_checkpoint_state(state["model"])
     updater.load_state_dict(state["optimizer"])  # after the model: the sharded updater pushes its weights
     selector.load_state_dict(state["selector"])
     if buffer is not None and state["buffer"] is not None:
@@ -116,6 +127,10 @@ def restore(run, model, updater: Updater, selector, buffer, composer=None) -> Re
     redone = {k: v - run.carried.get(k, 0.0) for k, v in run.meter.seconds.items()}
     run.meter.load_state_dict(state["meter"])
     run.meter.add("checkpoint", _write_seconds(run))
+    if run.meter.memory is not None:  # the first step reports the phases an uninterrupted run's does:
+        run.meter.memory.take()  # not the stages this process redid before training, but the checkpoint's write
+        if not math.isnan(mb := _write_peak_mb(run)):
+            run.meter.memory.record("checkpoint", mb)
     for name, seconds in redone.items():
         if seconds > 0:
             run.meter.add(name, seconds)

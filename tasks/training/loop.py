@@ -269,9 +269,9 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
                          else pool[: cfg.plan.probe_prompts], run.device)
         log.info("overlap: %s", lag.reason)
     # one process, or sharded over the torchrun ranks (then `model` stays rank 0's full copy, updated in place)
-    updater = build_updater(cfg, model, pad_id=policy.tokenizer.pad_token_id, device=run.device)
+    updater = build_updater(cfg, policy, device=run.device)
     sampling = SamplingPolicy(policy, lag.lag, threads=cfg.overlap.generator_threads,
-                              needs_copy=cfg.select.screen > 1)
+                              needs_copy=cfg.select.screen > 1, on_temp_dir=run.note_temp)
     try:
         return _train(run, policy, sampling, updater, pool, features, calibration, evaluate_fn, run_round)
     finally:
@@ -292,7 +292,7 @@ def _train(run: Run, policy: Policy, sampling: SamplingPolicy, updater, pool: li
     buffer = ReplayBuffer(cfg.replay.capacity, max_age=cfg.replay.max_age) if cfg.replay.enabled else None
     ad = cfg.adapt
     composer = AdaptiveComposition(ad.low, ad.high, ad.momentum) if ad.enabled else None
-    resume = checkpoint.restore(run, model, updater, selector, buffer, composer)
+    resume = checkpoint.restore(run, policy, updater, selector, buffer, composer)
     start, pending = resume.step, resume.draw
     if start:
         run.ledger.truncate_after(run.run_id, start - 1)
@@ -436,7 +436,7 @@ def _train(run: Run, policy: Policy, sampling: SamplingPolicy, updater, pool: li
             if (step + 1) % tc.round_steps == 0 or (tc.checkpoint_every and (step + 1) % tc.checkpoint_every == 0) \
                     or step + 1 == tc.steps:
                 with run.meter.stage("checkpoint"):
-                    checkpoint.save(run, step + 1, model, updater, selector, buffer, composer, draw=pending)
+                    checkpoint.save(run, step + 1, policy, updater, selector, buffer, composer, draw=pending)
         log.info("%s", tally.line())
 
     try:
@@ -444,6 +444,9 @@ def _train(run: Run, policy: Policy, sampling: SamplingPolicy, updater, pool: li
             run.meter.add("weight_sync", sampling.sync(run.dir / "vllm_weights"))
         for round_, steps in groupby(range(start, tc.steps), key=lambda s: s // tc.round_steps):
             run_round(round_, partial(play_round, round_, list(steps)))
+    except BaseException:
+        sampling.close(now=True)  # a failing or stopped run does not wait for the draw in flight
+        raise
     finally:
         overlap.close()
     bar.close()

@@ -76,7 +76,8 @@ class SamplingPolicy:
             screen reads it), and its ``engine`` generates.
     """
 
-    def __init__(self, trainer: Policy, lag: int, *, threads: int | None = None, needs_copy: bool = False):
+    def __init__(self, trainer: Policy, lag: int, *, threads: int | None = None, needs_copy: bool = False,
+                 on_temp_dir: Callable[[str, int], None] | None = None):
         self.trainer, self.lag = trainer, lag
         self._process: GeneratorProcess | None = None
         self._copy: torch.nn.Module | None = None
@@ -85,7 +86,7 @@ class SamplingPolicy:
         elif isinstance(trainer.engine, HFEngine):
             total = torch.get_num_threads()
             gen, rest = thread_split(total, threads)
-            self._process = GeneratorProcess(trainer.engine, gen)
+            self._process = GeneratorProcess(trainer.engine, gen, trainer.merged_copy(), on_temp_dir=on_temp_dir)
             self._trainer_threads = (total, rest)
             torch.set_num_threads(self._trainer_threads[1])
             self.policy = Policy(model=self._process.model, tokenizer=trainer.tokenizer, engine=self._process,
@@ -110,9 +111,11 @@ class SamplingPolicy:
         self.policy.engine.sync_weights(source, self.trainer.tokenizer, folder)
         return time.perf_counter() - t0
 
-    def close(self) -> None:
+    def close(self, now: bool = False) -> None:
+        """Stop the generator process (``now``: without waiting for a generation in flight: a failing or stopping
+        run's; the draw waiting for it ends with ``GeneratorDied``)."""
         if self._process is not None:
-            self._process.close()
+            self._process.close(timeout=0.0 if now else 10.0)
             torch.set_num_threads(self._trainer_threads[0])
             self._process = None
 

@@ -32,7 +32,6 @@ from rlcore.grpo_loss import clipped_policy_loss
 from rlcore.types import RolloutGroup
 from tasks.config import Config, KlRows
 from tasks.model.forward import token_logprobs
-from tasks.model.lora import trainable_parameters
 from tasks.training.distributed import (
     LOSS_LIKE,
     DataShard,
@@ -413,8 +412,10 @@ class LocalUpdater(Updater):
     """``scale.backend=single``: AdamW on ``model`` in this process and :func:`policy_update`.
 
     Args:
-        model: the policy model (trained in place; under LoRA only its adapters, the parameters that need grad).
+        model: the policy model (trained in place).
         settings: the loss settings of every step.
+        params: what AdamW steps (``Policy.trainable_parameters``: the adapters under LoRA); default every
+            parameter of ``model``.
         lr, betas, eps, weight_decay: AdamW's.
         device: where the update's forward passes run.
         ref_model: the frozen KL reference (needed when ``settings.kl_coef > 0``).
@@ -422,12 +423,12 @@ class LocalUpdater(Updater):
 
     def __init__(self, model: torch.nn.Module, settings: LossSettings, *, lr: float, betas: tuple[float, float],
                  eps: float, weight_decay: float, device: torch.device | str = "cpu",
-                 ref_model: torch.nn.Module | None = None):
+                 ref_model: torch.nn.Module | None = None, params: list[torch.nn.Parameter] | None = None):
         if settings.kl_coef > 0 and ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         self.model, self.settings, self.device, self.ref_model = model, settings, device, ref_model
-        self.optimizer = torch.optim.AdamW(trainable_parameters(model), lr=lr, betas=betas, eps=eps,
-                                           weight_decay=weight_decay)
+        self.optimizer = torch.optim.AdamW(list(model.parameters()) if params is None else params, lr=lr,
+                                           betas=betas, eps=eps, weight_decay=weight_decay)
 
     def step(self, groups: Sequence[RolloutGroup]) -> dict[str, float]:
         return policy_update(self.model, self.optimizer, groups, ref_model=self.ref_model, device=self.device,

@@ -17,6 +17,8 @@ same MLflow run, and that the final weights and evaluation equal A's bit for bit
 random draw seeded from (seed, step, purpose) and the RNG states in the checkpoint). The cost figures count the
 crashed process's stages once: no stage metric is logged twice at step 0, the ingest cost is in every later step's
 totals (also after a kill before the first checkpoint), and the killed process's Prefect flow run ends Crashed.
+The resume removes the multiprocessing folder (a listener socket) the killed generator left in the temporary
+directory, and every step reports the peak-memory phases an uninterrupted run's does.
 """
 
 import json
@@ -67,7 +69,11 @@ def step_metrics(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(CLOCK)} for r in rows]
 
 
-def kill_during_training(root: Path, argv: list[str], env: dict, after_steps: int) -> str:
+def signal_during_training(root: Path, argv: list[str], env: dict, after_steps: int, sig: int = signal.SIGKILL,
+                           group: bool = True) -> tuple[subprocess.Popen, str, str, str]:
+    """Start ``rlsift run ... --json`` in a session of its own, send ``sig`` once ``metrics.jsonl`` shows
+    ``after_steps`` finished steps (to its process group, as a terminal's Ctrl-C does, or to it alone), wait for it
+    to end. Returns the process, the run id, and its stdout and stderr."""
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", *argv, "--json"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.time() + 600
@@ -75,18 +81,30 @@ def kill_during_training(root: Path, argv: list[str], env: dict, after_steps: in
         while time.time() < deadline:
             files = list((root / "runs").glob("*/metrics.jsonl")) if (root / "runs").exists() else []
             if files and len(files[0].read_text().splitlines()) >= after_steps:
-                os.killpg(proc.pid, signal.SIGKILL)
+                (os.killpg if group else os.kill)(proc.pid, sig)
                 break
-            assert proc.poll() is None, f"run ended before the kill: {proc.stderr.read().decode()[-3000:]}"
+            assert proc.poll() is None, f"run ended before the signal: {proc.stderr.read().decode()[-3000:]}"
             time.sleep(0.02)
         else:
             raise TimeoutError("training did not start in time")
+        out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+            proc.wait()
+    return proc, files[0].parent.name, out.decode(), err.decode()
+
+
+def kill_during_training(root: Path, argv: list[str], env: dict, after_steps: int) -> str:
+    proc, run_id, *_ = signal_during_training(root, argv, env, after_steps)
     assert proc.returncode == -signal.SIGKILL
-    return files[0].parent.name
+    return run_id
+
+
+def memory_phases(run_dir: Path) -> list[list[str]]:
+    """Each step's ``memory/<phase>_peak_mb`` keys in metrics.jsonl (their values are the clock's, the keys not)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [sorted(k for k in r if k.startswith("memory/")) for r in rows]
 
 
 @pytest.mark.slow
@@ -94,7 +112,8 @@ def kill_during_training(root: Path, argv: list[str], env: dict, after_steps: in
 def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, easy_task, lora):
     """Every weight trained, or LoRA adapters (``model.lora``: the checkpoint holds the adapters and their AdamW
     state; the final model is the merged one)."""
-    env = cli_env(tmp_path)
+    (tmp_path / "tmp").mkdir()
+    env = cli_env(tmp_path, TMPDIR=str(tmp_path / "tmp"))  # the kill leaves the generator's pymp-* folder there
     if lora:
         easy_task = (*easy_task, "model.lora.enabled=true", "model.lora.rank=4", "train.lr=1e-3")
     root_a, root_b = tmp_path / "a", tmp_path / "b"
@@ -115,6 +134,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, easy_task, lo
     with Ledger(root_b / "ledger.duckdb", read_only=True) as led:
         crashed = led.query("SELECT status, mlflow_run_id FROM runs WHERE run_id = ?", [run_id])[0]
     assert crashed["status"] == "running"
+    assert list((tmp_path / "tmp").glob("pymp-*/listener-*")), "the SIGKILLed generator's listener socket"
 
     resumed = rlsift("run", "--resume", run_id, *args(root_b, easy_task), "--json", env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -138,6 +158,11 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, easy_task, lo
     differ = [(m["step"], k) for m, w in zip(got, want, strict=True) for k in m.keys() | w.keys()
               if m.get(k) != w.get(k) and not (m.get(k) != m.get(k) and w.get(k) != w.get(k))]  # NaN equals NaN
     assert len(got) == len(want) and not differ, differ
+    phases, want_phases = memory_phases(run_dir), memory_phases(root_a / "runs" / ref["run_id"])
+    if ckpt == "none":  # step 0 holds the stages the resume redid; those it found on disk it did not measure again
+        assert set(phases[0]) <= set(want_phases[0])
+        phases, want_phases = phases[1:], want_phases[1:]
+    assert phases == want_phases  # the resumed step's too: its checkpoint's peak, no redone stage's
     for key in ("train/reward_mean", "train/effective_ratio", "select/entropy", "replay/size", "eval/accuracy"):
         hist_a = metric_history(ref["tracking_uri"], ref["mlflow_run_id"], key)
         hist_b = metric_history(res["tracking_uri"], res["mlflow_run_id"], key)
@@ -145,6 +170,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, easy_task, lo
     steps = [s for s, _ in metric_history(res["tracking_uri"], res["mlflow_run_id"], "train/reward_mean")]
     assert steps == list(range(STEPS))
     assert not (run_dir / "outbox.jsonl").exists()
+    assert not list((tmp_path / "tmp").glob("pymp-*")), "the resume removes what the killed run left"
 
     # the same final model and evaluation, bit for bit
     wa = load_file(Path(ref["model_path"]) / "model.safetensors")

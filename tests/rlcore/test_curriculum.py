@@ -17,7 +17,7 @@ from rlcore.curriculum import (
 )
 
 unit = st.floats(0.0, 1.0)
-# the knobs the config sets (tasks/config.py CurriculumConfig) are required; these tests state their own
+# the knobs the config sets (tasks/config/techniques.py CurriculumConfig) are required; these tests state their own
 KNOBS = {"kappa": 0.1, "theta_lo": 0.3, "theta_hi": 0.7, "theta_learned": 0.9, "rho0": 0.2, "rho_step": 0.05}
 DES = {"weights": (1 / 3, 1 / 3, 1 / 3), "difficulty_form": "peak"}
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from rlcore.difficulty import AttentionDifficultyPredictor, pearson
 
-# the knobs the config sets (tasks/config.py PredictorConfig, and the run's seed) are required
+# the knobs the config sets (tasks/config/select.py PredictorConfig, and the run's seed) are required
 KNOBS = {"hidden": 64, "layers": 2, "dropout": 0.1, "tau_att": 1.0, "calibration": "group_logit_temp",
          "linear_recalibration": False, "min_labels": 64, "lr": 1e-3, "seed": 0}
 

@@ -12,7 +12,7 @@ from rlcore.gain_sampler import GaussianWindowSampler
 
 acc = st.floats(0.0, 1.0)
 angle = st.one_of(st.none(), st.floats(-1.0, 1.0))
-# the knobs the config sets (tasks/config.py GainConfig) are required; these tests use the official code's
+# the knobs the config sets (tasks/config/techniques.py GainConfig) are required; these tests use the official code's
 # ratios on GSM8K (1000 / 500 of 7,473 rank positions) and gamma = alpha
 KNOBS = {"sigma_frac": 0.13, "step_frac": 0.065, "alpha": 2.0, "beta": 0.5, "gamma": None}
 

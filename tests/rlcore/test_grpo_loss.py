@@ -8,7 +8,7 @@ from rlcore.grpo_loss import clipped_policy_loss, masked_aggregate
 F64 = torch.float64
 
 
-# the knobs the config sets (tasks/config.py TrainConfig) are required; these tests state their own
+# the knobs the config sets (tasks/config/train.py TrainConfig) are required; these tests state their own
 KNOBS = {"clip_eps": 0.2, "aggregation": "token", "kl_coef": 0.0}
 
 

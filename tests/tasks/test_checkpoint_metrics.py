@@ -9,6 +9,7 @@ from tasks.records.cost import CostMeter
 from tasks.records.ledger import Ledger
 from tasks.run import Run
 from tasks.training import checkpoint
+from tests.policies import policy_of
 
 
 class Recorder:
@@ -53,12 +54,12 @@ def test_a_kill_between_the_pointer_and_the_send_loses_no_metrics(tmp_path, monk
 
         monkeypatch.setattr(run, "commit_metrics", killed)
         with pytest.raises(Killed):
-            checkpoint.save(run, 4, model, State(), State(), None)
+            checkpoint.save(run, 4, policy_of(model), State(), State(), None)
         assert checkpoint.latest(run) is not None and run.tracker.sent == sent_before == []
         held = run.held_metrics(2**62)
 
         resumed = _run(tmp_path, led)  # a new process: nothing in memory
-        assert checkpoint.restore(resumed, model, State(), State(), None).step == 4
+        assert checkpoint.restore(resumed, policy_of(model), State(), State(), None).step == 4
     assert resumed.tracker.sent == held  # every step 0..3, with the timestamps they were first logged with
     assert [s for _, s, _ in resumed.tracker.sent] == [0, 1, 2, 3]
 
@@ -69,6 +70,6 @@ def test_a_normal_checkpoint_sends_each_step_once(tmp_path):
         run.defer_metrics(0)
         run.log_metrics({"x": 1.0}, 0)
         run.log_metrics({"x": 2.0}, 1)
-        checkpoint.save(run, 1, torch.nn.Linear(2, 2), State(), State(), None)
+        checkpoint.save(run, 1, policy_of(torch.nn.Linear(2, 2)), State(), State(), None)
         assert [s for _, s, _ in run.tracker.sent] == [0]
         assert [s for _, s, _ in run.held_metrics(2**62)] == [1]

@@ -8,6 +8,7 @@ import tasks.training.fit as fit
 from tasks.config_load import validate
 from tasks.model.policy import build_tiny_model
 from tasks.training.backend import build_updater
+from tests.policies import policy_of
 from tasks.training.fit import DoesNotFit, ModelShape, check_update_fits, estimate
 
 #: Qwen2.5-1.5B's shape (its config.json): hidden 1536, MLP 8960, 2 key-value heads of 128, 28 layers, bf16.
@@ -62,9 +63,9 @@ def test_the_run_checks_before_training(monkeypatch):
     model = build_tiny_model(hidden=64, layers=2, heads=2, seed=0)
     monkeypatch.setattr(fit, "available_bytes", lambda device: 1e6)  # a device with 1 MB
     with pytest.raises(DoesNotFit, match="available"):
-        build_updater(cfg, model, pad_id=0, device="cpu")
+        build_updater(cfg, policy_of(model), device="cpu")
     monkeypatch.setattr(fit, "available_bytes", lambda device: 64e9)
-    assert build_updater(cfg, model, pad_id=0, device="cpu") is not None
+    assert build_updater(cfg, policy_of(model), device="cpu") is not None
 
 
 def test_available_bytes_on_this_machine():

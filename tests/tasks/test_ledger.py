@@ -149,3 +149,123 @@ def test_a_closed_ledger_lets_go_of_its_connection(tmp_path):
     with pytest.raises(duckdb.ConnectionException, match="is closed"):
         led.query("SELECT 1")
     led.close()  # twice: harmless
+
+
+READ = """
+import sys
+from tasks.records.ledger import Ledger
+
+with Ledger(sys.argv[1], read_only=True) as led:
+    print(led.snapshot, ",".join(r["run_id"] + ":" + r["status"] for r in led.runs()), len(led.why("run", "p")))
+"""
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from tasks.records.ledger import Ledger
+
+with Ledger(sys.argv[1], read_only=sys.argv[3] == "read") as led:
+    if sys.argv[3] == "write":
+        led.start_run("committed", {}, None)
+        led.con.begin()
+        led.start_run("uncommitted", {}, None)
+    Path(sys.argv[2]).touch()
+    time.sleep(1.5)
+"""
+
+
+def _python(code: str, *args: str):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    return subprocess.Popen([sys.executable, "-c", code, *args], cwd=Path(__file__).resolve().parents[2],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _holding(code: str, path, mode: str, tmp_path):
+    """A process that opens the ledger ``mode`` (read, write) and holds it for 1.5 s; returned once it holds it."""
+    import time
+
+    flag = tmp_path / f"holding-{mode}"
+    proc = _python(code, str(path), str(flag), mode)
+    deadline = time.monotonic() + 120
+    while not flag.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
+        time.sleep(0.02)
+    return proc
+
+
+def test_another_process_reads_the_ledger_a_run_holds_open(tmp_path):
+    """A run keeps its ledger open from start to end; `rlsift ledger` in another process reads a snapshot of it
+    meanwhile, with everything the run committed, and reads the file itself once the run let go."""
+    path = tmp_path / "l.duckdb"
+    with Ledger(path) as led:
+        led.start_run("run", {"seed": 0}, None)
+        led.add_selections("run", 0, 0, [sel("p0")])
+        out, err = _python(READ, str(path)).communicate(timeout=120)
+        assert out.split() == ["True", "run:running", "1"], err[-2000:]
+        led.add_groups("run", 0, [group("p0", 0)])  # the writer goes on after the read
+    out, err = _python(READ, str(path)).communicate(timeout=120)
+    assert out.split() == ["False", "run:running", "1"], err[-2000:]
+
+
+def test_a_snapshot_shows_what_was_committed_and_leaves_nothing_behind(tmp_path):
+    import tempfile
+    from pathlib import Path
+
+    path = tmp_path / "l.duckdb"
+    Ledger(path).close()
+    before = set(Path(tempfile.gettempdir()).glob("rlsift-ledger-*"))
+    writer = _holding(HOLD, path, "write", tmp_path)
+    with Ledger(path, read_only=True) as led:
+        assert led.snapshot and led.run_ids() == ["committed"]  # not the open transaction's run
+    assert set(Path(tempfile.gettempdir()).glob("rlsift-ledger-*")) <= before
+    assert writer.wait(timeout=60) == 0
+
+
+def test_a_writer_waits_for_a_reader(tmp_path):
+    path = tmp_path / "l.duckdb"
+    Ledger(path).close()
+    reader = _holding(HOLD, path, "read", tmp_path)
+    with Ledger(path) as led:  # opens once the reader let go
+        led.start_run("run", {}, None)
+    assert reader.wait(timeout=60) == 0
+
+
+WRITE_STEPS = """
+import sys, time
+from pathlib import Path
+from tasks.records.ledger import GroupRow, Ledger, SelectionRow
+
+with Ledger(sys.argv[1]) as led:
+    Path(sys.argv[2]).touch()
+    end, step = time.monotonic() + 4, 0
+    while time.monotonic() < end:
+        with led.transaction():
+            led.add_selections("run", 0, step, [SelectionRow(prompt_id=f"p{i}", selector="uniform", weight=0.25)
+                                                for i in range(4)])
+            led.add_groups("run", step, [GroupRow(prompt_id=f"p{i}", n=8, successes=3, mean_reward=0.375, kept=8,
+                                                  kept_mean_reward=0.375, replayed=False, from_step=step)
+                                         for i in range(4)])
+        if step % 40 == 39:
+            led.con.execute("CHECKPOINT")  # what a long run's log reaching duckdb's threshold does
+        step += 1
+"""
+
+
+def test_snapshots_taken_while_a_run_writes_and_checkpoints_are_whole(tmp_path):
+    """Every snapshot shows whole steps (a step's selections and groups are one transaction), never fewer steps
+    than an earlier one, while the writer commits steps and rewrites the file at its checkpoints."""
+    path = tmp_path / "l.duckdb"
+    Ledger(path).close()
+    writer = _holding(WRITE_STEPS, path, "write", tmp_path)
+    seen = []
+    while writer.poll() is None:
+        with Ledger(path, read_only=True) as led:
+            counts = led.query("SELECT (SELECT count(*) FROM selections) AS s, (SELECT count(*) FROM groups) AS g, "
+                               "(SELECT coalesce(max(step), -1) FROM groups) AS last")[0]
+        assert counts["s"] == counts["g"] == 4 * (counts["last"] + 1), counts
+        seen.append(counts["last"])
+    assert writer.returncode == 0, writer.communicate()[1][-2000:]
+    assert seen == sorted(seen) and len(seen) > 5 and seen[-1] > 40, seen

@@ -22,6 +22,7 @@ from tasks.model.lora import (
 )
 from tasks.model.policy import build_tiny_model, build_tokenizer, load_policy, save_policy
 from tasks.training.backend import build_updater
+from tests.policies import policy_of
 from tests.tasks import dist_update_helper as h
 
 LORA = LoraConfig(enabled=True, rank=4, alpha=8.0)
@@ -94,7 +95,7 @@ def test_the_vllm_export_of_a_lora_policy_holds_the_merged_untied_weights(tmp_pa
 def test_the_kl_reference_is_the_base_model_without_a_copy():
     model = lora_model()
     cfg = validate({"train": {"kl_coef": 0.1}})
-    updater = build_updater(cfg, model, pad_id=0, device="cpu")
+    updater = build_updater(cfg, policy_of(model), device="cpu")
     assert isinstance(updater.ref_model, BaseModelView) and updater.ref_model.model is model
     base = build_tiny_model(hidden=64, layers=2, heads=2, seed=0)
     torch.testing.assert_close(logits(updater.ref_model, IDS), logits(base, IDS))
@@ -106,7 +107,7 @@ def test_a_lora_step_moves_only_the_adapters_and_its_optimizer_state_is_a_tenth_
     most a tenth of the full update's."""
     def step(model):
         cfg = validate({"train": {"lr": 1e-2, "kl_coef": 0.05}})
-        updater = build_updater(cfg, model, pad_id=h.PAD, device="cpu")
+        updater = build_updater(cfg, policy_of(model), device="cpu")
         before = {k: v.clone() for k, v in model.state_dict().items()}
         stats = updater.step(h.make_batch(model))
         state = updater.optimizer.state_dict()["state"]

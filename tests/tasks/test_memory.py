@@ -1,6 +1,8 @@
 """Peak memory per phase (tasks/records/memory.py): each phase's own peak, reset between phases, in every step's
 metrics, and the generator process's own."""
 
+import json
+
 import pytest
 import torch
 
@@ -54,3 +56,40 @@ def pool():
     from tasks.data import arith
 
     return arith.generate(0, 40, "train", "default")
+
+
+def test_a_resumed_step_reports_the_phases_an_uninterrupted_one_does(smoke_cfg, pool):
+    """A run stopped after its step-2 checkpoint and resumed: step 2 reports the checkpoint write's peak (kept in the
+    checkpoint pointer), as the uninterrupted run's step 2 does, not the stages the resuming process redid before
+    training (here ``prepare``)."""
+    from tasks.run import open_run
+    from tasks.training import score
+    from tasks.training.loop import train
+    from tests.tasks.test_train import SMALL, make_policy, run_train
+
+    *_, want = run_train(smoke_cfg(*SMALL), pool)
+    assert "memory/checkpoint_peak_mb" in want[2]
+
+    def stop_at_round_1(index, body):
+        if index == 1:
+            raise RuntimeError("stopped")
+        body()
+
+    cfg = smoke_cfg(*SMALL)
+    policy = make_policy()
+    feats = score.score(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
+    run = open_run(cfg, track=False)
+    with pytest.raises(RuntimeError, match="stopped"):
+        train(run, policy, pool, feats, run_round=stop_at_round_1)
+    run.close("failed", {})
+    resumed = open_run(cfg, run_id=run.run_id, track=False)
+    try:
+        with resumed.meter.stage("prepare"):  # a stage the pipeline redoes before training
+            torch.ones(16)
+        assert train(resumed, make_policy(), pool, feats).steps == 4
+        got = [json.loads(line) for line in (resumed.dir / "metrics.jsonl").read_text().splitlines()]
+    finally:
+        resumed.close("completed", {})
+    phases = [[sorted(k for k in m if k.startswith("memory/")) for m in rows] for rows in (got, want)]
+    assert phases[0] == phases[1]
+    assert got[2]["memory/checkpoint_peak_mb"] > 10

@@ -20,6 +20,7 @@ from rlcore.types import RolloutGroup
 from tasks.data import arith
 from tasks.model.forward import token_logprobs
 from tasks.model.generator import GeneratorDied, GeneratorProcess
+from tasks.model.lora import plain_copy
 from tasks.model.policy import build_tiny_model, build_tokenizer
 from tasks.model.rollout import HFEngine, RolloutEngine
 from tasks.training.update import mismatch_metrics, policy_update
@@ -74,7 +75,7 @@ def test_the_generator_process_samples_the_weights_synced_last_and_dies_loudly(t
     model, tok = tiny
     trainer = copy.deepcopy(model)
     local = engine(trainer, tok)
-    gp = GeneratorProcess(local, threads=1)
+    gp = GeneratorProcess(local, threads=1, weights=plain_copy(local.model))
     pid = gp.pid
     try:
         a, b = gp.generate(PROMPTS, 3, 5), local.generate(PROMPTS, 3, 5)
@@ -212,11 +213,13 @@ def test_every_technique_composes_with_the_overlap(smoke_cfg, pool):
 ORPHAN = """
 import sys, torch
 from tasks.model.generator import GeneratorProcess
+from tasks.model.lora import plain_copy
 from tasks.model.policy import build_tiny_model, build_tokenizer
 from tasks.model.rollout import HFEngine
 tok = build_tokenizer()
 model = build_tiny_model(hidden=64, layers=2, heads=2, tokenizer=tok, seed=0)
-gp = GeneratorProcess(HFEngine(model, tok, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0, chunk=8), 1)
+gp = GeneratorProcess(HFEngine(model, tok, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0, chunk=8), 1,
+                      plain_copy(model))
 gp.generate(["Q: 1+1=?\\n"], 1, 0)
 print(gp.pid, flush=True)
 sys.stdin.read()

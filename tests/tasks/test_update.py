@@ -11,6 +11,7 @@ from tasks.model.policy import build_tiny_model, build_tokenizer
 from tasks.model.rollout import HFEngine, RolloutEngine
 from tasks.model.vllm_engine import VLLMEngine
 from tasks.training.backend import build_updater
+from tests.policies import policy_of
 from tasks.training.sharded_update import Driver
 from tasks.training.update import LocalUpdater, LossSettings, Updater, scheduled_lr
 
@@ -55,7 +56,7 @@ def test_a_learning_rate_floor_without_a_decay_is_refused():
 def test_local_updater_sets_lr_and_round_trips_state():
     cfg = validate({"train": {"lr": 1e-3, "kl_coef": 0.1}, "gain": {"enabled": True}})
     model = build_tiny_model(hidden=64, layers=2, heads=2, seed=0)
-    updater = build_updater(cfg, model, pad_id=0, device="cpu")
+    updater = build_updater(cfg, policy_of(model), device="cpu")
     assert isinstance(updater, LocalUpdater) and isinstance(updater, Updater)
     assert updater.settings == LossSettings(clip_eps=0.2, aggregation="token", grad_clip=cfg.train.grad_clip,
                                             temperature=1.0, pad_id=0, minibatches=1, kl_coef=0.1,
@@ -65,7 +66,7 @@ def test_local_updater_sets_lr_and_round_trips_state():
     updater.set_lr(2e-4)
     assert [g["lr"] for g in updater.optimizer.param_groups] == [2e-4]
     state = updater.state_dict()
-    again = build_updater(cfg, model, pad_id=0, device="cpu")
+    again = build_updater(cfg, policy_of(model), device="cpu")
     again.load_state_dict(state)
     assert again.optimizer.param_groups[0]["lr"] == 2e-4
     with pytest.raises(ValueError, match="reference model"):
@@ -84,7 +85,7 @@ def test_adam_eps_reaches_the_optimizer():
     from tasks.config_load import load_config
 
     cfg = load_config(None, ["train.adam_eps=1e-4"])
-    updater = build_updater(cfg, torch.nn.Linear(2, 2), pad_id=0, device="cpu")
+    updater = build_updater(cfg, policy_of(torch.nn.Linear(2, 2)), device="cpu")
     assert updater.optimizer.param_groups[0]["eps"] == 1e-4
 
 
@@ -121,5 +122,5 @@ def test_gradient_checkpointing_refuses_a_model_without_it():
 
 def test_build_updater_turns_gradient_checkpointing_on():
     model = build_tiny_model(hidden=64, layers=2, heads=2, seed=0)
-    build_updater(validate({"train": {"gradient_checkpointing": True}}), model, pad_id=0, device="cpu")
+    build_updater(validate({"train": {"gradient_checkpointing": True}}), policy_of(model), device="cpu")
     assert model.is_activation_checkpointing

@@ -1,0 +1,96 @@
+"""How a run is carried out and recorded, not what it learns: where files go (``paths``), the training
+backend (``scale``), generation overlapped with the update (``overlap``), held-out evaluation (``eval``), MLflow
+tracking (``tracking``) and cost accounting (``cost``)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from tasks.config.base import _Frozen
+
+
+class PathsConfig(_Frozen):
+    """Where a run root keeps its files (README "Where the data lives")."""
+
+    root: str = Field("./rlsift-runs", description=(
+        "Folder for the ledger (ledger.duckdb), the MLflow store (mlflow.db), runs/<run_id>/ and the warm-start "
+        "cache (tasks/run.py open_run)."))
+    cache: str | None = Field(None, description=(
+        "Warm-start cache folder, keyed by fingerprint (tasks/model/warmstart.py); None: <root>/cache."))
+
+
+class ScaleConfig(_Frozen):
+    """Training backend (launched with torchrun for the multi-process ones; see README "Scale out")."""
+
+    backend: Literal["single", "ddp", "fsdp2", "deepspeed_zero2", "deepspeed_zero3"] = Field("single", description=(
+        "single: one process; the others shard each update over torchrun ranks (tasks/training/distributed.py)."))
+    offload_optimizer: bool = Field(False, description="DeepSpeed: keep optimizer state on the CPU.")
+
+
+class OverlapConfig(_Frozen):
+    """Generation and update at once (docs/algorithms.md section 8; tasks/training/overlap.py)."""
+
+    lag: Literal["auto", 0, 1] = Field("auto", description=(
+        "Updates by which the sampling weights may trail the trainer's: 1 generates step t+1's rollouts (with the "
+        "weights before update t) while update t runs; 0 is the sequential loop (rollout, then update). One step "
+        "in flight already hides the shorter phase behind the longer; deeper lags are not offered. auto: chosen "
+        "before training (rlcore/plan.py choose_lag): 1 where the sampler and the trainer run on different devices "
+        "(rollout.engine=vllm; on a CPU, generator and trainer threads that fit the cores this process may use), "
+        "else 1 only when a probe of a draw and an update at once is at least min_gain faster than one after the "
+        "other. The choice and why are in the run summary, `rlsift plan` and the MLflow tags rlsift.overlap.*."))
+    generator_threads: int | None = Field(None, ge=1, description=(
+        "In-process engine with lag 1: torch threads of the generator process; the trainer keeps the rest of "
+        "torch's threads (at least 1). None: half of them."))
+    min_gain: float = Field(0.05, ge=0, lt=1, description=(
+        "lag auto on a shared device: overlap only when the probe's draw and update at once take at most "
+        "(1 - min_gain) of their time one after the other. The margin covers the probe's noise and the cost of "
+        "rollouts one update old."))
+
+    @field_validator("lag", mode="before")
+    @classmethod
+    def _lag(cls, value: Any) -> Any:
+        if value == "auto" or (type(value) is int and value in (0, 1)):
+            return value
+        raise ValueError("must be auto, 0 (sequential) or 1 (one step off)")
+
+
+class EvalConfig(_Frozen):
+    """Held-out evaluation (tasks/training/evaluate.py): greedy accuracy and sampled avg@k and pass@k."""
+
+    samples: int = Field(4, ge=0, description=(
+        "k for sampled avg@k and pass@k (0: greedy only); samples at the rollout engine's settings "
+        "(rollout.temperature, top_p, top_k), i.e. the policy as it is trained."))
+    limit: int | None = Field(None, ge=1, description="Evaluate at most this many test prompts.")
+    every: int = Field(0, ge=0, description=(
+        "Also evaluate greedily every N steps during training (0: off); the accuracy also drives ScalingRL's "
+        "explore/exploit share rho (curriculum.rho_step)."))
+    batch_size: int = Field(256, ge=1, description="Prompts per forward pass of the score stage (embeddings, angles).")
+
+
+class TrackingConfig(_Frozen):
+    """MLflow tracking (tasks/records/tracking.py)."""
+
+    uri: str | None = Field(None, description="MLflow tracking URI (default: sqlite under paths.root).")
+    experiment: str = Field("rlsift", description="MLflow experiment name (created when missing).")
+    register_model: bool = Field(True, description="Register the final model in the MLflow model registry.")
+    model_name: str = Field("rlsift-policy", description="Registered model name (also the parent that retrain reads).")
+    system_metrics_s: float | None = Field(10.0, gt=0, description=(
+        "Sample CPU, memory, disk, network and GPU use every this many seconds into the run's system/* metrics "
+        "(MLflow's system-metrics monitor); None: off."))
+    register_tolerance: float | None = Field(0.02, ge=0, description=(
+        "Quality gate: register only when held-out greedy accuracy after training is at least the starting "
+        "model's (for a retrain: the parent version's, on the same test prompts) minus this; otherwise the run "
+        "records why (tag rlsift.not_registered). None: register whatever was trained."))
+
+
+class CostConfig(_Frozen):
+    """Device hours and money per stage (tasks/records/cost.py)."""
+
+    device: str | None = Field(None, description="Device type for pricing (default: detected).")
+    prices: dict[str, float] = Field(
+        default_factory=lambda: {"cpu": 0.10, "nvidia-h200": 3.50, "nvidia-h100": 2.50, "nvidia-a100": 1.50,
+                                 "nvidia-l40s": 1.00, "cuda": 2.00},
+        description="Price per device hour, by device type.",
+    )

@@ -1,0 +1,78 @@
+"""Which prompts each step rolls out: prompt selection (``select.*``, uniform or DOTS, its weighting and the
+screen), DOTS's difficulty predictor (``select.predictor``) and its reference set (``calibrate.*``);
+tasks/training/selector.py, rlcore/difficulty.py, docs/algorithms.md section 1."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from tasks.config.base import _Frozen
+
+
+class CalibrateConfig(_Frozen):
+    """DOTS's reference set (docs/algorithms.md section 1.3): measured with the current policy each round."""
+
+    k: int = Field(64, ge=2, description="Reference-set size K.")
+    g: int = Field(8, ge=2, description="Rollouts per reference prompt.")
+    reference: Literal["fresh", "trained"] = Field("fresh", description=(
+        "fresh: each round rolls out K new reference prompts, drawn at random, with the current policy (the "
+        "paper's); trained: a round's reference set is every prompt rolled out since the last round started "
+        "(the calibrate stage's prompts for round 0, then the trained groups, all n rollouts of each), no rollouts "
+        "of its own; its labels are up to train.round_steps steps old (tasks/training/selector.py)."))
+
+
+class PredictorConfig(_Frozen):
+    """DOTS's attention-based difficulty predictor (rlcore/difficulty.py; docs/algorithms.md section 1.2)."""
+
+    hidden: int = Field(64, ge=4, description="Width of the two projection towers (official 896).")
+    layers: int = Field(2, ge=1, description="Linear layers per tower (official 3).")
+    dropout: float = Field(0.1, ge=0, lt=1, description="Dropout inside the towers while fitting.")
+    tau_att: float = Field(1.0, gt=0, description="Temperature of the attention over the reference prompts.")
+    calibration: Literal["group_logit_temp", "none"] = Field("group_logit_temp", description=(
+        "group_logit_temp: the official calibration head (temperature and bias from the reference mean and "
+        "std); none: the raw attention mean."))
+    linear_recalibration: bool = Field(False, description=(
+        "Map predictions through a least-squares line fitted on the reference prompts (official code only), "
+        "clipped to [0, 1]."))
+    min_labels: int = Field(128, ge=0, description="Labels needed before the towers replace off-the-shelf attention.")
+    fit_steps: int = Field(100, ge=0, description="Adam steps of predictor training per round.")
+    lr: float = Field(1e-3, gt=0, description="Adam learning rate of the predictor.")
+
+
+class SelectConfig(_Frozen):
+    """Which prompts each step rolls out (tasks/training/selector.py; docs/algorithms.md section 1.3)."""
+
+    method: Literal["uniform", "dots"] = Field("uniform", description=(
+        "uniform: plain GRPO; dots: weights exp(-|d - alpha| / tau) from predicted difficulty (arXiv 2506.05316)."))
+    weighting: Literal["target", "informative", "observed", "posterior"] = Field("target", description=(
+        "How DOTS turns predicted success p into selection weights: target: exp(-|(1 - p) - alpha| / tau) "
+        "(the paper's); informative: 1 - p^n - (1 - p)^n with n = rollout.n, the chance that the group has "
+        "unequal rewards, which is the prompt distribution of DAPO's dynamic-sampling batch "
+        "(rlcore.selection.informative_weights; ours); observed: that chance measured per bin of predicted p on "
+        "the groups drawn so far, shrunk toward 1 - p^n - (1 - p)^n (rlcore.selection.observed_informative_weights; "
+        "ours); posterior: that chance under a Beta posterior of each prompt's pass rate, the prediction its mean "
+        "with a concentration fitted to the groups drawn so far, the prompt's own earlier rollouts its evidence "
+        "(rlcore.selection.posterior_informative_weights; ours)."))
+    observed_bins: int = Field(10, ge=1, description="weighting=observed: equal bins of predicted p in [0, 1].")
+    observed_strength: float = Field(8.0, gt=0, description=(
+        "weighting=observed: pseudo-groups per bin of the binomial chance the measured share is shrunk toward."))
+    posterior_decay: float = Field(0.9, ge=0, le=1, description=(
+        "weighting=posterior: the weight a prompt's own earlier rollouts keep at each round start (1: never "
+        "forgotten; 0: only the prediction counts), since the policy moves its pass rate."))
+    alpha: float = Field(0.5, ge=0, le=1, description="DOTS target difficulty (weighting=target).")
+    tau: float = Field(1e-3, gt=0, description="DOTS sampling temperature (weighting=target).")
+    sampler: Literal["weighted", "greedy", "gumbel"] = Field("weighted", description=(
+        "DOTS draw without replacement: weighted (multinomial, official), greedy (top-k) or gumbel (Gumbel-top-k)."))
+    drop_solved: bool = Field(False, description=(
+        "Never resample solved prompts: a prompt whose measured pass rate reached 1 (reference rollouts or a "
+        "trained group, over all n) leaves the pool, as prime-rl and open-instruct do; solved prompts come back "
+        "only when fewer unsolved prompts remain than a step needs."))
+    screen: int = Field(1, ge=1, description=(
+        "Candidates drawn per prompt a step needs (1: off). Each candidate's pass rate is estimated as the "
+        "policy's probability of writing its worked reference solution (one forward pass, no sampling; "
+        "tasks/training/screen.py) and the prompts whose groups of rollout.n are most likely to have unequal "
+        "rewards are kept; the rest go back to the round's pool. Needs a worked solution for every pool prompt; "
+        "the forward passes count in the selection time (ours)."))
+    predictor: PredictorConfig = Field(PredictorConfig(), description="The DOTS difficulty predictor.")

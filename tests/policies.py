@@ -1,0 +1,13 @@
+"""A :class:`~tasks.model.policy.Policy` around a bare model, for tests of what takes a policy (the updater,
+checkpoints): the bundled tokenizer (pad id 0) and an in-process engine on the model."""
+
+import torch
+
+from tasks.model.policy import Policy, build_tokenizer
+from tasks.model.rollout import HFEngine
+
+
+def policy_of(model: torch.nn.Module) -> Policy:
+    tok = build_tokenizer()
+    engine = HFEngine(model, tok, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0, chunk=64)
+    return Policy(model=model, tokenizer=tok, engine=engine)
