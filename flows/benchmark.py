@@ -121,13 +121,9 @@ def plan_arms(config: str | None, overrides: list[str], names: list[str], seed: 
 
 
 def clock_skips(cfg: Config) -> tuple[str, ...]:
-    """Upfront stages a configuration does not use, left off its clock.
-
-    The pipeline always scores the pool and calibrates, but only DOTS (embeddings, labels), ScalingRL
-    (CoT complexity, measured difficulty) and GAIN-RL (angle) use them; plain GRPO and PODS would not pay.
-    ``plan.auto`` pays for both: the plan reads the calibration and its choice is not known beforehand
-    (tasks/training/plan.py ``reads_upfront``, which the plan's prediction of each clock reads too).
-    """
+    """Upfront stages a configuration does not use, left off its clock: the pipeline always scores the pool and
+    calibrates, but only some configurations read them (tasks/training/plan.py ``reads_upfront``, which the plan's
+    prediction of each clock reads too)."""
     return tuple(s for s, used in reads_upfront(cfg).items() if not used)
 
 

@@ -47,7 +47,6 @@ from rlcore.selection import sample_prompts, uniform_weights
 from rlcore.types import RolloutGroup
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
-from tasks.model.lora import checkpoint_state
 from tasks.model.policy import Policy
 from tasks.model.rollout import Generation
 from tasks.records.files import atomic_write
@@ -174,8 +173,9 @@ def _probe_update(policy: Policy, groups: list[RolloutGroup], sizes: tuple[int, 
     the optimizer step), the optimizer step and a round's checkpoint, in seconds (module docstring)."""
     tc, model = cfg.train, policy.model
     was_training = model.training
-    updater = LocalUpdater(model, LossSettings.from_config(cfg, policy.tokenizer.pad_token_id), lr=0.0,
-                           betas=tc.betas, eps=tc.adam_eps, weight_decay=tc.weight_decay, device=device,
+    updater = LocalUpdater(model, LossSettings.from_config(cfg, policy.tokenizer.pad_token_id),
+                           params=policy.trainable_parameters(), lr=0.0, betas=tc.betas, eps=tc.adam_eps,
+                           weight_decay=tc.weight_decay, device=device,
                            ref_model=model if tc.kl_coef > 0 else None)  # a reference pass costs a policy pass
     try:
         def update(gs: list[RolloutGroup]) -> tuple[float, float]:
@@ -187,7 +187,7 @@ def _probe_update(policy: Policy, groups: list[RolloutGroup], sizes: tuple[int, 
         optimizer_s = statistics.median(_timed(lambda: optimizer_step(model, updater.optimizer, tc.grad_clip))[1]
                                         for _ in range(REPEATS))  # on the gradients the last update left
         with tempfile.TemporaryDirectory(prefix="rlsift-probe-", dir=scratch) as tmp:
-            state = {"model": checkpoint_state(model), "optimizer": updater.state_dict()}
+            state = {"model": policy.checkpoint_state(), "optimizer": updater.state_dict()}
             round_s = _timed(lambda: atomic_write(Path(tmp) / "checkpoint.pt", lambda f: torch.save(state, f)))[1]
     finally:
         model.zero_grad(set_to_none=True)
