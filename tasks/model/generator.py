@@ -199,7 +199,7 @@ class GeneratorProcess(RolloutEngine):
             self._proc.terminate()
             self._proc.join(10.0)
         if self._proc.is_alive():
-            os.kill(self._proc.pid, 9)
+            self._proc.kill()  # SIGKILL; a child that exited since the check is not an error
             self._proc.join()
         self._conn.close()
         if next(self.model.parameters()).device.type == "cuda":
