@@ -65,8 +65,6 @@ def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenize
     (``load_state_dict(assign=True)``: no copy), so the parent's syncs are what it samples from. ``("stop",)``
     releases them before it is acknowledged with ``("stopped",)`` (module docstring).
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # exit handlers run
     torch.set_num_threads(threads)
     model = model_class(config)
     model.load_state_dict(weights, assign=True)
@@ -100,6 +98,14 @@ def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenize
             return
 
 
+def _child(*args) -> None:
+    """The child process: Ctrl-C is the parent's to handle (it closes the child), SIGTERM exits through the exit
+    handlers (which remove the multiprocessing folder); then :func:`_serve`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    _serve(*args)
+
+
 class GeneratorProcess(RolloutEngine):
     """A rollout engine whose sampling runs in a child process on a shared-memory copy of the policy.
 
@@ -127,7 +133,7 @@ class GeneratorProcess(RolloutEngine):
         self._conn, child = ctx.Pipe()
         args = (type(self.model), self.model.config, self.model.state_dict(), engine.tok, engine.settings(), child,
                 threads)
-        self._proc = ctx.Process(target=_serve, args=args, name="rlsift-generator", daemon=True)
+        self._proc = ctx.Process(target=_child, args=args, name="rlsift-generator", daemon=True)
         self._proc.start()
         child.close()
         log.info("generator process %d started (%d torch thread%s)", self._proc.pid, threads, "s"[:threads != 1])
@@ -193,7 +199,7 @@ class GeneratorProcess(RolloutEngine):
             self._proc.terminate()
             self._proc.join(10.0)
         if self._proc.is_alive():
-            os.kill(self._proc.pid, 9)
+            self._proc.kill()  # SIGKILL; a child that exited since the check is not an error
             self._proc.join()
         self._conn.close()
         if next(self.model.parameters()).device.type == "cuda":

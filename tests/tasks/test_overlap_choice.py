@@ -177,7 +177,7 @@ def test_the_generator_drops_the_shared_weights_before_it_says_it_stopped():
     serve.start()
     try:
         ours.send(("generate", ["Q: 1+2=?\n"], 2, 0, False))
-        status, (gen, _) = ours.recv()
+        status, (gen, *_) = ours.recv()
         assert status == "ok" and gen.completion_ids.shape[0] == 2
         assert not weights and len(Recorded.built) == 1 and Recorded.built[0]() is not None
         ours.send(("stop",))
