@@ -38,9 +38,12 @@ the informative groups a round finds are taken as binomial in the prompts it ask
 expectation over the missing count is exact (:func:`dynamic_rounds`).
 
 **A step's clock.** Each kind of work is a call whose seconds are a line in its tokens, a + b * tokens
-(:class:`CallCost`), fitted to calls of the sizes the candidates make: on a GPU the fixed part a is most of a
-small call, so a token costs less in a bigger batch; on a CPU the line passes near 0 and a token costs the same
-at any batch. A step makes generate-and-verify calls of at most ``chunk // n`` prompts of n rollouts (the
+(:class:`CallCost`), fitted to calls of the sizes the candidates make. A generate call's line is in its tokens
+and its decode steps, d * steps + b * tokens: it decodes until its longest completion ends, and a step costs d
+whatever its rows, so a token costs less in a bigger batch (most of a small call on a GPU; measured on 2 CPU
+cores with the 0.87M-parameter policy, a 10-prompt call 120 us a token, a 56-prompt one 80 us) and less in a
+call of short completions. The steps are the expected longest of the call's rollouts, from each level's
+completion lengths in the probe mixed by the draw's level shares (:meth:`UnitCosts.longest`). A step makes generate-and-verify calls of at most ``chunk // n`` prompts of n rollouts (the
 in-process engine's chunks), one update over the rows it computes (an informative group's m rows of prompt and
 completion: silent groups are left out, ``train.skip_zero_advantage``) and, with the screen, one teacher-forced
 pass over f candidates a slot. It also pays fixed seconds whatever its tokens (:class:`FixedCosts`): the
@@ -144,34 +147,57 @@ class PoolStats:
 @dataclass(frozen=True)
 class CallCost:
     """Seconds of one call of some work (a batch generated, an update, a screen pass) as a line in the tokens it
-    processes: ``fixed_s + token_s * tokens``. ``tokens`` and ``seconds``: the timed calls it was fitted to
-    (:meth:`fit`). A large ``fixed_s`` against a call's token part means a token costs less in a bigger batch (a
-    GPU's decoding); near 0, a token costs the same at any batch (a CPU's)."""
+    processes and, for generation, its decode steps: ``fixed_s + step_s * steps + token_s * tokens``. A generate
+    call decodes one step per token of its longest completion, and a step costs ``step_s`` whatever its rows (the
+    model's weights are read, the loop's launches made) on top of ``token_s`` a row: so a call of many short
+    completions costs less a token than one that waits for a long one, and a bigger batch less a token than a
+    small one. ``tokens``, ``seconds`` and ``steps`` (() where steps are not counted): the timed calls it was
+    fitted to (:meth:`fit`)."""
 
     fixed_s: float
     token_s: float
     tokens: tuple[float, ...] = ()
     seconds: tuple[float, ...] = ()
+    step_s: float = 0.0
+    steps: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "tokens", tuple(float(t) for t in self.tokens))
-        object.__setattr__(self, "seconds", tuple(float(s) for s in self.seconds))
-        _check_seconds("CallCost", fixed_s=self.fixed_s, token_s=self.token_s)
-        if len(self.tokens) != len(self.seconds):
-            raise ValueError(f"CallCost: {len(self.tokens)} token counts for {len(self.seconds)} timings")
+        for name in ("tokens", "seconds", "steps"):
+            object.__setattr__(self, name, tuple(float(t) for t in getattr(self, name)))
+        _check_seconds("CallCost", fixed_s=self.fixed_s, token_s=self.token_s, step_s=self.step_s)
+        if len(self.tokens) != len(self.seconds) or (self.steps and len(self.steps) != len(self.tokens)):
+            raise ValueError(f"CallCost: {len(self.tokens)} token counts, {len(self.steps)} step counts for "
+                             f"{len(self.seconds)} timings")
         _check_seconds("CallCost", **{f"tokens[{i}]": t for i, t in enumerate(self.tokens)},
-                       **{f"seconds[{i}]": s for i, s in enumerate(self.seconds)})
+                       **{f"seconds[{i}]": s for i, s in enumerate(self.seconds)},
+                       **{f"steps[{i}]": s for i, s in enumerate(self.steps)})
 
     @classmethod
-    def fit(cls, tokens: Sequence[float], seconds: Sequence[float]) -> CallCost:
-        """The least-squares line through timed calls (``tokens[i]``, ``seconds[i]``). Where the points give a
-        negative part (a timing's noise: the smaller call slower than the larger, or the line below 0 at no
-        tokens), or there is one size only, the line through 0: a token costs the same at any batch."""
+    def fit(cls, tokens: Sequence[float], seconds: Sequence[float],
+            steps: Sequence[float] | None = None) -> CallCost:
+        """The least-squares fit to timed calls (``tokens[i]``, ``seconds[i]``): with ``steps`` (generation: each
+        call's decode steps), ``step_s * steps + token_s * tokens``; without, a line ``fixed_s + token_s * tokens``.
+        Where the points give a negative part (a timing's noise) or cannot tell the parts apart (one size only),
+        the line through 0: a token costs the same in any call."""
         t = torch.tensor([float(x) for x in tokens], dtype=torch.float64)
         s = torch.tensor([float(x) for x in seconds], dtype=torch.float64)
         if len(t) == 0 or len(t) != len(s) or float(t.max()) <= 0:
             raise ValueError(f"CallCost.fit needs timed calls with tokens, got tokens={tokens}, seconds={seconds}")
-        fixed, slope = 0.0, float((t * s).sum() / (t * t).sum())  # through 0
+        through_0 = float((t * s).sum() / (t * t).sum())
+        if steps is not None:
+            d = torch.tensor([float(x) for x in steps], dtype=torch.float64)
+            if len(d) != len(t):
+                raise ValueError(f"CallCost.fit: {len(d)} step counts for {len(t)} timed calls")
+            x = torch.stack([d, t], dim=1)
+            gram = x.T @ x
+            if len(t) > 1 and float(torch.linalg.det(gram)) > 1e-9 * float(gram.diagonal().prod()):
+                step, slope = torch.linalg.solve(gram, x.T @ s).tolist()
+                if step >= 0 and slope >= 0:
+                    return cls(fixed_s=0.0, token_s=slope, step_s=step, tokens=tuple(t.tolist()),
+                               seconds=tuple(s.tolist()), steps=tuple(d.tolist()))
+            return cls(fixed_s=0.0, token_s=through_0, tokens=tuple(t.tolist()), seconds=tuple(s.tolist()),
+                       steps=tuple(d.tolist()))
+        fixed, slope = 0.0, through_0
         if len(set(t.tolist())) > 1:
             tm, sm = t.mean(), s.mean()
             b = float(((t - tm) * (s - sm)).sum() / ((t - tm) ** 2).sum())
@@ -180,13 +206,13 @@ class CallCost:
                 fixed, slope = a, b
         return cls(fixed_s=fixed, token_s=slope, tokens=tuple(t.tolist()), seconds=tuple(s.tolist()))
 
-    def time(self, tokens: float) -> float:
-        """Seconds of one call over ``tokens`` (0 tokens: no call, 0 s)."""
-        return self.fixed_s + self.token_s * tokens if tokens > 0 else 0.0
+    def time(self, tokens: float, steps: float = 0.0) -> float:
+        """Seconds of one call over ``tokens`` in ``steps`` decode steps (0 tokens: no call, 0 s)."""
+        return self.fixed_s + self.step_s * steps + self.token_s * tokens if tokens > 0 else 0.0
 
-    def per_token(self, tokens: float) -> float:
-        """Seconds a token in a call of ``tokens``."""
-        return self.time(tokens) / tokens if tokens > 0 else 0.0
+    def per_token(self, tokens: float, steps: float = 0.0) -> float:
+        """Seconds a token in a call of ``tokens`` in ``steps`` decode steps."""
+        return self.time(tokens, steps) / tokens if tokens > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -219,7 +245,9 @@ class UnitCosts:
     ``prompt_tokens``, ``solution_tokens``: mean tokens of a completion, a prompt and a worked solution (0 where
     there is none); ``fixed``: what a step and a round pay whatever their tokens; ``score_s``: seconds to score
     (embed) one pool prompt before training; ``levels``: (level, completion tokens, prompt tokens), the mean lengths
-    of a rollout of each level's prompts the probe drew (a draw that favours some levels has their lengths)."""
+    of a rollout of each level's prompts the probe drew (a draw that favours some levels has their lengths);
+    ``completion_lengths``: (level, the completion tokens of each rollout of that level's prompts the probe drew),
+    from which :meth:`longest` predicts a call's decode steps."""
 
     generate: CallCost
     update: CallCost
@@ -230,9 +258,14 @@ class UnitCosts:
     fixed: FixedCosts = field(default_factory=FixedCosts)
     score_s: float = 0.0
     levels: tuple[tuple, ...] = ()
+    completion_lengths: tuple[tuple, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "levels", tuple((lv, float(c), float(p)) for lv, c, p in self.levels))
+        object.__setattr__(self, "completion_lengths",
+                           tuple((lv, tuple(int(x) for x in xs)) for lv, xs in self.completion_lengths))
+        if any(not xs or min(xs) < 0 for _, xs in self.completion_lengths):
+            raise ValueError("UnitCosts.completion_lengths: each level needs at least one length, none negative")
         _check_seconds("UnitCosts", completion_tokens=self.completion_tokens, prompt_tokens=self.prompt_tokens,
                        solution_tokens=self.solution_tokens, score_s=self.score_s,
                        **{f"levels[{i}]": x for i, (_, c, p) in enumerate(self.levels) for x in (c, p)})
@@ -241,7 +274,8 @@ class UnitCosts:
     def from_dict(cls, d: dict) -> UnitCosts:
         """The inverse of ``dataclasses.asdict``."""
         return cls(**{**d, **{k: CallCost(**d[k]) for k in ("generate", "update", "forward")},
-                      "fixed": FixedCosts(**d.get("fixed", {})), "levels": tuple(map(tuple, d.get("levels", ())))})
+                      "fixed": FixedCosts(**d.get("fixed", {})), "levels": tuple(map(tuple, d.get("levels", ()))),
+                      "completion_lengths": tuple((lv, tuple(xs)) for lv, xs in d.get("completion_lengths", ()))})
 
     def lengths(self, levels: Sequence) -> tuple[torch.Tensor, torch.Tensor]:
         """[K] float64 each: the mean completion and prompt tokens of a rollout of a prompt of each of ``levels``
@@ -250,6 +284,26 @@ class UnitCosts:
         pairs = [by.get(lv, (self.completion_tokens, self.prompt_tokens)) for lv in levels]
         return (torch.tensor([c for c, _ in pairs], dtype=torch.float64),
                 torch.tensor([p for _, p in pairs], dtype=torch.float64))
+
+    def longest(self, mix: dict, rows: int) -> float:
+        """The expected longest completion of ``rows`` rollouts drawn from the levels with shares ``mix`` (level ->
+        share; a level the probe drew none of counts as every level the probe drew): a generate call's decode
+        steps. With F the mix of the levels' empirical length distributions, E[max] = sum over x >= 0 of
+        1 - F(x)^rows. 0 where the probe recorded no lengths."""
+        if rows <= 0 or not self.completion_lengths:
+            return 0.0
+        by = {lv: torch.tensor(xs, dtype=torch.float64) for lv, xs in self.completion_lengths}
+        every = torch.cat(list(by.values()))
+        top = int(every.max())
+        grid = torch.arange(top + 1, dtype=torch.float64)
+        total = sum(mix.values())
+        if total <= 0:
+            mix, total = dict.fromkeys(by, 1.0), float(len(by))
+        cdf = torch.zeros(top + 1, dtype=torch.float64)
+        for lv, share in mix.items():
+            xs = by.get(lv, every)
+            cdf += share / total * (xs.unsqueeze(0) <= grid.unsqueeze(1)).to(torch.float64).mean(1)
+        return float((1 - cdf.clamp(0, 1)[:top] ** rows).sum())
 
 
 @dataclass(frozen=True)
@@ -468,19 +522,27 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
     length = _mean(completion, kept)  # a fresh rollout's completion, under the draw
     row = _mean(completion + prompt, kept * w)  # an informative group's row (replayed ones were informative too)
 
-    def draw_s(prompts: int, n: int, tokens: float) -> float:  # the generate calls of one draw
-        return sum(costs.generate.time(rows * tokens) for rows in call_rows(prompts, n, c.chunk))
+    def mix(mass: torch.Tensor) -> dict:  # each level's share of a draw with these weights on the reference set
+        out: dict = {}
+        for lv, q in zip(pool.levels, mass.tolist(), strict=True):
+            out[lv] = out.get(lv, 0.0) + q
+        return out
+
+    def draw_s(prompts: int, n: int, tokens: float, levels: dict) -> float:  # the generate calls of one draw
+        return sum(costs.generate.time(rows * tokens, costs.longest(levels, rows))
+                   for rows in call_rows(prompts, n, c.chunk))
 
     fresh, replayed, asked, informative, groups = _batch(c, r)
+    drawn = mix(kept)
     if c.dynamic is not None:
-        generate_s = dynamic_rounds(round(fresh), r, *c.dynamic, lambda ask: draw_s(ask, c.n, length))[2]
+        generate_s = dynamic_rounds(round(fresh), r, *c.dynamic, lambda ask: draw_s(ask, c.n, length, drawn))[2]
     else:
-        generate_s = draw_s(round(fresh), c.n, length)
+        generate_s = draw_s(round(fresh), c.n, length, drawn)
     signal = informative + replayed
     k, g = c.reference  # a round's reference prompts, drawn from the whole pool
     reference_length = _mean(completion, pool.mass)
     generated = asked * c.n + k * g / c.round_steps
-    generate_s += draw_s(k, g, reference_length) / c.round_steps
+    generate_s += draw_s(k, g, reference_length, mix(pool.mass)) / c.round_steps
     gen_tokens = asked * c.n * length + k * g * reference_length / c.round_steps
     upd_tokens = (signal * c.m * row if c.skip_silent
                   else (groups + replayed) * c.m * _mean(completion + prompt, kept))
@@ -491,7 +553,8 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
     fixed_s = fx.optimizer_s + fx.step_s + (fx.round_s + (fx.fit_s if c.predictor else 0.0)) / c.round_steps
     step_s = generate_s + update_s + forward_s + fixed_s
     calibration_length = float(completion.mean())  # the calibrate stage's set, stratified by level
-    upfront_s = draw_s(*c.calibration, calibration_length) + c.scored * costs.score_s
+    upfront_s = (draw_s(*c.calibration, calibration_length, mix(torch.ones(len(pool.levels))))
+                 + c.scored * costs.score_s)
     return Prediction(name=c.name, effective_ratio=signal / (groups + replayed), signal=signal, generated=generated,
                       generated_tokens=gen_tokens, updated_tokens=upd_tokens, forward_tokens=fwd_tokens,
                       step_s=step_s, generate_s=generate_s, update_s=update_s, forward_s=forward_s, fixed_s=fixed_s,

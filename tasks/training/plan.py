@@ -239,7 +239,7 @@ class Plan:
         c, base, fx = self.costs, self.baseline, self.costs.fixed
         return {"plan/pool_solved": self.shares["solved"], "plan/pool_unsolved": self.shares["unsolved"],
                 "plan/pool_mixed": self.shares["mixed"],
-                "plan/generate_us_per_token": 1e6 * c.generate.per_token(max(c.generate.tokens, default=1.0)),
+                "plan/generate_us_per_token": 1e6 * base.generate_s / max(base.generated_tokens, 1.0),
                 "plan/update_us_per_token": 1e6 * c.update.per_token(base.updated_tokens),
                 "plan/optimizer_ms": 1e3 * fx.optimizer_s, "plan/bookkeeping_ms": 1e3 * fx.step_s,
                 "plan/checkpoint_ms": 1e3 * fx.round_s, "plan/predictor_fit_ms": 1e3 * fx.fit_s,
@@ -273,7 +273,8 @@ class Plan:
         """The pool and the costs in one line."""
         c, s, fx = self.costs, self.shares, self.costs.fixed
         return (f"pool at g={self.g}: {s['mixed']:.0%} mixed, {s['solved']:.0%} solved, {s['unsolved']:.0%} unsolved; "
-                f"a generated token {_per_token(c.generate)}; an updated one {_per_token(c.update)}; "
+                f"a generated token {_per_token(c.generate)}, a decode step {1e3 * c.generate.step_s:.1f} ms "
+                f"whatever its rows; an updated one {_per_token(c.update)}; "
                 f"a step's fixed costs: optimizer step {1e3 * fx.optimizer_s:.1f} ms, bookkeeping "
                 f"{1e3 * fx.step_s:.1f} ms; a round's: checkpoint {1e3 * fx.round_s:.0f} ms, DOTS's predictor "
                 f"{1e3 * fx.fit_s:.0f} ms; {c.completion_tokens:.0f} completion and {c.prompt_tokens:.0f} prompt "
@@ -329,8 +330,9 @@ def _per_token(cost: CallCost) -> str:
     """What a token costs at the probe's smallest and largest calls, and whether that falls with the batch."""
     if len(cost.tokens) < 2:
         return f"{1e6 * cost.token_s:.0f} us"
-    lo, hi = min(cost.tokens), max(cost.tokens)
-    small, large = cost.per_token(lo), cost.per_token(hi)
+    calls = sorted(zip(cost.tokens, cost.steps or (0.0,) * len(cost.tokens), strict=True))
+    (lo, lo_steps), (hi, hi_steps) = calls[0], calls[-1]
+    small, large = cost.per_token(lo, lo_steps), cost.per_token(hi, hi_steps)
     trend = ("falls with the batch" if large < (1 - FLAT) * small else
              f"flat: within {FLAT:.0%} at any batch")
     return f"{1e6 * small:.0f} us in a call of {lo:.0f} tokens, {1e6 * large:.0f} us in one of {hi:.0f} ({trend})"

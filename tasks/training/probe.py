@@ -6,10 +6,9 @@ rlcore/plan.py predicts each candidate's clock from these measurements (:class:`
   phase, tasks/training/rollouts.py) in a call as small as the smallest first call a candidate makes and one as
   large as the largest (a step's draw, DOTS's reference rollouts, the calibrate stage's, each cut at
   ``rollout.chunk``), after a one-prompt warm-up, from the first ``plan.probe_prompts`` reference prompts (repeated
-  where a call needs more); ``CallCost.fit`` puts a line through the two. On a GPU decoding's fixed cost a step is
-  most of a small call, so a token costs less in a larger one; on a CPU the line passes near 0. The same calls give
-  the mean completion and prompt tokens of a rollout of each level's prompts (a draw that favours some levels has
-  their lengths).
+  where a call needs more); ``CallCost.fit`` splits the two timings into a decode step's cost (a call decodes until
+  its longest completion ends) and a token's. The same calls give the completion and prompt tokens of a rollout of
+  each level's prompts (a draw that favours some levels has their lengths, and its calls their longest).
 - **The update** at the smallest and the largest batch a candidate updates (its predicted informative groups'
   rows, ``rlcore.plan.update_rows``), as the training step runs it: the run's ``policy_update`` through an updater
   of the probe's own at learning rate 0 (AdamW then leaves the weights exactly as they are) on the generated
@@ -92,8 +91,9 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int,
     rollout_rewards(policy, records[:1], rc.n, seed)  # warm-up: first-call costs are not a token's
     batches = [_cycle(records, k) for k in (small, large)]
     draws = [_timed(lambda b=b: rollout_rewards(policy, b, rc.n, seed)[0]) for b in batches]
-    generate = CallCost.fit([g.tokens for g, _ in draws], [s for _, s in draws])
-    (completion, prompt), by_level = _lengths([(b, g) for b, (g, _) in zip(batches, draws, strict=True)])
+    generate = CallCost.fit([g.tokens for g, _ in draws], [s for _, s in draws],
+                            steps=[int(g.completion_mask.sum(1).max()) for g, _ in draws])
+    (completion, prompt), by_level, lengths = _lengths([(b, g) for b, (g, _) in zip(batches, draws, strict=True)])
     groups = [g for gen, _ in draws for g in probe_groups(gen)]
     sizes = _update_sizes(inputs.comps, inputs.stats, rc.n, len(groups))
     update, optimizer_s, round_s = _probe_update(policy, groups, sizes, cfg, device, inputs.scratch)
@@ -104,12 +104,13 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int,
                        round_s=round_s, fit_s=fit_s)
     return UnitCosts(generate=generate, update=update, forward=forward, completion_tokens=completion,
                      prompt_tokens=prompt, solution_tokens=solution_tokens, fixed=fixed, score_s=score_s,
-                     levels=by_level)
+                     levels=by_level, completion_lengths=lengths)
 
 
-def _lengths(draws: list[tuple[list[PromptRecord], Generation]]) -> tuple[tuple[float, float], tuple[tuple, ...]]:
-    """The mean completion and prompt tokens of a rollout, over every drawn prompt and (level, completion, prompt)
-    of each level's."""
+def _lengths(draws: list[tuple[list[PromptRecord], Generation]]
+             ) -> tuple[tuple[float, float], tuple[tuple, ...], tuple[tuple, ...]]:
+    """The mean completion and prompt tokens of a rollout, over every drawn prompt; (level, completion, prompt)
+    of each level's; and (level, every rollout's completion tokens) of each level's."""
     rows = [(batch[i // gen.n].level, tokens, int(gen.prompt_ids[i // gen.n].numel()))
             for batch, gen in draws for i, tokens in enumerate(gen.completion_mask.sum(1).tolist())]
 
@@ -117,7 +118,8 @@ def _lengths(draws: list[tuple[list[PromptRecord], Generation]]) -> tuple[tuple[
         return statistics.fmean(c for _, c, _ in of), statistics.fmean(p for _, _, p in of)
 
     levels = dict.fromkeys(lv for lv, _, _ in rows)
-    return mean(rows), tuple((lv, *mean([r for r in rows if r[0] == lv])) for lv in levels)
+    return (mean(rows), tuple((lv, *mean([r for r in rows if r[0] == lv])) for lv in levels),
+            tuple((lv, tuple(c for x, c, _ in rows if x == lv)) for lv in levels))
 
 
 def _timed(work):
