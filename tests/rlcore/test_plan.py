@@ -122,6 +122,66 @@ def test_a_call_costs_a_line_in_its_tokens():
         CallCost(-1.0, 0.1)
 
 
+def test_a_generate_call_costs_its_decode_steps_and_its_tokens():
+    # two calls: 50 steps and 2000 tokens, 60 steps and 12000 tokens, at 2 ms a step and 70 us a token
+    call = CallCost.fit([2000, 12000], [50 * 0.002 + 2000 * 7e-5, 60 * 0.002 + 12000 * 7e-5], steps=[50, 60])
+    assert (call.fixed_s, call.step_s, call.token_s) == pytest.approx((0.0, 0.002, 7e-5))
+    assert call.steps == (50.0, 60.0) and call.time(1000, 20) == pytest.approx(0.04 + 0.07)
+    # the same tokens in fewer steps (shorter longest completion) cost less; a bigger batch less a token
+    assert call.time(1000, 10) < call.time(1000, 20)
+    assert call.per_token(12000, 60) < call.per_token(2000, 50)
+    # noise that makes a part negative, or steps that cannot be told from tokens: the line through 0
+    for tokens, seconds, steps in (([2000, 12000], [0.9, 0.5], [50, 60]), ([2000, 4000], [0.2, 0.4], [20, 40]),
+                                   ([2000], [0.2], [20])):
+        flat = CallCost.fit(tokens, seconds, steps=steps)
+        through_0 = sum(t * s for t, s in zip(tokens, seconds)) / sum(t * t for t in tokens)
+        assert (flat.step_s, flat.fixed_s, flat.token_s) == pytest.approx((0.0, 0.0, through_0))
+    with pytest.raises(ValueError, match="step counts"):
+        CallCost.fit([1, 2], [1, 2], steps=[1])
+    with pytest.raises(ValueError, match="step_s"):
+        CallCost(0.0, 0.1, step_s=-1.0)
+
+
+def slow_longest(lengths: dict, mix: dict, rows: int) -> float:
+    """Every draw of ``rows`` lengths, each from the mix of the levels' lengths, enumerated with its chance."""
+    total = sum(mix.values())
+    chance: dict = {}
+    for lv, share in mix.items():
+        for x in lengths[lv]:
+            chance[x] = chance.get(x, 0.0) + share / total / len(lengths[lv])
+    return sum(math.prod(chance[x] for x in draw) * max(draw)
+               for draw in itertools.product(list(chance), repeat=rows))
+
+
+@pytest.mark.parametrize("mix", [{1: 1.0}, {2: 1.0}, {1: 0.5, 2: 0.5}, {1: 0.9, 2: 0.1}, {1: 3.0, 3: 1.0}])
+@pytest.mark.parametrize("rows", [1, 2, 4])
+def test_a_calls_longest_completion_matches_the_slow_oracle(mix, rows):
+    lengths = {1: (3, 5, 5, 8), 2: (10, 20, 30)}
+    costs = UnitCosts(**{**COSTS.__dict__, "completion_lengths": tuple(lengths.items())})
+    every = {1: lengths[1], 2: lengths[2], 3: lengths[1] + lengths[2]}  # level 3: the probe drew none
+    assert costs.longest(mix, rows) == pytest.approx(slow_longest(every, mix, rows))
+
+
+def test_a_calls_longest_completion_hand_worked():
+    costs = UnitCosts(**{**COSTS.__dict__, "completion_lengths": ((1, (1, 3)),)})
+    # the longer of two draws from {1, 3}: 1 with chance 1/4, else 3
+    assert costs.longest({1: 1.0}, 2) == pytest.approx(0.25 * 1 + 0.75 * 3)
+    assert costs.longest({1: 1.0}, 0) == 0.0 and COSTS.longest({1: 1.0}, 8) == 0.0  # no lengths recorded: 0
+
+
+def test_a_draw_of_short_completions_takes_fewer_decode_steps():
+    # level 1: completions of 10 tokens; level 2: of 10 or 50 (the same mean as below, 30 at level 2 otherwise)
+    generate = CallCost(0.0, 2.0, step_s=100.0)
+    costs = UnitCosts(**{**COSTS.__dict__, "generate": generate, "levels": ((1, 10, 5), (2, 30, 5)),
+                         "completion_lengths": ((1, (10, 10)), (2, (10, 50)))})
+    base, (dots,) = predict([Composition("dots", 4, 8, 8, draw="dots", alpha=0.6)], Composition("grpo", 4, 8, 8),
+                            POOL, costs)
+    # DOTS near 0.6 draws level 2 only: one call of 32 rollouts whose longest is 50 unless all 32 are 10
+    assert dots.generate_s == pytest.approx(32 * 30 * 2 + 100 * (50 - 40 * 0.5 ** 32))
+    # uniform: level 2's long completions are a quarter of the rollouts
+    assert base.generate_s == pytest.approx(32 * 20 * 2 + 100 * (50 - 40 * 0.75 ** 32))
+
+
 def test_a_draw_is_cut_into_calls_of_the_engines_chunk():
     assert call_rows(32, 8, 512) == [256] and call_rows(80, 8, 512) == [512, 128]
     assert call_rows(5, 8, 16) == [16, 16, 8] and call_rows(5, 8, 0) == [40] and call_rows(0, 8, 512) == []

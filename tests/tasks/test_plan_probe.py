@@ -47,6 +47,10 @@ def test_the_probe_times_each_cost_and_only_dots_pays_the_predictor_fit(setting,
     # each level's lengths from the same calls: what a draw that favours some levels generates and updates
     assert [lv for lv, _, _ in costs.levels] == list(dict.fromkeys(r.level for r in records))
     assert all(c > 0 and p > 0 for _, c, p in costs.levels)
+    # and every rollout's completion length by level, and each call's decode steps (its longest completion)
+    assert [lv for lv, _ in costs.completion_lengths] == [lv for lv, _, _ in costs.levels]
+    assert sum(sum(xs) for _, xs in costs.completion_lengths) == sum(costs.generate.tokens)
+    assert len(costs.generate.steps) == 2 and all(0 < d <= cfg.rollout.max_new_tokens for d in costs.generate.steps)
     assert costs.forward.tokens == ()  # no candidate screens: no screen pass timed
     assert all(torch.equal(before[k], v) for k, v in policy.model.state_dict().items())  # learning rate 0
     assert all(p.grad is None for p in policy.model.parameters())
