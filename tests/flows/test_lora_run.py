@@ -14,8 +14,8 @@ LORA = ["model.lora.enabled=true", "model.lora.rank=8", "train.lr=2e-3"]
 
 
 def test_a_lora_run_learns_the_bundled_task_and_registers_a_full_model(tmp_path):
-    """From the shipped warm start (level 3, a+b*c, at 0), 10 LoRA steps lift level 3: a run whose adapters never
-    trained would end exactly where it started (greedy evaluation)."""
+    """From the shipped warm start (level 3, a+b*c, at about 2 %), 10 LoRA steps lift level 3: a run whose adapters
+    never trained would end exactly where it started (greedy evaluation)."""
     import mlflow
     from safetensors.torch import load_file
 
@@ -25,7 +25,7 @@ def test_a_lora_run_learns_the_bundled_task_and_registers_a_full_model(tmp_path)
     assert out.returncode == 0, out.stderr[-4000:]
     s = json.loads(out.stdout)
     assert s["status"] == "completed" and s["model_version"] == "1"
-    assert s["eval_by_level_start"]["3"] == 0.0 and s["eval_by_level_end"]["3"] >= 0.1
+    assert s["eval_by_level_start"]["3"] < 0.05 and s["eval_by_level_end"]["3"] >= 0.1
     assert s["eval_paired"]["turned_right"] > 10
     metrics = [json.loads(line) for line in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 10 and metrics[0]["train/grad_norm"] > 0
