@@ -24,8 +24,8 @@ from tasks.config_load import default_config, load_config, parse_override, valid
 from tasks.data.ingest import IngestResult
 from tasks.records import artifacts
 from tasks.records.ledger import Ledger
-from tasks.records.tracking import flow_run_tags
 from tasks.records.stopping import CANCELLED, stop_signal, stopping, watch_worker
+from tasks.records.tracking import flow_run_tags
 from tasks.run import Run, open_run
 from tasks.stages import (
     calibrate_stage,
@@ -66,7 +66,8 @@ class RunSummary:
 
     Every run reports where it lives (``run_id``, ``mlflow_run_id``, ``ledger``, ``tracking_uri``,
     ``run_dir``), its ``name`` (the MLflow run's: what ran; an ``auto`` run's names the plan's choice), its
-    ``status`` (``completed``, ``skipped``, ``failed`` or ``cancelled``), ``wall_s`` and, once ingest ran, the ``ingest`` counts.
+    ``status`` (``completed``, ``skipped``, ``failed`` or ``cancelled``), ``wall_s`` and, once ingest ran, the
+    ``ingest`` counts.
     A ``skipped`` run (retrain with nothing new) adds ``reason`` and ``model_version`` (None); a ``completed`` run
     adds the rest: steps, held-out greedy accuracy before and after (overall and by level, level keys as strings),
     the paired change, the last step's effective-group ratio, device hours and money, the final model and its

@@ -43,7 +43,8 @@ and its decode steps, d * steps + b * tokens: it decodes until its longest compl
 whatever its rows, so a token costs less in a bigger batch (most of a small call on a GPU; measured on 2 CPU
 cores with the 0.87M-parameter policy, a 10-prompt call 120 us a token, a 56-prompt one 80 us) and less in a
 call of short completions. The steps are the expected longest of the call's rollouts, from each level's
-completion lengths in the probe mixed by the draw's level shares (:meth:`UnitCosts.longest`). A step makes generate-and-verify calls of at most ``chunk // n`` prompts of n rollouts (the
+completion lengths in the probe mixed by the draw's level shares (:meth:`UnitCosts.longest`). A step makes
+generate-and-verify calls of at most ``chunk // n`` prompts of n rollouts (the
 in-process engine's chunks), one update over the rows it computes (an informative group's m rows of prompt and
 completion: silent groups are left out, ``train.skip_zero_advantage``) and, with the screen, one teacher-forced
 pass over f candidates a slot. It also pays fixed seconds whatever its tokens (:class:`FixedCosts`): the
@@ -59,15 +60,6 @@ signal is at least ``min_signal`` times plain GRPO's; the cheapest step among th
 qualifies), and among those within ``TIE`` of the cheapest, the one with the most signal. Steps, not clocks, are
 compared: a run that plans has calibrated and scores its pool whatever it then trains.
 
-**Overlap.** Whether generation of step t+1 runs while update t does (``overlap.lag`` 1, AReaL's and verl's one
-step off; tasks/training/overlap.py): :func:`choose_lag`. Where the sampler and the trainer run on different
-devices (a vLLM server; CPU cores for each) the draw hides behind the update, or the update behind the draw, at
-no cost to either: lag 1. Where they share one device they slow each other down by an amount no rule predicts (the
-issue's toy on one GPU: 1.43x the sequential time; a 1.5B model: 0.88x), so a probe times one draw and one update
-alone and at once (:class:`OverlapProbe`), and lag 1 is chosen only when at once takes at most ``1 - min_gain`` of
-alone one after the other: a gain smaller than the probe's own noise, bought with rollouts one update old, does
-not pay.
-
 Deviations and limits: the ratio is the one at the start of training (it moves as the policy learns, and with it
 DAPO's rounds); the clock is that of generation and update one after the other (lag 0); replayed groups count as
 fresh ones in the signal.
@@ -78,24 +70,18 @@ Shape letters as in ``rlcore/__init__.py``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Literal
 
 import torch
+
+from rlcore.step_costs import UnitCosts
 
 #: Predicted step times within this share of the cheapest count as a tie, broken by the larger signal.
 TIE = 0.05
 
-__all__ = ["CallCost", "Composition", "FixedCosts", "LagChoice", "OverlapProbe", "PoolStats", "Prediction",
-           "UnitCosts", "call_rows", "choose", "choose_lag", "draw_ratio", "dynamic_rounds", "informative_chance",
-           "predict", "update_rows"]
-
-
-def _check_seconds(owner: str, **values: float) -> None:
-    for name, v in values.items():
-        if not math.isfinite(v) or v < 0:
-            raise ValueError(f"{owner}.{name} must be finite and >= 0, got {v!r}")
+__all__ = ["Composition", "PoolStats", "Prediction", "call_rows", "choose", "draw_ratio", "dynamic_rounds",
+           "informative_chance", "predict", "update_rows"]
 
 
 @dataclass(frozen=True)
@@ -142,168 +128,6 @@ class PoolStats:
         solved = float(mass[s == self.g].sum())
         unsolved = float(mass[s == 0].sum())
         return {"solved": solved, "unsolved": unsolved, "mixed": max(0.0, 1 - solved - unsolved)}
-
-
-@dataclass(frozen=True)
-class CallCost:
-    """Seconds of one call of some work (a batch generated, an update, a screen pass) as a line in the tokens it
-    processes and, for generation, its decode steps: ``fixed_s + step_s * steps + token_s * tokens``. A generate
-    call decodes one step per token of its longest completion, and a step costs ``step_s`` whatever its rows (the
-    model's weights are read, the loop's launches made) on top of ``token_s`` a row: so a call of many short
-    completions costs less a token than one that waits for a long one, and a bigger batch less a token than a
-    small one. ``tokens``, ``seconds`` and ``steps`` (() where steps are not counted): the timed calls it was
-    fitted to (:meth:`fit`)."""
-
-    fixed_s: float
-    token_s: float
-    tokens: tuple[float, ...] = ()
-    seconds: tuple[float, ...] = ()
-    step_s: float = 0.0
-    steps: tuple[float, ...] = ()
-
-    def __post_init__(self) -> None:
-        for name in ("tokens", "seconds", "steps"):
-            object.__setattr__(self, name, tuple(float(t) for t in getattr(self, name)))
-        _check_seconds("CallCost", fixed_s=self.fixed_s, token_s=self.token_s, step_s=self.step_s)
-        if len(self.tokens) != len(self.seconds) or (self.steps and len(self.steps) != len(self.tokens)):
-            raise ValueError(f"CallCost: {len(self.tokens)} token counts, {len(self.steps)} step counts for "
-                             f"{len(self.seconds)} timings")
-        _check_seconds("CallCost", **{f"tokens[{i}]": t for i, t in enumerate(self.tokens)},
-                       **{f"seconds[{i}]": s for i, s in enumerate(self.seconds)},
-                       **{f"steps[{i}]": s for i, s in enumerate(self.steps)})
-
-    @classmethod
-    def fit(cls, tokens: Sequence[float], seconds: Sequence[float],
-            steps: Sequence[float] | None = None) -> CallCost:
-        """The least-squares fit to timed calls (``tokens[i]``, ``seconds[i]``): with ``steps`` (generation: each
-        call's decode steps), ``step_s * steps + token_s * tokens``; without, a line ``fixed_s + token_s * tokens``.
-        Where the points give a negative part (a timing's noise) or cannot tell the parts apart (one size only),
-        the line through 0: a token costs the same in any call."""
-        t = torch.tensor([float(x) for x in tokens], dtype=torch.float64)
-        s = torch.tensor([float(x) for x in seconds], dtype=torch.float64)
-        if len(t) == 0 or len(t) != len(s) or float(t.max()) <= 0:
-            raise ValueError(f"CallCost.fit needs timed calls with tokens, got tokens={tokens}, seconds={seconds}")
-        through_0 = float((t * s).sum() / (t * t).sum())
-        if steps is not None:
-            d = torch.tensor([float(x) for x in steps], dtype=torch.float64)
-            if len(d) != len(t):
-                raise ValueError(f"CallCost.fit: {len(d)} step counts for {len(t)} timed calls")
-            x = torch.stack([d, t], dim=1)
-            gram = x.T @ x
-            if len(t) > 1 and float(torch.linalg.det(gram)) > 1e-9 * float(gram.diagonal().prod()):
-                step, slope = torch.linalg.solve(gram, x.T @ s).tolist()
-                if step >= 0 and slope >= 0:
-                    return cls(fixed_s=0.0, token_s=slope, step_s=step, tokens=tuple(t.tolist()),
-                               seconds=tuple(s.tolist()), steps=tuple(d.tolist()))
-            return cls(fixed_s=0.0, token_s=through_0, tokens=tuple(t.tolist()), seconds=tuple(s.tolist()),
-                       steps=tuple(d.tolist()))
-        fixed, slope = 0.0, through_0
-        if len(set(t.tolist())) > 1:
-            tm, sm = t.mean(), s.mean()
-            b = float(((t - tm) * (s - sm)).sum() / ((t - tm) ** 2).sum())
-            a = float(sm - b * tm)
-            if a >= 0 and b >= 0:
-                fixed, slope = a, b
-        return cls(fixed_s=fixed, token_s=slope, tokens=tuple(t.tolist()), seconds=tuple(s.tolist()))
-
-    def time(self, tokens: float, steps: float = 0.0) -> float:
-        """Seconds of one call over ``tokens`` in ``steps`` decode steps (0 tokens: no call, 0 s)."""
-        return self.fixed_s + self.step_s * steps + self.token_s * tokens if tokens > 0 else 0.0
-
-    def per_token(self, tokens: float, steps: float = 0.0) -> float:
-        """Seconds a token in a call of ``tokens`` in ``steps`` decode steps."""
-        return self.time(tokens, steps) / tokens if tokens > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class FixedCosts:
-    """Seconds a step or a round pays whatever its tokens, timed by the probe.
-
-    ``optimizer_s``: one optimizer step (gradient clipping and AdamW over the trainable parameters), a step;
-    ``step_s``: a step's bookkeeping (the draw over the pool, the ledger's selection and group rows, the metrics
-    line), a step; ``round_s``: a round's checkpoint (the weights and the optimizer's state); ``fit_s``: DOTS's
-    predictor a round (its fit on the labels and its predictions over the pool), paid only by compositions that
-    draw with it."""
-
-    optimizer_s: float = 0.0
-    step_s: float = 0.0
-    round_s: float = 0.0
-    fit_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        _check_seconds("FixedCosts", optimizer_s=self.optimizer_s, step_s=self.step_s, round_s=self.round_s,
-                       fit_s=self.fit_s)
-
-
-@dataclass(frozen=True)
-class UnitCosts:
-    """What the work of a step costs, measured by a probe, and the mean token counts it saw.
-
-    ``generate``: a call that generates and verifies rollouts, in their completion tokens; ``update``: the update's
-    passes over the rows it computes, in their prompt and completion tokens (the optimizer step is in ``fixed``);
-    ``forward``: the screen's teacher-forced pass, in prompt and solution tokens; ``completion_tokens``,
-    ``prompt_tokens``, ``solution_tokens``: mean tokens of a completion, a prompt and a worked solution (0 where
-    there is none); ``fixed``: what a step and a round pay whatever their tokens; ``score_s``: seconds to score
-    (embed) one pool prompt before training; ``levels``: (level, completion tokens, prompt tokens), the mean lengths
-    of a rollout of each level's prompts the probe drew (a draw that favours some levels has their lengths);
-    ``completion_lengths``: (level, the completion tokens of each rollout of that level's prompts the probe drew),
-    from which :meth:`longest` predicts a call's decode steps."""
-
-    generate: CallCost
-    update: CallCost
-    forward: CallCost
-    completion_tokens: float
-    prompt_tokens: float
-    solution_tokens: float = 0.0
-    fixed: FixedCosts = field(default_factory=FixedCosts)
-    score_s: float = 0.0
-    levels: tuple[tuple, ...] = ()
-    completion_lengths: tuple[tuple, ...] = ()
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "levels", tuple((lv, float(c), float(p)) for lv, c, p in self.levels))
-        object.__setattr__(self, "completion_lengths",
-                           tuple((lv, tuple(int(x) for x in xs)) for lv, xs in self.completion_lengths))
-        if any(not xs or min(xs) < 0 for _, xs in self.completion_lengths):
-            raise ValueError("UnitCosts.completion_lengths: each level needs at least one length, none negative")
-        _check_seconds("UnitCosts", completion_tokens=self.completion_tokens, prompt_tokens=self.prompt_tokens,
-                       solution_tokens=self.solution_tokens, score_s=self.score_s,
-                       **{f"levels[{i}]": x for i, (_, c, p) in enumerate(self.levels) for x in (c, p)})
-
-    @classmethod
-    def from_dict(cls, d: dict) -> UnitCosts:
-        """The inverse of ``dataclasses.asdict``."""
-        return cls(**{**d, **{k: CallCost(**d[k]) for k in ("generate", "update", "forward")},
-                      "fixed": FixedCosts(**d.get("fixed", {})), "levels": tuple(map(tuple, d.get("levels", ()))),
-                      "completion_lengths": tuple((lv, tuple(xs)) for lv, xs in d.get("completion_lengths", ()))})
-
-    def lengths(self, levels: Sequence) -> tuple[torch.Tensor, torch.Tensor]:
-        """[K] float64 each: the mean completion and prompt tokens of a rollout of a prompt of each of ``levels``
-        (the probe's for that level; its mean over every level where it drew none of that level)."""
-        by = {lv: (c, p) for lv, c, p in self.levels}
-        pairs = [by.get(lv, (self.completion_tokens, self.prompt_tokens)) for lv in levels]
-        return (torch.tensor([c for c, _ in pairs], dtype=torch.float64),
-                torch.tensor([p for _, p in pairs], dtype=torch.float64))
-
-    def longest(self, mix: dict, rows: int) -> float:
-        """The expected longest completion of ``rows`` rollouts drawn from the levels with shares ``mix`` (level ->
-        share; a level the probe drew none of counts as every level the probe drew): a generate call's decode
-        steps. With F the mix of the levels' empirical length distributions, E[max] = sum over x >= 0 of
-        1 - F(x)^rows. 0 where the probe recorded no lengths."""
-        if rows <= 0 or not self.completion_lengths:
-            return 0.0
-        by = {lv: torch.tensor(xs, dtype=torch.float64) for lv, xs in self.completion_lengths}
-        every = torch.cat(list(by.values()))
-        top = int(every.max())
-        grid = torch.arange(top + 1, dtype=torch.float64)
-        total = sum(mix.values())
-        if total <= 0:
-            mix, total = dict.fromkeys(by, 1.0), float(len(by))
-        cdf = torch.zeros(top + 1, dtype=torch.float64)
-        for lv, share in mix.items():
-            xs = by.get(lv, every)
-            cdf += share / total * (xs.unsqueeze(0) <= grid.unsqueeze(1)).to(torch.float64).mean(1)
-        return float((1 - cdf.clamp(0, 1)[:top] ** rows).sum())
 
 
 @dataclass(frozen=True)
@@ -587,71 +411,3 @@ def choose(base: Prediction, predictions: list[Prediction], min_signal: float) -
     return best, (f"{best.name}: predicted {best.clock:.2f}x plain GRPO's training clock with "
                   f"{best.signal / base.signal:.2f}x its informative groups a step (effective ratio "
                   f"{best.effective_ratio:.2f} against {base.effective_ratio:.2f}){runner}")
-
-
-@dataclass(frozen=True)
-class OverlapProbe:
-    """One draw and one update of the same work, timed (seconds) on the device they share: ``draw_s`` and
-    ``update_s`` each alone, one after the other (lag 0), and ``at_once_s`` from the start of both at once (the draw
-    in the generator process, the update in the trainer, lag 1) until both are done; each the median of ``repeats``."""
-
-    draw_s: float
-    update_s: float
-    at_once_s: float
-    repeats: int = 1
-
-    def __post_init__(self) -> None:
-        for name in ("draw_s", "update_s", "at_once_s"):
-            v = getattr(self, name)
-            if not math.isfinite(v) or v <= 0:
-                raise ValueError(f"OverlapProbe.{name} must be finite and > 0, got {v!r}")
-        if self.repeats < 1:
-            raise ValueError(f"OverlapProbe.repeats must be >= 1, got {self.repeats!r}")
-
-    @property
-    def sequential_s(self) -> float:
-        return self.draw_s + self.update_s
-
-    @property
-    def ratio(self) -> float:
-        """At once over one after the other: below 1, running them at once is faster."""
-        return self.at_once_s / self.sequential_s
-
-
-@dataclass(frozen=True)
-class LagChoice:
-    """The overlap's lag and why: ``basis`` ``config`` (``overlap.lag`` 0 or 1 set), ``devices`` (the sampler and
-    the trainer run on different devices) or ``probe`` (they share one; ``probe`` holds the timing); ``reason``: one
-    line for the run's summary, the plan and MLflow."""
-
-    lag: int
-    basis: Literal["config", "devices", "probe"]
-    reason: str
-    probe: OverlapProbe | None = None
-
-    def __post_init__(self) -> None:
-        if self.lag not in (0, 1) or isinstance(self.lag, bool):
-            raise ValueError(f"LagChoice.lag must be 0 or 1, got {self.lag!r}")
-        if self.basis not in ("config", "devices", "probe"):
-            raise ValueError(f"LagChoice.basis must be config, devices or probe, got {self.basis!r}")
-        if (self.basis == "probe") != (self.probe is not None):
-            raise ValueError("LagChoice: a probe's timing goes with basis probe, and only with it")
-
-
-def choose_lag(separate: str | None, probe: OverlapProbe | None, min_gain: float) -> LagChoice:
-    """``overlap.lag=auto`` (module docstring, Overlap): 1 when ``separate`` says why the sampler and the trainer run
-    on different devices; else, from ``probe``, 1 when at once takes at most ``1 - min_gain`` of one after the
-    other, and 0 otherwise."""
-    if not 0 <= min_gain < 1:
-        raise ValueError(f"min_gain must be in [0, 1), got {min_gain!r}")
-    if separate:
-        return LagChoice(1, "devices", f"lag 1: the sampler and the trainer run on different devices ({separate})")
-    if probe is None:
-        raise ValueError("choose_lag: the sampler and the trainer share a device, and there is no probe to decide by")
-    pays = probe.ratio <= 1 - min_gain
-    timing = (f"a draw and an update at once took {probe.at_once_s:.3g} s, {probe.ratio:.2f}x the "
-              f"{probe.sequential_s:.3g} s of one after the other (draw {probe.draw_s:.3g} s, update "
-              f"{probe.update_s:.3g} s; median of {probe.repeats}) on the device they share")
-    if pays:
-        return LagChoice(1, "probe", f"lag 1: {timing}, at least {min_gain:.0%} faster", probe)
-    return LagChoice(0, "probe", f"lag 0: {timing}, not {min_gain:.0%} faster", probe)

@@ -24,7 +24,7 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from rlcore.plan import LagChoice
+from rlcore.overlap_lag import LagChoice
 from rlcore.seeding import derive_seed
 from tasks.config import Config
 from tasks.data import ingest

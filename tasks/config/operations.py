@@ -36,7 +36,8 @@ class OverlapConfig(_Frozen):
         "Updates by which the sampling weights may trail the trainer's: 1 generates step t+1's rollouts (with the "
         "weights before update t) while update t runs; 0 is the sequential loop (rollout, then update). One step "
         "in flight already hides the shorter phase behind the longer; deeper lags are not offered. auto: chosen "
-        "before training (rlcore/plan.py choose_lag): 1 where the sampler and the trainer run on different devices "
+        "before training (rlcore/overlap_lag.py choose_lag): 1 where the sampler and the trainer run on different "
+        "devices "
         "(rollout.engine=vllm; on a CPU, generator and trainer threads that fit the cores this process may use), "
         "else 1 only when a probe of a draw and an update at once is at least min_gain faster than one after the "
         "other. The choice and why are in the run summary, `rlsift plan` and the MLflow tags rlsift.overlap.*."))

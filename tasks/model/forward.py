@@ -197,7 +197,8 @@ class _LogProbHead(torch.nn.Module):
 def chunked_head(model, targets: torch.Tensor, temperature: float, max_elements: int | None = None):
     """Within the block, ``model``'s forward returns as ``.logits`` the log-probs [b, L] of ``targets`` [b, L] at
     ``temperature`` instead of logits [b, L + 1, V]: the LM head runs on chunks of at most ``max_elements // V``
-    tokens (default :data:`HEAD_CHUNK_ELEMENTS`), each reduced to its target's log-prob (float32) before the next, and with autograd on each chunk's
+    tokens (default :data:`HEAD_CHUNK_ELEMENTS`), each reduced to its target's log-prob (float32) before the next,
+    and with autograd on each chunk's
     logits are recomputed in the backward pass (``torch.utils.checkpoint``), so neither the [T, V] logits nor their
     float32 log-softmax exist at once (TRL's ``ChunkedLogProbFunction`` and Liger's fused linear cross-entropy
     avoid them the same way). Call the model with ``logits_to_keep = L + 1``.

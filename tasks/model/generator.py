@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import signal
 import sys
 import time

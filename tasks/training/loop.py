@@ -35,7 +35,7 @@ from rlcore.adaptive_composition import AdaptiveComposition, CompositionPlan
 from rlcore.advantages import effective_mask, group_advantages, solved_anchor
 from rlcore.downsample import downsample
 from rlcore.dynamic_sampling import BatchFiller
-from rlcore.plan import LagChoice
+from rlcore.overlap_lag import LagChoice
 from rlcore.replay_buffer import ReplayBuffer, mix_counts
 from rlcore.seeding import derive_seed
 from rlcore.types import RolloutGroup
@@ -263,7 +263,6 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
     line ends them.
     """
     cfg = run.cfg
-    model = policy.model
     if lag is None:
         lag = decide_lag(cfg, policy, probe_records(pool, calibration, cfg) if calibration is not None
                          else pool[: cfg.plan.probe_prompts], run.device)

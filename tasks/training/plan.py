@@ -6,7 +6,7 @@ reference prompt weighted by the share of the pool its level holds over its shar
 stratified by level), and, where every prompt has a worked solution, by the screen's likelihood of each reference
 prompt's solution (one forward pass each).
 
-The overlap (``overlap.lag``, :func:`decide_lag`): as configured, or for ``auto`` rlcore.plan.choose_lag, from
+The overlap (``overlap.lag``, :func:`decide_lag`): as configured, or for ``auto`` rlcore.overlap_lag.choose_lag, from
 where the sampler and the trainer run (tasks/training/overlap.py ``separate_devices``) and, where they share a
 device, :func:`probe_overlap`: the same draw and update, alone and at once. The plan records the choice for the
 config its chosen candidate trains; a run without the plan decides it in its own stage (tasks/stages.py).
@@ -25,19 +25,10 @@ from typing import Any
 
 import torch
 
-from rlcore.plan import (
-    CallCost,
-    Composition,
-    LagChoice,
-    OverlapProbe,
-    PoolStats,
-    Prediction,
-    UnitCosts,
-    choose,
-    choose_lag,
-    predict,
-)
+from rlcore.overlap_lag import LagChoice, OverlapProbe, choose_lag
+from rlcore.plan import Composition, PoolStats, Prediction, choose, predict
 from rlcore.seeding import derive_seed
+from rlcore.step_costs import CallCost, UnitCosts
 from tasks.config import Config, ConfigError
 from tasks.config_load import preset_overrides, with_overrides
 from tasks.data.prompts import PromptRecord
@@ -173,7 +164,7 @@ def probe_overlap(policy: Policy, records: list[PromptRecord], cfg: Config, seed
 
 def decide_lag(cfg: Config, policy: Policy, records: list[PromptRecord],
                device: torch.device | str = "cpu") -> LagChoice:
-    """``overlap.lag`` for training ``cfg``: 0 or 1 as set, or for ``auto`` rlcore.plan.choose_lag from where the
+    """``overlap.lag`` for training ``cfg``: 0 or 1 as set, or for ``auto`` rlcore.overlap_lag.choose_lag from where the
     sampler and the trainer run and, where they share a device, :func:`probe_overlap` on ``records``."""
     oc = cfg.overlap
     if oc.lag != "auto":

@@ -1,6 +1,6 @@
 """The plan's probe: what the work of a step costs on this device, timed before training (docs/algorithms.md 9.1).
 
-rlcore/plan.py predicts each candidate's clock from these measurements (:class:`rlcore.plan.UnitCosts`):
+rlcore/plan.py predicts each candidate's clock from these measurements (:class:`rlcore.step_costs.UnitCosts`):
 
 - **Generation at the candidates' batch sizes.** Rollouts are generated and verified (the training step's rollout
   phase, tasks/training/rollouts.py) in a call as small as the smallest first call a candidate makes and one as
@@ -41,8 +41,9 @@ from pathlib import Path
 import torch
 
 from rlcore.advantages import group_advantages
-from rlcore.plan import CallCost, Composition, FixedCosts, PoolStats, UnitCosts, call_rows, update_rows
+from rlcore.plan import Composition, PoolStats, call_rows, update_rows
 from rlcore.selection import sample_prompts, uniform_weights
+from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
 from rlcore.types import RolloutGroup
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord

@@ -46,9 +46,9 @@ from tasks.training.minibatch import (  # noqa: F401  (flatten, kl_draw, rows_wi
     BatchRows,
     Minibatch,
     batch_rows,
+    cut_minibatches,
     flatten,
     kl_draw,
-    cut_minibatches,
     loss_units,
     rows_with_gradient,
 )

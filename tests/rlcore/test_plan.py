@@ -10,24 +10,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlcore.adaptive_composition import subset_informative
+from rlcore.overlap_lag import LagChoice, OverlapProbe, choose_lag
 from rlcore.plan import (
     TIE,
-    CallCost,
     Composition,
-    FixedCosts,
-    LagChoice,
-    OverlapProbe,
     PoolStats,
     Prediction,
-    UnitCosts,
     call_rows,
     choose,
-    choose_lag,
     draw_ratio,
     dynamic_rounds,
     informative_chance,
     predict,
 )
+from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
 
 
 def slow_chance(s: int, g: int, n: int) -> float:
@@ -134,7 +130,7 @@ def test_a_generate_call_costs_its_decode_steps_and_its_tokens():
     for tokens, seconds, steps in (([2000, 12000], [0.9, 0.5], [50, 60]), ([2000, 4000], [0.2, 0.4], [20, 40]),
                                    ([2000], [0.2], [20])):
         flat = CallCost.fit(tokens, seconds, steps=steps)
-        through_0 = sum(t * s for t, s in zip(tokens, seconds)) / sum(t * t for t in tokens)
+        through_0 = sum(t * s for t, s in zip(tokens, seconds, strict=True)) / sum(t * t for t in tokens)
         assert (flat.step_s, flat.fixed_s, flat.token_s) == pytest.approx((0.0, 0.0, through_0))
     with pytest.raises(ValueError, match="step counts"):
         CallCost.fit([1, 2], [1, 2], steps=[1])

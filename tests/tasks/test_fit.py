@@ -8,8 +8,8 @@ import tasks.training.fit as fit
 from tasks.config_load import validate
 from tasks.model.policy import build_tiny_model
 from tasks.training.backend import build_updater
-from tests.policies import policy_of
 from tasks.training.fit import DoesNotFit, ModelShape, check_update_fits, estimate
+from tests.policies import policy_of
 
 #: Qwen2.5-1.5B's shape (its config.json): hidden 1536, MLP 8960, 2 key-value heads of 128, 28 layers, bf16.
 QWEN_1_5B = ModelShape(params=1_543_714_304, trainable=1_543_714_304, dtype_bytes=2, hidden=1536, intermediate=8960,

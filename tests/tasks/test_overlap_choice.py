@@ -2,7 +2,7 @@
 shared device and the loop's use of the choice; the generator process's shutdown order (its shared weights released
 before it says it stopped, no process and no warning left).
 
-rlcore.plan.choose_lag's cases are tested in tests/rlcore/test_plan.py; the pipeline's record of the choice (run
+rlcore.overlap_lag.choose_lag's cases are tested in tests/rlcore/test_plan.py; the pipeline's record of the choice (run
 summary, ``overlap.json``, MLflow tags) in tests/flows/test_plan.py.
 """
 
@@ -122,7 +122,7 @@ def test_the_loop_trains_with_the_lag_it_decides(smoke_cfg, pool):
 
 
 def test_the_overlap_stage_keeps_its_choice_for_a_resume_and_takes_the_plans(smoke_cfg, pool):
-    from rlcore.plan import LagChoice
+    from rlcore.overlap_lag import LagChoice
     from tasks.run import open_run
     from tasks.stages import overlap_stage
     from tasks.training.calibration import Calibration

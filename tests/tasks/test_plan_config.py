@@ -2,7 +2,8 @@
 
 import pytest
 
-from rlcore.plan import CallCost, FixedCosts, Prediction, UnitCosts
+from rlcore.plan import Prediction
+from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
 from tasks.config import ConfigError
 from tasks.config_load import load_config, with_overrides
 from tasks.training.plan import Plan, candidate_config, composition, costs_from_json, planned_config, reads_upfront

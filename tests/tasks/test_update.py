@@ -11,9 +11,9 @@ from tasks.model.policy import build_tiny_model, build_tokenizer
 from tasks.model.rollout import HFEngine, RolloutEngine
 from tasks.model.vllm_engine import VLLMEngine
 from tasks.training.backend import build_updater
-from tests.policies import policy_of
 from tasks.training.sharded_update import Driver
 from tasks.training.update import LocalUpdater, LossSettings, Updater, scheduled_lr
+from tests.policies import policy_of
 
 
 def test_engines_are_rollout_engines_and_hf_sync_is_a_no_op(tmp_path):
