@@ -5,7 +5,7 @@
         -m flows.train_dist -c CONFIG scale.backend=deepspeed_zero3
 
 Rank 0 runs the ordinary ``pipeline`` flow (the same stages, ledger, MLflow run and summary as
-``rlsift run``); the other ranks serve the sharded policy updates (``tasks/training/sharded_update.py``) and exit
+``rlsift run``); the other ranks serve the sharded policy updates (``tasks/update/sharded_update.py``) and exit
 when rank 0 is done. Same arguments as ``rlsift run``. If rank 0 fails, it exits non-zero without
 releasing the others and torchrun stops them (they may be inside a collective that can no longer finish).
 """
@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch.distributed as dist
 
-    from tasks.training.distributed import init_distributed
-    from tasks.training.sharded_update import serve, stop_workers
+    from tasks.update.distributed import init_distributed
+    from tasks.update.sharded_update import serve, stop_workers
 
     info = init_distributed(cfg.model.device)
     logging.basicConfig(level=logging.INFO if info.rank == 0 and not args.json else logging.WARNING,

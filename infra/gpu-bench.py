@@ -2,10 +2,10 @@
 
 For each model shape (Qwen2.5-0.5B, 1.5B and 7B's configs, built with random weights: nothing is downloaded), full
 weights and LoRA (rank 16 on every linear layer), with and without activation checkpointing, and three step sizes,
-it runs ``tasks.training.update.policy_update`` (every check it does: the micro-batches, the chunked LM head, the
+it runs ``tasks.update.policy_update.policy_update`` (every check it does: the micro-batches, the chunked LM head, the
 NaN guard, the mismatch metrics) on a batch of groups of 8 rollouts of 128 prompt and 1,024 completion tokens, and
 prints one row an arm: the step's tokens, its micro-batches, seconds a step, tokens a second, model-FLOPs
-utilisation and the peak memory measured against tasks/training/fit.py's estimate.
+utilisation and the peak memory measured against tasks/update/fit.py's estimate.
 
 - Model FLOPs: 6 N a token with full weights (forward 2N, backward 4N), 4 N under LoRA (the frozen weights get no
   gradient), N the parameters; attention's own FLOPs and checkpointing's recompute are not counted (the usual MFU
@@ -46,8 +46,8 @@ from rlcore.types import RolloutGroup  # noqa: E402
 from tasks.config import LoraConfig  # noqa: E402
 from tasks.model.lora import apply_lora, base_model, trainable_parameters  # noqa: E402
 from tasks.records.memory import own_peak_mb, reset_own_peak  # noqa: E402
-from tasks.training.fit import ModelShape, estimate  # noqa: E402
-from tasks.training.update import gradient_checkpointing, policy_update  # noqa: E402
+from tasks.update.fit import ModelShape, estimate  # noqa: E402
+from tasks.update.policy_update import gradient_checkpointing, policy_update  # noqa: E402
 
 #: Qwen2.5 configs (their config.json): hidden, MLP width, layers, heads, key-value heads, tied embeddings.
 SHAPES = {
@@ -205,7 +205,7 @@ def generation(args, shape: str, device: torch.device, dtype: torch.dtype, name:
     model, cfg = build(shape, "full", device, dtype)
     model.eval()
     rows, new = ([16, 32], 8) if toy else ([256, 512], 512)
-    print(f"\nsampler on {name}: tasks.model.rollout.decode, {shape}, prompts of {gen.PROMPT} tokens")
+    print(f"\nsampler on {name}: tasks.generation.rollout.decode, {shape}, prompts of {gen.PROMPT} tokens")
     print("\n".join(gen.sampler_rows(model, rows, new, device, name)))
     print(f"\nsampler/trainer mismatch on {name} ({dtype}, the same weights)")
     print("\n".join(gen.mismatch_rows(model, rows[0], new, device)))

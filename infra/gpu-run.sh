@@ -58,9 +58,9 @@ import torch
 from rlcore.advantages import group_advantages
 from rlcore.types import RolloutGroup
 from tasks.model.policy import format_prompt, load_policy
-from tasks.model.rollout import HFEngine
+from tasks.generation.rollout import HFEngine
 from tasks.run import resolve_device, resolve_dtype
-from tasks.training.update import policy_update
+from tasks.update.policy_update import policy_update
 
 summary = json.loads(Path(sys.argv[1]).read_text())
 device = resolve_device(os.environ["DEVICE"])

@@ -2,7 +2,7 @@
 bf16 sampler/trainer mismatch. Imports only torch, transformers, peft, pydantic, numpy and rlsift's modules that
 need no more.
 
-- **Sampler**: ``tasks.model.rollout.decode`` (the run's in-process sampler) on ``rows`` prompts of 128 tokens,
+- **Sampler**: ``tasks.generation.rollout.decode`` (the run's in-process sampler) on ``rows`` prompts of 128 tokens,
   ``new`` tokens each (random weights never end a row early), first call and second call timed apart, beside
   transformers' ``generate`` (sampling, same shapes, second call). The floor is what the card allows a decode
   step: the larger of reading the weights and the KV cache once (bytes / memory bandwidth) and the step's FLOPs
@@ -10,7 +10,7 @@ need no more.
 - **Overlap on one GPU**: the sampler in a second process on the same GPU beside update steps in this one, against
   the two one after the other: the ratio is what ``overlap.lag`` 1 can save on a shared device.
 - **Mismatch**: the sampler's bf16 log-probs mu against the trainer's recomputation pi_old on the same weights
-  (``tasks.training.update.mismatch_metrics``), and the first update on those rollouts with mu = the sampler's
+  (``tasks.update.policy_update.mismatch_metrics``), and the first update on those rollouts with mu = the sampler's
   (the decoupled loss's correction) and with mu = pi_old (no correction): how much the correction changes the
   gradient (relative norm of the difference).
 """
@@ -25,9 +25,9 @@ import torch
 
 from rlcore.types import RolloutGroup
 from tasks.model.forward import token_logprobs
-from tasks.model.rollout import decode
-from tasks.model.sampling import Sampling
-from tasks.training.update import mismatch_metrics, policy_update
+from tasks.generation.rollout import decode
+from tasks.generation.sampling import Sampling
+from tasks.update.policy_update import mismatch_metrics, policy_update
 
 #: Memory bandwidth (TB/s) and dense bf16 TFLOP/s of the cards the check knows (vendor figures, SXM parts).
 CARDS = {"H100": (3.35, 989.0), "H200": (4.8, 989.0), "A100": (2.0, 312.0)}

@@ -4,7 +4,7 @@ checkpointing (``train.gradient_checkpointing``): a table.
 The model is a randomly initialised Qwen2 of hidden 256, 8 layers, 4 heads (2 key-value heads), MLP 1024, a
 400-token vocabulary with tied embeddings (the tiny Qwen2 of tests/tiny_qwen.py, deeper and wider), on 16 rows of
 32 prompt + 512 completion tokens, CPU float32, 2 threads. Each arm runs in its own process (so the peak resident
-set is its own): 1 warm-up step, then 3 timed steps of the real update (``tasks.training.update.policy_update``:
+set is its own): 1 warm-up step, then 3 timed steps of the real update (``tasks.update.policy_update.policy_update``:
 forward, backward, AdamW), LoRA rank 16 / alpha 32 on every linear layer.
 
 Columns: trainable parameters; AdamW's state after the steps (bytes of its tensors, measured); the process's peak
@@ -37,7 +37,7 @@ def one(arm: str, hidden: int, layers: int) -> dict:
     from rlcore.types import RolloutGroup
     from tasks.config import LoraConfig
     from tasks.model.lora import apply_lora, base_model, trainable_parameters
-    from tasks.training.update import gradient_checkpointing, policy_update
+    from tasks.update.policy_update import gradient_checkpointing, policy_update
 
     torch.set_num_threads(2)
     torch.manual_seed(0)

@@ -39,7 +39,7 @@ Choices and deviations:
     * Non-finite input: advantages and the detached log-probs (old, behaviour, reference) come from data
       and earlier passes, so a NaN or inf among them (on a valid token) is a ``ValueError`` naming the
       tensor. A non-finite ``logp`` (the live policy's own output) is not checked here: it gives a
-      non-finite loss, and the training loop skips that update (``tasks/training/distributed.py``,
+      non-finite loss, and the training loop skips that update (``tasks/update/distributed.py``,
       ``backward_step``). A mask with no valid token is an error, not 0/0.
 """
 

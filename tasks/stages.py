@@ -31,7 +31,7 @@ from tasks.data import ingest
 from tasks.data.prompts import PromptRecord
 from tasks.model.lora import apply_lora
 from tasks.model.policy import Policy, load_policy
-from tasks.model.rollout import HFEngine
+from tasks.generation.rollout import HFEngine
 from tasks.model.warmstart import sft_records, warm_start
 from tasks.records import artifacts, plots
 from tasks.records.files import write_json
@@ -122,7 +122,7 @@ def prepare_stage(run: Run) -> Policy:
             model = apply_lora(model, mc.lora, derive_seed(cfg.seed, "lora"))
     rc = cfg.rollout
     if rc.engine == "vllm":  # one or more vLLM servers (docs/scale-out.md)
-        from tasks.model.server_pool import ServerPool
+        from tasks.generation.server_pool import ServerPool
         engine = ServerPool.from_config(rc, tok)
         engine.sync_weights(model, tok, run.dir / "vllm_weights")  # the servers sample from exactly this policy
     else:

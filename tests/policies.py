@@ -4,7 +4,7 @@ checkpoints): the bundled tokenizer (pad id 0) and an in-process engine on the m
 import torch
 
 from tasks.model.policy import Policy, build_tokenizer
-from tasks.model.rollout import HFEngine
+from tasks.generation.rollout import HFEngine
 
 
 def policy_of(model: torch.nn.Module) -> Policy:

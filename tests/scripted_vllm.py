@@ -1,5 +1,5 @@
 """A scripted ``vllm serve`` for the default test tier: a real HTTP server (stdlib ``ThreadingHTTPServer`` in a thread,
-on a free loopback port) that answers the endpoints :class:`tasks.model.vllm_engine.VLLMEngine` uses, by sampling
+on a free loopback port) that answers the endpoints :class:`tasks.generation.vllm_engine.VLLMEngine` uses, by sampling
 with the tiny HF model in this process.
 
 Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions`` (token-id prompt, ``n``, ``max_tokens``,
@@ -7,7 +7,7 @@ Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions`` (token-
 /collective_rpc`` with ``reload_weights`` (loads the safetensors of ``weights_path`` into its own copy, as vLLM's
 in-place reload) and ``POST /reset_prefix_cache``.
 
-Sampling: one request is ``n`` copies of its prompt through :func:`tasks.model.rollout.decode` with the request's
+Sampling: one request is ``n`` copies of its prompt through :func:`tasks.generation.rollout.decode` with the request's
 settings (:meth:`HFEngine.sampling`), ``torch.manual_seed(seed)`` first; a process-wide lock serialises every scripted
 server's sampling (torch's generator is global), so a request's answer depends on its prompt, n, seed and the loaded
 weights alone, whichever server and thread answers it. Deviation from vLLM: its n children are seeded ``seed + j``;
@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import load_file
 
 from tasks.model.policy import load_policy
-from tasks.model.rollout import HFEngine, decode
+from tasks.generation.rollout import HFEngine, decode
 
 #: torch's global generator: one sampling at a time across every scripted server of the process.
 _SAMPLING = threading.Lock()

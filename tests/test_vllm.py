@@ -8,7 +8,7 @@ Checks: shapes and prompt-major layout; the server's log-probs (``processed_logp
 agree with ``tasks.model.forward.token_logprobs`` on the same weights (atol 2e-4: two float32 implementations
 of the same network, different kernels and summation order); seeded sampling repeats; greedy picks the
 arg-max token; ``reload_weights`` from a second model's folder makes the log-probs follow the new weights.
-Two servers at once (tasks/model/server_pool.py): spread over both, a call returns what one server returns, and an
+Two servers at once (tasks/generation/server_pool.py): spread over both, a call returns what one server returns, and an
 overlapped training run completes when one of them is killed mid-step (each server about 1 minute to start).
 """
 
@@ -48,7 +48,7 @@ def sharp_model(seed: int):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from tasks.model.vllm_engine import VLLMEngine, export_for_vllm
+    from tasks.generation.vllm_engine import VLLMEngine, export_for_vllm
 
     tmp = tmp_path_factory.mktemp("vllm")
     tok = build_tokenizer()
@@ -154,7 +154,7 @@ def test_reload_weights_takes_effect(served):
         engine.reload_weights(tmp)
 
 
-# ---------------------------------------------------------------- several servers (tasks/model/server_pool.py)
+# ---------------------------------------------------------------- several servers (tasks/generation/server_pool.py)
 def _launch(folder: Path, tmp: Path, name: str) -> tuple[subprocess.Popen, str, Path]:
     """Start ``infra/vllm-serve.sh`` on ``folder`` at a free port, in its own process group; (process, URL, log)."""
     port = free_port()
@@ -181,7 +181,7 @@ def _stop(proc: subprocess.Popen) -> None:
 def two_served(tmp_path_factory):
     """Two vLLM servers on the tiny training policy (tests/tasks/test_train.py ``make_policy``), started at once:
     [(process, URL, log)] and the tokenizer."""
-    from tasks.model.vllm_engine import VLLMEngine, export_for_vllm
+    from tasks.generation.vllm_engine import VLLMEngine, export_for_vllm
     from tests.tasks.test_train import make_policy
 
     tmp = tmp_path_factory.mktemp("vllm-pool")
@@ -208,7 +208,7 @@ def two_served(tmp_path_factory):
 
 def test_two_servers_give_the_one_servers_generation(two_served):
     """The same seeds on the same weights: spreading the prompts over two servers returns what one returns."""
-    from tasks.model.server_pool import ServerPool
+    from tasks.generation.server_pool import ServerPool
 
     servers, tok = two_served
     urls = [url for _, url, _ in servers]
@@ -231,7 +231,7 @@ def test_a_run_that_loses_one_of_two_servers_mid_step_completes(two_served, tmp_
     import logging
 
     from tasks.data import arith
-    from tasks.model.vllm_engine import VLLMEngine
+    from tasks.generation.vllm_engine import VLLMEngine
     from tests.tasks.test_server_pool import WARNING, run_cfg, train_on
     from tests.tasks.test_train import text_reward
 

@@ -8,7 +8,7 @@ arm that is not our code. What it shares with our runs:
   as ``processing_class`` (given a path, TRL may load another tokenizer class).
 - **Data**: the configured sources through the same ingest code, train prompts formatted with
   ``tasks.model.policy.format_prompt`` (chat template and system prompt when the tokenizer has one). Prompts are
-  tokenized exactly as ``tasks.model.rollout.HFEngine`` does (``tasks.model.rollout.add_special``: BOS in the plain
+  tokenized exactly as ``tasks.generation.rollout.HFEngine`` does (``tasks.generation.rollout.add_special``: BOS in the plain
   format, nothing added under a chat template): ``_ControlTrainer`` overrides TRL's ``_tokenize_prompts``.
 - **Reward**: ``tasks.data.rewards.batch_rewards`` on the prompt's record (``arith.verify`` for the bundled task).
 - **Budget**: ``train.steps`` optimizer steps, each on ``train.prompts_per_step`` prompts x ``rollout.n``
@@ -45,7 +45,7 @@ from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.data.rewards import batch_rewards
 from tasks.model.policy import Policy, format_prompt, load_policy
-from tasks.model.rollout import HFEngine, add_special
+from tasks.generation.rollout import HFEngine, add_special
 from tasks.records.cost import CostMeter
 from tasks.records.files import write_json
 from tasks.run import resolve_device, resolve_dtype, show_progress
@@ -62,7 +62,7 @@ def grpo_args(cfg: Config, out_dir: Path, device: torch.device, dtype: torch.dty
     if tc.warmup_steps or tc.lr_schedule != "constant":
         raise ValueError("the TRL control runs GRPO's constant learning rate: it needs train.warmup_steps=0 and "
                          f"train.lr_schedule=constant, got {tc.warmup_steps} and {tc.lr_schedule!r} (transformers' "
-                         "schedules count their steps differently from tasks.training.update.scheduled_lr)")
+                         "schedules count their steps differently from tasks.update.policy_update.scheduled_lr)")
     if tc.kl_coef > 0 and tc.kl_rows != "all":
         raise ValueError(f"the TRL control's KL term covers every completion: train.kl_rows must be 'all' with "
                          f"train.kl_coef > 0, got {tc.kl_rows!r}")

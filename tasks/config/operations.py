@@ -25,7 +25,7 @@ class ScaleConfig(_Frozen):
     """Training backend (launched with torchrun for the multi-process ones; see README "Scale out")."""
 
     backend: Literal["single", "ddp", "fsdp2", "deepspeed_zero2", "deepspeed_zero3"] = Field("single", description=(
-        "single: one process; the others shard each update over torchrun ranks (tasks/training/distributed.py)."))
+        "single: one process; the others shard each update over torchrun ranks (tasks/update/distributed.py)."))
     offload_optimizer: bool = Field(False, description="DeepSpeed: keep optimizer state on the CPU.")
 
 

@@ -1,5 +1,5 @@
 """Sampling the training rollouts (``rollout.*``): the engine (in-process or vLLM servers) and its sampling
-settings (tasks/model/rollout.py, tasks/model/vllm_engine.py, tasks/model/server_pool.py)."""
+settings (tasks/generation/rollout.py, tasks/generation/vllm_engine.py, tasks/generation/server_pool.py)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from tasks.config.base import _Frozen
 
 
 class RolloutConfig(_Frozen):
-    """Sampling the training rollouts (tasks/model/rollout.py, tasks/model/vllm_engine.py)."""
+    """Sampling the training rollouts (tasks/generation/rollout.py, tasks/generation/vllm_engine.py)."""
 
     engine: Literal["hf", "vllm"] = Field("hf", description=(
         "hf: transformers generate() in process; vllm: a vLLM server over HTTP (docs/scale-out.md)."))
     vllm_url: tuple[str, ...] = Field(("http://127.0.0.1:8000",), description=(
         "Base URLs of the vLLM servers (engine=vllm): a list, or one URL for one server. Each generate call's prompts "
-        "are spread over them, and a server that fails is dropped for the run (tasks/model/server_pool.py). On the "
+        "are spread over them, and a server that fails is dropped for the run (tasks/generation/server_pool.py). On the "
         "command line: rollout.vllm_url=[http://a:8000,http://b:8000]."))
     vllm_timeout: float = Field(600.0, gt=0, description=(
         "Seconds a vLLM request may take (engine=vllm); a server that does not answer within it counts as failed."))

@@ -1,5 +1,4 @@
-"""The policy model: loading (``policy``), the tiny default's supervised warm start (``warmstart``),
-rollout engines (``rollout``: transformers, drawing with ``sampling``; ``vllm_engine``: a vLLM server;
-``server_pool``: several of them) and the forward passes the algorithms need (``forward``: token log-probs,
-pooled embeddings, MLP inputs).
+"""The policy model: loading (``policy``), the tiny default's supervised warm start (``warmstart``), LoRA adapters
+(``lora``) and the forward passes the algorithms need (``forward``: token log-probs, pooled embeddings, MLP
+inputs). Sampling from it is ``tasks/generation/``.
 """

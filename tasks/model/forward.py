@@ -16,7 +16,7 @@ import torch.utils.checkpoint
 from transformers import PreTrainedModel
 
 from tasks.model.lora import BaseModelView
-from tasks.model.rollout import add_special
+from tasks.generation.rollout import add_special
 
 
 def last_mlp(model: torch.nn.Module) -> torch.nn.Module:
@@ -233,7 +233,7 @@ def token_logprobs(model: torch.nn.Module, prompts: Sequence[torch.Tensor], comp
     (``logits_to_keep``), which runs in chunks (:func:`chunked_head`), so a pass never holds the [T, V] logits.
     The result does not depend on the bucketing beyond float rounding. With autograd on, every bucket's graph
     lives until the caller's backward pass: the update gives one micro-batch at a time
-    (tasks/training/update.py).
+    (tasks/update/policy_update.py).
 
     Args:
         mlp_inputs: when a list, each bucket appends ``(mlp_in [b, T, H] float32 detached,

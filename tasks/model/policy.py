@@ -36,7 +36,7 @@ from transformers import (
 
 from tasks.data.prompts import PromptRecord
 from tasks.model import lora
-from tasks.model.rollout import RolloutEngine
+from tasks.generation.rollout import RolloutEngine
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)

@@ -1,6 +1,6 @@
-"""Training: the loop (``loop``), rollouts with verified rewards and reference rollouts (``rollouts``), one
-policy-gradient step (``update``: the ``Updater`` interface) on one process or sharded (``distributed``,
-``sharded_update``; ``backend`` builds the run's), prompt selection (``selector``: ScalingRL -> GAIN-RL -> DOTS),
-the scoring pass (``score``: embeddings and angle concentration), checkpoints (``checkpoint``) and
-held-out evaluation (``evaluate``).
+"""Training: the loop (``loop``) and its rounds (``rounds``), rollouts with verified rewards and reference
+rollouts (``rollouts``), the overlap of generation and update (``overlap``), prompt selection (``selector``:
+ScalingRL -> GAIN-RL -> DOTS; ``screen``, ``score``, ``calibration``), the plan (``plan``, ``probe``),
+checkpoints (``checkpoint``) and held-out evaluation (``evaluate``). The step itself is the update engine's,
+``tasks/update/``; generation is ``tasks/generation/``.
 """

@@ -1,7 +1,7 @@
 """Crash-safe checkpoints of the complete training state.
 
 A checkpoint holds the model (under LoRA its adapters: the frozen base is the run's policy source), the optimizer
-state (through the run's ``Updater``, tasks/training/update.py,
+state (through the run's ``Updater``, tasks/update/policy_update.py,
 whatever the backend), selector (DOTS predictor, curriculum scheduler, GAIN-RL window, pool statistics), replay
 buffer, the adaptive composition's average, cost meter, every RNG state, the step counter and, with
 ``overlap.lag`` 1, the next step's rollouts (drawn while this step updated, not yet trained: restored on resume,
@@ -39,7 +39,7 @@ import torch
 from rlcore.seeding import derive_seed
 from tasks.model.policy import Policy
 from tasks.records.files import atomic_write
-from tasks.training.update import Updater
+from tasks.update.policy_update import Updater
 
 KEEP = 2
 

@@ -9,7 +9,7 @@ One step (verl-style, every phase timed so the timing metrics read as a table of
                                                           adaptive composition's plan, rlcore.adaptive_composition)
     keep m of n per prompt, advantages on the kept m      (rlcore.downsample, rlcore.advantages)
     mix in B - B_fresh replayed groups                    (rlcore.replay_buffer)
-    clipped policy-gradient step at the step's lr         (the run's Updater, tasks/training/update.py)
+    clipped policy-gradient step at the step's lr         (the run's Updater, tasks/update/policy_update.py)
     admit fresh groups with 0 < success < 1 (from all n) to the buffer; label the predictor
     ledger rows for every selection and group; metrics; checkpoint at round ends
     every eval.every steps: held-out evaluation, whose accuracy feeds the selector (ScalingRL's rho)
@@ -41,13 +41,13 @@ from rlcore.seeding import derive_seed
 from rlcore.types import RolloutGroup
 from tasks.data.prompts import PromptRecord
 from tasks.model.policy import Policy
-from tasks.model.rollout import Generation
+from tasks.generation.rollout import Generation
 from tasks.records.cost import CostMeter
 from tasks.records.ledger import GroupRow, ReferenceRow, SelectionRow
 from tasks.records.throughput import ModelShape, Peak, peak, rates
 from tasks.run import Run, progress_bar
 from tasks.training import checkpoint
-from tasks.training.backend import build_updater
+from tasks.update.backend import build_updater
 from tasks.training.calibration import Calibration
 from tasks.training.overlap import Overlap, SamplingPolicy
 from tasks.training.plan import decide_lag, probe_records
@@ -56,7 +56,7 @@ from tasks.training.rounds import RoundLog, RoundRunner, run_plainly
 from tasks.training.score import Features
 from tasks.training.screen import policy_likelihood
 from tasks.training.selector import Selector
-from tasks.training.update import scheduled_lr
+from tasks.update.policy_update import scheduled_lr
 
 log = logging.getLogger("rlsift.train")
 
@@ -489,7 +489,7 @@ def throughput(shape: ModelShape, machine: Peak, fs: FreshBatch, upd_stats: dict
 
 def sync_rollout_weights(run: Run, policy: Policy) -> None:
     """Bring the rollout engine up to date with the policy's weights (``RolloutEngine.sync_weights``: nothing to do
-    for the in-process HF engine, an export and reload for the vLLM server, tasks/model/vllm_engine.py)."""
+    for the in-process HF engine, an export and reload for the vLLM server, tasks/generation/vllm_engine.py)."""
     run.meter.add("weight_sync", policy.engine.sync_weights(policy.model, policy.tokenizer, run.dir / "vllm_weights"))
 
 

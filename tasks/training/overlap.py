@@ -12,7 +12,7 @@ weights are synced only while nothing is in flight, so the lag never depends on 
 
 The sampler is a :class:`SamplingPolicy`:
 
-- the in-process engine: a :class:`tasks.model.generator.GeneratorProcess` (a child process with its own
+- the in-process engine: a :class:`tasks.generation.generator.GeneratorProcess` (a child process with its own
   shared-memory copy of the policy, each side on its own torch threads);
 - an engine outside this process (vLLM): requests in flight from the background thread; the weights are pushed
   to the server before every draw, not only at round boundaries.
@@ -36,9 +36,9 @@ from pathlib import Path
 
 import torch
 
-from tasks.model.generator import GeneratorProcess
+from tasks.generation.generator import GeneratorProcess
 from tasks.model.policy import Policy
-from tasks.model.rollout import HFEngine, RolloutEngine
+from tasks.generation.rollout import HFEngine, RolloutEngine
 
 log = logging.getLogger("rlsift.train")
 

@@ -34,7 +34,7 @@ from tasks.config_load import preset_overrides, with_overrides
 from tasks.data.prompts import PromptRecord
 from tasks.model.forward import token_logprobs
 from tasks.model.policy import Policy
-from tasks.model.rollout import Generation
+from tasks.generation.rollout import Generation
 from tasks.records.files import write_json
 from tasks.training.calibration import Calibration
 from tasks.training.overlap import SamplingPolicy, separate_devices, thread_split

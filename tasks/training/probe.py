@@ -48,17 +48,17 @@ from rlcore.types import RolloutGroup
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.model.policy import Policy
-from tasks.model.rollout import Generation
+from tasks.generation.rollout import Generation
 from tasks.records.files import atomic_write
 from tasks.records.ledger import GroupRow, Ledger, SelectionRow
 from tasks.records.tracking.outbox import Outbox
 from tasks.training.calibration import Calibration
-from tasks.training.distributed import optimizer_step
+from tasks.update.distributed import optimizer_step
 from tasks.training.rollouts import rollout_rewards
 from tasks.training.score import score
 from tasks.training.screen import policy_likelihood
 from tasks.training.selector import dots_predictor
-from tasks.training.update import LocalUpdater, LossSettings
+from tasks.update.policy_update import LocalUpdater, LossSettings
 
 #: Values a training step logs (tasks/training/loop.py; 78-84 on the embedded task): the probe's metrics line.
 STEP_METRICS = 80

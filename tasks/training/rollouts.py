@@ -24,7 +24,7 @@ import torch
 from tasks.data.prompts import PromptRecord
 from tasks.data.rewards import batch_rewards
 from tasks.model.policy import Policy
-from tasks.model.rollout import Generation
+from tasks.generation.rollout import Generation
 
 #: ``(records [K], g, seed) -> rewards [K, g]``: g verified rollouts of each record with the current policy.
 Measure = Callable[[list[PromptRecord], int, int], torch.Tensor]

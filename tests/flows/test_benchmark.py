@@ -67,12 +67,12 @@ def test_trl_control_refuses_what_it_cannot_mirror(tmp_path, overrides, expect):
 def test_trl_prompts_tokenized_like_our_engine():
     from tasks.bench.trl_control import _trainer_class
     from tasks.model.policy import build_tokenizer, format_prompt
-    from tasks.model.rollout import add_special
+    from tasks.generation.rollout import add_special
 
     tok = build_tokenizer()
     prompts = [format_prompt(tok, "12+(40-7)*3=?"), format_prompt(tok, "5%3=?")]
     ids, images, extra = _trainer_class()._tokenize_prompts(SimpleNamespace(processing_class=tok), prompts)
-    # tasks.model.rollout.HFEngine: tok(p, add_special_tokens=add_special(tok)); the plain format gets BOS, as in
+    # tasks.generation.rollout.HFEngine: tok(p, add_special_tokens=add_special(tok)); the plain format gets BOS, as in
     # the warm start's <s> + prompt
     assert add_special(tok)
     assert ids == [tok(p, add_special_tokens=True)["input_ids"] for p in prompts]

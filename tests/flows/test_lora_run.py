@@ -62,7 +62,7 @@ def test_a_lora_run_killed_mid_run_resumes_to_the_uninterrupted_adapters(smoke_c
     from tasks.run import open_run
     from tasks.training import checkpoint, score
     from tasks.training.loop import train
-    from tasks.training.update import LocalUpdater
+    from tasks.update.policy_update import LocalUpdater
     from tests.tasks.test_train import SMALL, make_policy, text_reward
 
     monkeypatch.setattr("tasks.training.rollouts.batch_rewards", text_reward)

@@ -4,7 +4,7 @@ For each backend named on the command line: build the same tiny model on every r
 ``STEPS`` calls of ``policy_update`` on the same fixed batch with ``shard=DataShard.current()``, gather the
 full state dict; then check the resume path: restore the model and optimizer state saved after step 1 into
 a freshly wrapped model and redo step 2. Then, for each of ``DRIVER_BACKENDS``, the path the training loop
-takes: rank 0's ``Driver`` (tasks/training/sharded_update.py) with a learning-rate warm-up, set through
+takes: rank 0's ``Driver`` (tasks/update/sharded_update.py) with a learning-rate warm-up, set through
 ``Updater.set_lr`` before each step, while rank 1 serves. Rank 0 writes everything to ``OUT`` (a
 ``torch.save`` file).
 
@@ -26,7 +26,7 @@ from rlcore.types import RolloutGroup
 from tasks.config_load import validate
 from tasks.model.forward import token_logprobs
 from tasks.model.policy import build_tiny_model
-from tasks.training.distributed import (
+from tasks.update.distributed import (
     DataShard,
     full_state_dict,
     init_distributed,
@@ -36,8 +36,8 @@ from tasks.training.distributed import (
     reference_copy,
     wrap,
 )
-from tasks.training.sharded_update import Driver, serve, stop_workers
-from tasks.training.update import LocalUpdater, LossSettings, Updater, kl_draw, policy_update, scheduled_lr
+from tasks.update.sharded_update import Driver, serve, stop_workers
+from tasks.update.policy_update import LocalUpdater, LossSettings, Updater, kl_draw, policy_update, scheduled_lr
 
 STEPS = 2
 PAD = 0

@@ -11,11 +11,11 @@ import torch
 from scipy.stats import chisquare
 from transformers import TemperatureLogitsWarper
 
-from tasks.model import sampling as sampling_module
+from tasks.generation import sampling as sampling_module
 from tasks.model.forward import token_logprobs
 from tasks.model.policy import build_tiny_model, build_tokenizer
-from tasks.model.rollout import HFEngine, completion_mask, decode
-from tasks.model.sampling import Sampling, sample_next
+from tasks.generation.rollout import HFEngine, completion_mask, decode
+from tasks.generation.sampling import Sampling, sample_next
 
 PROMPTS = ["Q: 1+2=?\n", "Q: 12*34-5=?\n", "Q: 9=?\n", "Q: 40-3*7=?\n"]
 SETTINGS = [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (0.9, 8, 0.9)]
@@ -158,7 +158,7 @@ def test_sampling_settings_are_checked():
 
 def test_decode_imports_without_prefect_mlflow_or_duckdb():
     """A GPU benchmark script may import the sampler with torch, transformers, peft, pydantic and numpy only."""
-    code = ("import sys, tasks.model.rollout\n"
+    code = ("import sys, tasks.generation.rollout\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'prefect', 'mlflow', 'duckdb'}))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -29,8 +29,8 @@ import pytest
 import torch
 
 from tasks.config_load import validate
-from tasks.training.distributed import DataShard, decoder_layers, deepspeed_config, wrap
-from tasks.training.update import policy_update
+from tasks.update.distributed import DataShard, decoder_layers, deepspeed_config, wrap
+from tasks.update.policy_update import policy_update
 from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

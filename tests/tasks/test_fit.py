@@ -1,14 +1,14 @@
-"""The memory check before training (tasks/training/fit.py): hand-worked estimates, and a run that would not fit
+"""The memory check before training (tasks/update/fit.py): hand-worked estimates, and a run that would not fit
 stops with what to lower."""
 
 import pytest
 import torch
 
-import tasks.training.fit as fit
+import tasks.update.fit as fit
 from tasks.config_load import validate
 from tasks.model.policy import build_tiny_model
-from tasks.training.backend import build_updater
-from tasks.training.fit import DoesNotFit, ModelShape, check_update_fits, estimate
+from tasks.update.backend import build_updater
+from tasks.update.fit import DoesNotFit, ModelShape, check_update_fits, estimate
 from tests.policies import policy_of
 
 #: Qwen2.5-1.5B's shape (its config.json): hidden 1536, MLP 8960, 2 key-value heads of 128, 28 layers, bf16.

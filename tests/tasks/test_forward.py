@@ -15,7 +15,7 @@ from tasks.model.forward import (
     token_logprobs,
 )
 from tasks.model.policy import build_tiny_model, build_tokenizer
-from tasks.model.rollout import HFEngine
+from tasks.generation.rollout import HFEngine
 
 PAD = 0
 

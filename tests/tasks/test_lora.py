@@ -21,7 +21,7 @@ from tasks.model.lora import (
     trainable_parameters,
 )
 from tasks.model.policy import build_tiny_model, build_tokenizer, load_policy, save_policy
-from tasks.training.backend import build_updater
+from tasks.update.backend import build_updater
 from tests.policies import policy_of
 from tests.tasks import dist_update_helper as h
 
@@ -83,7 +83,7 @@ def test_a_saved_lora_policy_loads_as_a_full_model_with_the_adapted_outputs(tmp_
 def test_the_vllm_export_of_a_lora_policy_holds_the_merged_untied_weights(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from tasks.model.vllm_engine import export_for_vllm
+    from tasks.generation.vllm_engine import export_for_vllm
 
     model = lora_model()
     folder = export_for_vllm(model, build_tokenizer(), tmp_path / "served")
@@ -127,7 +127,7 @@ def test_a_lora_step_moves_only_the_adapters_and_its_optimizer_state_is_a_tenth_
 
 
 def test_gradient_checkpointing_keeps_a_lora_updates_loss_and_gradients():
-    from tasks.training.update import gradient_checkpointing, policy_update
+    from tasks.update.policy_update import gradient_checkpointing, policy_update
 
     grads, losses = {}, {}
     for on in (False, True):

@@ -5,8 +5,8 @@ import logging
 
 import torch
 
-from tasks.training.distributed import backward_step
-from tasks.training.update import policy_update
+from tasks.update.distributed import backward_step
+from tasks.update.policy_update import policy_update
 from tests.tasks import dist_update_helper as h
 
 
@@ -28,7 +28,7 @@ def test_a_nan_update_is_skipped_logged_and_never_applied(caplog):
     opt = torch.optim.AdamW(model.parameters(), **h.OPTIM)
     before = copy.deepcopy(model.state_dict())
     handle = _nan_logits(model, {2, 3})  # both minibatches (calls 0 and 1 are the no-grad passes for pi_old)
-    with caplog.at_level(logging.WARNING, logger="tasks.training.update"):
+    with caplog.at_level(logging.WARNING, logger="tasks.update.policy_update"):
         stats = policy_update(model, opt, copy.deepcopy(batch), aggregation="token", kl_coef=0.0, **h.SETTINGS)
     handle.remove()
     assert stats["train/skipped_updates"] == 2.0

@@ -19,11 +19,11 @@ import torch
 from rlcore.types import RolloutGroup
 from tasks.data import arith
 from tasks.model.forward import token_logprobs
-from tasks.model.generator import GeneratorDied, GeneratorProcess
+from tasks.generation.generator import GeneratorDied, GeneratorProcess
 from tasks.model.lora import plain_copy
 from tasks.model.policy import build_tiny_model, build_tokenizer
-from tasks.model.rollout import HFEngine, RolloutEngine
-from tasks.training.update import mismatch_metrics, policy_update
+from tasks.generation.rollout import HFEngine, RolloutEngine
+from tasks.update.policy_update import mismatch_metrics, policy_update
 from tests.tasks import dist_update_helper as h
 from tests.tasks.test_train import PRESETS, SMALL, run_train, text_reward
 
@@ -212,10 +212,10 @@ def test_every_technique_composes_with_the_overlap(smoke_cfg, pool):
 
 ORPHAN = """
 import sys, torch
-from tasks.model.generator import GeneratorProcess
+from tasks.generation.generator import GeneratorProcess
 from tasks.model.lora import plain_copy
 from tasks.model.policy import build_tiny_model, build_tokenizer
-from tasks.model.rollout import HFEngine
+from tasks.generation.rollout import HFEngine
 tok = build_tokenizer()
 model = build_tiny_model(hidden=64, layers=2, heads=2, tokenizer=tok, seed=0)
 gp = GeneratorProcess(HFEngine(model, tok, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0, chunk=8), 1,

@@ -21,10 +21,10 @@ from transformers import LlamaForCausalLM
 
 from tasks.config import ConfigError
 from tasks.config_load import load_config
-from tasks.model.generator import _serve
+from tasks.generation.generator import _serve
 from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
-from tasks.model.rollout import HFEngine
-from tasks.model.server_pool import ServerPool
+from tasks.generation.rollout import HFEngine
+from tasks.generation.server_pool import ServerPool
 from tasks.training.overlap import separate_devices, thread_split
 from tasks.training.plan import decide_lag, lag_from_json, lag_to_json
 from tests.conftest import ROOT
@@ -165,7 +165,7 @@ class Recorded(LlamaForCausalLM):
 def test_the_generator_drops_the_shared_weights_before_it_says_it_stopped():
     """The child's loop, run here on a thread: when ``("stopped",)`` arrives, its model is gone and the weights it
     was started with are no longer held by its arguments (on a GPU: every CUDA IPC reference released, so the
-    parent outlives them; tasks/model/generator.py)."""
+    parent outlives them; tasks/generation/generator.py)."""
     policy = tiny_policy()
     weights = {k: v.clone() for k, v in policy.model.state_dict().items()}
     ours, theirs = mp.Pipe()
@@ -193,7 +193,7 @@ SHUTDOWN = """
 import warnings
 warnings.simplefilter("always")
 from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
-from tasks.model.rollout import HFEngine
+from tasks.generation.rollout import HFEngine
 from tasks.training.overlap import SamplingPolicy
 
 if __name__ == "__main__":

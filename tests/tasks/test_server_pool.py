@@ -1,4 +1,4 @@
-"""Several rollout servers (tasks/model/server_pool.py) against scripted vLLM servers (tests/scripted_vllm.py: real HTTP
+"""Several rollout servers (tasks/generation/server_pool.py) against scripted vLLM servers (tests/scripted_vllm.py: real HTTP
 on loopback, sampling with the tiny model), no vLLM needed.
 
 - a call's prompts are spread over the servers, and the Generation is the one server's, exactly;
@@ -26,8 +26,8 @@ from tasks.config_load import load_config
 from tasks.data import arith
 from tasks.model.forward import token_logprobs
 from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
-from tasks.model.server_pool import ServerPool, spread
-from tasks.model.vllm_engine import VLLMEngine, VLLMError, export_for_vllm
+from tasks.generation.server_pool import ServerPool, spread
+from tasks.generation.vllm_engine import VLLMEngine, VLLMError, export_for_vllm
 from tests.scripted_vllm import ScriptedVLLM
 from tests.tasks.test_train import SMALL, text_reward
 
@@ -116,7 +116,7 @@ def test_a_sync_exports_once_and_reaches_every_server(tiny, servers, tmp_path, m
     before = pool.generate(PROMPTS, 3, 5)
     exports = []
     real = export_for_vllm
-    monkeypatch.setattr("tasks.model.server_pool.export_for_vllm",
+    monkeypatch.setattr("tasks.generation.server_pool.export_for_vllm",
                         lambda m, t, f: exports.append(f) or real(m, t, f))
     assert pool.sync_weights(trainer, tok, tmp_path / "w") > 0
     assert exports == [tmp_path / "w"] and [s.reloads for s in started] == [1, 1]

@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 from tasks.config import ConfigError
 from tasks.data import arith
 from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
-from tasks.model.rollout import HFEngine
+from tasks.generation.rollout import HFEngine
 from tasks.run import open_run
 from tasks.training import score
 from tasks.training.loop import train
-from tasks.training.update import scheduled_lr
+from tasks.update.policy_update import scheduled_lr
 
 PRESETS = "conf/presets/{}.yaml"
 ARMS = "conf/bench/{}.yaml"  # the benchmark's arms: experimental variants
@@ -242,7 +242,7 @@ def test_dots_weighting_sets_the_selection_weights(smoke_cfg, pool, weighting):
 def test_make_groups_advantages_and_negative_weight():
     """rewards [1, 0, 0, 1] -> Dr.-GRPO advantages [0.5, -0.5, -0.5, 0.5]; negative_weight 0.3 -> -0.15; a pair
     [0, 1] -> [-0.5, 0.5]."""
-    from tasks.model.rollout import Generation
+    from tasks.generation.rollout import Generation
     from tasks.training.loop import make_groups
 
     rec = arith.generate(0, 1, "train", "default")

@@ -8,11 +8,11 @@ import torch
 from tasks.config import ConfigError
 from tasks.config_load import validate
 from tasks.model.policy import build_tiny_model, build_tokenizer
-from tasks.model.rollout import HFEngine, RolloutEngine
-from tasks.model.vllm_engine import VLLMEngine
-from tasks.training.backend import build_updater
-from tasks.training.sharded_update import Driver
-from tasks.training.update import LocalUpdater, LossSettings, Updater, scheduled_lr
+from tasks.generation.rollout import HFEngine, RolloutEngine
+from tasks.generation.vllm_engine import VLLMEngine
+from tasks.update.backend import build_updater
+from tasks.update.sharded_update import Driver
+from tasks.update.policy_update import LocalUpdater, LossSettings, Updater, scheduled_lr
 from tests.policies import policy_of
 
 
@@ -95,7 +95,7 @@ def test_gradient_checkpointing_keeps_loss_and_gradients(aggregation):
     1e-6), on a batch with a replayed group; the model really recomputes (transformers' flag is on)."""
     import copy as _copy
 
-    from tasks.training.update import gradient_checkpointing, policy_update
+    from tasks.update.policy_update import gradient_checkpointing, policy_update
     from tests.tasks import dist_update_helper as h
 
     grads, losses = {}, {}
@@ -114,7 +114,7 @@ def test_gradient_checkpointing_keeps_loss_and_gradients(aggregation):
 
 
 def test_gradient_checkpointing_refuses_a_model_without_it():
-    from tasks.training.update import gradient_checkpointing
+    from tasks.update.policy_update import gradient_checkpointing
 
     with pytest.raises(ValueError, match="does not support it"):
         gradient_checkpointing(torch.nn.Linear(2, 2), True)

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from tasks.model.policy import build_tiny_model, build_tokenizer, load_policy, save_policy
-from tasks.model.vllm_engine import VLLMEngine, VLLMError, export_for_vllm, serve_dir
+from tasks.generation.vllm_engine import VLLMEngine, VLLMError, export_for_vllm, serve_dir
 
 
 def test_export_unties_the_head_and_keeps_the_function(tmp_path):
@@ -69,7 +69,7 @@ def test_completions_become_a_right_padded_generation_without_a_server(monkeypat
                 for j, t in enumerate(script[b])]
 
     monkeypatch.setattr(engine, "complete", complete)
-    monkeypatch.setattr("tasks.model.vllm_engine.add_special", lambda _tok: False)
+    monkeypatch.setattr("tasks.generation.vllm_engine.add_special", lambda _tok: False)
     gen = engine.generate(["a", "b"], n=2, seed=0)
     logp = gen.logprobs
     pad = tok.pad_token_id

@@ -1,4 +1,4 @@
-"""The run's :class:`~tasks.training.update.Updater` for ``scale.backend`` (:func:`build_updater`).
+"""The run's :class:`~tasks.update.policy_update.Updater` for ``scale.backend`` (:func:`build_updater`).
 
 The one module that knows both backends: ``update`` (one process) and ``sharded_update`` (torchrun ranks), which
 builds on ``update``; so imports go one way, backend -> sharded_update -> update.
@@ -13,19 +13,19 @@ from transformers import PreTrainedModel
 from tasks.config import Config
 from tasks.model.lora import base_model
 from tasks.model.policy import Policy
-from tasks.training.fit import check_update_fits
-from tasks.training.sharded_update import Driver
-from tasks.training.update import LocalUpdater, LossSettings, Updater, gradient_checkpointing
+from tasks.update.fit import check_update_fits
+from tasks.update.sharded_update import Driver
+from tasks.update.policy_update import LocalUpdater, LossSettings, Updater, gradient_checkpointing
 
 
 def build_updater(cfg: Config, policy: Policy, *, device: torch.device | str) -> Updater:
-    """The run's updater for ``scale.backend``: :class:`~tasks.training.update.LocalUpdater` or the sharded
-    :class:`~tasks.training.sharded_update.Driver`, training ``policy.model`` in place.
+    """The run's updater for ``scale.backend``: :class:`~tasks.update.policy_update.LocalUpdater` or the sharded
+    :class:`~tasks.update.sharded_update.Driver`, training ``policy.model`` in place.
 
-    Before anything is built, :func:`~tasks.training.fit.check_update_fits` stops a run whose update would not fit
+    Before anything is built, :func:`~tasks.update.fit.check_update_fits` stops a run whose update would not fit
     its device. For ``single`` the optimizer steps the policy's trainable parameters and the KL reference
     (``train.kl_coef > 0``) is the policy's (:meth:`~tasks.model.policy.Policy.kl_reference`: under LoRA the same
-    model with its adapters disabled); the sharded backends keep one per rank (tasks/training/sharded_update.py).
+    model with its adapters disabled); the sharded backends keep one per rank (tasks/update/sharded_update.py).
     """
     model = policy.model
     settings = LossSettings.from_config(cfg, policy.tokenizer.pad_token_id)

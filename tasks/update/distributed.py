@@ -14,8 +14,8 @@ re-implemented. Communication is gloo on CPU and NCCL on CUDA (docs/scale-out.md
   faster on a GPU host but needs a ~45 s JIT build). bf16/fp16 follow the model's dtype (DeepSpeed then keeps
   fp32 master weights, unlike the single-process path, which trains the weights in their own dtype).
 
-Data parallelism and the loss (``DataShard``, used by ``tasks/training/update.py``): every rank sees the same batch of
-groups and cuts the same micro-batches (tasks/training/minibatch.py); the rows of each micro-batch are split into
+Data parallelism and the loss (``DataShard``, used by ``tasks/update/policy_update.py``): every rank sees the same batch of
+groups and cuts the same micro-batches (tasks/update/minibatch.py); the rows of each micro-batch are split into
 ``world`` contiguous slices and rank r computes slice r. All three libraries *average* gradients over ranks, so
 rank r must return ``world * (its share of the global loss)``. With token aggregation the global loss is
 ``sum over all tokens / N_tok`` (N_tok: valid tokens of the whole minibatch, known to every rank since every rank

@@ -8,11 +8,11 @@ Design (the simplest one that stays exactly equivalent to one process; see ``doc
 - Ranks 1..W-1 run :func:`serve`: a loop that receives one command at a time from rank 0
   (``broadcast_object_list``) and takes part in it. Generation is not repeated on every rank (no seed-lock
   across processes, no W-fold reward work), and the batch each rank trains on is rank 0's, bit for bit.
-- :class:`Driver` is rank 0's :class:`tasks.training.update.Updater`. An update (:meth:`Driver.step`): rank 0
+- :class:`Driver` is rank 0's :class:`tasks.update.policy_update.Updater`. An update (:meth:`Driver.step`): rank 0
   broadcasts the step's ``RolloutGroup`` list, the run's ``LossSettings`` and the step's learning rate (set by
   :meth:`Driver.set_lr`, so a warm-up reaches every rank's optimizer: torch's ``param_groups``, or the
   DeepSpeed ZeRO optimizer's); every rank sets that lr and runs ``policy_update`` on its slice with the
-  globally normalised loss (``tasks/training/distributed.py``); then the full weights are gathered to rank 0
+  globally normalised loss (``tasks/update/distributed.py``); then the full weights are gathered to rank 0
   (collective under FSDP2 / ZeRO-3) and copied into ``policy.model``, so the next rollouts use them.
 - Checkpoints (``tasks/training/checkpoint.py``): ``state_dict`` gathers the (possibly sharded) optimizer
   state to rank 0, ``load_state_dict`` pushes rank 0's restored weights and optimizer state to every rank.
@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.types import RolloutGroup
-from tasks.training.distributed import (
+from tasks.update.distributed import (
     DataShard,
     broadcast_module,
     full_state_dict,
@@ -43,7 +43,7 @@ from tasks.training.distributed import (
     reference_copy,
     wrap,
 )
-from tasks.training.update import LossSettings, Updater, gradient_checkpointing, policy_update, set_lr
+from tasks.update.policy_update import LossSettings, Updater, gradient_checkpointing, policy_update, set_lr
 
 INIT, UPDATE, OPT_STATE, LOAD, STOP = "init", "update", "optim_state", "load", "stop"
 
@@ -85,7 +85,7 @@ class _Replica:
 
 
 class Driver(Updater):
-    """Rank 0's :class:`~tasks.training.update.Updater` for the sharded backends.
+    """Rank 0's :class:`~tasks.update.policy_update.Updater` for the sharded backends.
 
     Args:
         cfg: the run's config (broadcast to the other ranks, which build the model from its HF config).
@@ -104,7 +104,7 @@ class Driver(Updater):
         if not dist.is_initialized():  # `rlsift run` with a sharded backend: a one-process group
             init_distributed(cfg.model.device)  # (e.g. DeepSpeed ZeRO-offload on one GPU)
         if dist.get_rank() != 0:
-            raise RuntimeError("the Driver lives on rank 0; the other ranks run tasks.training.sharded_update.serve()")
+            raise RuntimeError("the Driver lives on rank 0; the other ranks run tasks.update.sharded_update.serve()")
         self.cfg, self.policy_model, self.settings = cfg, model, settings
         self.lr = cfg.train.lr
         dtype = next(model.parameters()).dtype

@@ -9,13 +9,13 @@ to it with the standard library's ``urllib``:
   sampled token's log-prob only), ``return_token_ids: true`` (the completion's token ids in
   ``choices[i].token_ids``). One request per prompt, sent concurrently (vLLM batches them), so each prompt
   gets its own seed ``derive_seed(seed, b)`` (:func:`prompt_seed`), b its index in the whole call, whichever
-  server answers it (tasks/model/server_pool.py spreads a call over several); vLLM gives the n children of a
+  server answers it (tasks/generation/server_pool.py spreads a call over several); vLLM gives the n children of a
   request ``seed + j``.
 - Log-probs: ``infra/vllm-serve.sh`` starts the server with ``--logprobs-mode processed_logprobs`` so the
   returned values are after temperature (and top-k/top-p) scaling, i.e. the sampling distribution, which is
   what ``tasks.model.forward.token_logprobs(..., temperature)`` computes on the training side (equal when
   top_k=0 and top_p=1; the default ``raw_logprobs`` would ignore the temperature).
-- Weight synchronisation (``sync_weights``, the :class:`tasks.model.rollout.RolloutEngine` method): vLLM 0.32's
+- Weight synchronisation (``sync_weights``, the :class:`tasks.generation.rollout.RolloutEngine` method): vLLM 0.32's
   in-place reload, ``Worker.reload_weights(weights_path=)``,
   called through the dev endpoint ``POST /collective_rpc`` (the server runs with ``VLLM_SERVER_DEV_MODE=1``),
   then ``POST /reset_prefix_cache`` so no KV block computed with the old weights is reused. The folder must
@@ -30,7 +30,7 @@ to it with the standard library's ``urllib``:
   would mix old and new weights (measured: log-prob errors up to 4 nats). :func:`export_for_vllm` therefore
   writes serving copies with the head untied (``tie_word_embeddings: false`` plus an explicit
   ``lm_head.weight`` equal to the embedding): the same function, and reloads become exact (measured 1e-6).
-  ``infra/vllm-serve.sh`` starts the server from such a copy (``python -m tasks.model.vllm_engine serve-dir``).
+  ``infra/vllm-serve.sh`` starts the server from such a copy (``python -m tasks.generation.vllm_engine serve-dir``).
 
 The returned log-probs are the behaviour policy of the loss (``train.behaviour``, docs/algorithms.md section 8.2):
 rollouts from weights synced at a round boundary (``overlap.lag=0``) or one step behind (``overlap.lag=1``) are
@@ -57,7 +57,7 @@ import torch
 
 from rlcore.seeding import derive_seed
 from tasks.model.forward import right_pad
-from tasks.model.rollout import Generation, RolloutEngine, add_special
+from tasks.generation.rollout import Generation, RolloutEngine, add_special
 
 
 class VLLMError(RuntimeError):
@@ -103,7 +103,7 @@ def choices_to_generation(tokenizer, prompt_ids: list[torch.Tensor], per_prompt:
 
 
 class VLLMEngine(RolloutEngine):
-    """Sampling through a running ``vllm serve`` (a :class:`tasks.model.rollout.RolloutEngine`, like ``HFEngine``).
+    """Sampling through a running ``vllm serve`` (a :class:`tasks.generation.rollout.RolloutEngine`, like ``HFEngine``).
 
     Args:
         url: the server's base URL, e.g. ``http://127.0.0.1:8000``.
@@ -275,7 +275,7 @@ def serve_dir(model_dir: str | Path, out: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tasks.model.vllm_engine", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tasks.generation.vllm_engine", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve-dir", help="print the folder to serve (an untied export when the head is tied)")
     s.add_argument("model_dir")

@@ -28,7 +28,7 @@ from rlcore.advantages import solved_mask
 from rlcore.seeding import derive_seed
 from rlcore.types import RolloutGroup
 from tasks.model.forward import length_buckets
-from tasks.training.distributed import DataShard
+from tasks.update.distributed import DataShard
 
 
 def flatten(groups: Sequence[RolloutGroup]):

@@ -1,6 +1,6 @@
 """Whether one update fits the device, checked before training from the model's shape (``train.micro_batch_tokens``).
 
-The update's peak on one process is its state plus one micro-batch (tasks/training/minibatch.py):
+The update's peak on one process is its state plus one micro-batch (tasks/update/minibatch.py):
 
 - **state**: the weights (P x b bytes, b the weights' dtype), the gradients and AdamW's two moments of the trainable
   parameters (3 x P_train x b: torch's AdamW keeps its state in the parameters' dtype), the KL reference's copy

@@ -8,9 +8,9 @@ Fresh groups get ``behaviour_logp = old_logp`` (the policy that sampled them is 
 Rollout Replay stores.
 
 The training loop (tasks/training/loop.py) meets every backend through one interface, :class:`Updater`
-(``step``, ``set_lr``, ``state_dict``, ``load_state_dict``), built by ``tasks.training.backend.build_updater``:
+(``step``, ``set_lr``, ``state_dict``, ``load_state_dict``), built by ``tasks.update.backend.build_updater``:
 :class:`LocalUpdater` (one process: AdamW + :func:`policy_update`) or
-``tasks.training.sharded_update.Driver`` (DDP, FSDP2, DeepSpeed ZeRO-2/3 under torchrun), which builds on this
+``tasks.update.sharded_update.Driver`` (DDP, FSDP2, DeepSpeed ZeRO-2/3 under torchrun), which builds on this
 module; this module imports neither. The learning rate of every step comes from :func:`scheduled_lr` and reaches
 the optimizer(s) through ``set_lr``.
 """
@@ -32,7 +32,7 @@ from rlcore.grpo_loss import clipped_policy_loss
 from rlcore.types import RolloutGroup
 from tasks.config import Config, KlRows
 from tasks.model.forward import token_logprobs
-from tasks.training.distributed import (
+from tasks.update.distributed import (
     LOSS_LIKE,
     DataShard,
     all_finite,
@@ -42,7 +42,7 @@ from tasks.training.distributed import (
     optimizer_step,
     zero_grad,
 )
-from tasks.training.minibatch import (  # noqa: F401  (flatten, kl_draw, rows_with_gradient: the update's API)
+from tasks.update.minibatch import (  # noqa: F401  (flatten, kl_draw, rows_with_gradient: the update's API)
     BatchRows,
     Minibatch,
     batch_rows,
@@ -73,10 +73,10 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     objective (AReaL, arXiv 2505.24298 section 5; Rollout Replay's form, rlcore/grpo_loss.py): PPO-clip on
     pi_theta / pi_old, weighted by pi_old / mu per token.
 
-    The parts, in order: which rows (:func:`tasks.training.minibatch.batch_rows` and ``cut_minibatches``), the passes
+    The parts, in order: which rows (:func:`tasks.update.minibatch.batch_rows` and ``cut_minibatches``), the passes
     without autograd (:func:`no_grad_logprobs`: pi_old when there are several minibatches, the KL reference), then
     per minibatch one forward and backward per micro-batch (:func:`micro_batch_loss`), gradients accumulating, and
-    one optimizer step (:func:`tasks.training.distributed.optimizer_step`); the metrics (:class:`MetricSums`).
+    one optimizer step (:func:`tasks.update.distributed.optimizer_step`); the metrics (:class:`MetricSums`).
 
     Args:
         micro_batch_tokens: padded-token budget of one forward and backward pass (``train.micro_batch_tokens``;
@@ -103,7 +103,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
             sampler's, the weight pi_old / mu is capped at this value (done by raising mu to pi_old / cap, which
             turns the decoupled loss into exactly the capped one). Replayed groups keep Rollout Replay's uncapped
             loss. None: no cap.
-        shard: scale-out (``tasks/training/distributed.py``): every rank passes the same ``groups`` and computes its
+        shard: scale-out (``tasks/update/distributed.py``): every rank passes the same ``groups`` and computes its
             slice of each micro-batch; the loss is renormalised so the averaged gradient is the single-process
             one, and metrics and behaviour log-probs are combined over ranks. ``model``/``optimizer`` are then
             the wrapped engine and its optimizer. None: one process.
@@ -387,7 +387,7 @@ class Updater(abc.ABC):
     """One policy-gradient step per call, whatever the backend; checkpointable (``tasks/training/checkpoint.py``).
 
     The updater trains the policy model it was built with in place, so the rollout engine sees the new weights
-    (through ``RolloutEngine.sync_weights``, tasks/model/rollout.py).
+    (through ``RolloutEngine.sync_weights``, tasks/generation/rollout.py).
     """
 
     @abc.abstractmethod

@@ -1,11 +1,11 @@
 """Rollout engines: batched sampling of n completions per prompt.
 
 ``HFEngine`` decodes with the transformers model in this process (:func:`decode`: left padding, KV cache, the
-exponential-race sampler of ``tasks/model/sampling.py``, sampling settings from config). Each call's noise comes
+exponential-race sampler of ``tasks/generation/sampling.py``, sampling settings from config). Each call's noise comes
 from its own generator seeded from ``(seed, step, purpose)``, so a resumed run samples exactly what an
 uninterrupted one would. Every engine implements :class:`RolloutEngine` (``generate``, ``sync_weights`` and
-``metrics``); the others are the vLLM server's (``tasks/model/vllm_engine.py``) and a pool of such servers
-(``tasks/model/server_pool.py``).
+``metrics``); the others are the vLLM server's (``tasks/generation/vllm_engine.py``) and a pool of such servers
+(``tasks/generation/server_pool.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from rlcore.seeding import derive_seed
-from tasks.model.sampling import Sampling, sample_next
+from tasks.generation.sampling import Sampling, sample_next
 
 
 @dataclass
@@ -71,7 +71,7 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
     ``model.generate`` keeps finished rows in every decode step until the longest one ends; here a row leaves
     the batch and its KV cache (``DynamicCache.batch_select_indices``) at its EOS, so a step costs what the
     live rows cost (on the embedded task the mean completion is half the longest). Each step draws the live
-    rows' next tokens with :func:`tasks.model.sampling.sample_next`: the exponential race (Gumbel-max, an exact
+    rows' next tokens with :func:`tasks.generation.sampling.sample_next`: the exponential race (Gumbel-max, an exact
     sampler of the softmax) on the logits divided by the temperature and cut by top-k and top-p, in float32 chunks
     of rows, with the noise from ``generator``; the drawn token's log-prob comes from the same chunk. No float32
     matrix of all rows' logits, no ``softmax`` + ``torch.multinomial`` over the vocabulary, and one host sync a
@@ -152,7 +152,7 @@ class RolloutEngine(Protocol):
 
     def metrics(self) -> dict[str, float]:
         """The engine's own gauges, logged with each step's metrics (a pool of servers: how many are live,
-        tasks/model/server_pool.py); an engine that subclasses this protocol and has none inherits ``{}``."""
+        tasks/generation/server_pool.py); an engine that subclasses this protocol and has none inherits ``{}``."""
         return {}
 
 
@@ -201,7 +201,7 @@ class HFEngine(RolloutEngine):
                           logprobs=torch.where(mask, logp, 0.0))
 
     def settings(self) -> dict:
-        """The keyword arguments that build this engine's sampling on another module (tasks/model/generator.py)."""
+        """The keyword arguments that build this engine's sampling on another module (tasks/generation/generator.py)."""
         return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_p": self.top_p,
                 "top_k": self.top_k, "chunk": self.chunk, "device": str(self.device)}
 

@@ -1,7 +1,7 @@
 """Rollouts from several ``vllm serve`` processes at once (``rollout.vllm_url`` with more than one URL).
 
-:class:`ServerPool` is a :class:`tasks.model.rollout.RolloutEngine` over one
-:class:`tasks.model.vllm_engine.VLLMEngine` per server:
+:class:`ServerPool` is a :class:`tasks.generation.rollout.RolloutEngine` over one
+:class:`tasks.generation.vllm_engine.VLLMEngine` per server:
 
 - ``generate``: the call's prompts are cut into contiguous slices, one per live server, balanced by count (sizes
   differ by at most one), and the servers are asked at once. Prompt b of the call is sampled with
@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 
 from tasks.config import RolloutConfig
-from tasks.model.rollout import Generation, RolloutEngine
-from tasks.model.vllm_engine import (
+from tasks.generation.rollout import Generation, RolloutEngine
+from tasks.generation.vllm_engine import (
     ServerDown,
     VLLMEngine,
     VLLMError,

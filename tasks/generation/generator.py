@@ -1,6 +1,6 @@
 """The in-process engine in its own process: the overlap's generator (``overlap.lag`` 1; tasks/training/overlap.py).
 
-:class:`GeneratorProcess` is a :class:`tasks.model.rollout.RolloutEngine`. It holds its own copy of the policy in
+:class:`GeneratorProcess` is a :class:`tasks.generation.rollout.RolloutEngine`. It holds its own copy of the policy in
 shared memory, and a child process (``spawn``) samples from that copy with the trainer's :class:`HFEngine`
 settings, so generation runs on other cores while the trainer updates. :meth:`GeneratorProcess.sync_weights`
 copies the trainer's weights into the shared copy; the loop calls it only between requests (after the previous
@@ -43,7 +43,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tasks.model.lora import plain_state_dict
-from tasks.model.rollout import Generation, HFEngine, RolloutEngine
+from tasks.generation.rollout import Generation, HFEngine, RolloutEngine
 from tasks.records.memory import own_peak_mb, reset_own_peak
 
 log = logging.getLogger(__name__)
