@@ -8,7 +8,7 @@ The target (issue 44): the project's updater, built as a run builds it (``build_
 the adapters in float32 over a bf16 base, so they are their own masters; also under bf16-true).
 ``bf16-true`` (the old training in bf16) keeps about a fifth of the update (0.21 / 0.13): the comparison can fail.
 The batch is tests/tasks/dist_update_helper.py's (4 groups, a replayed one, uneven lengths), cut into micro-batches
-of 40 padded tokens (8 a step: gradients accumulate in bf16 before the float32 step).
+of 40 padded tokens (7 a step: gradients accumulate in bf16 before the float32 step).
 """
 
 import copy
@@ -39,8 +39,8 @@ BF16, F32 = torch.bfloat16, torch.float32
 STEPS, LR, MICRO = 10, 1e-6, 40
 
 
-def updater_config(precision: str, **train):
-    return validate({"model": {"precision": precision},
+def updater_config(precision: str, backend: str = "single", **train):
+    return validate({"model": {"precision": precision}, "scale": {"backend": backend},
                      "train": {"lr": LR, "minibatches": 1, "grad_clip": 1.0, "micro_batch_tokens": MICRO, **train}})
 
 
