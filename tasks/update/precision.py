@@ -13,6 +13,11 @@ twice the step (a weight of 0.02 has a spacing of 1.2e-4): at lr 1e-6 under a qu
 - ``fp32``: everything in float32.
 - ``bf16-true``: weights, gradients and AdamW state all in bf16 (8 bytes a parameter). Small updates are lost;
   only when asked for by name, with a warning.
+
+Who keeps the masters (docs/performance.md, "Precision"): :class:`MasterWeights` for one process and DDP (built by
+:func:`build_optimizer`); FSDP2's float32 shards under ``MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=float32)`` (tasks/update/distributed.py ``wrap``); DeepSpeed's own fp32 partitions (its ``bf16``
+config); LoRA's adapters, which PEFT keeps in float32 over a bf16 base, are their own masters.
 """
 
 from __future__ import annotations
@@ -55,9 +60,12 @@ def _size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+_warned: set[str] = set()
+
+
 def resolve_precision(name: str, device: torch.device) -> Precision:
     """The precision ``model.precision`` names on ``device`` (``auto``: ``bf16-mixed`` on a CUDA device with bf16,
-    else ``fp32``); ``bf16-true`` logs what it costs."""
+    else ``fp32``); ``bf16-true`` logs what it costs (once a process)."""
     if name not in PRECISIONS:
         raise ValueError(f"model.precision must be one of {', '.join(PRECISIONS)}, got {name!r}")
     if name == "auto":
@@ -65,11 +73,17 @@ def resolve_precision(name: str, device: torch.device) -> Precision:
     if name == "fp32":
         return Precision(name, torch.float32, torch.float32)
     if name == "bf16-true":
+        _warn_once()
+        return Precision(name, torch.bfloat16, torch.bfloat16)
+    return Precision(name, torch.bfloat16, torch.float32)
+
+
+def _warn_once() -> None:
+    if "bf16-true" not in _warned:
+        _warned.add("bf16-true")
         log.warning("model.precision=bf16-true: weights and AdamW state in bf16; an update smaller than half a bf16 "
                     "weight's spacing is rounded away (at lr 1e-6 most of it). Use bf16-mixed to keep float32 "
                     "master weights (docs/performance.md)")
-        return Precision(name, torch.bfloat16, torch.bfloat16)
-    return Precision(name, torch.bfloat16, torch.float32)
 
 
 def model_dtype(model: torch.nn.Module) -> torch.dtype:

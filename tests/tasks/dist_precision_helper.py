@@ -5,10 +5,10 @@ For each backend named on the command line every rank builds the training replic
 ``serve`` build it (``tasks.update.sharded_update._Replica`` of a bf16 model under ``model.precision=bf16-mixed``),
 takes ``STEPS`` updates on tests/tasks/test_precision.py's fixed batch and reads its float32 master weights before
 and after (:func:`master_weights`: DDP's ``MasterWeights``, FSDP2's float32 shards gathered, DeepSpeed's fp32
-partitions through ``safe_get_full_fp32_param``). Then, for the ``RESUME`` backends named, the training loop's path: rank 0's
-``Driver`` takes 2 steps, its ``state_dict`` is kept with the policy's bf16 weights, it takes 2 more; a second
-``Driver`` on another start is restored from the kept state and takes the same 2: the policy's weights must be
-equal. Rank 0 writes everything to ``OUT`` (a ``torch.save`` file).
+partitions through ``safe_get_full_fp32_param``). Then, for the ``RESUME`` backends named, the training loop's
+path: rank 0's ``Driver`` takes 2 steps, its ``state_dict`` is kept with the policy's bf16 weights, it takes 2
+more; a second ``Driver`` on another start is restored from the kept state and takes the same 2: the policy's
+weights must be equal. Rank 0 writes everything to ``OUT`` (a ``torch.save`` file).
 """
 
 from __future__ import annotations
