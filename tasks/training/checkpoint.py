@@ -5,8 +5,8 @@ state (through the run's ``Updater``, tasks/update/policy_update.py, whatever th
 ``model.precision=bf16-mixed`` with the float32 master weights, tasks/update/precision.py), selector (DOTS
 predictor, curriculum scheduler, GAIN-RL window, pool statistics), replay buffer, the adaptive composition's
 average, cost meter, every RNG state, the step counter and, with ``overlap.lag`` 1, the next step's rollouts
-(drawn while this step updated, not yet trained: restored on resume, never regenerated and never trained twice). It is written to a
-temporary file, fsynced and renamed into place, then the ``latest`` pointer is replaced the same way: a
+(drawn while this step updated, not yet trained: restored on resume, never regenerated and never trained
+twice). It is written to a temporary file, fsynced and renamed into place, then the ``latest`` pointer is replaced the same way: a
 kill at any moment leaves either the previous or the new checkpoint, never a torn one. Randomness in the
 loop is seeded from ``(seed, step, purpose)``, so a resumed run continues exactly as an uninterrupted one.
 
