@@ -6,8 +6,8 @@ state (through the run's ``Updater``, tasks/update/policy_update.py, whatever th
 predictor, curriculum scheduler, GAIN-RL window, pool statistics), replay buffer, the adaptive composition's
 average, cost meter, every RNG state, the step counter and, with ``overlap.lag`` 1, the next step's rollouts
 (drawn while this step updated, not yet trained: restored on resume, never regenerated and never trained
-twice). It is written to a temporary file, fsynced and renamed into place, then the ``latest`` pointer is replaced the same way: a
-kill at any moment leaves either the previous or the new checkpoint, never a torn one. Randomness in the
+twice). It is written to a temporary file, fsynced and renamed into place, then the ``latest`` pointer is
+replaced the same way: a kill at any moment leaves either the previous or the new checkpoint, never a torn one. Randomness in the
 loop is seeded from ``(seed, step, purpose)``, so a resumed run continues exactly as an uninterrupted one.
 
 Checkpoints also delimit what reaches MLflow (tasks/run.py): :func:`restore` starts holding step metrics
