@@ -55,6 +55,13 @@ class Precision:
         c, m = _size(self.compute), _size(self.master)
         return c + c + (m if self.mixed else 0) + optimizer_moments * m
 
+    def bytes_per_trained_param_at_step(self, optimizer_moments: int = 2) -> int:
+        """The same during the optimizer step, when no activation is held: under a mixed precision
+        :meth:`MasterWeights.master_gradients` has replaced the bf16 gradients by float32 ones (18 bytes with AdamW
+        under bf16-mixed, against 16 while the passes run)."""
+        extra = _size(self.master) - _size(self.compute) if self.mixed else 0
+        return self.bytes_per_trained_param(optimizer_moments) + extra
+
 
 def _size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()

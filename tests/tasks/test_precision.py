@@ -217,6 +217,8 @@ def test_resolve_precision_and_bytes():
     mixed = resolve_precision("bf16-mixed", cpu)
     assert mixed == Precision("bf16-mixed", BF16, F32) and mixed.mixed
     assert mixed.bytes_per_trained_param() == 2 + 2 + 4 + 8
+    assert mixed.bytes_per_trained_param_at_step() == 2 + 4 + 4 + 8  # float32 gradients replace the bf16 ones
+    assert resolve_precision("fp32", cpu).bytes_per_trained_param_at_step() == 16
     assert resolve_precision("fp32", cpu).bytes_per_trained_param() == 16
     assert resolve_precision("bf16-true", cpu).bytes_per_trained_param() == 8
     with pytest.raises(ValueError, match="model.precision must be one of"):
