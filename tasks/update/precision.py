@@ -58,7 +58,8 @@ class Precision:
     def bytes_per_trained_param_at_step(self, optimizer_moments: int = 2) -> int:
         """The same during the optimizer step, when no activation is held: under a mixed precision
         :meth:`MasterWeights.master_gradients` has replaced the bf16 gradients by float32 ones (18 bytes with AdamW
-        under bf16-mixed, against 16 while the passes run)."""
+        under bf16-mixed, against 16 while the passes run). Not counted: the temporaries of torch's foreach AdamW
+        (a float32 square root of the second moments, 4 bytes a parameter, in any precision)."""
         extra = _size(self.master) - _size(self.compute) if self.mixed else 0
         return self.bytes_per_trained_param(optimizer_moments) + extra
 
