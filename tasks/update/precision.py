@@ -9,7 +9,7 @@ twice the step (a weight of 0.02 has a spacing of 1.2e-4): at lr 1e-6 under a qu
 
 - ``auto``: ``bf16-mixed`` on a CUDA device with bf16, ``fp32`` elsewhere (a CPU computes bf16 matmuls slowly).
 - ``bf16-mixed``: bf16 compute, float32 master weights and optimizer state (16 bytes a trained parameter with
-  AdamW: 2 bf16 weight, 2 bf16 gradient, 4 master, 8 moments; docs/performance.md).
+  AdamW while the passes run: 2 bf16 weight, 2 bf16 gradient, 4 master, 8 moments; docs/performance.md).
 - ``fp32``: everything in float32.
 - ``bf16-true``: weights, gradients and AdamW state all in bf16 (8 bytes a parameter). Small updates are lost;
   only when asked for by name, with a warning.
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+
 import torch
 
 from tasks.config.model import PRECISIONS, PrecisionName  # noqa: F401  (the config's values; this module's API)
