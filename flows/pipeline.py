@@ -65,10 +65,10 @@ class RunSummary:
     """What a pipeline run did (:func:`execute`): the CLI's ``rlsift run`` output and ``--json`` object.
 
     Every run reports where it lives (``run_id``, ``mlflow_run_id``, ``ledger``, ``tracking_uri``,
-    ``run_dir``; ``mlflow_ui``: where to see it in MLflow's UI, its page on a tracking server or the command that opens
-    a UI on the local store, tasks/records/tracking/query.py ``ui_hint``), its ``name`` (the MLflow run's: what ran; an ``auto`` run's names the plan's choice), its
-    ``status`` (``completed``, ``skipped``, ``failed`` or ``cancelled``), ``wall_s`` and, once ingest ran, the
-    ``ingest`` counts.
+    ``run_dir``; ``mlflow_ui``: where to see it in MLflow's UI, its page on a tracking server or the command that
+    opens a UI on the local store, tasks/records/tracking/query.py ``ui_hint``), its ``name`` (the MLflow run's: what
+    ran; an ``auto`` run's names the plan's choice), its ``status`` (``completed``, ``skipped``, ``failed`` or
+    ``cancelled``), ``wall_s`` and, once ingest ran, the ``ingest`` counts.
     A ``skipped`` run (retrain with nothing new) adds ``reason`` and ``model_version`` (None); a ``completed`` run
     adds the rest: steps, held-out greedy accuracy before and after (overall and by level, level keys as strings),
     the paired change, the last step's effective-group ratio, device hours and money, the final model and its
