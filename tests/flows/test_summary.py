@@ -53,6 +53,8 @@ def test_one_predicted_clock_in_every_place(smoke_cfg):
     text = ("dots_n4: training clock predicted 0.50x plain GRPO's (its steps, calibration and scoring); 0.73x with "
             "the plan's own cost (12 s before the first step: calibration and plan measured, scoring predicted)")
     assert plan.clock.text() == text and "predicted 0.50x plain GRPO's training clock" in plan.reason
+    grpo = replace(plan, choice="grpo").clock  # plain GRPO chosen: it reads nothing before its steps
+    assert grpo.text().startswith("grpo: training clock predicted 1.00x plain GRPO's (its steps); 1.40x with")
     run = open_run(smoke_cfg(), track=False)
     try:
         plan.save(run.dir / "plan.json")
