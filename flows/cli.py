@@ -112,7 +112,15 @@ def cmd_run(args) -> int:
                                                                           "reason": f"by {sig.name}"}
             sys.stdout.write(json.dumps(stopped, default=str) + "\n")
         return 128 + sig
-    text = (f"run {summary['run_id']} ({summary['name']}) {summary['status']} in {summary['wall_s']:.0f} s, "
+    _emit(summary, args.json, _run_text(summary))
+    return 0
+
+
+def _run_text(summary: dict) -> str:
+    """``rlsift run``'s summary of a completed run (its ``--json`` object, flows/pipeline.py ``RunSummary``): the
+    accuracy, cost, overlap and plan, and where the run lives: the MLflow run with where to see it (its page, or the
+    command that opens MLflow's UI on a local store), the ledger and the run folder."""
+    return (f"run {summary['run_id']} ({summary['name']}) {summary['status']} in {summary['wall_s']:.0f} s, "
             f"{summary['steps']} steps\n"
             f"  held-out greedy accuracy {summary['eval_accuracy_start']:.3f} -> {summary['eval_accuracy_end']:.3f}"
             f"{_paired_text(summary.get('eval_paired'))}\n"
@@ -120,15 +128,16 @@ def cmd_run(args) -> int:
             f"  device hours {summary['device_hours']:.4f} ({summary['device']}), ${summary['cost_usd']:.4f}\n"
             f"{_overlap_text(summary.get('overlap'))}"
             f"{_plan_text(summary.get('plan'))}"
-            f"  MLflow run {summary['mlflow_run_id']} at {summary['tracking_uri']}\n"
+            f"  MLflow run {summary['mlflow_run_id']}: {summary.get('mlflow_ui') or summary['tracking_uri']}\n"
             f"  ledger {summary['ledger']}\n  run folder {summary['run_dir']}")
-    _emit(summary, args.json, text)
-    return 0
 
 
 def _plan_text(p: dict | None) -> str:
-    """What a ``plan.auto`` run chose and why (empty otherwise)."""
-    return f"  plan: {p['reason']}\n" if p else ""
+    """What a ``plan.auto`` run chose and why, and its predicted clock (flows/pipeline.py ``plan_summary``; empty
+    otherwise)."""
+    if not p:
+        return ""
+    return f"  plan: {p['reason']}\n" + (f"  plan clock: {p['clock']}\n" if p.get("clock") else "")
 
 
 def cmd_plan(args) -> int:
@@ -148,8 +157,8 @@ def cmd_plan(args) -> int:
 
     _prefect_server()
     out = plan_flow(config=args.config, overrides=list(args.overrides))
-    _emit(out, args.json, f"{out['table']}\nrun {out['run_id']}: MLflow run {out['mlflow_run_id']} at "
-          f"{out['tracking_uri']}; {out['run_dir']}/plan.json")
+    _emit(out, args.json, f"{out['table']}\nrun {out['run_id']}: {out['run_dir']}/plan.json; MLflow run "
+          f"{out['mlflow_run_id']}: {out.get('mlflow_ui') or out['tracking_uri']}")
     return 0
 
 

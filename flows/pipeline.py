@@ -26,7 +26,7 @@ from tasks.records import artifacts
 from tasks.records.ledger import Ledger
 from tasks.records.stopping import CANCELLED, stop_signal, stopping, watch_worker
 from tasks.records.tracking import flow_run_tags
-from tasks.run import Run, open_run
+from tasks.run import Run, RunInfo, open_run
 from tasks.stages import (
     calibrate_stage,
     evaluate_stage,
@@ -66,9 +66,10 @@ class RunSummary:
     """What a pipeline run did (:func:`execute`): the CLI's ``rlsift run`` output and ``--json`` object.
 
     Every run reports where it lives (``run_id``, ``mlflow_run_id``, ``ledger``, ``tracking_uri``,
-    ``run_dir``), its ``name`` (the MLflow run's: what ran; an ``auto`` run's names the plan's choice), its
-    ``status`` (``completed``, ``skipped``, ``failed`` or ``cancelled``), ``wall_s`` and, once ingest ran, the
-    ``ingest`` counts.
+    ``run_dir``; ``mlflow_ui``: where to see it in MLflow's UI, its page on a tracking server or the command that
+    opens a UI on the local store, tasks/records/tracking/query.py ``ui_hint``), its ``name`` (the MLflow run's: what
+    ran; an ``auto`` run's names the plan's choice), its ``status`` (``completed``, ``skipped``, ``failed`` or
+    ``cancelled``), ``wall_s`` and, once ingest ran, the ``ingest`` counts.
     A ``skipped`` run (retrain with nothing new) adds ``reason`` and ``model_version`` (None); a ``completed`` run
     adds the rest: steps, held-out greedy accuracy before and after (overall and by level, level keys as strings),
     the paired change, the last step's effective-group ratio, the ``precision`` it trained in (``model.precision``
@@ -85,6 +86,7 @@ class RunSummary:
     ledger: str
     tracking_uri: str
     run_dir: str
+    mlflow_ui: str | None = None
     name: str | None = None
     status: str = "failed"
     wall_s: float = 0.0
@@ -122,11 +124,51 @@ class RunSummary:
 
 
 def run_pipeline(cfg: Config, resume: str | None = None, parent_run_id: str | None = None,
-                 run_name: str | None = None) -> RunSummary:
-    """The stages in order, in the calling flow. Returns the run summary (``to_dict()``: the CLI's ``--json``)."""
+                 run_name: str | None = None, *, config: str | None = None,
+                 overrides: tuple[str, ...] | list[str] = ()) -> RunSummary:
+    """The stages in order, in the calling flow. Returns the run summary (``to_dict()``: the CLI's ``--json``).
+    ``config`` and ``overrides``: the YAML file and dotted overrides ``cfg`` was loaded from, kept in the run's
+    ``info.json`` (a resume's flow run shows them as its parameters: :func:`resumed_parameters`)."""
     run = open_run(cfg, run_id=resume, parent_run_id=parent_run_id, run_name=run_name)
+    if resume is None:
+        run.info = replace(run.info, config=config, overrides=tuple(overrides))
+        run.save_info()
     claim_flow_run(run)
+    if resume is not None:
+        show_parameters(resumed_parameters(run.info, overrides, run.run_id))
     return execute(run)
+
+
+def resumed_parameters(info: RunInfo, overrides: list[str] | tuple[str, ...], run_id: str) -> dict[str, Any] | None:
+    """The ``pipeline`` flow's parameters for a resume of run ``run_id``: the config file and overrides the run
+    was started with (its ``info.json``, :class:`~tasks.run.RunInfo`), then those of ``overrides`` (the resume's,
+    which :func:`resume_config` lets only move paths or change how it runs) it did not already have, and
+    ``resume``. With them the flow run shows what the run computes, not the resume command's defaults, and run
+    again as they stand they resume the same run. None for a run whose ``info.json`` does not say (one started by
+    an older rlsift, or by the benchmark from a config object)."""
+    if info.config is None and not info.overrides:
+        return None
+    own = list(info.overrides)
+    return {"config": info.config, "overrides": own + [o for o in overrides if o not in own], "resume": run_id}
+
+
+def show_parameters(parameters: dict[str, Any] | None) -> None:
+    """Set the calling Prefect flow run's parameters (what its page's Parameters tab shows) to ``parameters``;
+    nothing outside a flow run or for None, a warning when the API refuses."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    current = flow_run.get_id()
+    if parameters is None or not current:
+        return
+    try:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(current, parameters=parameters)
+    except Exception as err:  # noqa: BLE001 - the flow run shows the resume command's parameters; the run goes on
+        log.warning("flow run %s: could not record the run's own parameters: %s", current, err)
+        return
+    log.info("flow run parameters: the run's own, config %s, overrides %s", parameters["config"],
+             " ".join(parameters["overrides"]) or "none")
 
 
 def claim_flow_run(run: Run) -> None:
@@ -170,7 +212,7 @@ def link_flow_run(run: Run) -> None:
     if run.info.flow_run_id:
         run.tracker.set_tags(flow_run_tags(run.info.flow_run_id, flow_run_url(run.info.flow_run_id)))
     artifacts.mlflow_run(artifacts.title(run.run_id, run.tracker.name), run.tracker.run_id, run.tracker.url,
-                         run.tracking_uri, str(run.dir))
+                         run.tracker.ui, str(run.dir))
 
 
 def data_fingerprint(data: IngestResult) -> str:
@@ -184,7 +226,7 @@ def execute(run: Run, only_new: bool = False) -> RunSummary:
     only, and stop with status ``skipped`` when there are none (the retrain flow)."""
     t0 = time.perf_counter()
     summary = RunSummary(run_id=run.run_id, mlflow_run_id=run.tracker.run_id, ledger=str(run.ledger.path),
-                         tracking_uri=run.tracking_uri, run_dir=str(run.dir))
+                         tracking_uri=run.tracking_uri, run_dir=str(run.dir), mlflow_ui=run.tracker.ui)
     note, unwatch = "", watch_worker()
     try:
         data = ingest_stage(run, only_new=only_new)
@@ -260,12 +302,19 @@ def _train(run: Run, data: IngestResult, summary: RunSummary) -> RunSummary:
     return summary
 
 
-def describe(run: Run, summary: RunSummary) -> str:
+def describe(run: Run, summary: RunSummary, now: float | None = None) -> str:
     """What happened, in a few Markdown lines: the MLflow run's Description and the flow run's ``run-summary``
-    artifact. Held-out accuracy before and after, the plan's choice and predicted clock (``plan.json``, also of a run
-    that stopped), cost, the registered version, the Prefect flow run."""
+    artifact. The first line: the status and time, the rlsift run and the Prefect flow run (a link where the Prefect
+    UI has a page; MLflow's Overview shows a Description's first lines and hides the rest behind "Show more"). Then
+    held-out accuracy before and after, the plan's choice and predicted clock (``plan.json``, also of a run that
+    stopped), cost, the registered version. A resumed run's time is this process's, and its time from its first
+    start to ``now`` (default: now), the stop included: what MLflow's Duration shows."""
     s = summary
-    lines = [f"**{s.name or s.run_id}**: {s.status} in {s.wall_s:.0f} s (rlsift run `{s.run_id}`)"]
+    prefect = ""
+    if run.info.flow_run_id:
+        url = flow_run_url(run.info.flow_run_id)
+        prefect = f"; Prefect flow run {f'[{run.info.flow_run_id}]({url})' if url else run.info.flow_run_id}"
+    lines = [f"**{s.name or s.run_id}**: {s.status} in {_took(run, s.wall_s, now)} (rlsift run `{s.run_id}`{prefect})"]
     if s.status == "completed":
         paired = s.eval_paired
         lines.append(f"- held-out greedy accuracy {s.eval_accuracy_start:.3f} → {s.eval_accuracy_end:.3f} "
@@ -277,8 +326,7 @@ def describe(run: Run, summary: RunSummary) -> str:
     plan_file = run.dir / "plan.json"
     if plan_file.is_file():
         plan = Plan.load(plan_file)
-        lines.append(f"- plan: trains `{plan.choice}`, predicted at {plan.run_clock:.2f}x plain GRPO's training "
-                     f"clock, effective ratio {plan.chosen.effective_ratio:.2f}")
+        lines.append(f"- plan: {plan.clock.text()}; effective ratio {plan.chosen.effective_ratio:.2f}")
     lines.append(f"- cost: {run.meter.device_hours():.4f} device hours on {run.meter.device} "
                  f"({resolve_precision(run.cfg.model.precision, run.device).name}), ${run.meter.usd():.4f}")
     if s.status == "completed":
@@ -288,17 +336,36 @@ def describe(run: Run, summary: RunSummary) -> str:
             f" (parent version {s.parent_version})" if s.parent_version else ""))
     elif s.status == "failed":
         lines.append(f"- `rlsift run --resume {s.run_id}` continues it from its last checkpoint")
-    if run.info.flow_run_id:
-        url = flow_run_url(run.info.flow_run_id)
-        lines.append(f"- Prefect flow run: {f'[{run.info.flow_run_id}]({url})' if url else run.info.flow_run_id}")
     return "\n".join(lines) + "\n"
 
 
+def _took(run: Run, wall_s: float, now: float | None = None) -> str:
+    """``131 s``; a resumed run's ``131 s after its resume, 18.8 min from its start to its end (MLflow's Duration,
+    the stop included)``, when the run's info knows its start."""
+    if not run.resumed or run.info.started is None:
+        return f"{wall_s:.0f} s"
+    span = (time.time() if now is None else now) - run.info.started
+    return (f"{wall_s:.0f} s after its resume, {_duration(span)} from its start to its end (MLflow's Duration, the "
+            "stop included)")
+
+
+def _duration(seconds: float) -> str:
+    """``95 s``, ``18.8 min``, ``2.5 h``: as a reader compares it with MLflow's Duration."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
 def plan_summary(plan: Plan) -> dict[str, Any]:
-    """A plan in the run summary: the choice, why, and the run's predicted clock (its calibration, plan and scoring
-    included) and effective ratio against GRPO."""
-    return {"choice": plan.choice, "reason": plan.reason, "predicted_clock": plan.run_clock,
-            "predicted_effective_ratio": plan.chosen.effective_ratio, "pool": plan.shares}
+    """A plan in the run summary: the choice, why, the predicted clock against plain GRPO's (rlcore/plan.py
+    ``RunClock``: ``clock`` its text, ``predicted_training_clock`` the chosen candidate's steps, calibration and
+    scoring, ``predicted_clock_with_plan`` with this run's ``upfront_s`` seconds before its first step, the plan's
+    own included) and the predicted effective ratio."""
+    clock = plan.clock
+    return {"choice": plan.choice, "reason": plan.reason, "clock": clock.text(),
+            "predicted_training_clock": clock.training, "predicted_clock_with_plan": clock.with_plan,
+            "upfront_s": clock.upfront_s, "predicted_effective_ratio": plan.chosen.effective_ratio,
+            "pool": plan.shares}
 
 
 def preflight(cfg: Config) -> None:
@@ -386,14 +453,15 @@ def plan_flow(config: str | None = None, overrides: list[str] | None = None) -> 
         plan = plan_stage(run, policy, data.train, calibration)
         status = "planned"
         out = {"run_id": run.run_id, "mlflow_run_id": run.tracker.run_id, "run_dir": str(run.dir),
-               "tracking_uri": run.tracking_uri, "plan": plan.to_json(), "table": plan.markdown()}
+               "tracking_uri": run.tracking_uri, "mlflow_ui": run.tracker.ui, "plan": plan.to_json(),
+               "table": plan.markdown()}
     except BaseException as err:
         if (sig := stop_signal(err)) is not None:
             status, note = CANCELLED, f"by {sig.name}"
         raise
     finally:
         run.tracker.describe(f"**{run.tracker.name or run.run_id}**: {status} (`rlsift plan`, no training)" + (
-            f"\n- plan: {plan.reason}\n" if status == "planned" else "\n"))
+            f"\n- plan: {plan.reason}\n- clock: {plan.clock.text()}\n" if status == "planned" else "\n"))
         unwatch()
         run.close(status, {k: v for k, v in out.items() if k != "table"}, note)
     get_run_logger().info("plan of run %s: %s", run.run_id, plan.reason)
@@ -409,7 +477,7 @@ def pipeline(config: str | None = None, overrides: list[str] | None = None, resu
     cfg = resume_config(config, overrides, resume) if resume else load_config(config, overrides)
     preflight(cfg)
     logging.getLogger("rlsift").info("config validated")
-    summary = run_pipeline(cfg, resume=resume)
+    summary = run_pipeline(cfg, resume=resume, config=config, overrides=overrides)
     get_run_logger().info("run %s %s in %.0f s%s", summary.run_id, summary.status, summary.wall_s, (
         f": accuracy {summary.eval_accuracy_start:.3f} -> {summary.eval_accuracy_end:.3f}; " + (
             f"registered {cfg.tracking.model_name} version {summary.model_version}" if summary.model_version

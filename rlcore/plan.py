@@ -205,6 +205,46 @@ class Prediction:
     clock: float = field(default=float("nan"))
 
 
+@dataclass(frozen=True)
+class RunClock:
+    """A planned run's predicted clock against plain GRPO's: the one record the CLI, the ``plan`` artifact and
+    ``plan.md``, the MLflow Description and tags and the run summary all show (:meth:`text`), two clearly named
+    figures, each saying what it includes.
+
+    ``training``: the chosen candidate's training clock over plain GRPO's (:attr:`Prediction.clock`, the figure
+    :func:`choose`'s reason gives): its ``train.steps`` steps and the calibration and scoring it reads before
+    them (``training_upfront_s`` seconds; 0 for one that reads none, as plain GRPO), predicted; ``with_plan``: the
+    same steps with what this run spent before its first step in place of that prediction: ``upfront_s`` seconds of
+    calibration and plan, measured, and scoring, predicted (what the run's own clock is compared with). Plain GRPO's
+    clock is its steps alone."""
+
+    choice: str
+    training: float
+    with_plan: float
+    upfront_s: float
+    training_upfront_s: float = 0.0
+
+    def text(self) -> str:
+        """E.g. ``dots_screen: training clock predicted 0.92x plain GRPO's (its steps, calibration and scoring);
+        1.07x with the plan's own cost (174 s before the first step: calibration and plan measured, scoring
+        predicted)``."""
+        its = "its steps, calibration and scoring" if self.training_upfront_s > 0 else "its steps"
+        return (f"{self.choice}: training clock predicted {self.training:.2f}x plain GRPO's ({its}); "
+                f"{self.with_plan:.2f}x with the plan's own cost ({self.upfront_s:.0f} s before the first step: "
+                "calibration and plan measured, scoring predicted)")
+
+
+def run_clock(chosen: Prediction, base: Prediction, upfront_s: float) -> RunClock:
+    """The :class:`RunClock` of a run that trains ``chosen`` against plain GRPO's ``base`` after spending
+    ``upfront_s`` seconds before its first step. A prediction saved without a training clock (``base.train_s`` 0)
+    gives the chosen candidate's own ``clock`` for both figures."""
+    if base.train_s <= 0:
+        return RunClock(chosen.name, chosen.clock, chosen.clock, upfront_s, chosen.upfront_s)
+    steps_s = chosen.train_s - chosen.upfront_s
+    return RunClock(chosen.name, chosen.train_s / base.train_s, (steps_s + upfront_s) / base.train_s, upfront_s,
+                    chosen.upfront_s)
+
+
 def informative_chance(successes: torch.Tensor, g: int, n: int) -> torch.Tensor:
     """[K] chance that a group of n rollouts is informative, for prompts with ``successes`` [K] of g (module
     docstring: exact for n <= g, Jeffreys-posterior expectation above)."""

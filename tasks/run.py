@@ -130,6 +130,12 @@ class RunInfo:
         parent_version: the registered model version a retrain continues ("" when there was none yet).
         parent_path: that version's local folder.
         flow_run_id: the Prefect flow run that last ran this run (a resume ends a killed one's, flows/pipeline.py).
+        started: when the run was first opened (seconds since the epoch; None in a run opened before rlsift kept
+            it): a resumed run's Description gives its time from start to end, which MLflow's Duration shows.
+        config, overrides: the YAML file and the dotted overrides the run was started with (``rlsift run -c CONFIG
+            KEY=VALUE ...``, a deployment's parameters; None and () where the caller gave a config object, e.g. the
+            benchmark); a resumed run's Prefect flow run shows them as its parameters (flows/pipeline.py
+            ``resumed_parameters``).
 
     Set stage by stage with ``run.info = dataclasses.replace(run.info, ...)``; :meth:`Run.save_info` writes it.
     """
@@ -140,10 +146,14 @@ class RunInfo:
     parent_version: str | None = None
     parent_path: str | None = None
     flow_run_id: str | None = None
+    started: float | None = None
+    config: str | None = None
+    overrides: tuple[str, ...] = ()
 
     @classmethod
     def load(cls, path: Path) -> RunInfo:
-        return cls(**json.loads(Path(path).read_text()))
+        d = json.loads(Path(path).read_text())
+        return cls(**{**d, "overrides": tuple(d.get("overrides", ()))})
 
 
 @dataclass
@@ -353,15 +363,16 @@ def open_run(cfg: Config, *, run_id: str | None = None, track: bool = True, pare
         if cfg.model.threads:
             torch.set_num_threads(cfg.model.threads)
         info_file = run_dir / "info.json"
-        info = RunInfo.load(info_file) if resume and info_file.exists() else RunInfo()
+        info = RunInfo.load(info_file) if resume and info_file.exists() else RunInfo(started=time.time())
         run = Run(cfg=cfg, run_id=run_id, root=root, dir=run_dir, ledger=ledger, tracker=tracker, meter=meter,
                   device=device, tracking_uri=uri, info=info, resumed=resume, carried=carried)
+        if not resume:
+            run.save_info()
     except BaseException:
         ledger.close()
         if tracker is not None:
             tracker.finish("FAILED")
         raise
     quiet_libraries()
-    url = getattr(tracker, "url", None)  # a tracking server: the run's own page, not the server's root
-    log.info("run %s: ledger %s, MLflow run %s", run_id, ledger.path, url or f"{tracker.run_id} in {uri}")
+    log.info("run %s: ledger %s, MLflow run %s (%s)", run_id, ledger.path, tracker.run_id, tracker.ui or uri)
     return run

@@ -184,11 +184,12 @@ def plan_stage(run: Run, policy: Policy, pool: list[PromptRecord], calibration: 
                            spent_s=run.meter.seconds.get("calibrate", 0.0), scratch=run.dir)
     result.save(cache)
     run.log_metrics(result.metrics(), 0)
-    run.tracker.set_tags({"rlsift.plan.choice": result.choice, "rlsift.plan.reason": result.reason})
+    run.tracker.set_tags(result.tags())
     for f in (cache, run.dir / "plan.md"):
         run.tracker.log_artifact(f)
     log.info("plan: %s", result.summary())
     log.info("plan: %s", result.reason)
+    log.info("plan: %s", result.clock.text())
     name_the_choice(run, result)
     artifacts.plan_table(title(run), result)
     stage_done(run, "plan")
@@ -256,6 +257,19 @@ def round_task(index: int, body: Callable[[], None]) -> None:
     body()
 
 
+def run_round(index: int, body: Callable[[], None]) -> None:
+    """The train stage's ``RoundRunner`` (tasks/training/rounds.py): :func:`round_task` in a Prefect transaction
+    that commits as the round ends. A task run nested in another is, by Prefect's default (a lazy commit), part of
+    its parent's transaction, committed only when the parent's is: a run stopped in round 2 would roll back the
+    train stage's transaction and with it rounds 0 and 1, which Prefect then shows as ``RolledBack``, though their
+    checkpoints are kept and a resume skips them. Committed at their end, finished rounds stay ``Completed``; only
+    the round the stop interrupted shows how it ended."""
+    from prefect.transactions import CommitMode, transaction
+
+    with transaction(commit_mode=CommitMode.EAGER):
+        round_task(index, body)
+
+
 @stage(name="train")
 def train_stage(run: Run, policy: Policy, pool: list[PromptRecord], features: Features, test: list[PromptRecord],
                 calibration: Calibration, lag: LagChoice | None = None) -> TrainSummary:
@@ -267,7 +281,7 @@ def train_stage(run: Run, policy: Policy, pool: list[PromptRecord], features: Fe
         run.ledger.add_evals(run.run_id, table_rows(res, "during", step))
         return HeldoutEval(accuracy=res.overall.greedy_acc, metrics=flat_metrics(res))
 
-    summary = train(run, policy, pool, features, calibration, evaluate_fn=eval_during, run_round=round_task, lag=lag)
+    summary = train(run, policy, pool, features, calibration, evaluate_fn=eval_during, run_round=run_round, lag=lag)
     stage_done(run, "train", summary.steps, parts=TRAIN_PHASES)
     return summary
 

@@ -174,7 +174,8 @@ def plan_check(result: dict, plan: dict, compositions: dict[str, str | None], ru
             chosen = [x.summary["plan"] for x in runs if x.name == r["name"] and x.ok and x.summary.get("plan")]
             if chosen:
                 pred = {"name": ",".join(sorted({c["choice"] for c in chosen})),
-                        "clock": statistics.fmean(c["predicted_clock"] for c in chosen),
+                        "clock": statistics.fmean(c.get("predicted_clock_with_plan", c.get("predicted_clock"))
+                                                  for c in chosen),
                         "effective_ratio": statistics.fmean(c["predicted_effective_ratio"] for c in chosen)}
         if pred is None:
             continue

@@ -6,7 +6,7 @@ key                what                                                         
 =================  ===================================================================  ==========================
 ``mlflow-run``     the MLflow run: a link on a tracking server, else how to open it     when the run opens
 ``eval-by-level``  held-out greedy accuracy by level and overall, before and after      each evaluation stage's end
-``plan``           every candidate's predictions, the choice and its reason             the plan stage's end
+``plan``           every candidate's predictions, the choice, its reason and clock      the plan stage's end
 ``time-by-stage``  seconds, share, device hours and money of each stage and phase       every stage's end
 ``run-summary``    what the run did, in a few lines (its MLflow Description)            the run's end
 =================  ===================================================================  ==========================
@@ -46,8 +46,9 @@ def _publish(key: str, make: Callable[[], Any]) -> None:
         log.warning("Prefect artifact %s not published: %s: %s", key, type(err).__name__, err)
 
 
-def mlflow_run(run: str, mlflow_run_id: str, url: str | None, tracking_uri: str, run_dir: str) -> None:
-    """``mlflow-run``: a link to the MLflow run's page (``url``), else how to open the local store."""
+def mlflow_run(run: str, mlflow_run_id: str, url: str | None, ui: str | None, run_dir: str) -> None:
+    """``mlflow-run``: a link to the MLflow run's page (``url``), else how to open the local store (``ui``: the
+    tracker's ``ui``, the command that opens MLflow's UI on it and the run's page there)."""
     from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
     if url:
@@ -56,8 +57,7 @@ def mlflow_run(run: str, mlflow_run_id: str, url: str | None, tracking_uri: str,
                                                             description=f"The MLflow run of {run}"))
     else:
         _publish("mlflow-run", lambda: create_markdown_artifact(key="mlflow-run", markdown=(
-            f"MLflow run `{mlflow_run_id}` of {run} in the local store `{tracking_uri}`: open it with "
-            f"`mlflow ui --backend-store-uri {tracking_uri}`. Run folder: `{run_dir}`.")))
+            f"MLflow run `{mlflow_run_id}` of {run} in a local store: open it with {ui}. Run folder: `{run_dir}`.")))
 
 
 def eval_by_level(run: str, start: EvalResult, end: EvalResult | None) -> None:
@@ -83,9 +83,15 @@ def plan_table(run: str, plan: Plan) -> None:
     """``plan``: every composition's predictions as a table, the choice and its reason above it."""
     from prefect.artifacts import create_table_artifact
 
+    _publish("plan", lambda: create_table_artifact(key="plan", table=plan.rows(),
+                                                   description=plan_description(run, plan)))
+
+
+def plan_description(run: str, plan: Plan) -> str:
+    """The ``plan`` artifact's description: the choice and why, the run's predicted clock (the text every place
+    shows, tasks/training/plan.py ``Plan.clock``), the pool and costs, the overlap."""
     overlap = f"; overlap {plan.overlap.reason}" if plan.overlap is not None else ""
-    _publish("plan", lambda: create_table_artifact(
-        key="plan", table=plan.rows(), description=f"Plan of {run}: **{plan.reason}** ({plan.summary()}{overlap})"))
+    return f"Plan of {run}: **{plan.reason}**. This run: {plan.clock.text()}. ({plan.summary()}{overlap})"
 
 
 def stage_costs(run: str, rows: list[dict[str, Any]]) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from rlcore.overlap_lag import LagChoice, OverlapProbe, choose_lag
-from rlcore.plan import Composition, PoolStats, Prediction, choose, predict
+from rlcore.plan import Composition, PoolStats, Prediction, RunClock, choose, predict, run_clock
 from rlcore.seeding import derive_seed
 from rlcore.step_costs import CallCost, UnitCosts
 from tasks.config import Config, ConfigError
@@ -217,13 +217,12 @@ class Plan:
         return next((p for p in self.predictions if p.name == self.choice), self.baseline)
 
     @property
-    def run_clock(self) -> float:
-        """This run's predicted training clock over plain GRPO's: the chosen candidate's steps plus what the run
-        spends before them (``upfront_s``); the chosen candidate's own clock in a plan saved without them."""
-        c, base = self.chosen, self.baseline
-        if base.train_s <= 0:
-            return c.clock
-        return (c.train_s - c.upfront_s + self.upfront_s) / base.train_s
+    def clock(self) -> RunClock:
+        """This run's predicted clock over plain GRPO's (rlcore/plan.py :class:`RunClock`): the chosen candidate's
+        training clock, and with what the run spends before its first step (``upfront_s``) in place of its
+        predicted calibration and scoring. Every place that shows a plan's clock shows this record's
+        :meth:`~RunClock.text` or its two figures."""
+        return run_clock(self.chosen, self.baseline, self.upfront_s)
 
     def metrics(self) -> dict[str, float]:
         """``plan/*``: one value each, at step 0."""
@@ -234,8 +233,14 @@ class Plan:
                 "plan/update_us_per_token": 1e6 * c.update.per_token(base.updated_tokens),
                 "plan/optimizer_ms": 1e3 * fx.optimizer_s, "plan/bookkeeping_ms": 1e3 * fx.step_s,
                 "plan/checkpoint_ms": 1e3 * fx.round_s, "plan/predictor_fit_ms": 1e3 * fx.fit_s,
-                "plan/upfront_s": self.upfront_s, "plan/predicted_clock": self.run_clock,
+                "plan/upfront_s": self.upfront_s, "plan/predicted_training_clock": self.clock.training,
+                "plan/predicted_clock_with_plan": self.clock.with_plan,
                 "plan/predicted_effective_ratio": self.chosen.effective_ratio} | self._overlap_metrics()
+
+    def tags(self) -> dict[str, str]:
+        """The MLflow run's ``rlsift.plan.*`` tags: the choice, why, and the clock's text (:attr:`clock`)."""
+        return {"rlsift.plan.choice": self.choice, "rlsift.plan.reason": self.reason,
+                "rlsift.plan.clock": self.clock.text()}
 
     def _overlap_metrics(self) -> dict[str, float]:
         o = self.overlap
@@ -274,8 +279,7 @@ class Plan:
     def markdown(self) -> str:
         rows = self.rows()
         cols = list(rows[0])
-        run = (f"This run: predicted {self.run_clock:.2f}x plain GRPO's training clock, with the "
-               f"{self.upfront_s:.1f} s of its calibration, plan and scoring.")
+        run = f"This run: {self.clock.text()}."
         lines = [f"**Plan: {self.reason}**", "", self.summary(), "", run, "",
                  *([f"**Overlap: {self.overlap.reason}**", ""] if self.overlap is not None else []),
                  "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]

@@ -24,7 +24,7 @@ def test_plan_flow_measures_predicts_and_records_without_training(tmp_path, pref
     assert abs(sum(plan.shares.values()) - 1) < 1e-9 and plan.g == 4
     assert plan.costs.generate.time(1000) > 0 and plan.costs.update.time(1000) > 0 and plan.costs.completion_tokens > 0
     assert plan.costs.fixed.optimizer_s > 0 and plan.costs.fixed.step_s > 0 and plan.costs.fixed.round_s > 0
-    assert plan.upfront_s > 0 and "This run: predicted" in out["table"]
+    assert plan.upfront_s > 0 and f"This run: {plan.clock.text()}." in out["table"]
     assert [p.name for p in plan.predictions] == ["grpo_n4", "dapo", "dots_screen"]  # the bundled task has solutions
     assert plan.baseline.name == "grpo" and plan.baseline.clock == 1.0
     assert plan.choice in {"grpo", "grpo_n4", "dapo", "dots_screen"} and plan.reason.startswith(plan.choice)
@@ -37,6 +37,8 @@ def test_plan_flow_measures_predicts_and_records_without_training(tmp_path, pref
         assert led.query("SELECT count(*) AS c FROM groups WHERE run_id = ?", [out["run_id"]])[0]["c"] == 0
     info = run_info(out["tracking_uri"], out["mlflow_run_id"])
     assert info["tags"]["rlsift.plan.choice"] == plan.choice and "plan.json" in info["artifacts"]
+    assert info["tags"]["rlsift.plan.clock"] == plan.clock.text()
+    assert f"- clock: {plan.clock.text()}" in info["tags"]["mlflow.note.content"]
     assert float(info["tags"]["plan/pool_mixed"]) == round(plan.shares["mixed"], 4)  # one value, not a chart
     assert float(info["tags"]["plan/overlap_lag"]) == plan.overlap.lag
     assert not any(k.startswith("plan/") for k in info["metrics"])
@@ -57,8 +59,18 @@ def test_auto_trains_the_plans_choice(tmp_path, prefect_harness):
     assert s["status"] == "completed" and s["plan"]["choice"] == "grpo_n4"
     plan = Plan.load(Path(s["run_dir"]) / "plan.json")
     assert plan.chosen.clock < 1 and s["plan"]["reason"].startswith("grpo_n4")
-    # the run's own clock adds what it spent before training (calibration, plan, scoring) to the choice's steps
-    assert s["plan"]["predicted_clock"] == plan.run_clock > plan.chosen.clock and plan.upfront_s > 0
+    # the run's own clock adds what it spent before training (calibration, plan, scoring) to the choice's steps;
+    # both figures, named, the same in the summary, the CLI, MLflow's tags and Description, the Prefect artifact
+    clock = plan.clock
+    assert s["plan"]["predicted_clock_with_plan"] == clock.with_plan > clock.training == plan.chosen.clock == \
+        s["plan"]["predicted_training_clock"] and plan.upfront_s > 0 and s["plan"]["clock"] == clock.text()
+    from flows.cli import _plan_text
+
+    assert f"  plan clock: {clock.text()}\n" in _plan_text(s["plan"])
+    tags = run_info(s["tracking_uri"], s["mlflow_run_id"])["tags"]
+    assert tags["rlsift.plan.clock"] == clock.text() and f"- plan: {clock.text()}; " in tags["mlflow.note.content"]
+    assert (float(tags["plan/predicted_training_clock"]), float(tags["plan/predicted_clock_with_plan"])) == (
+        float(f"{clock.training:.4g}"), float(f"{clock.with_plan:.4g}"))
     with Ledger(root / "ledger.duckdb", read_only=True) as led:
         ns = {r["n"] for r in led.query("SELECT n FROM groups WHERE run_id = ?", [s["run_id"]])}
         stored = json.loads(led.query("SELECT config FROM runs WHERE run_id = ?", [s["run_id"]])[0]["config"])
@@ -95,6 +107,7 @@ def test_auto_trains_the_plans_choice(tmp_path, prefect_harness):
     arts = flow_run_artifacts(flow_run_id)
     assert arts["run-summary"][-1].data.startswith(f"**{s['name']}**: completed")
     assert s["name"] in arts["plan"][-1].description and s["name"] in arts["time-by-stage"][-1].description
+    assert f"This run: {clock.text()}." in arts["plan"][-1].description
 
 
 def test_a_run_that_stops_after_the_plan_still_shows_what_it_chose(tmp_path, prefect_harness, monkeypatch):
@@ -127,4 +140,4 @@ def test_a_run_that_stops_after_the_plan_still_shows_what_it_chose(tmp_path, pre
     info = run_info(f"sqlite:///{root / 'mlflow.db'}", mlflow_run_id)
     assert info["status"] == "FAILED" and info["name"] == f"auto→{plan.choice} bundled:default s0"
     note = info["tags"]["mlflow.note.content"]
-    assert f"- plan: trains `{plan.choice}`, predicted at {plan.run_clock:.2f}x" in note
+    assert f"- plan: {plan.clock.text()}; effective ratio" in note

@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -222,3 +223,82 @@ def test_a_resume_keeps_the_stored_config(smoke_cfg, tmp_path):
         resume_config(None, [root, "train.steps=8"], run.run_id)
     with pytest.raises(ConfigError, match="no run nope under"):
         resume_config(None, [root], "nope")
+
+
+def test_a_resumed_flow_run_shows_the_runs_own_config_and_overrides(smoke_cfg, tmp_path):
+    """The run keeps the config file and overrides it was started with (info.json); a resume's flow run parameters
+    are those, then what the resume adds (allowed: paths, how it runs), not the resume command's defaults."""
+    from flows.pipeline import resumed_parameters
+    from tasks.run import RunInfo
+
+    run = open_run(smoke_cfg(), track=False)
+    run.info = replace(run.info, config="conf/smoke.yaml", overrides=("plan.auto=true", "paths.root=/tmp/x"))
+    run.save_info()
+    run.close("cancelled", {})
+    info = RunInfo.load(run.dir / "info.json")
+    assert (info.config, info.overrides) == ("conf/smoke.yaml", ("plan.auto=true", "paths.root=/tmp/x"))
+    assert resumed_parameters(info, ["paths.root=/tmp/x", "model.threads=1"], run.run_id) == {
+        "config": "conf/smoke.yaml", "overrides": ["plan.auto=true", "paths.root=/tmp/x", "model.threads=1"],
+        "resume": run.run_id}
+    assert resumed_parameters(RunInfo(), ["paths.root=/tmp/x"], run.run_id) is None  # an older run's: unknown
+    older = tmp_path / "info.json"  # written before rlsift kept them
+    older.write_text(json.dumps({"policy_path": "/m", "data_fingerprint": None, "flow": None, "parent_version": None,
+                                 "parent_path": None, "flow_run_id": None}))
+    assert RunInfo.load(older) == RunInfo(policy_path="/m")
+
+
+def test_finished_rounds_stay_completed_when_the_train_stage_stops(prefect_harness):
+    """A round task nested in the train stage's is by Prefect's default committed with its parent's transaction, so
+    a stop rolls finished rounds back ("RolledBack" in the UI) though their checkpoints are kept. The train stage's
+    runner (tasks/stages.py ``run_round``) commits each round as it ends: finished rounds stay Completed. The same
+    rounds run as plain task runs roll back, which shows the API has recorded the rollbacks before it is read. The
+    flow run's parameters are set to a resume's own (flows/pipeline.py ``show_parameters``)."""
+    from prefect import flow, task
+    from prefect.cache_policies import NO_CACHE
+    from prefect.client.orchestration import get_client
+
+    from flows.pipeline import show_parameters
+    from tasks.stages import round_task, run_round
+
+    ran = []
+
+    @task(cache_policy=NO_CACHE, persist_result=False, task_run_name="train-{runner_name}")
+    def train(runner, runner_name: str) -> None:
+        for r in range(2):
+            runner(r, lambda r=r: ran.append((runner_name, r)))
+        raise KeyboardInterrupt  # what a Ctrl-C raises in round 2
+
+    @flow
+    def stopped(config: str = "conf/presets/auto.yaml", overrides: list[str] | None = None,
+                resume: str | None = None) -> str:
+        from prefect.runtime import flow_run
+
+        show_parameters({"config": "conf/smoke.yaml", "overrides": ["plan.auto=true"], "resume": resume})
+        for runner, name in ((run_round, "committed"), (round_task, "plain")):
+            try:
+                train(runner, name)
+            except KeyboardInterrupt:
+                pass
+        return flow_run.get_id()
+
+    flow_run_id = stopped(resume="abc")
+    assert ran == [("committed", 0), ("committed", 1), ("plain", 0), ("plain", 1)]
+    with get_client(sync_client=True) as client:
+        params = client.read_flow_run(flow_run_id).parameters
+        assert params == {"config": "conf/smoke.yaml", "overrides": ["plan.auto=true"], "resume": "abc"}
+        deadline = time.time() + 60
+        while True:
+            runs = client.read_task_runs()
+            parents = {r.id: r.name for r in runs if r.name.startswith("train-")}
+            rounds = {}
+            for r in runs:
+                if r.name.startswith("round-"):
+                    parent = next((parents[i.id] for ins in r.task_inputs.values() for i in ins
+                                   if getattr(i, "id", None) in parents), None)
+                    rounds[(parent, r.name)] = r.state.name
+            if [rounds.get(("train-plain", f"round-{i}")) for i in range(2)] == ["RolledBack"] * 2 \
+                    or time.time() > deadline:
+                break
+            time.sleep(0.5)
+    assert rounds == {("train-committed", "round-0"): "Completed", ("train-committed", "round-1"): "Completed",
+                      ("train-plain", "round-0"): "RolledBack", ("train-plain", "round-1"): "RolledBack"}, rounds

@@ -119,10 +119,18 @@ def test_a_signal_during_training_then_resume_equals_an_uninterrupted_run(tmp_pa
     proc, run_id, out, err = signal_during_training(root, args(root, easy_task), env, 3, sig, group)
     check_stopped(tmp_path, root, proc, run_id, out, err, sig)
 
-    resumed = rlsift("run", "--resume", run_id, *args(root, easy_task), "--json", env=env)
+    with sqlite3.connect(tmp_path / "prefect-home" / "prefect.db") as db:  # rounds the stop found finished
+        rounds = dict(db.execute("SELECT name, state_name FROM task_run WHERE name LIKE 'round-%'").fetchall())
+    assert rounds and "RolledBack" not in rounds.values(), rounds
+
+    resumed = rlsift("run", "--resume", run_id, f"paths.root={root}", "--json", env=env)  # as the stop message says
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     res = json.loads(resumed.stdout)
     assert res["status"] == "completed" and res["resumed"] and res["run_id"] == run_id
+    with sqlite3.connect(tmp_path / "prefect-home" / "prefect.db") as db:  # the resume's flow run shows the run's own
+        params = [json.loads(p) for (p,) in db.execute("SELECT parameters FROM flow_run WHERE state_type = "
+                                                        "'COMPLETED'")]
+    assert params == [{"config": str(TINY), "overrides": args(root, easy_task)[2:], "resume": run_id}], params
     for table, order in (("groups", "step, prompt_id, replayed, from_step"), ("selections", "step, prompt_id"),
                          ("reference", "step, prompt_id, round"), ("evals", "phase, step, grp")):
         assert ledger_rows(root_a, table, order) == ledger_rows(root, table, order), f"{table} differs after resume"

@@ -42,10 +42,16 @@ def test_a_plan_round_trips_and_names_its_choice(tmp_path):
     md = (tmp_path / "plan.md").read_text()
     assert "**Plan: dots_n4: test**" in md
     assert [r["composition"] for r in plan.rows()] == ["grpo", "dots_n4"]
-    # this run: the choice's 10 s of steps and the 12 s it spent before them, over GRPO's 30 s
-    assert plan.run_clock == pytest.approx((15 - 5 + 12) / 30) and plan.metrics()["plan/predicted_clock"] == \
-        plan.run_clock
-    assert "This run: predicted 0.73x plain GRPO's training clock, with the 12.0 s" in md
+    # the choice's training clock: its 10 s of steps and its predicted 5 s before them, over GRPO's 30 s; this run:
+    # the same steps and the 12 s it spent before them
+    clock = plan.clock
+    assert (clock.choice, clock.training, clock.with_plan, clock.upfront_s) == \
+        ("dots_n4", pytest.approx(15 / 30), pytest.approx((15 - 5 + 12) / 30), 12)
+    assert plan.metrics()["plan/predicted_training_clock"] == clock.training
+    assert plan.metrics()["plan/predicted_clock_with_plan"] == clock.with_plan
+    assert ("This run: dots_n4: training clock predicted 0.50x plain GRPO's (its steps, calibration and scoring); "
+            "0.73x with the plan's own cost (12 s before the first step: calibration and plan measured, scoring "
+            "predicted).") in md
     # the costs say what a token costs at the probe's two calls (here it falls with the batch) and the fixed costs
     assert "a generated token 5000 us in a call of 100 tokens, 2000 us in one of 400 (falls with the batch)" in md
     assert "optimizer step 2.0 ms, bookkeeping 30.0 ms; a round's: checkpoint 50 ms, DOTS's predictor 400 ms" in md
@@ -62,7 +68,7 @@ def test_a_plan_saved_before_the_calls_were_timed_still_loads():
                       forward_tokens=0, step_s=2, clock=1.0)
     legacy = Plan(shares={}, g=8, costs=costs, baseline=base, predictions=(), unavailable={}, choice="grpo",
                   reason="grpo", overrides=())
-    assert legacy.run_clock == 1.0  # no training clock saved: the choice's own clock
+    assert legacy.clock.training == legacy.clock.with_plan == 1.0  # no training clock saved: the choice's own
 
 
 def test_composition_reads_what_a_config_does():

@@ -2,6 +2,7 @@
 committed with checkpoints, and (slow) a real ``mlflow server`` stopped and restarted under a logging run."""
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -264,13 +265,22 @@ def test_metrics_are_laid_out_for_the_run_page(tmp_path, sqlite_uri):
 
 
 def test_the_run_link_opens_the_run_not_the_server(tmp_path, sqlite_uri):
-    """The log line and the Prefect artifact link the MLflow run's page; a local store has no page to link."""
-    from tasks.records.tracking import run_url
+    """The log line and the Prefect artifact link the MLflow run's page, on the UI's model-training side (MLflow
+    3.17 opens the GenAI side unless the page's workflowType says otherwise); a local store has no page to link:
+    the run says the one command that opens a UI on it, and the run's page there."""
+    from tasks.records.tracking import experiment_page, mlflow_command, run_url
 
     t = MlflowTracker(sqlite_uri, "links", tmp_path / "run", background=False)
     assert t.url is None and run_url(sqlite_uri, t.run_id) is None
     exp = t.experiment_id
+    assert t.ui == (f"`{mlflow_command()} ui --backend-store-uri {sqlite_uri}`, then "
+                    f"http://127.0.0.1:5000/#/experiments/{exp}/runs/{t.run_id}?workflowType=machine_learning")
+    cmd = mlflow_command()  # this Python's own mlflow, by name where the PATH finds it, else by its full path
+    assert Path(shutil.which(cmd) or cmd).resolve() == (Path(sys.executable).parent / "mlflow").resolve()
     t.uri = "http://mlflow.example:5000/"  # as if on a server: the link needs no request
-    assert t.url == f"http://mlflow.example:5000/#/experiments/{exp}/runs/{t.run_id}"
+    assert t.url == t.ui == \
+        f"http://mlflow.example:5000/#/experiments/{exp}/runs/{t.run_id}?workflowType=machine_learning"
+    assert experiment_page(t.uri, exp) == \
+        f"http://mlflow.example:5000/#/experiments/{exp}/runs?workflowType=machine_learning"
     t.uri = sqlite_uri
     t.finish()

@@ -7,7 +7,8 @@
 * ``outbox``: the outbox file and how its items are grouped into requests (no MLflow).
 * ``registry``: the trained policy as an MLflow Model in the model registry, and back (:func:`latest_model`).
 * ``describe``: the run's tags beyond metrics: name, Description, source commit, Prefect flow run (no MLflow).
-* ``query``: reading runs back (:func:`run_info`, :func:`metric_history`, :func:`run_url`).
+* ``query``: reading runs back (:func:`run_info`, :func:`metric_history`, :func:`run_url`); the UI's pages on its
+  model-training side (:func:`experiment_page`) and how to open a UI on a local store (:func:`ui_hint`).
 
 See docs/operations.md "What MLflow shows" and "Tracking outages".
 """
@@ -23,7 +24,14 @@ os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 from tasks.records.tracking.describe import flow_run_tags  # noqa: E402
 from tasks.records.tracking.outbox import Outbox  # noqa: E402
-from tasks.records.tracking.query import metric_history, run_info, run_url  # noqa: E402
+from tasks.records.tracking.query import (  # noqa: E402
+    experiment_page,
+    metric_history,
+    mlflow_command,
+    run_info,
+    run_url,
+    ui_hint,
+)
 from tasks.records.tracking.registry import (  # noqa: E402
     checkpoint_folder,
     latest_model,
@@ -40,5 +48,5 @@ from tasks.records.tracking.tracker import (  # noqa: E402
 )
 
 __all__ = ["EXPERIMENT_KIND", "MlflowTracker", "NullTracker", "Outbox", "Tracker", "checkpoint_folder", "default_uri",
-           "flow_run_tags", "latest_model", "metric_history", "model_version_tags", "run_info", "run_url",
-           "save_mlflow_model", "sync"]
+           "experiment_page", "flow_run_tags", "latest_model", "metric_history", "mlflow_command",
+           "model_version_tags", "run_info", "run_url", "save_mlflow_model", "sync", "ui_hint"]

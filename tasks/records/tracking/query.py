@@ -1,18 +1,57 @@
 """Reading runs back from MLflow: a run's UI page, its params, metrics, tags and artifacts, a metric's history
-(reports, the CLI, tests)."""
+(reports, the CLI, tests), and how to open MLflow's UI on a local store.
+
+MLflow 3.17's UI has two sides, GenAI and model training, and opens an experiment on the side its page's
+``workflowType`` names, else the one the browser last chose, GenAI at first (its traces overview: "Traces 0" for
+rlsift). The experiment's ``mlflow.experimentKind`` tag (tasks/records/tracking/tracker.py ``EXPERIMENT_KIND``)
+chose the side in earlier 3.x releases; 3.17 reads only the page's ``workflowType`` and the browser's choice. So
+every link rlsift gives names the model-training side (:data:`TRAINING_SIDE`).
+"""
 
 from __future__ import annotations
 
+import shutil
+import sys
+from pathlib import Path
 from typing import Any
 
 from mlflow.tracking import MlflowClient
 
 from tasks.records.layout import mlflow_key
 
+#: The query that opens a page of MLflow 3.17's UI on its model-training side (runs, not traces).
+TRAINING_SIDE = "workflowType=machine_learning"
+#: Where ``mlflow ui`` serves when given no host or port.
+MLFLOW_UI = "http://127.0.0.1:5000"
+
 
 def run_page(uri: str, experiment_id: str, run_id: str) -> str:
-    """The MLflow UI page of a run on the tracking server at ``uri``."""
-    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    """The MLflow UI page of a run on the tracking server at ``uri``, on the model-training side."""
+    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{TRAINING_SIDE}"
+
+
+def experiment_page(uri: str, experiment_id: str) -> str:
+    """The MLflow UI page of an experiment's runs on the tracking server at ``uri`` (not its GenAI overview)."""
+    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs?{TRAINING_SIDE}"
+
+
+def mlflow_command() -> str:
+    """``mlflow`` where the PATH finds this Python's own, else the full path of this Python's (its environment not
+    activated)."""
+    here = Path(sys.executable).parent / "mlflow"
+    if not here.exists():
+        return "mlflow"
+    found = shutil.which("mlflow")
+    return "mlflow" if found and Path(found).resolve() == here.resolve() else str(here)
+
+
+def ui_hint(uri: str, experiment_id: str | None, run_id: str) -> str:
+    """Where to see a run in MLflow's UI: its page on a tracking server; for a local store (``sqlite:///...``) the one
+    command that opens a UI on it, then the run's page there."""
+    if uri.startswith(("http://", "https://")):
+        return run_page(uri, experiment_id, run_id) if experiment_id else f"{uri} (run {run_id})"
+    page = f", then {run_page(MLFLOW_UI, experiment_id, run_id)}" if experiment_id else ""
+    return f"`{mlflow_command()} ui --backend-store-uri {uri}`{page}"
 
 
 def run_url(uri: str, run_id: str) -> str | None:

@@ -43,7 +43,7 @@ from tasks.records.files import write_text
 from tasks.records.layout import mlflow_key, mlflow_layout
 from tasks.records.tracking.describe import DESCRIPTION, PARENT_RUN, RUN_NAME, source_tags
 from tasks.records.tracking.outbox import Outbox, requests
-from tasks.records.tracking.query import run_page
+from tasks.records.tracking.query import run_page, ui_hint
 from tasks.records.tracking.registry import register_version, save_mlflow_model
 
 log = logging.getLogger("rlsift.tracking")
@@ -51,7 +51,8 @@ log = logging.getLogger("rlsift.tracking")
 #: MLflow error codes that mean "this item is invalid", not "the server is away".
 PERMANENT = frozenset({"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "MALFORMED_REQUEST", "RESOURCE_DOES_NOT_EXIST",
                        "INVALID_STATE", "RESOURCE_ALREADY_EXISTS"})
-#: MLflow 3's UI opens an experiment on its GenAI pages (traces) unless its kind says model training.
+#: The experiment's kind, model training: what earlier MLflow 3 UIs open an experiment on (its runs, not the GenAI
+#: traces). MLflow 3.17's UI reads the page's ``workflowType`` instead, which rlsift's links set (query.py).
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 
 
@@ -59,6 +60,11 @@ class Tracker(Protocol):
     run_id: str
     #: the run's name in MLflow (None: not known, or no MLflow run)
     name: str | None
+
+    @property
+    def ui(self) -> str | None:
+        """Where to see the run in MLflow's UI (query.py ``ui_hint``); None: no MLflow run."""
+        ...
 
     def log_params(self, params: dict[str, Any]) -> None: ...
     def log_metrics(self, metrics: dict[str, float], step: int, ts: int | None = None) -> None: ...
@@ -159,6 +165,12 @@ class MlflowTracker:
             except Exception:  # noqa: BLE001 -- away: no link this time
                 return None
         return run_page(self.uri, self.experiment_id, self.run_id)
+
+    @property
+    def ui(self) -> str:
+        """Where to see this run in MLflow's UI: its page on a tracking server, else the command that opens a UI
+        on the local store and the run's page there (query.py ``ui_hint``)."""
+        return self.url or ui_hint(self.uri, self.experiment_id, self.run_id)
 
     # ---- queueing (fast: one appended line) ---------------------------------------------------------
     def _put(self, item: dict[str, Any]) -> None:
@@ -345,6 +357,7 @@ class NullTracker:
     run_id = "none"
     name = None
     url = None
+    ui = None
 
     def log_params(self, params: dict[str, Any]) -> None: ...
     def log_metrics(self, metrics: dict[str, float], step: int, ts: int | None = None) -> None: ...
