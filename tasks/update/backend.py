@@ -16,6 +16,7 @@ from tasks.model.policy import Policy
 from tasks.update.fit import check_update_fits
 from tasks.update.sharded_update import Driver
 from tasks.update.policy_update import LocalUpdater, LossSettings, Updater, gradient_checkpointing
+from tasks.update.precision import Precision
 
 
 def build_updater(cfg: Config, policy: Policy, *, device: torch.device | str) -> Updater:
@@ -33,10 +34,18 @@ def build_updater(cfg: Config, policy: Policy, *, device: torch.device | str) ->
     lm = base_model(model)
     if isinstance(lm, PreTrainedModel):  # the estimate reads a transformers decoder's shape
         world = dist.get_world_size() if dist.is_initialized() else 1
-        check_update_fits(cfg, model, lm.config, device, lora=policy.has_adapters, world=world)
+        check_update_fits(cfg, model, lm.config, device, precision=weights_precision(model),
+                          lora=policy.has_adapters, world=world)
     if cfg.scale.backend != "single":
         return Driver(cfg, model, settings)
     ref = policy.kl_reference() if tc.kl_coef > 0 else None
     gradient_checkpointing(lm, tc.gradient_checkpointing)
     return LocalUpdater(model, settings, params=policy.trainable_parameters(), lr=tc.lr, betas=tc.betas,
                         eps=tc.adam_eps, weight_decay=tc.weight_decay, device=device, ref_model=ref)
+
+
+def weights_precision(model: torch.nn.Module) -> Precision:
+    """The precision the update runs in today: the weights' dtype for the passes and for AdamW (its moments take
+    the parameters' dtype). ``model.precision`` (tasks/update/precision.py ``resolve_precision``) replaces it."""
+    dtype = next(model.parameters()).dtype
+    return Precision(str(dtype).removeprefix("torch."), dtype, dtype)

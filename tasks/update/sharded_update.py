@@ -36,6 +36,7 @@ from rlcore.types import RolloutGroup
 from tasks.update.distributed import (
     DataShard,
     broadcast_module,
+    copy_full_weights,
     full_state_dict,
     init_distributed,
     load_state,
@@ -116,9 +117,7 @@ class Driver(Updater):
         new full weights."""
         _send(UPDATE, (groups, self.settings, self.lr))
         stats = self.replica.update(groups, self.settings, self.lr)
-        state = full_state_dict(self.replica.model, to_cpu=False)  # collective for the sharded backends
-        with torch.no_grad():
-            self.policy_model.load_state_dict(state)
+        copy_full_weights(self.replica.model, self.policy_model)  # collective for the sharded backends
         return stats
 
     def set_lr(self, lr: float) -> None:
