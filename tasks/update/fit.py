@@ -21,9 +21,9 @@ P the parameters, P_t the trained ones, c the compute dtype's bytes, m the maste
   (tasks/model/forward.py, ``chunked_head``) keeps its input (cH a token) and, in its backward pass, one chunk of
   :data:`HEAD_CHUNK_ELEMENTS` logits recomputed (c), upcast (4), exponentiated (4) and their gradients (4 + c);
   a micro-batch of one chunk or less keeps that chunk's float32 logits from the forward pass instead.
-- **the optimizer step**: the state, the gradients, the master's float32 gradient under mixed precision (P_t m),
-  one parameter-sized buffer of torch's foreach AdamW (P_t m) and the copy of the new weights into the policy
-  (one parameter at a time: the largest, P_max c).
+- **the optimizer step**: the state, the gradients (under mixed precision moved into the masters' float32
+  ``.grad``, P_t m, by ``MasterWeights``), one parameter-sized buffer of torch's foreach AdamW (P_t m) and the copy
+  of the new weights into the policy (one parameter at a time: the largest, P_max c).
 - **generation on the same device**, where it shares the GPU: its KV cache (rows x (prompt + max_new_tokens) x
   layers x 2 x KV x c, rows = ``rollout.chunk``) and one decode step's float32 logits (rows x V x 4). With
   ``overlap.lag`` 1 and the in-process engine it runs during the update (added to the backward's moment), else
@@ -229,8 +229,8 @@ def estimate(shape: ModelShape, precision: Precision, *, tokens: int, checkpoint
         held += gradients  # the reduction buckets
     if backend == "fsdp2":
         step = pt * m / w  # foreach AdamW's buffer; the sharded gradients are the master's already
-    elif not backend.startswith("deepspeed"):
-        step = pt * m * (1 + mixed)
+    elif not backend.startswith("deepspeed"):  # MasterWeights moves the gradients into float32 at the step
+        step = pt * m + pt * (m - c) * mixed
     step += shape.largest * c  # the new weights, copied into the policy one parameter at a time
     copies = p * c * (int(reference_copy) + int(generator_copy) + int(sharded))
     row = row_tokens or tokens

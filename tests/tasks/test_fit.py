@@ -46,7 +46,8 @@ def test_estimate_by_hand():
     assert e.activations == 10 * (3 * 504 + (4 * 8 + 2 * 2 * 8) + 2 * 2 * 4)  # layers, final norm, cos and sin
     assert e.layer == 10 * 288
     assert e.head == 10 * 2 * 8 + 500 * (3 * 4 + 2 * 2) + 4 * 500  # input, one chunk's backward, its kept logits
-    assert e.step == 100 * 4 * 2 + 400 * 2  # AdamW's buffer, the master's gradient; the largest weight copied
+    assert e.step == 100 * 4 + 100 * (4 - 2) + 400 * 2  # AdamW's buffer, the gradients made float32; a weight
+    assert e.step_peak == e.state + 100 * 4 * 2 + 400 * 2  # copied into the policy
     assert e.backward_peak == 5200 + 200 + e.activations + e.head + e.layer
     assert e.total == pytest.approx(fit.MARGIN * e.backward_peak)
     ckpt = estimate(s, MIXED, tokens=10, checkpointing=True, row_tokens=10, accumulating=False, generator_copy=True)
