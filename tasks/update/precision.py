@@ -9,16 +9,22 @@ twice the step (a weight of 0.02 has a spacing of 1.2e-4): at lr 1e-6 under a qu
 
 - ``auto``: ``bf16-mixed`` on a CUDA device with bf16, ``fp32`` elsewhere (a CPU computes bf16 matmuls slowly).
 - ``bf16-mixed``: bf16 compute, float32 master weights and optimizer state (16 bytes a trained parameter with
-  AdamW: 2 bf16 weight, 2 bf16 gradient, 4 master, 8 moments; docs/performance.md).
+  AdamW while the passes run: 2 bf16 weight, 2 bf16 gradient, 4 master, 8 moments; docs/performance.md).
 - ``fp32``: everything in float32.
 - ``bf16-true``: weights, gradients and AdamW state all in bf16 (8 bytes a parameter). Small updates are lost;
   only when asked for by name, with a warning.
+
+Who keeps the masters (docs/performance.md, "Precision"): :class:`MasterWeights` for one process and DDP (built by
+:func:`build_optimizer`); FSDP2's float32 shards under ``MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=float32)`` (tasks/update/distributed.py ``wrap``); DeepSpeed's own fp32 partitions (its ``bf16``
+config); LoRA's adapters, which PEFT keeps in float32 over a bf16 base, are their own masters.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+
 import torch
 
 from tasks.config.model import PRECISIONS, PrecisionName  # noqa: F401  (the config's values; this module's API)
@@ -50,14 +56,25 @@ class Precision:
         c, m = _size(self.compute), _size(self.master)
         return c + c + (m if self.mixed else 0) + optimizer_moments * m
 
+    def bytes_per_trained_param_at_step(self, optimizer_moments: int = 2) -> int:
+        """The same during the optimizer step, when no activation is held: under a mixed precision
+        :meth:`MasterWeights.master_gradients` has replaced the bf16 gradients by float32 ones (18 bytes with AdamW
+        under bf16-mixed, against 16 while the passes run). Not counted: the temporaries of torch's foreach AdamW
+        (a float32 square root of the second moments, 4 bytes a parameter, in any precision)."""
+        extra = _size(self.master) - _size(self.compute) if self.mixed else 0
+        return self.bytes_per_trained_param(optimizer_moments) + extra
+
 
 def _size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+_warned: set[str] = set()
+
+
 def resolve_precision(name: str, device: torch.device) -> Precision:
     """The precision ``model.precision`` names on ``device`` (``auto``: ``bf16-mixed`` on a CUDA device with bf16,
-    else ``fp32``); ``bf16-true`` logs what it costs."""
+    else ``fp32``); ``bf16-true`` logs what it costs (once a process)."""
     if name not in PRECISIONS:
         raise ValueError(f"model.precision must be one of {', '.join(PRECISIONS)}, got {name!r}")
     if name == "auto":
@@ -65,11 +82,17 @@ def resolve_precision(name: str, device: torch.device) -> Precision:
     if name == "fp32":
         return Precision(name, torch.float32, torch.float32)
     if name == "bf16-true":
+        _warn_once()
+        return Precision(name, torch.bfloat16, torch.bfloat16)
+    return Precision(name, torch.bfloat16, torch.float32)
+
+
+def _warn_once() -> None:
+    if "bf16-true" not in _warned:
+        _warned.add("bf16-true")
         log.warning("model.precision=bf16-true: weights and AdamW state in bf16; an update smaller than half a bf16 "
                     "weight's spacing is rounded away (at lr 1e-6 most of it). Use bf16-mixed to keep float32 "
                     "master weights (docs/performance.md)")
-        return Precision(name, torch.bfloat16, torch.bfloat16)
-    return Precision(name, torch.bfloat16, torch.float32)
 
 
 def model_dtype(model: torch.nn.Module) -> torch.dtype:
