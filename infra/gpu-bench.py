@@ -10,12 +10,20 @@ utilisation and the peak memory measured against tasks/update/fit.py's estimate.
 - Model FLOPs: 6 N a token with full weights (forward 2N, backward 4N), 4 N under LoRA (the frozen weights get no
   gradient), N the parameters; attention's own FLOPs and checkpointing's recompute are not counted (the usual MFU
   convention). The peak is the card's dense bf16 rate (``--peak-tflops``; H100 SXM 989, H200 989).
-- Peak memory: ``torch.cuda.max_memory_allocated`` over the timed step (on a CPU the process's peak resident set,
-  ``VmHWM``, reset per arm where Linux allows it: the interpreter and libraries included, about 0.6 GiB).
-- One warm-up step, then ``--steps`` timed steps; an arm that runs out of memory says so and the others go on.
+- Rows of varied length (prompts of half to all of ``--prompt`` tokens, completions of half to all of
+  ``--completion``), so attention takes the padded path real batches take (a mask: keys and values repeated).
+- Precision (``--precisions``, tasks/update/precision.py): ``bf16-mixed`` (bf16 passes, float32 master weights
+  and AdamW state, the run's default on a GPU), ``bf16-true``, ``fp32``.
+- Peak memory: ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved`` over the timed step (on a CPU the
+  process's peak resident set, ``VmHWM``, reset per arm where Linux allows it, less the resident set just before
+  the arm: the interpreter and libraries left out), beside tasks/update/fit.py's estimate of the arm.
+- One warm-up step, then ``--steps`` timed steps. An arm whose model build or step fails to allocate
+  (``torch.OutOfMemoryError``, or a RuntimeError that says so: cuBLAS's workspace) says so and the others go on.
 
 Then the generation half (infra/gpu_bench_generation.py) on the first model: the in-process sampler against
-transformers' ``generate`` and the card's floor, the bf16 sampler/trainer mismatch, and the one-GPU overlap.
+transformers' ``generate`` and the card's floor, the bf16 sampler/trainer mismatch; and the one-GPU overlap
+(infra/gpu_bench_overlap.py: one clock from a common start, a dead sampler process noticed). Each part that fails
+to allocate says so; the others go on.
 
 It imports only torch, transformers, peft, pydantic and numpy (and rlsift's modules that need no more), so it runs
 on a machine where the rest of the stack is not installed. Meant to take under 8 minutes on one H100 with the
@@ -30,6 +38,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import math
 import sys
@@ -42,12 +51,14 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 import torch  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
+from gpu_bench_overlap import ChildDied, is_alloc_failure, overlap_rows  # noqa: E402
 from rlcore.types import RolloutGroup  # noqa: E402
 from tasks.config import LoraConfig  # noqa: E402
 from tasks.model.lora import apply_lora, base_model, trainable_parameters  # noqa: E402
 from tasks.records.memory import own_peak_mb, reset_own_peak  # noqa: E402
 from tasks.update.fit import ModelShape, estimate  # noqa: E402
 from tasks.update.policy_update import gradient_checkpointing, policy_update  # noqa: E402
+from tasks.update.precision import PRECISIONS, Precision, build_optimizer, resolve_precision  # noqa: E402
 
 #: Qwen2.5 configs (their config.json): hidden, MLP width, layers, heads, key-value heads, tied embeddings.
 SHAPES = {
@@ -73,6 +84,7 @@ class Arm:
     model: str
     mode: str
     rows: int
+    precision: str
 
 
 def build(name: str, mode: str, device: torch.device, dtype: torch.dtype):
@@ -87,30 +99,74 @@ def build(name: str, mode: str, device: torch.device, dtype: torch.dtype):
 
 
 def batch(rows: int, prompt: int, completion: int, vocab: int) -> list[RolloutGroup]:
-    """``rows / 8`` groups of 8 rollouts, rewards half right so every row carries a gradient."""
+    """``rows / 8`` groups of 8 rollouts, rewards half right so every row carries a gradient; prompts of
+    ``prompt / 2`` to ``prompt`` tokens and completions of ``completion / 2`` to ``completion`` (padding, a mask)."""
     g = torch.Generator().manual_seed(0)
     rewards = torch.tensor([1.0, 0.0] * (GROUP // 2))
-    return [RolloutGroup(prompt_id=f"p{k}", prompt_ids=torch.randint(4, vocab, (prompt,), generator=g),
-                         completion_ids=torch.randint(4, vocab, (GROUP, completion), generator=g),
-                         completion_mask=torch.ones(GROUP, completion, dtype=torch.bool), rewards=rewards,
-                         advantages=rewards - rewards.mean(), behaviour_logp=torch.zeros(0), success_rate=0.5,
-                         n_generated=GROUP, step=0) for k in range(max(rows // GROUP, 1))]
+    groups = []
+    for k in range(max(rows // GROUP, 1)):
+        p_len = int(torch.randint(max(prompt // 2, 1), prompt + 1, (1,), generator=g))
+        lens = torch.randint(max(completion // 2, 1), completion + 1, (GROUP,), generator=g)
+        lens[0] = completion  # every batch reaches its longest row
+        groups.append(RolloutGroup(prompt_id=f"p{k}", prompt_ids=torch.randint(4, vocab, (p_len,), generator=g),
+                                   completion_ids=torch.randint(4, vocab, (GROUP, completion), generator=g),
+                                   completion_mask=torch.arange(completion) < lens[:, None], rewards=rewards,
+                                   advantages=rewards - rewards.mean(), behaviour_logp=torch.zeros(0),
+                                   success_rate=0.5, n_generated=GROUP, step=0))
+    return groups
 
 
-def run_arm(arm: Arm, args, device: torch.device, dtype: torch.dtype) -> dict:
-    model, cfg = build(arm.model, arm.mode, device, dtype)
-    params = trainable_parameters(model)
-    optimizer = torch.optim.AdamW(params, lr=1e-6, foreach=device.type == "cuda")
-    groups = batch(arm.rows, args.prompt, args.completion, cfg.vocab_size)
+def rss_mb() -> float:
+    """This process's resident set now (Linux), in MiB; 0 where it cannot be read."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def release(device: torch.device) -> None:
+    """Give back what the last arm freed (the caching allocator's blocks; glibc's heap on Linux)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def arm_estimate(arm: Arm, model, cfg, precision: Precision, args, groups) -> float:
+    """tasks/update/fit.py's estimate of the arm's step, in GiB."""
     tokens = sum(g.size * (g.prompt_ids.numel() + g.completion_ids.shape[1]) for g in groups)
+    micro = min(args.micro_batch_tokens, tokens) if args.micro_batch_tokens else tokens
+    est = estimate(ModelShape.of(model, cfg), precision, tokens=micro, checkpointing=arm.mode.endswith("+ckpt"),
+                   accumulating=micro < tokens, padded=True, row_tokens=args.prompt + args.completion)
+    return est.total / 2**30
+
+
+def run_arm(arm: Arm, args, device: torch.device) -> dict:
+    """One arm: build, warm up, time ``args.steps`` steps; an allocation failure anywhere is the arm's result."""
+    precision = resolve_precision(arm.precision, device)
+    groups = batch(arm.rows, args.prompt, args.completion, SHAPES[arm.model]["vocab_size"])
+    row = {"arm": arm, "tokens": sum(g.size * (g.prompt_ids.numel() + int(g.completion_mask.sum(1).max()))
+                                     for g in groups)}
     settings = dict(clip_eps=0.2, aggregation="token", grad_clip=1.0, temperature=1.0, pad_id=0, minibatches=1,
                     kl_coef=0.0, micro_batch_tokens=args.micro_batch_tokens, skip_zero_advantage=True, device=device)
-    n_params = sum(p.numel() for p in model.parameters())
-    shape = ModelShape.of(model, cfg)
-    est = estimate(shape, tokens=args.micro_batch_tokens or tokens, checkpointing=arm.mode.endswith("+ckpt"),
-                   reference_copy=False, generator_copy=False)
-    row = {"arm": arm, "tokens": tokens, "estimate_gib": est.total / 2**30}
+    release(device)
+    base_mb = rss_mb() if device.type == "cpu" else 0.0
+    model = optimizer = None
     try:
+        model, cfg = build(arm.model, arm.mode, device, precision.compute)
+        row["estimate_gib"] = arm_estimate(arm, model, cfg, precision, args, groups)
+        adamw = functools.partial(torch.optim.AdamW, lr=1e-6, foreach=device.type == "cuda")
+        optimizer = build_optimizer(trainable_parameters(model), adamw, precision)
+        n_params = sum(p.numel() for p in model.parameters())
         stats = policy_update(model, optimizer, groups, **settings)  # warm-up (and the optimizer's state)
         sync(device)
         reset_own_peak(device)
@@ -119,20 +175,22 @@ def run_arm(arm: Arm, args, device: torch.device, dtype: torch.dtype) -> dict:
             stats = policy_update(model, optimizer, groups, **settings)
         sync(device)
         step_s = (time.perf_counter() - t0) / args.steps
-    except torch.OutOfMemoryError:
-        row["oom"] = True
+    except Exception as err:
+        if not is_alloc_failure(err):
+            raise
+        row["oom"] = str(err).splitlines()[0][:120]
         return row
     finally:
         del model, optimizer
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        release(device)
     if not all(math.isfinite(v) for v in stats.values()):
         raise RuntimeError(f"{arm}: non-finite metrics {stats}")
     flops_per_token = (6 if arm.mode.startswith("full") else 4) * n_params
+    tokens = row["tokens"]
+    reserved = torch.cuda.max_memory_reserved(device) / 2**30 if device.type == "cuda" else float("nan")
     row.update(micro=int(stats["train/micro_batches"]), step_s=step_s, tokens_per_s=tokens / step_s,
                mfu=flops_per_token * tokens / step_s / (args.peak_tflops * 1e12) if args.peak_tflops else float("nan"),
-               peak_gib=own_peak_mb(device) / 1024)
+               peak_gib=(own_peak_mb(device) - base_mb) / 1024, reserved_gib=reserved)
     return row
 
 
@@ -142,18 +200,23 @@ def sync(device: torch.device) -> None:
 
 
 def table(rows: list[dict], device_name: str) -> str:
-    out = [f"update on {device_name}: policy_update, groups of {GROUP} rollouts",
-           "| model | weights | rows | tokens a step | micro-batches | s / step | tokens / s | MFU | peak GiB | "
-           "estimate GiB |", "|---|---|---|---|---|---|---|---|---|---|"]
+    """One row an arm. Tokens a step: the rows' real prompt tokens and their padded completions' (what the passes
+    compute, padding between micro-batches aside)."""
+    out = [f"update on {device_name}: policy_update, groups of {GROUP} rollouts of varied length",
+           "| model | weights | precision | rows | tokens a step | micro-batches | s / step | tokens / s | MFU | "
+           "peak GiB | reserved GiB | estimate GiB | estimate / peak |", "|---" * 13 + "|"]
     for r in rows:
         a = r["arm"]
+        est = f"{r['estimate_gib']:.2f}" if "estimate_gib" in r else ""
         if r.get("oom"):
-            out.append(f"| {a.model} | {a.mode} | {a.rows} | {r['tokens']:,} | | out of memory | | | | "
-                       f"{r['estimate_gib']:.1f} |")
+            out.append(f"| {a.model} | {a.mode} | {a.precision} | {a.rows} | {r['tokens']:,} | | out of memory "
+                       f"({r['oom']}) | | | | | {est} | |")
             continue
         mfu = "" if math.isnan(r["mfu"]) else f"{r['mfu']:.1%}"
-        out.append(f"| {a.model} | {a.mode} | {a.rows} | {r['tokens']:,} | {r['micro']} | {r['step_s']:.2f} | "
-                   f"{r['tokens_per_s']:,.0f} | {mfu} | {r['peak_gib']:.2f} | {r['estimate_gib']:.2f} |")
+        reserved = "" if math.isnan(r["reserved_gib"]) else f"{r['reserved_gib']:.2f}"
+        out.append(f"| {a.model} | {a.mode} | {a.precision} | {a.rows} | {r['tokens']:,} | {r['micro']} | "
+                   f"{r['step_s']:.2f} | {r['tokens_per_s']:,.0f} | {mfu} | {r['peak_gib']:.3f} | {reserved} | {est} | "
+                   f"{r['estimate_gib'] / max(r['peak_gib'], 1e-9):.2f} |")
     return "\n".join(out)
 
 
@@ -162,9 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--toy", action="store_true", help="tiny shapes on the CPU (the default test tier's check)")
     p.add_argument("--models", nargs="+", default=None, help=f"from {', '.join(SHAPES)} (default 1.5b 7b)")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--precisions", nargs="+", default=None, choices=[n for n in PRECISIONS if n != "auto"],
+                   help="model.precision of the arms (default bf16-mixed on a GPU; fp32 and bf16-mixed on a CPU)")
     p.add_argument("--rows", nargs="+", type=int, default=None, help="rollouts a step (default 16 64 512)")
-    p.add_argument("--prompt", type=int, default=None, help="prompt tokens (default 128)")
-    p.add_argument("--completion", type=int, default=None, help="completion tokens (default 1024)")
+    p.add_argument("--prompt", type=int, default=None, help="longest prompt, tokens (default 128)")
+    p.add_argument("--completion", type=int, default=None, help="longest completion, tokens (default 1024)")
     p.add_argument("--micro-batch-tokens", type=int, default=None, help="train.micro_batch_tokens (default 8192)")
     p.add_argument("--steps", type=int, default=1, help="timed steps an arm (after one warm-up step)")
     p.add_argument("--no-generation", action="store_true", help="only the update's table")
@@ -173,9 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     toy = args.toy or not torch.cuda.is_available()
     device = torch.device("cpu" if toy else "cuda")
-    dtype = torch.float32 if toy else torch.bfloat16
     models = args.models or (["toy"] if toy else ["1.5b", "7b"])
     rows = args.rows or ([8, 32] if toy else [16, 64, 512])
+    precisions = args.precisions or (["fp32", "bf16-mixed"] if toy else ["bf16-mixed"])
     args.prompt = args.prompt or (16 if toy else 128)
     args.completion = args.completion or (48 if toy else 1024)
     args.micro_batch_tokens = args.micro_batch_tokens if args.micro_batch_tokens is not None else \
@@ -185,45 +250,68 @@ def main(argv: list[str] | None = None) -> int:
         args.peak_tflops = 989.0
     if toy:
         torch.set_num_threads(2)
-    arms = [Arm(m, mode, r) for m in models for mode in args.modes for r in rows
-            if not (m == "7b" and (r > 64 or not mode.endswith("+ckpt")))]  # the 7B: what fits, in minutes
+    # the 7B: what fits one card, in minutes (full weights under bf16-mixed hold 16 bytes a parameter: 112 GiB)
+    arms = [Arm(m, mode, r, prec) for m in models for prec in precisions for mode in args.modes for r in rows
+            if not (m == "7b" and (r > 64 or not mode.endswith("+ckpt")
+                                   or (mode.startswith("full") and prec != "bf16-true")))]
     results = []
     for i, arm in enumerate(arms, 1):
-        print(f"[{i}/{len(arms)}] {arm.model} {arm.mode} {arm.rows} rows", file=sys.stderr, flush=True)
-        results.append(run_arm(arm, args, device, dtype))
+        print(f"[{i}/{len(arms)}] {arm.model} {arm.mode} {arm.precision} {arm.rows} rows", file=sys.stderr,
+              flush=True)
+        results.append(run_arm(arm, args, device))
     print(table(results, f"{name}, torch {torch.__version__}, micro-batches of {args.micro_batch_tokens} tokens"))
     if not args.no_generation:
-        generation(args, models[0], device, dtype, name)
+        generation(args, models[0], device, resolve_precision(precisions[0], device), name)
     return 0
 
 
-def generation(args, shape: str, device: torch.device, dtype: torch.dtype, name: str) -> None:
-    """The sampler, the one-GPU overlap and the bf16 mismatch on ``shape`` (infra/gpu_bench_generation.py)."""
+def guarded(what: str, fn) -> None:
+    """Print ``fn()``'s lines; an allocation failure or a dead sampler process is printed instead."""
+    try:
+        print("\n".join(fn()))
+    except (ChildDied, RuntimeError) as err:  # torch.OutOfMemoryError is a RuntimeError
+        if not (isinstance(err, ChildDied) or is_alloc_failure(err)):
+            raise
+        print(f"{what}: {'out of memory' if is_alloc_failure(err) else 'failed'} ({str(err).splitlines()[0][:160]})")
+
+
+def generation(args, shape: str, device: torch.device, precision: Precision, name: str) -> None:
+    """The sampler and the bf16 mismatch (infra/gpu_bench_generation.py), and the one-GPU overlap
+    (infra/gpu_bench_overlap.py) on ``shape`` in ``precision``'s compute dtype; each part in its own guard."""
     import gpu_bench_generation as gen
 
     toy = device.type == "cpu"
-    model, cfg = build(shape, "full", device, dtype)
-    model.eval()
+    dtype = precision.compute
     rows, new = ([16, 32], 8) if toy else ([256, 512], 512)
+    state: dict = {}
+
+    def model_for_sampling():
+        if "model" not in state:
+            state["model"] = build(shape, "full", device, dtype)[0].eval()
+        return state["model"]
+
     print(f"\nsampler on {name}: tasks.generation.rollout.decode, {shape}, prompts of {gen.PROMPT} tokens")
-    print("\n".join(gen.sampler_rows(model, rows, new, device, name)))
+    guarded("sampler", lambda: gen.sampler_rows(model_for_sampling(), rows, new, device, name))
     print(f"\nsampler/trainer mismatch on {name} ({dtype}, the same weights)")
-    print("\n".join(gen.mismatch_rows(model, rows[0], new, device)))
-    del model
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    model, _ = build(shape, "full+ckpt", device, dtype)
-    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=1e-6)
-    groups = batch(16 if toy else 64, args.prompt, args.completion, cfg.vocab_size)
-    settings = dict(clip_eps=0.2, aggregation="token", grad_clip=1.0, temperature=1.0, pad_id=0, minibatches=1,
-                    kl_coef=0.0, micro_batch_tokens=args.micro_batch_tokens, device=device)
-    policy_update(model, optimizer, groups, **settings)  # warm-up
-    print(f"\noverlap on one {name}: the sampler in a second process beside full + checkpointing update steps")
-    print("\n".join(gen.overlap_rows(SHAPES[shape], dtype, device, lambda: policy_update(model, optimizer, groups,
-                                                                                         **settings),
-                                      rows=rows[0], new=new if toy else 256, repeats=2 if toy else 3,
-                                      steps=2 if toy else 4)))
+    guarded("mismatch", lambda: gen.mismatch_rows(model_for_sampling(), rows[0], new, device))
+    state.clear()
+    release(device)
+
+    def overlap():
+        model, cfg = build(shape, "full+ckpt", device, dtype)
+        adamw = functools.partial(torch.optim.AdamW, lr=1e-6, foreach=device.type == "cuda")
+        optimizer = build_optimizer(trainable_parameters(model), adamw, precision)
+        groups = batch(16 if toy else 64, args.prompt, args.completion, cfg.vocab_size)
+        settings = dict(clip_eps=0.2, aggregation="token", grad_clip=1.0, temperature=1.0, pad_id=0, minibatches=1,
+                        kl_coef=0.0, micro_batch_tokens=args.micro_batch_tokens, device=device)
+        policy_update(model, optimizer, groups, **settings)  # warm-up
+        return overlap_rows(SHAPES[shape], dtype, device, lambda: policy_update(model, optimizer, groups, **settings),
+                            rows=rows[0], new=new if toy else 256, repeats=2 if toy else 3, steps=2 if toy else 4)
+
+    print(f"\noverlap on one {name}: the sampler in a second process beside full + checkpointing update steps, "
+          "one clock from a common start")
+    guarded("overlap", overlap)
+    release(device)
 
 
 if __name__ == "__main__":

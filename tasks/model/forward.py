@@ -81,21 +81,25 @@ def right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor,
 
 
 def length_buckets(prompt_lens: torch.Tensor, completion_lens: torch.Tensor, max_tokens: int,
-                   min_rows: int = 1) -> list[torch.Tensor]:
+                   min_rows: int = 1, parts: int = 1) -> list[torch.Tensor]:
     """Group N rows by length so that each forward pass pads little.
 
     Rows are ordered by completion length, then prompt length (longest first) and cut greedily: a bucket takes
-    the next row while ``rows * (longest prompt + longest completion)`` (its padded size in :func:`pack`'s
-    layout) stays within ``max_tokens``. A bucket has at least ``min_rows`` rows (scale-out splits each over its
-    ranks): it closes only once it has them, and a last bucket with fewer joins the one before, so such a bucket
-    may exceed the budget. ``max_tokens <= 0`` gives one bucket of every row in order. verl's dynamic batch size
-    (``use_dynamic_bsz``) bounds micro-batches by tokens the same way; we sort instead of packing sequences into
-    one row (no varlen attention on CPU).
+    the next row while each of its ``parts`` contiguous slices (``torch.tensor_split``: scale-out gives slice r to
+    rank r) stays within ``max_tokens`` padded tokens, ``ceil(rows / parts) * (longest prompt + longest
+    completion)`` in :func:`pack`'s layout (one part: the bucket's own padded size). A bucket has at least
+    ``min_rows`` rows (scale-out splits each over its ranks): it closes only once it has them, so a bucket whose
+    ``min_rows`` rows need more than the budget exceeds it; a last bucket with fewer rows takes rows from the
+    one before (the two keep their slices within the budget when each part of the last can hold one row), or
+    joins it when the two have fewer than ``2 * min_rows``. ``max_tokens <= 0`` gives one bucket of every row in
+    order. verl's dynamic batch size (``use_dynamic_bsz``) bounds micro-batches by tokens the same way; we sort
+    instead of packing sequences into one row (no varlen attention on CPU).
 
     Args:
         prompt_lens: [N] real prompt lengths; completion_lens: [N] real completion lengths.
-        max_tokens: the padded-token budget of one forward pass.
+        max_tokens: the padded-token budget of one forward pass (of each part's).
         min_rows: the fewest rows of a bucket (when N has them).
+        parts: the slices each bucket is split into (the ranks; 1: one process).
 
     Returns:
         Row-index tensors, together a permutation of ``range(N)``.
@@ -107,13 +111,14 @@ def length_buckets(prompt_lens: torch.Tensor, completion_lens: torch.Tensor, max
     buckets, cur, p_max, l_max = [], [], 0, 0
     for i in order:
         p, c = max(p_max, int(prompt_lens[i])), max(l_max, int(completion_lens[i]))
-        if len(cur) >= max(min_rows, 1) and (len(cur) + 1) * (p + c) > max_tokens:
+        if len(cur) >= max(min_rows, 1) and -(-(len(cur) + 1) // parts) * (p + c) > max_tokens:
             buckets.append(cur)
             cur, p, c = [], int(prompt_lens[i]), int(completion_lens[i])
         cur.append(i)
         p_max, l_max = p, c
     if buckets and len(cur) < min_rows:
-        buckets[-1] = buckets[-1] + cur
+        merged = buckets.pop() + cur  # in length order: the last min_rows rows are the shortest
+        buckets += [merged[:-min_rows], merged[-min_rows:]] if len(merged) >= 2 * min_rows else [merged]
     else:
         buckets.append(cur)
     return [torch.tensor(b) for b in buckets]

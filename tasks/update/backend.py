@@ -41,7 +41,8 @@ def build_updater(cfg: Config, policy: Policy, *, device: torch.device | str) ->
                          "(tasks/stages.py prepare_stage does)")
     if isinstance(lm, PreTrainedModel):  # the estimate reads a transformers decoder's shape
         world = dist.get_world_size() if dist.is_initialized() else 1
-        check_update_fits(cfg, model, lm.config, device, lora=policy.has_adapters, world=world)
+        check_update_fits(cfg, model, lm.config, device, precision=precision,
+                          lora=policy.has_adapters, world=world)
     if cfg.scale.backend != "single":
         return Driver(cfg, model, settings)
     ref = policy.kl_reference() if tc.kl_coef > 0 else None

@@ -12,9 +12,12 @@ update's memory is set by the micro-batch, whatever the batch (TRL's gradient ac
 micro-batch's aggregated loss is weighted by its share of the minibatch's loss units (:func:`loss_units`), so the
 accumulated gradient is the whole-minibatch gradient up to float rounding.
 
-Under scale-out every rank sees the same rows and cuts the same micro-batches, each of at least ``world`` rows
-and ``world`` times the token budget; rank r computes its contiguous slice of each (``DataShard.rows``), so every
-rank runs the same number of forward and backward passes (FSDP2 and ZeRO-3 gather weights in each).
+Under scale-out every rank sees the same rows and cuts the same micro-batches, each of at least ``world`` rows;
+rank r computes its contiguous slice of each (``DataShard.rows``), so every rank runs the same number of forward
+and backward passes (FSDP2 and ZeRO-3 gather weights in each). The budget holds for each rank's slice
+(``length_buckets``' ``parts``), not for the micro-batch over all ranks: 64 rows of 7,000 tokens on 8 ranks at
+16,384 tokens a rank give every rank 2 rows (14,000 tokens) a pass, where a bucket of 8 x 16,384 tokens cut by
+rows gave rank 0 three (21,000).
 """
 
 from __future__ import annotations
@@ -203,8 +206,8 @@ def cut_minibatches(rows: BatchRows, *, count: int, aggregation: str, skip: bool
     for whole in torch.arange(rows.n).chunk(count):
         computed = rows_with_gradient(whole, rows.silent, rows.mask, aggregation, min_rows=world)[0] if skip \
             else whole
-        cut = length_buckets(prompt_lens[computed], completion_lens[computed], micro_batch_tokens * world,
-                             min_rows=world)
+        cut = length_buckets(prompt_lens[computed], completion_lens[computed], micro_batch_tokens, min_rows=world,
+                             parts=world)
         micro = [computed[c] for c in cut]
         if shard is not None:
             micro = [shard.rows(m) for m in micro]

@@ -177,6 +177,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
                                 "micro-batch dropped" if is_deepspeed(model) else "skipped, not applied",
                                 i + 1, len(mb.micro), len(part), m.get("train/loss", float(piece.detach())))
                     finite = False
+                    del logp, piece  # their graph was never backpropagated: free it before the next forward
                     if is_deepspeed(model):  # it cannot drop what it accumulated: the others' gradient stays
                         dropped += 1
                         continue

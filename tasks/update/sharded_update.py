@@ -38,6 +38,7 @@ from rlcore.types import RolloutGroup
 from tasks.update.distributed import (
     DataShard,
     broadcast_module,
+    copy_full_weights,
     full_state_dict,
     init_distributed,
     load_state,
@@ -128,9 +129,8 @@ class Driver(Updater):
         new full weights."""
         _send(UPDATE, (groups, self.settings, self.lr))
         stats = self.replica.update(groups, self.settings, self.lr)
-        state = full_state_dict(self.replica.model, to_cpu=False)  # collective for the sharded backends
-        with torch.no_grad():  # FSDP2's float32 masters are cast (rounded) to the policy's compute dtype here
-            self.policy_model.load_state_dict(state)
+        # collective for the sharded backends; FSDP2's float32 masters are rounded to the policy's dtype
+        copy_full_weights(self.replica.model, self.policy_model)
         return stats
 
     def set_lr(self, lr: float) -> None:

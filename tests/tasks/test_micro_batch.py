@@ -162,3 +162,44 @@ def test_a_head_whose_output_the_model_transforms_is_left_alone():
     model.config.final_logit_softcapping = 30.0
     with chunked_head(model, torch.zeros(1, 1, dtype=torch.long), 1.0) as chunked:
         assert not chunked and isinstance(model.lm_head, torch.nn.Linear)
+
+
+def _long_rows(n: int, seed: int) -> list:
+    """Groups of 8 rollouts with prompts of 200-1,000 tokens and completions of 4,000-6,000."""
+    from rlcore.types import RolloutGroup
+
+    g = torch.Generator().manual_seed(seed)
+    groups = []
+    for k in range(n // 8):
+        lens = torch.randint(4_000, 6_001, (8,), generator=g)
+        mask = torch.arange(int(lens.max())) < lens[:, None]
+        rewards = torch.tensor([1.0, 0.0] * 4)
+        groups.append(RolloutGroup(prompt_id=f"p{k}", prompt_ids=torch.ones(int(torch.randint(200, 1_001, (1,),
+                                                                                              generator=g))),
+                                   completion_ids=mask.long(), completion_mask=mask, rewards=rewards,
+                                   advantages=rewards - 0.5, behaviour_logp=torch.zeros(0), success_rate=0.5,
+                                   n_generated=8, step=0))
+    return groups
+
+
+@pytest.mark.parametrize("n,budget", [(64, 16_384), (64, 8_192), (56, 12_000), (64, 20_000), (48, 7_000)])
+def test_no_rank_micro_batch_exceeds_the_budget_on_8_ranks(n, budget):
+    """Rows of up to 7,000 tokens, 8 ranks, each with its own DataShard: every rank runs as many micro-batches,
+    every row is computed by one rank once, and no rank's micro-batch pads to more than 1.1x the budget."""
+    from tasks.update.distributed import DataShard
+    from tasks.update.minibatch import batch_rows, cut_minibatches
+
+    rows = batch_rows(_long_rows(n, seed=n + budget), kl_coef=0.0, kl_rows="all", kl_sample=1.0, seed=0)
+    plans = [cut_minibatches(rows, count=1, aggregation="token", skip=False, micro_batch_tokens=budget,
+                             shard=DataShard(r, 8))[0] for r in range(8)]
+    assert len({len(p.micro) for p in plans}) == 1
+    done = torch.cat([part for p in plans for part in p.micro])
+    assert sorted(done.tolist()) == list(range(n))
+    worst = 0.0
+    for p in plans:
+        for part in p.micro:
+            assert part.numel() >= 1
+            padded = part.numel() * (max(rows.prompts[i].numel() for i in part.tolist())
+                                     + int(rows.mask[part].sum(1).max()))
+            worst = max(worst, padded / budget)
+    assert worst <= 1.1, f"a rank's micro-batch pads to {worst:.2f}x the budget"

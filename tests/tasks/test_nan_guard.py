@@ -80,3 +80,36 @@ def test_backward_step_skips_a_non_finite_gradient_with_a_finite_loss():
     loss = sum((p.float() ** 2).sum() for p in model.parameters())
     assert backward_step(model, opt, loss, grad_clip=1.0) > 0
     assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_a_skipped_micro_batch_frees_its_graph_before_the_next_forward():
+    """A non-finite micro-batch's graph (never backpropagated) must not live on through the next forward pass:
+    every tensor a forward with grad saved for its backward is dead when the next forward starts (weak
+    references to what a saved-tensor hook hands the graph; the model's own parameters and buffers left out)."""
+    import weakref
+
+    model = h.tiny_model()
+    batch = h.make_batch(model)
+    opt = torch.optim.AdamW(model.parameters(), **h.OPTIM)
+    own = {id(t) for t in list(model.parameters()) + list(model.buffers())}
+    calls, saved, alive_at = {"n": 0}, [], {}
+
+    def pre_forward(_module, _args):
+        alive_at[calls["n"]] = sum(ref() is not None for call, ref in saved if call < calls["n"])
+        calls["n"] += 1
+
+    def pack(t):  # the graph keeps a detached alias (no cycle through an output's own node), watched weakly
+        if id(t) in own:
+            return t
+        alias = t.detach()
+        saved.append((calls["n"] - 1, weakref.ref(alias)))
+        return alias
+
+    handles = [model.register_forward_pre_hook(pre_forward), _nan_logits(model, {2})]  # minibatch 1's pass
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        stats = policy_update(model, opt, copy.deepcopy(batch), aggregation="token", kl_coef=0.0, **h.SETTINGS)
+    for handle in handles:
+        handle.remove()
+    assert stats["train/skipped_updates"] == 1.0
+    assert calls["n"] == 4 and any(call == 2 for call, _ in saved)  # 2 no-grad passes, then one a minibatch
+    assert alive_at[3] == 0, f"{alive_at[3]} tensors of the skipped micro-batch's graph alive at the next forward"
