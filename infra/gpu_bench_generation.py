@@ -54,7 +54,7 @@ def sync(device) -> None:
 def draw(model, rows: int, new: int, device, seed: int = 0):
     ids, am = prompts(rows, model.config.vocab_size, device)
     gen = torch.Generator(device=device).manual_seed(seed)
-    return ids, decode(model, ids, am, max_new_tokens=new, sampling=Sampling(temperature=1.0), eos_id=-1, pad_id=0,
+    return ids, decode(model, ids, am, max_new_tokens=new, sampling=Sampling(temperature=1.0), stop_ids=(), pad_id=0,
                        generator=gen)
 
 

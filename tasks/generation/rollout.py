@@ -10,6 +10,7 @@ uninterrupted one would. Every engine implements :class:`RolloutEngine` (``gener
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -28,7 +29,7 @@ class Generation:
     Attributes:
         prompt_ids: B tensors [P_b] (unpadded prompt ids).
         completion_ids: [B*n, L] right-padded completion ids.
-        completion_mask: [B*n, L] bool, True up to and including the first EOS.
+        completion_mask: [B*n, L] bool, True up to and including the first end-of-turn token (any stop id).
         texts: B*n decoded completions.
         n: rollouts per prompt.
         logprobs: [B*n, L] float32, the sampler's log-prob of each generated token under the distribution it
@@ -49,11 +50,45 @@ class Generation:
         return int(self.completion_mask.sum())
 
 
-def completion_mask(ids: torch.Tensor, eos_id: int) -> torch.Tensor:
-    """[N, L] bool: True on tokens up to and including the first EOS of each row."""
-    is_eos = ids == eos_id
-    before = is_eos.cumsum(-1) - is_eos.long()  # EOS tokens strictly before position t
+def end_of_turn_ids(model, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
+    """Every token id that ends a turn: the tokenizer's EOS, then each id of the model's generation config
+    (``model.generation_config.eos_token_id``, an int or a list: Qwen2.5's ``[151645, 151643]``, Llama 3
+    Instruct's three), without repeats. What decoding, completion masks (hence rewards, which read the text up to
+    the mask's end) and the vLLM request (``stop_token_ids``) stop at.
+
+    Raises:
+        ValueError: neither names an end-of-turn token.
+    """
+    ids = [tokenizer.eos_token_id]
+    eos = model.generation_config.eos_token_id
+    ids += list(eos) if isinstance(eos, (list, tuple)) else [eos]
+    out = tuple(dict.fromkeys(int(i) for i in ids if i is not None))
+    if not out:
+        raise ValueError("no end-of-turn token: the tokenizer has no eos_token and the model's generation_config no "
+                         "eos_token_id; set one of them")
+    return out
+
+
+def completion_mask(ids: torch.Tensor, stop_ids: Sequence[int]) -> torch.Tensor:
+    """[N, L] bool: True on tokens up to and including the first stop token (any of ``stop_ids``) of each row."""
+    is_stop = torch.isin(ids, torch.tensor(list(stop_ids), dtype=ids.dtype, device=ids.device))
+    before = is_stop.cumsum(-1) - is_stop.long()  # stop tokens strictly before position t
     return before == 0
+
+
+def to_generation(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[torch.Tensor], ids: torch.Tensor,
+                  logp: torch.Tensor, n: int, stop_ids: Sequence[int]) -> Generation:
+    """The :class:`Generation` of decoded rows: each row cut after its first stop token (any of ``stop_ids``):
+    ids padded and log-probs 0 past it, and the text (what rewards read) decoded from the kept ids only.
+
+    Args:
+        ids, logp: [B*n, L] completion ids and their log-probs, prompt-major.
+    """
+    mask = completion_mask(ids, stop_ids) & (ids.shape[1] > 0)
+    ids = torch.where(mask, ids, torch.full_like(ids, tokenizer.pad_token_id))
+    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    return Generation(prompt_ids=prompt_ids, completion_ids=ids, completion_mask=mask, texts=texts, n=n,
+                      logprobs=torch.where(mask, logp, 0.0))
 
 
 def add_special(tokenizer) -> bool:
@@ -64,7 +99,7 @@ def add_special(tokenizer) -> bool:
 
 @torch.inference_mode()
 def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
-           sampling: Sampling | None, eos_id: int, pad_id: int,
+           sampling: Sampling | None, stop_ids: Sequence[int], pad_id: int,
            generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample (or, with ``sampling=None``, arg-max) completions, dropping each row from the batch once it ends.
 
@@ -92,8 +127,8 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
 
     Returns:
         ``(ids, logp)``: [B, T] completion ids, T <= ``max_new_tokens`` the longest completion, ``pad_id`` after
-        each EOS; [B, T] float32 log-prob of each drawn token under the distribution it was drawn from (the
-        warped one; arg-max decoding: the plain softmax), 0 after each EOS.
+        each row's first stop token (any of ``stop_ids``); [B, T] float32 log-prob of each drawn token under the
+        distribution it was drawn from (the warped one; arg-max decoding: the plain softmax), 0 after it.
 
     Raises:
         FloatingPointError: the model's logits were NaN for some drawn token (broken weights).
@@ -104,6 +139,7 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
     if max_new_tokens == 0 or b == 0:
         return out[:, :0], out_logp[:, :0]
     live = torch.arange(b, device=input_ids.device)  # rows still generating, as indices into the B rows
+    stops = torch.tensor(list(stop_ids), dtype=torch.long, device=input_ids.device)
     cache = DynamicCache()
     pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, past_key_values=cache,
@@ -114,7 +150,7 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
         tok, logp = sample_next(logits, sampling, generator)
         out[live, t] = tok
         out_logp[live, t] = logp
-        going = tok != eos_id
+        going = ~torch.isin(tok, stops)
         n_going = int(going.sum())  # the step's one host sync
         if t + 1 == max_new_tokens or n_going == 0:
             width = t + 1
@@ -158,11 +194,16 @@ class RolloutEngine(Protocol):
 
 class HFEngine(RolloutEngine):
     """Sampling with transformers models in this process (the default engine; CPU or GPU) through :func:`decode`.
-    It samples from the live training model itself, so :meth:`sync_weights` has nothing to do."""
+    It samples from the live training model itself, so :meth:`sync_weights` has nothing to do.
+
+    ``stop_ids``: the tokens that end a turn (:func:`end_of_turn_ids`, computed once from ``model`` and ``tokenizer``
+    when not given; a process that rebuilds the model from its config passes the parent's, :meth:`settings`).
+    """
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int, temperature: float, top_p: float,
-                 top_k: int, chunk: int, device: torch.device | str = "cpu"):
+                 top_k: int, chunk: int, device: torch.device | str = "cpu", stop_ids: Sequence[int] | None = None):
         self.model, self.tok = model, tokenizer
+        self.stop_ids = tuple(stop_ids) if stop_ids is not None else end_of_turn_ids(model, tokenizer)
         self.max_new_tokens, self.temperature, self.top_p, self.top_k = max_new_tokens, temperature, top_p, top_k
         self.chunk, self.device = chunk, device
 
@@ -187,23 +228,19 @@ class HFEngine(RolloutEngine):
             gen = torch.Generator(device=self.device).manual_seed(derive_seed(seed, c))
             outs.append(decode(self.model, ids.repeat_interleave(n, 0).to(self.device),
                                am.repeat_interleave(n, 0).to(self.device), max_new_tokens=self.max_new_tokens,
-                               sampling=sampling, eos_id=self.tok.eos_token_id,
+                               sampling=sampling, stop_ids=self.stop_ids,
                                pad_id=self.tok.pad_token_id, generator=gen))
         self.model.train(was_training)
         width = max(o.shape[1] for o, _ in outs)
         ids = torch.cat([torch.nn.functional.pad(o.cpu(), (0, width - o.shape[1]), value=self.tok.pad_token_id)
                          for o, _ in outs])
         logp = torch.cat([torch.nn.functional.pad(lp.float().cpu(), (0, width - lp.shape[1])) for _, lp in outs])
-        mask = completion_mask(ids, self.tok.eos_token_id) & (width > 0)
-        ids = torch.where(mask, ids, torch.full_like(ids, self.tok.pad_token_id))
-        texts = self.tok.batch_decode(ids, skip_special_tokens=True)
-        return Generation(prompt_ids=prompt_ids, completion_ids=ids, completion_mask=mask, texts=texts, n=n,
-                          logprobs=torch.where(mask, logp, 0.0))
+        return to_generation(self.tok, prompt_ids, ids, logp, n, self.stop_ids)
 
     def settings(self) -> dict:
         """The keyword arguments that build this engine's sampling on another module (tasks/generation/generator.py)."""
         return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_p": self.top_p,
-                "top_k": self.top_k, "chunk": self.chunk, "device": str(self.device)}
+                "top_k": self.top_k, "chunk": self.chunk, "device": str(self.device), "stop_ids": self.stop_ids}
 
     def sync_weights(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, folder: str | Path) -> float:
         """A no-op: ``generate`` runs the very module the update trains (``model`` is that module)."""

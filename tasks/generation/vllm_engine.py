@@ -5,7 +5,8 @@ runs as a server from ``.venv-vllm`` (``infra/vllm-env.sh``, ``infra/vllm-serve.
 to it with the standard library's ``urllib``:
 
 - ``POST /v1/completions`` with the prompt as token ids (our tokenizer is the only one that tokenizes),
-  ``n``, ``max_tokens``, ``temperature``/``top_p``/``top_k``, a per-prompt ``seed``, ``logprobs: 0`` (the
+  ``n``, ``max_tokens``, ``temperature``/``top_p``/``top_k``, ``stop_token_ids`` (every end-of-turn id,
+  ``tasks.generation.rollout.end_of_turn_ids``), a per-prompt ``seed``, ``logprobs: 0`` (the
   sampled token's log-prob only), ``return_token_ids: true`` (the completion's token ids in
   ``choices[i].token_ids``). One request per prompt, sent concurrently (vLLM batches them), so each prompt
   gets its own seed ``derive_seed(seed, b)`` (:func:`prompt_seed`), b its index in the whole call, whichever
@@ -50,6 +51,7 @@ import shutil
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -109,14 +111,19 @@ class VLLMEngine(RolloutEngine):
         url: the server's base URL, e.g. ``http://127.0.0.1:8000``.
         tokenizer: the policy's tokenizer (tokenizes prompts, decodes completions, gives pad/eos ids).
         max_new_tokens, temperature, top_p, top_k: sampling settings (top_k 0: off).
+        stop_ids: the tokens that end a turn (``tasks.generation.rollout.end_of_turn_ids``), sent as
+            ``stop_token_ids``.
         timeout: seconds per HTTP request (past it the server counts as down: :class:`ServerDown`).
         concurrency: prompts in flight at once.
     """
 
     def __init__(self, url: str, tokenizer, *, max_new_tokens: int, temperature: float, top_p: float,
-                 top_k: int, timeout: float = 600.0, concurrency: int = 64):
+                 top_k: int, stop_ids: Sequence[int], timeout: float = 600.0, concurrency: int = 64):
         self.url = url.rstrip("/")
         self.tok = tokenizer
+        self.stop_ids = tuple(int(i) for i in stop_ids)
+        if not self.stop_ids:
+            raise ValueError("VLLMEngine: stop_ids is empty; pass tasks.generation.rollout.end_of_turn_ids(model, tok)")
         self.max_new_tokens, self.temperature, self.top_p, self.top_k = max_new_tokens, temperature, top_p, top_k
         self.timeout, self.concurrency = timeout, concurrency
         self._model: str | None = None
@@ -167,7 +174,8 @@ class VLLMEngine(RolloutEngine):
         """One prompt's n choices (sorted by index), sampled with ``seed`` (:func:`prompt_seed`)."""
         body = {"model": self.model, "prompt": prompt_ids, "n": n, "max_tokens": self.max_new_tokens,
                 "temperature": 0.0 if greedy else self.temperature, "top_p": 1.0 if greedy else self.top_p,
-                "top_k": 0 if greedy else self.top_k, "seed": seed % 2**31, "logprobs": 0,
+                "top_k": 0 if greedy else self.top_k, "stop_token_ids": list(self.stop_ids), "seed": seed % 2**31,
+                "logprobs": 0,
                 "return_token_ids": True, "skip_special_tokens": True}
         choices = sorted(self._request("/v1/completions", body)["choices"], key=lambda c: c["index"])
         if len(choices) != n:

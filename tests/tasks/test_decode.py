@@ -63,7 +63,7 @@ def test_the_first_token_of_decode_follows_the_models_softmax(policy):
     with torch.no_grad():
         probs = torch.softmax(model(input_ids=ids[:1]).logits[0, -1].double() / 0.8, -1)
     out, logp = decode(model, ids, torch.ones_like(ids), max_new_tokens=1, sampling=Sampling(0.8),
-                       eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(1))
+                       stop_ids=(tok.eos_token_id,), pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(1))
     counts = torch.bincount(out[:, 0], minlength=len(probs)).double()
     common = probs * len(ids) >= 5  # chi-square wants expected counts >= 5: pool the rest into one cell
     observed = torch.cat([counts[common], counts[~common].sum()[None]])[:None if (~common).any() else -1]
@@ -99,9 +99,9 @@ def test_logprobs_equal_the_trainers_with_a_larger_vocabulary_across_chunks(monk
     monkeypatch.setattr(sampling_module, "CHUNK_ELEMENTS", 5 * 3000)
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     ids, am = enc["input_ids"].repeat_interleave(8, 0), enc["attention_mask"].repeat_interleave(8, 0)
-    out, logp = decode(model, ids, am, max_new_tokens=10, sampling=Sampling(temperature), eos_id=tok.eos_token_id,
+    out, logp = decode(model, ids, am, max_new_tokens=10, sampling=Sampling(temperature), stop_ids=(tok.eos_token_id,),
                        pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(2))
-    mask = completion_mask(out, tok.eos_token_id)
+    mask = completion_mask(out, (tok.eos_token_id,))
     prompts = [row[a.bool()] for row, a in zip(ids, am, strict=True)]
     with torch.no_grad():
         trainer = token_logprobs(model, prompts, out, mask, tok.pad_token_id, temperature)
@@ -117,7 +117,7 @@ def test_greedy_matches_generate(policy):
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     ref = model.generate(**enc, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id,
                          eos_token_id=tok.eos_token_id)[:, enc["input_ids"].shape[1]:]
-    ref = torch.where(completion_mask(ref, tok.eos_token_id), ref, torch.full_like(ref, tok.pad_token_id))
+    ref = torch.where(completion_mask(ref, (tok.eos_token_id,)), ref, torch.full_like(ref, tok.pad_token_id))
     assert torch.equal(gen.completion_ids, ref)
 
 
@@ -143,7 +143,7 @@ def test_nan_logits_are_an_error_not_tokens(policy):
     handle = model.lm_head.register_forward_hook(lambda _m, _i, out: out * float("nan"))
     try:
         with pytest.raises(FloatingPointError, match="NaN for 6 of the drawn tokens"):
-            decode(model, ids, torch.ones_like(ids), max_new_tokens=2, sampling=Sampling(), eos_id=tok.eos_token_id,
+            decode(model, ids, torch.ones_like(ids), max_new_tokens=2, sampling=Sampling(), stop_ids=(tok.eos_token_id,),
                    pad_id=tok.pad_token_id)
     finally:
         handle.remove()
