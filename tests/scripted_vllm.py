@@ -8,11 +8,11 @@ or the EOS, as vLLM's), ``seed``, ``logprobs: 0``, ``return_token_ids``), ``POST
 /collective_rpc`` with ``reload_weights`` (loads the safetensors of ``weights_path`` into its own copy, as vLLM's
 in-place reload) and ``POST /reset_prefix_cache``.
 
-Sampling: one request is ``n`` copies of its prompt through :func:`tasks.generation.rollout.decode` with the request's
-settings (:meth:`HFEngine.sampling`), ``torch.manual_seed(seed)`` first; a process-wide lock serialises every scripted
-server's sampling (torch's generator is global), so a request's answer depends on its prompt, n, seed and the loaded
-weights alone, whichever server and thread answers it. Deviation from vLLM: its n children are seeded ``seed + j``;
-here the n rows share one seeded draw (either way a seed gives one answer).
+Sampling: one request is its prompt with ``n`` rollouts through :func:`tasks.generation.rollout.decode` with the
+request's settings (:meth:`HFEngine.sampling`), the noise keyed by the request's ``seed``; a process-wide lock
+serialises every scripted server's sampling and reloads, so a request's answer depends on its prompt, n, seed and the
+loaded weights alone, whichever server and thread answers it. Deviation from vLLM: its n children are seeded
+``seed + j``; here rollout j's noise is keyed by ``(seed, j)`` (either way a seed gives one answer).
 
 Failures on demand (:meth:`ScriptedVLLM.fail_after`): after k answered completions the server goes ``down`` (stops
 listening: connection refused), answers ``500``, ``close``s the connection without an answer, ``hang``s past the
@@ -33,7 +33,7 @@ from safetensors.torch import load_file
 from tasks.model.policy import load_policy
 from tasks.generation.rollout import HFEngine, decode
 
-#: torch's global generator: one sampling at a time across every scripted server of the process.
+#: one sampling (or reload) at a time across every scripted server of the process.
 _SAMPLING = threading.Lock()
 FAILURES = ("down", "500", "close", "hang", "400")
 
@@ -103,13 +103,12 @@ class ScriptedVLLM:
         engine = HFEngine(self.model, self.tok, max_new_tokens=int(body["max_tokens"]),
                           temperature=temperature or 1.0, top_p=float(body.get("top_p", 1.0)),
                           top_k=max(0, int(body.get("top_k", 0))), chunk=n)
-        ids = torch.tensor([prompt] * n, dtype=torch.long)
+        ids = torch.tensor([prompt], dtype=torch.long)
         stops = tuple(dict.fromkeys([self.tok.eos_token_id, *body.get("stop_token_ids", [])]))
         with _SAMPLING:
-            torch.manual_seed(int(body["seed"]))
-            out, logp = decode(self.model, ids, torch.ones_like(ids), max_new_tokens=engine.max_new_tokens,
-                               sampling=engine.sampling() if temperature > 0 else None,
-                               stop_ids=stops, pad_id=self.tok.pad_token_id)
+            out, logp = decode(self.model, ids, torch.ones_like(ids), n=n, max_new_tokens=engine.max_new_tokens,
+                               sampling=engine.sampling() if temperature > 0 else None, stop_ids=stops,
+                               pad_id=self.tok.pad_token_id, seeds=torch.tensor([int(body["seed"])]))
         choices = []
         for j in range(n):
             row = out[j].tolist()

@@ -1,9 +1,11 @@
 """Rollout engines: batched sampling of n completions per prompt.
 
-``HFEngine`` decodes with the transformers model in this process (:func:`decode`: left padding, KV cache, the
-exponential-race sampler of ``tasks/generation/sampling.py``, sampling settings from config). Each call's noise comes
-from its own generator seeded from ``(seed, step, purpose)``, so a resumed run samples exactly what an
-uninterrupted one would. Every engine implements :class:`RolloutEngine` (``generate``, ``sync_weights`` and
+``HFEngine`` decodes with the transformers model in this process (``tasks/generation/decode.py``: a KV cache
+written in place, each prompt prefilled once, CUDA graphs; the exponential-race sampler of
+``tasks/generation/sampling.py``, sampling settings from config). Prompt ``b`` of a call seeded ``seed`` (itself
+derived from ``(seed, step, purpose)``) draws its noise from :func:`prompt_seed` ``(seed, first + b)``, so a resumed
+run samples exactly what an uninterrupted one would, and a prompt's rollouts do not depend on how a call's prompts
+are split between chunks, calls, ranks or servers. Every engine implements :class:`RolloutEngine` (``generate``, ``sync_weights`` and
 ``metrics``); the others are the vLLM server's (``tasks/generation/vllm_engine.py``) and a pool of such servers
 (``tasks/generation/server_pool.py``).
 """
@@ -16,10 +18,14 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import torch
-from transformers import DynamicCache, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from rlcore.seeding import derive_seed
-from tasks.generation.sampling import Sampling, sample_next
+from tasks.generation.decode import Decoder, decode
+from tasks.generation.sampling import Sampling
+
+__all__ = ["Generation", "HFEngine", "RolloutEngine", "add_special", "completion_mask", "decode", "end_of_turn_ids",
+           "prompt_seed", "to_generation"]
 
 
 @dataclass
@@ -91,92 +97,27 @@ def to_generation(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[torch.Ten
                       logprobs=torch.where(mask, logp, 0.0))
 
 
+def prompt_seed(seed: int, b: int) -> int:
+    """The noise seed of prompt ``b`` (its index in the whole ``generate`` call) of a call seeded ``seed``: the
+    same whichever chunk, call, rank or server samples it, so a call's results do not depend on how its prompts
+    are spread (every engine seeds its prompts so)."""
+    return derive_seed(seed, b) % 2**31
+
+
 def add_special(tokenizer) -> bool:
     """Whether prompts get the tokenizer's special tokens (BOS): yes in the plain format, which the warm start
     trains as ``<s>`` + prompt; no when a chat template has already written them into the text."""
     return not getattr(tokenizer, "chat_template", None)
 
 
-@torch.inference_mode()
-def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
-           sampling: Sampling | None, stop_ids: Sequence[int], pad_id: int,
-           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample (or, with ``sampling=None``, arg-max) completions, dropping each row from the batch once it ends.
-
-    ``model.generate`` keeps finished rows in every decode step until the longest one ends; here a row leaves
-    the batch and its KV cache (``DynamicCache.batch_select_indices``) at its EOS, so a step costs what the
-    live rows cost (on the embedded task the mean completion is half the longest). Each step draws the live
-    rows' next tokens with :func:`tasks.generation.sampling.sample_next`: the exponential race (Gumbel-max, an exact
-    sampler of the softmax) on the logits divided by the temperature and cut by top-k and top-p, in float32 chunks
-    of rows, with the noise from ``generator``; the drawn token's log-prob comes from the same chunk. No float32
-    matrix of all rows' logits, no ``softmax`` + ``torch.multinomial`` over the vocabulary, and one host sync a
-    step (how many rows go on). The draws follow exactly the distribution ``generate`` samples from, but they
-    are not its draws token for token (the noise is drawn for the live rows only). Positions are
-    the attention mask's cumulative sum, as in ``tasks.model.forward.pack``. Only ``sampling`` applies: a model
-    folder's own ``generation_config`` (a repetition penalty, say) does not, so the sampling distribution is
-    exactly the one the update's log-probs describe.
-
-    The KV cache grows by concatenation (transformers' ``DynamicCache``) and shapes change as rows leave, so the
-    step is not captured in CUDA graphs; docs/performance.md says what is measured and what is left.
-
-    Args:
-        input_ids: [B, P] left-padded prompts (a prompt repeated n times for n rollouts); attention_mask: [B, P].
-        sampling: the distribution (temperature, top-k, top-p); None: arg-max decoding.
-        generator: the noise's source, on the model's device; the same seed gives the same draws (on one device
-            and software stack). None: torch's default generator.
-
-    Returns:
-        ``(ids, logp)``: [B, T] completion ids, T <= ``max_new_tokens`` the longest completion, ``pad_id`` after
-        each row's first stop token (any of ``stop_ids``); [B, T] float32 log-prob of each drawn token under the
-        distribution it was drawn from (the warped one; arg-max decoding: the plain softmax), 0 after it.
-
-    Raises:
-        FloatingPointError: the model's logits were NaN for some drawn token (broken weights).
-    """
-    b = input_ids.shape[0]
-    out = torch.full((b, max_new_tokens), pad_id, dtype=torch.long, device=input_ids.device)
-    out_logp = torch.zeros(b, max_new_tokens, device=input_ids.device)
-    if max_new_tokens == 0 or b == 0:
-        return out[:, :0], out_logp[:, :0]
-    live = torch.arange(b, device=input_ids.device)  # rows still generating, as indices into the B rows
-    stops = torch.tensor(list(stop_ids), dtype=torch.long, device=input_ids.device)
-    cache = DynamicCache()
-    pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, past_key_values=cache,
-                   use_cache=True, logits_to_keep=1).logits[:, -1]  # [B_live, V] in the model's dtype
-    pos = pos[:, -1:]
-    width = max_new_tokens
-    for t in range(max_new_tokens):
-        tok, logp = sample_next(logits, sampling, generator)
-        out[live, t] = tok
-        out_logp[live, t] = logp
-        going = ~torch.isin(tok, stops)
-        n_going = int(going.sum())  # the step's one host sync
-        if t + 1 == max_new_tokens or n_going == 0:
-            width = t + 1
-            break
-        if n_going < len(live):  # drop finished rows from the batch and the cache
-            keep = going.nonzero().squeeze(1)
-            cache.batch_select_indices(keep)
-            live, tok, pos, attention_mask = live[keep], tok[keep], pos[keep], attention_mask[keep]
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(live), 1)], dim=1)
-        pos = pos + 1
-        logits = model(input_ids=tok[:, None], attention_mask=attention_mask, position_ids=pos,
-                       past_key_values=cache, use_cache=True).logits[:, -1]
-    out, out_logp = out[:, :width], out_logp[:, :width]
-    if bool(out_logp.isnan().any()):
-        raise FloatingPointError(f"decode: the model's logits were NaN for {int(out_logp.isnan().sum())} of the "
-                                 f"drawn tokens ({b} rows); its weights are not finite")
-    return out, out_logp
-
-
 @runtime_checkable
 class RolloutEngine(Protocol):
     """What the training loop, the selector and the evaluation need from a rollout engine."""
 
-    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False) -> Generation:
+    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False, *, first: int = 0) -> Generation:
         """n completions for each of the B ``prompts`` (prompt-major rows), reproducible from ``seed``;
-        ``greedy``: arg-max decoding (then n is usually 1)."""
+        ``greedy``: arg-max decoding (then n is usually 1); ``first``: the index of ``prompts[0]`` in the whole
+        call this is a share of (prompt b is seeded :func:`prompt_seed` ``(seed, first + b)``)."""
         ...
 
     def sync_weights(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, folder: str | Path) -> float:
@@ -206,30 +147,31 @@ class HFEngine(RolloutEngine):
         self.stop_ids = tuple(stop_ids) if stop_ids is not None else end_of_turn_ids(model, tokenizer)
         self.max_new_tokens, self.temperature, self.top_p, self.top_k = max_new_tokens, temperature, top_p, top_k
         self.chunk, self.device = chunk, device
+        #: the decode loop, its buffers and CUDA graphs kept for the next call that fits them
+        self.decoder = Decoder(model)
 
     def sampling(self) -> Sampling:
         """The distribution these settings sample from (temperature, then top-k, then top-p, as ``generate``)."""
         return Sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
 
     @torch.inference_mode()
-    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False) -> Generation:
+    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False, *, first: int = 0) -> Generation:
         enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=add_special(self.tok))
         ids_all, am_all = enc["input_ids"], enc["attention_mask"]  # [B, P] left-padded: tokenized once
         prompt_ids = [ids[am.bool()] for ids, am in zip(ids_all, am_all, strict=True)]
+        seeds = torch.tensor([prompt_seed(seed, first + b) for b in range(len(prompts))], dtype=torch.long)
         per_call = max(1, self.chunk // n)
         outs: list[tuple[torch.Tensor, torch.Tensor]] = []
         was_training = self.model.training
         self.model.eval()
         sampling = None if greedy else self.sampling()
-        for c, start in enumerate(range(0, len(prompts), per_call)):
+        for start in range(0, len(prompts), per_call):
             am = am_all[start:start + per_call]
             cut = int((am.sum(0) == 0).sum())  # pad columns no prompt of this chunk needs
             ids, am = ids_all[start:start + per_call, cut:], am[:, cut:]
-            gen = torch.Generator(device=self.device).manual_seed(derive_seed(seed, c))
-            outs.append(decode(self.model, ids.repeat_interleave(n, 0).to(self.device),
-                               am.repeat_interleave(n, 0).to(self.device), max_new_tokens=self.max_new_tokens,
-                               sampling=sampling, stop_ids=self.stop_ids,
-                               pad_id=self.tok.pad_token_id, generator=gen))
+            outs.append(self.decoder(ids.to(self.device), am.to(self.device), n=n,
+                                     max_new_tokens=self.max_new_tokens, sampling=sampling, stop_ids=self.stop_ids,
+                                     pad_id=self.tok.pad_token_id, seeds=seeds[start:start + per_call]))
         self.model.train(was_training)
         width = max(o.shape[1] for o, _ in outs)
         ids = torch.cat([torch.nn.functional.pad(o.cpu(), (0, width - o.shape[1]), value=self.tok.pad_token_id)

@@ -120,9 +120,9 @@ class ServerPool(RolloutEngine):
         return "every vLLM server failed: " + "; ".join(f"{u} ({r})" for u, r in self.dropped.items())
 
     # -- generation -------------------------------------------------------------------------------------
-    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False) -> Generation:
-        """n completions for each prompt (prompt-major rows), prompt b seeded ``prompt_seed(seed, b)`` on whichever
-        live server answers it; a server that fails is dropped and its unanswered prompts asked of the others."""
+    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False, *, first: int = 0) -> Generation:
+        """n completions for each prompt (prompt-major rows), prompt b seeded ``prompt_seed(seed, first + b)`` on
+        whichever live server answers it; a server that fails is dropped and its unanswered prompts asked of the others."""
         prompt_ids = prompt_token_ids(self.tok, prompts)
         out: list[list[dict] | None] = [None] * len(prompts)
         todo = list(range(len(prompts)))
@@ -132,7 +132,7 @@ class ServerPool(RolloutEngine):
                 raise VLLMError(self._none_left())
             shares = [s for s in zip(live, spread(todo, len(live)), strict=True) if s[1]]
             with ThreadPoolExecutor(max_workers=len(shares), thread_name_prefix="rlsift-pool") as pool:
-                futures = [pool.submit(self._ask, server, [(b, prompt_ids[b].tolist(), prompt_seed(seed, b))
+                futures = [pool.submit(self._ask, server, [(b, prompt_ids[b].tolist(), prompt_seed(seed, first + b))
                                                            for b in share], n, greedy, out)
                            for server, share in shares]
                 reasons = [f.result() for f in futures]  # an error that is not ServerDown is raised here

@@ -9,7 +9,8 @@ to it with the standard library's ``urllib``:
   ``tasks.generation.rollout.end_of_turn_ids``), a per-prompt ``seed``, ``logprobs: 0`` (the
   sampled token's log-prob only), ``return_token_ids: true`` (the completion's token ids in
   ``choices[i].token_ids``). One request per prompt, sent concurrently (vLLM batches them), so each prompt
-  gets its own seed ``derive_seed(seed, b)`` (:func:`prompt_seed`), b its index in the whole call, whichever
+  gets its own seed ``prompt_seed(seed, first + b)`` (``tasks.generation.rollout.prompt_seed``), b its index in the
+  call and ``first`` the call's offset in a larger one, whichever
   server answers it (tasks/generation/server_pool.py spreads a call over several); vLLM gives the n children of a
   request ``seed + j``.
 - Log-probs: ``infra/vllm-serve.sh`` starts the server with ``--logprobs-mode processed_logprobs`` so the
@@ -57,9 +58,10 @@ from pathlib import Path
 
 import torch
 
-from rlcore.seeding import derive_seed
+from tasks.generation.rollout import Generation, RolloutEngine, add_special, prompt_seed
 from tasks.model.forward import right_pad
-from tasks.generation.rollout import Generation, RolloutEngine, add_special
+
+__all__ = ["ServerDown", "VLLMEngine", "VLLMError", "export_for_vllm", "prompt_seed", "serve_dir"]
 
 
 class VLLMError(RuntimeError):
@@ -74,12 +76,6 @@ class ServerDown(VLLMError):
         self.url, self.reason = url, " ".join(reason.split())[:300]  # one line, whatever the server wrote
         super().__init__(f"vLLM server at {url} unreachable ({self.reason}); start it with infra/vllm-serve.sh "
                          "MODEL_DIR")
-
-
-def prompt_seed(seed: int, b: int) -> int:
-    """The sampling seed of prompt ``b`` (its index in the whole ``generate`` call) of a call seeded ``seed``: the
-    same whichever server answers it, so a call's results do not depend on how its prompts are spread."""
-    return derive_seed(seed, b) % 2**31
 
 
 def prompt_token_ids(tokenizer, prompts: list[str]) -> list[torch.Tensor]:
@@ -182,13 +178,14 @@ class VLLMEngine(RolloutEngine):
             raise VLLMError(f"vLLM returned {len(choices)} completions for n={n}")
         return choices
 
-    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False) -> Generation:
-        """n completions for each prompt (prompt-major rows), seeded per prompt from ``seed``; ``logprobs`` are the
-        server's (``--logprobs-mode processed_logprobs``: after temperature, top-k and top-p)."""
+    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False, *, first: int = 0) -> Generation:
+        """n completions for each prompt (prompt-major rows), prompt b seeded ``prompt_seed(seed, first + b)``;
+        ``logprobs`` are the server's (``--logprobs-mode processed_logprobs``: after temperature, top-k and top-p)."""
         prompt_ids = prompt_token_ids(self.tok, prompts)
         with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(prompts)))) as pool:
-            per_prompt = list(pool.map(lambda b: self.complete(prompt_ids[b].tolist(), n, prompt_seed(seed, b),
-                                                               greedy), range(len(prompts))))
+            per_prompt = list(pool.map(lambda b: self.complete(prompt_ids[b].tolist(), n,
+                                                               prompt_seed(seed, first + b), greedy),
+                                       range(len(prompts))))
         return choices_to_generation(self.tok, prompt_ids, per_prompt, n)
 
     # -- weights ----------------------------------------------------------------------------------------

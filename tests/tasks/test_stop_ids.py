@@ -28,7 +28,7 @@ def qwen(tmp_path_factory):
     model, tok = load_policy(tiny_qwen.build(tmp / "model", texts, two_eos=True))
     im_end, endoftext = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
     with torch.no_grad():
-        model.lm_head.weight[[im_end, endoftext]] *= 4
+        model.lm_head.weight[[im_end, endoftext]] *= 8
     return model.eval(), tok, (im_end, endoftext)
 
 
@@ -93,12 +93,14 @@ def test_a_vllm_request_carries_both_stop_ids(qwen, tmp_path):
     model, tok, stops = qwen
     server = ScriptedVLLM(export_for_vllm(model, tok, tmp_path / "serve"))
     try:
-        engine = VLLMEngine(server.url, tok, max_new_tokens=24, temperature=1.0, top_p=1.0, top_k=0,
+        engine = VLLMEngine(server.url, tok, max_new_tokens=40, temperature=1.0, top_p=1.0, top_k=0,
                             stop_ids=end_of_turn_ids(model, tok))
-        gen = engine.generate([format_prompt(tok, q) for q in QUESTIONS], n=4, seed=3)
+        gen = engine.generate([format_prompt(tok, q) for q in QUESTIONS], n=8, seed=3)
     finally:
         server.close()
     assert [r["stop_token_ids"] for r in server.requests] == [list(stops)] * len(QUESTIONS)
     lens = gen.completion_mask.sum(1)
-    last = {int(gen.completion_ids[i, lens[i] - 1]) for i in range(len(lens)) if lens[i] < 24}
-    assert last == set(stops)
+    last = {int(gen.completion_ids[i, lens[i] - 1]) for i in range(len(lens)) if lens[i] < 40}
+    assert last == set(stops)  # the server stopped rows at each of them
+    for i, n_tok in enumerate(lens.tolist()):
+        assert not set(gen.completion_ids[i, :n_tok - 1].tolist()) & set(stops)
