@@ -84,9 +84,14 @@ def step_keys(keys: torch.Tensor, t: int) -> torch.Tensor:
 def race_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     """[r, vocab] float32 ``Exp(1)`` noise, entry ``(i, v)`` a function of ``keys[i]`` and ``v`` alone (module
     docstring)."""
-    v = torch.arange(1, vocab + 1, dtype=torch.long, device=keys.device) * GAMMA
-    bits = (mix64(keys[:, None] + v) >> 11) & ((1 << 53) - 1)
-    return (bits.double().add_(0.5).mul_(2.0 ** -53)).log_().neg_().float()
+    z = keys[:, None] + torch.arange(1, vocab + 1, dtype=torch.long, device=keys.device).mul_(GAMMA)
+    z ^= (z >> 30).bitwise_and_((1 << 34) - 1)  # mix64, in place: eagerly each op is a pass over [r, V]
+    z *= MIX1
+    z ^= (z >> 27).bitwise_and_((1 << 37) - 1)
+    z *= MIX2
+    z ^= (z >> 31).bitwise_and_((1 << 33) - 1)
+    bits = z.bitwise_right_shift_(11).bitwise_and_((1 << 53) - 1)
+    return bits.double().add_(0.5).mul_(2.0 ** -53).log_().neg_().float()
 
 
 _COMPILED: dict[str, object] = {}
