@@ -5,8 +5,9 @@ What a step costs is what the GPU must do (the layout of nano-vllm, gpt-fast and
 
 - **One cache, written in place.** Keys and values of every layer live in buffers ``[R, H_kv, S, D]`` allocated
   once (and kept by :class:`Decoder` for the next call of the same shape), ``S = P + T - 1`` for prompts padded to
-  ``P`` columns (on CUDA a multiple of 64, so most calls share a shape) and ``T = max_new_tokens``. Step ``t`` writes its keys and values at column ``P + t - 1`` of every row
-  (``index_copy_``; no ``torch.cat`` of the cache, as ``DynamicCache`` does each step). The attention mask is a
+  ``P`` columns (on CUDA a multiple of 64, so most calls share a shape) and ``T = max_new_tokens``. Step ``t``
+  writes its keys and values at column ``P + t - 1`` of every row (``index_copy_``; no ``torch.cat`` of the
+  cache, as ``DynamicCache`` does each step). The attention mask is a
   4-D additive buffer ``[R, 1, 1, S]`` whose column is opened in place; token, position and column are buffers
   too. Attention reads all ``S`` columns each step (the unwritten ones masked).
 - **Each prompt prefilled once.** The B prompts go through the model once, into a small cache of their own;
@@ -307,7 +308,8 @@ class Decoder:
 
 def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, n: int = 1,
            max_new_tokens: int, sampling: Sampling | None, stop_ids: Sequence[int], pad_id: int,
-           seeds: torch.Tensor | None = None, options: DecodeOptions | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+           seeds: torch.Tensor | None = None,
+           options: DecodeOptions | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample (or, with ``sampling=None``, arg-max) n completions of each prompt (module docstring).
 
     Each step draws the next tokens with :func:`tasks.generation.sampling.sample_next`: the exponential race
