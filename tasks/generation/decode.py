@@ -144,6 +144,7 @@ class Decoder:
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
         self._params: tuple[int, ...] = ()
+        self._eager = False  # set when a capture failed
 
     @property
     def kv_bytes(self) -> int:
@@ -185,7 +186,7 @@ class Decoder:
 
     def _step(self, m: int, graphs: bool) -> torch.Tensor:
         """[m, V] logits of the next token of the first m rows."""
-        if not graphs:
+        if not graphs or self._eager:
             return self._forward(m)[:, -1]
         if m not in self._graphs:
             t0 = time.perf_counter()
@@ -198,8 +199,14 @@ class Decoder:
                 self._forward(m)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                out = self._forward(m)
+            try:
+                with torch.cuda.graph(graph, pool=self._pool):
+                    out = self._forward(m)
+            except RuntimeError as err:  # a model whose forward cannot be captured: eager, as on the CPU
+                log.warning("decode: the one-token forward could not be captured as a CUDA graph (%s); eager from "
+                            "now on, slower", (str(err).splitlines() or ["?"])[0][:200])
+                self._eager = True
+                return self._forward(m)[:, -1]
             torch.cuda.synchronize()
             self._graphs[m] = (graph, out)
             self.capture_s += time.perf_counter() - t0
