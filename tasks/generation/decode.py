@@ -42,7 +42,7 @@ decoder models whose attention calls ``past_key_values.update(keys, values, laye
 from __future__ import annotations
 
 import logging
-import math
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -145,6 +145,7 @@ class Decoder:
         self._pool = None
         self._params: tuple[int, ...] = ()
         self._eager = False  # set when a capture failed
+        self._lock = threading.Lock()  # one call at a time: the buffers are shared (a draw in a thread, say)
 
     @property
     def kv_bytes(self) -> int:
@@ -220,6 +221,10 @@ class Decoder:
                  sampling: Sampling | None, stop_ids: Sequence[int], pad_id: int,
                  seeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """n completions of each of the B prompts (see :func:`decode`)."""
+        with self._lock:
+            return self._call(input_ids, attention_mask, n, max_new_tokens, sampling, stop_ids, pad_id, seeds)
+
+    def _call(self, input_ids, attention_mask, n, max_new_tokens, sampling, stop_ids, pad_id, seeds):
         device = input_ids.device
         opts = self.options or DecodeOptions.for_device(device)
         graphs = opts.graphs and device.type == "cuda"
