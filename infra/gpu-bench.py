@@ -290,7 +290,8 @@ def generation(args, shape: str, device: torch.device, precision: Precision, nam
             state["model"] = build(shape, "full", device, dtype)[0].eval()
         return state["model"]
 
-    print(f"\nsampler on {name}: tasks.generation.rollout.decode, {shape}, prompts of {gen.PROMPT} tokens")
+    print(f"\nsampler on {name}: tasks.generation.decode against today's (infra/decode_reference.py), {shape}, "
+          f"prompts of {gen.PROMPT} tokens")
     guarded("sampler", lambda: gen.sampler_rows(model_for_sampling(), rows, new, device, name))
     print(f"\nsampler/trainer mismatch on {name} ({dtype}, the same weights)")
     guarded("mismatch", lambda: gen.mismatch_rows(model_for_sampling(), rows[0], new, device))

@@ -64,6 +64,8 @@ def test_the_gpu_check_runs_on_the_cpu_and_imports_only_what_a_gpu_machine_has()
         if r["precision"] == "fp32":
             assert float(r["estimate GiB"]) >= float(r["peak GiB"]), r
     assert {r["precision"] for r in rows} == {"fp32", "bf16-mixed"}
+    sampler = [line for line in proc.stdout.splitlines() if re.match(r"\| (16|32) \| 8 \| (today|new) \|", line)]
+    assert len(sampler) == 4, proc.stdout  # the generation half: both loops at both row counts
     micro = [int(r["micro-batches"]) for r in rows[:2]]
     assert micro[1] > micro[0] >= 1  # the larger batch takes more micro-batches
     overlap = proc.stdout.split("overlap on one CPU", 1)[1].splitlines()[3]

@@ -67,7 +67,7 @@ def test_where_the_sampler_and_the_trainer_run():
     tok = build_tokenizer()
     rc = load_config(None, ["rollout.engine=vllm", "rollout.vllm_url=http://127.0.0.1:9"]).rollout
     assert "the sampler is ServerPool, outside this process" == separate_devices(
-        ServerPool.from_config(rc, tok), "cpu", None)
+        ServerPool.from_config(rc, tok, (tok.eos_token_id,)), "cpu", None)
     policy = tiny_policy()
     assert separate_devices(tiny_policy("cuda").engine, "cpu", None) == "the sampler on cuda, the trainer on cpu"
     assert separate_devices(tiny_policy("cuda").engine, "cuda:0", None) is None  # one GPU: shared
@@ -88,7 +88,7 @@ def test_an_explicit_lag_wins_without_a_probe(smoke_cfg):
     vllm = decide_lag(smoke_cfg("rollout.engine=vllm", "rollout.vllm_url=http://127.0.0.1:9"),
                       Policy(model=policy.model, tokenizer=policy.tokenizer, engine=ServerPool.from_config(
                           smoke_cfg("rollout.engine=vllm", "rollout.vllm_url=http://127.0.0.1:9").rollout,
-                          policy.tokenizer)), [], "cpu")
+                          policy.tokenizer, policy.engine.stop_ids)), [], "cpu")
     assert (vllm.lag, vllm.basis) == (1, "devices")
 
 
@@ -176,7 +176,7 @@ def test_the_generator_drops_the_shared_weights_before_it_says_it_stopped():
     threads = torch.get_num_threads()
     serve.start()
     try:
-        ours.send(("generate", ["Q: 1+2=?\n"], 2, 0, False))
+        ours.send(("generate", ["Q: 1+2=?\n"], 2, 0, False, 0))
         status, (gen, *_) = ours.recv()
         assert status == "ok" and gen.completion_ids.shape[0] == 2
         assert not weights and len(Recorded.built) == 1 and Recorded.built[0]() is not None
