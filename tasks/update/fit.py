@@ -25,9 +25,10 @@ P the parameters, P_t the trained ones, c the compute dtype's bytes, m the maste
   ``.grad``, P_t m, by ``MasterWeights``), one parameter-sized buffer of torch's foreach AdamW (P_t m) and the copy
   of the new weights into the policy (one parameter at a time: the largest, P_max c).
 - **generation on the same device**, where it shares the GPU: its KV cache (rows x (prompt + max_new_tokens) x
-  layers x 2 x KV x c, rows = ``rollout.chunk``) and one decode step's float32 logits (rows x V x 4). With
-  ``overlap.lag`` 1 and the in-process engine it runs during the update (added to the backward's moment), else
-  between updates (beside the state).
+  layers x 2 x KV x c, rows = ``rollout.chunk``) and one decode step's float32 logits (rows x V x 4). The
+  in-process engine keeps its cache and CUDA graphs between calls (tasks/generation/decode.py), so the cache is
+  resident during the update (added to the backward's moment) whether or not ``overlap.lag`` 1 runs the two at
+  once.
 
 Per rank under the sharded backends: DDP keeps full replicas and a second copy of the gradients in its reduction
 buckets. FSDP2 keeps the sharded parameters in the master dtype (P m / W), its moments and gradients sharded, and
@@ -181,7 +182,8 @@ class UpdateMemory:
 @dataclass(frozen=True)
 class Generation:
     """Generation on the update's device: ``rows`` sequences of up to ``context`` tokens at once; ``overlaps``:
-    during the update (``overlap.lag`` 1, in-process engine), else between updates."""
+    its KV cache is alive during the update (the in-process engine keeps it between calls), else only between
+    updates."""
 
     rows: int
     context: int
@@ -300,7 +302,8 @@ def check_update_fits(cfg: Config, model: torch.nn.Module, hf_config, device: to
     row = PROMPT_TOKENS + cfg.rollout.max_new_tokens
     same_device = cfg.rollout.engine == "hf"
     overlaps = same_device and cfg.overlap.lag != 0  # auto may choose 1: counted
-    generation = Generation(rows=cfg.rollout.chunk, context=row, overlaps=overlaps) if same_device else None
+    # the in-process decoder keeps its cache between calls: resident during the update
+    generation = Generation(rows=cfg.rollout.chunk, context=row, overlaps=True) if same_device else None
     kw = dict(reference_copy=cfg.train.kl_coef > 0 and not lora, generator_copy=overlaps,
               backend=cfg.scale.backend, world=world, accumulating=cfg.train.micro_batch_tokens > 0,
               row_tokens=row, generation=generation)
