@@ -35,8 +35,9 @@ from tasks.generation.rollout import HFEngine
 from tasks.model.warmstart import sft_records, warm_start
 from tasks.records import artifacts, plots
 from tasks.records.files import write_json
+from tasks.records.label import run_label
 from tasks.records.ledger import ReferenceRow
-from tasks.run import Run, resolve_dtype, run_label
+from tasks.run import Run, resolve_dtype
 from tasks.training import score
 from tasks.training.calibration import Calibration
 from tasks.training.evaluate import EvalResult, evaluate, flat_metrics, table_rows

@@ -145,10 +145,10 @@ def test_deepspeed_goes_to_the_cpu_only_without_a_gpu(monkeypatch):
     for cuda, expected in ((False, "cpu"), (True, None)):
         monkeypatch.delenv("DS_ACCELERATOR", raising=False)
         monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
-        cli._env()
+        cli._accelerator()
         assert __import__("os").environ.get("DS_ACCELERATOR") == expected
     monkeypatch.setenv("DS_ACCELERATOR", "xpu")  # the user's choice wins
-    cli._env()
+    cli._accelerator()
     assert __import__("os").environ["DS_ACCELERATOR"] == "xpu"
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -55,6 +56,15 @@ def stop_signal(err: BaseException) -> signal.Signals | None:
     if stop is None:
         return None
     return signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.Signals(stop.signal)
+
+
+def resume_command(run_id: str, root: str | os.PathLike) -> str:
+    """The command that finishes a stopped or failed run, pasted as printed from any folder: ``rlsift run --resume
+    ID paths.root=/abs/root`` with the run's root as an absolute path (a deployment's flow run ran in the
+    repository, with ``RLSIFT_ROOT`` maybe set; a plain run in some folder, maybe with ``paths.root=``). The root is
+    all a resume needs to find the run: it takes the rest from the run's stored config.json (tasks/preflight.py
+    ``resume_config``)."""
+    return shlex.join(["rlsift", "run", "--resume", run_id, f"paths.root={os.path.abspath(root)}"])
 
 
 def _raise_termination(signum: int, frame) -> None:
