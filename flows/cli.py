@@ -85,17 +85,27 @@ def _emit(obj: dict, as_json: bool, text: str) -> None:
         print(text)
 
 
-def cmd_run(args) -> int:
-    from tasks.config import ConfigError
+def run_config(args):
+    """The config ``rlsift run`` trains, checked before any work and before any heavy import (torch, Prefect,
+    MLflow), so bad input is refused in about a second: the file and overrides, a resumed run's stored config
+    (looked up under the root they give), the data files and the root (tasks/preflight.py). Raises
+    :class:`~tasks.config.ConfigError`."""
     from tasks.config_load import default_config
     from tasks.preflight import preflight, resume_config
 
     args.config = args.config or default_config()
-    try:  # before any heavy import (torch, Prefect, MLflow): bad input is refused in about a second
-        cfg = _config(args)
-        if args.resume:
-            cfg = resume_config(args.config, list(args.overrides), args.resume)
-        preflight(cfg)
+    cfg = _config(args)
+    if args.resume:
+        cfg = resume_config(args.config, list(args.overrides), args.resume)
+    preflight(cfg)
+    return cfg
+
+
+def cmd_run(args) -> int:
+    from tasks.config import ConfigError
+
+    try:
+        run_config(args)
     except ConfigError as err:
         print(f"rlsift run: {err}", file=sys.stderr)
         if args.json:

@@ -34,8 +34,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tasks.preflight import resume_config
 from tasks.config import ConfigError
+from tasks.preflight import resume_config
 from tasks.records.ledger import Ledger
 from tasks.records.tracking import metric_history
 from tasks.run import open_run
