@@ -54,7 +54,7 @@ class LogProgress:
     end. Same calls as the ``tqdm`` bar it stands in for (iterate, ``update``, ``set_postfix``, ``close``)."""
 
     def __init__(self, iterable=None, *, total: int | None = None, desc: str, unit: str = "it", initial: int = 0,
-                 every: float = 30.0):
+                 every: float = 10.0):
         self.iterable, self.desc, self.unit, self.every = iterable, desc, unit, every
         self.total = total if total is not None or iterable is None else len(iterable)
         self.n = self.start = initial
@@ -94,7 +94,7 @@ class LogProgress:
 
 
 def progress_bar(iterable=None, *, total: int | None = None, desc: str, unit: str = "it", initial: int = 0):
-    """A tqdm bar on an interactive terminal, else :class:`LogProgress` (a line every half minute)."""
+    """A tqdm bar on an interactive terminal, else :class:`LogProgress` (a line every 10 s at most: no stage is silent for longer)."""
     if show_progress():
         from tqdm.auto import tqdm
 

@@ -161,7 +161,7 @@ def warm_start(
         lr: peak AdamW learning rate.
         warmup: fraction of ``steps`` with a linear warmup.
         seed: seeds the initialisation and the batch order.
-        progress: report progress: a bar on a terminal, else a log line every half minute.
+        progress: report progress: a bar on a terminal, else a log line every 10 s.
 
     Returns:
         The folder, loadable with ``tasks.model.policy.load_policy``. A cached folder, or the shipped one of the
