@@ -212,7 +212,7 @@ def stopped_note(run: Run, sig: signal.Signals) -> str:
     kept = checkpoint.latest(run)
     where = f" at step {steps}" if steps else " before training"
     what = f"checkpoint at step {int(kept.stem.split('-')[1])} kept" if kept else "no checkpoint yet"
-    return f"by {sig.name}{where} ({what}; `{resume_command(run.run_id, run.root)}` finishes it)"
+    return f"by {sig.name}{where} ({what}; `{resume_command(run.run_id, run.root, run.cfg)}` finishes it)"
 
 
 def _train(run: Run, data: IngestResult, summary: RunSummary) -> RunSummary:
@@ -276,7 +276,7 @@ def describe(run: Run, summary: RunSummary) -> str:
         lines.append(f"- model: {registration(tc.model_name, tc.register_model, s.model_version, why)}" + (
             f" (parent version {s.parent_version})" if s.parent_version else ""))
     elif s.status == "failed":
-        lines.append(f"- `{resume_command(s.run_id, run.root)}` continues it from its last checkpoint")
+        lines.append(f"- `{resume_command(s.run_id, run.root, run.cfg)}` continues it from its last checkpoint")
     if run.info.flow_run_id:
         url = flow_run_url(run.info.flow_run_id)
         lines.append(f"- Prefect flow run: {f'[{run.info.flow_run_id}]({url})' if url else run.info.flow_run_id}")

@@ -273,7 +273,7 @@ class Run:
         else:
             dropped, self._held = len(self._held), []
         if note or dropped:
-            resume = "a resume" if note else f"`{resume_command(self.run_id, self.root)}`"  # a note names it
+            resume = "a resume" if note else f"`{resume_command(self.run_id, self.root, self.cfg)}`"  # a note names it
             unsent = (f"; {dropped} steps' metrics past the last checkpoint not sent (metrics.jsonl has them; "
                       f"{resume} logs them again)") if dropped else ""
             log.log(logging.WARNING if status == CANCELLED else logging.INFO, "run %s %s%s%s", self.run_id, status,

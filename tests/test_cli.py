@@ -323,11 +323,12 @@ def test_a_round_not_committed_yet_says_so(tmp_path, capsys):
     assert ask(1)[1] == "no selections in round 1 of run r1\n"
 
 
-@pytest.mark.parametrize("case", ["plain", "paths.root", "deployment"])
+@pytest.mark.parametrize("case", ["plain", "paths.root", "deployment", "relative data file"])
 def test_the_resume_command_of_a_stop_message_resumes_the_run(tmp_path, monkeypatch, case):
     """The command a stopped run prints, pasted as printed in another folder (and another shell: no RLSIFT_ROOT),
     finds the run and its stored config: a plain run (root ./rlsift-runs of where it ran), a run with a relative
-    ``paths.root=``, a deployment's flow run (run in the repository, its root from RLSIFT_ROOT)."""
+    ``paths.root=``, a deployment's flow run (run in the repository, its root from RLSIFT_ROOT), a run whose config
+    names a data file by a relative path (the command goes to the folder the run ran in first)."""
     from flows import cli
     from flows.pipeline import stopped_note
     from tasks.config import ConfigError
@@ -344,16 +345,29 @@ def test_the_resume_command_of_a_stop_message_resumes_the_run(tmp_path, monkeypa
         overrides.append("paths.root=roots/mine")
     if case == "deployment":
         monkeypatch.setenv("RLSIFT_ROOT", "served/runs")
+    if case == "relative data file":
+        (ran_in / "data").mkdir()
+        (ran_in / "data" / "train.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+        overrides.append("data.sources=[{kind: file, path: data/train.jsonl, format: gsm8k}]")
     run = open_run(load_config(ROOT / "tests" / "fixtures" / "tiny.yaml", overrides), track=False)
     note = stopped_note(run, signal.SIGTERM)
     run.close("cancelled", {}, note)
-    command = re.search(r"`(rlsift run --resume [^`]+)` finishes it", note).group(1)
+    command = re.search(r"`((?:cd [^`]+ && )?rlsift run --resume [^`]+)` finishes it", note).group(1)
 
     monkeypatch.chdir(elsewhere)
     monkeypatch.delenv("RLSIFT_ROOT", raising=False)
+    go, _, command = command.rpartition(" && ")
+    if case == "relative data file":  # `cd <where it ran> && rlsift run ...`, only where a path needs it
+        assert shlex.split(go) == ["cd", str(ran_in)]
+        with pytest.raises(ConfigError, match="data.sources\\[0\\].path: data/train.jsonl does not exist"):
+            cli.run_config(cli.parser().parse_args(shlex.split(command)[1:]))
+        os.chdir(shlex.split(go)[1])
+    else:
+        assert go == ""
     argv = shlex.split(command)
     assert argv[:4] == ["rlsift", "run", "--resume", run.run_id]
     cfg = cli.run_config(cli.parser().parse_args(argv[1:]))
     assert Path(cfg.paths.root).resolve() == run.root and cfg.train.steps == 3  # the stored config, not auto.yaml's
+    os.chdir(elsewhere)
     with pytest.raises(ConfigError, match=f"no run {run.run_id} under"):  # the hint without the root did not
         cli.run_config(cli.parser().parse_args(["run", "--resume", run.run_id]))
