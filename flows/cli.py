@@ -149,7 +149,6 @@ def _plan_text(p: dict | None) -> str:
 def cmd_plan(args) -> int:
     from tasks.config import ConfigError
     from tasks.config_load import default_config
-
     from tasks.preflight import preflight
 
     args.config = args.config or default_config()
@@ -266,7 +265,7 @@ def cmd_ledger(args) -> int:
         _print_table(rows, drop=("question",) if args.what == "round" else ())
     elif error is None:
         print(empty)
-    if note is not None and rows:
+    if note is not None:
         print(note, file=sys.stderr)
     if error is not None:
         print(error, file=sys.stderr)

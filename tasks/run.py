@@ -94,7 +94,7 @@ class LogProgress:
 
 
 def progress_bar(iterable=None, *, total: int | None = None, desc: str, unit: str = "it", initial: int = 0):
-    """A tqdm bar on an interactive terminal, else :class:`LogProgress` (a line every 10 s at most: no stage is silent for longer)."""
+    """A tqdm bar on an interactive terminal, else :class:`LogProgress` (a line every 10 s)."""
     if show_progress():
         from tqdm.auto import tqdm
 
