@@ -13,7 +13,6 @@ import logging
 import signal
 import time
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
