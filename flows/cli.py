@@ -27,9 +27,14 @@ ENV_DEFAULTS = {
 
 
 def _env() -> None:
-    """Process-wide defaults (a variable already set wins); DeepSpeed goes on the CPU only where no GPU is."""
+    """Process-wide defaults (a variable already set wins)."""
     for k, v in ENV_DEFAULTS.items():
         os.environ.setdefault(k, v)
+
+
+def _accelerator() -> None:
+    """DeepSpeed goes on the CPU only where no GPU is (a variable already set wins). Imports torch: for the commands
+    that train, once their input is checked."""
     if "DS_ACCELERATOR" not in os.environ:
         import torch
 
@@ -80,23 +85,33 @@ def _emit(obj: dict, as_json: bool, text: str) -> None:
         print(text)
 
 
-def cmd_run(args) -> int:
-    from tasks.config import ConfigError
+def run_config(args):
+    """The config ``rlsift run`` trains, checked before any work and before any heavy import (torch, Prefect,
+    MLflow), so bad input is refused in about a second: the file and overrides, a resumed run's stored config
+    (looked up under the root they give), the data files and the root (tasks/preflight.py). Raises
+    :class:`~tasks.config.ConfigError`."""
     from tasks.config_load import default_config
+    from tasks.preflight import preflight, resume_config
 
     args.config = args.config or default_config()
-    try:
-        cfg = _config(args)  # validate before any work
-        from flows.pipeline import preflight, resume_config
+    cfg = _config(args)
+    if args.resume:
+        cfg = resume_config(args.config, list(args.overrides), args.resume)
+    preflight(cfg)
+    return cfg
 
-        if args.resume:
-            cfg = resume_config(args.config, list(args.overrides), args.resume)
-        preflight(cfg)
+
+def cmd_run(args) -> int:
+    from tasks.config import ConfigError
+
+    try:
+        run_config(args)
     except ConfigError as err:
         print(f"rlsift run: {err}", file=sys.stderr)
         if args.json:
             sys.stdout.write(json.dumps({"status": "error", "error": str(err)}) + "\n")
         return 2
+    _accelerator()
     from flows.pipeline import pipeline
 
     _prefect_server()
@@ -143,16 +158,15 @@ def _plan_text(p: dict | None) -> str:
 def cmd_plan(args) -> int:
     from tasks.config import ConfigError
     from tasks.config_load import default_config
+    from tasks.preflight import preflight
 
     args.config = args.config or default_config()
     try:
-        cfg = _config(args)
-        from flows.pipeline import preflight
-
-        preflight(cfg)
+        preflight(_config(args))
     except ConfigError as err:
         print(f"rlsift plan: {err}", file=sys.stderr)
         return 2
+    _accelerator()
     from flows.pipeline import plan_flow
 
     _prefect_server()
@@ -213,19 +227,27 @@ def cmd_ingest(args) -> int:
 
 
 def cmd_ledger(args) -> int:
+    """``rlsift ledger runs|why|round|sql``: light on purpose (the config, duckdb and rich; no torch, Prefect or
+    MLflow), so it answers in about a second, also while a run writes the ledger (it then reads a snapshot)."""
     from pathlib import Path
 
+    from tasks.config import ConfigError
     from tasks.config_load import load_config
     from tasks.records.ledger import Ledger
 
-    need = {"why": ("run", "prompt"), "round": ("run", "round"), "sql": ("sql",)}.get(args.what, ())
-    missing = [f"--{n}" for n in need if getattr(args, n) is None]
-    if missing:
-        print(f"rlsift ledger {args.what}: needs {' and '.join(missing)}", file=sys.stderr)
+    try:
+        root = Path(args.root or load_config(args.config, args.overrides).paths.root)
+    except ConfigError as err:
+        print(f"rlsift ledger {args.what}: {err}", file=sys.stderr)
         return 2
-    root = Path(args.root or load_config(args.config, args.overrides).paths.root)
     rows: list[dict] = []
-    empty, error = "(no rows)", None  # error: an answer about no run or no prompt at all (exit 1)
+    empty, error, note = "(no rows)", None, None  # error: an answer about no run or no prompt at all (exit 1)
+    if not (root / "ledger.duckdb").is_file():
+        print(f"rlsift ledger {args.what}: no ledger at {root / 'ledger.duckdb'}: no run has used the root {root} "
+              "(give the run's root: --root or paths.root=...)", file=sys.stderr)
+        if args.json:
+            sys.stdout.write("[]\n")
+        return 1
     with Ledger(root / "ledger.duckdb", read_only=True) as ledger:
         if args.what in ("why", "round") and ledger.run_status(args.run) is None:
             error = _unknown_run(args.run, ledger.run_ids(), ledger.path)
@@ -243,7 +265,7 @@ def cmd_ledger(args) -> int:
                              (f" at step {args.step}" if args.step is not None else ""))
         elif args.what == "round":
             rows = ledger.round_selection(args.run, args.round)
-            empty = f"no selections in round {args.round} of run {args.run}"
+            empty, note = _round_state(args.run, args.round, ledger.progress(args.run), bool(rows))
         else:
             rows = ledger.query(args.sql)
     if args.json:
@@ -252,10 +274,36 @@ def cmd_ledger(args) -> int:
         _print_table(rows, drop=("question",) if args.what == "round" else ())
     elif error is None:
         print(empty)
+    if note is not None:
+        print(note, file=sys.stderr)
     if error is not None:
         print(error, file=sys.stderr)
         return 1
     return 0
+
+
+def _round_state(run_id: str, round_: int, progress: dict, any_rows: bool) -> tuple[str, str | None]:
+    """``ledger round``: (what to say when the round has no rows, a note for a round that has some but is not
+    committed yet, else None). A round is committed once the run has written its last step (its checkpoint follows
+    at once); mid-round, or before the round, it is not committed yet; past the run's last round, there is none."""
+    from tasks.config import ConfigError
+    from tasks.config_load import validate
+
+    try:
+        train = validate(progress["config"]).train
+    except ConfigError:  # a run of an older config schema: no figures to tell the cases apart
+        return f"no selections in round {round_} of run {run_id}", None
+    rounds = -(-train.steps // train.round_steps)
+    first, last = round_ * train.round_steps, min((round_ + 1) * train.round_steps, train.steps) - 1
+    status, done = progress["status"], progress["last_step"]
+    if round_ < 0 or round_ >= rounds:
+        return f"run {run_id} has no round {round_}: it trains rounds 0-{rounds - 1} ({train.steps} steps)", None
+    if status == "completed" or (done is not None and done >= last):
+        return f"no selections in round {round_} of run {run_id}", None
+    where = (f"the run ({status}) has not trained a step yet" if done is None else
+             f"the run ({status}) has written steps up to {done} of 0-{train.steps - 1}")
+    pending = f"round {round_} of run {run_id} (steps {first}-{last}) is not committed yet: {where}"
+    return pending, pending if any_rows else None
 
 
 def _unknown_run(run_id: str, known: list[str], path, shown: int = 10) -> str:
@@ -270,7 +318,7 @@ def _run_row(r: dict) -> dict:
     """``rlsift ledger runs``: what a user compares, one row per run."""
     from tasks.config import ConfigError
     from tasks.config_load import validate
-    from tasks.run import run_label
+    from tasks.records.label import run_label
 
     cfg, s = (json.loads(v) if isinstance(v, str) else (v or {}) for v in (r["config"], r["summary"]))
     try:
@@ -317,6 +365,7 @@ def cmd_bench(args) -> int:
     except ConfigError as err:
         print(f"rlsift bench: {err}", file=sys.stderr)
         return 2
+    _accelerator()
     from flows.benchmark import benchmark
 
     _prefect_server()
@@ -360,7 +409,10 @@ def parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="the whole pipeline (default config: conf/presets/auto.yaml)")
     common(r)
-    r.add_argument("--resume", metavar="RUN_ID", help="continue a crashed run from its last checkpoint")
+    r.add_argument("--resume", metavar="RUN_ID", help=(
+        "continue a stopped or crashed run from its last checkpoint, with its stored config; give the run's root as "
+        "it ran (paths.root=..., or the -c config or RLSIFT_ROOT that set it): the run is looked up under it. A "
+        "stopped run's message prints the whole command"))
     r.set_defaults(fn=cmd_run)
 
     pl = sub.add_parser("plan", help=("measure the pool and what a token costs, predict each composition's clock "
@@ -389,18 +441,39 @@ def parser() -> argparse.ArgumentParser:
                                                         "with cores/jobs torch threads (2 on a 2-core machine)"))
     b.set_defaults(fn=cmd_bench)
 
-    led = sub.add_parser("ledger", help="questions about runs")
-    led.add_argument("what", choices=["runs", "why", "round", "sql"])
-    led.add_argument("--run", help="run id")
-    led.add_argument("--prompt", help="prompt id (or its prefix)")
-    led.add_argument("--step", type=int)
-    led.add_argument("--round", type=int)
-    led.add_argument("--sql", help="a read-only SQL query")
-    led.add_argument("--root", help="run root (default: paths.root of the config)")
-    led.add_argument("-c", "--config")
-    led.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. paths.root=/data/rlsift-runs")
-    led.add_argument("--json", action="store_true")
-    led.set_defaults(fn=cmd_ledger)
+    led = sub.add_parser("ledger", help="questions about runs (answers also while a run writes the ledger)",
+                         description=("Questions about runs, answered from the ledger of a run root (the config's "
+                                      "paths.root, or --root). `rlsift ledger COMMAND --help` says more."))
+    asks = led.add_subparsers(dest="what", required=True, metavar="COMMAND")
+
+    def ask(name: str, summary: str, description: str) -> argparse.ArgumentParser:
+        a = asks.add_parser(name, help=summary, description=description)
+        a.add_argument("--root", help="run root (default: paths.root of the config)")
+        a.add_argument("-c", "--config", help="the config whose paths.root to read (default: the embedded one)")
+        a.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. paths.root=/data/rlsift-runs")
+        a.add_argument("--json", action="store_true", help="print the rows as one JSON list on stdout")
+        a.set_defaults(fn=cmd_ledger)
+        return a
+
+    ask("runs", "every run: status, what it trained, steps, accuracy, cost, model version",
+        "One row per run of the root, oldest first: status, start, what it trained, steps, held-out greedy "
+        "accuracy before -> after, money, registered model version and its parent.")
+    why = ask("why", "why a prompt was chosen: each selection with its signals and its group's outcome",
+              "Every selection of a prompt in a run (or at one step) with the signals that chose it (DOTS's "
+              "predicted success, GAIN-RL's angle and rank, ScalingRL's DES, the screen) and its rollout group's "
+              "outcome; columns of signals no selection used are left out.")
+    why.add_argument("--run", required=True, help="run id")
+    why.add_argument("--prompt", required=True, help="prompt id (or its prefix)")
+    why.add_argument("--step", type=int, help="only this training step")
+    rnd = ask("round", "a round's selections, heaviest first within each step",
+              "The selections of one round of a run (train.round_steps steps), heaviest first within each step. "
+              "Mid-run it says when the round is not committed yet (the run has not written all its steps).")
+    rnd.add_argument("--run", required=True, help="run id")
+    rnd.add_argument("--round", required=True, type=int, help="round number (from 0)")
+    sql = ask("sql", "a read-only SQL query over the ledger's tables",
+              "A read-only SQL query (duckdb) over the ledger's tables: runs, prompts, quarantine, ingests, "
+              "reference, features, selections, groups, stages, evals.")
+    sql.add_argument("--sql", required=True, help='the query, e.g. "SELECT stage, wall_s FROM stages"')
 
     d = sub.add_parser("deploy", help="register the Prefect deployments with the configured server")
     d.set_defaults(fn=cmd_deploy)

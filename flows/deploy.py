@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from tasks.config_load import ENV_KEYS
+from tasks.records.progress import pulse
 
 log = logging.getLogger("rlsift.deploy")
 
@@ -89,6 +90,7 @@ def deploy(prefect_file: str | Path = PREFECT_FILE, names: list[str] | None = No
     if unknown:
         raise ValueError(f"unknown deployment(s) {', '.join(unknown)}; {prefect_file} has {', '.join(specs)}")
     url = _api_url()
+    log.info("deploy: checking the Prefect server at %s", url)
     with get_client(sync_client=True) as client:
         if client.api_healthcheck() is not None:
             raise RuntimeError(f"the Prefect server at {url} does not answer; start it (infra/prefect-server.sh)")
@@ -106,6 +108,9 @@ def deploy(prefect_file: str | Path = PREFECT_FILE, names: list[str] | None = No
         pool = specs[name]["work_pool"]["name"]
         if pool not in pools:
             pools[pool] = "created" if ensure_work_pool(pool) else "existing"
+            log.info("deploy: work pool %s (%s)", pool, pools[pool])
+    for name, why in skipped.items():
+        log.info("deploy: %s skipped: %s", name, why)
     out: dict[str, Any] = {"api_url": url, "work_pools": pools, "deployments": {}, "skipped": skipped}
     if not chosen:
         return out
@@ -116,7 +121,9 @@ def deploy(prefect_file: str | Path = PREFECT_FILE, names: list[str] | None = No
     env = dict(os.environ, RLSIFT_PROJECT_DIR=str(PROJECT), PREFECT_API_URL=url)
     for var in ENV_KEYS:  # the job variables' placeholders: empty (= the flow's config decides) when not set
         env.setdefault(var, "")
-    proc = subprocess.run(cmd, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=timeout_s)
+    with pulse("deploy", log) as say:  # Prefect's CLI imports each flow's module (torch and all): tens of seconds
+        say(f"registering {', '.join(chosen)} with `prefect deploy` (it imports each flow's code)")
+        proc = subprocess.run(cmd, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
         raise RuntimeError(f"prefect deploy failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     with get_client(sync_client=True) as client:
@@ -128,6 +135,9 @@ def deploy(prefect_file: str | Path = PREFECT_FILE, names: list[str] | None = No
                     "schedules": [{"cron": getattr(s.schedule, "cron", None), "active": s.active}
                                   for s in dep.schedules],
                     "parameters": dep.parameters}
+    for key, dep in out["deployments"].items():
+        log.info("deploy: %s registered (work pool %s%s)", key, dep["work_pool"], "".join(
+            f"; schedule {s['cron']}" for s in dep["schedules"] if s["cron"]))
     missing = set(chosen) - {k.split("/", 1)[1] for k in out["deployments"]}
     if missing:
         raise RuntimeError(f"prefect deploy succeeded but {', '.join(sorted(missing))} is not on {url}")

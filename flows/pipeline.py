@@ -1,7 +1,7 @@
 """The ``pipeline`` flow: ingest -> prepare policy -> calibrate -> score -> train -> evaluate -> report.
 
 ``rlsift run --resume RUN_ID`` reopens a run: its stored ``config.json`` is used (command-line overrides
-may only change where things live and how they run: :data:`RESUME_MAY_CHANGE`), finished stages are
+may only change where things live and how they run: tasks/preflight.py ``RESUME_MAY_CHANGE``), finished stages are
 reused (tasks/stages.py) and training continues from the last checkpoint into the same MLflow run.
 """
 
@@ -10,21 +10,19 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import signal
 import time
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 
-from tasks.config import Config, ConfigError
-from tasks.config_load import default_config, load_config, parse_override, validate
+from tasks.config import Config
+from tasks.config_load import default_config, load_config
 from tasks.data.ingest import IngestResult
+from tasks.preflight import preflight, resume_config
 from tasks.records import artifacts
-from tasks.records.ledger import Ledger
-from tasks.records.stopping import CANCELLED, stop_signal, stopping, watch_worker
+from tasks.records.stopping import CANCELLED, resume_command, stop_signal, stopping, watch_worker
 from tasks.records.tracking import flow_run_tags
 from tasks.run import Run, RunInfo, open_run
 from tasks.stages import (
@@ -48,11 +46,6 @@ from tasks.update.precision import resolve_precision
 log = logging.getLogger("rlsift")
 if log.level == logging.NOTSET:  # stage summaries at INFO also where the root logger is quieter (a Prefect
     log.setLevel(logging.INFO)   # worker's flow run, whose log Prefect's extra-logger handler sends to the UI)
-
-#: Config keys a resume may override (they do not change what is computed).
-RESUME_MAY_CHANGE = ("paths.", "tracking.uri", "model.threads", "model.device", "rollout.vllm_url",
-                     "rollout.vllm_timeout")
-
 
 #: RunSummary fields only a run of that status reports (the others report none of them).
 _ONLY = {"skipped": ("reason", "model_version"), CANCELLED: ("reason",), "completed": (
@@ -257,13 +250,13 @@ def execute(run: Run, only_new: bool = False) -> RunSummary:
 
 def stopped_note(run: Run, sig: signal.Signals) -> str:
     """Why a run stopped and what is kept, for its log line and summary: ``by SIGINT at step 7 (checkpoint at step 6
-    kept; `rlsift run --resume ID` finishes it)``."""
+    kept; `rlsift run --resume ID paths.root=/abs/root` finishes it)`` (:func:`resume_command`)."""
     logged = run.dir / "metrics.jsonl"
     steps = len(logged.read_text().splitlines()) if logged.exists() else 0
     kept = checkpoint.latest(run)
     where = f" at step {steps}" if steps else " before training"
     what = f"checkpoint at step {int(kept.stem.split('-')[1])} kept" if kept else "no checkpoint yet"
-    return f"by {sig.name}{where} ({what}; `rlsift run --resume {run.run_id}` finishes it)"
+    return f"by {sig.name}{where} ({what}; `{resume_command(run.run_id, run.root, run.cfg)}` finishes it)"
 
 
 def _train(run: Run, data: IngestResult, summary: RunSummary) -> RunSummary:
@@ -335,7 +328,7 @@ def describe(run: Run, summary: RunSummary, now: float | None = None) -> str:
         lines.append(f"- model: {registration(tc.model_name, tc.register_model, s.model_version, why)}" + (
             f" (parent version {s.parent_version})" if s.parent_version else ""))
     elif s.status == "failed":
-        lines.append(f"- `rlsift run --resume {s.run_id}` continues it from its last checkpoint")
+        lines.append(f"- `{resume_command(s.run_id, run.root, run.cfg)}` continues it from its last checkpoint")
     return "\n".join(lines) + "\n"
 
 
@@ -366,73 +359,6 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
             "predicted_training_clock": clock.training, "predicted_clock_with_plan": clock.with_plan,
             "upfront_s": clock.upfront_s, "predicted_effective_ratio": plan.chosen.effective_ratio,
             "pool": plan.shares}
-
-
-def preflight(cfg: Config) -> None:
-    """What would fail later, checked before any work: data files that do not exist, are empty or hold no
-    usable row (the ingest's own reader, stopping at the first usable row), a root that cannot be written.
-    Raises :class:`ConfigError` naming the key."""
-    from tasks.data.sources import read_source
-
-    for i, s in enumerate(cfg.data.sources):
-        if s.kind != "file":
-            continue
-        where = f"data.sources[{i}].path: {s.path}"
-        if not Path(s.path).exists():
-            raise ConfigError(f"{where} does not exist")
-        if Path(s.path).is_file() and Path(s.path).stat().st_size == 0:
-            raise ConfigError(f"{where} is empty")
-        try:
-            records, rejected = read_source(s.path, s.format, split=s.split, fields=s.fields, reward=s.reward,
-                                            until_usable=True)
-        except (ValueError, OSError) as err:
-            raise ConfigError(f"{where}: {err}") from None
-        if not records:
-            first = f"; the first, line {rejected[0].line}: {rejected[0].reason}" if rejected else ""
-            raise ConfigError(f"{where} has no usable row ({len(rejected)} rejected{first})")
-    root = Path(cfg.paths.root).resolve()
-    here = next(p for p in (root, *root.parents) if p.exists())
-    if not here.is_dir() or not os.access(here, os.W_OK | os.X_OK):
-        raise ConfigError(f"paths.root: cannot create or write {root} ({here} is "
-                          f"{'not a folder' if not here.is_dir() else 'not writable'})")
-
-
-def resume_config(config: str | None, overrides: list[str], run_id: str) -> Config:
-    """The stored config of run ``run_id``, with the overrides :data:`RESUME_MAY_CHANGE` allows.
-
-    ``config`` and ``overrides`` locate the run root (``paths.root``). Overrides of any other key that
-    differ from the stored value raise :class:`ConfigError`: a resumed run must compute what it started.
-    """
-    given = load_config(config, overrides)
-    stored_file = Path(given.paths.root).resolve() / "runs" / run_id / "config.json"
-    if not stored_file.is_file():
-        raise ConfigError(f"no run {run_id} under {stored_file.parents[1]}: pass the run's paths.root "
-                          "(e.g. -c the config it ran with, or paths.root=...)")
-    ledger_file = stored_file.parents[2] / "ledger.duckdb"
-    if ledger_file.is_file():
-        with Ledger(ledger_file, read_only=True) as ledger:
-            status = ledger.run_status(run_id)
-        if status in ("completed", "skipped"):
-            raise ConfigError(f"run {run_id} already {status}: nothing to resume")
-    tree = json.loads(stored_file.read_text())
-    stored, wanted = validate(tree).flat(), given.flat()
-    for item in overrides:
-        keys, value = parse_override(item)
-        dotted = ".".join(keys)
-        touched = [k for k in wanted if k == dotted or k.startswith(dotted + ".")]
-        if any(k.startswith(RESUME_MAY_CHANGE) or k in RESUME_MAY_CHANGE for k in touched):
-            node = tree
-            for k in keys[:-1]:
-                node = node.setdefault(k, {})
-            node[keys[-1]] = value
-            continue
-        changed = [k for k in touched if wanted[k] != stored.get(k)]
-        if changed:
-            raise ConfigError(f"resume {run_id}: {', '.join(changed)} differ from the run's stored config "
-                              f"({stored_file}); a resumed run keeps its config (allowed to change: "
-                              f"{', '.join(RESUME_MAY_CHANGE)}). Drop the override or start a new run.")
-    tree.setdefault("paths", {})["root"] = given.paths.root
-    return validate(tree)
 
 
 @flow(name="plan", log_prints=True)

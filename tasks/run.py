@@ -29,9 +29,10 @@ from tasks.config import Config
 from tasks.config_load import to_json
 from tasks.records.cost import CostMeter
 from tasks.records.files import write_json
+from tasks.records.label import run_label
 from tasks.records.ledger import Ledger, StageRow
 from tasks.records.memory import PeakMemory
-from tasks.records.stopping import CANCELLED, TRACKER_STATUS, held_signals
+from tasks.records.stopping import CANCELLED, TRACKER_STATUS, held_signals, resume_command
 from tasks.records.tracking import MlflowTracker, NullTracker, Tracker, default_uri
 
 log = logging.getLogger("rlsift")
@@ -53,7 +54,7 @@ class LogProgress:
     end. Same calls as the ``tqdm`` bar it stands in for (iterate, ``update``, ``set_postfix``, ``close``)."""
 
     def __init__(self, iterable=None, *, total: int | None = None, desc: str, unit: str = "it", initial: int = 0,
-                 every: float = 30.0):
+                 every: float = 10.0):
         self.iterable, self.desc, self.unit, self.every = iterable, desc, unit, every
         self.total = total if total is not None or iterable is None else len(iterable)
         self.n = self.start = initial
@@ -93,7 +94,7 @@ class LogProgress:
 
 
 def progress_bar(iterable=None, *, total: int | None = None, desc: str, unit: str = "it", initial: int = 0):
-    """A tqdm bar on an interactive terminal, else :class:`LogProgress` (a line every half minute)."""
+    """A tqdm bar on an interactive terminal, else :class:`LogProgress` (a line every 10 s)."""
     if show_progress():
         from tqdm.auto import tqdm
 
@@ -276,7 +277,7 @@ class Run:
         else:
             dropped, self._held = len(self._held), []
         if note or dropped:
-            resume = "a resume" if note else f"`rlsift run --resume {self.run_id}`"  # a note names the command
+            resume = "a resume" if note else f"`{resume_command(self.run_id, self.root, self.cfg)}`"  # a note names it
             unsent = (f"; {dropped} steps' metrics past the last checkpoint not sent (metrics.jsonl has them; "
                       f"{resume} logs them again)") if dropped else ""
             log.log(logging.WARNING if status == CANCELLED else logging.INFO, "run %s %s%s%s", self.run_id, status,
@@ -309,20 +310,6 @@ def remove_leftovers(run_dir: Path) -> None:
         write_json(record, kept)
     else:
         record.unlink()
-
-
-def run_label(cfg: Config, choice: str | None = None) -> str:
-    """A readable MLflow run name: the techniques switched on (``grpo`` when none; ``auto`` when the plan chooses,
-    ``auto→<choice>`` once it has chosen ``choice``, also the ``rlsift.plan.choice`` tag), the data and the seed, e.g.
-    ``dots+replay bundled:default s0``, ``auto→dots_screen bundled:default s0`` or ``grpo gsm8k s1``. The run id
-    stays the ``rlsift.run_id`` tag."""
-    on = [f"auto→{choice}" if choice else "auto"] if cfg.plan.auto else [name for name, enabled in (
-        ("dots", cfg.select.method == "dots"), ("dynamic", cfg.dynamic.enabled), ("replay", cfg.replay.enabled),
-        ("pods", cfg.pods.enabled), ("scalingrl", cfg.curriculum.enabled), ("gain", cfg.gain.enabled),
-        ("drop-solved", cfg.select.drop_solved)) if enabled]
-    data = ",".join(f"bundled:{s.mix if isinstance(s.mix, str) else 'custom'}" if s.kind == "bundled"
-                    else (s.format or Path(s.path or "file").stem) for s in cfg.data.sources)
-    return f"{'+'.join(on) or 'grpo'} {data} s{cfg.seed}"
 
 
 def open_run(cfg: Config, *, run_id: str | None = None, track: bool = True, parent_run_id: str | None = None,

@@ -35,8 +35,10 @@ from tasks.generation.rollout import HFEngine, end_of_turn_ids
 from tasks.model.warmstart import sft_records, warm_start
 from tasks.records import artifacts, plots
 from tasks.records.files import write_json
+from tasks.records.label import run_label
 from tasks.records.ledger import ReferenceRow
-from tasks.run import Run, run_label
+from tasks.records.progress import pulse
+from tasks.run import Run
 from tasks.training import score
 from tasks.training.calibration import Calibration
 from tasks.training.evaluate import EvalResult, evaluate, flat_metrics, table_rows
@@ -153,7 +155,8 @@ def calibrate_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> Calib
     if cache.exists():
         return Calibration.load(cache)
     picked = stratified_reference(pool, cfg.calibrate.k, derive_seed(cfg.seed, "calibrate"))
-    with run.meter.stage("calibrate"):
+    with run.meter.stage("calibrate"), pulse("calibrate", log) as say:  # a line every 10 s while it runs
+        say(f"{len(picked)} reference prompts x {cfg.calibrate.g} rollouts")
         rewards = reference_rollouts(policy_measure(policy), pool, picked, cfg.calibrate.g,
                                      derive_seed(cfg.seed, "calibrate-roll"))
     calibration = Calibration(indices=tuple(picked), success=rewards.mean(1))
@@ -297,7 +300,8 @@ def evaluate_stage(run: Run, policy: Policy, test: list[PromptRecord], phase: st
         result = EvalResult.load(cached)
         publish_eval(run, phase, result)
         return result
-    with run.meter.stage(f"eval_{phase}"):
+    with run.meter.stage(f"eval_{phase}"), pulse(f"eval_{phase}", log) as say:  # a line every 10 s while it runs
+        say(f"{len(records)} held-out prompts, greedy" + (f" and {ec.samples} samples each" if ec.samples else ""))
         result = evaluate(policy, records, samples=ec.samples, seed=run.cfg.seed)
     run.ledger.replace_evals(run.run_id, phase, table_rows(result, phase, step))
     result.save(cached)

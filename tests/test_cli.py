@@ -1,9 +1,16 @@
-"""The command line: `run --json` contract, `ingest --json` counts, config errors before any work."""
+"""The command line: `run --json` contract, `ingest --json` counts, config errors before any work (and before the
+heavy imports), the ledger's commands, the resume command a stopped run prints."""
 
 import json
+import os
+import re
+import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures" / "sources"
@@ -88,7 +95,7 @@ def test_ledger_questions_about_an_unknown_run_are_errors(tmp_path, capsys):
         assert main(["ledger", *argv, "--run", "nosuchrun", "--root", str(root), "--json"]) == 1
         assert json.loads(capsys.readouterr().out) == []
     assert main(["ledger", "round", "--round", "0", "--run", "run03", "--root", str(root)]) == 0  # known, no rows
-    assert "no selections in round 0 of run run03" in capsys.readouterr().out
+    assert "round 0 of run run03 (steps 0-" in (out := capsys.readouterr().out) and "is not committed yet" in out
 
 
 def test_plan_prints_the_choice_and_trains_nothing(tmp_path):
@@ -145,10 +152,10 @@ def test_deepspeed_goes_to_the_cpu_only_without_a_gpu(monkeypatch):
     for cuda, expected in ((False, "cpu"), (True, None)):
         monkeypatch.delenv("DS_ACCELERATOR", raising=False)
         monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
-        cli._env()
+        cli._accelerator()
         assert __import__("os").environ.get("DS_ACCELERATOR") == expected
     monkeypatch.setenv("DS_ACCELERATOR", "xpu")  # the user's choice wins
-    cli._env()
+    cli._accelerator()
     assert __import__("os").environ["DS_ACCELERATOR"] == "xpu"
 
 
@@ -196,3 +203,171 @@ def test_a_failed_run_exits_1_without_duckdb_noise(tmp_path):
                f"model.path={tmp_path / 'no-model'}", "--json")
     assert p.returncode == 1 and "is not a folder with a saved model" in p.stderr
     assert "nanobind" not in p.stderr and "leaked" not in p.stderr, p.stderr[-3000:]
+
+
+#: What a refusal of bad input and a ledger question must not wait for.
+HEAVY = ("torch", "transformers", "prefect", "mlflow")
+#: ``rlsift ARGS`` in a fresh interpreter, then one last line: its exit code and the heavy modules it imported.
+PROBE = f"""
+import json, sys
+from flows.cli import main
+rc = main(sys.argv[1:])
+print(json.dumps({{"rc": rc, "heavy": sorted(m for m in {HEAVY!r} if m in sys.modules)}}))
+"""
+
+
+def probe(*args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    p = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "CI": "true"})
+    assert p.stdout.strip(), p.stderr[-3000:]
+    return p, json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_bad_input_is_refused_before_the_heavy_imports(tmp_path):
+    """Unknown resume id, missing file, empty file, bad key: exit 2 with the reason, and neither torch nor Prefect nor
+    MLflow imported by then (what made a refusal take 20 s: it came after them and Prefect's server)."""
+    root = tmp_path / "root"
+    (tmp_path / "empty.jsonl").write_text("")
+    cases = {"no run nope under": ("--resume", "nope"),
+             "data.sources[0].path: /nonexistent/x.jsonl does not exist": (
+                 "data.sources=[{kind: file, path: /nonexistent/x.jsonl}]",),
+             "is empty": (f"data.sources=[{{kind: file, path: {tmp_path / 'empty.jsonl'}}}]",),
+             "train.stepz: unknown key": ("train.stepz=2",)}
+    for says, argv in cases.items():
+        p, seen = probe("run", "-c", "tests/fixtures/tiny.yaml", f"paths.root={root}", *argv)
+        assert seen == {"rc": 2, "heavy": []}, (argv, seen, p.stderr[-2000:])
+        assert says in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
+    p, seen = probe("plan", "train.stepz=2")
+    assert seen == {"rc": 2, "heavy": []} and "train.stepz: unknown key" in p.stderr
+    assert not root.exists()
+
+
+def _ledger_with_a_run(root: Path, run_id: str = "r1", *overrides: str) -> dict:
+    """A ledger with one run of the tiny config (``overrides`` on it), as ``open_run`` starts it; its config."""
+    from tasks.config_load import load_config
+    from tasks.records.ledger import Ledger
+
+    cfg = load_config(ROOT / "tests" / "fixtures" / "tiny.yaml", list(overrides)).model_dump(mode="json")
+    with Ledger(root / "ledger.duckdb") as led:
+        led.start_run(run_id, cfg, None)
+    return cfg
+
+
+def test_the_ledger_answers_without_the_heavy_imports(tmp_path):
+    """`rlsift ledger runs` imports the config, duckdb and rich only (it took 7-22 s a call during a run under load,
+    mostly torch and MLflow imported to name the runs); a root without a ledger is one line, not a traceback."""
+    root = tmp_path / "root"
+    _ledger_with_a_run(root)
+    p, seen = probe("ledger", "runs", "--root", str(root))
+    assert seen == {"rc": 0, "heavy": []}, p.stderr[-2000:]
+    assert "r1" in p.stdout and "running" in p.stdout and "grpo bundled:default s0" in p.stdout
+    p, seen = probe("ledger", "runs", "--root", str(tmp_path / "nothing-here"))
+    assert seen["rc"] == 1 and "Traceback" not in p.stderr
+    assert f"no ledger at {tmp_path / 'nothing-here' / 'ledger.duckdb'}" in p.stderr
+
+
+def test_each_ledger_command_has_its_own_help(capsys):
+    from flows.cli import main
+
+    helps = {}
+    for name, says in (("runs", "One row per run"), ("why", "--prompt"), ("round", "--round"), ("sql", "--sql")):
+        with pytest.raises(SystemExit) as done:
+            main(["ledger", name, "--help"])
+        assert done.value.code == 0
+        helps[name] = capsys.readouterr().out
+        assert helps[name].startswith(f"usage: rlsift ledger {name}") and says in helps[name], helps[name]
+        assert "--root" in helps[name] and "--json" in helps[name]
+    assert "--round" not in helps["why"] and "--prompt" not in helps["round"] and "--run" not in helps["runs"]
+    with pytest.raises(SystemExit) as done:
+        main(["ledger", "--help"])
+    listed = capsys.readouterr().out
+    assert done.value.code == 0 and all(name in listed for name in helps)
+    with pytest.raises(SystemExit) as done:  # what a command needs is its own parser's error
+        main(["ledger", "round", "--run", "r1"])
+    assert done.value.code == 2 and "rlsift ledger round: error: the following arguments are required: --round" in \
+        capsys.readouterr().err
+
+
+def test_a_round_not_committed_yet_says_so(tmp_path, capsys):
+    """Mid-round (or before the round) `ledger round` says the round is not committed yet, not that it has no
+    selections; past the run's last round, that there is none; a round of a finished run without rows, that."""
+    from flows.cli import main
+    from tasks.records.ledger import Ledger, SelectionRow
+
+    root = tmp_path / "root"
+    _ledger_with_a_run(root, "r1", "train.steps=4", "train.round_steps=2")  # rounds 0 (steps 0-1) and 1 (2-3)
+
+    def ask(round_: int, *extra: str) -> tuple[int, str, str]:
+        rc = main(["ledger", "round", "--run", "r1", "--round", str(round_), "--root", str(root), *extra])
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    assert ask(0) == (0, "round 0 of run r1 (steps 0-1) is not committed yet: the run (running) has not trained a "
+                         "step yet\n", "")
+    with Ledger(root / "ledger.duckdb") as led:
+        led.add_selections("r1", 0, 0, [SelectionRow(prompt_id="p1", selector="uniform", weight=0.5)])
+    rc, out, err = ask(0)  # its first step's rows, with a note that more are to come
+    assert rc == 0 and "p1" in out and "uniform" in out
+    assert err == "round 0 of run r1 (steps 0-1) is not committed yet: the run (running) has written steps up to 0 " \
+                  "of 0-3\n"
+    assert ask(1)[1] == "round 1 of run r1 (steps 2-3) is not committed yet: the run (running) has written steps up " \
+                        "to 0 of 0-3\n"
+    assert ask(1, "--json")[:2] == (0, "[]\n")  # stdout stays the JSON list
+    assert ask(2)[1] == "run r1 has no round 2: it trains rounds 0-1 (4 steps)\n"
+    with Ledger(root / "ledger.duckdb") as led:
+        led.add_selections("r1", 0, 1, [SelectionRow(prompt_id="p2", selector="uniform", weight=0.5)])
+    rc, out, err = ask(0)  # both steps written: committed, no note
+    assert rc == 0 and "p1" in out and "p2" in out and err == ""
+    with Ledger(root / "ledger.duckdb") as led:
+        led.finish_run("r1", "completed", {})
+    assert ask(1)[1] == "no selections in round 1 of run r1\n"
+
+
+@pytest.mark.parametrize("case", ["plain", "paths.root", "deployment", "relative data file"])
+def test_the_resume_command_of_a_stop_message_resumes_the_run(tmp_path, monkeypatch, case):
+    """The command a stopped run prints, pasted as printed in another folder (and another shell: no RLSIFT_ROOT),
+    finds the run and its stored config: a plain run (root ./rlsift-runs of where it ran), a run with a relative
+    ``paths.root=``, a deployment's flow run (run in the repository, its root from RLSIFT_ROOT), a run whose config
+    names a data file by a relative path (the command goes to the folder the run ran in first)."""
+    from flows import cli
+    from flows.pipeline import stopped_note
+    from tasks.config import ConfigError
+    from tasks.config_load import load_config
+    from tasks.run import open_run
+
+    ran_in, elsewhere = tmp_path / "ran-in", tmp_path / "elsewhere"
+    ran_in.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(ran_in)
+    monkeypatch.delenv("RLSIFT_ROOT", raising=False)
+    overrides = ["train.steps=3"]
+    if case == "paths.root":
+        overrides.append("paths.root=roots/mine")
+    if case == "deployment":
+        monkeypatch.setenv("RLSIFT_ROOT", "served/runs")
+    if case == "relative data file":
+        (ran_in / "data").mkdir()
+        (ran_in / "data" / "train.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+        overrides.append("data.sources=[{kind: file, path: data/train.jsonl, format: gsm8k}]")
+    run = open_run(load_config(ROOT / "tests" / "fixtures" / "tiny.yaml", overrides), track=False)
+    note = stopped_note(run, signal.SIGTERM)
+    run.close("cancelled", {}, note)
+    command = re.search(r"`((?:cd [^`]+ && )?rlsift run --resume [^`]+)` finishes it", note).group(1)
+
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.delenv("RLSIFT_ROOT", raising=False)
+    go, _, command = command.rpartition(" && ")
+    if case == "relative data file":  # `cd <where it ran> && rlsift run ...`, only where a path needs it
+        assert shlex.split(go) == ["cd", str(ran_in)]
+        with pytest.raises(ConfigError, match="data.sources\\[0\\].path: data/train.jsonl does not exist"):
+            cli.run_config(cli.parser().parse_args(shlex.split(command)[1:]))
+        os.chdir(shlex.split(go)[1])
+    else:
+        assert go == ""
+    argv = shlex.split(command)
+    assert argv[:4] == ["rlsift", "run", "--resume", run.run_id]
+    cfg = cli.run_config(cli.parser().parse_args(argv[1:]))
+    assert Path(cfg.paths.root).resolve() == run.root and cfg.train.steps == 3  # the stored config, not auto.yaml's
+    os.chdir(elsewhere)
+    with pytest.raises(ConfigError, match=f"no run {run.run_id} under"):  # the hint without the root did not
+        cli.run_config(cli.parser().parse_args(["run", "--resume", run.run_id]))

@@ -28,15 +28,18 @@ trainer's pi_old would see dropout the sampler does not); the sharded backends (
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
-from peft import LoraConfig as PeftLoraConfig
-from peft import PeftModel, get_peft_model
-from peft.tuners.lora import LoraLayer
-from transformers import PreTrainedModel
 
 from tasks.config import LoraConfig
+
+if TYPE_CHECKING:  # peft is imported where adapters are made: a run without LoRA (and every flow's start) is
+    from peft import PeftModel  # spared its import, seconds on a loaded machine
+    from peft.tuners.lora import LoraLayer
+    from transformers import PreTrainedModel
 
 BASE = ".base_layer"
 
@@ -47,6 +50,9 @@ def apply_lora(model: PreTrainedModel, cfg: LoraConfig, seed: int) -> PeftModel:
     ``seed`` draws A's random start (B starts at 0), so a run's adapters, and the run, are reproducible; the global
     random state is left as it was.
     """
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
     targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
     peft_cfg = PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
                               bias="none", task_type="CAUSAL_LM")
@@ -59,7 +65,8 @@ def apply_lora(model: PreTrainedModel, cfg: LoraConfig, seed: int) -> PeftModel:
 
 
 def is_lora(model: torch.nn.Module) -> bool:
-    return isinstance(model, PeftModel)
+    peft = sys.modules.get("peft")  # a model has adapters only once apply_lora (or a checkpoint's load) imported it
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -73,6 +80,8 @@ def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 
 def _lora_layers(model: PeftModel) -> Iterator[tuple[str, LoraLayer]]:
+    from peft.tuners.lora import LoraLayer
+
     prefix = "base_model.model."
     for name, module in model.named_modules():
         if isinstance(module, LoraLayer):

@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_cosine_schedule_with_warmup
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tasks.data import arith
 from tasks.data.prompts import PromptRecord
@@ -161,7 +161,7 @@ def warm_start(
         lr: peak AdamW learning rate.
         warmup: fraction of ``steps`` with a linear warmup.
         seed: seeds the initialisation and the batch order.
-        progress: report progress: a bar on a terminal, else a log line every half minute.
+        progress: report progress: a bar on a terminal, else a log line every 10 s.
 
     Returns:
         The folder, loadable with ``tasks.model.policy.load_policy``. A cached folder, or the shipped one of the
@@ -267,6 +267,8 @@ def _train(
     on_step: Callable[[int, PreTrainedModel], None] | None = None,
 ) -> list[float]:
     """The supervised loop; returns the loss of every step (``on_step(step, model)`` runs after each)."""
+    from transformers import get_cosine_schedule_with_warmup  # here: its module imports peft, seconds at every start
+
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     sched = get_cosine_schedule_with_warmup(opt, num_warmup_steps=math.ceil(warmup * steps),

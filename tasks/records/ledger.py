@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import pyarrow as pa
 
 from tasks.data.prompts import PromptRecord, Rejected
 
@@ -264,6 +263,8 @@ class Ledger:
         ``where`` filters the rows (SQL over their columns). Returns the number of rows inserted."""
         if not rows:
             return 0
+        import pyarrow as pa  # here: a reader (``rlsift ledger``) does without its import
+
         cols = list(rows[0])
         self.con.register("_rows", pa.table({c: [_cell(r[c]) for r in rows] for c in cols}))
         try:
@@ -401,6 +402,16 @@ class Ledger:
         """A run's status (running, completed, failed, skipped), or None when the ledger has no such run."""
         rows = self.query("SELECT status FROM runs WHERE run_id = ?", [run_id])
         return rows[0]["status"] if rows else None
+
+    def progress(self, run_id: str) -> dict[str, Any] | None:
+        """Where a run is: its ``status``, its ``config`` (a dict) and ``last_step``, the last training step with
+        selections in the ledger (None before the first); None when the ledger has no such run."""
+        rows = self.query("SELECT r.status, r.config, (SELECT max(s.step) FROM selections s WHERE s.run_id = r.run_id) "
+                          "AS last_step FROM runs r WHERE r.run_id = ?", [run_id])
+        if not rows:
+            return None
+        row = rows[0]
+        return {**row, "config": json.loads(row["config"]) if isinstance(row["config"], str) else row["config"] or {}}
 
     def last_run(self, status: str | None = None) -> dict[str, Any] | None:
         sql = "SELECT * FROM runs" + (" WHERE status = ?" if status else "") + " ORDER BY started_at DESC LIMIT 1"

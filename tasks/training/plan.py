@@ -15,9 +15,11 @@ config its chosen candidate trains; a run without the plan decides it in its own
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,10 +38,13 @@ from tasks.model.forward import token_logprobs
 from tasks.model.policy import Policy
 from tasks.generation.rollout import Generation
 from tasks.records.files import write_json
+from tasks.records.progress import pulse
 from tasks.training.calibration import Calibration
 from tasks.training.overlap import SamplingPolicy, separate_devices, thread_split
 from tasks.training.probe import ProbeInputs, probe_costs
 from tasks.training.screen import policy_likelihood
+
+log = logging.getLogger("rlsift.plan")
 
 
 def reads_upfront(cfg: Config) -> dict[str, bool]:
@@ -343,8 +348,17 @@ def make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibration
     """Measure the pool and the costs (tasks/training/probe.py), predict every candidate (``plan.candidates``
     unless given) against ``plan.baseline`` and choose. ``spent_s``: the seconds the run spent on its calibration
     (on this run's clock with the plan's own); ``scratch``: where the probe writes its scratch files."""
+    with pulse("plan", log) as say:  # a line per probe and candidate, and one every few seconds in a long probe
+        return _make_plan(cfg, policy, pool, calibration, device, candidates, spent_s, scratch, say)
+
+
+def _make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibration: Calibration,
+               device: torch.device | str, candidates: tuple[str, ...] | None, spent_s: float, scratch: Path | None,
+               say: Callable[[str], None]) -> Plan:
     t0 = time.perf_counter()
     pc = cfg.plan
+    say(f"the pool's pass rates from the calibration's {len(calibration.indices)} reference prompts" + (
+        ", the screen's likelihood of their solutions" if all(r.solution for r in pool) else ""))
     stats = pool_stats(policy, pool, calibration, cfg, device)
     refs = probe_records(pool, calibration, cfg)
     comps, configs, unavailable = [], {}, {}
@@ -359,10 +373,18 @@ def make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibration
     dots = next((configs[c.name] for c in comps if c.predictor), None)
     costs = probe_costs(policy, cfg, ProbeInputs(records=refs, pool=pool, calibration=calibration,
                                                  comps=[base, *comps], stats=stats, dots=dots, scratch=scratch),
-                        derive_seed(cfg.seed, "plan-probe"), device)
+                        derive_seed(cfg.seed, "plan-probe"), device, say)
     baseline, predictions = predict(comps, base, stats, costs)
+    for p in (baseline, *predictions):
+        say(f"candidate {p.name}: effective ratio {p.effective_ratio:.2f}, training clock (its steps and what it "
+            f"pays before them) predicted at {p.clock:.2f}x {baseline.name}'s")
+    for name, why in unavailable.items():
+        say(f"candidate {name}: left out ({why})")
     best, reason = choose(baseline, predictions, pc.min_signal)
-    overlap = decide_lag(candidate_config(cfg, best.name), policy, refs, device)
+    chosen = candidate_config(cfg, best.name)
+    say(f"chose {best.name}; the overlap's lag for it" + (
+        " (the draw and the update timed alone and at once)" if chosen.overlap.lag == "auto" else ""))
+    overlap = decide_lag(chosen, policy, refs, device)
     upfront = spent_s + time.perf_counter() - t0 + len(pool) * costs.score_s
     return Plan(shares=stats.shares, g=stats.g, costs=costs, baseline=baseline, predictions=tuple(predictions),
                 unavailable=unavailable, choice=best.name, reason=reason,

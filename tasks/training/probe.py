@@ -34,7 +34,7 @@ import math
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,12 +84,14 @@ class ProbeInputs:
     scratch: Path | None = None
 
 
-def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int,
-                device: torch.device | str = "cpu") -> UnitCosts:
-    """The unit and fixed costs of a step (module docstring), timed with ``cfg``'s rollouts and update."""
+def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, device: torch.device | str = "cpu",
+                say: Callable[[str], None] = lambda part: None) -> UnitCosts:
+    """The unit and fixed costs of a step (module docstring), timed with ``cfg``'s rollouts and update. ``say``
+    hears each probe as it starts (tasks/records/progress.py: the plan's progress lines)."""
     rc = cfg.rollout
     small, large = _generation_sizes(inputs.comps, rc.n)
     records = inputs.records
+    say(f"probe: generation, calls of {small} and {large} prompts x {rc.n} rollouts")
     rollout_rewards(policy, records[:1], rc.n, seed)  # warm-up: first-call costs are not a token's
     batches = [_cycle(records, k) for k in (small, large)]
     draws = [_timed(lambda b=b: rollout_rewards(policy, b, rc.n, seed)[0]) for b in batches]
@@ -98,9 +100,15 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int,
     (completion, prompt), by_level, lengths = _lengths([(b, g) for b, (g, _) in zip(batches, draws, strict=True)])
     groups = [g for gen, _ in draws for g in probe_groups(gen)]
     sizes = _update_sizes(inputs.comps, inputs.stats, rc.n, len(groups))
+    say(f"probe: the update of {sizes[0]} and {sizes[1]} groups, the optimizer step, a round's checkpoint")
     update, optimizer_s, round_s = _probe_update(policy, groups, sizes, cfg, device, inputs.scratch)
+    if any(c.screen > 1 for c in inputs.comps):
+        say("probe: the screen's teacher-forced pass")
     forward, solution_tokens = _probe_screen(policy, records, cfg, inputs.comps, device)
+    if any(c.scored or c.predictor for c in inputs.comps):
+        say("probe: scoring a batch of the pool" + (", DOTS's predictor" if inputs.dots is not None else ""))
     score_s, fit_s = _probe_scoring(policy, cfg, inputs, seed, device)
+    say("probe: a step's bookkeeping (its ledger rows and metrics line)")
     fixed = FixedCosts(optimizer_s=optimizer_s, step_s=_probe_bookkeeping(records, cfg, len(inputs.pool),
                                                                           inputs.scratch),
                        round_s=round_s, fit_s=fit_s)

@@ -35,8 +35,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from flows.pipeline import resume_config
 from tasks.config import ConfigError
+from tasks.preflight import resume_config
 from tasks.records.ledger import Ledger
 from tasks.records.tracking import metric_history
 from tasks.run import open_run

@@ -11,7 +11,8 @@ Ctrl-C at the terminal: the temporary Prefect server and the generator process g
 - no process of its session is left (Prefect's temporary API server, the overlap's generator process, the
   multiprocessing resource tracker), and its temporary directory holds nothing of it (no ``rlsift-*`` folder, no
   multiprocessing ``pymp-*`` folder with a listener socket);
-- (slow tier) ``rlsift run --resume`` finishes it, equal to an uninterrupted run: weights, ledger, metrics.jsonl
+- (slow tier) the ``rlsift run --resume`` command its message prints, pasted in another folder, finishes it, equal
+  to an uninterrupted run: weights, ledger, metrics.jsonl
   (the per-phase peak-memory keys of every step included).
 
 The default tier runs the SIGTERM case up to the checks of the stores and the process table (about a minute on
@@ -20,6 +21,8 @@ The default tier runs the SIGTERM case up to the checks of the stores and the pr
 
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -74,6 +77,7 @@ def check_stopped(tmp: Path, root: Path, proc, run_id: str, out: str, err: str, 
     assert (root / "runs" / run_id / "checkpoints" / kept).is_file()
     assert stopped["reason"].startswith(f"by {sig.name} at step ")
     assert f"checkpoint at step {int(kept[5:11])} kept" in stopped["reason"]
+    assert f"`rlsift run --resume {run_id} paths.root={root.resolve()}` finishes it" in stopped["reason"]
     lines = [ln for ln in err.splitlines() if f"run {run_id} cancelled by {sig.name}" in ln]
     assert len(lines) == 1, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
@@ -123,7 +127,12 @@ def test_a_signal_during_training_then_resume_equals_an_uninterrupted_run(tmp_pa
         rounds = dict(db.execute("SELECT name, state_name FROM task_run WHERE name LIKE 'round-%'").fetchall())
     assert rounds and "RolledBack" not in rounds.values(), rounds
 
-    resumed = rlsift("run", "--resume", run_id, f"paths.root={root}", "--json", env=env)  # as the stop message says
+    # the command the stop message prints, pasted as printed in another folder, without the run's other arguments
+    (pasted,) = re.findall(r"`(rlsift run --resume [^`]+)` finishes it", json.loads(out)["reason"])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    resumed = subprocess.run([sys.executable, "-m", "flows.cli", *shlex.split(pasted)[1:], "--json"], cwd=elsewhere,
+                             env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     res = json.loads(resumed.stdout)
     assert res["status"] == "completed" and res["resumed"] and res["run_id"] == run_id

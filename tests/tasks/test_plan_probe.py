@@ -101,3 +101,23 @@ def test_the_probes_groups_are_all_informative():
     groups = probe_groups(gen)
     assert len(groups) == 3 and all(g.rewards.tolist() == [1.0, 0.0, 1.0, 0.0] for g in groups)
     assert all(g.advantages.abs().min() > 0 and g.completion_ids.shape[0] == 4 for g in groups)
+
+
+def test_the_plan_says_what_it_measures_as_it_goes(setting, tmp_path, caplog):
+    """A line as each probe starts and one per candidate (the plan ran 147 s without a line on a loaded machine);
+    tests/tasks/test_progress.py checks the lines of a probe that runs long."""
+    import logging
+
+    from tasks.training.plan import make_plan
+
+    cfg, pool, calibration = setting
+    with caplog.at_level(logging.INFO, logger="rlsift"):
+        plan = make_plan(cfg, tiny_policy(), pool, calibration, candidates=("grpo_n4", "dots_n4"), scratch=tmp_path)
+    lines = [r.getMessage() for r in caplog.records if r.name == "rlsift.plan"]
+    assert lines[0].startswith("plan: the pool's pass rates from the calibration's 8 reference prompts"), lines
+    for probe in ("generation, calls of", "the update of", "scoring a batch of the pool, DOTS's predictor",
+                  "a step's bookkeeping"):
+        assert sum(line.startswith(f"plan: probe: {probe}") for line in lines) == 1, (probe, lines)
+    for name in ("grpo", "grpo_n4", "dots_n4"):
+        assert sum(line.startswith(f"plan: candidate {name}: effective ratio ") for line in lines) == 1, lines
+    assert lines[-1].startswith(f"plan: chose {plan.choice}; the overlap's lag for it"), lines

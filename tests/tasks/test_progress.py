@@ -66,3 +66,35 @@ def test_off_a_terminal_progress_is_a_log_line_every_interval(caplog, monkeypatc
         caplog.clear()
         list(LogProgress(range(4), desc="quiet", every=3600.0))  # only the closing line
         assert [r.getMessage().split(",")[0] for r in caplog.records] == ["quiet: 4/4 it (100%)"]
+
+
+def test_long_work_without_a_count_says_it_still_runs(monkeypatch):
+    """tasks/records/progress.py: a line as each part starts; while one runs long, a line every ``every`` seconds
+    naming it, from a thread that runs in the caller's context (where Prefect finds the flow run its log handler
+    sends a line to); none once the work is done."""
+    import contextvars
+    import logging
+    import time
+
+    from tasks.records.progress import pulse
+
+    flow_run = contextvars.ContextVar("flow_run", default=None)
+    seen: list[tuple[str, str | None]] = []
+
+    class Grab(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append((record.getMessage(), flow_run.get()))
+
+    logger = logging.getLogger("rlsift.test-pulse")
+    logger.addHandler(Grab())
+    logger.setLevel(logging.INFO)
+    flow_run.set("run-1")
+    with pulse("plan", logger, every=0.1) as say:
+        say("probe: generation")
+        time.sleep(0.35)
+        say("probe: the update")
+    time.sleep(0.25)
+    lines = [line for line, _ in seen]
+    assert lines[0] == "plan: probe: generation" and lines[-1] == "plan: probe: the update", lines
+    assert 2 <= sum(line.startswith("plan: probe: generation (still running, ") for line in lines) <= 4, lines
+    assert all(run == "run-1" for _, run in seen)

@@ -90,7 +90,7 @@ def test_atomic_write_replaces_whole_or_not_at_all(tmp_path):
 
 def test_run_label_names_techniques_data_and_seed():
     from tasks.config_load import conf_dir, load_config
-    from tasks.run import run_label
+    from tasks.records.label import run_label
 
     assert run_label(load_config(None, [])) == "grpo bundled:default s0"
     assert run_label(load_config(str(conf_dir() / "presets" / "all.yaml"), ["seed=2"])) == \

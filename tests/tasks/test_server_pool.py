@@ -335,8 +335,8 @@ def test_bad_vllm_urls_are_errors_naming_the_key(value, error):
 
 
 def test_a_resume_may_change_the_servers(tmp_path):
-    """rollout.vllm_url is in flows/pipeline.py RESUME_MAY_CHANGE: a list or one URL replaces the stored list."""
-    from flows.pipeline import resume_config
+    """rollout.vllm_url is in tasks/preflight.py RESUME_MAY_CHANGE: a list or one URL replaces the stored list."""
+    from tasks.preflight import resume_config
     from tasks.config_load import to_json
 
     stored = load_config(None, [f"paths.root={tmp_path}", "rollout.engine=vllm",
