@@ -35,6 +35,7 @@ from tasks.bench.report import BenchRun
 from tasks.config import Config, ConfigError
 from tasks.config_load import load_config
 from tasks.config_load import preset_overrides as named_overrides
+from tasks.records.cost import describe_machine
 from tasks.records.ledger import Ledger
 from tasks.records.tracking import MlflowTracker, default_uri, run_info
 from tasks.run import RunInfo
@@ -317,6 +318,7 @@ def benchmark(config: str | None = None, overrides: list[str] | None = None, qui
                        "bench.trl": trl, "bench.config": config, "bench.overrides": " ".join(overrides),
                        **{k: v for k, v in first.flat().items() if k.startswith(("train.", "rollout.", "eval."))}})
     parent.set_tags({"rlsift.kind": "benchmark"})
+    log.info("benchmark on %s", describe_machine())  # clocks differ about 2.5x between 2-core machines
     t0 = time.perf_counter()
     policy_path = policy_source(first)  # the warm start every arm starts from, made once, before any clock
     plan = plan_arms(config, overrides, names, base_seed, quick, policy_path)
@@ -355,7 +357,7 @@ def benchmark(config: str | None = None, overrides: list[str] | None = None, qui
             "rollouts_per_prompt": "rollout.n of each preset", "eval_every": first.eval.every,
             "eval_prompts": first.eval.limit or "all", "policy_path": policy_path, "jobs": jobs,
             "benchmark_wall_s": round(time.perf_counter() - t0, 1), "mlflow_parent_run": parent.run_id,
-            "tracking_uri": uri}
+            "tracking_uri": uri, "machine": describe_machine()}
     files = bench_report.write_report(report_dir, runs, result, sel, meta)
     for f in files:
         parent.log_artifact(f)

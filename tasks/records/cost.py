@@ -9,6 +9,8 @@ peak memory (tasks/records/memory.py).
 
 from __future__ import annotations
 
+import os
+import platform
 import re
 import time
 from contextlib import contextmanager, nullcontext
@@ -26,6 +28,24 @@ def detect_device() -> tuple[str, int]:
         m = re.search(r"(h200|h100|a100|l40s|a10g|l4|v100|t4|b200|rtx ?\w+)", name)
         return (f"nvidia-{m.group(1).replace(' ', '')}" if m else "cuda"), torch.cuda.device_count()
     return "cpu", 1
+
+
+def describe_machine() -> str:
+    """What the figures were measured on, for a benchmark's header: e.g. ``AMD EPYC, 2 cores at 2596 MHz, torch 2
+    threads`` (Linux's ``/proc/cpuinfo``; elsewhere ``platform.processor()``), and the GPU when one is visible. The
+    same work takes about 2.5x as long on one 2-core machine as on another (README, docs/benchmarks.md)."""
+    model, mhz = platform.processor() or platform.machine(), None
+    try:
+        info = open("/proc/cpuinfo").read()
+        model = re.search(r"^model name\s*:\s*(.+)$", info, re.M).group(1).strip()
+        mhz = float(re.search(r"^cpu MHz\s*:\s*([\d.]+)$", info, re.M).group(1))
+    except (OSError, AttributeError):
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    text = f"{model}, {cores} cores" + (f" at {mhz:.0f} MHz" if mhz else "") + f", torch {torch.get_num_threads()} threads"
+    if torch.cuda.is_available():
+        text += f"; {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
+    return text
 
 
 @dataclass

@@ -114,3 +114,20 @@ def test_stage_costs_reach_the_ledger_and_mlflow(smoke_cfg, tmp_path):
                              "usd": pytest.approx(0.101), "device": "cpu"}
     # the run total after each stage: $0.001 at step 0, $0.101 at step 5
     assert metric_history(uri, rid, "cost/usd") == [(0, pytest.approx(0.001)), (5, pytest.approx(0.101))]
+
+
+def test_describe_machine_names_the_cpu_its_cores_and_torch_threads():
+    import os
+    import re
+
+    import torch
+
+    from tasks.records.cost import describe_machine
+
+    text = describe_machine()
+    cores = len(os.sched_getaffinity(0))
+    assert f"{cores} cores" in text and f"torch {torch.get_num_threads()} threads" in text
+    if os.path.exists("/proc/cpuinfo"):
+        model = re.search(r"^model name\s*:\s*(.+)$", open("/proc/cpuinfo").read(), re.M)
+        if model:
+            assert text.startswith(model.group(1).strip()) and " MHz" in text
