@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.types import RolloutGroup
+from tasks.generation.rollout import HFEngine
 from tasks.update.distributed import (
     DataShard,
     broadcast_module,
@@ -44,8 +45,11 @@ from tasks.update.distributed import (
     wrap,
 )
 from tasks.update.policy_update import LossSettings, Updater, gradient_checkpointing, policy_update, set_lr
+from tasks.update.rank_generation import GenerationSetup, RankGenerator, RankSharedEngine
 
 INIT, UPDATE, OPT_STATE, LOAD, STOP = "init", "update", "optim_state", "load", "stop"
+#: Every rank generating its share (tasks/update/rank_generation.py): the engine's setup once, then each call.
+GEN_INIT, GENERATE = "generation_init", "generate"
 
 
 def _send(cmd: str, payload=None) -> None:
@@ -134,6 +138,22 @@ class Driver(Updater):
         _send(LOAD)
         load_state(self.replica.model, self.replica.optimizer, self.policy_model.state_dict(), state)
 
+    def share_generation(self, engine: HFEngine) -> RankSharedEngine:
+        """``engine`` (rank 0's, on ``policy.model``) as a :class:`~tasks.update.rank_generation.RankSharedEngine`:
+        from now on every rank decodes its share of each ``generate`` call with its own weights.
+
+        Raises:
+            ValueError: ``engine`` does not sample from this Driver's policy model.
+        """
+        if engine.model is not self.policy_model:
+            raise ValueError("share_generation: the engine must sample from the Driver's policy model")
+        _send(GEN_INIT, GenerationSetup(tokenizer=engine.tok, settings=engine.settings(),
+                                        config=self.policy_model.config,
+                                        dtype=next(self.policy_model.parameters()).dtype,
+                                        backend=self.cfg.scale.backend))
+        return RankSharedEngine(engine, self.replica.model, self.cfg.scale.backend,
+                                functools.partial(_send, GENERATE))
+
 
 def stop_workers() -> None:
     """Rank 0, at the end (also when no Driver was made, e.g. a run that failed before training)."""
@@ -144,6 +164,7 @@ def stop_workers() -> None:
 def serve() -> None:
     """Ranks > 0: execute rank 0's commands until it sends ``stop``."""
     replica: _Replica | None = None
+    generator: RankGenerator | None = None  # after GEN_INIT: this rank decodes its share of each call
     while True:
         cmd, payload = _recv()
         if cmd == STOP:
@@ -164,5 +185,11 @@ def serve() -> None:
             optimizer_state(replica.model, replica.optimizer)
         elif cmd == LOAD:
             load_state(replica.model, replica.optimizer, None, None)
+        elif cmd == GEN_INIT:
+            generator = RankGenerator(replica.model, payload, replica.device)
+        elif cmd == GENERATE:
+            if generator is None:
+                raise RuntimeError(f"rank {dist.get_rank()}: command {cmd!r} before {GEN_INIT!r}")
+            generator.run(payload)
         else:
             raise RuntimeError(f"rank {dist.get_rank()}: unknown command {cmd!r}")
