@@ -3,11 +3,16 @@
 Design (the simplest one that stays exactly equivalent to one process; see ``docs/scale-out.md``):
 
 - Rank 0 runs the whole pipeline as usual (``flows/train_dist.py`` calls the same Prefect flow): selection,
-  generation (HF engine on its full-weight ``policy.model``, or the vLLM server), rewards, PODS, replay,
-  ledger, MLflow, checkpoints, evaluation. Only rank 0 ever touches the ledger or the tracker.
+  rewards, PODS, replay, ledger, MLflow, checkpoints, evaluation. Only rank 0 ever touches the ledger or the
+  tracker.
 - Ranks 1..W-1 run :func:`serve`: a loop that receives one command at a time from rank 0
-  (``broadcast_object_list``) and takes part in it. Generation is not repeated on every rank (no seed-lock
-  across processes, no W-fold reward work), and the batch each rank trains on is rank 0's, bit for bit.
+  (``broadcast_object_list``) and takes part in it. The batch each rank trains on is rank 0's, bit for bit.
+- Generation: from the first training step on (``overlap.lag`` 0, the in-process engine), every rank decodes a
+  contiguous share of each ``generate`` call's prompts with its own weights and rank 0 gathers them
+  (:meth:`Driver.share_generation`, the ``generate`` command, ``tasks/update/rank_generation.py``); prompt b of a
+  call is seeded by its index in the whole call, so the rollouts are the one-process run's. Before training
+  (calibration, the plan's probes, the starting evaluation), with ``overlap.lag`` 1 (rank 0's generator process
+  draws while every rank updates) and with vLLM servers, rank 0's engine generates alone.
 - :class:`Driver` is rank 0's :class:`tasks.update.policy_update.Updater`. An update (:meth:`Driver.step`): rank 0
   broadcasts the step's ``RolloutGroup`` list, the run's ``LossSettings`` and the step's learning rate (set by
   :meth:`Driver.set_lr`, so a warm-up reaches every rank's optimizer: torch's ``param_groups``, or the
@@ -20,7 +25,12 @@ Design (the simplest one that stays exactly equivalent to one process; see ``doc
 
 Costs: rank 0 holds its full generation copy next to its training replica (twice the weights; for DDP and
 ZeRO-2 the replica is itself full), and each step moves the full weights once (gather + copy), as any
-rollout-weight sync does. The KL reference (``train.kl_coef > 0``) is a frozen full copy on every rank.
+rollout-weight sync does. With every rank generating, ranks 1..W-1 under DDP and ZeRO-2 generate with their
+replica's own full module (no copy while it is in the generation dtype), and under FSDP2 and ZeRO-3 keep a full
+copy in the generation dtype (bf16 on a GPU: 2 bytes a parameter, ``rank_generation.generation_copy_bytes``),
+gathered at every ``generate`` call (one more all-gather of the weights a call); each rank's KV cache holds its
+share's rows only; the prompts go out and the completions come back as pickled objects (a few MB a step). The KL
+reference (``train.kl_coef > 0``) is a frozen full copy on every rank.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Run by ``tests/tasks/test_rank_generation.py`` under ``torchrun --nproc_per_node 2``: every rank generates its
 share (tasks/update/rank_generation.py).
 
-For each backend named on the command line, rank 0 builds the ``Driver`` on the tiny model and its rank-shared
-engine (``Driver.share_generation``) while rank 1 serves; rank 0 asks it for greedy and sampled generations of
+For each backend named on the command line, rank 0 builds the ``Driver`` on the tiny model while rank 1 serves, and
+lets the training loop's switch (``tasks.update.backend.share_generation``) decide: at lag 1 the engine stays rank
+0's alone, at lag 0 it becomes the rank-shared engine. Rank 0 asks that one for greedy and sampled generations of
 ``PROMPTS`` (5 prompts: rank 0 decodes 3, rank 1 decodes 2), takes one update step with a large learning rate, and
 asks again (rank 1 must generate with the updated weights: gathered under FSDP2 / ZeRO-3, its replica's own under
 DDP). After each, rank 0's plain ``HFEngine`` on the same weights generates the whole call alone: the one-process
@@ -18,7 +19,8 @@ import torch
 
 from tasks.config_load import validate
 from tasks.generation.rollout import HFEngine
-from tasks.model.policy import build_tiny_model, build_tokenizer
+from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
+from tasks.update.backend import share_generation
 from tasks.update.distributed import init_distributed, is_rank0
 from tasks.update.policy_update import LossSettings
 from tasks.update.sharded_update import Driver, serve, stop_workers
@@ -47,13 +49,18 @@ def run(backend: str) -> dict | None:
     model = build_tiny_model(hidden=64, layers=2, heads=2, seed=0, tokenizer=tok)
     driver = Driver(cfg, model, LossSettings.from_config(cfg, tok.pad_token_id))
     local = HFEngine(model, tok, **ENGINE)
-    shared = driver.share_generation(local)
+    policy = Policy(model=model, tokenizer=tok, engine=local)
+    said = {1: share_generation(cfg, policy, driver, lag=1)}
+    kept = policy.engine is local  # lag 1: rank 0's generator process draws alone
+    said[0] = share_generation(cfg, policy, driver, lag=0)
+    shared = policy.engine
     before = calls(shared, local)
     driver.step(make_batch(model))
     after = calls(shared, local)
     metrics = shared.metrics()
     stop_workers()
-    return {"before": before, "after": after, "metrics": metrics}
+    return {"before": before, "after": after, "metrics": metrics, "said": said, "lag1_kept": kept,
+            "engine": type(shared).__name__}
 
 
 def main(out: str, backends: list[str]) -> None:

@@ -87,6 +87,8 @@ def _same(got: Generation, want: Generation) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_every_rank_generates_what_one_process_would(shared_results, backend):
     got = shared_results[backend]
+    assert got["lag1_kept"] and "rank 0 alone generates" in got["said"][1]  # the overlap: rank 0's alone
+    assert got["engine"] == "RankSharedEngine" and "every one of the 2 ranks" in got["said"][0]
     for when in ("before", "after"):
         for kind in ("greedy", "sampled"):
             _same(*got[when][kind])
