@@ -1,9 +1,10 @@
 """Every rank generates its share (tasks/update/rank_generation.py, tasks/generation/split.py).
 
 The split and the join on hand-worked records; then one ``torchrun --nproc_per_node 2`` launch of
-``dist_generation_helper.py`` (gloo, CPU; about 15 s on 2 idle cores) under DDP and FSDP2: the rank-shared engine's
-generations, greedy and sampled, before and after an update step, equal one process's on the same weights, and
-rank 1 decoded its share of every call.
+``dist_generation_helper.py`` (gloo, CPU; about 15 s on 2 cores) under DDP and FSDP2 (and, marked slow, one under
+DeepSpeed ZeRO-2 and ZeRO-3): the rank-shared engine's generations, greedy and sampled, before and after an update
+step, equal one process's on the same weights, rank 1 decoded its share of every call, and the training loop's
+switch keeps rank 0's engine alone at ``overlap.lag`` 1.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tests.servers import free_port
 ROOT = Path(__file__).resolve().parents[2]
 HELPER = Path(__file__).with_name("dist_generation_helper.py")
 BACKENDS = ("ddp", "fsdp2")
+DEEPSPEED = ("deepspeed_zero2", "deepspeed_zero3")
 
 
 def test_share_bounds_are_contiguous_and_balanced():
@@ -64,15 +66,25 @@ def test_generation_copy_bytes():
     assert generation_copy_bytes("ddp", 1000, bf16, f32, rank=1) == 2000  # fp32 replica: a cast copy
 
 
-@pytest.fixture(scope="module")
-def shared_results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gen") / "results.pt"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
+def _launch(out: Path, backends: tuple[str, ...]) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT),
+           "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), str(HELPER), str(out), *BACKENDS]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+           "--master_port", str(free_port()), str(HELPER), str(out), *backends]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(out, weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def shared_results(tmp_path_factory):
+    return _launch(tmp_path_factory.mktemp("gen") / "results.pt", BACKENDS)
+
+
+@pytest.fixture(scope="module")
+def deepspeed_results(tmp_path_factory):
+    """ZeRO-2 and ZeRO-3 (slow: DeepSpeed's import, and its ``deepspeed_shm_comm`` op built on first use)."""
+    return _launch(tmp_path_factory.mktemp("gen_ds") / "results.pt", DEEPSPEED)
 
 
 def _same(got: Generation, want: Generation) -> None:
@@ -84,9 +96,9 @@ def _same(got: Generation, want: Generation) -> None:
     torch.testing.assert_close(got.logprobs, want.logprobs, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_every_rank_generates_what_one_process_would(shared_results, backend):
-    got = shared_results[backend]
+@pytest.mark.parametrize("backend", [*BACKENDS, *(pytest.param(b, marks=pytest.mark.slow) for b in DEEPSPEED)])
+def test_every_rank_generates_what_one_process_would(request, backend):
+    got = request.getfixturevalue("deepspeed_results" if backend in DEEPSPEED else "shared_results")[backend]
     assert got["lag1_kept"] and "rank 0 alone generates" in got["said"][1]  # the overlap: rank 0's alone
     assert got["engine"] == "RankSharedEngine" and "every one of the 2 ranks" in got["said"][0]
     for when in ("before", "after"):
