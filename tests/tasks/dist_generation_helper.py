@@ -2,7 +2,7 @@
 share (tasks/update/rank_generation.py).
 
 For each backend named on the command line, rank 0 builds the ``Driver`` on the tiny model while rank 1 serves, and
-lets the training loop's switch (``tasks.update.backend.share_generation``) decide: at lag 1 the engine stays rank
+asks ``decide_lag`` what ``overlap.lag=auto`` picks; then it lets the training loop's switch (``tasks.update.backend.share_generation``) decide: at lag 1 the engine stays rank
 0's alone, at lag 0 it becomes the rank-shared engine. Rank 0 asks that one for greedy and sampled generations of
 ``PROMPTS`` (5 prompts: rank 0 decodes 3, rank 1 decodes 2), takes one update step with a large learning rate, and
 asks again (rank 1 must generate with the updated weights: gathered under FSDP2 / ZeRO-3, its replica's own under
@@ -20,6 +20,7 @@ import torch
 from tasks.config_load import validate
 from tasks.generation.rollout import HFEngine
 from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
+from tasks.training.plan import decide_lag
 from tasks.update.backend import share_generation
 from tasks.update.distributed import init_distributed, is_rank0
 from tasks.update.policy_update import LossSettings
@@ -50,6 +51,7 @@ def run(backend: str) -> dict | None:
     driver = Driver(cfg, model, LossSettings.from_config(cfg, tok.pad_token_id))
     local = HFEngine(model, tok, **ENGINE)
     policy = Policy(model=model, tokenizer=tok, engine=local)
+    auto = decide_lag(cfg, policy, [])  # overlap.lag=auto (the default) under scale-out: 0, without a probe
     said = {1: share_generation(cfg, policy, driver, lag=1)}
     kept = policy.engine is local  # lag 1: rank 0's generator process draws alone
     said[0] = share_generation(cfg, policy, driver, lag=0)
@@ -60,7 +62,7 @@ def run(backend: str) -> dict | None:
     metrics = shared.metrics()
     stop_workers()
     return {"before": before, "after": after, "metrics": metrics, "said": said, "lag1_kept": kept,
-            "engine": type(shared).__name__}
+            "engine": type(shared).__name__, "auto": (auto.lag, auto.basis, auto.reason)}
 
 
 def main(out: str, backends: list[str]) -> None:

@@ -3,8 +3,8 @@
 The split and the join on hand-worked records; then one ``torchrun --nproc_per_node 2`` launch of
 ``dist_generation_helper.py`` (gloo, CPU; about 15 s on 2 cores) under DDP and FSDP2 (and, marked slow, one under
 DeepSpeed ZeRO-2 and ZeRO-3): the rank-shared engine's generations, greedy and sampled, before and after an update
-step, equal one process's on the same weights, rank 1 decoded its share of every call, and the training loop's
-switch keeps rank 0's engine alone at ``overlap.lag`` 1.
+step, equal one process's on the same weights, rank 1 decoded its share of every call, the training loop's
+switch keeps rank 0's engine alone at ``overlap.lag`` 1, and ``overlap.lag=auto`` picks 0.
 """
 
 from __future__ import annotations
@@ -99,6 +99,7 @@ def _same(got: Generation, want: Generation) -> None:
 @pytest.mark.parametrize("backend", [*BACKENDS, *(pytest.param(b, marks=pytest.mark.slow) for b in DEEPSPEED)])
 def test_every_rank_generates_what_one_process_would(request, backend):
     got = request.getfixturevalue("deepspeed_results" if backend in DEEPSPEED else "shared_results")[backend]
+    assert got["auto"][:2] == (0, "config") and "each generating its share" in got["auto"][2]
     assert got["lag1_kept"] and "rank 0 alone generates" in got["said"][1]  # the overlap: rank 0's alone
     assert got["engine"] == "RankSharedEngine" and "every one of the 2 ranks" in got["said"][0]
     for when in ("before", "after"):
