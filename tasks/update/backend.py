@@ -19,30 +19,6 @@ from tasks.update.sharded_update import Driver
 from tasks.update.policy_update import LocalUpdater, LossSettings, Updater, gradient_checkpointing
 
 
-def build_updater(cfg: Config, policy: Policy, *, device: torch.device | str) -> Updater:
-    """The run's updater for ``scale.backend``: :class:`~tasks.update.policy_update.LocalUpdater` or the sharded
-    :class:`~tasks.update.sharded_update.Driver`, training ``policy.model`` in place.
-
-    Before anything is built, :func:`~tasks.update.fit.check_update_fits` stops a run whose update would not fit
-    its device. For ``single`` the optimizer steps the policy's trainable parameters and the KL reference
-    (``train.kl_coef > 0``) is the policy's (:meth:`~tasks.model.policy.Policy.kl_reference`: under LoRA the same
-    model with its adapters disabled); the sharded backends keep one per rank (tasks/update/sharded_update.py).
-    """
-    model = policy.model
-    settings = LossSettings.from_config(cfg, policy.tokenizer.pad_token_id)
-    tc = cfg.train
-    lm = base_model(model)
-    if isinstance(lm, PreTrainedModel):  # the estimate reads a transformers decoder's shape
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        check_update_fits(cfg, model, lm.config, device, lora=policy.has_adapters, world=world)
-    if cfg.scale.backend != "single":
-        return Driver(cfg, model, settings)
-    ref = policy.kl_reference() if tc.kl_coef > 0 else None
-    gradient_checkpointing(lm, tc.gradient_checkpointing)
-    return LocalUpdater(model, settings, params=policy.trainable_parameters(), lr=tc.lr, betas=tc.betas,
-                        eps=tc.adam_eps, weight_decay=tc.weight_decay, device=device, ref_model=ref)
-
-
 def ranks_generate(cfg: Config, engine: RolloutEngine) -> int:
     """How many ranks decode each ``generate`` call at ``overlap.lag`` 0 (tasks/update/rank_generation.py): the
     world size under a sharded backend with the in-process engine on more than one rank, else 1 (one process, or
@@ -68,3 +44,28 @@ def share_generation(cfg: Config, policy: Policy, updater: Updater, lag: int) ->
                 f"process, while the {world} ranks update (set overlap.lag=0 for every rank to generate its share)")
     policy.engine = updater.share_generation(policy.engine)
     return f"every one of the {world} ranks generates its share of each call (scale.backend={cfg.scale.backend})"
+
+
+def build_updater(cfg: Config, policy: Policy, *, device: torch.device | str) -> Updater:
+    """The run's updater for ``scale.backend``: :class:`~tasks.update.policy_update.LocalUpdater` or the sharded
+    :class:`~tasks.update.sharded_update.Driver`, training ``policy.model`` in place.
+
+    Before anything is built, :func:`~tasks.update.fit.check_update_fits` stops a run whose update would not fit
+    its device. For ``single`` the optimizer steps the policy's trainable parameters and the KL reference
+    (``train.kl_coef > 0``) is the policy's (:meth:`~tasks.model.policy.Policy.kl_reference`: under LoRA the same
+    model with its adapters disabled); the sharded backends keep one per rank (tasks/update/sharded_update.py).
+    """
+    model = policy.model
+    settings = LossSettings.from_config(cfg, policy.tokenizer.pad_token_id)
+    tc = cfg.train
+    lm = base_model(model)
+    if isinstance(lm, PreTrainedModel):  # the estimate reads a transformers decoder's shape
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        check_update_fits(cfg, model, lm.config, device, lora=policy.has_adapters, world=world)
+    if cfg.scale.backend != "single":
+        return Driver(cfg, model, settings)
+    ref = policy.kl_reference() if tc.kl_coef > 0 else None
+    gradient_checkpointing(lm, tc.gradient_checkpointing)
+    return LocalUpdater(model, settings, params=policy.trainable_parameters(), lr=tc.lr, betas=tc.betas,
+                        eps=tc.adam_eps, weight_decay=tc.weight_decay, device=device, ref_model=ref)
+
