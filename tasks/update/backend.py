@@ -68,4 +68,3 @@ def build_updater(cfg: Config, policy: Policy, *, device: torch.device | str) ->
     gradient_checkpointing(lm, tc.gradient_checkpointing)
     return LocalUpdater(model, settings, params=policy.trainable_parameters(), lr=tc.lr, betas=tc.betas,
                         eps=tc.adam_eps, weight_decay=tc.weight_decay, device=device, ref_model=ref)
-
