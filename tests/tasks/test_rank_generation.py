@@ -110,3 +110,21 @@ def test_every_rank_generates_what_one_process_would(request, backend):
     assert float((before.logprobs - after.logprobs).abs().max()) > 1e-3
     # 4 calls of 5 prompts: rank 0 decoded prompts 0-2 of each, rank 1 prompts 3-4
     assert got["metrics"] == {"rollout/rank0_prompts": 12.0, "rollout/rank1_prompts": 8.0}
+
+
+def test_one_process_keeps_its_engine():
+    """The default run (one process) and a sharded backend in a one-process group generate as before."""
+    from tasks.config_load import validate
+    from tasks.generation.rollout import HFEngine
+    from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
+    from tasks.update.backend import build_updater, ranks_generate, share_generation
+
+    tok = build_tokenizer()
+    model = build_tiny_model(hidden=64, layers=2, heads=2, seed=0, tokenizer=tok)
+    engine = HFEngine(model, tok, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0, chunk=8)
+    policy = Policy(model=model, tokenizer=tok, engine=engine)
+    cfg = validate({})
+    assert cfg.scale.backend == "single" and ranks_generate(cfg, engine) == 1
+    assert share_generation(cfg, policy, build_updater(cfg, policy, device="cpu"), lag=0) is None
+    assert policy.engine is engine
+    assert ranks_generate(validate({"scale": {"backend": "ddp"}}), engine) == 1  # no process group: one rank
