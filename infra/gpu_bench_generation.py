@@ -53,9 +53,10 @@ def sync(device) -> None:
 
 def draw(model, rows: int, new: int, device, seed: int = 0):
     ids, am = prompts(rows, model.config.vocab_size, device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    return ids, decode(model, ids, am, max_new_tokens=new, sampling=Sampling(temperature=1.0), eos_id=-1, pad_id=0,
-                       generator=gen)
+    one = ids[::GROUP], am[::GROUP]  # each prompt once: decode prefills it once for its GROUP rollouts
+    seeds = torch.arange(len(one[0]), dtype=torch.long) + seed
+    return ids, decode(model, *one, n=GROUP, max_new_tokens=new, sampling=Sampling(temperature=1.0), stop_ids=(),
+                       pad_id=0, seeds=seeds)
 
 
 def timed(fn, device) -> float:

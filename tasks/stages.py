@@ -31,7 +31,7 @@ from tasks.data import ingest
 from tasks.data.prompts import PromptRecord
 from tasks.model.lora import apply_lora
 from tasks.model.policy import Policy, load_policy
-from tasks.generation.rollout import HFEngine
+from tasks.generation.rollout import HFEngine, end_of_turn_ids
 from tasks.model.warmstart import sft_records, warm_start
 from tasks.records import artifacts, plots
 from tasks.records.files import write_json
@@ -123,7 +123,7 @@ def prepare_stage(run: Run) -> Policy:
     rc = cfg.rollout
     if rc.engine == "vllm":  # one or more vLLM servers (docs/scale-out.md)
         from tasks.generation.server_pool import ServerPool
-        engine = ServerPool.from_config(rc, tok)
+        engine = ServerPool.from_config(rc, tok, end_of_turn_ids(model, tok))
         engine.sync_weights(model, tok, run.dir / "vllm_weights")  # the servers sample from exactly this policy
     else:
         engine = HFEngine(model, tok, max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,

@@ -3,15 +3,16 @@ on a free loopback port) that answers the endpoints :class:`tasks.generation.vll
 with the tiny HF model in this process.
 
 Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions`` (token-id prompt, ``n``, ``max_tokens``,
-``temperature`` (0: arg-max), ``top_p``, ``top_k``, ``seed``, ``logprobs: 0``, ``return_token_ids``), ``POST
+``temperature`` (0: arg-max), ``top_p``, ``top_k``, ``stop_token_ids`` (decoding stops at any of them
+or the EOS, as vLLM's), ``seed``, ``logprobs: 0``, ``return_token_ids``), ``POST
 /collective_rpc`` with ``reload_weights`` (loads the safetensors of ``weights_path`` into its own copy, as vLLM's
 in-place reload) and ``POST /reset_prefix_cache``.
 
-Sampling: one request is ``n`` copies of its prompt through :func:`tasks.generation.rollout.decode` with the request's
-settings (:meth:`HFEngine.sampling`), ``torch.manual_seed(seed)`` first; a process-wide lock serialises every scripted
-server's sampling (torch's generator is global), so a request's answer depends on its prompt, n, seed and the loaded
-weights alone, whichever server and thread answers it. Deviation from vLLM: its n children are seeded ``seed + j``;
-here the n rows share one seeded draw (either way a seed gives one answer).
+Sampling: one request is its prompt with ``n`` rollouts through :func:`tasks.generation.rollout.decode` with the
+request's settings (:meth:`HFEngine.sampling`), the noise keyed by the request's ``seed``; a process-wide lock
+serialises every scripted server's sampling and reloads, so a request's answer depends on its prompt, n, seed and the
+loaded weights alone, whichever server and thread answers it. Deviation from vLLM: its n children are seeded
+``seed + j``; here rollout j's noise is keyed by ``(seed, j)`` (either way a seed gives one answer).
 
 Failures on demand (:meth:`ScriptedVLLM.fail_after`): after k answered completions the server goes ``down`` (stops
 listening: connection refused), answers ``500``, ``close``s the connection without an answer, ``hang``s past the
@@ -32,7 +33,7 @@ from safetensors.torch import load_file
 from tasks.model.policy import load_policy
 from tasks.generation.rollout import HFEngine, decode
 
-#: torch's global generator: one sampling at a time across every scripted server of the process.
+#: one sampling (or reload) at a time across every scripted server of the process.
 _SAMPLING = threading.Lock()
 FAILURES = ("down", "500", "close", "hang", "400")
 
@@ -42,7 +43,8 @@ class ScriptedVLLM:
 
     Attributes:
         url: its base URL; model: its own copy of the weights; completions: completion requests answered;
-        reloads: weight reloads done; prompts: the prompt ids it answered, in order.
+        reloads: weight reloads done; prompts: the prompt ids it answered, in order; requests: the completion
+        requests' bodies, in order.
     """
 
     def __init__(self, model_dir: str | Path):
@@ -51,6 +53,7 @@ class ScriptedVLLM:
         self.model.eval().requires_grad_(False)
         self.completions = self.reloads = 0
         self.prompts: list[list[int]] = []
+        self.requests: list[dict] = []
         self._fail_after: int | None = None
         self._failure = "down"
         self._release = threading.Event()  # lets hanging handlers go at close
@@ -100,22 +103,24 @@ class ScriptedVLLM:
         engine = HFEngine(self.model, self.tok, max_new_tokens=int(body["max_tokens"]),
                           temperature=temperature or 1.0, top_p=float(body.get("top_p", 1.0)),
                           top_k=max(0, int(body.get("top_k", 0))), chunk=n)
-        ids = torch.tensor([prompt] * n, dtype=torch.long)
+        ids = torch.tensor([prompt], dtype=torch.long)
+        stops = tuple(dict.fromkeys([self.tok.eos_token_id, *body.get("stop_token_ids", [])]))
         with _SAMPLING:
-            torch.manual_seed(int(body["seed"]))
-            out, logp = decode(self.model, ids, torch.ones_like(ids), max_new_tokens=engine.max_new_tokens,
-                               sampling=engine.sampling() if temperature > 0 else None,
-                               eos_id=self.tok.eos_token_id, pad_id=self.tok.pad_token_id)
+            out, logp = decode(self.model, ids, torch.ones_like(ids), n=n, max_new_tokens=engine.max_new_tokens,
+                               sampling=engine.sampling() if temperature > 0 else None, stop_ids=stops,
+                               pad_id=self.tok.pad_token_id, seeds=torch.tensor([int(body["seed"])]))
         choices = []
         for j in range(n):
             row = out[j].tolist()
-            stopped = self.tok.eos_token_id in row
-            end = row.index(self.tok.eos_token_id) + 1 if stopped else len(row)  # vLLM keeps the EOS
+            ends = [t for t, x in enumerate(row) if x in stops]
+            stopped = bool(ends)
+            end = ends[0] + 1 if stopped else len(row)  # vLLM keeps the stop token
             choices.append({"index": j, "text": self.tok.decode(row[:end], skip_special_tokens=True),
                             "token_ids": row[:end], "logprobs": {"token_logprobs": logp[j, :end].tolist()},
                             "finish_reason": "stop" if stopped else "length"})
         with self._lock:
             self.prompts.append(prompt)
+            self.requests.append(body)
         return {"id": f"cmpl-{time.monotonic_ns()}", "object": "text_completion", "model": self.model_dir,
                 "choices": choices}
 

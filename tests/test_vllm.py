@@ -61,7 +61,7 @@ def served(tmp_path_factory):
                              "float32", "--enforce-eager", "--max-num-seqs", "64"],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     engine = VLLMEngine(f"http://127.0.0.1:{port}", tok, max_new_tokens=12, temperature=TEMPERATURE,
-                        top_p=1.0, top_k=0)
+                        top_p=1.0, top_k=0, stop_ids=(tok.eos_token_id,))
     try:
         t0 = time.perf_counter()
         while True:
@@ -191,7 +191,8 @@ def two_served(tmp_path_factory):
     try:
         t0 = time.perf_counter()
         for proc, url, log in servers:
-            engine = VLLMEngine(url, policy.tokenizer, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0)
+            engine = VLLMEngine(url, policy.tokenizer, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0,
+                                stop_ids=(policy.tokenizer.eos_token_id,))
             while True:
                 try:
                     engine.wait_ready(timeout=5)
@@ -213,7 +214,8 @@ def test_two_servers_give_the_one_servers_generation(two_served):
     servers, tok = two_served
     urls = [url for _, url, _ in servers]
     texts = [format_prompt(tok, q) for q in [*PROMPTS, "5+5=?", "9-2=?"]]
-    settings = {"max_new_tokens": 12, "temperature": TEMPERATURE, "top_p": 1.0, "top_k": 0}
+    settings = {"max_new_tokens": 12, "temperature": TEMPERATURE, "top_p": 1.0, "top_k": 0,
+                "stop_ids": (tok.eos_token_id,)}
     one = ServerPool(urls[:1], tok, **settings).generate(texts, n=3, seed=11)
     two = ServerPool(urls, tok, **settings)
     both = two.generate(texts, n=3, seed=11)

@@ -17,9 +17,13 @@ CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def build(folder: Path, texts_file: Path, vocab_size: int = 400, hidden: int = 64, layers: int = 2) -> Path:
+def build(folder: Path, texts_file: Path, vocab_size: int = 400, hidden: int = 64, layers: int = 2,
+          two_eos: bool = False) -> Path:
     """Train the tokenizer on the ``question`` and ``answer`` fields of a JSONL file, build a random Qwen2 of
-    that vocabulary and save both (``save_pretrained``) to ``folder``."""
+    that vocabulary and save both (``save_pretrained``) to ``folder``.
+
+    ``two_eos``: the generation config ends a turn on ``[<|im_end|>, <|endoftext|>]``, as Qwen2.5-Instruct's
+    (``[151645, 151643]``); else on ``<|im_end|>`` alone."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -43,7 +47,8 @@ def build(folder: Path, texts_file: Path, vocab_size: int = 400, hidden: int = 6
                       bos_token_id=None)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(cfg)
-    model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    eos = [tok.eos_token_id, tok.convert_tokens_to_ids("<|endoftext|>")] if two_eos else tok.eos_token_id
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=tok.pad_token_id)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)

@@ -87,7 +87,8 @@ def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenize
             return
         try:
             reset_own_peak(settings["device"])
-            gen = engine.generate(*msg[1:])
+            prompts, n, seed, greedy, first = msg[1:]
+            gen = engine.generate(prompts, n, seed, greedy, first=first)
             out = ("ok", (gen, own_peak_mb(settings["device"]), mp_util.get_temp_dir()))
         except Exception as err:  # noqa: BLE001 - sent to the parent, which stops the run with it
             out = ("error", f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=5)}")
@@ -141,11 +142,11 @@ class GeneratorProcess(RolloutEngine):
     def pid(self) -> int | None:
         return self._proc.pid
 
-    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False) -> Generation:
+    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False, *, first: int = 0) -> Generation:
         if not self._proc.is_alive():
             raise GeneratorDied(self._why())
         try:
-            self._conn.send(("generate", prompts, n, seed, greedy))
+            self._conn.send(("generate", prompts, n, seed, greedy, first))
             while not self._conn.poll(self.poll_s):
                 if not self._proc.is_alive():
                     raise GeneratorDied(self._why())

@@ -1,24 +1,31 @@
 """Rollout engines: batched sampling of n completions per prompt.
 
-``HFEngine`` decodes with the transformers model in this process (:func:`decode`: left padding, KV cache, the
-exponential-race sampler of ``tasks/generation/sampling.py``, sampling settings from config). Each call's noise comes
-from its own generator seeded from ``(seed, step, purpose)``, so a resumed run samples exactly what an
-uninterrupted one would. Every engine implements :class:`RolloutEngine` (``generate``, ``sync_weights`` and
+``HFEngine`` decodes with the transformers model in this process (``tasks/generation/decode.py``: a KV cache
+written in place, each prompt prefilled once, CUDA graphs; the exponential-race sampler of
+``tasks/generation/sampling.py``, sampling settings from config). Prompt ``b`` of a call seeded ``seed`` (itself
+derived from ``(seed, step, purpose)``) draws its noise from :func:`prompt_seed` ``(seed, first + b)``, so a resumed
+run samples exactly what an uninterrupted one would, and a prompt's rollouts do not depend on how a call's prompts
+are split between chunks, calls, ranks or servers. Every engine implements :class:`RolloutEngine` (``generate``, ``sync_weights`` and
 ``metrics``); the others are the vLLM server's (``tasks/generation/vllm_engine.py``) and a pool of such servers
 (``tasks/generation/server_pool.py``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import torch
-from transformers import DynamicCache, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from rlcore.seeding import derive_seed
-from tasks.generation.sampling import Sampling, sample_next
+from tasks.generation.decode import Decoder, decode
+from tasks.generation.sampling import Sampling
+
+__all__ = ["Generation", "HFEngine", "RolloutEngine", "add_special", "completion_mask", "decode", "end_of_turn_ids",
+           "prompt_seed", "to_generation"]
 
 
 @dataclass
@@ -28,7 +35,7 @@ class Generation:
     Attributes:
         prompt_ids: B tensors [P_b] (unpadded prompt ids).
         completion_ids: [B*n, L] right-padded completion ids.
-        completion_mask: [B*n, L] bool, True up to and including the first EOS.
+        completion_mask: [B*n, L] bool, True up to and including the first end-of-turn token (any stop id).
         texts: B*n decoded completions.
         n: rollouts per prompt.
         logprobs: [B*n, L] float32, the sampler's log-prob of each generated token under the distribution it
@@ -49,11 +56,52 @@ class Generation:
         return int(self.completion_mask.sum())
 
 
-def completion_mask(ids: torch.Tensor, eos_id: int) -> torch.Tensor:
-    """[N, L] bool: True on tokens up to and including the first EOS of each row."""
-    is_eos = ids == eos_id
-    before = is_eos.cumsum(-1) - is_eos.long()  # EOS tokens strictly before position t
+def end_of_turn_ids(model, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
+    """Every token id that ends a turn: the tokenizer's EOS, then each id of the model's generation config
+    (``model.generation_config.eos_token_id``, an int or a list: Qwen2.5's ``[151645, 151643]``, Llama 3
+    Instruct's three), without repeats. What decoding, completion masks (hence rewards, which read the text up to
+    the mask's end) and the vLLM request (``stop_token_ids``) stop at.
+
+    Raises:
+        ValueError: neither names an end-of-turn token.
+    """
+    ids = [tokenizer.eos_token_id]
+    eos = model.generation_config.eos_token_id
+    ids += list(eos) if isinstance(eos, (list, tuple)) else [eos]
+    out = tuple(dict.fromkeys(int(i) for i in ids if i is not None))
+    if not out:
+        raise ValueError("no end-of-turn token: the tokenizer has no eos_token and the model's generation_config no "
+                         "eos_token_id; set one of them")
+    return out
+
+
+def completion_mask(ids: torch.Tensor, stop_ids: Sequence[int]) -> torch.Tensor:
+    """[N, L] bool: True on tokens up to and including the first stop token (any of ``stop_ids``) of each row."""
+    is_stop = torch.isin(ids, torch.tensor(list(stop_ids), dtype=ids.dtype, device=ids.device))
+    before = is_stop.cumsum(-1) - is_stop.long()  # stop tokens strictly before position t
     return before == 0
+
+
+def to_generation(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[torch.Tensor], ids: torch.Tensor,
+                  logp: torch.Tensor, n: int, stop_ids: Sequence[int]) -> Generation:
+    """The :class:`Generation` of decoded rows: each row cut after its first stop token (any of ``stop_ids``):
+    ids padded and log-probs 0 past it, and the text (what rewards read) decoded from the kept ids only.
+
+    Args:
+        ids, logp: [B*n, L] completion ids and their log-probs, prompt-major.
+    """
+    mask = completion_mask(ids, stop_ids) & (ids.shape[1] > 0)
+    ids = torch.where(mask, ids, torch.full_like(ids, tokenizer.pad_token_id))
+    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    return Generation(prompt_ids=prompt_ids, completion_ids=ids, completion_mask=mask, texts=texts, n=n,
+                      logprobs=torch.where(mask, logp, 0.0))
+
+
+def prompt_seed(seed: int, b: int) -> int:
+    """The noise seed of prompt ``b`` (its index in the whole ``generate`` call) of a call seeded ``seed``: the
+    same whichever chunk, call, rank or server samples it, so a call's results do not depend on how its prompts
+    are spread (every engine seeds its prompts so)."""
+    return derive_seed(seed, b) % 2**31
 
 
 def add_special(tokenizer) -> bool:
@@ -62,85 +110,14 @@ def add_special(tokenizer) -> bool:
     return not getattr(tokenizer, "chat_template", None)
 
 
-@torch.inference_mode()
-def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
-           sampling: Sampling | None, eos_id: int, pad_id: int,
-           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample (or, with ``sampling=None``, arg-max) completions, dropping each row from the batch once it ends.
-
-    ``model.generate`` keeps finished rows in every decode step until the longest one ends; here a row leaves
-    the batch and its KV cache (``DynamicCache.batch_select_indices``) at its EOS, so a step costs what the
-    live rows cost (on the embedded task the mean completion is half the longest). Each step draws the live
-    rows' next tokens with :func:`tasks.generation.sampling.sample_next`: the exponential race (Gumbel-max, an exact
-    sampler of the softmax) on the logits divided by the temperature and cut by top-k and top-p, in float32 chunks
-    of rows, with the noise from ``generator``; the drawn token's log-prob comes from the same chunk. No float32
-    matrix of all rows' logits, no ``softmax`` + ``torch.multinomial`` over the vocabulary, and one host sync a
-    step (how many rows go on). The draws follow exactly the distribution ``generate`` samples from, but they
-    are not its draws token for token (the noise is drawn for the live rows only). Positions are
-    the attention mask's cumulative sum, as in ``tasks.model.forward.pack``. Only ``sampling`` applies: a model
-    folder's own ``generation_config`` (a repetition penalty, say) does not, so the sampling distribution is
-    exactly the one the update's log-probs describe.
-
-    The KV cache grows by concatenation (transformers' ``DynamicCache``) and shapes change as rows leave, so the
-    step is not captured in CUDA graphs; docs/performance.md says what is measured and what is left.
-
-    Args:
-        input_ids: [B, P] left-padded prompts (a prompt repeated n times for n rollouts); attention_mask: [B, P].
-        sampling: the distribution (temperature, top-k, top-p); None: arg-max decoding.
-        generator: the noise's source, on the model's device; the same seed gives the same draws (on one device
-            and software stack). None: torch's default generator.
-
-    Returns:
-        ``(ids, logp)``: [B, T] completion ids, T <= ``max_new_tokens`` the longest completion, ``pad_id`` after
-        each EOS; [B, T] float32 log-prob of each drawn token under the distribution it was drawn from (the
-        warped one; arg-max decoding: the plain softmax), 0 after each EOS.
-
-    Raises:
-        FloatingPointError: the model's logits were NaN for some drawn token (broken weights).
-    """
-    b = input_ids.shape[0]
-    out = torch.full((b, max_new_tokens), pad_id, dtype=torch.long, device=input_ids.device)
-    out_logp = torch.zeros(b, max_new_tokens, device=input_ids.device)
-    if max_new_tokens == 0 or b == 0:
-        return out[:, :0], out_logp[:, :0]
-    live = torch.arange(b, device=input_ids.device)  # rows still generating, as indices into the B rows
-    cache = DynamicCache()
-    pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, past_key_values=cache,
-                   use_cache=True, logits_to_keep=1).logits[:, -1]  # [B_live, V] in the model's dtype
-    pos = pos[:, -1:]
-    width = max_new_tokens
-    for t in range(max_new_tokens):
-        tok, logp = sample_next(logits, sampling, generator)
-        out[live, t] = tok
-        out_logp[live, t] = logp
-        going = tok != eos_id
-        n_going = int(going.sum())  # the step's one host sync
-        if t + 1 == max_new_tokens or n_going == 0:
-            width = t + 1
-            break
-        if n_going < len(live):  # drop finished rows from the batch and the cache
-            keep = going.nonzero().squeeze(1)
-            cache.batch_select_indices(keep)
-            live, tok, pos, attention_mask = live[keep], tok[keep], pos[keep], attention_mask[keep]
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(live), 1)], dim=1)
-        pos = pos + 1
-        logits = model(input_ids=tok[:, None], attention_mask=attention_mask, position_ids=pos,
-                       past_key_values=cache, use_cache=True).logits[:, -1]
-    out, out_logp = out[:, :width], out_logp[:, :width]
-    if bool(out_logp.isnan().any()):
-        raise FloatingPointError(f"decode: the model's logits were NaN for {int(out_logp.isnan().sum())} of the "
-                                 f"drawn tokens ({b} rows); its weights are not finite")
-    return out, out_logp
-
-
 @runtime_checkable
 class RolloutEngine(Protocol):
     """What the training loop, the selector and the evaluation need from a rollout engine."""
 
-    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False) -> Generation:
+    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False, *, first: int = 0) -> Generation:
         """n completions for each of the B ``prompts`` (prompt-major rows), reproducible from ``seed``;
-        ``greedy``: arg-max decoding (then n is usually 1)."""
+        ``greedy``: arg-max decoding (then n is usually 1); ``first``: the index of ``prompts[0]`` in the whole
+        call this is a share of (prompt b is seeded :func:`prompt_seed` ``(seed, first + b)``)."""
         ...
 
     def sync_weights(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, folder: str | Path) -> float:
@@ -158,52 +135,54 @@ class RolloutEngine(Protocol):
 
 class HFEngine(RolloutEngine):
     """Sampling with transformers models in this process (the default engine; CPU or GPU) through :func:`decode`.
-    It samples from the live training model itself, so :meth:`sync_weights` has nothing to do."""
+    It samples from the live training model itself, so :meth:`sync_weights` has nothing to do.
+
+    ``stop_ids``: the tokens that end a turn (:func:`end_of_turn_ids`, computed once from ``model`` and ``tokenizer``
+    when not given; a process that rebuilds the model from its config passes the parent's, :meth:`settings`).
+    """
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int, temperature: float, top_p: float,
-                 top_k: int, chunk: int, device: torch.device | str = "cpu"):
+                 top_k: int, chunk: int, device: torch.device | str = "cpu", stop_ids: Sequence[int] | None = None):
         self.model, self.tok = model, tokenizer
+        self.stop_ids = tuple(stop_ids) if stop_ids is not None else end_of_turn_ids(model, tokenizer)
         self.max_new_tokens, self.temperature, self.top_p, self.top_k = max_new_tokens, temperature, top_p, top_k
         self.chunk, self.device = chunk, device
+        #: the decode loop, its buffers and CUDA graphs kept for the next call that fits them
+        self.decoder = Decoder(model)
 
     def sampling(self) -> Sampling:
         """The distribution these settings sample from (temperature, then top-k, then top-p, as ``generate``)."""
         return Sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
 
     @torch.inference_mode()
-    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False) -> Generation:
+    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False, *, first: int = 0) -> Generation:
         enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=add_special(self.tok))
         ids_all, am_all = enc["input_ids"], enc["attention_mask"]  # [B, P] left-padded: tokenized once
         prompt_ids = [ids[am.bool()] for ids, am in zip(ids_all, am_all, strict=True)]
+        seeds = torch.tensor([prompt_seed(seed, first + b) for b in range(len(prompts))], dtype=torch.long)
         per_call = max(1, self.chunk // n)
         outs: list[tuple[torch.Tensor, torch.Tensor]] = []
         was_training = self.model.training
         self.model.eval()
         sampling = None if greedy else self.sampling()
-        for c, start in enumerate(range(0, len(prompts), per_call)):
+        for start in range(0, len(prompts), per_call):
             am = am_all[start:start + per_call]
             cut = int((am.sum(0) == 0).sum())  # pad columns no prompt of this chunk needs
             ids, am = ids_all[start:start + per_call, cut:], am[:, cut:]
-            gen = torch.Generator(device=self.device).manual_seed(derive_seed(seed, c))
-            outs.append(decode(self.model, ids.repeat_interleave(n, 0).to(self.device),
-                               am.repeat_interleave(n, 0).to(self.device), max_new_tokens=self.max_new_tokens,
-                               sampling=sampling, eos_id=self.tok.eos_token_id,
-                               pad_id=self.tok.pad_token_id, generator=gen))
+            outs.append(self.decoder(ids.to(self.device), am.to(self.device), n=n,
+                                     max_new_tokens=self.max_new_tokens, sampling=sampling, stop_ids=self.stop_ids,
+                                     pad_id=self.tok.pad_token_id, seeds=seeds[start:start + per_call]))
         self.model.train(was_training)
         width = max(o.shape[1] for o, _ in outs)
         ids = torch.cat([torch.nn.functional.pad(o.cpu(), (0, width - o.shape[1]), value=self.tok.pad_token_id)
                          for o, _ in outs])
         logp = torch.cat([torch.nn.functional.pad(lp.float().cpu(), (0, width - lp.shape[1])) for _, lp in outs])
-        mask = completion_mask(ids, self.tok.eos_token_id) & (width > 0)
-        ids = torch.where(mask, ids, torch.full_like(ids, self.tok.pad_token_id))
-        texts = self.tok.batch_decode(ids, skip_special_tokens=True)
-        return Generation(prompt_ids=prompt_ids, completion_ids=ids, completion_mask=mask, texts=texts, n=n,
-                          logprobs=torch.where(mask, logp, 0.0))
+        return to_generation(self.tok, prompt_ids, ids, logp, n, self.stop_ids)
 
     def settings(self) -> dict:
         """The keyword arguments that build this engine's sampling on another module (tasks/generation/generator.py)."""
         return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_p": self.top_p,
-                "top_k": self.top_k, "chunk": self.chunk, "device": str(self.device)}
+                "top_k": self.top_k, "chunk": self.chunk, "device": str(self.device), "stop_ids": self.stop_ids}
 
     def sync_weights(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, folder: str | Path) -> float:
         """A no-op: ``generate`` runs the very module the update trains (``model`` is that module)."""

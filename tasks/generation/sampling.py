@@ -16,26 +16,96 @@ top-k and top-p warpers when they are on, turned in place into unnormalised prob
 token's log-prob is ``x_tok - max - log(sum)``: ``log_softmax`` of the warped logits at that token only, the
 formula of the trainer's ``tasks.model.forward.selective_log_softmax``.
 
-Precision: the race runs in float32, so it is exact up to the resolution of the float32 noise, the same as
-``torch.multinomial``'s. On CUDA ``2^-24 <= E <= 22`` (curand's uniforms), so a token more than 19.7 nats below the
-most likely one is never drawn: at most ``V e^-19.7`` of the mass, 4e-4 for 152k tokens if every other token sat
-just there, orders of magnitude less for a language model's tail. On the CPU the noise comes from double-precision
-uniforms (``E`` up to 36.7). Noise and sums are never taken in the logits' own (bf16) dtype: rounding the scaled
-logits or the race there would change the distribution by up to ``|x| 2^-9`` nats.
+The noise is counter-based: the ``Exp(1)`` draw of token ``v`` in the row of rollout ``j`` of a prompt seeded ``s`` at
+completion step ``t`` is a pure function of ``(s, j, t, v)`` (:func:`race_noise`), computed with int64 tensor ops,
+so a prompt's rollouts do not depend on which rows, chunks, calls, ranks or buckets it shares (the counter-based
+idea of Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011, with SplitMix64's mixer: Steele,
+Lea and Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014, whose output for state ``k + i
+gamma`` is :func:`mix64`). A row's key ``mix64(mix64(s) + (j + 1) gamma)`` (:func:`row_keys`), a step's
+``mix64(key + (t + 1) gamma')`` (:func:`step_keys`), and a token's 64 bits ``mix64(step key + (v + 1) gamma)``;
+the top 53 bits give ``u = (m + 1/2) 2^-53`` and ``E = -log u`` in float64, stored as float32. No ``torch.Generator``
+and no host sync; on CUDA the mixer runs as one fused kernel (``torch.compile``; eager where compiling fails).
 
-Deviation from ``generate``: the noise is drawn only for the rows still generating, from a generator the caller
-seeds, so a seed reproduces its draws (on one device) but they are not ``generate``'s token for token.
+Precision: the race runs in float32 with ``2^-54 <= E <= 37.4`` (53-bit uniforms, as the CPU's
+``exponential_``), so a token more than 37 nats below the most likely one is never drawn; curand's 24-bit uniforms
+(``torch.multinomial`` on CUDA) stop at 19.7. Noise and sums are never taken in the logits' own (bf16) dtype:
+rounding the scaled logits or the race there would change the distribution by up to ``|x| 2^-9`` nats.
+
+Deviation from ``generate``: the draws follow its distribution exactly but are not its draws token for token.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import logging
+
 import torch
 from transformers import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
 
+log = logging.getLogger(__name__)
+
 #: Logits upcast at once (rows x vocabulary): two float32 buffers of this size, 128 MiB in all.
 CHUNK_ELEMENTS = 1 << 24
+
+
+def _signed(x: int) -> int:
+    """A 64-bit constant as the int64 with the same bits."""
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+#: SplitMix64's increment (the golden ratio's 64 bits) and the mixer's multipliers (Stafford's variant 13).
+GAMMA, GAMMA_STEP = _signed(0x9E3779B97F4A7C15), _signed(0xD1B54A32D192ED03)
+MIX1, MIX2 = _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)
+
+
+def mix64(z: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finaliser on int64 tensors (any shape), bit for bit the uint64 one: products wrap modulo 2^64
+    and right shifts are made logical by masking off the copied sign bits."""
+    z = z ^ ((z >> 30) & ((1 << 34) - 1))
+    z = z * MIX1
+    z = z ^ ((z >> 27) & ((1 << 37) - 1))
+    z = z * MIX2
+    return z ^ ((z >> 31) & ((1 << 33) - 1))
+
+
+def row_keys(seeds: torch.Tensor, n: int) -> torch.Tensor:
+    """[B*n] int64 noise keys of the n rollouts of each prompt, prompt-major, from the prompts' seeds [B] (int64,
+    e.g. ``tasks.generation.vllm_engine.prompt_seed``)."""
+    j = torch.arange(1, n + 1, dtype=torch.long, device=seeds.device)
+    return mix64(mix64(seeds.long())[:, None] + j * GAMMA).reshape(-1)
+
+
+def step_keys(keys: torch.Tensor, t: int) -> torch.Tensor:
+    """[R] int64: the rows' keys at completion step ``t`` (0 for the first generated token)."""
+    return mix64(keys + _signed((t + 1) * GAMMA_STEP % (1 << 64)))
+
+
+def race_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[r, vocab] float32 ``Exp(1)`` noise, entry ``(i, v)`` a function of ``keys[i]`` and ``v`` alone (module
+    docstring)."""
+    v = torch.arange(1, vocab + 1, dtype=torch.long, device=keys.device) * GAMMA
+    bits = (mix64(keys[:, None] + v) >> 11) & ((1 << 53) - 1)
+    return (bits.double().add_(0.5).mul_(2.0 ** -53)).log_().neg_().float()
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def _noise_fn(device: torch.device):
+    """:func:`race_noise`, fused into one kernel by ``torch.compile`` on CUDA (eager if that fails), eager
+    elsewhere: eagerly each of its dozen int64 ops reads and writes the whole [r, V] block."""
+    if device.type != "cuda":
+        return race_noise
+    if "cuda" not in _COMPILED:
+        try:
+            fn = torch.compile(race_noise, dynamic=True, fullgraph=True)
+            fn(torch.zeros(2, dtype=torch.long, device=device), 8)  # compile now: failures show here
+            _COMPILED["cuda"] = fn
+        except Exception as err:  # noqa: BLE001 - any compiler failure: the eager function is exact too
+            log.warning("race noise: torch.compile failed (%s); eager noise, slower", str(err).splitlines()[0][:200])
+            _COMPILED["cuda"] = race_noise
+    return _COMPILED["cuda"]
 
 
 @dataclass(frozen=True)
@@ -66,14 +136,15 @@ class Sampling:
         return out
 
 
-def sample_next(logits: torch.Tensor, sampling: Sampling | None, generator: torch.Generator | None = None,
+def sample_next(logits: torch.Tensor, sampling: Sampling | None, keys: torch.Tensor | None = None,
                 max_elements: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row and its log-prob under the distribution it was drawn from.
 
     Args:
         logits: [R, V] in any float dtype (left untouched).
         sampling: the distribution; None: arg-max (the first of tied maxima), log-probs at temperature 1.
-        generator: the noise's source, on ``logits``' device (None: torch's default generator).
+        keys: [R] int64 noise keys of the rows at this step (:func:`step_keys`), on ``logits``' device; required
+            when sampling.
         max_elements: logits upcast at once (default :data:`CHUNK_ELEMENTS`); rows go in chunks of
             ``max_elements // V`` (at least one).
 
@@ -83,6 +154,10 @@ def sample_next(logits: torch.Tensor, sampling: Sampling | None, generator: torc
     r, v = logits.shape
     if r == 0:
         return torch.zeros(0, dtype=torch.long, device=logits.device), torch.zeros(0, device=logits.device)
+    if sampling is not None and (keys is None or keys.shape != (r,)):
+        raise ValueError(f"sample_next: sampling {r} rows needs [{r}] noise keys, got "
+                         f"{None if keys is None else tuple(keys.shape)}")
+    noise_fn = _noise_fn(logits.device) if sampling is not None else None
     temperature = 1.0 if sampling is None else sampling.temperature
     warpers = LogitsProcessorList() if sampling is None else sampling.warpers()
     step = max(1, (max_elements or CHUNK_ELEMENTS) // max(v, 1))
@@ -100,7 +175,7 @@ def sample_next(logits: torch.Tensor, sampling: Sampling | None, generator: torc
         p = x.sub_(top).exp_()  # unnormalised probabilities, the largest exactly 1
         total = p.sum(-1)
         if sampling is not None:
-            noise = torch.empty_like(p).exponential_(generator=generator)
+            noise = noise_fn(keys[s:s + step], v)
             tok = torch.div(p, noise, out=noise).argmax(-1)
         picked = raw.gather(1, tok[:, None]).squeeze(1).float()  # the drawn logit, unchanged by top-k / top-p
         if temperature != 1.0:

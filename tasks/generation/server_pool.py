@@ -67,28 +67,30 @@ class ServerPool(RolloutEngine):
 
     Args:
         urls: the servers' base URLs (``rollout.vllm_url``), at least one, no duplicates.
-        tokenizer, max_new_tokens, temperature, top_p, top_k, timeout, concurrency: every server's
+        tokenizer, max_new_tokens, temperature, top_p, top_k, stop_ids, timeout, concurrency: every server's
             :class:`VLLMEngine` settings (``concurrency``: prompts in flight per server).
     """
 
     def __init__(self, urls: Sequence[str], tokenizer, *, max_new_tokens: int, temperature: float, top_p: float,
-                 top_k: int, timeout: float = 600.0, concurrency: int = 64):
+                 top_k: int, stop_ids: Sequence[int], timeout: float = 600.0, concurrency: int = 64):
         if not urls:
             raise ValueError("ServerPool needs at least one server URL (rollout.vllm_url)")
         if len({u.rstrip("/") for u in urls}) != len(urls):
             raise ValueError(f"ServerPool: duplicate server URLs in {list(urls)}")
         self.tok = tokenizer
         self.servers = [VLLMEngine(u, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                   top_k=top_k, timeout=timeout, concurrency=concurrency) for u in urls]
+                                   top_k=top_k, stop_ids=stop_ids, timeout=timeout, concurrency=concurrency)
+                        for u in urls]
         self.dropped: dict[str, str] = {}  # url -> why it was dropped
         self.answered: dict[str, int] = {s.url: 0 for s in self.servers}  # prompts each server answered
         self._lock = threading.Lock()
 
     @classmethod
-    def from_config(cls, rc: RolloutConfig, tokenizer) -> ServerPool:
-        """The pool of ``rollout.vllm_url`` with the run's sampling settings (tasks/stages.py ``prepare_stage``)."""
+    def from_config(cls, rc: RolloutConfig, tokenizer, stop_ids: Sequence[int]) -> ServerPool:
+        """The pool of ``rollout.vllm_url`` with the run's sampling settings and the policy's end-of-turn ids
+        (tasks/stages.py ``prepare_stage``)."""
         return cls(rc.vllm_url, tokenizer, max_new_tokens=rc.max_new_tokens, temperature=rc.temperature,
-                   top_p=rc.top_p, top_k=rc.top_k, timeout=rc.vllm_timeout)
+                   top_p=rc.top_p, top_k=rc.top_k, stop_ids=stop_ids, timeout=rc.vllm_timeout)
 
     @property
     def live(self) -> list[VLLMEngine]:
@@ -118,9 +120,9 @@ class ServerPool(RolloutEngine):
         return "every vLLM server failed: " + "; ".join(f"{u} ({r})" for u, r in self.dropped.items())
 
     # -- generation -------------------------------------------------------------------------------------
-    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False) -> Generation:
-        """n completions for each prompt (prompt-major rows), prompt b seeded ``prompt_seed(seed, b)`` on whichever
-        live server answers it; a server that fails is dropped and its unanswered prompts asked of the others."""
+    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False, *, first: int = 0) -> Generation:
+        """n completions for each prompt (prompt-major rows), prompt b seeded ``prompt_seed(seed, first + b)`` on
+        whichever live server answers it; a server that fails is dropped and its unanswered prompts asked of the others."""
         prompt_ids = prompt_token_ids(self.tok, prompts)
         out: list[list[dict] | None] = [None] * len(prompts)
         todo = list(range(len(prompts)))
@@ -130,7 +132,7 @@ class ServerPool(RolloutEngine):
                 raise VLLMError(self._none_left())
             shares = [s for s in zip(live, spread(todo, len(live)), strict=True) if s[1]]
             with ThreadPoolExecutor(max_workers=len(shares), thread_name_prefix="rlsift-pool") as pool:
-                futures = [pool.submit(self._ask, server, [(b, prompt_ids[b].tolist(), prompt_seed(seed, b))
+                futures = [pool.submit(self._ask, server, [(b, prompt_ids[b].tolist(), prompt_seed(seed, first + b))
                                                            for b in share], n, greedy, out)
                            for server, share in shares]
                 reasons = [f.result() for f in futures]  # an error that is not ServerDown is raised here

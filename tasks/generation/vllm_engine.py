@@ -5,10 +5,12 @@ runs as a server from ``.venv-vllm`` (``infra/vllm-env.sh``, ``infra/vllm-serve.
 to it with the standard library's ``urllib``:
 
 - ``POST /v1/completions`` with the prompt as token ids (our tokenizer is the only one that tokenizes),
-  ``n``, ``max_tokens``, ``temperature``/``top_p``/``top_k``, a per-prompt ``seed``, ``logprobs: 0`` (the
+  ``n``, ``max_tokens``, ``temperature``/``top_p``/``top_k``, ``stop_token_ids`` (every end-of-turn id,
+  ``tasks.generation.rollout.end_of_turn_ids``), a per-prompt ``seed``, ``logprobs: 0`` (the
   sampled token's log-prob only), ``return_token_ids: true`` (the completion's token ids in
   ``choices[i].token_ids``). One request per prompt, sent concurrently (vLLM batches them), so each prompt
-  gets its own seed ``derive_seed(seed, b)`` (:func:`prompt_seed`), b its index in the whole call, whichever
+  gets its own seed ``prompt_seed(seed, first + b)`` (``tasks.generation.rollout.prompt_seed``), b its index in the
+  call and ``first`` the call's offset in a larger one, whichever
   server answers it (tasks/generation/server_pool.py spreads a call over several); vLLM gives the n children of a
   request ``seed + j``.
 - Log-probs: ``infra/vllm-serve.sh`` starts the server with ``--logprobs-mode processed_logprobs`` so the
@@ -50,14 +52,16 @@ import shutil
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
-from rlcore.seeding import derive_seed
+from tasks.generation.rollout import Generation, RolloutEngine, add_special, prompt_seed
 from tasks.model.forward import right_pad
-from tasks.generation.rollout import Generation, RolloutEngine, add_special
+
+__all__ = ["ServerDown", "VLLMEngine", "VLLMError", "export_for_vllm", "prompt_seed", "serve_dir"]
 
 
 class VLLMError(RuntimeError):
@@ -72,12 +76,6 @@ class ServerDown(VLLMError):
         self.url, self.reason = url, " ".join(reason.split())[:300]  # one line, whatever the server wrote
         super().__init__(f"vLLM server at {url} unreachable ({self.reason}); start it with infra/vllm-serve.sh "
                          "MODEL_DIR")
-
-
-def prompt_seed(seed: int, b: int) -> int:
-    """The sampling seed of prompt ``b`` (its index in the whole ``generate`` call) of a call seeded ``seed``: the
-    same whichever server answers it, so a call's results do not depend on how its prompts are spread."""
-    return derive_seed(seed, b) % 2**31
 
 
 def prompt_token_ids(tokenizer, prompts: list[str]) -> list[torch.Tensor]:
@@ -109,14 +107,19 @@ class VLLMEngine(RolloutEngine):
         url: the server's base URL, e.g. ``http://127.0.0.1:8000``.
         tokenizer: the policy's tokenizer (tokenizes prompts, decodes completions, gives pad/eos ids).
         max_new_tokens, temperature, top_p, top_k: sampling settings (top_k 0: off).
+        stop_ids: the tokens that end a turn (``tasks.generation.rollout.end_of_turn_ids``), sent as
+            ``stop_token_ids``.
         timeout: seconds per HTTP request (past it the server counts as down: :class:`ServerDown`).
         concurrency: prompts in flight at once.
     """
 
     def __init__(self, url: str, tokenizer, *, max_new_tokens: int, temperature: float, top_p: float,
-                 top_k: int, timeout: float = 600.0, concurrency: int = 64):
+                 top_k: int, stop_ids: Sequence[int], timeout: float = 600.0, concurrency: int = 64):
         self.url = url.rstrip("/")
         self.tok = tokenizer
+        self.stop_ids = tuple(int(i) for i in stop_ids)
+        if not self.stop_ids:
+            raise ValueError("VLLMEngine: stop_ids is empty; pass tasks.generation.rollout.end_of_turn_ids(model, tok)")
         self.max_new_tokens, self.temperature, self.top_p, self.top_k = max_new_tokens, temperature, top_p, top_k
         self.timeout, self.concurrency = timeout, concurrency
         self._model: str | None = None
@@ -167,20 +170,22 @@ class VLLMEngine(RolloutEngine):
         """One prompt's n choices (sorted by index), sampled with ``seed`` (:func:`prompt_seed`)."""
         body = {"model": self.model, "prompt": prompt_ids, "n": n, "max_tokens": self.max_new_tokens,
                 "temperature": 0.0 if greedy else self.temperature, "top_p": 1.0 if greedy else self.top_p,
-                "top_k": 0 if greedy else self.top_k, "seed": seed % 2**31, "logprobs": 0,
+                "top_k": 0 if greedy else self.top_k, "stop_token_ids": list(self.stop_ids), "seed": seed % 2**31,
+                "logprobs": 0,
                 "return_token_ids": True, "skip_special_tokens": True}
         choices = sorted(self._request("/v1/completions", body)["choices"], key=lambda c: c["index"])
         if len(choices) != n:
             raise VLLMError(f"vLLM returned {len(choices)} completions for n={n}")
         return choices
 
-    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False) -> Generation:
-        """n completions for each prompt (prompt-major rows), seeded per prompt from ``seed``; ``logprobs`` are the
-        server's (``--logprobs-mode processed_logprobs``: after temperature, top-k and top-p)."""
+    def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False, *, first: int = 0) -> Generation:
+        """n completions for each prompt (prompt-major rows), prompt b seeded ``prompt_seed(seed, first + b)``;
+        ``logprobs`` are the server's (``--logprobs-mode processed_logprobs``: after temperature, top-k and top-p)."""
         prompt_ids = prompt_token_ids(self.tok, prompts)
         with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(prompts)))) as pool:
-            per_prompt = list(pool.map(lambda b: self.complete(prompt_ids[b].tolist(), n, prompt_seed(seed, b),
-                                                               greedy), range(len(prompts))))
+            per_prompt = list(pool.map(lambda b: self.complete(prompt_ids[b].tolist(), n,
+                                                               prompt_seed(seed, first + b), greedy),
+                                       range(len(prompts))))
         return choices_to_generation(self.tok, prompt_ids, per_prompt, n)
 
     # -- weights ----------------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ def test_where_the_sampler_and_the_trainer_run():
     tok = build_tokenizer()
     rc = load_config(None, ["rollout.engine=vllm", "rollout.vllm_url=http://127.0.0.1:9"]).rollout
     assert "the sampler is ServerPool, outside this process" == separate_devices(
-        ServerPool.from_config(rc, tok), "cpu", None)
+        ServerPool.from_config(rc, tok, (tok.eos_token_id,)), "cpu", None)
     policy = tiny_policy()
     assert separate_devices(tiny_policy("cuda").engine, "cpu", None) == "the sampler on cuda, the trainer on cpu"
     assert separate_devices(tiny_policy("cuda").engine, "cuda:0", None) is None  # one GPU: shared
@@ -88,7 +88,7 @@ def test_an_explicit_lag_wins_without_a_probe(smoke_cfg):
     vllm = decide_lag(smoke_cfg("rollout.engine=vllm", "rollout.vllm_url=http://127.0.0.1:9"),
                       Policy(model=policy.model, tokenizer=policy.tokenizer, engine=ServerPool.from_config(
                           smoke_cfg("rollout.engine=vllm", "rollout.vllm_url=http://127.0.0.1:9").rollout,
-                          policy.tokenizer)), [], "cpu")
+                          policy.tokenizer, policy.engine.stop_ids)), [], "cpu")
     assert (vllm.lag, vllm.basis) == (1, "devices")
 
 

@@ -33,7 +33,7 @@ from tests.tasks.test_train import SMALL, text_reward
 
 ROOT = Path(__file__).resolve().parents[2]
 GRPO = ROOT / "conf" / "presets" / "grpo.yaml"
-SETTINGS = {"max_new_tokens": 12, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+SETTINGS = {"max_new_tokens": 12, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "stop_ids": (2,)}  # tiny EOS
 PROMPTS = [f"Q: {a}+{a * 3 % 7}=?\n" for a in range(7)]
 WARNING = re.compile(r"vLLM server (http://127\.0\.0\.1:\d+) failed \((.+)\); its (\d+) prompts? go to the 1 other "
                      r"server; 1 of 2 servers left")
@@ -219,7 +219,8 @@ def train_on(cfg, pool_records, run_id: str | None = None) -> dict:
     from tests.tasks.test_train import make_policy
 
     hf = make_policy()
-    policy = Policy(model=hf.model, tokenizer=hf.tokenizer, engine=ServerPool.from_config(cfg.rollout, hf.tokenizer))
+    engine = ServerPool.from_config(cfg.rollout, hf.tokenizer, hf.engine.stop_ids)
+    policy = Policy(model=hf.model, tokenizer=hf.tokenizer, engine=engine)
     feats = score.score(policy, pool_records, inter_weight=1.0, batch_size=64, device="cpu")
     run = open_run(cfg, run_id=run_id, track=False)
     try:

@@ -21,7 +21,8 @@ def test_engines_are_rollout_engines_and_hf_sync_is_a_no_op(tmp_path):
     model = build_tiny_model(hidden=64, layers=2, heads=2, tokenizer=tok, seed=0)
     engine = HFEngine(model, tok, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0, chunk=512)
     assert isinstance(engine, RolloutEngine)
-    vllm = VLLMEngine("http://127.0.0.1:9", tok, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0)
+    vllm = VLLMEngine("http://127.0.0.1:9", tok, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0,
+                      stop_ids=(tok.eos_token_id,))
     assert isinstance(vllm, RolloutEngine)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     assert engine.sync_weights(model, tok, tmp_path / "w") == 0.0

@@ -40,7 +40,7 @@ def test_serve_dir_exports_only_tied_models(tmp_path):
 
 def test_unreachable_server_and_bad_folder(tmp_path):
     engine = VLLMEngine("http://127.0.0.1:9", build_tokenizer(), max_new_tokens=4, temperature=1.0, top_p=1.0,
-                        top_k=0)
+                        top_k=0, stop_ids=(2,))
     try:
         engine.generate(["Q: 1+1\n"], n=2, seed=0)
     except VLLMError as err:
@@ -59,7 +59,8 @@ def test_completions_become_a_right_padded_generation_without_a_server(monkeypat
     """generate lays the server's choices out prompt-major: ids and log-probs right-padded, the mask
     on the returned tokens (EOS included), a missing log-prob as 0; the server here is a scripted ``complete``."""
     tok = build_tokenizer()
-    engine = VLLMEngine("http://127.0.0.1:9", tok, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0)
+    engine = VLLMEngine("http://127.0.0.1:9", tok, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0,
+                        stop_ids=(tok.eos_token_id,))
     eos = tok.eos_token_id
     script = {0: [[10, 11, eos], [12]], 1: [[13, 14], [eos]]}  # prompt b -> its two completions' token ids
 
