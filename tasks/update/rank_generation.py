@@ -10,7 +10,7 @@ tokenizer once, :class:`GenerationSetup`). A call:
    one, :func:`tasks.generation.split.share_bounds`) and sends the call to every rank (:class:`GenerateCall`, the
    sharded update's command channel);
 2. under FSDP2 and ZeRO-3 every rank takes part in gathering the full weights into its generation copy
-   (:func:`copy_full_weights`, collective; rank 0 generates with its own full ``policy.model``, which the update
+   (:func:`gather_weights_into`, collective; rank 0 generates with its own full ``policy.model``, which the update
    keeps current, and drops what it gathers);
 3. each rank decodes its share with its ``HFEngine`` (same settings), prompt b of the call seeded by its index in the
    whole call (``first``), so the rollouts do not depend on the number of ranks;
@@ -61,7 +61,7 @@ def generation_copy_bytes(backend: str, params: int, generation_dtype: torch.dty
 
 
 @torch.no_grad()
-def copy_full_weights(model, dst: torch.nn.Module | None) -> None:
+def gather_weights_into(model, dst: torch.nn.Module | None) -> None:
     """Copy the full weights of the (wrapped) training ``model`` into ``dst`` (a plain module of the same
     architecture, any dtype); ``dst`` None: take part in the gather only. Call on every rank: collective for FSDP2
     (each parameter's ``full_tensor``, one at a time) and ZeRO-3 (``deepspeed.zero.GatheredParameters``, one module's
@@ -167,7 +167,7 @@ class RankGenerator:
     def run(self, call: GenerateCall) -> None:
         """Refresh the copy (collective where the weights are sharded), decode this rank's share, send it to rank 0."""
         if self.copy is not None:
-            copy_full_weights(self.model, self.copy)
+            gather_weights_into(self.model, self.copy)
         take_part(self.engine, call, dist.get_rank())
 
 
@@ -198,7 +198,7 @@ class RankSharedEngine(RolloutEngine):
                             bounds=tuple(share_bounds(len(prompts), self.world)))
         self.announce(call)
         if self.backend in GATHERED:
-            copy_full_weights(self.model, None)  # rank 0 has policy.model; the others need its shards
+            gather_weights_into(self.model, None)  # rank 0 has policy.model; the others need its shards
         parts = take_part(self.local, call, 0)
         errors = [e for _, e in parts if e is not None]
         if errors:
