@@ -43,6 +43,7 @@ from tasks.stages import (
 from tasks.training import checkpoint
 from tasks.training.evaluate import PairedChange, paired_change
 from tasks.training.plan import Plan, planned_config
+from tasks.update.precision import resolve_precision
 
 log = logging.getLogger("rlsift")
 if log.level == logging.NOTSET:  # stage summaries at INFO also where the root logger is quieter (a Prefect
@@ -56,8 +57,8 @@ RESUME_MAY_CHANGE = ("paths.", "tracking.uri", "model.threads", "model.device", 
 #: RunSummary fields only a run of that status reports (the others report none of them).
 _ONLY = {"skipped": ("reason", "model_version"), CANCELLED: ("reason",), "completed": (
     "steps", "eval_accuracy_start", "eval_accuracy_end", "eval_by_level_start", "eval_by_level_end", "eval_paired",
-    "effective_ratio", "device", "device_hours", "cost_usd", "stage_seconds", "model_path", "model_version",
-    "parent_version", "data_fingerprint", "policy_path", "resumed", "overlap", "plan")}
+    "effective_ratio", "device", "precision", "device_hours", "cost_usd", "stage_seconds", "model_path",
+    "model_version", "parent_version", "data_fingerprint", "policy_path", "resumed", "overlap", "plan")}
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,8 @@ class RunSummary:
     ``ingest`` counts.
     A ``skipped`` run (retrain with nothing new) adds ``reason`` and ``model_version`` (None); a ``completed`` run
     adds the rest: steps, held-out greedy accuracy before and after (overall and by level, level keys as strings),
-    the paired change, the last step's effective-group ratio, device hours and money, the final model and its
+    the paired change, the last step's effective-group ratio, the ``precision`` it trained in (``model.precision``
+    resolved: the final model's weights are in its compute dtype), device hours and money, the final model and its
     lineage, and ``overlap``: the lag trained with, its ``basis`` and ``reason`` (tasks/stages.py ``overlap_stage``)
     and, overlapped, the loop's totals in seconds (update, draw, at once, each side's idle) and ``plan``: what a
     ``plan.auto`` run chose and why (:func:`plan_summary`; None otherwise). :meth:`to_dict` holds exactly the
@@ -96,6 +98,7 @@ class RunSummary:
     eval_paired: PairedChange | None = None
     effective_ratio: float | None = None
     device: str | None = None
+    precision: str | None = None
     device_hours: float | None = None
     cost_usd: float | None = None
     stage_seconds: dict[str, float] = field(default_factory=dict)
@@ -247,7 +250,8 @@ def _train(run: Run, data: IngestResult, summary: RunSummary) -> RunSummary:
         eval_by_level_start={str(k): v.greedy_acc for k, v in start.by_level.items()},
         eval_by_level_end={str(k): v.greedy_acc for k, v in end.by_level.items()},
         eval_paired=paired, effective_ratio=trained.last.get("train/effective_ratio"),
-        device=run.meter.device, device_hours=run.meter.device_hours(), cost_usd=run.meter.usd(),
+        device=run.meter.device, precision=resolve_precision(run.cfg.model.precision, run.device).name,
+        device_hours=run.meter.device_hours(), cost_usd=run.meter.usd(),
         stage_seconds=dict(run.meter.seconds), model_path=report.model_path, model_version=report.model_version,
         parent_version=run.info.parent_version, data_fingerprint=run.info.data_fingerprint,
         policy_path=run.info.policy_path, resumed=run.resumed,
@@ -275,7 +279,8 @@ def describe(run: Run, summary: RunSummary) -> str:
         plan = Plan.load(plan_file)
         lines.append(f"- plan: trains `{plan.choice}`, predicted at {plan.run_clock:.2f}x plain GRPO's training "
                      f"clock, effective ratio {plan.chosen.effective_ratio:.2f}")
-    lines.append(f"- cost: {run.meter.device_hours():.4f} device hours on {run.meter.device}, ${run.meter.usd():.4f}")
+    lines.append(f"- cost: {run.meter.device_hours():.4f} device hours on {run.meter.device} "
+                 f"({resolve_precision(run.cfg.model.precision, run.device).name}), ${run.meter.usd():.4f}")
     if s.status == "completed":
         tc = run.cfg.tracking
         why = refusal(s.eval_accuracy_start, s.eval_accuracy_end, tc.register_tolerance)

@@ -4,7 +4,7 @@
 #
 # Usage: bash infra/gpu-run.sh [CONFIG] [dotted overrides...]          (default CONFIG: conf/smoke.yaml)
 #   DEVICE=cuda|cpu     where to run (default cuda; cpu only to check the script itself)
-#   DTYPE=auto|bfloat16|float32   model.dtype (auto: bf16 on a GPU that supports it)
+#   PRECISION=auto|bf16-mixed|fp32|bf16-true   model.precision (auto: bf16-mixed on a GPU with bf16)
 #   NPROC=N             also run the training with torchrun over N GPUs, BACKEND (default fsdp2)
 #   BENCH_PROMPTS=64 BENCH_N=8 BENCH_TOKENS=128 BENCH_STEPS=3   benchmark sizes
 #   ROOT=./rlsift-runs/gpu   run root (ledger, MLflow store, runs)
@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 DEVICE=${DEVICE:-cuda}
-DTYPE=${DTYPE:-auto}
+PRECISION=${PRECISION:-auto}
 ROOT=${ROOT:-./rlsift-runs/gpu}
 CONFIG=${1:-conf/smoke.yaml}
 [ $# -gt 0 ] && shift
@@ -26,8 +26,8 @@ if [ "$DEVICE" = cuda ]; then
   "$PY" -c "import torch, sys; torch.cuda.is_available() or sys.exit('torch ' + torch.__version__ + ' sees no GPU (CPU build?)'); print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
 fi
 
-echo "== pipeline: $CONFIG on $DEVICE ($DTYPE)"
-"$PY" -m flows.cli run -c "$CONFIG" model.device="$DEVICE" model.dtype="$DTYPE" paths.root="$ROOT" "$@" --json \
+echo "== pipeline: $CONFIG on $DEVICE ($PRECISION)"
+"$PY" -m flows.cli run -c "$CONFIG" model.device="$DEVICE" model.precision="$PRECISION" paths.root="$ROOT" "$@" --json \
   > "$ROOT/summary.json"
 "$PY" - "$ROOT/summary.json" <<'EOF'
 import json, statistics, sys
@@ -45,11 +45,11 @@ EOF
 if [ "${NPROC:-1}" -gt 1 ]; then
   echo "== sharded training: torchrun --nproc_per_node $NPROC, scale.backend=${BACKEND:-fsdp2}"
   "$PY" -m torch.distributed.run --nproc_per_node "$NPROC" -m flows.train_dist -c "$CONFIG" \
-    model.device="$DEVICE" model.dtype="$DTYPE" paths.root="$ROOT" scale.backend="${BACKEND:-fsdp2}" "$@"
+    model.device="$DEVICE" model.precision="$PRECISION" paths.root="$ROOT" scale.backend="${BACKEND:-fsdp2}" "$@"
 fi
 
 echo "== benchmark: generate + policy update on the run's final model"
-DEVICE="$DEVICE" DTYPE="$DTYPE" "$PY" - "$ROOT/summary.json" <<'EOF'
+DEVICE="$DEVICE" PRECISION="$PRECISION" "$PY" - "$ROOT/summary.json" <<'EOF'
 import json, os, sys, time
 from pathlib import Path
 
@@ -59,12 +59,14 @@ from rlcore.advantages import group_advantages
 from rlcore.types import RolloutGroup
 from tasks.model.policy import format_prompt, load_policy
 from tasks.generation.rollout import HFEngine
-from tasks.run import resolve_device, resolve_dtype
+from tasks.run import resolve_device
 from tasks.update.policy_update import policy_update
+from tasks.update.precision import build_optimizer, resolve_precision
 
 summary = json.loads(Path(sys.argv[1]).read_text())
 device = resolve_device(os.environ["DEVICE"])
-dtype = resolve_dtype(os.environ["DTYPE"], device)
+precision = resolve_precision(os.environ["PRECISION"], device)
+dtype = precision.compute
 B, n, L, steps = (int(os.environ.get(k, d)) for k, d in
                   (("BENCH_PROMPTS", 64), ("BENCH_N", 8), ("BENCH_TOKENS", 128), ("BENCH_STEPS", 3)))
 model, tok = load_policy(summary["model_path"], dtype=dtype, device=device)
@@ -87,7 +89,7 @@ groups = [RolloutGroup(prompt_id=str(b), prompt_ids=gen.prompt_ids[b], completio
                        completion_mask=gen.completion_mask[b*n:(b+1)*n], rewards=rewards[b], advantages=adv[b],
                        behaviour_logp=torch.zeros(0), success_rate=float(rewards[b].mean()), n_generated=n, step=0)
           for b in range(B)]
-opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+opt = build_optimizer(model.parameters(), lambda ps: torch.optim.AdamW(ps, lr=1e-6), precision)  # bf16-mixed: float32 masters
 if cuda:
     torch.cuda.reset_peak_memory_stats()
 times = []
@@ -98,7 +100,7 @@ for _ in range(steps):
     sync(); times.append(time.perf_counter() - t0)
 peak_upd = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
 gib = lambda x: "n/a on CPU" if x is None else f"{x:.2f} GiB"
-result = {"device": str(device), "dtype": str(dtype).removeprefix("torch."),
+result = {"device": str(device), "precision": precision.name, "dtype": str(dtype).removeprefix("torch."),
           "params_M": sum(p.numel() for p in model.parameters()) / 1e6, "prompts": B, "n": n,
           "rollout_tokens": gen.tokens, "rollout_tokens_per_s": gen.tokens / t_gen, "rollout_s": t_gen,
           "update_step_s": min(times), "update_tokens_per_s": gen.tokens / min(times),

@@ -119,12 +119,6 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
-    return getattr(torch, name)
-
-
 @dataclass(frozen=True)
 class RunInfo:
     """What a run learns about itself while it runs, kept in ``<run>/info.json`` so a resume sees it.

@@ -36,7 +36,7 @@ from tasks.model.warmstart import sft_records, warm_start
 from tasks.records import artifacts, plots
 from tasks.records.files import write_json
 from tasks.records.ledger import ReferenceRow
-from tasks.run import Run, resolve_dtype, run_label
+from tasks.run import Run, run_label
 from tasks.training import score
 from tasks.training.calibration import Calibration
 from tasks.training.evaluate import EvalResult, evaluate, flat_metrics, table_rows
@@ -44,6 +44,7 @@ from tasks.training.loop import TRAIN_PHASES, HeldoutEval, TrainSummary, train
 from tasks.training.plan import Plan, decide_lag, lag_from_json, lag_to_json, make_plan, probe_records
 from tasks.training.rollouts import policy_measure, reference_rollouts, stratified_reference
 from tasks.training.score import Features
+from tasks.update.precision import resolve_precision
 
 log = logging.getLogger("rlsift")
 stage = task(cache_policy=NO_CACHE, persist_result=False)
@@ -115,9 +116,13 @@ def policy_source(cfg: Config) -> str:
 @stage(name="prepare-policy")
 def prepare_stage(run: Run) -> Policy:
     cfg, mc = run.cfg, run.cfg.model
+    precision = resolve_precision(mc.precision, run.device)
+    log.info("precision %s (model.precision=%s): passes and sampler in %s, trained weights and AdamW state in %s",
+             precision.name, mc.precision, str(precision.compute).removeprefix("torch."),
+             str(precision.master).removeprefix("torch."))
     with run.meter.stage("prepare"):
         path = policy_source(cfg)
-        model, tok = load_policy(path, dtype=resolve_dtype(mc.dtype, run.device), device=run.device)
+        model, tok = load_policy(path, dtype=precision.compute, device=run.device)
         if mc.lora.enabled:
             model = apply_lora(model, mc.lora, derive_seed(cfg.seed, "lora"))
     rc = cfg.rollout
@@ -134,6 +139,7 @@ def prepare_stage(run: Run) -> Policy:
     stage_done(run, "prepare", metrics=not run.resumed)
     if not run.resumed:
         run.tracker.set_tags({"rlsift.policy_path": str(path)})
+        run.tracker.log_params({"precision": precision.name})  # model.precision resolved (auto: by the device)
         run.log_metrics({"model/params": sum(p.numel() for p in model.parameters()),
                          "model/trainable_params": sum(p.numel() for p in policy.trainable_parameters())}, 0)
     return policy
@@ -362,11 +368,15 @@ def report_stage(run: Run, policy: Policy, start: EvalResult, end: EvalResult, s
 
 def version_tags(run: Run, end: EvalResult, summary: TrainSummary) -> dict[str, str]:
     """A registered version's tags: the run, its lineage (``parent_version`` only when it continues one; the data's
-    fingerprint), its steps, config hash and held-out greedy accuracy (``heldout_accuracy``, 4 decimals)."""
+    fingerprint), its steps, config hash, held-out greedy accuracy (``heldout_accuracy``, 4 decimals), the
+    precision it trained in and its weights' dtype (``weights_dtype``: the compute dtype, bf16 under bf16-mixed)."""
     info = run.info
+    precision = resolve_precision(run.cfg.model.precision, run.device)
     return {"rlsift.run_id": run.run_id, **({"parent_version": info.parent_version} if info.parent_version else {}),
             **({"data_fingerprint": info.data_fingerprint} if info.data_fingerprint else {}),
-            "steps": str(summary.steps), "heldout_accuracy": f"{end.overall.greedy_acc:.4f}", **config_tags(run.cfg)}
+            "steps": str(summary.steps), "heldout_accuracy": f"{end.overall.greedy_acc:.4f}",
+            "precision": precision.name, "weights_dtype": str(precision.compute).removeprefix("torch."),
+            **config_tags(run.cfg)}
 
 
 def version_description(run: Run, start: EvalResult, end: EvalResult, summary: TrainSummary) -> str:

@@ -48,14 +48,19 @@ from tasks.model.policy import Policy, format_prompt, load_policy
 from tasks.generation.rollout import HFEngine, add_special
 from tasks.records.cost import CostMeter
 from tasks.records.files import write_json
-from tasks.run import resolve_device, resolve_dtype, show_progress
+from tasks.run import resolve_device, show_progress
 from tasks.training.evaluate import EvalResult, evaluate
+from tasks.update.precision import Precision, resolve_precision
 
 log = logging.getLogger("rlsift.trl")
 
 
-def grpo_args(cfg: Config, out_dir: Path, device: torch.device, dtype: torch.dtype):
-    """TRL's ``GRPOConfig`` for the same budget, loss and optimizer as our plain GRPO configuration."""
+def grpo_args(cfg: Config, out_dir: Path, device: torch.device, precision: Precision | None):
+    """TRL's ``GRPOConfig`` for the same budget, loss and optimizer as our plain GRPO configuration.
+
+    ``model.precision`` in transformers' terms: ``bf16=True`` is bf16 autocast over the weights the model was loaded
+    in (``precision.master``: float32 under ``bf16-mixed``, transformers' mixed precision with float32 master
+    weights and AdamW state; bf16 under ``bf16-true``); None or ``fp32``: float32."""
     tc, rc = cfg.train, cfg.rollout
     if tc.minibatches != 1:
         raise ValueError(f"the TRL control supports train.minibatches=1 only, got {tc.minibatches}")
@@ -76,7 +81,7 @@ def grpo_args(cfg: Config, out_dir: Path, device: torch.device, dtype: torch.dty
         max_grad_norm=tc.grad_clip, lr_scheduler_type="constant", warmup_steps=0,
         epsilon=tc.clip_eps, beta=tc.kl_coef, loss_type="dapo" if tc.aggregation == "token" else "grpo",
         scale_rewards="group" if tc.scale_std else "none",
-        use_cpu=device.type == "cpu", bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
+        use_cpu=device.type == "cpu", bf16=precision is not None and precision.compute == torch.bfloat16,
         seed=cfg.seed, data_seed=cfg.seed, shuffle_dataset=True, report_to="none", save_strategy="no",
         logging_steps=1, disable_tqdm=not show_progress(), log_completions=False, dataloader_num_workers=0,
         gradient_checkpointing=False,  # ours recomputes nothing; TRL's default would trade speed for memory
@@ -200,17 +205,17 @@ def run_trl_control(cfg: Config, policy_path: str | Path, train: list[PromptReco
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     device = resolve_device(cfg.model.device)
-    dtype = resolve_dtype(cfg.model.dtype, device)
+    precision = resolve_precision(cfg.model.precision, device)
     if cfg.model.threads:
         torch.set_num_threads(cfg.model.threads)
     meter = CostMeter(prices=dict(cfg.cost.prices), device=cfg.cost.device)
     t_all = time.perf_counter()
     with meter.stage("prepare"):
-        model, tok = load_policy(policy_path, dtype=dtype, device=device)
+        model, tok = load_policy(policy_path, dtype=precision.master, device=device)  # autocast computes bf16
         system = cfg.model.system_prompt if getattr(tok, "chat_template", None) else None
         dataset = Dataset.from_dict({"prompt": [format_prompt(tok, r.question, system) for r in train],
                                      "record_index": list(range(len(train)))})
-        args = grpo_args(cfg, run_dir / "trl", device, dtype)
+        args = grpo_args(cfg, run_dir / "trl", device, precision)
         trainer_cls = _trainer_class()
         trainer = trainer_cls(model=model, reward_funcs=reward_function(train), args=args, train_dataset=dataset,
                               processing_class=tok)

@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, model_validator
 
 from tasks.config.base import _Frozen
+
+#: ``model.precision``'s values (tasks/update/precision.py resolves them).
+PrecisionName = Literal["auto", "bf16-mixed", "fp32", "bf16-true"]
+PRECISIONS: tuple[str, ...] = get_args(PrecisionName)
 
 
 class WarmStartConfig(_Frozen):
@@ -47,12 +51,27 @@ class ModelConfig(_Frozen):
     lora: LoraConfig = Field(LoraConfig(), description="LoRA adapters (off: every weight trains).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description=(
         "Device of the policy: auto picks cuda when visible, else cpu (tasks/run.py resolve_device)."))
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description=(
-        "Weights dtype: auto is bfloat16 on a CUDA device that supports it, else float32."))
+    precision: PrecisionName = Field("auto", description=(
+        "How the update computes and keeps the weights (tasks/update/precision.py, docs/performance.md): "
+        "bf16-mixed: bf16 forward/backward passes and sampler weights, float32 master weights and AdamW state "
+        "(16 bytes a trained parameter); fp32: everything in float32; bf16-true: weights and AdamW state in bf16 "
+        "(8 bytes), which rounds small updates away (at lr 1e-6 most of them), only by name and with a warning; "
+        "auto: bf16-mixed on a CUDA device with bf16, else fp32. The saved and registered model is in the compute "
+        "dtype (bf16 under bf16-mixed)."))
     threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's default).")
     system_prompt: str = Field("Let's think step by step and output the final answer within \\boxed{}.", description=(
         "System message for tokenizers with a chat template (DOTS's template, arXiv 2506.05316); the tiny "
         "default has none and uses the plain 'Q: ...' prompt."))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_dtype(cls, data):
+        if isinstance(data, dict) and "dtype" in data:
+            raise ValueError(
+                f"model.dtype (here {data['dtype']!r}) was replaced by model.precision: one of "
+                f"{', '.join(PRECISIONS)} (bfloat16 -> bf16-mixed, float32 -> fp32; the old bf16 training without "
+                "float32 master weights is bf16-true)")
+        return data
 
     @model_validator(mode="after")
     def _head_size(self) -> ModelConfig:

@@ -9,7 +9,8 @@ pass of the algorithms (log-probs, DOTS's embeddings, GAIN-RL's hook) run the ad
 What each part gets:
 
 - **The optimizer**: the adapters only (:func:`trainable_parameters`); its state is a few per cent of a full
-  update's (measured: docs/performance.md, "LoRA").
+  update's (measured: docs/performance.md, "LoRA"). The adapters are float32 over a bf16 base (PEFT's
+  ``autocast_adapter_dtype``), so under ``model.precision=bf16-mixed`` they are their own float32 master weights.
 - **The KL reference** (``train.kl_coef > 0``): the same model with the adapters disabled (:class:`BaseModelView`,
   PEFT's ``disable_adapter``), so no second copy of the weights exists.
 - **Rollout engines outside the trainer** (the overlap's generator process, vLLM servers) and the saved or
@@ -52,7 +53,7 @@ def apply_lora(model: PreTrainedModel, cfg: LoraConfig, seed: int) -> PeftModel:
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            return get_peft_model(model, peft_cfg)
+            return get_peft_model(model, peft_cfg, autocast_adapter_dtype=True)  # float32 adapters on bf16
     except ValueError as err:  # PEFT's "Target modules ... not found in the base model"
         raise ValueError(f"model.lora.target_modules={cfg.target_modules!r}: {err}") from None
 

@@ -171,6 +171,9 @@ def load_policy(
 def save_policy(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
     """Saves model (safetensors) and tokenizer to ``path`` (created if missing); returns the path.
 
+    The weights are saved in the model's dtype: the compute dtype of ``model.precision`` (bf16 under
+    ``bf16-mixed``, the float32 masters rounded; float32 under ``fp32``), the dtype users serve.
+
     A LoRA policy is saved as the plain model with its adapters merged (tasks/model/lora.py), so the folder loads
     with ``load_policy`` (and from MLflow's registry) as a full model.
     """
@@ -234,7 +237,8 @@ class Policy:
         return lora.plain_copy(self.model)
 
     def merged_copy(self) -> torch.nn.Module:
-        """A frozen plain transformers model with the (merged) weights: what a separate sampler runs."""
+        """A frozen plain transformers model with the (merged) weights: what a separate sampler runs, in the compute
+        dtype (under ``bf16-mixed`` the bf16 weights the updater rounds from its float32 masters after each step)."""
         return lora.plain_copy(self.model)
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:

@@ -1,14 +1,14 @@
 """Crash-safe checkpoints of the complete training state.
 
 A checkpoint holds the model (under LoRA its adapters: the frozen base is the run's policy source), the optimizer
-state (through the run's ``Updater``, tasks/update/policy_update.py,
-whatever the backend), selector (DOTS predictor, curriculum scheduler, GAIN-RL window, pool statistics), replay
-buffer, the adaptive composition's average, cost meter, every RNG state, the step counter and, with
-``overlap.lag`` 1, the next step's rollouts (drawn while this step updated, not yet trained: restored on resume,
-never regenerated and never trained twice). It is written to a
-temporary file, fsynced and renamed into place, then the ``latest`` pointer is replaced the same way: a
-kill at any moment leaves either the previous or the new checkpoint, never a torn one. Randomness in the
-loop is seeded from ``(seed, step, purpose)``, so a resumed run continues exactly as an uninterrupted one.
+state (through the run's ``Updater``, tasks/update/policy_update.py, whatever the backend; under
+``model.precision=bf16-mixed`` with the float32 master weights, tasks/update/precision.py), selector (DOTS
+predictor, curriculum scheduler, GAIN-RL window, pool statistics), replay buffer, the adaptive composition's
+average, cost meter, every RNG state, the step counter and, with ``overlap.lag`` 1, the next step's rollouts (drawn
+while this step updated, not yet trained: restored on resume, never regenerated and never trained twice). It is
+written to a temporary file, fsynced and renamed into place, then the ``latest`` pointer is replaced the same way: a
+kill at any moment leaves either the previous or the new checkpoint, never a torn one. Randomness in the loop is
+seeded from ``(seed, step, purpose)``, so a resumed run continues exactly as an uninterrupted one.
 
 Checkpoints also delimit what reaches MLflow (tasks/run.py): :func:`restore` starts holding step metrics
 from the step it resumes at, and :func:`save` sends the held metrics of the steps it covers, so a step's

@@ -59,6 +59,7 @@ from tasks.training.score import score
 from tasks.training.screen import policy_likelihood
 from tasks.training.selector import dots_predictor
 from tasks.update.policy_update import LocalUpdater, LossSettings
+from tasks.update.precision import resolve_precision
 
 #: Values a training step logs (tasks/training/loop.py; 78-84 on the embedded task): the probe's metrics line.
 STEP_METRICS = 80
@@ -179,7 +180,8 @@ def _probe_update(policy: Policy, groups: list[RolloutGroup], sizes: tuple[int, 
     updater = LocalUpdater(model, LossSettings.from_config(cfg, policy.tokenizer.pad_token_id),
                            params=policy.trainable_parameters(), lr=0.0, betas=tc.betas, eps=tc.adam_eps,
                            weight_decay=tc.weight_decay, device=device,
-                           ref_model=model if tc.kl_coef > 0 else None)  # a reference pass costs a policy pass
+                           ref_model=model if tc.kl_coef > 0 else None,  # a reference pass costs a policy pass
+                           precision=resolve_precision(cfg.model.precision, torch.device(device)))  # the run's step
     try:
         def update(gs: list[RolloutGroup]) -> tuple[float, float]:
             stats, seconds = _timed(lambda: updater.step(gs))

@@ -15,6 +15,7 @@ from tasks.generation.rollout import HFEngine, RolloutEngine
 from tasks.model.lora import base_model
 from tasks.model.policy import Policy
 from tasks.update.fit import check_update_fits
+from tasks.update.precision import model_dtype, resolve_precision
 from tasks.update.sharded_update import Driver
 from tasks.update.policy_update import LocalUpdater, LossSettings, Updater, gradient_checkpointing
 
@@ -54,11 +55,18 @@ def build_updater(cfg: Config, policy: Policy, *, device: torch.device | str) ->
     its device. For ``single`` the optimizer steps the policy's trainable parameters and the KL reference
     (``train.kl_coef > 0``) is the policy's (:meth:`~tasks.model.policy.Policy.kl_reference`: under LoRA the same
     model with its adapters disabled); the sharded backends keep one per rank (tasks/update/sharded_update.py).
+    ``model.precision`` (tasks/update/precision.py) picks the optimizer: under ``bf16-mixed`` float32 master weights
+    and AdamW state behind the policy's bf16 weights, which must already be in the compute dtype.
     """
     model = policy.model
     settings = LossSettings.from_config(cfg, policy.tokenizer.pad_token_id)
     tc = cfg.train
     lm = base_model(model)
+    precision = resolve_precision(cfg.model.precision, torch.device(device))
+    if model_dtype(lm) != precision.compute:
+        raise ValueError(f"model.precision={cfg.model.precision} ({precision.name}) computes in {precision.compute}, "
+                         f"but the policy's weights are {model_dtype(lm)}: load it in the compute dtype "
+                         "(tasks/stages.py prepare_stage does)")
     if isinstance(lm, PreTrainedModel):  # the estimate reads a transformers decoder's shape
         world = dist.get_world_size() if dist.is_initialized() else 1
         check_update_fits(cfg, model, lm.config, device, lora=policy.has_adapters, world=world)
@@ -67,4 +75,5 @@ def build_updater(cfg: Config, policy: Policy, *, device: torch.device | str) ->
     ref = policy.kl_reference() if tc.kl_coef > 0 else None
     gradient_checkpointing(lm, tc.gradient_checkpointing)
     return LocalUpdater(model, settings, params=policy.trainable_parameters(), lr=tc.lr, betas=tc.betas,
-                        eps=tc.adam_eps, weight_decay=tc.weight_decay, device=device, ref_model=ref)
+                        eps=tc.adam_eps, weight_decay=tc.weight_decay, device=device, ref_model=ref,
+                        precision=precision)

@@ -11,8 +11,13 @@ re-implemented. Communication is gloo on CPU and NCCL on CUDA (docs/scale-out.md
   ``AdamW`` as client optimizer (no JIT-built ``fused_adam``/``cpu_adam``), gradient clipping by the DS
   config (``gradient_clipping``), ``offload_optimizer: {device: cpu}`` when ``scale.offload_optimizer``
   (with the torch optimizer kept, so ``zero_force_ds_cpu_optimizer`` is off: ``DeepSpeedCPUAdam`` would be
-  faster on a GPU host but needs a ~45 s JIT build). bf16/fp16 follow the model's dtype (DeepSpeed then keeps
-  fp32 master weights, unlike the single-process path, which trains the weights in their own dtype).
+  faster on a GPU host but needs a ~45 s JIT build). bf16/fp16 follow the model's dtype; DeepSpeed then keeps
+  fp32 master weights and moments itself (ZeRO's fp32 partitions).
+
+Precision (``model.precision``, tasks/update/precision.py): under ``bf16-mixed`` DDP's replica holds bf16 weights
+and steps float32 masters (:class:`~tasks.update.precision.MasterWeights`, as the single process does); FSDP2's
+sharded parameters are float32 and ``fully_shard``'s ``MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=float32)`` gathers them as bf16 for the passes and reduce-scatters float32 gradients.
 
 Data parallelism and the loss (``DataShard``, used by ``tasks/update/policy_update.py``): every rank sees the same batch of
 groups and cuts the same micro-batches (tasks/update/minibatch.py); the rows of each micro-batch are split into
@@ -35,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime
+import functools
 import math
 import os
 import socket
@@ -44,6 +50,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from tasks.update.precision import MasterWeights, Precision, build_optimizer, model_dtype
 
 BACKENDS = ("single", "ddp", "fsdp2", "deepspeed_zero2", "deepspeed_zero3")
 #: Metrics that are aggregated like the loss (the rest are token-level means).
@@ -135,15 +143,24 @@ def deepspeed_config(stage: int, *, grad_clip: float, dtype: torch.dtype, offloa
     }
 
 
+def replica_dtype(backend: str, precision: Precision) -> torch.dtype:
+    """The dtype of a rank's training replica: the master dtype for FSDP2 under a mixed precision (its
+    ``MixedPrecisionPolicy`` computes in bf16 from float32 shards), the compute dtype otherwise (DDP's
+    :class:`~tasks.update.precision.MasterWeights` and DeepSpeed keep their own float32 masters)."""
+    return precision.master if backend == "fsdp2" and precision.mixed else precision.compute
+
+
 def wrap(model: torch.nn.Module, optimizer_factory: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer],
-         cfg, device: torch.device | None = None):
+         cfg, device: torch.device | None = None, precision: Precision | None = None):
     """Wrap ``model`` for ``cfg.scale.backend`` and build its optimizer. Call on every rank.
 
     Args:
-        model: the full model, identical on every rank (e.g. after :func:`broadcast_module`).
+        model: the full model, identical on every rank (e.g. after :func:`broadcast_module`), in
+            :func:`replica_dtype`.
         optimizer_factory: ``params -> optimizer`` (e.g. a ``functools.partial`` of ``torch.optim.AdamW``).
         cfg: the :class:`tasks.config.Config` (``scale.backend``, ``scale.offload_optimizer``, ``train.grad_clip``).
         device: where the rank computes (default: cuda:LOCAL_RANK when the group is NCCL, else cpu).
+        precision: the run's resolved ``model.precision``; None: the model's own dtype throughout.
 
     Returns:
         (engine-like model, optimizer-like): call :func:`backward_step` with both.
@@ -158,6 +175,12 @@ def wrap(model: torch.nn.Module, optimizer_factory: Callable[[Iterable[torch.nn.
         device = torch.device("cuda", torch.cuda.current_device()) \
             if dist.is_initialized() and dist.get_backend() == "nccl" else torch.device("cpu")
     model = model.to(device)
+    mixed = precision is not None and precision.mixed
+    if mixed and model_dtype(model) != replica_dtype(backend, precision):
+        raise ValueError(f"scale.backend={backend} under model.precision={precision.name} wraps a "
+                         f"{replica_dtype(backend, precision)} replica, got {model_dtype(model)} weights")
+    if backend in ("single", "ddp") and mixed:  # bf16 weights, float32 masters and moments
+        optimizer_factory = functools.partial(build_optimizer, make_optimizer=optimizer_factory, precision=precision)
     if backend == "single":
         return model, optimizer_factory(model.parameters())
     if backend == "ddp":
@@ -166,12 +189,14 @@ def wrap(model: torch.nn.Module, optimizer_factory: Callable[[Iterable[torch.nn.
         return ddp, optimizer_factory(ddp.parameters())
     if backend == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        mp = MixedPrecisionPolicy(param_dtype=precision.compute, reduce_dtype=precision.master) if mixed \
+            else MixedPrecisionPolicy()
         for layer in decoder_layers(model):
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(layer, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
         return model, optimizer_factory(model.parameters())
     import deepspeed
 
@@ -251,7 +276,9 @@ def optimizer_step(model, optimizer, grad_clip: float, finite: bool = True) -> f
     if not finite:
         optimizer.zero_grad(set_to_none=True)
         return float("nan")
-    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    # bf16-mixed: clip (and check) the float32 master gradients, not the bf16 ones (tasks/update/precision.py)
+    params = optimizer.master_gradients() if isinstance(optimizer, MasterWeights) else model.parameters()
+    gnorm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
     if hasattr(gnorm, "full_tensor"):
         gnorm = gnorm.full_tensor()
     gnorm = float(gnorm)
@@ -318,21 +345,26 @@ def full_state_dict(model, to_cpu: bool = True) -> dict[str, torch.Tensor]:
     return copy_(unwrap(model).state_dict()) if rank0 else {}
 
 
-def optimizer_state(model, optimizer) -> object:
+def optimizer_state(model, optimizer, master_weights: bool = False) -> object:
     """The optimizer state needed to resume, on rank 0 (None elsewhere). Call on every rank.
 
-    ``single``/``ddp``: the (replicated) ``state_dict``; FSDP2: the full state from
-    ``get_optimizer_state_dict(full_state_dict=True)``; DeepSpeed: every rank's ZeRO partition state, gathered
-    in rank order (reloading needs the same world size, as DeepSpeed's own rigid checkpoints do).
+    ``single``/``ddp``: the (replicated) ``state_dict`` (with :class:`~tasks.update.precision.MasterWeights`, its
+    float32 masters); FSDP2: ``{"optimizer": the full state from get_optimizer_state_dict(full_state_dict=True),
+    "weights": the full float32 weights or None}`` (``master_weights``: the sharded parameters are the run's master
+    weights, in another dtype than the policy's, so the checkpoint keeps them); DeepSpeed: every rank's ZeRO
+    partition state (its fp32 partitions included), gathered in rank order (reloading needs the same world size,
+    as DeepSpeed's own rigid checkpoints do).
     """
     from torch.distributed.fsdp import FSDPModule
 
     if isinstance(model, FSDPModule):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
+        weights = full_state_dict(model) if master_weights else None
         sd = get_optimizer_state_dict(model, optimizer,
                                       options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return _cpu(sd) if is_rank0() else None  # a copy: on CPU it can alias the live AdamW moments
+        # a copy: on CPU it can alias the live AdamW moments
+        return {"optimizer": _cpu(sd), "weights": weights or None} if is_rank0() else None
     if is_deepspeed(model):
         mine = _cpu(model.optimizer.state_dict())
         shards = [None] * dist.get_world_size() if is_rank0() else None
@@ -342,7 +374,9 @@ def optimizer_state(model, optimizer) -> object:
 
 
 def load_state(model, optimizer, model_state: dict | None, optim_state: object) -> None:
-    """Load a full model state dict and :func:`optimizer_state`'s result (both given on rank 0). Every rank."""
+    """Load a full model state dict and :func:`optimizer_state`'s result (both given on rank 0). Every rank.
+
+    FSDP2: the optimizer state's own float32 ``weights``, where it has them, take the place of ``model_state``."""
     from torch.distributed.fsdp import FSDPModule
 
     if isinstance(model, FSDPModule):
@@ -352,6 +386,9 @@ def load_state(model, optimizer, model_state: dict | None, optim_state: object) 
             set_optimizer_state_dict,
         )
 
+        if is_rank0() and "optimizer" in optim_state:  # else a state written before the weights were kept
+            model_state = optim_state["weights"] or model_state
+            optim_state = optim_state["optimizer"]
         opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         # the setters replace the given dicts' entries with DTensor shards: hand them copies
         set_model_state_dict(model, _cpu(model_state) if is_rank0() else {}, options=opts)

@@ -18,6 +18,7 @@ the optimizer(s) through ``set_lr``.
 from __future__ import annotations
 
 import abc
+import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -42,6 +43,7 @@ from tasks.update.distributed import (
     optimizer_step,
     zero_grad,
 )
+from tasks.update.precision import Precision, build_optimizer
 from tasks.update.minibatch import (  # noqa: F401  (flatten, kl_draw, rows_with_gradient: the update's API)
     BatchRows,
     Minibatch,
@@ -419,16 +421,21 @@ class LocalUpdater(Updater):
         lr, betas, eps, weight_decay: AdamW's.
         device: where the update's forward passes run.
         ref_model: the frozen KL reference (needed when ``settings.kl_coef > 0``).
+        precision: the run's resolved ``model.precision``; a mixed one steps float32 master copies of the model's
+            bf16 weights (:class:`~tasks.update.precision.MasterWeights`, in :attr:`optimizer`). None: AdamW on
+            the weights in their own dtype.
     """
 
     def __init__(self, model: torch.nn.Module, settings: LossSettings, *, lr: float, betas: tuple[float, float],
                  eps: float, weight_decay: float, device: torch.device | str = "cpu",
-                 ref_model: torch.nn.Module | None = None, params: list[torch.nn.Parameter] | None = None):
+                 ref_model: torch.nn.Module | None = None, params: list[torch.nn.Parameter] | None = None,
+                 precision: Precision | None = None):
         if settings.kl_coef > 0 and ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         self.model, self.settings, self.device, self.ref_model = model, settings, device, ref_model
-        self.optimizer = torch.optim.AdamW(list(model.parameters()) if params is None else params, lr=lr,
-                                           betas=betas, eps=eps, weight_decay=weight_decay)
+        adamw = functools.partial(torch.optim.AdamW, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        params = list(model.parameters()) if params is None else params
+        self.optimizer = build_optimizer(params, adamw, precision) if precision is not None else adamw(params)
 
     def step(self, groups: Sequence[RolloutGroup]) -> dict[str, float]:
         return policy_update(self.model, self.optimizer, groups, ref_model=self.ref_model, device=self.device,

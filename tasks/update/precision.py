@@ -9,24 +9,27 @@ twice the step (a weight of 0.02 has a spacing of 1.2e-4): at lr 1e-6 under a qu
 
 - ``auto``: ``bf16-mixed`` on a CUDA device with bf16, ``fp32`` elsewhere (a CPU computes bf16 matmuls slowly).
 - ``bf16-mixed``: bf16 compute, float32 master weights and optimizer state (16 bytes a trained parameter with
-  AdamW: 2 bf16 weight, 2 bf16 gradient, 4 master, 8 moments; docs/performance.md).
+  AdamW while the passes run: 2 bf16 weight, 2 bf16 gradient, 4 master, 8 moments; docs/performance.md).
 - ``fp32``: everything in float32.
 - ``bf16-true``: weights, gradients and AdamW state all in bf16 (8 bytes a parameter). Small updates are lost;
   only when asked for by name, with a warning.
+
+Who keeps the masters (docs/performance.md, "Precision"): :class:`MasterWeights` for one process and DDP (built by
+:func:`build_optimizer`); FSDP2's float32 shards under ``MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=float32)`` (tasks/update/distributed.py ``wrap``); DeepSpeed's own fp32 partitions (its ``bf16``
+config); LoRA's adapters, which PEFT keeps in float32 over a bf16 base, are their own masters.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 import torch
 
-log = logging.getLogger(__name__)
+from tasks.config.model import PRECISIONS, PrecisionName  # noqa: F401  (the config's values; this module's API)
 
-PrecisionName = Literal["auto", "bf16-mixed", "fp32", "bf16-true"]
-PRECISIONS: tuple[str, ...] = get_args(PrecisionName)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -53,14 +56,25 @@ class Precision:
         c, m = _size(self.compute), _size(self.master)
         return c + c + (m if self.mixed else 0) + optimizer_moments * m
 
+    def bytes_per_trained_param_at_step(self, optimizer_moments: int = 2) -> int:
+        """The same during the optimizer step, when no activation is held: under a mixed precision
+        :meth:`MasterWeights.master_gradients` has replaced the bf16 gradients by float32 ones (18 bytes with AdamW
+        under bf16-mixed, against 16 while the passes run). Not counted: the temporaries of torch's foreach AdamW
+        (a float32 square root of the second moments, 4 bytes a parameter, in any precision)."""
+        extra = _size(self.master) - _size(self.compute) if self.mixed else 0
+        return self.bytes_per_trained_param(optimizer_moments) + extra
+
 
 def _size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+_warned: set[str] = set()
+
+
 def resolve_precision(name: str, device: torch.device) -> Precision:
     """The precision ``model.precision`` names on ``device`` (``auto``: ``bf16-mixed`` on a CUDA device with bf16,
-    else ``fp32``); ``bf16-true`` logs what it costs."""
+    else ``fp32``); ``bf16-true`` logs what it costs (once a process)."""
     if name not in PRECISIONS:
         raise ValueError(f"model.precision must be one of {', '.join(PRECISIONS)}, got {name!r}")
     if name == "auto":
@@ -68,8 +82,124 @@ def resolve_precision(name: str, device: torch.device) -> Precision:
     if name == "fp32":
         return Precision(name, torch.float32, torch.float32)
     if name == "bf16-true":
+        _warn_once()
+        return Precision(name, torch.bfloat16, torch.bfloat16)
+    return Precision(name, torch.bfloat16, torch.float32)
+
+
+def _warn_once() -> None:
+    if "bf16-true" not in _warned:
+        _warned.add("bf16-true")
         log.warning("model.precision=bf16-true: weights and AdamW state in bf16; an update smaller than half a bf16 "
                     "weight's spacing is rounded away (at lr 1e-6 most of it). Use bf16-mixed to keep float32 "
                     "master weights (docs/performance.md)")
-        return Precision(name, torch.bfloat16, torch.bfloat16)
-    return Precision(name, torch.bfloat16, torch.float32)
+
+
+def model_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype of ``model``'s first floating-point weight (under LoRA the base model's: its adapters may differ)."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    raise ValueError(f"{type(model).__name__} has no floating-point weights")
+
+
+class MasterWeights:
+    """An optimizer over float32 master copies of lower-precision parameters (``bf16-mixed``'s optimizer).
+
+    The model keeps its compute-dtype weights (what the forward and backward passes and the in-process sampler
+    use); ``make_optimizer`` (e.g. a ``functools.partial`` of ``torch.optim.AdamW``) builds the real optimizer over
+    a float32 master copy of each parameter, so its moments are float32 too. A parameter already in float32 (LoRA
+    adapters, which PEFT keeps in float32 over a bf16 base) is its own master: no copy.
+
+    A step (:func:`tasks.update.distributed.optimizer_step`): :meth:`master_gradients` moves each accumulated
+    gradient into its master's ``.grad`` as float32 (the compute-dtype gradient is freed as it goes), the caller
+    clips and checks those, :meth:`step` steps the masters and copies them, rounded, into the model's weights.
+    A skipped step (:meth:`zero_grad` without :meth:`step`) leaves both untouched.
+
+    Gradients accumulate over micro-batches in the parameters' own dtype (autograd's and DDP's buckets, unchanged)
+    and are upcast once a step. Deviation from Megatron-LM and DeepSpeed's bf16 optimizer, which accumulate into a
+    float32 buffer from a hook: that buffer costs 2 more bytes a parameter while the passes run (18 against 16),
+    and each micro-batch's bf16 gradient is already rounded to bf16 by autograd, so a bf16 running sum adds an
+    error of the size each term already carries (measured in docs/performance.md, "Precision": the update's
+    norm and direction within 0.5 % of float32 accumulation at 8 micro-batches).
+    """
+
+    def __init__(self, params, make_optimizer, master: torch.dtype = torch.float32):
+        self.params: list[torch.nn.Parameter] = [p for p in params if p.requires_grad]
+        self.masters: list[torch.Tensor] = [
+            p if p.dtype == master else torch.nn.Parameter(p.detach().to(master), requires_grad=True)
+            for p in self.params]
+        self.copied = [i for i, (p, m) in enumerate(zip(self.params, self.masters, strict=True)) if m is not p]
+        self.optimizer: torch.optim.Optimizer = make_optimizer(self.masters)
+
+    @property
+    def param_groups(self) -> list[dict]:
+        """The real optimizer's groups (``lr`` is set here)."""
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        """The real optimizer's per-master state (AdamW's moments, float32)."""
+        return self.optimizer.state
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop the model's and the masters' gradients."""
+        for i in self.copied:
+            self.params[i].grad = None
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    @torch.no_grad()
+    def master_gradients(self) -> list[torch.Tensor]:
+        """Move the model's accumulated gradients into the masters' ``.grad`` (float32); returns the masters (what
+        to clip: the same norm as the model's gradients, computed in float32)."""
+        for i in self.copied:
+            p, m = self.params[i], self.masters[i]
+            if p.grad is not None:
+                m.grad = p.grad.to(m.dtype)
+                p.grad = None
+        return self.masters
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Step the masters (call :meth:`master_gradients` first), then round them into the model's weights."""
+        self.master_gradients()  # a no-op when the caller already moved them
+        self.optimizer.step()
+        self._copy_out()
+
+    @torch.no_grad()
+    def _copy_out(self) -> None:
+        for i in self.copied:
+            self.params[i].copy_(self.masters[i])
+
+    def state_dict(self) -> dict:
+        """The real optimizer's state and the float32 masters of the copied parameters (by position)."""
+        return {"optimizer": self.optimizer.state_dict(),
+                "master": {i: self.masters[i].detach().clone() for i in self.copied}}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`'s result; the model's weights become the restored masters, rounded. A plain
+        optimizer state (a checkpoint written before master weights existed) restarts the masters from the model's
+        weights."""
+        if "master" not in state:
+            self.optimizer.load_state_dict(state)
+            for i in self.copied:
+                self.masters[i].copy_(self.params[i])
+            return
+        if sorted(state["master"]) != self.copied:
+            raise ValueError(f"the checkpoint's master weights ({len(state['master'])} tensors) do not match this "
+                             f"model's ({len(self.copied)} in {self.masters[0].dtype if self.masters else '-'}): "
+                             "another model or model.precision")
+        for i, t in state["master"].items():
+            self.masters[i].copy_(t)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._copy_out()
+
+
+def build_optimizer(params, make_optimizer, precision: Precision):
+    """The optimizer of a single-process or DDP update under ``precision``: :class:`MasterWeights` when it is mixed,
+    else ``make_optimizer(params)`` (float32 everywhere, or bf16-true's bf16 weights and moments)."""
+    params = list(params)
+    if precision.mixed:
+        return MasterWeights(params, make_optimizer, precision.master)
+    return make_optimizer(params)

@@ -31,6 +31,9 @@ copy in the generation dtype (bf16 on a GPU: 2 bytes a parameter, ``rank_generat
 gathered at every ``generate`` call (one more all-gather of the weights a call); each rank's KV cache holds its
 share's rows only; the prompts go out and the completions come back as pickled objects (a few MB a step). The KL
 reference (``train.kl_coef > 0``) is a frozen full copy on every rank.
+Under ``bf16-mixed`` the weights every rank generates with stay bf16 and get the new weights rounded from the
+float32 masters (FSDP2's gathered float32 shards, DDP's :class:`~tasks.update.precision.MasterWeights`, DeepSpeed's
+own).
 """
 
 from __future__ import annotations
@@ -52,8 +55,10 @@ from tasks.update.distributed import (
     load_state,
     optimizer_state,
     reference_copy,
+    replica_dtype,
     wrap,
 )
+from tasks.update.precision import Precision, resolve_precision
 from tasks.update.policy_update import LossSettings, Updater, gradient_checkpointing, policy_update, set_lr
 from tasks.update.rank_generation import GenerationSetup, RankGenerator, RankSharedEngine
 
@@ -78,19 +83,27 @@ def _device() -> torch.device:
 
 
 class _Replica:
-    """One rank's training copy: the wrapped model, its optimizer, the KL reference and the data shard."""
+    """One rank's training copy: the wrapped model, its optimizer, the KL reference and the data shard.
 
-    def __init__(self, cfg, model: torch.nn.Module):
-        self.cfg, self.device = cfg, _device()
-        model = model.to(self.device)
+    The replica is built in :func:`~tasks.update.distributed.replica_dtype` (float32 under FSDP2's mixed precision,
+    else the compute dtype); the KL reference in the compute dtype."""
+
+    def __init__(self, cfg, model: torch.nn.Module, precision: Precision):
+        self.cfg, self.device, self.precision = cfg, _device(), precision
+        model = model.to(self.device, replica_dtype(cfg.scale.backend, precision))
         broadcast_module(model)  # every rank starts from rank 0's weights
-        self.ref = reference_copy(model) if cfg.train.kl_coef > 0 else None
+        self.ref = reference_copy(model).to(precision.compute) if cfg.train.kl_coef > 0 else None
         gradient_checkpointing(model, cfg.train.gradient_checkpointing)
         tc = cfg.train
         factory = functools.partial(torch.optim.AdamW, lr=tc.lr, betas=tc.betas, eps=tc.adam_eps,
                                     weight_decay=tc.weight_decay)
-        self.model, self.optimizer = wrap(model, factory, cfg, self.device)
+        self.model, self.optimizer = wrap(model, factory, cfg, self.device, precision)
         self.shard = DataShard.current()
+        #: FSDP2 under a mixed precision: the float32 shards are the master weights (the checkpoint keeps them)
+        self.master_weights = cfg.scale.backend == "fsdp2" and precision.mixed
+
+    def optimizer_state(self):
+        return optimizer_state(self.model, self.optimizer, self.master_weights)
 
     def update(self, groups: Sequence[RolloutGroup], settings: LossSettings, lr: float) -> dict[str, float]:
         set_lr(self.optimizer, lr)
@@ -121,9 +134,9 @@ class Driver(Updater):
             raise RuntimeError("the Driver lives on rank 0; the other ranks run tasks.update.sharded_update.serve()")
         self.cfg, self.policy_model, self.settings = cfg, model, settings
         self.lr = cfg.train.lr
-        dtype = next(model.parameters()).dtype
-        _send(INIT, (cfg, model.config, dtype))
-        self.replica = _Replica(cfg, copy.deepcopy(model))
+        self.precision = resolve_precision(cfg.model.precision, _device())
+        _send(INIT, (cfg, model.config, self.precision))
+        self.replica = _Replica(cfg, copy.deepcopy(model), self.precision)
 
     def step(self, groups: Sequence[RolloutGroup]) -> dict[str, float]:
         """Every rank updates on its slice of ``groups`` with the current lr; rank 0's policy model gets the
@@ -131,7 +144,7 @@ class Driver(Updater):
         _send(UPDATE, (groups, self.settings, self.lr))
         stats = self.replica.update(groups, self.settings, self.lr)
         state = full_state_dict(self.replica.model, to_cpu=False)  # collective for the sharded backends
-        with torch.no_grad():
+        with torch.no_grad():  # FSDP2's float32 masters are cast (rounded) to the policy's compute dtype here
             self.policy_model.load_state_dict(state)
         return stats
 
@@ -141,7 +154,7 @@ class Driver(Updater):
 
     def state_dict(self):
         _send(OPT_STATE)
-        return optimizer_state(self.replica.model, self.replica.optimizer)
+        return self.replica.optimizer_state()
 
     def load_state_dict(self, state) -> None:
         """Call after ``policy.model`` holds the restored weights (``checkpoint.restore`` does so)."""
@@ -182,8 +195,9 @@ def serve() -> None:
         if cmd == INIT:
             from transformers import AutoModelForCausalLM
 
-            cfg, config, dtype = payload
-            replica = _Replica(cfg, AutoModelForCausalLM.from_config(config, dtype=dtype))
+            cfg, config, precision = payload
+            replica = _Replica(cfg, AutoModelForCausalLM.from_config(
+                config, dtype=replica_dtype(cfg.scale.backend, precision)), precision)
             continue
         if replica is None:
             raise RuntimeError(f"rank {dist.get_rank()}: command {cmd!r} before {INIT!r}")
@@ -192,7 +206,7 @@ def serve() -> None:
             replica.update(groups, settings, lr)
             full_state_dict(replica.model, to_cpu=False)
         elif cmd == OPT_STATE:
-            optimizer_state(replica.model, replica.optimizer)
+            replica.optimizer_state()
         elif cmd == LOAD:
             load_state(replica.model, replica.optimizer, None, None)
         elif cmd == GEN_INIT:

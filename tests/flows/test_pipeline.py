@@ -45,6 +45,7 @@ def test_pipeline_flow_records_everything(tmp_path, prefect_harness, caplog):
     info = run_info(s["tracking_uri"], s["mlflow_run_id"])
     assert info["status"] == "FINISHED"
     assert info["params"]["train.steps"] == "4" and info["params"]["select.method"] == "uniform"
+    assert info["params"]["precision"] == s["precision"] == "fp32"  # model.precision auto, resolved on the CPU
     for key in ("train/reward_mean", "train/effective_ratio", "eval/accuracy", "cost/device_hours", "cost/usd",
                 "time/rollout_s", "rollout/tokens_per_s", "eval/mcnemar_p",
                 "perf/update_tokens_per_s", "perf/update_mfu", "perf/rollout_mfu", "time/reference_share"):
@@ -110,6 +111,7 @@ def test_pipeline_flow_records_everything(tmp_path, prefect_harness, caplog):
     assert info["tags"]["mlflow.source.git.commit"] == head
     # the registered version: a description, its held-out accuracy, no empty parent tag (it has no parent)
     assert mv.tags["heldout_accuracy"] == f"{s['eval_accuracy_end']:.4f}" and "parent_version" not in mv.tags
+    assert (mv.tags["precision"], mv.tags["weights_dtype"]) == ("fp32", "float32")
     assert mv.description.startswith(f"Trained by rlsift run {s['run_id']} (grpo bundled:default s0), 4 steps")
 
     # the flow-run graph shows the design's rounds (train.steps=4, round_steps=2): a task run each, in the train stage's

@@ -8,8 +8,8 @@ from tasks.training.evaluate import PairedChange
 
 WHERE = {"run_id", "mlflow_run_id", "name", "status", "wall_s", "ledger", "tracking_uri", "run_dir"}
 COMPLETED = WHERE | {"ingest", "steps", "eval_accuracy_start", "eval_accuracy_end", "eval_by_level_start",
-                     "eval_by_level_end", "eval_paired", "effective_ratio", "device", "device_hours", "cost_usd",
-                     "stage_seconds", "model_path", "model_version", "parent_version", "data_fingerprint",
+                     "eval_by_level_end", "eval_paired", "effective_ratio", "device", "precision", "device_hours",
+                     "cost_usd", "stage_seconds", "model_path", "model_version", "parent_version", "data_fingerprint",
                      "policy_path", "resumed", "overlap", "plan"}
 
 
