@@ -205,7 +205,8 @@ def generation(args, shape: str, device: torch.device, dtype: torch.dtype, name:
     model, cfg = build(shape, "full", device, dtype)
     model.eval()
     rows, new = ([16, 32], 8) if toy else ([256, 512], 512)
-    print(f"\nsampler on {name}: tasks.generation.rollout.decode, {shape}, prompts of {gen.PROMPT} tokens")
+    print(f"\nsampler on {name}: tasks.generation.decode against today's (infra/decode_reference.py), {shape}, "
+          f"prompts of {gen.PROMPT} tokens")
     print("\n".join(gen.sampler_rows(model, rows, new, device, name)))
     print(f"\nsampler/trainer mismatch on {name} ({dtype}, the same weights)")
     print("\n".join(gen.mismatch_rows(model, rows[0], new, device)))

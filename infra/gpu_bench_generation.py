@@ -2,11 +2,17 @@
 bf16 sampler/trainer mismatch. Imports only torch, transformers, peft, pydantic, numpy and rlsift's modules that
 need no more.
 
-- **Sampler**: ``tasks.generation.rollout.decode`` (the run's in-process sampler) on ``rows`` prompts of 128 tokens,
-  ``new`` tokens each (random weights never end a row early), first call and second call timed apart, beside
-  transformers' ``generate`` (sampling, same shapes, second call). The floor is what the card allows a decode
-  step: the larger of reading the weights and the KV cache once (bytes / memory bandwidth) and the step's FLOPs
-  (2 N a row / peak), so tokens/s <= rows / that time.
+- **Sampler**: the run's decode loop (``tasks.generation.decode.Decoder``: KV cache written in place, each prompt
+  prefilled once, CUDA graphs per row bucket) against today's reference (``infra/decode_reference.py``, the loop
+  before it: ``DynamicCache``, every row prefilled) on ``rows / 8`` prompts of 64-128 tokens (left-padded to 128)
+  with 8 rollouts each, ``new`` tokens each (no stop token: every row runs to the end). Arms interleaved, all on one
+  clock (``perf_counter`` after a device sync): each arm's first call, then its second call (steady state: the new
+  loop reuses its buffers and graphs); for the new loop the one-time capture (``Decoder.capture_s``) is reported
+  and taken out of its first call. Peak memory of the new loop's steady call above what was allocated before it
+  (``max_memory_allocated``, and reserved), beside the KV cache as ``tasks/update/fit.py`` counts it (rows x
+  (prompt + new) x layers x 2 x kv heads x head size x bytes) and as allocated. The floor is what the card allows a
+  decode step: the larger of reading the weights and the KV cache once (bytes / memory bandwidth) and the step's
+  FLOPs (2 N a row / peak), so tokens/s <= rows / that time.
 - **Overlap on one GPU**: the sampler in a second process on the same GPU beside update steps in this one, against
   the two one after the other: the ratio is what ``overlap.lag`` 1 can save on a shared device.
 - **Mismatch**: the sampler's bf16 log-probs mu against the trainer's recomputation pi_old on the same weights
@@ -24,9 +30,10 @@ import time
 import torch
 
 from rlcore.types import RolloutGroup
-from tasks.model.forward import token_logprobs
-from tasks.generation.rollout import decode
+from infra.decode_reference import decode_reference
+from tasks.generation.decode import Decoder
 from tasks.generation.sampling import Sampling
+from tasks.model.forward import token_logprobs
 from tasks.update.policy_update import mismatch_metrics, policy_update
 
 #: Memory bandwidth (TB/s) and dense bf16 TFLOP/s of the cards the check knows (vendor figures, SXM parts).
@@ -40,10 +47,14 @@ def card(name: str) -> tuple[float, float] | None:
 
 
 def prompts(rows: int, vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rows / 8`` random prompts of :data:`PROMPT` tokens, each repeated for its 8 rollouts."""
+    """``rows / 8`` random prompts of 64 to :data:`PROMPT` tokens, left-padded to :data:`PROMPT` (each is decoded
+    with its 8 rollouts)."""
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(4, vocab, (max(rows // GROUP, 1), PROMPT), generator=g).repeat_interleave(GROUP, dim=0)
-    return ids.to(device), torch.ones_like(ids).to(device)
+    b = max(rows // GROUP, 1)
+    ids = torch.randint(4, vocab, (b, PROMPT), generator=g)
+    lens = torch.randint(PROMPT // 2, PROMPT + 1, (b,), generator=g)
+    am = torch.arange(PROMPT)[None, :] >= PROMPT - lens[:, None]
+    return ids.masked_fill(~am, 0).to(device), am.long().to(device)
 
 
 def sync(device) -> None:
@@ -51,12 +62,24 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def draw(model, rows: int, new: int, device, seed: int = 0):
+def draw(model, rows: int, new: int, device, seed: int = 0, decoder: Decoder | None = None):
+    """The new loop's ``rows`` rollouts (each prompt's 8 prefilled once); returns the prompts repeated per row and
+    ``(ids, logp)``."""
     ids, am = prompts(rows, model.config.vocab_size, device)
-    one = ids[::GROUP], am[::GROUP]  # each prompt once: decode prefills it once for its GROUP rollouts
-    seeds = torch.arange(len(one[0]), dtype=torch.long) + seed
-    return ids, decode(model, *one, n=GROUP, max_new_tokens=new, sampling=Sampling(temperature=1.0), stop_ids=(),
-                       pad_id=0, seeds=seeds)
+    seeds = torch.arange(len(ids), dtype=torch.long) + seed
+    out = (decoder or Decoder(model))(ids, am, n=GROUP, max_new_tokens=new, sampling=Sampling(temperature=1.0),
+                                      stop_ids=(), pad_id=0, seeds=seeds)
+    rows_ids = [p[a.bool()] for p, a in zip(ids, am, strict=True) for _ in range(GROUP)]
+    return rows_ids, out
+
+
+def draw_reference(model, rows: int, new: int, device, seed: int = 0):
+    """Today's reference loop on the same prompts, each repeated for its 8 rows."""
+    ids, am = prompts(rows, model.config.vocab_size, device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return decode_reference(model, ids.repeat_interleave(GROUP, 0), am.repeat_interleave(GROUP, 0),
+                            max_new_tokens=new, sampling=Sampling(temperature=1.0), eos_id=-1, pad_id=0,
+                            generator=gen)
 
 
 def timed(fn, device) -> float:
@@ -79,25 +102,53 @@ def floor_tokens_per_s(model, rows: int, new: int, bandwidth_tbs: float, peak_tf
     return rows / max(t_mem, t_flops)
 
 
+def kv_count_bytes(model, rows: int, prompt: int, new: int) -> int:
+    """The KV cache as tasks/update/fit.py counts it: rows x (prompt + new) x layers x 2 x kv heads x head size x
+    bytes."""
+    c = model.config
+    head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    b = next(model.parameters()).element_size()
+    return rows * (prompt + new) * c.num_hidden_layers * 2 * (c.num_key_value_heads or c.num_attention_heads) * head * b
+
+
 def sampler_rows(model, rows_list: list[int], new: int, device, name: str) -> list[str]:
-    out = ["| rows | new tokens | decode first call s | decode tokens/s (second call) | generate tokens/s | floor "
-           "tokens/s | share of floor |", "|---|---|---|---|---|---|---|"]
+    out = ["| rows | new tokens | loop | first call s | capture s | first call less capture / steady | steady s | "
+           "steady tokens/s | vs today | peak GiB (reserved) over weights | KV cache GiB counted / allocated | "
+           "floor tokens/s | share of floor |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     spec = card(name)
+    cuda = torch.device(device).type == "cuda"
+    gib = 2.0 ** 30
+    warm = timed(lambda: (draw_reference(model, GROUP, 2, device), draw(model, GROUP, 2, device)), device)
+    out.insert(0, f"process warm-up (CUDA and cuBLAS start, the race noise's kernel compiled), both loops at "
+                  f"{GROUP} rows x 2 tokens: {warm:.1f} s, not in the table\n")
     for rows in rows_list:
-        first = timed(lambda rows=rows: draw(model, rows, new, device), device)
-        second = timed(lambda rows=rows: draw(model, rows, new, device), device)
-        ids, am = prompts(rows, model.config.vocab_size, device)
-
-        def hf_generate(ids=ids, am=am):
-            model.generate(input_ids=ids, attention_mask=am, do_sample=True, max_new_tokens=new,
-                           min_new_tokens=new, pad_token_id=0, eos_token_id=None, top_k=0, top_p=1.0)
-
-        hf_generate()
-        hf = timed(hf_generate, device)
-        tps = rows * new / second
+        decoder = Decoder(model)
+        first_old = timed(lambda rows=rows: draw_reference(model, rows, new, device), device)
+        first_new = timed(lambda rows=rows, d=decoder: draw(model, rows, new, device, decoder=d), device)
+        capture = decoder.capture_s
+        steady_old = timed(lambda rows=rows: draw_reference(model, rows, new, device, seed=1), device)
+        if cuda:
+            torch.cuda.empty_cache()
+            base, base_reserved = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        steady_new = timed(lambda rows=rows, d=decoder: draw(model, rows, new, device, seed=1, decoder=d), device)
+        peak = "-"
+        if cuda:
+            peak = (f"{(torch.cuda.max_memory_allocated(device) - base) / gib:.2f} "
+                    f"({(torch.cuda.max_memory_reserved(device) - base_reserved) / gib:.2f})")
+        kv = f"{kv_count_bytes(model, rows, PROMPT, new) / gib:.2f} / {decoder.kv_bytes / gib:.2f}"
         floor = floor_tokens_per_s(model, rows, new, *spec) if spec else 0.0
-        floor_s, share = ("", "") if spec is None else (f"{floor:,.0f}", f"{tps / floor:.0%}")
-        out.append(f"| {rows} | {new} | {first:.1f} | {tps:,.0f} | {rows * new / hf:,.0f} | {floor_s} | {share} |")
+        for loop, first, cap, steady in (("today", first_old, None, steady_old), ("new", first_new, capture,
+                                                                                 steady_new)):
+            tps = rows * new / steady
+            ratio = (first - (cap or 0.0)) / steady
+            floor_s, share = ("", "") if spec is None else (f"{floor:,.0f}", f"{tps / floor:.0%}")
+            out.append(f"| {rows} | {new} | {loop} | {first:.2f} | {'-' if cap is None else f'{cap:.2f}'} | "
+                       f"{ratio:.2f}x | {steady:.2f} | {tps:,.0f} | {steady_old / steady:.2f}x | "
+                       f"{peak if loop == 'new' else '-'} | {kv if loop == 'new' else '-'} | {floor_s} | {share} |")
+        del decoder
+        if cuda:
+            torch.cuda.empty_cache()
     return out
 
 

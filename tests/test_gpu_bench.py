@@ -55,6 +55,8 @@ def test_the_gpu_check_runs_on_the_cpu_and_imports_only_what_a_gpu_machine_has()
     for line in table:
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert "out of memory" not in line and float(cells[6].replace(",", "")) > 0  # tokens a second
+    sampler = [line for line in proc.stdout.splitlines() if re.match(r"\| (16|32) \| 8 \| (today|new) \|", line)]
+    assert len(sampler) == 4, proc.stdout  # the generation half: both loops at both row counts
     micro = [int(line.split("|")[5]) for line in table]
     assert micro[1] > micro[0] >= 1  # the larger batch takes more micro-batches
     ours = {"rlcore", "tasks", "infra", "gpu_bench_generation"}

@@ -5,8 +5,9 @@ What a step costs is what the GPU must do (the layout of nano-vllm, gpt-fast and
 
 - **One cache, written in place.** Keys and values of every layer live in buffers ``[R, H_kv, S, D]`` allocated
   once (and kept by :class:`Decoder` for the next call of the same shape), ``S = P + T - 1`` for prompts padded to
-  ``P`` columns (on CUDA a multiple of 64, so most calls share a shape) and ``T = max_new_tokens``. Step ``t`` writes its keys and values at column ``P + t - 1`` of every row
-  (``index_copy_``; no ``torch.cat`` of the cache, as ``DynamicCache`` does each step). The attention mask is a
+  ``P`` columns (on CUDA a multiple of 64, so most calls share a shape) and ``T = max_new_tokens``. Step ``t``
+  writes its keys and values at column ``P + t - 1`` of every row (``index_copy_``; no ``torch.cat`` of the
+  cache, as ``DynamicCache`` does each step). The attention mask is a
   4-D additive buffer ``[R, 1, 1, S]`` whose column is opened in place; token, position and column are buffers
   too. Attention reads all ``S`` columns each step (the unwritten ones masked).
 - **Each prompt prefilled once.** The B prompts go through the model once, into a small cache of their own;
@@ -41,7 +42,7 @@ decoder models whose attention calls ``past_key_values.update(keys, values, laye
 from __future__ import annotations
 
 import logging
-import math
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -143,6 +144,8 @@ class Decoder:
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
         self._params: tuple[int, ...] = ()
+        self._eager = False  # set when a capture failed
+        self._lock = threading.Lock()  # one call at a time: the buffers are shared (a draw in a thread, say)
 
     @property
     def kv_bytes(self) -> int:
@@ -184,7 +187,7 @@ class Decoder:
 
     def _step(self, m: int, graphs: bool) -> torch.Tensor:
         """[m, V] logits of the next token of the first m rows."""
-        if not graphs:
+        if not graphs or self._eager:
             return self._forward(m)[:, -1]
         if m not in self._graphs:
             t0 = time.perf_counter()
@@ -197,8 +200,14 @@ class Decoder:
                 self._forward(m)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                out = self._forward(m)
+            try:
+                with torch.cuda.graph(graph, pool=self._pool):
+                    out = self._forward(m)
+            except RuntimeError as err:  # a model whose forward cannot be captured: eager, as on the CPU
+                log.warning("decode: the one-token forward could not be captured as a CUDA graph (%s); eager from "
+                            "now on, slower", (str(err).splitlines() or ["?"])[0][:200])
+                self._eager = True
+                return self._forward(m)[:, -1]
             torch.cuda.synchronize()
             self._graphs[m] = (graph, out)
             self.capture_s += time.perf_counter() - t0
@@ -212,6 +221,10 @@ class Decoder:
                  sampling: Sampling | None, stop_ids: Sequence[int], pad_id: int,
                  seeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """n completions of each of the B prompts (see :func:`decode`)."""
+        with self._lock:
+            return self._call(input_ids, attention_mask, n, max_new_tokens, sampling, stop_ids, pad_id, seeds)
+
+    def _call(self, input_ids, attention_mask, n, max_new_tokens, sampling, stop_ids, pad_id, seeds):
         device = input_ids.device
         opts = self.options or DecodeOptions.for_device(device)
         graphs = opts.graphs and device.type == "cuda"
@@ -307,7 +320,8 @@ class Decoder:
 
 def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, n: int = 1,
            max_new_tokens: int, sampling: Sampling | None, stop_ids: Sequence[int], pad_id: int,
-           seeds: torch.Tensor | None = None, options: DecodeOptions | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+           seeds: torch.Tensor | None = None,
+           options: DecodeOptions | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample (or, with ``sampling=None``, arg-max) n completions of each prompt (module docstring).
 
     Each step draws the next tokens with :func:`tasks.generation.sampling.sample_next`: the exponential race

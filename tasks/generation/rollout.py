@@ -5,9 +5,9 @@ written in place, each prompt prefilled once, CUDA graphs; the exponential-race 
 ``tasks/generation/sampling.py``, sampling settings from config). Prompt ``b`` of a call seeded ``seed`` (itself
 derived from ``(seed, step, purpose)``) draws its noise from :func:`prompt_seed` ``(seed, first + b)``, so a resumed
 run samples exactly what an uninterrupted one would, and a prompt's rollouts do not depend on how a call's prompts
-are split between chunks, calls, ranks or servers. Every engine implements :class:`RolloutEngine` (``generate``, ``sync_weights`` and
-``metrics``); the others are the vLLM server's (``tasks/generation/vllm_engine.py``) and a pool of such servers
-(``tasks/generation/server_pool.py``).
+are split between chunks, calls, ranks or servers. Every engine implements :class:`RolloutEngine` (``generate``,
+``sync_weights`` and ``metrics``); the others are the vLLM server's (``tasks/generation/vllm_engine.py``) and a pool
+of such servers (``tasks/generation/server_pool.py``).
 """
 
 from __future__ import annotations

@@ -84,28 +84,43 @@ def step_keys(keys: torch.Tensor, t: int) -> torch.Tensor:
 def race_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     """[r, vocab] float32 ``Exp(1)`` noise, entry ``(i, v)`` a function of ``keys[i]`` and ``v`` alone (module
     docstring)."""
-    v = torch.arange(1, vocab + 1, dtype=torch.long, device=keys.device) * GAMMA
-    bits = (mix64(keys[:, None] + v) >> 11) & ((1 << 53) - 1)
-    return (bits.double().add_(0.5).mul_(2.0 ** -53)).log_().neg_().float()
+    z = keys[:, None] + torch.arange(1, vocab + 1, dtype=torch.long, device=keys.device).mul_(GAMMA)
+    z ^= (z >> 30).bitwise_and_((1 << 34) - 1)  # mix64, in place: eagerly each op is a pass over [r, V]
+    z *= MIX1
+    z ^= (z >> 27).bitwise_and_((1 << 37) - 1)
+    z *= MIX2
+    z ^= (z >> 31).bitwise_and_((1 << 33) - 1)
+    bits = z.bitwise_right_shift_(11).bitwise_and_((1 << 53) - 1)
+    return bits.double().add_(0.5).mul_(2.0 ** -53).log_().neg_().float()
 
 
-_COMPILED: dict[str, object] = {}
+class _FusedNoise:
+    """:func:`race_noise` fused into one kernel by ``torch.compile`` (eagerly each of its dozen int64 ops reads and
+    writes the whole [r, V] block); the eager function from the first failure on (a missing compiler, say), with
+    one warning. Compiled and eager noise may differ in the last bits of ``log``."""
+
+    def __init__(self):
+        self.fn = None
+
+    def __call__(self, keys: torch.Tensor, vocab: int) -> torch.Tensor:
+        if self.fn is None:
+            self.fn = torch.compile(race_noise, dynamic=True, fullgraph=True)
+        if self.fn is not race_noise:
+            try:
+                return self.fn(keys, vocab)
+            except Exception as err:  # noqa: BLE001 - any compiler failure: the eager function is exact too
+                log.warning("race noise: torch.compile failed (%s); eager noise from now on, slower",
+                            (str(err).splitlines() or [type(err).__name__])[0][:200])
+                self.fn = race_noise
+        return race_noise(keys, vocab)
+
+
+_FUSED = _FusedNoise()
 
 
 def _noise_fn(device: torch.device):
-    """:func:`race_noise`, fused into one kernel by ``torch.compile`` on CUDA (eager if that fails), eager
-    elsewhere: eagerly each of its dozen int64 ops reads and writes the whole [r, V] block."""
-    if device.type != "cuda":
-        return race_noise
-    if "cuda" not in _COMPILED:
-        try:
-            fn = torch.compile(race_noise, dynamic=True, fullgraph=True)
-            fn(torch.zeros(2, dtype=torch.long, device=device), 8)  # compile now: failures show here
-            _COMPILED["cuda"] = fn
-        except Exception as err:  # noqa: BLE001 - any compiler failure: the eager function is exact too
-            log.warning("race noise: torch.compile failed (%s); eager noise, slower", str(err).splitlines()[0][:200])
-            _COMPILED["cuda"] = race_noise
-    return _COMPILED["cuda"]
+    """The noise on ``device``: fused on CUDA, eager elsewhere (the CPU's vocabularies here are small)."""
+    return _FUSED if device.type == "cuda" else race_noise
 
 
 @dataclass(frozen=True)

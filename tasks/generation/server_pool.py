@@ -122,7 +122,8 @@ class ServerPool(RolloutEngine):
     # -- generation -------------------------------------------------------------------------------------
     def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False, *, first: int = 0) -> Generation:
         """n completions for each prompt (prompt-major rows), prompt b seeded ``prompt_seed(seed, first + b)`` on
-        whichever live server answers it; a server that fails is dropped and its unanswered prompts asked of the others."""
+        whichever live server answers it; a server that fails is dropped and its unanswered prompts asked of the
+        others."""
         prompt_ids = prompt_token_ids(self.tok, prompts)
         out: list[list[dict] | None] = [None] * len(prompts)
         todo = list(range(len(prompts)))

@@ -333,3 +333,19 @@ def test_a_decoder_reuses_its_buffers_for_calls_of_its_shape_and_counts_its_cach
         p = -(-enc["input_ids"].shape[1] // 16) * 16
         assert dec.kv_bytes == len(prompts) * n * (p + 10 - 1) * 2 * 2 * 2 * 16 * 4
     assert caches[0] is caches[1] and caches[2] is not caches[1]
+
+
+def test_fused_noise_falls_back_to_the_eager_function_when_compiling_fails(caplog):
+    """On CUDA the noise goes through ``torch.compile``; a compiler that fails (here one that raises as a missing
+    C compiler would) leaves the eager function, the same noise, with one warning."""
+    from tasks.generation.sampling import _FusedNoise
+
+    def broken(keys, vocab):
+        raise RuntimeError("no C compiler found\nmore")
+
+    fused = _FusedNoise()
+    fused.fn = broken
+    keys = keys_for(4)
+    with caplog.at_level("WARNING"):
+        assert torch.equal(fused(keys, 50), race_noise(keys, 50)) and torch.equal(fused(keys, 7), race_noise(keys, 7))
+    assert fused.fn is race_noise and sum("no C compiler found" in r.message for r in caplog.records) == 1

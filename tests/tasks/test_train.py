@@ -280,7 +280,7 @@ def test_make_groups_advantages_and_negative_weight():
 def test_dynamic_sampling_trains_only_informative_groups_and_counts_every_rollout(smoke_cfg, pool):
     """DAPO's dynamic sampling with n=2 (half the groups all-equal under the text reward): the trained fresh
     groups are all mixed, the discarded prompts stay in the selection ledger and in the rollout count."""
-    cfg = smoke_cfg(*SMALL, "rollout.n=2", "dynamic.enabled=true", "dynamic.max_rounds=6", "dynamic.oversample=2",
+    cfg = smoke_cfg(*SMALL, "rollout.n=2", "dynamic.enabled=true", "dynamic.max_rounds=12", "dynamic.oversample=1.5",
                     path=PRESETS.format("grpo"))
     _, summary, groups, sel, logged = run_train(cfg, pool)
     assert len(groups) == 4 * 6 and all(0 < g["successes"] < g["n"] for g in groups)
