@@ -28,7 +28,6 @@ count, not by the ranks' speed.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,7 +38,6 @@ from tasks.generation.rollout import Generation, HFEngine, RolloutEngine
 from tasks.generation.split import join, share_bounds
 from tasks.update.distributed import is_deepspeed, unwrap
 
-log = logging.getLogger("rlsift.rollout")
 
 #: Backends whose ranks hold only a shard of the weights: generation needs a gathered full copy.
 GATHERED = ("fsdp2", "deepspeed_zero3")
