@@ -61,7 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     if info.rank != 0:
         serve()
         dist.destroy_process_group()
-        return 0
+        # A worker holds nothing to flush but its streams; the interpreter's teardown sometimes aborted it
+        # ("terminate called without an active exception": a native thread still joinable at exit; seen once in
+        # six 2-rank FSDP2 runs on CPU), and torchrun then fails the run after rank 0 had finished.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     from flows.pipeline import pipeline
 
     summary = pipeline(config=args.config, overrides=list(args.overrides), resume=args.resume)

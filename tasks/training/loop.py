@@ -47,7 +47,7 @@ from tasks.records.ledger import GroupRow, ReferenceRow, SelectionRow
 from tasks.records.throughput import ModelShape, Peak, peak, rates
 from tasks.run import Run, progress_bar
 from tasks.training import checkpoint
-from tasks.update.backend import build_updater
+from tasks.update.backend import build_updater, share_generation
 from tasks.training.calibration import Calibration
 from tasks.training.overlap import Overlap, SamplingPolicy
 from tasks.training.plan import decide_lag, probe_records
@@ -269,6 +269,9 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
         log.info("overlap: %s", lag.reason)
     # one process, or sharded over the torchrun ranks (then `model` stays rank 0's full copy, updated in place)
     updater = build_updater(cfg, policy, device=run.device)
+    shared = share_generation(cfg, policy, updater, lag.lag)  # sharded: every rank decodes its share
+    if shared is not None:
+        log.info("rollouts: %s", shared)
     sampling = SamplingPolicy(policy, lag.lag, threads=cfg.overlap.generator_threads,
                               needs_copy=cfg.select.screen > 1, on_temp_dir=run.note_temp)
     try:

@@ -43,6 +43,7 @@ from tasks.training.calibration import Calibration
 from tasks.training.overlap import SamplingPolicy, separate_devices, thread_split
 from tasks.training.probe import ProbeInputs, probe_costs
 from tasks.training.screen import policy_likelihood
+from tasks.update.backend import ranks_generate
 
 log = logging.getLogger("rlsift.plan")
 
@@ -170,10 +171,16 @@ def probe_overlap(policy: Policy, records: list[PromptRecord], cfg: Config, seed
 def decide_lag(cfg: Config, policy: Policy, records: list[PromptRecord],
                device: torch.device | str = "cpu") -> LagChoice:
     """``overlap.lag`` for training ``cfg``: 0 or 1 as set, or for ``auto`` rlcore.overlap_lag.choose_lag from where the
-    sampler and the trainer run and, where they share a device, :func:`probe_overlap` on ``records``."""
+    sampler and the trainer run and, where they share a device, :func:`probe_overlap` on ``records``. ``auto`` under
+    a sharded backend on several ranks with the in-process engine: 0, so that every rank generates its share
+    (docs/scale-out.md)."""
     oc = cfg.overlap
     if oc.lag != "auto":
         return LagChoice(oc.lag, "config", f"lag {oc.lag}: overlap.lag={oc.lag} in the config")
+    ranks = ranks_generate(cfg, policy.engine)
+    if ranks > 1:  # lag 1 would leave generation to rank 0 alone (tasks/update/backend.py share_generation)
+        return LagChoice(0, "config", f"lag 0: scale.backend={cfg.scale.backend} on {ranks} ranks, each generating "
+                                      "its share of every call; the overlap would leave generation to rank 0")
     separate = separate_devices(policy.engine, device, oc.generator_threads)
     probe = None if separate else probe_overlap(policy, records, cfg, derive_seed(cfg.seed, "overlap-probe"), device)
     return choose_lag(separate, probe, oc.min_gain)

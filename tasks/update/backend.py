@@ -11,12 +11,40 @@ import torch.distributed as dist
 from transformers import PreTrainedModel
 
 from tasks.config import Config
+from tasks.generation.rollout import HFEngine, RolloutEngine
 from tasks.model.lora import base_model
 from tasks.model.policy import Policy
 from tasks.update.fit import check_update_fits
 from tasks.update.precision import model_dtype, resolve_precision
 from tasks.update.sharded_update import Driver
 from tasks.update.policy_update import LocalUpdater, LossSettings, Updater, gradient_checkpointing
+
+
+def ranks_generate(cfg: Config, engine: RolloutEngine) -> int:
+    """How many ranks decode each ``generate`` call at ``overlap.lag`` 0 (tasks/update/rank_generation.py): the
+    world size under a sharded backend with the in-process engine on more than one rank, else 1 (one process, or
+    vLLM servers generating)."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    return world if cfg.scale.backend != "single" and isinstance(engine, HFEngine) else 1
+
+
+def share_generation(cfg: Config, policy: Policy, updater: Updater, lag: int) -> str | None:
+    """Under a sharded backend on several ranks with the in-process engine, make ``policy.engine`` the
+    :class:`~tasks.update.sharded_update.Driver`'s rank-shared engine, so every rank decodes its share of each
+    ``generate`` call for the rest of the run (training rollouts, reference rollouts, evaluations). Returns one line
+    saying who generates (for the log), None where nothing changes (one process, vLLM servers).
+
+    With ``lag`` 1 the engine stays rank 0's alone: the overlap draws in rank 0's generator process while every rank
+    updates, and the other ranks, inside the update, cannot decode at the same time (docs/scale-out.md).
+    """
+    world = ranks_generate(cfg, policy.engine)
+    if world == 1 or not isinstance(updater, Driver):
+        return None
+    if lag > 0:
+        return (f"overlap.lag 1 under scale.backend={cfg.scale.backend}: rank 0 alone generates, in its generator "
+                f"process, while the {world} ranks update (set overlap.lag=0 for every rank to generate its share)")
+    policy.engine = updater.share_generation(policy.engine)
+    return f"every one of the {world} ranks generates its share of each call (scale.backend={cfg.scale.backend})"
 
 
 def build_updater(cfg: Config, policy: Policy, *, device: torch.device | str) -> Updater:

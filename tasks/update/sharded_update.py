@@ -3,11 +3,16 @@
 Design (the simplest one that stays exactly equivalent to one process; see ``docs/scale-out.md``):
 
 - Rank 0 runs the whole pipeline as usual (``flows/train_dist.py`` calls the same Prefect flow): selection,
-  generation (HF engine on its full-weight ``policy.model``, or the vLLM server), rewards, PODS, replay,
-  ledger, MLflow, checkpoints, evaluation. Only rank 0 ever touches the ledger or the tracker.
+  rewards, PODS, replay, ledger, MLflow, checkpoints, evaluation. Only rank 0 ever touches the ledger or the
+  tracker.
 - Ranks 1..W-1 run :func:`serve`: a loop that receives one command at a time from rank 0
-  (``broadcast_object_list``) and takes part in it. Generation is not repeated on every rank (no seed-lock
-  across processes, no W-fold reward work), and the batch each rank trains on is rank 0's, bit for bit.
+  (``broadcast_object_list``) and takes part in it. The batch each rank trains on is rank 0's, bit for bit.
+- Generation: from the first training step on (``overlap.lag`` 0, the in-process engine), every rank decodes a
+  contiguous share of each ``generate`` call's prompts with its own weights and rank 0 gathers them
+  (:meth:`Driver.share_generation`, the ``generate`` command, ``tasks/update/rank_generation.py``); prompt b of a
+  call is seeded by its index in the whole call, so the rollouts are the one-process run's. Before training
+  (calibration, the plan's probes, the starting evaluation), with ``overlap.lag`` 1 (rank 0's generator process
+  draws while every rank updates) and with vLLM servers, rank 0's engine generates alone.
 - :class:`Driver` is rank 0's :class:`tasks.update.policy_update.Updater`. An update (:meth:`Driver.step`): rank 0
   broadcasts the step's ``RolloutGroup`` list, the run's ``LossSettings`` and the step's learning rate (set by
   :meth:`Driver.set_lr`, so a warm-up reaches every rank's optimizer: torch's ``param_groups``, or the
@@ -20,9 +25,15 @@ Design (the simplest one that stays exactly equivalent to one process; see ``doc
 
 Costs: rank 0 holds its full generation copy next to its training replica (twice the weights; for DDP and
 ZeRO-2 the replica is itself full), and each step moves the full weights once (gather + copy), as any
-rollout-weight sync does. The KL reference (``train.kl_coef > 0``) is a frozen full copy on every rank.
-Under ``bf16-mixed`` rank 0's generation copy stays bf16 and gets the new weights rounded from the float32
-masters (FSDP2's gathered float32 shards, DDP's :class:`~tasks.update.precision.MasterWeights`, DeepSpeed's own).
+rollout-weight sync does. With every rank generating, ranks 1..W-1 under DDP and ZeRO-2 generate with their
+replica's own full module (no copy while it is in the generation dtype), and under FSDP2 and ZeRO-3 keep a full
+copy in the generation dtype (bf16 on a GPU: 2 bytes a parameter, ``rank_generation.generation_copy_bytes``),
+gathered at every ``generate`` call (one more all-gather of the weights a call); each rank's KV cache holds its
+share's rows only; the prompts go out and the completions come back as pickled objects (a few MB a step). The KL
+reference (``train.kl_coef > 0``) is a frozen full copy on every rank.
+Under ``bf16-mixed`` the weights every rank generates with stay bf16 and get the new weights rounded from the
+float32 masters (FSDP2's gathered float32 shards, DDP's :class:`~tasks.update.precision.MasterWeights`, DeepSpeed's
+own).
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.types import RolloutGroup
+from tasks.generation.rollout import HFEngine
 from tasks.update.distributed import (
     DataShard,
     broadcast_module,
@@ -49,8 +61,11 @@ from tasks.update.distributed import (
 )
 from tasks.update.precision import Precision, resolve_precision
 from tasks.update.policy_update import LossSettings, Updater, gradient_checkpointing, policy_update, set_lr
+from tasks.update.rank_generation import GenerationSetup, RankGenerator, RankSharedEngine
 
 INIT, UPDATE, OPT_STATE, LOAD, STOP = "init", "update", "optim_state", "load", "stop"
+#: Every rank generating its share (tasks/update/rank_generation.py): the engine's setup once, then each call.
+GEN_INIT, GENERATE = "generation_init", "generate"
 
 
 def _send(cmd: str, payload=None) -> None:
@@ -146,6 +161,22 @@ class Driver(Updater):
         _send(LOAD)
         load_state(self.replica.model, self.replica.optimizer, self.policy_model.state_dict(), state)
 
+    def share_generation(self, engine: HFEngine) -> RankSharedEngine:
+        """``engine`` (rank 0's, on ``policy.model``) as a :class:`~tasks.update.rank_generation.RankSharedEngine`:
+        from now on every rank decodes its share of each ``generate`` call with its own weights.
+
+        Raises:
+            ValueError: ``engine`` does not sample from this Driver's policy model.
+        """
+        if engine.model is not self.policy_model:
+            raise ValueError("share_generation: the engine must sample from the Driver's policy model")
+        _send(GEN_INIT, GenerationSetup(tokenizer=engine.tok, settings=engine.settings(),
+                                        config=self.policy_model.config,
+                                        dtype=next(self.policy_model.parameters()).dtype,
+                                        backend=self.cfg.scale.backend))
+        return RankSharedEngine(engine, self.replica.model, self.cfg.scale.backend,
+                                functools.partial(_send, GENERATE))
+
 
 def stop_workers() -> None:
     """Rank 0, at the end (also when no Driver was made, e.g. a run that failed before training)."""
@@ -156,6 +187,7 @@ def stop_workers() -> None:
 def serve() -> None:
     """Ranks > 0: execute rank 0's commands until it sends ``stop``."""
     replica: _Replica | None = None
+    generator: RankGenerator | None = None  # after GEN_INIT: this rank decodes its share of each call
     while True:
         cmd, payload = _recv()
         if cmd == STOP:
@@ -177,5 +209,11 @@ def serve() -> None:
             replica.optimizer_state()
         elif cmd == LOAD:
             load_state(replica.model, replica.optimizer, None, None)
+        elif cmd == GEN_INIT:
+            generator = RankGenerator(replica.model, payload, replica.device)
+        elif cmd == GENERATE:
+            if generator is None:
+                raise RuntimeError(f"rank {dist.get_rank()}: command {cmd!r} before {GEN_INIT!r}")
+            generator.run(payload)
         else:
             raise RuntimeError(f"rank {dist.get_rank()}: unknown command {cmd!r}")
