@@ -49,9 +49,9 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
 import torch  # noqa: E402
+from gpu_bench_overlap import ChildDied, is_alloc_failure, overlap_rows  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
-from gpu_bench_overlap import ChildDied, is_alloc_failure, overlap_rows  # noqa: E402
 from rlcore.types import RolloutGroup  # noqa: E402
 from tasks.config import LoraConfig  # noqa: E402
 from tasks.model.lora import apply_lora, base_model, trainable_parameters  # noqa: E402

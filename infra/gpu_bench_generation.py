@@ -29,8 +29,8 @@ import time
 
 import torch
 
-from rlcore.types import RolloutGroup
 from infra.decode_reference import decode_reference
+from rlcore.types import RolloutGroup
 from tasks.generation.decode import Decoder
 from tasks.generation.sampling import Sampling
 from tasks.model.forward import token_logprobs

@@ -38,9 +38,8 @@ class ChildDied(RuntimeError):
 def _sampler(shape: dict, dtype, device: str, rows: int, new: int, repeats: int, ready, go, out) -> None:
     """The second process: its own model of the same shape on the same device; after ``go``, ``repeats`` draws;
     puts ``("ok", start, end)`` on one clock, or ``("oom", message)``."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     import gpu_bench_generation as gen
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     try:
         with torch.device(device):

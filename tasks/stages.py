@@ -29,9 +29,9 @@ from rlcore.seeding import derive_seed
 from tasks.config import Config
 from tasks.data import ingest
 from tasks.data.prompts import PromptRecord
+from tasks.generation.rollout import HFEngine, end_of_turn_ids
 from tasks.model.lora import apply_lora
 from tasks.model.policy import Policy, load_policy
-from tasks.generation.rollout import HFEngine, end_of_turn_ids
 from tasks.model.warmstart import sft_records, warm_start
 from tasks.records import artifacts, plots
 from tasks.records.files import write_json

@@ -3,8 +3,8 @@ checkpoints): the bundled tokenizer (pad id 0) and an in-process engine on the m
 
 import torch
 
-from tasks.model.policy import Policy, build_tokenizer
 from tasks.generation.rollout import HFEngine
+from tasks.model.policy import Policy, build_tokenizer
 
 
 def policy_of(model: torch.nn.Module) -> Policy:

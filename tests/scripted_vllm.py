@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from tasks.model.policy import load_policy
 from tasks.generation.rollout import HFEngine, decode
+from tasks.model.policy import load_policy
 
 #: one sampling (or reload) at a time across every scripted server of the process.
 _SAMPLING = threading.Lock()

@@ -69,3 +69,20 @@ def wait_port_free(port: int, timeout: float = 30) -> None:
                 return
         time.sleep(0.2)
     raise TimeoutError(f"port {port} still in use")
+
+
+def torchrun_two_ranks(helper: Path, out: Path, *args: str) -> object:
+    """Run ``helper out *args`` as 2 gloo CPU ranks under ``torchrun``; the object rank 0 saved to ``out``.
+    DeepSpeed's CPU ops build into the repository's ``.cache/torch_extensions`` (once)."""
+    import sys
+
+    import torch
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(root),
+           "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(root / ".cache" / "torch_extensions"))}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), str(helper), str(out), *args]
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return torch.load(out, weights_only=False)

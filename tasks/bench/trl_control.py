@@ -8,7 +8,7 @@ arm that is not our code. What it shares with our runs:
   as ``processing_class`` (given a path, TRL may load another tokenizer class).
 - **Data**: the configured sources through the same ingest code, train prompts formatted with
   ``tasks.model.policy.format_prompt`` (chat template and system prompt when the tokenizer has one). Prompts are
-  tokenized exactly as ``tasks.generation.rollout.HFEngine`` does (``tasks.generation.rollout.add_special``: BOS in the plain
+  tokenized exactly as ``tasks.generation.rollout.HFEngine`` does (``rollout.add_special``: BOS in the plain
   format, nothing added under a chat template): ``_ControlTrainer`` overrides TRL's ``_tokenize_prompts``.
 - **Reward**: ``tasks.data.rewards.batch_rewards`` on the prompt's record (``arith.verify`` for the bundled task).
 - **Budget**: ``train.steps`` optimizer steps, each on ``train.prompts_per_step`` prompts x ``rollout.n``
@@ -44,8 +44,8 @@ from transformers import TrainerCallback
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.data.rewards import batch_rewards
-from tasks.model.policy import Policy, format_prompt, load_policy
 from tasks.generation.rollout import HFEngine, add_special
+from tasks.model.policy import Policy, format_prompt, load_policy
 from tasks.records.cost import CostMeter
 from tasks.records.files import write_json
 from tasks.run import resolve_device, show_progress

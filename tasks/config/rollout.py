@@ -18,8 +18,8 @@ class RolloutConfig(_Frozen):
         "hf: transformers generate() in process; vllm: a vLLM server over HTTP (docs/scale-out.md)."))
     vllm_url: tuple[str, ...] = Field(("http://127.0.0.1:8000",), description=(
         "Base URLs of the vLLM servers (engine=vllm): a list, or one URL for one server. Each generate call's prompts "
-        "are spread over them, and a server that fails is dropped for the run (tasks/generation/server_pool.py). On the "
-        "command line: rollout.vllm_url=[http://a:8000,http://b:8000]."))
+        "are spread over them, and a server that fails is dropped for the run (tasks/generation/server_pool.py). "
+        "On the command line: rollout.vllm_url=[http://a:8000,http://b:8000]."))
     vllm_timeout: float = Field(600.0, gt=0, description=(
         "Seconds a vLLM request may take (engine=vllm); a server that does not answer within it counts as failed."))
     n: int = Field(8, ge=2, description="Rollouts generated per prompt (PODS keeps pods.m of them).")

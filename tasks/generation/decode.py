@@ -164,7 +164,8 @@ class Decoder:
         return (c is not None and rows == c.keys[0].shape[0] and prompt == self._p and new == self._t
                 and len(c.keys) == len(pre.keys)
                 and all(a.shape[1:2] + a.shape[3:] == b.shape[1:2] + b.shape[3:] and a.dtype == b.dtype
-                        and a.device == b.device for a, b in zip(c.keys + c.values, pre.keys + pre.values)))
+                        and a.device == b.device
+                        for a, b in zip(c.keys + c.values, pre.keys + pre.values, strict=True)))
 
     def _allocate(self, rows: int, p: int, new: int, pre: SlotCache) -> None:
         self.release()
@@ -257,7 +258,7 @@ class Decoder:
             self._allocate(r, p_alloc, t_max, pre)
         cache, big_p = self.cache, self._p
         lo = big_p - p  # prompts sit right-aligned in the buffers' prompt columns
-        for dst, src in zip(cache.keys + cache.values, pre.keys + pre.values):
+        for dst, src in zip(cache.keys + cache.values, pre.keys + pre.values, strict=True):
             dst[:r, :, lo:big_p].unflatten(0, (b, n)).copy_(src[:, None])
         del pre
         sizes = list(range(1, cache.keys[0].shape[0] + 1)) if opts.exact_rows else buckets(cache.keys[0].shape[0])

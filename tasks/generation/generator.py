@@ -42,8 +42,8 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from tasks.model.lora import plain_state_dict
 from tasks.generation.rollout import Generation, HFEngine, RolloutEngine
+from tasks.model.lora import plain_state_dict
 from tasks.records.memory import own_peak_mb, reset_own_peak
 
 log = logging.getLogger(__name__)

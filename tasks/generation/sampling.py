@@ -36,9 +36,8 @@ Deviation from ``generate``: the draws follow its distribution exactly but are n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import logging
+from dataclasses import dataclass
 
 import torch
 from transformers import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper

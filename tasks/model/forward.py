@@ -15,8 +15,8 @@ import torch
 import torch.utils.checkpoint
 from transformers import PreTrainedModel
 
-from tasks.model.lora import BaseModelView
 from tasks.generation.rollout import add_special
+from tasks.model.lora import BaseModelView
 
 
 def last_mlp(model: torch.nn.Module) -> torch.nn.Module:

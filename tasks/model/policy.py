@@ -35,8 +35,8 @@ from transformers import (
 )
 
 from tasks.data.prompts import PromptRecord
-from tasks.model import lora
 from tasks.generation.rollout import RolloutEngine
+from tasks.model import lora
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)

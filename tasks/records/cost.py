@@ -42,7 +42,8 @@ def describe_machine() -> str:
     except (OSError, AttributeError):
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    text = f"{model}, {cores} cores" + (f" at {mhz:.0f} MHz" if mhz else "") + f", torch {torch.get_num_threads()} threads"
+    text = f"{model}, {cores} cores" + (f" at {mhz:.0f} MHz" if mhz else "")
+    text += f", torch {torch.get_num_threads()} threads"
     if torch.cuda.is_available():
         text += f"; {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
     return text

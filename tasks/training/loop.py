@@ -40,14 +40,13 @@ from rlcore.replay_buffer import ReplayBuffer, mix_counts
 from rlcore.seeding import derive_seed
 from rlcore.types import RolloutGroup
 from tasks.data.prompts import PromptRecord
-from tasks.model.policy import Policy
 from tasks.generation.rollout import Generation
+from tasks.model.policy import Policy
 from tasks.records.cost import CostMeter
 from tasks.records.ledger import GroupRow, ReferenceRow, SelectionRow
 from tasks.records.throughput import ModelShape, Peak, peak, rates
 from tasks.run import Run, progress_bar
 from tasks.training import checkpoint
-from tasks.update.backend import build_updater, share_generation
 from tasks.training.calibration import Calibration
 from tasks.training.overlap import Overlap, SamplingPolicy
 from tasks.training.plan import decide_lag, probe_records
@@ -56,6 +55,7 @@ from tasks.training.rounds import RoundLog, RoundRunner, run_plainly
 from tasks.training.score import Features
 from tasks.training.screen import policy_likelihood
 from tasks.training.selector import Selector
+from tasks.update.backend import build_updater, share_generation
 from tasks.update.policy_update import scheduled_lr
 
 log = logging.getLogger("rlsift.train")

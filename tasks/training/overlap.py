@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 
 from tasks.generation.generator import GeneratorProcess
-from tasks.model.policy import Policy
 from tasks.generation.rollout import HFEngine, RolloutEngine
+from tasks.model.policy import Policy
 
 log = logging.getLogger("rlsift.train")
 

@@ -34,9 +34,9 @@ from rlcore.step_costs import CallCost, UnitCosts
 from tasks.config import Config, ConfigError
 from tasks.config_load import preset_overrides, with_overrides
 from tasks.data.prompts import PromptRecord
+from tasks.generation.rollout import Generation
 from tasks.model.forward import token_logprobs
 from tasks.model.policy import Policy
-from tasks.generation.rollout import Generation
 from tasks.records.files import write_json
 from tasks.records.progress import pulse
 from tasks.training.calibration import Calibration

@@ -47,17 +47,17 @@ from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
 from rlcore.types import RolloutGroup
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
-from tasks.model.policy import Policy
 from tasks.generation.rollout import Generation
+from tasks.model.policy import Policy
 from tasks.records.files import atomic_write
 from tasks.records.ledger import GroupRow, Ledger, SelectionRow
 from tasks.records.tracking.outbox import Outbox
 from tasks.training.calibration import Calibration
-from tasks.update.distributed import optimizer_step
 from tasks.training.rollouts import rollout_rewards
 from tasks.training.score import score
 from tasks.training.screen import policy_likelihood
 from tasks.training.selector import dots_predictor
+from tasks.update.distributed import optimizer_step
 from tasks.update.policy_update import LocalUpdater, LossSettings
 from tasks.update.precision import resolve_precision
 

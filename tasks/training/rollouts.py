@@ -23,8 +23,8 @@ import torch
 
 from tasks.data.prompts import PromptRecord
 from tasks.data.rewards import batch_rewards
-from tasks.model.policy import Policy
 from tasks.generation.rollout import Generation
+from tasks.model.policy import Policy
 
 #: ``(records [K], g, seed) -> rewards [K, g]``: g verified rollouts of each record with the current policy.
 Measure = Callable[[list[PromptRecord], int, int], torch.Tensor]

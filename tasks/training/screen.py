@@ -33,9 +33,9 @@ from collections.abc import Callable
 import torch
 
 from tasks.data.prompts import PromptRecord
+from tasks.generation.rollout import add_special
 from tasks.model.forward import right_pad, token_logprobs
 from tasks.model.policy import Policy
-from tasks.generation.rollout import add_special
 
 #: ``records [C] -> [C] float64`` chance in [0, 1] that the current policy writes each record's worked solution.
 Likelihood = Callable[[list[PromptRecord]], torch.Tensor]

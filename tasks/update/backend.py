@@ -15,9 +15,9 @@ from tasks.generation.rollout import HFEngine, RolloutEngine
 from tasks.model.lora import base_model
 from tasks.model.policy import Policy
 from tasks.update.fit import check_update_fits
+from tasks.update.policy_update import LocalUpdater, LossSettings, Updater, gradient_checkpointing
 from tasks.update.precision import model_dtype, resolve_precision
 from tasks.update.sharded_update import Driver
-from tasks.update.policy_update import LocalUpdater, LossSettings, Updater, gradient_checkpointing
 
 
 def ranks_generate(cfg: Config, engine: RolloutEngine) -> int:

@@ -19,7 +19,7 @@ and steps float32 masters (:class:`~tasks.update.precision.MasterWeights`, as th
 sharded parameters are float32 and ``fully_shard``'s ``MixedPrecisionPolicy(param_dtype=bf16,
 reduce_dtype=float32)`` gathers them as bf16 for the passes and reduce-scatters float32 gradients.
 
-Data parallelism and the loss (``DataShard``, used by ``tasks/update/policy_update.py``): every rank sees the same batch of
+Data parallelism and the loss (``DataShard``, used by ``policy_update.py``): every rank sees the same batch of
 groups and cuts the same micro-batches (tasks/update/minibatch.py); the rows of each micro-batch are split into
 ``world`` contiguous slices and rank r computes slice r. All three libraries *average* gradients over ranks, so
 rank r must return ``world * (its share of the global loss)``. With token aggregation the global loss is

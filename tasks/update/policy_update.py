@@ -43,7 +43,6 @@ from tasks.update.distributed import (
     optimizer_step,
     zero_grad,
 )
-from tasks.update.precision import Precision, build_optimizer
 from tasks.update.minibatch import (  # noqa: F401  (flatten, kl_draw, rows_with_gradient: the update's API)
     BatchRows,
     Minibatch,
@@ -54,6 +53,7 @@ from tasks.update.minibatch import (  # noqa: F401  (flatten, kl_draw, rows_with
     loss_units,
     rows_with_gradient,
 )
+from tasks.update.precision import Precision, build_optimizer
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,6 @@ from tasks.generation.rollout import Generation, HFEngine, RolloutEngine
 from tasks.generation.split import join, share_bounds
 from tasks.update.distributed import is_deepspeed, unwrap
 
-
 #: Backends whose ranks hold only a shard of the weights: generation needs a gathered full copy.
 GATHERED = ("fsdp2", "deepspeed_zero3")
 

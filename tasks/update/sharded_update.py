@@ -59,8 +59,8 @@ from tasks.update.distributed import (
     replica_dtype,
     wrap,
 )
-from tasks.update.precision import Precision, resolve_precision
 from tasks.update.policy_update import LossSettings, Updater, gradient_checkpointing, policy_update, set_lr
+from tasks.update.precision import Precision, resolve_precision
 from tasks.update.rank_generation import GenerationSetup, RankGenerator, RankSharedEngine
 
 INIT, UPDATE, OPT_STATE, LOAD, STOP = "init", "update", "optim_state", "load", "stop"

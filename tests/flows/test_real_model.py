@@ -17,7 +17,9 @@ GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 @pytest.mark.skipif(not (GSM8K / "train.jsonl").exists(), reason=f"{GSM8K} not present")
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_a_real_looking_model_runs_the_whole_pipeline_on_gsm8k(tmp_path, lora):
-    """Every weight, or LoRA adapters on every linear layer (``model.lora``), trained end to end."""
+    """Every weight, or LoRA adapters on every linear layer (``model.lora``), trained end to end. The random model
+    rarely earns a reward: seed 3's first step has one right rollout of 8 (seeds 0-2, 4 and 5 none, with today's
+    per-prompt noise), so the update has a gradient and the weights must move."""
     from transformers import AutoTokenizer
 
     model = tiny_qwen.build(tmp_path / "qwen", GSM8K / "test.jsonl")
@@ -28,7 +30,7 @@ def test_a_real_looking_model_runs_the_whole_pipeline_on_gsm8k(tmp_path, lora):
     out = rlsift("run", "-c", str(ROOT / "tests" / "fixtures" / "tiny.yaml"), f"model.path={model}", sources,
                  f"paths.root={root}", "select.method=dots", "calibrate.k=8", "calibrate.g=2", "rollout.n=2",
                  "rollout.max_new_tokens=24", "train.steps=2", "train.prompts_per_step=4", "train.round_steps=1",
-                 "eval.samples=0", *(["model.lora.enabled=true", "model.lora.rank=4"] if lora else []), "--json",
+                 "eval.samples=0", "seed=3", *(["model.lora.enabled=true", "model.lora.rank=4"] if lora else []), "--json",
                  env=cli_env(tmp_path), timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
     s = json.loads(out.stdout)

@@ -163,9 +163,9 @@ def test_a_resume_removes_the_temporary_folder_a_killed_generator_left(smoke_cfg
     """A generator process killed with SIGKILL leaves its multiprocessing folder (a listener socket in it), which
     its run recorded: the resume removes it, and keeps one whose process still lives."""
     from tasks.generation.generator import GeneratorProcess
+    from tasks.generation.rollout import HFEngine
     from tasks.model.lora import plain_copy
     from tasks.model.policy import build_tiny_model, build_tokenizer
-    from tasks.generation.rollout import HFEngine
     from tasks.run import TEMP_RECORD, open_run
 
     cfg = smoke_cfg()

@@ -2,8 +2,9 @@
 share (tasks/update/rank_generation.py).
 
 For each backend named on the command line, rank 0 builds the ``Driver`` on the tiny model while rank 1 serves, and
-asks ``decide_lag`` what ``overlap.lag=auto`` picks; then it lets the training loop's switch (``tasks.update.backend.share_generation``) decide: at lag 1 the engine stays rank
-0's alone, at lag 0 it becomes the rank-shared engine. Rank 0 asks that one for greedy and sampled generations of
+asks ``decide_lag`` what ``overlap.lag=auto`` picks; then it lets the training loop's switch
+(``tasks.update.backend.share_generation``) decide: at lag 1 the engine stays rank 0's alone, at lag 0 it
+becomes the rank-shared engine. Rank 0 asks that one for greedy and sampled generations of
 ``PROMPTS`` (5 prompts: rank 0 decodes 3, rank 1 decodes 2), takes one update step with a large learning rate, and
 asks again (rank 1 must generate with the updated weights: gathered under FSDP2 / ZeRO-3, its replica's own under
 DDP). After each, rank 0's plain ``HFEngine`` on the same weights generates the whole call alone: the one-process

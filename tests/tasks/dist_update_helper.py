@@ -36,8 +36,8 @@ from tasks.update.distributed import (
     reference_copy,
     wrap,
 )
-from tasks.update.sharded_update import Driver, serve, stop_workers
 from tasks.update.policy_update import LocalUpdater, LossSettings, Updater, kl_draw, policy_update, scheduled_lr
+from tasks.update.sharded_update import Driver, serve, stop_workers
 
 STEPS = 2
 PAD = 0

@@ -20,9 +20,6 @@ from the gathered model + optimizer state is bit-exact (measured 0.0).
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,7 +28,7 @@ import torch
 from tasks.config_load import validate
 from tasks.update.distributed import DataShard, decoder_layers, deepspeed_config, wrap
 from tasks.update.policy_update import policy_update
-from tests.servers import free_port
+from tests.servers import torchrun_two_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 HELPER = Path(__file__).with_name("dist_update_helper.py")
@@ -48,14 +45,7 @@ def _helper():
 
 @pytest.fixture(scope="module")
 def sharded_results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dist") / "results.pt"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT),
-           "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), str(HELPER), str(out), *BACKENDS]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return torch.load(out, weights_only=False)
+    return torchrun_two_ranks(HELPER, tmp_path_factory.mktemp("dist") / "results.pt", *BACKENDS)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tasks.data.prompts import PromptRecord, prompt_id
-from tasks.model.policy import Policy, build_tokenizer
 from tasks.generation.rollout import Generation
+from tasks.model.policy import Policy, build_tokenizer
 from tasks.records.plots import eval_table
 from tasks.training.evaluate import EvalCell, EvalResult, evaluate, flat_metrics, paired_change, table_rows
 

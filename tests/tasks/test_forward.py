@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlcore.angle import online_angle_signal
+from tasks.generation.rollout import HFEngine
 from tasks.model.forward import (
     capture_mlp_input,
     length_buckets,
@@ -15,7 +16,6 @@ from tasks.model.forward import (
     token_logprobs,
 )
 from tasks.model.policy import build_tiny_model, build_tokenizer
-from tasks.generation.rollout import HFEngine
 
 PAD = 0
 

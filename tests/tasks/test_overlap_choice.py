@@ -22,9 +22,9 @@ from transformers import LlamaForCausalLM
 from tasks.config import ConfigError
 from tasks.config_load import load_config
 from tasks.generation.generator import _serve
-from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
 from tasks.generation.rollout import HFEngine
 from tasks.generation.server_pool import ServerPool
+from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
 from tasks.training.overlap import separate_devices, thread_split
 from tasks.training.plan import decide_lag, lag_from_json, lag_to_json
 from tests.conftest import ROOT

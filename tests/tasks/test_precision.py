@@ -21,8 +21,8 @@ from tasks.config import ConfigError
 from tasks.config_load import load_config, validate
 from tasks.model.lora import apply_lora
 from tasks.model.policy import build_tiny_model
-from tasks.update.backend import build_updater
 from tasks.update import precision
+from tasks.update.backend import build_updater
 from tasks.update.distributed import optimizer_step
 from tasks.update.policy_update import policy_update
 from tasks.update.precision import (

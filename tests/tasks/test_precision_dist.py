@@ -12,15 +12,12 @@ process.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.servers import free_port
+from tests.servers import torchrun_two_ranks
 from tests.tasks.test_precision import compare, trained_update
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,13 +27,7 @@ DEEPSPEED = ("deepspeed_zero2", "deepspeed_zero3")
 
 
 def launch(out: Path, backends: tuple[str, ...]) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT),
-           "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), str(HELPER), str(out), *backends]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return torch.load(out, weights_only=False)
+    return torchrun_two_ranks(HELPER, out, *backends)
 
 
 @pytest.fixture(scope="module")

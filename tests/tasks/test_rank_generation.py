@@ -9,9 +9,6 @@ switch keeps rank 0's engine alone at ``overlap.lag`` 1, and ``overlap.lag=auto`
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +17,7 @@ import torch
 from tasks.generation.rollout import Generation
 from tasks.generation.split import join, share_bounds
 from tasks.update.rank_generation import generation_copy_bytes
-from tests.servers import free_port
+from tests.servers import torchrun_two_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 HELPER = Path(__file__).with_name("dist_generation_helper.py")
@@ -67,13 +64,7 @@ def test_generation_copy_bytes():
 
 
 def _launch(out: Path, backends: tuple[str, ...]) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT),
-           "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), str(HELPER), str(out), *backends]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return torch.load(out, weights_only=False)
+    return torchrun_two_ranks(HELPER, out, *backends)
 
 
 @pytest.fixture(scope="module")

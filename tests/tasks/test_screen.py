@@ -8,8 +8,8 @@ import torch
 
 from rlcore.selection import screen
 from tasks.data import arith
-from tasks.model.policy import Policy, build_tiny_model, build_tokenizer, format_prompt
 from tasks.generation.rollout import HFEngine
+from tasks.model.policy import Policy, build_tiny_model, build_tokenizer, format_prompt
 from tasks.training import score
 from tasks.training.screen import policy_likelihood
 from tasks.training.selector import Selector

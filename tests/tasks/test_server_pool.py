@@ -1,5 +1,5 @@
-"""Several rollout servers (tasks/generation/server_pool.py) against scripted vLLM servers (tests/scripted_vllm.py: real HTTP
-on loopback, sampling with the tiny model), no vLLM needed.
+"""Several rollout servers (tasks/generation/server_pool.py) against scripted vLLM servers (tests/scripted_vllm.py:
+real HTTP on loopback, sampling with the tiny model), no vLLM needed.
 
 - a call's prompts are spread over the servers, and the Generation is the one server's, exactly;
 - a weight sync exports once and reaches every server;
@@ -24,10 +24,10 @@ import torch
 from tasks.config import ConfigError
 from tasks.config_load import load_config
 from tasks.data import arith
-from tasks.model.forward import token_logprobs
-from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
 from tasks.generation.server_pool import ServerPool, spread
 from tasks.generation.vllm_engine import VLLMEngine, VLLMError, export_for_vllm
+from tasks.model.forward import token_logprobs
+from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
 from tests.scripted_vllm import ScriptedVLLM
 from tests.tasks.test_train import SMALL, text_reward
 
@@ -336,8 +336,8 @@ def test_bad_vllm_urls_are_errors_naming_the_key(value, error):
 
 def test_a_resume_may_change_the_servers(tmp_path):
     """rollout.vllm_url is in tasks/preflight.py RESUME_MAY_CHANGE: a list or one URL replaces the stored list."""
-    from tasks.preflight import resume_config
     from tasks.config_load import to_json
+    from tasks.preflight import resume_config
 
     stored = load_config(None, [f"paths.root={tmp_path}", "rollout.engine=vllm",
                                 "rollout.vllm_url=[http://a:8000,http://b:8000]"])

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from tasks.config import ConfigError
 from tasks.data import arith
-from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
 from tasks.generation.rollout import HFEngine
+from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
 from tasks.run import open_run
 from tasks.training import score
 from tasks.training.loop import train

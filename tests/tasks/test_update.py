@@ -7,12 +7,12 @@ import torch
 
 from tasks.config import ConfigError
 from tasks.config_load import validate
-from tasks.model.policy import build_tiny_model, build_tokenizer
 from tasks.generation.rollout import HFEngine, RolloutEngine
 from tasks.generation.vllm_engine import VLLMEngine
+from tasks.model.policy import build_tiny_model, build_tokenizer
 from tasks.update.backend import build_updater
-from tasks.update.sharded_update import Driver
 from tasks.update.policy_update import LocalUpdater, LossSettings, Updater, scheduled_lr
+from tasks.update.sharded_update import Driver
 from tests.policies import policy_of
 
 
