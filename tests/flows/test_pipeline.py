@@ -158,8 +158,9 @@ def test_heldout_accuracy_moves_scalingrl_rho(tmp_path, prefect_harness, easy_ta
     when the latest held-out accuracy differs from the one the previous round start saw (up when it fell).
 
     The held-out prompts are a share of the easy task's train prompts, which the fixture's policy has learned;
-    a learning rate of 5e-4 moves its greedy answers within a few steps (3e-3 collapsed them to 0 at once). Evaluating after every step gives the
-    scheduler a value at each of three round starts, so the test does not hang on one pair of evaluations."""
+    a learning rate of 5e-4 moves its greedy answers within a few steps (3e-3 collapsed them to 0 at once).
+    Evaluating after every step gives the scheduler a value at each of three round starts, so the test does not
+    hang on one pair of evaluations."""
     folder, model = easy_task
     root = tmp_path / "root"
     s = pipeline(config=SMOKE, overrides=[
