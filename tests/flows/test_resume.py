@@ -47,7 +47,8 @@ STATEFUL = ["select.method=dots", "calibrate.k=8", "calibrate.g=4", "select.pred
             "pods.m=2", "rollout.n=4", "rollout.max_new_tokens=32", "curriculum.enabled=true", "gain.enabled=true",
             "adapt.enabled=true", "adapt.low=0.0", "adapt.high=1.0", "adapt.momentum=0.5",
             "train.steps=6", "train.round_steps=3", "train.checkpoint_every=2", "train.prompts_per_step=6",
-            "eval.every=2", "eval.samples=0", "model.threads=1", "overlap.lag=1"]
+            "eval.every=2", "eval.samples=0", "model.threads=1", "overlap.lag=1",
+            "seed=3"]  # the easy task's groups are mostly all right: seed 3's draws give replay informative groups
 STEPS = 6
 TINY = ROOT / "tests" / "fixtures" / "tiny.yaml"
 #: metrics that depend on the clock, not on the computation
