@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     b = args.prompts or cfg.train.prompts_per_step
     records = arith.generate(cfg.seed, b * (args.repeats + 1), "train", "default", unique=False)
     texts = [format_prompt(tok, r.question) for r in records]
-    for name, fn in arms.items():  # warm-up, not timed
+    for fn in arms.values():  # warm-up, not timed
         fn(texts[:b], 0)
     rates: dict[str, list[float]] = {name: [] for name in arms}
     for rep in range(args.repeats):

@@ -1,0 +1,140 @@
+"""``rlsift ledger runs|why|round|sql``: answers from the ledger (tasks/records/ledger.py), light on purpose.
+
+It imports the config, duckdb and rich only (no torch, Prefect or MLflow), so it answers in about a second, also
+while a run writes the ledger (it then reads a snapshot). flows/cli.py builds its subcommands and calls
+:func:`cmd_ledger`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def cmd_ledger(args) -> int:
+    """``rlsift ledger runs|why|round|sql``: light on purpose (the config, duckdb and rich; no torch, Prefect or
+    MLflow), so it answers in about a second, also while a run writes the ledger (it then reads a snapshot)."""
+    from pathlib import Path
+
+    from tasks.config import ConfigError
+    from tasks.config_load import load_config
+    from tasks.records.ledger import Ledger
+
+    try:
+        root = Path(args.root or load_config(args.config, args.overrides).paths.root)
+    except ConfigError as err:
+        print(f"rlsift ledger {args.what}: {err}", file=sys.stderr)
+        return 2
+    rows: list[dict] = []
+    empty, error, note = "(no rows)", None, None  # error: an answer about no run or no prompt at all (exit 1)
+    if not (root / "ledger.duckdb").is_file():
+        print(f"rlsift ledger {args.what}: no ledger at {root / 'ledger.duckdb'}: no run has used the root {root} "
+              "(give the run's root: --root or paths.root=...)", file=sys.stderr)
+        if args.json:
+            sys.stdout.write("[]\n")
+        return 1
+    with Ledger(root / "ledger.duckdb", read_only=True) as ledger:
+        if args.what in ("why", "round") and ledger.run_status(args.run) is None:
+            error = _unknown_run(args.run, ledger.run_ids(), ledger.path)
+        elif args.what == "runs":
+            rows = [_run_row(r) for r in ledger.runs()]
+        elif args.what == "why":
+            rows = ledger.why(args.run, args.prompt, args.step)
+            if not rows:
+                known = ledger.prompts_like(args.prompt)
+                if not known:
+                    error = f"no prompt id starts with {args.prompt!r} in {ledger.path}"
+                else:
+                    empty = (f"prompt {known[0]['prompt_id']} (level {known[0]['level']}, {known[0]['split']}) was "
+                             f"never selected in run {args.run}" +
+                             (f" at step {args.step}" if args.step is not None else ""))
+        elif args.what == "round":
+            rows = ledger.round_selection(args.run, args.round)
+            empty, note = _round_state(args.run, args.round, ledger.progress(args.run), bool(rows))
+        else:
+            rows = ledger.query(args.sql)
+    if args.json:
+        sys.stdout.write(json.dumps(rows, default=str) + "\n")
+    elif rows:
+        _print_table(rows, drop=("question",) if args.what == "round" else ())
+    elif error is None:
+        print(empty)
+    if note is not None:
+        print(note, file=sys.stderr)
+    if error is not None:
+        print(error, file=sys.stderr)
+        return 1
+    return 0
+
+
+def _round_state(run_id: str, round_: int, progress: dict, any_rows: bool) -> tuple[str, str | None]:
+    """``ledger round``: (what to say when the round has no rows, a note for a round that has some but is not
+    committed yet, else None). A round is committed once the run has written its last step (its checkpoint follows
+    at once); mid-round, or before the round, it is not committed yet; past the run's last round, there is none."""
+    from tasks.config import ConfigError
+    from tasks.config_load import validate
+
+    try:
+        train = validate(progress["config"]).train
+    except ConfigError:  # a run of an older config schema: no figures to tell the cases apart
+        return f"no selections in round {round_} of run {run_id}", None
+    rounds = -(-train.steps // train.round_steps)
+    first, last = round_ * train.round_steps, min((round_ + 1) * train.round_steps, train.steps) - 1
+    status, done = progress["status"], progress["last_step"]
+    if round_ < 0 or round_ >= rounds:
+        return f"run {run_id} has no round {round_}: it trains rounds 0-{rounds - 1} ({train.steps} steps)", None
+    if status == "completed" or (done is not None and done >= last):
+        return f"no selections in round {round_} of run {run_id}", None
+    where = (f"the run ({status}) has not trained a step yet" if done is None else
+             f"the run ({status}) has written steps up to {done} of 0-{train.steps - 1}")
+    pending = f"round {round_} of run {run_id} (steps {first}-{last}) is not committed yet: {where}"
+    return pending, pending if any_rows else None
+
+
+def _unknown_run(run_id: str, known: list[str], path, shown: int = 10) -> str:
+    """The error for a run id the ledger does not have, with the newest ``shown`` of the runs it has."""
+    if not known:
+        return f"no run {run_id!r} in {path}: it has no runs yet"
+    more = f" and {len(known) - shown} older (rlsift ledger runs lists them)" if len(known) > shown else ""
+    return f"no run {run_id!r} in {path}; its runs, newest first: {', '.join(known[:shown])}{more}"
+
+
+def _run_row(r: dict) -> dict:
+    """``rlsift ledger runs``: what a user compares, one row per run."""
+    from tasks.config import ConfigError
+    from tasks.config_load import validate
+    from tasks.records.label import run_label
+
+    cfg, s = (json.loads(v) if isinstance(v, str) else (v or {}) for v in (r["config"], r["summary"]))
+    try:
+        what = run_label(validate(cfg), (s.get("plan") or {}).get("choice"))  # an auto run: what it trained
+    except ConfigError:  # a run of an older config schema
+        what = "?"
+    acc = (f"{s['eval_accuracy_start']:.3f} -> {s['eval_accuracy_end']:.3f}"
+           if s.get("eval_accuracy_end") is not None else None)
+    return {"run": r["run_id"], "status": r["status"], "started": str(r["started_at"])[:16], "what": what,
+            "steps": s.get("steps"), "accuracy": acc, "usd": None if s.get("cost_usd") is None else
+            round(s["cost_usd"], 4), "version": s.get("model_version"), "parent": s.get("parent_version") or None}
+
+
+def _print_table(rows: list[dict], drop: tuple[str, ...] = ()) -> None:
+    """Rows as a table, leaving out the columns that are empty in every row (signals not in use), floats to
+    three decimals (:func:`_cell`)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    cols = [k for k in rows[0] if k not in drop and any(r.get(k) is not None for r in rows)]
+    table = Table(*cols, box=None, pad_edge=False)
+    for r in rows:
+        table.add_row(*(_cell(r.get(k)) for k in cols))
+    Console(width=200, soft_wrap=True).print(table)
+
+
+def _cell(v) -> str:
+    """A table cell: floats to three decimals (``0.823``), or three significant digits below 0.1 (``0.00781``)
+    so a small weight does not print as 0; the ``--json`` output keeps full precision."""
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.3f}" if v == 0 or abs(v) >= 0.1 or v != v else f"{v:.3g}"
+    return str(v)
