@@ -14,14 +14,14 @@ def test_each_phase_gets_its_own_peak_and_take_forgets_them():
     mem = PeakMemory("cpu")
     meter = CostMeter(prices={"cpu": 0.1}, device="cpu", devices=1, memory=mem)
     with meter.stage("big"):
-        block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+        block = torch.ones(256 * 2**20 // 4)  # 256 MiB, touched: well above what earlier tests left resident
         del block
     with meter.stage("small"):
         torch.ones(16)
     got = mem.take()
     assert set(got) == {"memory/big_peak_mb", "memory/small_peak_mb"} and meter.seconds.keys() == {"big", "small"}
     assert mem.resettable
-    assert got["memory/big_peak_mb"] >= got["memory/small_peak_mb"] + 50  # the small phase does not inherit it
+    assert got["memory/big_peak_mb"] >= got["memory/small_peak_mb"] + 128  # the small phase does not inherit it
     assert got["memory/small_peak_mb"] <= own_peak_mb("cpu") + 1
     assert mem.take() == {}
 
@@ -29,11 +29,11 @@ def test_each_phase_gets_its_own_peak_and_take_forgets_them():
 def test_a_phase_run_twice_in_a_step_reports_its_larger_peak():
     mem = PeakMemory("cpu")
     with mem.phase("update"):
-        block = torch.ones(48 * 2**20 // 4)
+        block = torch.ones(192 * 2**20 // 4)
         del block
     first = mem.take()["memory/update_peak_mb"]
     with mem.phase("update"):
-        block = torch.ones(48 * 2**20 // 4)
+        block = torch.ones(192 * 2**20 // 4)
         del block
     with mem.phase("update"):
         torch.ones(16)
