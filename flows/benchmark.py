@@ -33,14 +33,14 @@ from flows.pipeline import run_pipeline
 from tasks.bench import report as bench_report
 from tasks.bench.report import BenchRun
 from tasks.config import Config, ConfigError
-from tasks.config_load import load_config
-from tasks.config_load import preset_overrides as named_overrides
+from tasks.config.load import load_config
+from tasks.config.load import preset_overrides as named_overrides
 from tasks.records.cost import describe_machine
 from tasks.records.ledger import Ledger
 from tasks.records.tracking import MlflowTracker, default_uri, run_info
 from tasks.run import RunInfo
 from tasks.stages import policy_source
-from tasks.training.plan import reads_upfront
+from tasks.plan.planner import reads_upfront
 
 log = logging.getLogger("rlsift.bench")
 
@@ -123,7 +123,7 @@ def plan_arms(config: str | None, overrides: list[str], names: list[str], seed: 
 
 def clock_skips(cfg: Config) -> tuple[str, ...]:
     """Upfront stages a configuration does not use, left off its clock: the pipeline always scores the pool and
-    calibrates, but only some configurations read them (tasks/training/plan.py ``reads_upfront``, which the plan's
+    calibrates, but only some configurations read them (tasks/plan/planner.py ``reads_upfront``, which the plan's
     prediction of each clock reads too)."""
     return tuple(s for s, used in reads_upfront(cfg).items() if not used)
 

@@ -45,7 +45,7 @@ def _accelerator() -> None:
 
 
 def _config(args):
-    from tasks.config_load import load_config
+    from tasks.config.load import load_config
 
     return load_config(args.config, args.overrides)
 
@@ -92,7 +92,7 @@ def run_config(args):
     MLflow), so bad input is refused in about a second: the file and overrides, a resumed run's stored config
     (looked up under the root they give), the data files and the root (tasks/preflight.py). Raises
     :class:`~tasks.config.ConfigError`."""
-    from tasks.config_load import default_config
+    from tasks.config.load import default_config
     from tasks.preflight import preflight, resume_config
 
     args.config = args.config or default_config()
@@ -159,7 +159,7 @@ def _plan_text(p: dict | None) -> str:
 
 def cmd_plan(args) -> int:
     from tasks.config import ConfigError
-    from tasks.config_load import default_config
+    from tasks.config.load import default_config
     from tasks.preflight import preflight
 
     args.config = args.config or default_config()

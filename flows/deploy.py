@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from tasks.config_load import ENV_KEYS
+from tasks.config.load import ENV_KEYS
 from tasks.records.progress import pulse
 
 log = logging.getLogger("rlsift.deploy")

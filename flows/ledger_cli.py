@@ -17,7 +17,7 @@ def cmd_ledger(args) -> int:
     from pathlib import Path
 
     from tasks.config import ConfigError
-    from tasks.config_load import load_config
+    from tasks.config.load import load_config
     from tasks.records.ledger import Ledger
 
     try:
@@ -72,7 +72,7 @@ def _round_state(run_id: str, round_: int, progress: dict, any_rows: bool) -> tu
     committed yet, else None). A round is committed once the run has written its last step (its checkpoint follows
     at once); mid-round, or before the round, it is not committed yet; past the run's last round, there is none."""
     from tasks.config import ConfigError
-    from tasks.config_load import validate
+    from tasks.config.load import validate
 
     try:
         train = validate(progress["config"]).train
@@ -102,7 +102,7 @@ def _unknown_run(run_id: str, known: list[str], path, shown: int = 10) -> str:
 def _run_row(r: dict) -> dict:
     """``rlsift ledger runs``: what a user compares, one row per run."""
     from tasks.config import ConfigError
-    from tasks.config_load import validate
+    from tasks.config.load import validate
     from tasks.records.label import run_label
 
     cfg, s = (json.loads(v) if isinstance(v, str) else (v or {}) for v in (r["config"], r["summary"]))

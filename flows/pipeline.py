@@ -18,7 +18,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from tasks.config import Config
-from tasks.config_load import default_config, load_config
+from tasks.config.load import default_config, load_config
 from tasks.data.ingest import IngestResult
 from tasks.preflight import preflight, resume_config
 from tasks.records import artifacts
@@ -39,8 +39,8 @@ from tasks.stages import (
     train_stage,
 )
 from tasks.training import checkpoint
-from tasks.training.evaluate import PairedChange, paired_change
-from tasks.training.plan import Plan, planned_config
+from tasks.evaluation.heldout import PairedChange, paired_change
+from tasks.plan.planner import Plan, planned_config
 from tasks.update.precision import resolve_precision
 
 log = logging.getLogger("rlsift")
@@ -363,7 +363,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
 
 @flow(name="plan", log_prints=True)
 def plan_flow(config: str | None = None, overrides: list[str] | None = None) -> dict:
-    """``rlsift plan``: ingest, the policy and the reference rollouts a run would do, the plan (tasks/training/plan.py),
+    """``rlsift plan``: ingest, the policy and the reference rollouts a run would do, the plan (tasks/plan/planner.py),
     and no training. Returns the plan (:meth:`Plan.to_json`) with the run's ids; the run ends ``planned``."""
     cfg = load_config(config or default_config(), list(overrides or []))
     preflight(cfg)

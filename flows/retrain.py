@@ -31,7 +31,7 @@ from prefect import flow, get_run_logger
 
 from flows.pipeline import RunSummary, claim_flow_run, execute
 from tasks.config import Config
-from tasks.config_load import load_config, validate
+from tasks.config.load import load_config, validate
 from tasks.records.label import run_label
 from tasks.records.tracking import default_uri, latest_model
 from tasks.run import open_run

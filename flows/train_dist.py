@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = sys.stderr
 
     from tasks.config import ConfigError
-    from tasks.config_load import load_config
+    from tasks.config.load import load_config
 
     try:
         cfg = load_config(args.config, args.overrides)

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from infra.decode_reference import generate_reference  # noqa: E402
 from tasks.data import arith  # noqa: E402
 from tasks.generation.rollout import HFEngine  # noqa: E402
-from tasks.model.policy import build_tiny_model, build_tokenizer, format_prompt, load_policy  # noqa: E402
+from tasks.model.loading import build_tiny_model, build_tokenizer, format_prompt, load_policy  # noqa: E402
 
 
 def policy(cfg, random: bool):
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--random", action="store_true", help="random weights instead of the warm start")
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. rollout.max_new_tokens=96")
     args = p.parse_args(argv)
-    from tasks.config_load import load_config
+    from tasks.config.load import load_config
 
     torch.set_num_threads(args.threads)
     cfg = load_config(None, args.overrides)

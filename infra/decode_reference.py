@@ -11,7 +11,8 @@ import torch
 from transformers import DynamicCache, LogitsProcessorList
 
 from rlcore.seeding import derive_seed
-from tasks.generation.rollout import Generation, HFEngine, add_special, to_generation
+from tasks.generation.rollout import Generation, HFEngine, to_generation
+from tasks.model.loading import add_special
 from tasks.generation.sampling import CHUNK_ELEMENTS, Sampling
 
 

@@ -5,7 +5,7 @@ weights and LoRA (rank 16 on every linear layer), with and without activation ch
 it runs ``tasks.update.policy_update.policy_update`` (every check it does: the micro-batches, the chunked LM head, the
 NaN guard, the mismatch metrics) on a batch of groups of 8 rollouts of 128 prompt and 1,024 completion tokens, and
 prints one row an arm: the step's tokens, its micro-batches, seconds a step, tokens a second, model-FLOPs
-utilisation and the peak memory measured against tasks/update/fit.py's estimate.
+utilisation and the peak memory measured against tasks/update/memory_check.py's estimate.
 
 - Model FLOPs: 6 N a token with full weights (forward 2N, backward 4N), 4 N under LoRA (the frozen weights get no
   gradient), N the parameters; attention's own FLOPs and checkpointing's recompute are not counted (the usual MFU
@@ -16,7 +16,7 @@ utilisation and the peak memory measured against tasks/update/fit.py's estimate.
   and AdamW state, the run's default on a GPU), ``bf16-true``, ``fp32``.
 - Peak memory: ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved`` over the timed step (on a CPU the
   process's peak resident set, ``VmHWM``, reset per arm where Linux allows it, less the resident set just before
-  the arm: the interpreter and libraries left out), beside tasks/update/fit.py's estimate of the arm.
+  the arm: the interpreter and libraries left out), beside tasks/update/memory_check.py's estimate of the arm.
 - One warm-up step, then ``--steps`` timed steps. An arm whose model build or step fails to allocate
   (``torch.OutOfMemoryError``, or a RuntimeError that says so: cuBLAS's workspace) says so and the others go on.
 
@@ -56,7 +56,7 @@ from rlcore.types import RolloutGroup  # noqa: E402
 from tasks.config import LoraConfig  # noqa: E402
 from tasks.model.lora import apply_lora, base_model, trainable_parameters  # noqa: E402
 from tasks.records.memory import own_peak_mb, reset_own_peak  # noqa: E402
-from tasks.update.fit import ModelShape, estimate  # noqa: E402
+from tasks.update.memory_check import ModelShape, estimate  # noqa: E402
 from tasks.update.policy_update import gradient_checkpointing, policy_update  # noqa: E402
 from tasks.update.precision import PRECISIONS, Precision, build_optimizer, resolve_precision  # noqa: E402
 
@@ -142,7 +142,7 @@ def release(device: torch.device) -> None:
 
 
 def arm_estimate(arm: Arm, model, cfg, precision: Precision, args, groups) -> float:
-    """tasks/update/fit.py's estimate of the arm's step, in GiB."""
+    """tasks/update/memory_check.py's estimate of the arm's step, in GiB."""
     tokens = sum(g.size * (g.prompt_ids.numel() + g.completion_ids.shape[1]) for g in groups)
     micro = min(args.micro_batch_tokens, tokens) if args.micro_batch_tokens else tokens
     est = estimate(ModelShape.of(model, cfg), precision, tokens=micro, checkpointing=arm.mode.endswith("+ckpt"),

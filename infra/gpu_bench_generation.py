@@ -9,7 +9,7 @@ need no more.
   clock (``perf_counter`` after a device sync): each arm's first call, then its second call (steady state: the new
   loop reuses its buffers and graphs); for the new loop the one-time capture (``Decoder.capture_s``) is reported
   and taken out of its first call. Peak memory of the new loop's steady call above what was allocated before it
-  (``max_memory_allocated``, and reserved), beside the KV cache as ``tasks/update/fit.py`` counts it (rows x
+  (``max_memory_allocated``, and reserved), beside the KV cache as ``tasks/update/memory_check.py`` counts it (rows x
   (prompt + new) x layers x 2 x kv heads x head size x bytes) and as allocated. The floor is what the card allows a
   decode step: the larger of reading the weights and the KV cache once (bytes / memory bandwidth) and the step's
   FLOPs (2 N a row / peak), so tokens/s <= rows / that time.
@@ -103,7 +103,7 @@ def floor_tokens_per_s(model, rows: int, new: int, bandwidth_tbs: float, peak_tf
 
 
 def kv_count_bytes(model, rows: int, prompt: int, new: int) -> int:
-    """The KV cache as tasks/update/fit.py counts it: rows x (prompt + new) x layers x 2 x kv heads x head size x
+    """The KV cache as tasks/update/memory_check.py counts it: rows x (prompt + new) x layers x 2 x kv heads x head size x
     bytes."""
     c = model.config
     head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads

@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from tasks.config_load import validate
+from tasks.config.load import validate
 from tasks.update.backend import build_updater
 from tests.policies import policy_of
 from tests.tasks import dist_update_helper as h

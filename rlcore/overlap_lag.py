@@ -1,5 +1,5 @@
 """Whether generation of step t+1 runs while update t does (``overlap.lag`` 1, AReaL's and verl's one step off;
-tasks/training/overlap.py): :func:`choose_lag` (ours; docs/algorithms.md section 8.3).
+tasks/overlap/concurrent.py): :func:`choose_lag` (ours; docs/algorithms.md section 8.3).
 
 Where the sampler and the trainer run on different devices (a vLLM server; CPU cores for each) the draw hides
 behind the update, or the update behind the draw, at no cost to either: lag 1. Where they share one device they

@@ -5,7 +5,7 @@ Ours (docs/algorithms.md section 9). Whether a technique pays depends on three m
 * the pool's waste: K reference prompts rolled out g times each (the calibrate stage) give each prompt's
   successes s of g, so the share of prompts solved, unsolved and mixed;
 * whether prompts have worked solutions, and how well the policy's likelihood of them (the screen,
-  tasks/training/screen.py) ranks the reference prompts;
+  tasks/selection/screen.py) ranks the reference prompts;
 * what the work of a step costs: a timed probe of generation and of the update at the batch sizes the candidates
   use, of the screen's forward pass, and of what a step pays whatever its tokens (the optimizer step, the
   bookkeeping, a round's checkpoint, DOTS's predictor fit).

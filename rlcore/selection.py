@@ -27,7 +27,7 @@ Choices and deviations:
 * ``observed_informative_weights`` and ``posterior_informative_weights`` (``select.weighting=observed``,
   ``posterior``) are ours too: the same chance, measured on the groups drawn so far, or under a Beta posterior
   of each prompt's pass rate with the prediction as its prior mean (rlcore/pass_rate_posterior.py).
-* ``screen`` (``select.screen``) is ours: of C drawn candidates whose pass rates are known (tasks/training/screen.py
+* ``screen`` (``select.screen``) is ours: of C drawn candidates whose pass rates are known (tasks/selection/screen.py
   estimates them from the policy's likelihood of each prompt's worked solution), keep the k whose groups of n are
   most likely to have unequal rewards.
 * ``uniform`` is plain GRPO's selection (and the code's ``random_selection=True`` baseline).

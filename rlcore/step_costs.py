@@ -1,4 +1,4 @@
-"""What the work of a step costs, as the plan's probe measures it (docs/algorithms.md 9.1; tasks/training/probe.py
+"""What the work of a step costs, as the plan's probe measures it (docs/algorithms.md 9.1; tasks/plan/probe.py
 times it, rlcore/plan.py predicts with it): :class:`CallCost` (a call's seconds in its tokens and, for generation,
 its decode steps), :class:`FixedCosts` (what a step and a round pay whatever their tokens) and :class:`UnitCosts`
 (all of them, with the lengths the probe saw)."""

@@ -1,12 +1,16 @@
-"""Everything with I/O, in one package per concern (imports go flows -> tasks -> rlcore).
+"""Everything with I/O (imports go flows -> tasks -> rlcore), in packages that follow the pipeline.
 
-At the top: ``config`` (typed, frozen configuration and every default), ``run`` (the run context every
-stage receives) and ``stages`` (the Prefect tasks: thin wrappers that time, cost, record and call the
-library code below).
+The pipeline's stages, in order: ``data`` (ingestion: sources, prompt records, verifiers, the sandbox),
+``calibration`` (the reference set measured before training), ``plan`` (which composition ``auto`` trains),
+``selection`` (features, the selector, the likelihood screen), ``training`` (the trainer, its rounds, replay,
+checkpoints and the recorder) and ``evaluation`` (held-out accuracy). ``stages`` wraps each as a Prefect task.
 
-- ``data``: the bundled task, source adapters, ingestion, prompt records, verifiable rewards, the sandbox.
-- ``model``: policy loading and the tiny default, its warm start, rollout engines, forward passes.
-- ``training``: the training loop, the update and its backends, selection, scoring, checkpoints, evaluation.
-- ``records``: what a run leaves behind: the ledger (only duckdb user), tracking (only MLflow user), cost, plots.
-- ``bench``: the benchmark's analysis and report, and TRL's GRPOTrainer as the outside control.
+The engines they use: ``model`` (loading, LoRA, forward passes), ``generation`` (every rollout engine, behind
+``RolloutEngine``), ``update`` (the policy-gradient step, on one process or many) and ``overlap`` (generation
+beside the update). ``policy`` is the :class:`~tasks.policy.Policy` every stage passes around.
+
+The stores and context: ``config`` (typed, frozen configuration, every default, and its loader), ``records``
+(ledger, the only duckdb user; tracking, the only MLflow user; cost, plots), ``run`` (the run context every stage
+receives), ``preflight`` (checks before any heavy import) and ``bench`` (the benchmark's analysis and report).
+tests/test_architecture.py keeps the packages in layers: no import cycle between them.
 """

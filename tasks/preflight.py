@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from tasks.config import Config, ConfigError
-from tasks.config_load import load_config, parse_override, validate
+from tasks.config.load import load_config, parse_override, validate
 
 #: Config keys a resume may override (they do not change what is computed).
 RESUME_MAY_CHANGE = ("paths.", "tracking.uri", "model.threads", "model.device", "rollout.vllm_url",

@@ -26,7 +26,7 @@ import psutil
 import torch
 
 from tasks.config import Config
-from tasks.config_load import to_json
+from tasks.config.load import to_json
 from tasks.records.cost import CostMeter
 from tasks.records.files import write_json
 from tasks.records.label import run_label

@@ -31,7 +31,8 @@ from tasks.data import ingest
 from tasks.data.prompts import PromptRecord
 from tasks.generation.rollout import HFEngine, end_of_turn_ids
 from tasks.model.lora import apply_lora
-from tasks.model.policy import Policy, load_policy
+from tasks.model.loading import load_policy
+from tasks.policy import Policy
 from tasks.model.warmstart import sft_records, warm_start
 from tasks.records import artifacts, plots
 from tasks.records.files import write_json
@@ -39,13 +40,15 @@ from tasks.records.label import run_label
 from tasks.records.ledger import ReferenceRow
 from tasks.records.progress import pulse
 from tasks.run import Run
-from tasks.training import score
-from tasks.training.calibration import Calibration
-from tasks.training.evaluate import EvalResult, evaluate, flat_metrics, table_rows
+from tasks.selection.features import compute_features
+from tasks.calibration.record import Calibration
+from tasks.evaluation.heldout import EvalResult, evaluate, flat_metrics, table_rows
+from tasks.evaluation.report import eval_by_level, eval_levels, eval_table
 from tasks.training.loop import TRAIN_PHASES, HeldoutEval, TrainSummary, train
-from tasks.training.plan import Plan, decide_lag, lag_from_json, lag_to_json, make_plan, probe_records
-from tasks.training.rollouts import policy_measure, reference_rollouts, stratified_reference
-from tasks.training.score import Features
+from tasks.plan.artifact import plan_table
+from tasks.plan.planner import Plan, decide_lag, lag_from_json, lag_to_json, make_plan, probe_records
+from tasks.calibration.reference import policy_measure, reference_rollouts, stratified_reference
+from tasks.selection.features import Features
 from tasks.update.precision import resolve_precision
 
 log = logging.getLogger("rlsift")
@@ -173,14 +176,14 @@ def calibrate_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> Calib
 @stage(name="plan")
 def plan_stage(run: Run, policy: Policy, pool: list[PromptRecord], calibration: Calibration,
                candidates: tuple[str, ...] | None = None) -> Plan:
-    """The plan (tasks/training/plan.py): the pool's measured pass rates, a timed probe, each candidate's predicted
+    """The plan (tasks/plan/planner.py): the pool's measured pass rates, a timed probe, each candidate's predicted
     effective ratio and clock against plain GRPO, and the choice (an ``auto`` run is renamed after it,
     :func:`name_the_choice`). A resumed run reuses its ``plan.json``."""
     cache = run.dir / "plan.json"
     if cache.exists():
         result = Plan.load(cache)
         name_the_choice(run, result)
-        artifacts.plan_table(title(run), result)
+        plan_table(title(run), result)
         return result
     with run.meter.stage("plan"):
         result = make_plan(run.cfg, policy, pool, calibration, device=run.device, candidates=candidates,
@@ -194,7 +197,7 @@ def plan_stage(run: Run, policy: Policy, pool: list[PromptRecord], calibration: 
     log.info("plan: %s", result.reason)
     log.info("plan: %s", result.clock.text())
     name_the_choice(run, result)
-    artifacts.plan_table(title(run), result)
+    plan_table(title(run), result)
     stage_done(run, "plan")
     return result
 
@@ -211,7 +214,7 @@ def name_the_choice(run: Run, plan: Plan) -> None:
 @stage(name="overlap")
 def overlap_stage(run: Run, policy: Policy, pool: list[PromptRecord], calibration: Calibration,
                   plan: Plan | None = None) -> LagChoice:
-    """The overlap's lag for the training stage (tasks/training/plan.py ``decide_lag``): the plan's where it ran,
+    """The overlap's lag for the training stage (tasks/plan/planner.py ``decide_lag``): the plan's where it ran,
     else decided here (``overlap.lag=auto`` on a shared device: a probe on the reference prompts). Recorded as the
     MLflow tags ``rlsift.overlap.*`` and the run's ``overlap.json``, which a resumed run reuses."""
     cache = run.dir / "overlap.json"
@@ -242,7 +245,7 @@ def score_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> Features:
         if feats.ids == [r.id for r in pool]:
             return feats
     with run.meter.stage("score"):
-        feats = score.score(policy, pool, inter_weight=run.cfg.gain.inter_weight, batch_size=run.cfg.eval.batch_size,
+        feats = compute_features(policy, pool, inter_weight=run.cfg.gain.inter_weight, batch_size=run.cfg.eval.batch_size,
                             device=run.device, progress=True)
     feats.save(saved)
     if not run.ledger.has_features(run.run_id):
@@ -316,9 +319,9 @@ def publish_eval(run: Run, phase: str, result: EvalResult) -> None:
     """The ``eval-by-level`` artifact: the start alone, then the start (``eval_start.json``) beside the end."""
     start = run.dir / "eval_start.json"
     if phase == "start":
-        artifacts.eval_by_level(title(run), result, None)
+        eval_by_level(title(run), result, None)
     elif start.exists():
-        artifacts.eval_by_level(title(run), EvalResult.load(start), result)
+        eval_by_level(title(run), EvalResult.load(start), result)
 
 
 def refusal(start_acc: float, end_acc: float, tolerance: float | None) -> str | None:
@@ -363,8 +366,8 @@ def report_stage(run: Run, policy: Policy, start: EvalResult, end: EvalResult, s
         files = plots.training_curves(run.dir / "metrics.jsonl", run.dir / "training_curves.png",
                                       heldout=((0, start.overall.greedy_acc),
                                                (summary.steps, end.overall.greedy_acc)))
-        files += plots.eval_levels(start, end, run.dir / "eval_by_level.png")
-        table = plots.eval_table(start, end)
+        files += eval_levels(start, end, run.dir / "eval_by_level.png")
+        table = eval_table(start, end)
         (run.dir / "eval_table.md").write_text(table)
         for f in [*files, run.dir / "eval_table.md"]:
             run.tracker.log_artifact(f)

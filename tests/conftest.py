@@ -22,7 +22,7 @@ SMOKE = ROOT / "tests" / "fixtures" / "tiny.yaml"
 @pytest.fixture
 def smoke_cfg(tmp_path):
     """The smoke config with its run root (and warm-start cache) in a temporary folder."""
-    from tasks.config_load import load_config
+    from tasks.config.load import load_config
 
     def make(*overrides: str, path: Path = SMOKE):
         return load_config(path, [f"paths.root={tmp_path / 'root'}", *overrides])

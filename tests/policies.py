@@ -1,10 +1,11 @@
-"""A :class:`~tasks.model.policy.Policy` around a bare model, for tests of what takes a policy (the updater,
+"""A :class:`~tasks.policy.Policy` around a bare model, for tests of what takes a policy (the updater,
 checkpoints): the bundled tokenizer (pad id 0) and an in-process engine on the model."""
 
 import torch
 
 from tasks.generation.rollout import HFEngine
-from tasks.model.policy import Policy, build_tokenizer
+from tasks.model.loading import build_tokenizer
+from tasks.policy import Policy
 
 
 def policy_of(model: torch.nn.Module) -> Policy:

@@ -31,7 +31,7 @@ import torch
 from safetensors.torch import load_file
 
 from tasks.generation.rollout import HFEngine, decode
-from tasks.model.policy import load_policy
+from tasks.model.loading import load_policy
 
 #: one sampling (or reload) at a time across every scripted server of the process.
 _SAMPLING = threading.Lock()

@@ -112,3 +112,48 @@ def test_no_import_cycle_under_tasks():
 
     cyclic = {m: sorted(i for i in graph[m] if m in reachable(i) | {i}) for m in graph if m in reachable(m)}
     assert not cyclic, f"import cycles under tasks/ (module: its imports that lead back to it): {cyclic}"
+
+
+def unit_of(module: str) -> str:
+    """The package or flat module directly under tasks/ that ``module`` belongs to (``tasks.update.fit`` ->
+    ``tasks.update``)."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_import_cycle_between_the_packages_under_tasks():
+    """The packages and flat modules under tasks/ form layers: none reaches itself through the others' imports,
+    lazy imports in functions and imports under ``TYPE_CHECKING`` included (a type-only import is still a tie)."""
+    files = {module_name(f): f for f in sources("tasks")}
+    graph: dict[str, set[str]] = {}
+    for m, f in files.items():
+        graph.setdefault(unit_of(m), set()).update(
+            unit_of(i) for i in internal_imports(f, set(files)) if unit_of(i) != unit_of(m))
+
+    def reachable(start: str) -> set[str]:
+        seen, todo = set(), list(graph.get(start, ()))
+        while todo:
+            u = todo.pop()
+            if u not in seen:
+                seen.add(u)
+                todo += graph.get(u, ())
+        return seen
+
+    cyclic = {u: sorted(v for v in graph[u] if u in reachable(v)) for u in graph if u in reachable(u)}
+    assert not cyclic, f"import cycles between tasks/ packages (package: its imports that lead back to it): {cyclic}"
+
+
+def test_the_package_cycle_check_sees_a_cycle(tmp_path, monkeypatch):
+    """The check above fails on two packages that import each other, one of them only under TYPE_CHECKING."""
+    for pkg, other in (("a", "b"), ("b", "a")):
+        (tmp_path / "tasks" / pkg).mkdir(parents=True)
+        (tmp_path / "tasks" / pkg / "__init__.py").write_text('"""x"""\n')
+        guard = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    " if pkg == "b" else ""
+        (tmp_path / "tasks" / pkg / "m.py").write_text(f"{guard}from tasks.{other}.m import X\n")
+    (tmp_path / "tasks" / "__init__.py").write_text("")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    try:
+        test_no_import_cycle_between_the_packages_under_tasks()
+    except AssertionError as err:
+        assert "tasks.a" in str(err) and "tasks.b" in str(err)
+    else:
+        raise AssertionError("a cycle between two packages went unseen")

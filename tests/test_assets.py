@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.config_load import default_config, load_config
+from tasks.config.load import default_config, load_config
 from tasks.model import warmstart
 from tasks.stages import policy_source
 
@@ -54,7 +54,7 @@ def test_smoke_config_uses_the_shipped_warm_start():
 def test_shipped_warm_start_has_the_documented_skills(level, lo, hi):
     """Levels 1 solved, the slip-prone level 3 not (README, "What the embedded default does today")."""
     from tasks.data import arith
-    from tasks.model.policy import load_policy
+    from tasks.model.loading import load_policy
 
     model, tok = load_policy(ASSET)
     acc = warmstart.greedy_accuracy_by_level(model, tok, arith.generate(0, 400, "test", {level: 1.0}))

@@ -244,7 +244,7 @@ def test_bad_input_is_refused_before_the_heavy_imports(tmp_path):
 
 def _ledger_with_a_run(root: Path, run_id: str = "r1", *overrides: str) -> dict:
     """A ledger with one run of the tiny config (``overrides`` on it), as ``open_run`` starts it; its config."""
-    from tasks.config_load import load_config
+    from tasks.config.load import load_config
     from tasks.records.ledger import Ledger
 
     cfg = load_config(ROOT / "tests" / "fixtures" / "tiny.yaml", list(overrides)).model_dump(mode="json")
@@ -332,7 +332,7 @@ def test_the_resume_command_of_a_stop_message_resumes_the_run(tmp_path, monkeypa
     from flows import cli
     from flows.pipeline import stopped_note
     from tasks.config import ConfigError
-    from tasks.config_load import load_config
+    from tasks.config.load import load_config
     from tasks.run import open_run
 
     ran_in, elsewhere = tmp_path / "ran-in", tmp_path / "elsewhere"

@@ -20,7 +20,7 @@ from rlcore import (
     selection,
 )
 from tasks.config import Config, ConfigError
-from tasks.config_load import load_config
+from tasks.config.load import load_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 FILES = sorted(p for p in CONF.rglob("*.yaml") if p.parent.name != "data") + [
@@ -77,7 +77,7 @@ def test_bench_arms_switch_what_their_names_say():
 
 
 def test_plan_candidates_are_known_names():
-    from tasks.config_load import named_config
+    from tasks.config.load import named_config
 
     for name in (*Config().plan.candidates, Config().plan.baseline):
         assert named_config(name).is_file()

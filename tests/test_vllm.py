@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from tasks.model.forward import token_logprobs
-from tasks.model.policy import build_tiny_model, build_tokenizer, format_prompt
+from tasks.model.loading import build_tiny_model, build_tokenizer, format_prompt
 from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -239,7 +239,7 @@ def test_a_run_that_loses_one_of_two_servers_mid_step_completes(two_served, tmp_
 
     servers, _ = two_served
     (_, first, _), (victim, second, _) = servers
-    monkeypatch.setattr("tasks.training.rollouts.batch_rewards", text_reward)
+    monkeypatch.setattr("tasks.calibration.reference.batch_rewards", text_reward)
     real, calls = VLLMEngine.complete, [0]
 
     def dying(self, *args, **kwargs):

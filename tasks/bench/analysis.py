@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from scipy import stats
 
-from tasks.training.evaluate import paired_counts
+from tasks.evaluation.heldout import paired_counts
 
 #: Stages that set a run up and are the same for every configuration: not on the clock.
 SETUP_STAGES = ("ingest", "prepare")
@@ -267,7 +267,7 @@ def step_split(rows: Sequence[dict], skip: Collection[str] = ()) -> dict[str, fl
 
 
 def overlap_split(rows: Sequence[dict]) -> dict[str, float]:
-    """An overlapped run's step against the overlap's limit (tasks/training/overlap.py), in seconds per step.
+    """An overlapped run's step against the overlap's limit (tasks/overlap/concurrent.py), in seconds per step.
 
     Over the steps that overlapped a draw and held no evaluation: ``step`` (``time/step_s``), ``draw`` (the next
     step's draw, ``overlap/draw_s``), ``update`` (``overlap/update_s``), ``limit``: the mean of the slower of the

@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from tasks.bench import analysis as ba  # noqa: E402
-from tasks.training.evaluate import EvalResult  # noqa: E402
+from tasks.evaluation.heldout import EvalResult  # noqa: E402
 
 
 @dataclass

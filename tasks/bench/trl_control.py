@@ -4,10 +4,10 @@ TRL (github.com/huggingface/trl, pinned 1.16.0 in requirements.txt) is the one
 maintained GRPO trainer that runs end to end on a CPU without vLLM, which makes it a clean "plain GRPO"
 arm that is not our code. What it shares with our runs:
 
-- **Model**: the same warm-started folder (``tasks.model.policy.load_policy``); the tokenizer *object* is passed
+- **Model**: the same warm-started folder (``tasks.model.loading.load_policy``); the tokenizer *object* is passed
   as ``processing_class`` (given a path, TRL may load another tokenizer class).
 - **Data**: the configured sources through the same ingest code, train prompts formatted with
-  ``tasks.model.policy.format_prompt`` (chat template and system prompt when the tokenizer has one). Prompts are
+  ``tasks.model.loading.format_prompt`` (chat template and system prompt when the tokenizer has one). Prompts are
   tokenized exactly as ``tasks.generation.rollout.HFEngine`` does (``rollout.add_special``: BOS in the plain
   format, nothing added under a chat template): ``_ControlTrainer`` overrides TRL's ``_tokenize_prompts``.
 - **Reward**: ``tasks.data.rewards.batch_rewards`` on the prompt's record (``arith.verify`` for the bundled task).
@@ -17,7 +17,7 @@ arm that is not our code. What it shares with our runs:
   active tokens), sequence -> ``"grpo"``; ``train.scale_std`` -> ``scale_rewards="group"`` else ``"none"``
   (Dr.-GRPO); clip ``epsilon``, ``beta`` = ``train.kl_coef``; AdamW with the same lr, betas, weight decay,
   gradient clipping and a constant learning rate (TRL's default is a linear decay; ours has no schedule).
-- **Evaluation**: :class:`EvalClock` runs the project's ``tasks.training.evaluate.evaluate`` (greedy, HFEngine) on
+- **Evaluation**: :class:`EvalClock` runs the project's ``tasks.evaluation.heldout.evaluate`` (greedy, HFEngine) on
   the same held-out prompts at step 0, every ``eval.every`` steps and at the last step, and keeps the clock
   like our runs do: training wall-clock excludes evaluation.
 
@@ -44,12 +44,14 @@ from transformers import TrainerCallback
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.data.rewards import batch_rewards
-from tasks.generation.rollout import HFEngine, add_special
-from tasks.model.policy import Policy, format_prompt, load_policy
+from tasks.generation.rollout import HFEngine
+from tasks.model.loading import add_special
+from tasks.model.loading import format_prompt, load_policy
+from tasks.policy import Policy
 from tasks.records.cost import CostMeter
 from tasks.records.files import write_json
 from tasks.run import resolve_device, show_progress
-from tasks.training.evaluate import EvalResult, evaluate
+from tasks.evaluation.heldout import EvalResult, evaluate
 from tasks.update.precision import Precision, resolve_precision
 
 log = logging.getLogger("rlsift.trl")

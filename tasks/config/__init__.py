@@ -3,7 +3,7 @@
 Defaults live in this package, in one place; YAML files under ``conf/`` only set values, and command-line
 overrides are dotted ``key=value`` pairs (``train.steps=40 select.method=dots``). Everything is
 validated before any work starts: an unknown key or a bad value raises :class:`ConfigError` naming the
-dotted key and what is allowed. Reading files, overrides and the environment: ``tasks/config_load.py``.
+dotted key and what is allowed. Reading files, overrides and the environment: ``tasks/config/load.py``.
 
 The sections, by module: ``data`` (the pool and its sources), ``model`` (policy, warm start, LoRA), ``rollout``
 (sampling), ``train`` (the GRPO update), ``select`` (selection, DOTS's predictor and reference set),

@@ -1,5 +1,5 @@
 """The policy's sections: the model itself (``model.*``), the tiny default's supervised warm start
-(``model.warmstart``) and LoRA adapters (``model.lora``); tasks/model/policy.py, warmstart.py, lora.py."""
+(``model.warmstart``) and LoRA adapters (``model.lora``); tasks/model/loading.py, warmstart.py, lora.py."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class LoraConfig(_Frozen):
 
 
 class ModelConfig(_Frozen):
-    """The policy (tasks/model/policy.py): a local model folder, or the tiny Llama built and warm-started here."""
+    """The policy (tasks/model/loading.py): a local model folder, or the tiny Llama built and warm-started here."""
 
     path: str | None = Field(None, description="Local model folder; None builds and warm-starts the tiny default.")
     hidden: int = Field(128, ge=32, description="Tiny default only: hidden size of the Llama.")

@@ -30,7 +30,7 @@ class ScaleConfig(_Frozen):
 
 
 class OverlapConfig(_Frozen):
-    """Generation and update at once (docs/algorithms.md section 8; tasks/training/overlap.py)."""
+    """Generation and update at once (docs/algorithms.md section 8; tasks/overlap/concurrent.py)."""
 
     lag: Literal["auto", 0, 1] = Field("auto", description=(
         "Updates by which the sampling weights may trail the trainer's: 1 generates step t+1's rollouts (with the "
@@ -58,7 +58,7 @@ class OverlapConfig(_Frozen):
 
 
 class EvalConfig(_Frozen):
-    """Held-out evaluation (tasks/training/evaluate.py): greedy accuracy and sampled avg@k and pass@k."""
+    """Held-out evaluation (tasks/evaluation/heldout.py): greedy accuracy and sampled avg@k and pass@k."""
 
     samples: int = Field(4, ge=0, description=(
         "k for sampled avg@k and pass@k (0: greedy only); samples at the rollout engine's settings "

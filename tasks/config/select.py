@@ -1,6 +1,6 @@
 """Which prompts each step rolls out: prompt selection (``select.*``, uniform or DOTS, its weighting and the
 screen), DOTS's difficulty predictor (``select.predictor``) and its reference set (``calibrate.*``);
-tasks/training/selector.py, rlcore/difficulty.py, docs/algorithms.md section 1."""
+tasks/selection/selector.py, rlcore/difficulty.py, docs/algorithms.md section 1."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class CalibrateConfig(_Frozen):
         "fresh: each round rolls out K new reference prompts, drawn at random, with the current policy (the "
         "paper's); trained: a round's reference set is every prompt rolled out since the last round started "
         "(the calibrate stage's prompts for round 0, then the trained groups, all n rollouts of each), no rollouts "
-        "of its own; its labels are up to train.round_steps steps old (tasks/training/selector.py)."))
+        "of its own; its labels are up to train.round_steps steps old (tasks/selection/selector.py)."))
 
 
 class PredictorConfig(_Frozen):
@@ -42,7 +42,7 @@ class PredictorConfig(_Frozen):
 
 
 class SelectConfig(_Frozen):
-    """Which prompts each step rolls out (tasks/training/selector.py; docs/algorithms.md section 1.3)."""
+    """Which prompts each step rolls out (tasks/selection/selector.py; docs/algorithms.md section 1.3)."""
 
     method: Literal["uniform", "dots"] = Field("uniform", description=(
         "uniform: plain GRPO; dots: weights exp(-|d - alpha| / tau) from predicted difficulty (arXiv 2506.05316)."))
@@ -72,7 +72,7 @@ class SelectConfig(_Frozen):
     screen: int = Field(1, ge=1, description=(
         "Candidates drawn per prompt a step needs (1: off). Each candidate's pass rate is estimated as the "
         "policy's probability of writing its worked reference solution (one forward pass, no sampling; "
-        "tasks/training/screen.py) and the prompts whose groups of rollout.n are most likely to have unequal "
+        "tasks/selection/screen.py) and the prompts whose groups of rollout.n are most likely to have unequal "
         "rewards are kept; the rest go back to the round's pool. Needs a worked solution for every pool prompt; "
         "the forward passes count in the selection time (ours)."))
     predictor: PredictorConfig = Field(PredictorConfig(), description="The DOTS difficulty predictor.")

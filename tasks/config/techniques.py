@@ -60,7 +60,7 @@ class AdaptConfig(_Frozen):
 
 
 class PlanConfig(_Frozen):
-    """The plan (our addition; rlcore/plan.py, tasks/training/plan.py, docs/algorithms.md section 9): measure the pool
+    """The plan (our addition; rlcore/plan.py, tasks/plan/planner.py, docs/algorithms.md section 9): measure the pool
     and the cost of a generated and an updated token, predict each candidate composition's effective-group ratio
     and training clock against plain GRPO, and choose."""
 

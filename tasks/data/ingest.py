@@ -19,9 +19,20 @@ from tasks.config import SourceConfig
 from tasks.data import arith
 from tasks.data.prompts import PromptRecord, Rejected
 from tasks.data.sources import check_paths, read_source
-from tasks.records.ledger import IngestRow
 
 log = logging.getLogger("rlsift.ingest")
+
+
+@dataclass(frozen=True)
+class IngestRow:
+    """One source of one ingest (table ``ingests``): row counts, ``rows = accepted + duplicates + quarantined``."""
+
+    source: str
+    rows: int
+    accepted: int
+    duplicates: int
+    quarantined: int
+    new: int
 
 
 @dataclass

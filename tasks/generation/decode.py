@@ -25,7 +25,7 @@ What a step costs is what the GPU must do (the layout of nano-vllm, gpt-fast and
 - Sampling outside the graph: :func:`tasks.generation.sampling.sample_next`, the exponential race with counter-based
   noise keyed by (prompt seed, rollout, step, token), so a prompt's rollouts do not depend on its batch.
 
-KV cache bytes (what ``tasks/update/fit.py`` counts for generation):
+KV cache bytes (what ``tasks/update/memory_check.py`` counts for generation):
 ``rows x (prompt + max_new_tokens) x layers x 2 x kv_heads x head_dim x dtype bytes`` bounds it: exactly
 ``R x (P + T - 1) x layers x 2 x H_kv x D x bytes``, plus the prefill's ``B x P x layers x 2 x H_kv x D x bytes``
 during the prefill (B = R / n prompts), the mask ``R x S x bytes`` and a float32 ``[R, T]`` of log-probs. The 1.5B

@@ -23,8 +23,9 @@ from transformers import PreTrainedTokenizerBase
 from rlcore.seeding import derive_seed
 from tasks.generation.decode import Decoder, decode
 from tasks.generation.sampling import Sampling
+from tasks.model.loading import add_special
 
-__all__ = ["Generation", "HFEngine", "RolloutEngine", "add_special", "completion_mask", "decode", "end_of_turn_ids",
+__all__ = ["Generation", "HFEngine", "RolloutEngine", "completion_mask", "decode", "end_of_turn_ids",
            "prompt_seed", "to_generation"]
 
 
@@ -104,12 +105,6 @@ def prompt_seed(seed: int, b: int) -> int:
     return derive_seed(seed, b) % 2**31
 
 
-def add_special(tokenizer) -> bool:
-    """Whether prompts get the tokenizer's special tokens (BOS): yes in the plain format, which the warm start
-    trains as ``<s>`` + prompt; no when a chat template has already written them into the text."""
-    return not getattr(tokenizer, "chat_template", None)
-
-
 @runtime_checkable
 class RolloutEngine(Protocol):
     """What the training loop, the selector and the evaluation need from a rollout engine."""
@@ -180,7 +175,7 @@ class HFEngine(RolloutEngine):
         return to_generation(self.tok, prompt_ids, ids, logp, n, self.stop_ids)
 
     def settings(self) -> dict:
-        """The keyword arguments that build this engine's sampling on another module (tasks/generation/generator.py)."""
+        """The keyword arguments that build this engine's sampling on another module (tasks/overlap/generator_process.py)."""
         return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_p": self.top_p,
                 "top_k": self.top_k, "chunk": self.chunk, "device": str(self.device), "stop_ids": self.stop_ids}
 

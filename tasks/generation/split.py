@@ -1,7 +1,7 @@
 """One ``generate`` call spread over several generators: contiguous shares of whole prompts, and the shares'
 :class:`~tasks.generation.rollout.Generation` records put back together in the call's order.
 
-Used where each rank of a sharded run decodes its share of a step's prompts (tasks/update/rank_generation.py);
+Used where each rank of a sharded run decodes its share of a step's prompts (tasks/generation/rank_shared.py);
 the cut is :func:`tasks.generation.server_pool.spread`'s (the vLLM server pool's), so a share holds whole groups
 (a prompt's n rollouts never straddle two generators). With per-prompt seeds (prompt b of a call draws from
 ``prompt_seed(seed, b)`` whichever generator decodes it), the joined record does not depend on the number of shares.

@@ -58,7 +58,8 @@ from pathlib import Path
 
 import torch
 
-from tasks.generation.rollout import Generation, RolloutEngine, add_special, prompt_seed
+from tasks.generation.rollout import Generation, RolloutEngine, prompt_seed
+from tasks.model.loading import add_special
 from tasks.model.forward import right_pad
 
 __all__ = ["ServerDown", "VLLMEngine", "VLLMError", "export_for_vllm", "prompt_seed", "serve_dir"]
@@ -197,7 +198,7 @@ class VLLMEngine(RolloutEngine):
         """
         path = Path(model_dir).resolve()
         if not (path / "config.json").is_file():
-            raise ValueError(f"{path} is not a saved model folder (no config.json); use tasks.model.policy.save_policy")
+            raise ValueError(f"{path} is not a saved model folder (no config.json); use tasks.model.loading.save_policy")
         t0 = time.perf_counter()
         try:
             self._request("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
@@ -234,7 +235,7 @@ def export_for_vllm(model, tokenizer, path: str | Path) -> Path:
     from safetensors.torch import save_file
 
     from tasks.model.lora import base_model
-    from tasks.model.policy import save_policy
+    from tasks.model.loading import save_policy
 
     path = Path(path)
     if path.exists():
@@ -273,7 +274,7 @@ def serve_dir(model_dir: str | Path, out: str | Path) -> Path:
 
     if not _tied(AutoConfig.from_pretrained(model_dir, local_files_only=True)):
         return Path(model_dir)
-    from tasks.model.policy import load_policy
+    from tasks.model.loading import load_policy
 
     model, tok = load_policy(model_dir)
     return export_for_vllm(model, tok, out)

@@ -1,4 +1,5 @@
-"""The policy model: loading (``policy``), the tiny default's supervised warm start (``warmstart``), LoRA adapters
-(``lora``) and the forward passes the algorithms need (``forward``: token log-probs, pooled embeddings, MLP
-inputs). Sampling from it is ``tasks/generation/``.
+"""The policy model: loading real models and building the tiny default (``loading``), its supervised warm start
+(``warmstart``), LoRA adapters (``lora``), the forward passes the algorithms need (``forward``: token log-probs,
+pooled embeddings, MLP inputs) and the module inside a backend's wrapper (``wrappers``). Sampling from it is
+``tasks/generation/``; the policy the stages pass around is tasks/policy.py.
 """

@@ -15,7 +15,7 @@ import torch
 import torch.utils.checkpoint
 from transformers import PreTrainedModel
 
-from tasks.generation.rollout import add_special
+from tasks.model.loading import add_special
 from tasks.model.lora import BaseModelView
 
 

@@ -58,7 +58,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tasks.data import arith
 from tasks.data.prompts import PromptRecord
-from tasks.model.policy import build_tiny_model, build_tokenizer, format_prompt, save_policy
+from tasks.model.loading import build_tiny_model, build_tokenizer, format_prompt, save_policy
 from tasks.run import progress_bar
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ def warm_start(
         progress: report progress: a bar on a terminal, else a log line every 10 s.
 
     Returns:
-        The folder, loadable with ``tasks.model.policy.load_policy``. A cached folder, or the shipped one of the
+        The folder, loadable with ``tasks.model.loading.load_policy``. A cached folder, or the shipped one of the
         same fingerprint (:func:`shipped`), is returned without training.
 
     Raises:

@@ -20,11 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # records sit below training: the types only, no import at run time
-    from tasks.training.evaluate import EvalResult
-    from tasks.training.plan import Plan
+from typing import Any
 
 log = logging.getLogger("rlsift")
 
@@ -34,7 +30,7 @@ def title(run_id: str, name: str | None) -> str:
     return f"run `{run_id}`" + (f" ({name})" if name else "")
 
 
-def _publish(key: str, make: Callable[[], Any]) -> None:
+def publish(key: str, make: Callable[[], Any]) -> None:
     """Call ``make`` (which creates artifact ``key``) inside a Prefect run; a failure is logged, not raised."""
     from prefect.context import FlowRunContext, TaskRunContext
 
@@ -52,46 +48,12 @@ def mlflow_run(run: str, mlflow_run_id: str, url: str | None, ui: str | None, ru
     from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
     if url:
-        _publish("mlflow-run", lambda: create_link_artifact(key="mlflow-run", link=url,
+        publish("mlflow-run", lambda: create_link_artifact(key="mlflow-run", link=url,
                                                             link_text=f"MLflow run {mlflow_run_id}",
                                                             description=f"The MLflow run of {run}"))
     else:
-        _publish("mlflow-run", lambda: create_markdown_artifact(key="mlflow-run", markdown=(
+        publish("mlflow-run", lambda: create_markdown_artifact(key="mlflow-run", markdown=(
             f"MLflow run `{mlflow_run_id}` of {run} in a local store: open it with {ui}. Run folder: `{run_dir}`.")))
-
-
-def eval_by_level(run: str, start: EvalResult, end: EvalResult | None) -> None:
-    """``eval-by-level``: greedy accuracy by level and overall (``all``) before training, and after it (``end``
-    None: the run has not got there yet)."""
-    from prefect.artifacts import create_table_artifact
-
-    def row(level: str, a, b) -> dict[str, Any]:
-        return {"level": level, "start": None if a is None else round(a.greedy_acc, 3),
-                "end": None if b is None else round(b.greedy_acc, 3),
-                "change": None if a is None or b is None else round(b.greedy_acc - a.greedy_acc, 3)}
-
-    after = end.by_level if end is not None else {}
-    levels = sorted(set(start.by_level) | set(after), key=str)
-    rows = [row(str(lv), start.by_level.get(lv), after.get(lv)) for lv in levels]
-    rows.append(row("all", start.overall, end.overall if end is not None else None))
-    when = "before and after training" if end is not None else "before training (the end evaluation is to come)"
-    _publish("eval-by-level", lambda: create_table_artifact(
-        key="eval-by-level", table=rows, description=f"Held-out greedy accuracy of {run}, {when}"))
-
-
-def plan_table(run: str, plan: Plan) -> None:
-    """``plan``: every composition's predictions as a table, the choice and its reason above it."""
-    from prefect.artifacts import create_table_artifact
-
-    _publish("plan", lambda: create_table_artifact(key="plan", table=plan.rows(),
-                                                   description=plan_description(run, plan)))
-
-
-def plan_description(run: str, plan: Plan) -> str:
-    """The ``plan`` artifact's description: the choice and why, the run's predicted clock (the text every place
-    shows, tasks/training/plan.py ``Plan.clock``), the pool and costs, the overlap."""
-    overlap = f"; overlap {plan.overlap.reason}" if plan.overlap is not None else ""
-    return f"Plan of {run}: **{plan.reason}**. This run: {plan.clock.text()}. ({plan.summary()}{overlap})"
 
 
 def stage_costs(run: str, rows: list[dict[str, Any]]) -> None:
@@ -105,7 +67,7 @@ def stage_costs(run: str, rows: list[dict[str, Any]]) -> None:
     whole = total["seconds"] or 1.0
     table = [{"stage": r["stage"], "seconds": round(r["seconds"], 1), "share": f"{100 * r['seconds'] / whole:.1f}%",
               "device_hours": r["device_hours"], "usd": r["usd"]} for r in rows]
-    _publish("time-by-stage", lambda: create_table_artifact(key="time-by-stage", table=table, description=(
+    publish("time-by-stage", lambda: create_table_artifact(key="time-by-stage", table=table, description=(
         f"{run}: {total['device_hours']:.4f} device hours on {total['device']}, ${total['usd']:.4f} so far")))
 
 
@@ -113,4 +75,4 @@ def run_summary(markdown: str) -> None:
     """``run-summary``: what the run did (its MLflow Description, flows/pipeline.py ``describe``)."""
     from prefect.artifacts import create_markdown_artifact
 
-    _publish("run-summary", lambda: create_markdown_artifact(key="run-summary", markdown=markdown))
+    publish("run-summary", lambda: create_markdown_artifact(key="run-summary", markdown=markdown))

@@ -31,6 +31,7 @@ from typing import Any
 
 import duckdb
 
+from tasks.data.ingest import IngestRow
 from tasks.data.prompts import PromptRecord, Rejected
 
 log = logging.getLogger(__name__)
@@ -83,21 +84,9 @@ STEP_TABLES = ("reference", "selections", "groups")
 
 # ---- row records: one per table a run appends to; field names are the table's columns --------------
 @dataclass(frozen=True)
-class IngestRow:
-    """One source of one ingest (table ``ingests``): row counts, ``rows = accepted + duplicates + quarantined``."""
-
-    source: str
-    rows: int
-    accepted: int
-    duplicates: int
-    quarantined: int
-    new: int
-
-
-@dataclass(frozen=True)
 class ReferenceRow:
     """One reference prompt rolled out ``n`` times (table ``reference``): the calibrate stage (round and step
-    -1) and DOTS's per-round reference set (tasks/training/selector.py). ``predicted``: the predictor's
+    -1) and DOTS's per-round reference set (tasks/selection/selector.py). ``predicted``: the predictor's
     held-out prediction, None for the prompts it was fitted on."""
 
     round: int
@@ -111,7 +100,7 @@ class ReferenceRow:
 
 @dataclass(frozen=True)
 class FeatureRow:
-    """Static features of one pool prompt (table ``features``; tasks/training/score.py)."""
+    """Static features of one pool prompt (table ``features``; tasks/selection/features.py)."""
 
     prompt_id: str
     prompt_tokens: int
@@ -124,12 +113,12 @@ class FeatureRow:
 
 @dataclass(frozen=True)
 class SelectionRow:
-    """Why one prompt was chosen at a step (table ``selections``; tasks/training/selector.py ``choose``).
+    """Why one prompt was chosen at a step (table ``selections``; tasks/selection/selector.py ``choose``).
 
     ``selector``: the techniques that chose (``scalingrl+gain+dots+screen``, ..., ``uniform``); ``weight``: its
     selection probability; ``pred_success``: DOTS's prediction; ``gain_rank``: its rank in GAIN-RL's angle
     order; ``des*``: ScalingRL's Data Effectiveness Score and its parts; ``screen_success``: the likelihood
-    screen's pass rate (``select.screen``, tasks/training/screen.py) (None when a technique is off).
+    screen's pass rate (``select.screen``, tasks/selection/screen.py) (None when a technique is off).
     """
 
     prompt_id: str
@@ -177,7 +166,7 @@ class StageRow:
 
 @dataclass(frozen=True)
 class EvalRow:
-    """One group of one evaluation (table ``evals``; tasks/training/evaluate.py ``table_rows``): ``grp`` is
+    """One group of one evaluation (table ``evals``; tasks/evaluation/heldout.py ``table_rows``): ``grp`` is
     ``overall``, ``level_<L>`` or ``source:<name>``; ``phase`` is ``start``, ``during`` or ``end``."""
 
     phase: str

@@ -1,19 +1,16 @@
-"""Plots and tables people would rather look at than numbers: training curves, accuracy by level."""
+"""Plots people would rather look at than numbers: the training curves (the evaluation draws its own,
+tasks/evaluation/report.py)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-
-if TYPE_CHECKING:  # records sit below training: the evaluation's types only, no import at run time
-    from tasks.training.evaluate import EvalCell, EvalResult
 
 CURVES = (("train/reward_mean", "train reward"), ("train/effective_ratio", "effective-group ratio"),
           ("eval/accuracy", "held-out greedy accuracy"), ("time/step_s", "step time (s)"))
@@ -49,49 +46,3 @@ def training_curves(metrics_path: Path, out: Path, heldout: Sequence[tuple[int, 
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return [out]
-
-
-def eval_levels(start: EvalResult, end: EvalResult, out: Path) -> list[Path]:
-    """Greedy accuracy by level, before and after training."""
-    levels = [lv for lv in end.by_level if lv is not None]
-    if not levels:
-        return []
-    x = range(len(levels))
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    ax.bar([i - 0.2 for i in x], [start.by_level[lv].greedy_acc if lv in start.by_level else 0 for lv in levels],
-           0.4, label="before RL")
-    ax.bar([i + 0.2 for i in x], [end.by_level[lv].greedy_acc for lv in levels], 0.4, label="after RL")
-    ax.set_xticks(list(x), [f"level {lv}" for lv in levels])
-    ax.set_ylabel("greedy accuracy")
-    ax.set_ylim(0, 1)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return [out]
-
-
-def eval_table(start: EvalResult, end: EvalResult) -> str:
-    """Markdown: greedy accuracy, avg@k and pass@k by level and source, before and after."""
-    k = end.k
-    head = "| group | n | greedy before | greedy after |" + (
-        f" avg@{k} before | avg@{k} after | pass@{k} before | pass@{k} after |" if k else "")
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
-
-    def row(name: str, a: EvalCell | None, b: EvalCell) -> str:
-        s = f"| {name} | {b.n} | {_num(a.greedy_acc if a else None):.3f} | {b.greedy_acc:.3f} |"
-        if k:
-            s += (f" {_num(a.avg_at_k if a else None):.3f} | {_num(b.avg_at_k):.3f} |"
-                  f" {_num(a.pass_at_k if a else None):.3f} | {_num(b.pass_at_k):.3f} |")
-        return s
-
-    lines.append(row("overall", start.overall, end.overall))
-    for lv, c in end.by_level.items():
-        lines.append(row(f"level {lv}", start.by_level.get(lv), c))
-    for src, c in end.by_source.items():
-        lines.append(row(f"source {src}", start.by_source.get(src), c))
-    return "\n".join(lines) + "\n"
-
-
-def _num(x: float | None) -> float:
-    return float("nan") if x is None else x

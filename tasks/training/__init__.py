@@ -1,6 +1,5 @@
-"""Training: the loop (``loop``) and its rounds (``rounds``), rollouts with verified rewards and reference
-rollouts (``rollouts``), the overlap of generation and update (``overlap``), prompt selection (``selector``:
-ScalingRL -> GAIN-RL -> DOTS; ``screen``, ``score``, ``calibration``), the plan (``plan``, ``probe``),
-checkpoints (``checkpoint``) and held-out evaluation (``evaluate``). The step itself is the update engine's,
-``tasks/update/``; generation is ``tasks/generation/``.
+"""Training: the rounds of GRPO steps (``loop``) with their one-line summaries (``rounds``) and crash-safe
+checkpoints (``checkpoint``). The step's parts live where their concern does: selection in ``tasks/selection``,
+rollouts in ``tasks/generation`` and ``tasks/calibration``, the update in ``tasks/update``, the overlap in
+``tasks/overlap``.
 """

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from rlcore.seeding import derive_seed
-from tasks.model.policy import Policy
+from tasks.policy import Policy
 from tasks.records.files import atomic_write
 from tasks.update.policy_update import Updater
 

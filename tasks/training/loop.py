@@ -3,9 +3,9 @@
 One step (verl-style, every phase timed so the timing metrics read as a table of contents)::
 
     round start (every mu steps): reference rollouts -> predictor, curriculum and window updates
-    select B_fresh prompts                               (tasks/training/selector.py: ScalingRL -> GAIN-RL -> DOTS,
-                                                          then the likelihood screen, tasks/training/screen.py)
-    generate n rollouts each, verify rewards             (tasks/training/rollouts.py; n and B_fresh from the
+    select B_fresh prompts                               (tasks/selection/selector.py: ScalingRL -> GAIN-RL -> DOTS,
+                                                          then the likelihood screen, tasks/selection/screen.py)
+    generate n rollouts each, verify rewards             (tasks/calibration/reference.py; n and B_fresh from the
                                                           adaptive composition's plan, rlcore.adaptive_composition)
     keep m of n per prompt, advantages on the kept m      (rlcore.downsample, rlcore.advantages)
     mix in B - B_fresh replayed groups                    (rlcore.replay_buffer)
@@ -41,20 +41,20 @@ from rlcore.seeding import derive_seed
 from rlcore.types import RolloutGroup
 from tasks.data.prompts import PromptRecord
 from tasks.generation.rollout import Generation
-from tasks.model.policy import Policy
+from tasks.policy import Policy
 from tasks.records.cost import CostMeter
 from tasks.records.ledger import GroupRow, ReferenceRow, SelectionRow
 from tasks.records.throughput import ModelShape, Peak, peak, rates
 from tasks.run import Run, progress_bar
 from tasks.training import checkpoint
-from tasks.training.calibration import Calibration
-from tasks.training.overlap import Overlap, SamplingPolicy
-from tasks.training.plan import decide_lag, probe_records
-from tasks.training.rollouts import policy_measure, rollout_rewards
+from tasks.calibration.record import Calibration
+from tasks.overlap.concurrent import Overlap, Sampler
+from tasks.plan.planner import decide_lag, probe_records
+from tasks.calibration.reference import policy_measure, rollout_rewards
 from tasks.training.rounds import RoundLog, RoundRunner, run_plainly
-from tasks.training.score import Features
-from tasks.training.screen import policy_likelihood
-from tasks.training.selector import Selector
+from tasks.selection.features import Features
+from tasks.selection.screen import policy_likelihood
+from tasks.selection.selector import Selector
 from tasks.update.backend import build_updater, share_generation
 from tasks.update.policy_update import scheduled_lr
 
@@ -256,9 +256,9 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
 
     ``evaluate_fn`` runs every ``eval.every`` steps (0: never); its accuracy goes to
     ``Selector.set_heldout_accuracy``, which ScalingRL's scheduler reads at the next round start. With
-    ``lag`` 1 the next step's draw runs while this step updates (tasks/training/overlap.py); ``lag``: the overlap
+    ``lag`` 1 the next step's draw runs while this step updates (tasks/overlap/concurrent.py); ``lag``: the overlap
     decided before training (the pipeline's overlap stage), or None to decide it here
-    (tasks/training/plan.py ``decide_lag``, probing on the reference prompts or the pool's first ones).
+    (tasks/plan/planner.py ``decide_lag``, probing on the reference prompts or the pool's first ones).
     ``run_round`` runs each round's steps (a resume mid-round: the rest of that round), whose :class:`RoundLog`
     line ends them.
     """
@@ -272,7 +272,7 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
     shared = share_generation(cfg, policy, updater, lag.lag)  # sharded: every rank decodes its share
     if shared is not None:
         log.info("rollouts: %s", shared)
-    sampling = SamplingPolicy(policy, lag.lag, threads=cfg.overlap.generator_threads,
+    sampling = Sampler(policy, lag.lag, threads=cfg.overlap.generator_threads,
                               needs_copy=cfg.select.screen > 1, on_temp_dir=run.note_temp)
     try:
         return _train(run, policy, sampling, updater, pool, features, calibration, evaluate_fn, run_round)
@@ -280,7 +280,7 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
         sampling.close()
 
 
-def _train(run: Run, policy: Policy, sampling: SamplingPolicy, updater, pool: list[PromptRecord], features: Features,
+def _train(run: Run, policy: Policy, sampling: Sampler, updater, pool: list[PromptRecord], features: Features,
            calibration: Calibration | None, evaluate_fn: EvaluateFn | None, run_round: RoundRunner) -> TrainSummary:
     cfg, tc = run.cfg, run.cfg.train
     model = policy.model

@@ -12,7 +12,7 @@ import torch
 
 from tasks.data.prompts import PromptRecord
 from tasks.records.ledger import SelectionRow
-from tasks.training.overlap import OverlapTimes
+from tasks.overlap.concurrent import OverlapTimes
 
 
 @dataclass

@@ -13,15 +13,15 @@ from transformers import PreTrainedModel
 from tasks.config import Config
 from tasks.generation.rollout import HFEngine, RolloutEngine
 from tasks.model.lora import base_model
-from tasks.model.policy import Policy
-from tasks.update.fit import check_update_fits
+from tasks.policy import Policy
+from tasks.update.memory_check import check_update_fits
 from tasks.update.policy_update import LocalUpdater, LossSettings, Updater, gradient_checkpointing
 from tasks.update.precision import model_dtype, resolve_precision
 from tasks.update.sharded_update import Driver
 
 
 def ranks_generate(cfg: Config, engine: RolloutEngine) -> int:
-    """How many ranks decode each ``generate`` call at ``overlap.lag`` 0 (tasks/update/rank_generation.py): the
+    """How many ranks decode each ``generate`` call at ``overlap.lag`` 0 (tasks/generation/rank_shared.py): the
     world size under a sharded backend with the in-process engine on more than one rank, else 1 (one process, or
     vLLM servers generating)."""
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -51,9 +51,9 @@ def build_updater(cfg: Config, policy: Policy, *, device: torch.device | str) ->
     """The run's updater for ``scale.backend``: :class:`~tasks.update.policy_update.LocalUpdater` or the sharded
     :class:`~tasks.update.sharded_update.Driver`, training ``policy.model`` in place.
 
-    Before anything is built, :func:`~tasks.update.fit.check_update_fits` stops a run whose update would not fit
+    Before anything is built, :func:`~tasks.update.memory_check.check_update_fits` stops a run whose update would not fit
     its device. For ``single`` the optimizer steps the policy's trainable parameters and the KL reference
-    (``train.kl_coef > 0``) is the policy's (:meth:`~tasks.model.policy.Policy.kl_reference`: under LoRA the same
+    (``train.kl_coef > 0``) is the policy's (:meth:`~tasks.policy.Policy.kl_reference`: under LoRA the same
     model with its adapters disabled); the sharded backends keep one per rank (tasks/update/sharded_update.py).
     ``model.precision`` (tasks/update/precision.py) picks the optimizer: under ``bf16-mixed`` float32 master weights
     and AdamW state behind the policy's bf16 weights, which must already be in the compute dtype.

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from tasks.model.wrappers import is_deepspeed, unwrap
 from tasks.update.precision import MasterWeights, Precision, build_optimizer, model_dtype
 
 BACKENDS = ("single", "ddp", "fsdp2", "deepspeed_zero2", "deepspeed_zero3")
@@ -100,16 +101,6 @@ def _free_port() -> int:
 def is_rank0() -> bool:
     """True in a plain process and on rank 0 of a process group."""
     return not dist.is_initialized() or dist.get_rank() == 0
-
-
-def is_deepspeed(model) -> bool:
-    return type(model).__module__.startswith("deepspeed")
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The user's module inside a DDP wrapper or DeepSpeed engine (FSDP2 shards in place: itself)."""
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) or is_deepspeed(model) \
-        else model
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -231,7 +222,7 @@ def gradient_sync(model, last: bool):
     ``managed_gradient_accumulation: false`` (:func:`deepspeed_config`), so its ``step`` is the accumulation
     boundary. FSDP2 reduce-scatters every micro-batch into its sharded gradients: deferring it
     (``set_requires_gradient_sync(False)``) keeps every rank's unsharded gradient between micro-batches, the whole
-    model's (a 7B's 14 GiB in bf16, tasks/update/fit.py), to save one reduce-scatter a micro-batch (a 7B's 28 GB in
+    model's (a 7B's 14 GiB in bf16, tasks/update/memory_check.py), to save one reduce-scatter a micro-batch (a 7B's 28 GB in
     float32 over NVLink, about 0.15 s against the 1-2 s of a micro-batch's backward pass it overlaps)."""
     if not last and isinstance(model, torch.nn.parallel.DistributedDataParallel):
         with model.no_sync():

@@ -9,7 +9,7 @@ Design (the simplest one that stays exactly equivalent to one process; see ``doc
   (``broadcast_object_list``) and takes part in it. The batch each rank trains on is rank 0's, bit for bit.
 - Generation: from the first training step on (``overlap.lag`` 0, the in-process engine), every rank decodes a
   contiguous share of each ``generate`` call's prompts with its own weights and rank 0 gathers them
-  (:meth:`Driver.share_generation`, the ``generate`` command, ``tasks/update/rank_generation.py``); prompt b of a
+  (:meth:`Driver.share_generation`, the ``generate`` command, ``tasks/generation/rank_shared.py``); prompt b of a
   call is seeded by its index in the whole call, so the rollouts are the one-process run's. Before training
   (calibration, the plan's probes, the starting evaluation), with ``overlap.lag`` 1 (rank 0's generator process
   draws while every rank updates) and with vLLM servers, rank 0's engine generates alone.
@@ -61,10 +61,10 @@ from tasks.update.distributed import (
 )
 from tasks.update.policy_update import LossSettings, Updater, gradient_checkpointing, policy_update, set_lr
 from tasks.update.precision import Precision, resolve_precision
-from tasks.update.rank_generation import GenerationSetup, RankGenerator, RankSharedEngine
+from tasks.generation.rank_shared import GenerationSetup, RankGenerator, RankSharedEngine
 
 INIT, UPDATE, OPT_STATE, LOAD, STOP = "init", "update", "optim_state", "load", "stop"
-#: Every rank generating its share (tasks/update/rank_generation.py): the engine's setup once, then each call.
+#: Every rank generating its share (tasks/generation/rank_shared.py): the engine's setup once, then each call.
 GEN_INIT, GENERATE = "generation_init", "generate"
 
 
@@ -162,7 +162,7 @@ class Driver(Updater):
         load_state(self.replica.model, self.replica.optimizer, self.policy_model.state_dict(), state)
 
     def share_generation(self, engine: HFEngine) -> RankSharedEngine:
-        """``engine`` (rank 0's, on ``policy.model``) as a :class:`~tasks.update.rank_generation.RankSharedEngine`:
+        """``engine`` (rank 0's, on ``policy.model``) as a :class:`~tasks.generation.rank_shared.RankSharedEngine`:
         from now on every rank decodes its share of each ``generate`` call with its own weights.
 
         Raises:

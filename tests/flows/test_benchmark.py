@@ -57,7 +57,7 @@ def test_clock_skips_only_unused_upfront_stages(tmp_path):
 ])
 def test_trl_control_refuses_what_it_cannot_mirror(tmp_path, overrides, expect):
     from tasks.bench.trl_control import grpo_args
-    from tasks.config_load import load_config
+    from tasks.config.load import load_config
 
     with pytest.raises(ValueError, match=expect):
         grpo_args(load_config(None, overrides), tmp_path, "cpu", None)
@@ -66,8 +66,8 @@ def test_trl_control_refuses_what_it_cannot_mirror(tmp_path, overrides, expect):
 @pytest.mark.slow
 def test_trl_prompts_tokenized_like_our_engine():
     from tasks.bench.trl_control import _trainer_class
-    from tasks.generation.rollout import add_special
-    from tasks.model.policy import build_tokenizer, format_prompt
+    from tasks.model.loading import add_special
+    from tasks.model.loading import build_tokenizer, format_prompt
 
     tok = build_tokenizer()
     prompts = [format_prompt(tok, "12+(40-7)*3=?"), format_prompt(tok, "5%3=?")]

@@ -60,12 +60,13 @@ def test_a_lora_run_killed_mid_run_resumes_to_the_uninterrupted_adapters(smoke_c
     state from it and ends with the uninterrupted run's weights, bit for bit (CPU, in process)."""
     from tasks.model.lora import apply_lora
     from tasks.run import open_run
-    from tasks.training import checkpoint, score
+    from tasks.selection.features import compute_features
+    from tasks.training import checkpoint
     from tasks.training.loop import train
     from tasks.update.policy_update import LocalUpdater
     from tests.tasks.test_train import SMALL, make_policy, text_reward
 
-    monkeypatch.setattr("tasks.training.rollouts.batch_rewards", text_reward)
+    monkeypatch.setattr("tasks.calibration.reference.batch_rewards", text_reward)
     from tasks.data import arith
 
     prompts = arith.generate(0, 40, "train", "default")
@@ -80,7 +81,7 @@ def test_a_lora_run_killed_mid_run_resumes_to_the_uninterrupted_adapters(smoke_c
 
     def run(fail_at: int | None, run_id: str | None = None):
         policy = lora_policy()
-        feats = score.score(policy, prompts, inter_weight=1.0, batch_size=64, device="cpu")
+        feats = compute_features(policy, prompts, inter_weight=1.0, batch_size=64, device="cpu")
         r = open_run(cfg, run_id=run_id, track=False)
         real, calls = LocalUpdater.step, [0]
 
@@ -118,7 +119,7 @@ def test_the_sampler_gets_the_merged_adapters(smoke_cfg, lag):
     """Overlapped, the generator process samples from merged weights equal to the adapted policy's; sequential,
     the in-process engine samples the adapted policy itself."""
     from tasks.model.lora import apply_lora, plain_state_dict
-    from tasks.training.overlap import SamplingPolicy
+    from tasks.overlap.concurrent import Sampler
     from tests.tasks.test_train import make_policy
 
     policy = make_policy()
@@ -128,7 +129,7 @@ def test_the_sampler_gets_the_merged_adapters(smoke_cfg, lag):
         for n, p in policy.model.named_parameters():
             if "lora_B" in n:
                 p.add_(0.1)
-    sampler = SamplingPolicy(policy, lag)
+    sampler = Sampler(policy, lag)
     try:
         sampler.sync(Path("/nonexistent"))
         if lag:

@@ -44,7 +44,7 @@ def test_a_real_looking_model_runs_the_whole_pipeline_on_gsm8k(tmp_path, lora):
         sel = led.query("SELECT * FROM selections WHERE run_id = ?", [s["run_id"]])
         assert sel and all(r["selector"] == "dots" and r["pred_success"] is not None for r in sel)
     # EOS: the model's end-of-turn token is what generation stops at and what the rollout mask cuts at
-    from tasks.model.policy import load_policy
+    from tasks.model.loading import load_policy
 
     policy, ptok = load_policy(s["model_path"])
     assert ptok.eos_token == "<|im_end|>" and policy.generation_config.eos_token_id == tok.convert_tokens_to_ids(
@@ -52,7 +52,7 @@ def test_a_real_looking_model_runs_the_whole_pipeline_on_gsm8k(tmp_path, lora):
     assert (Path(s["model_path"]) / "tokenizer_config.json").exists()
     # chat formatting: the run's prompts are ChatML with the configured system prompt, open at the assistant turn
     from tasks.config import Config
-    from tasks.model.policy import format_prompt
+    from tasks.model.loading import format_prompt
 
     text = format_prompt(ptok, prompts[0].question, Config().model.system_prompt)
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")

@@ -6,7 +6,7 @@ solves a few prompts and some steps have non-zero advantages (the 20-step defaul
 updates would all be zero), and ``overlap.lag=0`` (``auto`` picks 1 for one process on this CPU and 0 under
 scale-out). The sharded run goes through the whole driver protocol: rank 0 runs the pipeline, the other rank
 serves the updates and decodes its share of every ``generate`` call (training, reference rollouts, evaluations:
-tasks/update/rank_generation.py), weights come back to rank 0 after every step, checkpoints gather the optimizer
+tasks/generation/rank_shared.py), weights come back to rank 0 after every step, checkpoints gather the optimizer
 state. Its ledger (groups, selections, reference rollouts, evaluations) equals the one-process run's, and its final
 weights are within 1e-5 (measured 7e-8 under DDP before every rank generated).
 """

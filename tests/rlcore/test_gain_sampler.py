@@ -150,7 +150,7 @@ def test_a_non_finite_knob_is_refused_at_its_entry(knob):
 
 def test_the_config_refuses_a_nan_gain_alpha():
     from tasks.config import ConfigError
-    from tasks.config_load import validate
+    from tasks.config.load import validate
 
     with pytest.raises((ConfigError, ValueError), match="gain.alpha|alpha"):
         validate({"gain": {"alpha": float("nan")}})

@@ -1,5 +1,5 @@
 """Run by ``tests/tasks/test_rank_generation.py`` under ``torchrun --nproc_per_node 2``: every rank generates its
-share (tasks/update/rank_generation.py).
+share (tasks/generation/rank_shared.py).
 
 For each backend named on the command line, rank 0 builds the ``Driver`` on the tiny model while rank 1 serves, and
 asks ``decide_lag`` what ``overlap.lag=auto`` picks; then it lets the training loop's switch
@@ -18,10 +18,11 @@ import sys
 
 import torch
 
-from tasks.config_load import validate
+from tasks.config.load import validate
 from tasks.generation.rollout import HFEngine
-from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
-from tasks.training.plan import decide_lag
+from tasks.model.loading import build_tiny_model, build_tokenizer
+from tasks.policy import Policy
+from tasks.plan.planner import decide_lag
 from tasks.update.backend import share_generation
 from tasks.update.distributed import init_distributed, is_rank0
 from tasks.update.policy_update import LossSettings

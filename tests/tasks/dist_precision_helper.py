@@ -20,7 +20,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from tasks.model.policy import build_tiny_model
+from tasks.model.loading import build_tiny_model
 from tasks.update.distributed import full_state_dict, init_distributed, is_deepspeed, is_rank0
 from tasks.update.policy_update import LossSettings
 from tasks.update.precision import MasterWeights, resolve_precision

@@ -23,9 +23,9 @@ import time
 import torch
 
 from rlcore.types import RolloutGroup
-from tasks.config_load import validate
+from tasks.config.load import validate
 from tasks.model.forward import token_logprobs
-from tasks.model.policy import build_tiny_model
+from tasks.model.loading import build_tiny_model
 from tasks.update.distributed import (
     DataShard,
     full_state_dict,

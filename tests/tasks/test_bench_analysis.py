@@ -273,7 +273,7 @@ def test_level_change_flags_a_slipped_level_and_orders_levels_none_last():
 
 def test_report_reads_levels_from_the_evaluations_and_tables_them(tmp_path):
     from tasks.bench.report import BenchRun, analyse, attach_evals, markdown
-    from tasks.training.evaluate import EvalCell, EvalResult
+    from tasks.evaluation.heldout import EvalCell, EvalResult
 
     def save(run_dir, phase, correct, levels=(1,) * 8 + (2,) * 2):
         cell = EvalCell(n=len(correct), greedy_acc=sum(correct) / len(correct))
@@ -301,7 +301,7 @@ def test_report_reads_levels_from_the_evaluations_and_tables_them(tmp_path):
 def test_report_leaves_levels_out_of_evaluations_without_them(tmp_path):
     """Evaluations written before levels were recorded: no per-level table, the rest of the report as before."""
     from tasks.bench.report import BenchRun, analyse, attach_evals, markdown
-    from tasks.training.evaluate import EvalCell, EvalResult
+    from tasks.evaluation.heldout import EvalCell, EvalResult
 
     cell = EvalCell(n=2, greedy_acc=0.5)
     for phase in ("start", "end"):

@@ -4,7 +4,7 @@ metrics reach the tracker's outbox is made good by the resume, with the original
 import pytest
 import torch
 
-from tasks.config_load import validate
+from tasks.config.load import validate
 from tasks.records.cost import CostMeter
 from tasks.records.ledger import Ledger
 from tasks.run import Run

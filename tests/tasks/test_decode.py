@@ -18,7 +18,7 @@ from tasks.generation.decode import DecodeOptions, Decoder, buckets
 from tasks.generation.rollout import HFEngine, completion_mask, decode, prompt_seed
 from tasks.generation.sampling import Sampling, mix64, race_noise, row_keys, sample_next, step_keys
 from tasks.model.forward import token_logprobs
-from tasks.model.policy import build_tiny_model, build_tokenizer
+from tasks.model.loading import build_tiny_model, build_tokenizer
 
 PROMPTS = ["Q: 1+2=?\n", "Q: 12*34-5=?\n", "Q: 9=?\n", "Q: 40-3*7=?\n"]
 SETTINGS = [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (0.9, 8, 0.9)]

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.config_load import validate
+from tasks.config.load import validate
 from tasks.update.distributed import DataShard, decoder_layers, deepspeed_config, wrap
 from tasks.update.policy_update import policy_update
 from tests.servers import torchrun_two_ranks

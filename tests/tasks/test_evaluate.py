@@ -8,9 +8,10 @@ import torch
 
 from tasks.data.prompts import PromptRecord, prompt_id
 from tasks.generation.rollout import Generation
-from tasks.model.policy import Policy, build_tokenizer
-from tasks.records.plots import eval_table
-from tasks.training.evaluate import EvalCell, EvalResult, evaluate, flat_metrics, paired_change, table_rows
+from tasks.model.loading import build_tokenizer
+from tasks.policy import Policy
+from tasks.evaluation.report import eval_table
+from tasks.evaluation.heldout import EvalCell, EvalResult, evaluate, flat_metrics, paired_change, table_rows
 
 
 def ev(correct: list[int], ids: list[str] | None = None) -> EvalResult:

@@ -1,4 +1,4 @@
-"""The memory check before training (tasks/update/fit.py): hand-worked estimates, and a run that would not fit
+"""The memory check before training (tasks/update/memory_check.py): hand-worked estimates, and a run that would not fit
 stops with what to lower."""
 
 import dataclasses
@@ -7,11 +7,11 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-import tasks.update.fit as fit
-from tasks.config_load import validate
-from tasks.model.policy import build_tiny_model
+import tasks.update.memory_check as fit
+from tasks.config.load import validate
+from tasks.model.loading import build_tiny_model
 from tasks.update.backend import build_updater
-from tasks.update.fit import GIB, DoesNotFit, Generation, ModelShape, check_update_fits, estimate
+from tasks.update.memory_check import GIB, DoesNotFit, Generation, ModelShape, check_update_fits, estimate
 from tasks.update.precision import Precision
 from tests.policies import policy_of
 

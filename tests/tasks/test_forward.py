@@ -15,7 +15,7 @@ from tasks.model.forward import (
     selective_log_softmax,
     token_logprobs,
 )
-from tasks.model.policy import build_tiny_model, build_tokenizer
+from tasks.model.loading import build_tiny_model, build_tokenizer
 
 PAD = 0
 

@@ -63,7 +63,7 @@ def test_a_resumed_step_reports_the_phases_an_uninterrupted_one_does(smoke_cfg, 
     checkpoint pointer), as the uninterrupted run's step 2 does, not the stages the resuming process redid before
     training (here ``prepare``)."""
     from tasks.run import open_run
-    from tasks.training import score
+    from tasks.selection.features import compute_features
     from tasks.training.loop import train
     from tests.tasks.test_train import SMALL, make_policy, run_train
 
@@ -77,7 +77,7 @@ def test_a_resumed_step_reports_the_phases_an_uninterrupted_one_does(smoke_cfg, 
 
     cfg = smoke_cfg(*SMALL)
     policy = make_policy()
-    feats = score.score(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
+    feats = compute_features(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
     run = open_run(cfg, track=False)
     with pytest.raises(RuntimeError, match="stopped"):
         train(run, policy, pool, feats, run_round=stop_at_round_1)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from tasks.model.policy import build_tiny_model, build_tokenizer, load_policy, save_policy
+from tasks.model.loading import build_tiny_model, build_tokenizer, load_policy, save_policy
 from tasks.records.tracking import MlflowTracker, latest_model
 from tests.servers import free_port, start, stop, wait_http
 

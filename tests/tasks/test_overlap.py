@@ -18,11 +18,11 @@ import torch
 
 from rlcore.types import RolloutGroup
 from tasks.data import arith
-from tasks.generation.generator import GeneratorDied, GeneratorProcess
+from tasks.overlap.generator_process import GeneratorDied, GeneratorProcess
 from tasks.generation.rollout import HFEngine, RolloutEngine
 from tasks.model.forward import token_logprobs
 from tasks.model.lora import plain_copy
-from tasks.model.policy import build_tiny_model, build_tokenizer
+from tasks.model.loading import build_tiny_model, build_tokenizer
 from tasks.update.policy_update import mismatch_metrics, policy_update
 from tests.tasks import dist_update_helper as h
 from tests.tasks.test_train import PRESETS, SMALL, run_train, text_reward
@@ -37,7 +37,7 @@ def engine(model, tok, **kw) -> HFEngine:
 
 @pytest.fixture(autouse=True)
 def _reward(monkeypatch):
-    monkeypatch.setattr("tasks.training.rollouts.batch_rewards", text_reward)
+    monkeypatch.setattr("tasks.calibration.reference.batch_rewards", text_reward)
 
 
 @pytest.fixture(scope="module")
@@ -212,9 +212,9 @@ def test_every_technique_composes_with_the_overlap(smoke_cfg, pool):
 
 ORPHAN = """
 import sys, torch
-from tasks.generation.generator import GeneratorProcess
+from tasks.overlap.generator_process import GeneratorProcess
 from tasks.model.lora import plain_copy
-from tasks.model.policy import build_tiny_model, build_tokenizer
+from tasks.model.loading import build_tiny_model, build_tokenizer
 from tasks.generation.rollout import HFEngine
 tok = build_tokenizer()
 model = build_tiny_model(hidden=64, layers=2, heads=2, tokenizer=tok, seed=0)
@@ -280,9 +280,9 @@ def test_a_servers_logprobs_are_the_behaviour_policy_and_it_gets_the_weights_eve
                                                                                        monkeypatch):
     """``rollout.engine=vllm``: the server's own log-probs are mu, sequential or overlapped (pi_old / mu = e^0.1
     where it samples the trainer's weights); overlapped, the weights reach it before every draw."""
-    from tasks.model.policy import Policy
+    from tasks.policy import Policy
     from tasks.run import open_run
-    from tasks.training import score
+    from tasks.selection.features import compute_features
     from tasks.training.loop import train
 
     tok = build_tokenizer()
@@ -293,7 +293,7 @@ def test_a_servers_logprobs_are_the_behaviour_policy_and_it_gets_the_weights_eve
                     path=PRESETS.format("grpo"))
     run = open_run(cfg, track=False)
     try:
-        feats = score.score(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
+        feats = compute_features(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
         train(run, policy, pool, feats)
         logged = [__import__("json").loads(x) for x in (run.dir / "metrics.jsonl").read_text().splitlines()]
     finally:
@@ -315,7 +315,8 @@ def test_a_generator_that_dies_stops_the_run_at_its_checkpoint_and_a_resume_fini
     it, the child is gone, the last checkpoint (after steps 0-1) is intact, and resuming gives the uninterrupted
     run's weights."""
     from tasks.run import open_run
-    from tasks.training import checkpoint, score
+    from tasks.selection.features import compute_features
+    from tasks.training import checkpoint
     from tasks.training.loop import train
     from tests.tasks.test_train import make_policy
 
@@ -332,7 +333,7 @@ def test_a_generator_that_dies_stops_the_run_at_its_checkpoint_and_a_resume_fini
 
     monkeypatch.setattr(GeneratorProcess, "generate", dying)
     policy = make_policy()
-    feats = score.score(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
+    feats = compute_features(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
     run = open_run(cfg, track=False)
     with pytest.raises(GeneratorDied, match=r"died \(signal 9"):
         train(run, policy, pool, feats)

@@ -20,13 +20,14 @@ import torch.multiprocessing as mp
 from transformers import LlamaForCausalLM
 
 from tasks.config import ConfigError
-from tasks.config_load import load_config
-from tasks.generation.generator import _serve
+from tasks.config.load import load_config
+from tasks.overlap.generator_process import _serve
 from tasks.generation.rollout import HFEngine
 from tasks.generation.server_pool import ServerPool
-from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
-from tasks.training.overlap import separate_devices, thread_split
-from tasks.training.plan import decide_lag, lag_from_json, lag_to_json
+from tasks.model.loading import build_tiny_model, build_tokenizer
+from tasks.policy import Policy
+from tasks.overlap.concurrent import separate_devices, thread_split
+from tasks.plan.planner import decide_lag, lag_from_json, lag_to_json
 from tests.conftest import ROOT
 from tests.tasks.test_train import PRESETS, SMALL, run_train, text_reward
 
@@ -37,7 +38,7 @@ CROWDED = f"overlap.generator_threads={CORES + 1}"
 
 @pytest.fixture(autouse=True)
 def _reward(monkeypatch):
-    monkeypatch.setattr("tasks.training.rollouts.batch_rewards", text_reward)
+    monkeypatch.setattr("tasks.calibration.reference.batch_rewards", text_reward)
 
 
 def tiny_policy(device: str = "cpu") -> Policy:
@@ -125,7 +126,7 @@ def test_the_overlap_stage_keeps_its_choice_for_a_resume_and_takes_the_plans(smo
     from rlcore.overlap_lag import LagChoice
     from tasks.run import open_run
     from tasks.stages import overlap_stage
-    from tasks.training.calibration import Calibration
+    from tasks.calibration.record import Calibration
     from tests.tasks.test_plan_config import plan_choosing
 
     run = open_run(smoke_cfg("overlap.lag=0"), track=False)
@@ -165,7 +166,7 @@ class Recorded(LlamaForCausalLM):
 def test_the_generator_drops_the_shared_weights_before_it_says_it_stopped():
     """The child's loop, run here on a thread: when ``("stopped",)`` arrives, its model is gone and the weights it
     was started with are no longer held by its arguments (on a GPU: every CUDA IPC reference released, so the
-    parent outlives them; tasks/generation/generator.py)."""
+    parent outlives them; tasks/overlap/generator_process.py)."""
     policy = tiny_policy()
     weights = {k: v.clone() for k, v in policy.model.state_dict().items()}
     ours, theirs = mp.Pipe()
@@ -192,16 +193,17 @@ def test_the_generator_drops_the_shared_weights_before_it_says_it_stopped():
 SHUTDOWN = """
 import warnings
 warnings.simplefilter("always")
-from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
+from tasks.model.loading import build_tiny_model, build_tokenizer
+from tasks.policy import Policy
 from tasks.generation.rollout import HFEngine
-from tasks.training.overlap import SamplingPolicy
+from tasks.overlap.concurrent import Sampler
 
 if __name__ == "__main__":
     tok = build_tokenizer()
     model = build_tiny_model(hidden=64, layers=2, heads=2, tokenizer=tok, seed=0)
     policy = Policy(model=model, tokenizer=tok, engine=HFEngine(model, tok, max_new_tokens=4, temperature=1.0,
                                                                top_p=1.0, top_k=0, chunk=8))
-    sampling = SamplingPolicy(policy, 1, threads=1)
+    sampling = Sampler(policy, 1, threads=1)
     process = sampling._process
     sampling.policy.engine.generate(["Q: 1+1=?\\n"], 1, 0)
     sampling.close()

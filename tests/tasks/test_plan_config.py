@@ -1,12 +1,12 @@
-"""What a plan.auto run trains (tasks/training/plan.py): the choice's keys over the run's own, from its record."""
+"""What a plan.auto run trains (tasks/plan/planner.py): the choice's keys over the run's own, from its record."""
 
 import pytest
 
 from rlcore.plan import Prediction
 from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
 from tasks.config import ConfigError
-from tasks.config_load import load_config, with_overrides
-from tasks.training.plan import Plan, candidate_config, composition, costs_from_json, planned_config, reads_upfront
+from tasks.config.load import load_config, with_overrides
+from tasks.plan.planner import Plan, candidate_config, composition, costs_from_json, planned_config, reads_upfront
 
 
 def plan_choosing(name: str) -> Plan:

@@ -1,4 +1,4 @@
-"""The plan's probe (tasks/training/probe.py) on a tiny policy: it times generation at two batch sizes, the update,
+"""The plan's probe (tasks/plan/probe.py) on a tiny policy: it times generation at two batch sizes, the update,
 and the fixed costs of a step and a round, leaves the weights and its scratch folder as they were, and only a
 candidate that draws with DOTS's predictor pays its fit."""
 
@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from rlcore.plan import PoolStats, predict, update_rows
-from tasks.config_load import load_config
+from tasks.config.load import load_config
 from tasks.data.arith import generate
-from tasks.training.calibration import Calibration
-from tasks.training.plan import candidate_config, composition, pool_stats
-from tasks.training.probe import ProbeInputs, _generation_sizes, _update_sizes, probe_costs, probe_groups
-from tasks.training.rollouts import stratified_reference
+from tasks.calibration.record import Calibration
+from tasks.plan.planner import candidate_config, composition, pool_stats
+from tasks.plan.probe import ProbeInputs, _generation_sizes, _update_sizes, probe_costs, probe_groups
+from tasks.calibration.reference import stratified_reference
 from tests.conftest import SMOKE
 from tests.tasks.test_overlap_choice import tiny_policy
 
@@ -108,7 +108,7 @@ def test_the_plan_says_what_it_measures_as_it_goes(setting, tmp_path, caplog):
     tests/tasks/test_progress.py checks the lines of a probe that runs long."""
     import logging
 
-    from tasks.training.plan import make_plan
+    from tasks.plan.planner import make_plan
 
     cfg, pool, calibration = setting
     with caplog.at_level(logging.INFO, logger="rlsift"):

@@ -90,7 +90,7 @@ def test_save_load_round_trip(tok, tmp_path):
     assert tok2.padding_side == "left" and tok2.pad_token_id == 0
     with torch.no_grad():
         assert torch.equal(model(ids).logits, loaded(ids).logits)
-    # AutoTokenizer on a Llama folder keeps our pre-tokenization (a Qwen2 folder would not: tasks/model/policy.py)
+    # AutoTokenizer on a Llama folder keeps our pre-tokenization (a Qwen2 folder would not: tasks/model/loading.py)
     auto = AutoTokenizer.from_pretrained(tmp_path / "p")
     assert auto(text)["input_ids"] == ids[0].tolist()
     assert auto.decode(ids[0], skip_special_tokens=True) == text

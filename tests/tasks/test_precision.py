@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from tasks.config import ConfigError
-from tasks.config_load import load_config, validate
+from tasks.config.load import load_config, validate
 from tasks.model.lora import apply_lora
-from tasks.model.policy import build_tiny_model
+from tasks.model.loading import build_tiny_model
 from tasks.update import precision
 from tasks.update.backend import build_updater
 from tasks.update.distributed import optimizer_step

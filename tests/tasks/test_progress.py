@@ -31,7 +31,7 @@ def test_no_progress_bar_noise_off_a_terminal(tmp_path, capfd):
     import torch
 
     from tasks.data import arith
-    from tasks.model.policy import build_tiny_model, build_tokenizer, load_policy, save_policy
+    from tasks.model.loading import build_tiny_model, build_tokenizer, load_policy, save_policy
     from tasks.model.warmstart import warm_start
     from tasks.run import quiet_libraries
 

@@ -1,4 +1,4 @@
-"""Every rank generates its share (tasks/update/rank_generation.py, tasks/generation/split.py).
+"""Every rank generates its share (tasks/generation/rank_shared.py, tasks/generation/split.py).
 
 The split and the join on hand-worked records; then one ``torchrun --nproc_per_node 2`` launch of
 ``dist_generation_helper.py`` (gloo, CPU; about 15 s on 2 cores) under DDP and FSDP2 (and, marked slow, one under
@@ -16,7 +16,7 @@ import torch
 
 from tasks.generation.rollout import Generation
 from tasks.generation.split import join, share_bounds
-from tasks.update.rank_generation import generation_copy_bytes
+from tasks.generation.rank_shared import generation_copy_bytes
 from tests.servers import torchrun_two_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,9 +105,10 @@ def test_every_rank_generates_what_one_process_would(request, backend):
 
 def test_one_process_keeps_its_engine():
     """The default run (one process) and a sharded backend in a one-process group generate as before."""
-    from tasks.config_load import validate
+    from tasks.config.load import validate
     from tasks.generation.rollout import HFEngine
-    from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
+    from tasks.model.loading import build_tiny_model, build_tokenizer
+    from tasks.policy import Policy
     from tasks.update.backend import build_updater, ranks_generate, share_generation
 
     tok = build_tokenizer()

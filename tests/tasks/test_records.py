@@ -9,8 +9,8 @@ import torch
 
 from tasks.records.files import atomic_write, write_json
 from tasks.run import RunInfo
-from tasks.training.calibration import Calibration
-from tasks.training.score import Features
+from tasks.calibration.record import Calibration
+from tasks.selection.features import Features
 
 
 def features(m: int = 3) -> Features:
@@ -89,7 +89,7 @@ def test_atomic_write_replaces_whole_or_not_at_all(tmp_path):
 
 
 def test_run_label_names_techniques_data_and_seed():
-    from tasks.config_load import conf_dir, load_config
+    from tasks.config.load import conf_dir, load_config
     from tasks.records.label import run_label
 
     assert run_label(load_config(None, [])) == "grpo bundled:default s0"

@@ -9,10 +9,11 @@ import torch
 from rlcore.selection import screen
 from tasks.data import arith
 from tasks.generation.rollout import HFEngine
-from tasks.model.policy import Policy, build_tiny_model, build_tokenizer, format_prompt
-from tasks.training import score
-from tasks.training.screen import policy_likelihood
-from tasks.training.selector import Selector
+from tasks.model.loading import build_tiny_model, build_tokenizer, format_prompt
+from tasks.policy import Policy
+from tasks.selection.features import compute_features
+from tasks.selection.screen import policy_likelihood
+from tasks.selection.selector import Selector
 
 SMALL = ["train.prompts_per_step=6", "train.round_steps=2", "rollout.n=4", "eval.every=0"]
 
@@ -75,7 +76,7 @@ def test_selector_keeps_the_candidates_most_likely_to_be_mixed(smoke_cfg, pool):
     """select.screen=2 draws 2k candidates exactly as a selector without the screen draws 2k, and keeps the k that
     rlcore.selection.screen ranks first by the scripted pass rates; the others stay unused for the round; each
     kept row records its rate, and observe() scores the rates against the groups' measured success."""
-    feats = score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
+    feats = compute_features(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
     rates = {r.id: [0.0, 1.0, 0.5, 0.3, 0.9][i % 5] for i, r in enumerate(pool)}
     calls: list = []
     on = Selector(smoke_cfg(*SMALL, "select.screen=2"), pool, feats, scripted(rates, calls))
@@ -101,7 +102,7 @@ def test_selector_keeps_the_candidates_most_likely_to_be_mixed(smoke_cfg, pool):
 
 
 def test_selector_refuses_a_screen_it_cannot_run(smoke_cfg, pool):
-    feats = score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
+    feats = compute_features(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
     cfg = smoke_cfg(*SMALL, "select.screen=3")
     with pytest.raises(ValueError, match="needs the policy's likelihood"):
         Selector(cfg, pool, feats)

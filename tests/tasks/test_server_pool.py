@@ -22,12 +22,13 @@ import pytest
 import torch
 
 from tasks.config import ConfigError
-from tasks.config_load import load_config
+from tasks.config.load import load_config
 from tasks.data import arith
 from tasks.generation.server_pool import ServerPool, spread
 from tasks.generation.vllm_engine import VLLMEngine, VLLMError, export_for_vllm
 from tasks.model.forward import token_logprobs
-from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
+from tasks.model.loading import build_tiny_model, build_tokenizer
+from tasks.policy import Policy
 from tests.scripted_vllm import ScriptedVLLM
 from tests.tasks.test_train import SMALL, text_reward
 
@@ -41,7 +42,7 @@ WARNING = re.compile(r"vLLM server (http://127\.0\.0\.1:\d+) failed \((.+)\); it
 
 @pytest.fixture(autouse=True)
 def _reward(monkeypatch):
-    monkeypatch.setattr("tasks.training.rollouts.batch_rewards", text_reward)
+    monkeypatch.setattr("tasks.calibration.reference.batch_rewards", text_reward)
 
 
 @pytest.fixture(scope="module")
@@ -214,14 +215,14 @@ def train_on(cfg, pool_records, run_id: str | None = None) -> dict:
     """Train the tiny policy (test_train's) on ``cfg``'s servers (the pool prepare_stage builds); the run's id, final
     weights, summary, ledger groups and logged metrics. An error in training closes the run as failed and is raised."""
     from tasks.run import open_run
-    from tasks.training import score
+    from tasks.selection.features import compute_features
     from tasks.training.loop import train
     from tests.tasks.test_train import make_policy
 
     hf = make_policy()
     engine = ServerPool.from_config(cfg.rollout, hf.tokenizer, hf.engine.stop_ids)
     policy = Policy(model=hf.model, tokenizer=hf.tokenizer, engine=engine)
-    feats = score.score(policy, pool_records, inter_weight=1.0, batch_size=64, device="cpu")
+    feats = compute_features(policy, pool_records, inter_weight=1.0, batch_size=64, device="cpu")
     run = open_run(cfg, run_id=run_id, track=False)
     try:
         summary = train(run, policy, pool_records, feats)
@@ -242,7 +243,7 @@ def healthy(tiny, pool_records, tmp_path_factory):
     """Per overlap.lag, the final weights of the run on two healthy servers."""
     out = {}
     with pytest.MonkeyPatch.context() as mp:  # the function-scoped _reward is not active in a module fixture
-        mp.setattr("tasks.training.rollouts.batch_rewards", text_reward)
+        mp.setattr("tasks.calibration.reference.batch_rewards", text_reward)
         for lag in (0, 1):
             a, b = ScriptedVLLM(tiny[2]), ScriptedVLLM(tiny[2])
             try:
@@ -336,7 +337,7 @@ def test_bad_vllm_urls_are_errors_naming_the_key(value, error):
 
 def test_a_resume_may_change_the_servers(tmp_path):
     """rollout.vllm_url is in tasks/preflight.py RESUME_MAY_CHANGE: a list or one URL replaces the stored list."""
-    from tasks.config_load import to_json
+    from tasks.config.load import to_json
     from tasks.preflight import resume_config
 
     stored = load_config(None, [f"paths.root={tmp_path}", "rollout.engine=vllm",

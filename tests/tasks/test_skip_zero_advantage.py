@@ -7,9 +7,9 @@ import torch
 
 from rlcore.grpo_loss import clipped_policy_loss
 from tasks.config import ConfigError
-from tasks.config_load import load_config
+from tasks.config.load import load_config
 from tasks.model.forward import token_logprobs
-from tasks.model.policy import build_tiny_model
+from tasks.model.loading import build_tiny_model
 from tasks.update.distributed import backward_step
 from tasks.update.policy_update import flatten, kl_draw, policy_update, rows_with_gradient
 from tests.tasks import dist_update_helper as h

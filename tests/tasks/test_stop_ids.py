@@ -10,7 +10,7 @@ import torch
 from tasks.data.rewards import numeric_reward
 from tasks.generation.rollout import HFEngine, completion_mask, decode, end_of_turn_ids, to_generation
 from tasks.generation.vllm_engine import VLLMEngine, export_for_vllm
-from tasks.model.policy import format_prompt, load_policy
+from tasks.model.loading import format_prompt, load_policy
 from tests import tiny_qwen
 from tests.scripted_vllm import ScriptedVLLM
 

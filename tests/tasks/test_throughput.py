@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rlcore.types import RolloutGroup
-from tasks.model.policy import build_tiny_model
+from tasks.model.loading import build_tiny_model
 from tasks.records.throughput import DATASHEET_TFLOPS, ModelShape, Peak, measured_peak_flops, peak
 from tasks.training.loop import FreshBatch, throughput
 

@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 from tasks.config import ConfigError
 from tasks.data import arith
 from tasks.generation.rollout import HFEngine
-from tasks.model.policy import Policy, build_tiny_model, build_tokenizer
+from tasks.model.loading import build_tiny_model, build_tokenizer
+from tasks.policy import Policy
 from tasks.run import open_run
-from tasks.training import score
+from tasks.selection.features import compute_features
 from tasks.training.loop import train
 from tasks.update.policy_update import scheduled_lr
 
@@ -36,7 +37,7 @@ def text_reward(records, completions, workers=1):
 
 @pytest.fixture(autouse=True)
 def _reward(monkeypatch):
-    monkeypatch.setattr("tasks.training.rollouts.batch_rewards", text_reward)
+    monkeypatch.setattr("tasks.calibration.reference.batch_rewards", text_reward)
 
 
 def make_policy():
@@ -53,7 +54,7 @@ def pool():
 
 def run_train(cfg, pool):
     policy = make_policy()
-    feats = score.score(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
+    feats = compute_features(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
     run = open_run(cfg, track=False)
     try:
         summary = train(run, policy, pool, feats)
@@ -164,7 +165,7 @@ def test_each_round_is_one_run_round_call_and_a_resume_mid_round_starts_a_new_on
         return HeldoutEval(accuracy=0.5, metrics={})
 
     policy = make_policy()
-    feats = score.score(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
+    feats = compute_features(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
     run = open_run(cfg, track=False)
     with caplog.at_level(logging.INFO, logger="rlsift.train"), pytest.raises(RuntimeError, match="killed"):
         train(run, policy, pool, feats, evaluate_fn=dies_after_step_3, run_round=record)
@@ -291,10 +292,10 @@ def test_dynamic_sampling_trains_only_informative_groups_and_counts_every_rollou
 
 
 def test_drop_solved_keeps_solved_prompts_out_until_too_few_remain(smoke_cfg, pool):
-    from tasks.training.selector import Selector
+    from tasks.selection.selector import Selector
 
     cfg = smoke_cfg(*SMALL, "select.drop_solved=true", path=PRESETS.format("grpo"))
-    feats = score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
+    feats = compute_features(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
     sel = Selector(cfg, pool, feats)
     sel.begin_round(0, 0, None)
     solved = list(range(0, 40, 2))  # half the pool solved (pass rate 1 over all n), half not
@@ -338,11 +339,11 @@ def test_guard_share_draws_solved_prompts_and_nothing_else_changes(guard_selecto
 
 @pytest.fixture(scope="module")
 def guard_selectors(pool, tmp_path_factory):
-    from tasks.config_load import load_config
-    from tasks.training.selector import Selector
+    from tasks.config.load import load_config
+    from tasks.selection.selector import Selector
 
     root = tmp_path_factory.mktemp("guard")
-    feats = score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
+    feats = compute_features(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
 
     def cfg(*extra):
         return load_config(PRESETS.format("grpo"), [f"paths.root={root}", *SMALL, *extra])
@@ -351,7 +352,7 @@ def guard_selectors(pool, tmp_path_factory):
 
 
 def test_guard_and_drop_solved_cannot_both_be_set():
-    from tasks.config_load import load_config
+    from tasks.config.load import load_config
 
     with pytest.raises(ValueError, match="set one of them"):
         load_config(None, ["guard.share=0.1", "select.drop_solved=true"])
@@ -361,12 +362,12 @@ def test_trained_reference_rolls_out_nothing_and_uses_the_latest_labels(smoke_cf
     """calibrate.reference=trained: round 0's context is the calibrate stage's prompts, round 1's every prompt
     measured since round 0 started, each with its latest success rate; no reference rollouts (``measure`` is None
     here, so one would fail), and a checkpoint keeps what the next round needs."""
-    from tasks.training.calibration import Calibration
-    from tasks.training.selector import Selector
+    from tasks.calibration.record import Calibration
+    from tasks.selection.selector import Selector
 
     cfg = smoke_cfg(*SMALL, "calibrate.reference=trained", "select.predictor.min_labels=1000",
                     path=ARMS.format("dots_noreplay"))
-    feats = score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
+    feats = compute_features(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
     sel = Selector(cfg, pool, feats)
     sel.seed_labels(Calibration(indices=(0, 1, 2, 3), success=torch.tensor([0.0, 0.25, 0.5, 1.0])))
     m0 = sel.begin_round(0, 0, None)
@@ -391,13 +392,13 @@ def test_observed_weighting_measures_the_chance_of_a_gradient_on_drawn_groups(sm
     prompt's prediction and whether its rewards were unequal, and round 1's weights are
     rlcore.selection.observed_informative_weights of exactly those, not the binomial ones."""
     from rlcore.selection import informative_weights, observed_informative_weights
-    from tasks.training.calibration import Calibration
-    from tasks.training.selector import Selector
+    from tasks.calibration.record import Calibration
+    from tasks.selection.selector import Selector
 
     cfg = smoke_cfg(*SMALL, "calibrate.reference=trained", "select.predictor.min_labels=1000",
                     "select.weighting=observed", "select.observed_bins=1", "select.observed_strength=0.01",
                     path=ARMS.format("dots_noreplay"))  # one bin: round 1's predictions share the seen groups' bin
-    feats = score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
+    feats = compute_features(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
     sel = Selector(cfg, pool, feats)
     sel.seed_labels(Calibration(indices=(0, 1, 2, 3), success=torch.tensor([0.0, 0.25, 0.5, 1.0])))
     sel.begin_round(0, 0, None)
@@ -443,12 +444,12 @@ def test_groups_of_two_on_dots_draw(smoke_cfg, pool):
     every generated group has 2 rollouts, and the effective ratio is the share of mixed pairs (whose advantages,
     +1/2 and -1/2, test_make_groups_advantages_and_negative_weight works by hand)."""
     from rlcore.selection import informative_weights
-    from tasks.training.calibration import Calibration
-    from tasks.training.selector import Selector
+    from tasks.calibration.record import Calibration
+    from tasks.selection.selector import Selector
 
     cfg = smoke_cfg(*SMALL, "rollout.n=2", "train.prompts_per_step=8", path=ARMS.format("dots_informative"))
     assert (cfg.rollout.n, cfg.select.weighting) == (2, "observed")
-    sel = Selector(cfg, pool, score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu"))
+    sel = Selector(cfg, pool, compute_features(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu"))
     sel.seed_labels(Calibration(indices=(0, 1, 2, 3), success=torch.tensor([0.0, 0.25, 0.5, 1.0])))
     sel.begin_round(0, 0, None)
     p = sel.pred.clamp(0, 1)
@@ -471,12 +472,12 @@ def test_posterior_weighting_uses_each_prompts_own_groups(smoke_cfg, pool):
     prediction, the prompt whose group was mixed outweighs the ones whose groups were all right or all wrong."""
     from rlcore.pass_rate_posterior import fit_concentration
     from rlcore.selection import posterior_informative_weights
-    from tasks.training.calibration import Calibration
-    from tasks.training.selector import Selector
+    from tasks.calibration.record import Calibration
+    from tasks.selection.selector import Selector
 
     cfg = smoke_cfg(*SMALL, "calibrate.reference=trained", "select.predictor.min_labels=1000",
                     "select.weighting=posterior", "select.posterior_decay=0.5", path=ARMS.format("dots_noreplay"))
-    feats = score.score(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
+    feats = compute_features(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
     sel = Selector(cfg, pool, feats)
     sel.seed_labels(Calibration(indices=(0, 1), success=torch.tensor([0.0, 0.5])))  # 0 and 2 of calibrate.g = 4
     m0 = sel.begin_round(0, 0, None)  # the round start halves the evidence

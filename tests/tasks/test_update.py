@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from tasks.config import ConfigError
-from tasks.config_load import validate
+from tasks.config.load import validate
 from tasks.generation.rollout import HFEngine, RolloutEngine
 from tasks.generation.vllm_engine import VLLMEngine
-from tasks.model.policy import build_tiny_model, build_tokenizer
+from tasks.model.loading import build_tiny_model, build_tokenizer
 from tasks.update.backend import build_updater
 from tasks.update.policy_update import LocalUpdater, LossSettings, Updater, scheduled_lr
 from tasks.update.sharded_update import Driver
@@ -83,7 +83,7 @@ def test_driver_is_an_updater_and_deepspeed_clips_by_its_config():
 
 
 def test_adam_eps_reaches_the_optimizer():
-    from tasks.config_load import load_config
+    from tasks.config.load import load_config
 
     cfg = load_config(None, ["train.adam_eps=1e-4"])
     updater = build_updater(cfg, policy_of(torch.nn.Linear(2, 2)), device="cpu")

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from tasks.generation.vllm_engine import VLLMEngine, VLLMError, export_for_vllm, serve_dir
-from tasks.model.policy import build_tiny_model, build_tokenizer, load_policy, save_policy
+from tasks.model.loading import build_tiny_model, build_tokenizer, load_policy, save_policy
 
 
 def test_export_unties_the_head_and_keeps_the_function(tmp_path):

@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from tasks.generation.rollout import Generation, HFEngine, RolloutEngine
 from tasks.generation.split import join, share_bounds
-from tasks.update.distributed import is_deepspeed, unwrap
+from tasks.model.wrappers import is_deepspeed, unwrap
 
 #: Backends whose ranks hold only a shard of the weights: generation needs a gathered full copy.
 GATHERED = ("fsdp2", "deepspeed_zero3")
@@ -45,7 +45,7 @@ GATHERED = ("fsdp2", "deepspeed_zero3")
 def generation_copy_bytes(backend: str, params: int, generation_dtype: torch.dtype, train_dtype: torch.dtype,
                           rank: int) -> int:
     """Bytes rank ``rank`` holds for generation beyond its training replica and rank 0's ``policy.model``: for the
-    memory check (tasks/update/fit.py).
+    memory check (tasks/update/memory_check.py).
 
     Under FSDP2 / ZeRO-3 ranks 1..W-1 hold a full copy of the ``params`` weights in ``generation_dtype``; under DDP /
     ZeRO-2 none, unless the replica trains in another dtype (then a cast copy). Rank 0 generates with

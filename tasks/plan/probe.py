@@ -3,7 +3,7 @@
 rlcore/plan.py predicts each candidate's clock from these measurements (:class:`rlcore.step_costs.UnitCosts`):
 
 - **Generation at the candidates' batch sizes.** Rollouts are generated and verified (the training step's rollout
-  phase, tasks/training/rollouts.py) in a call as small as the smallest first call a candidate makes and one as
+  phase, tasks/calibration/reference.py) in a call as small as the smallest first call a candidate makes and one as
   large as the largest (a step's draw, DOTS's reference rollouts, the calibrate stage's, each cut at
   ``rollout.chunk``), after a one-prompt warm-up, from the first ``plan.probe_prompts`` reference prompts (repeated
   where a call needs more); ``CallCost.fit`` splits the two timings into a decode step's cost (a call decodes until
@@ -19,7 +19,7 @@ rlcore/plan.py predicts each candidate's clock from these measurements (:class:`
 - **A step's bookkeeping**: the draw over the pool, a step's selection and group rows written to a scratch ledger
   (tasks/records/ledger.py, the same code), and a step's metrics line to a scratch outbox and ``metrics.jsonl``.
 - **Scoring and DOTS's predictor** (where a candidate reads them): one batch of the pool scored (the reference
-  prompts first), and DOTS's predictor (tasks/training/selector.py ``dots_predictor``) labelled with the
+  prompts first), and DOTS's predictor (tasks/selection/selector.py ``dots_predictor``) labelled with the
   calibration's pass rates on their embeddings, fitted for ``select.predictor.fit_steps`` and asked for the
   pool's predictions, as a round does.
 
@@ -48,15 +48,15 @@ from rlcore.types import RolloutGroup
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.generation.rollout import Generation
-from tasks.model.policy import Policy
+from tasks.policy import Policy
 from tasks.records.files import atomic_write
 from tasks.records.ledger import GroupRow, Ledger, SelectionRow
 from tasks.records.tracking.outbox import Outbox
-from tasks.training.calibration import Calibration
-from tasks.training.rollouts import rollout_rewards
-from tasks.training.score import score
-from tasks.training.screen import policy_likelihood
-from tasks.training.selector import dots_predictor
+from tasks.calibration.record import Calibration
+from tasks.calibration.reference import rollout_rewards
+from tasks.selection.features import compute_features
+from tasks.selection.screen import policy_likelihood
+from tasks.selection.selector import dots_predictor
 from tasks.update.distributed import optimizer_step
 from tasks.update.policy_update import LocalUpdater, LossSettings
 from tasks.update.precision import resolve_precision
@@ -270,7 +270,7 @@ def _probe_scoring(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int,
     refs = list(cal.indices)
     taken = set(refs)
     batch = (refs + [i for i in range(len(pool)) if i not in taken])[:max(cfg.eval.batch_size, len(refs))]
-    feats, seconds = _timed(lambda: score(policy, [pool[i] for i in batch], inter_weight=cfg.gain.inter_weight,
+    feats, seconds = _timed(lambda: compute_features(policy, [pool[i] for i in batch], inter_weight=cfg.gain.inter_weight,
                                           batch_size=cfg.eval.batch_size, device=device))
     score_s = seconds / len(batch)
     if inputs.dots is None:

@@ -10,14 +10,14 @@ decision sees. The timeline of iteration t (W_v: the weights after v updates)::
 so step t+1 samples from W_t, one update behind the W_{t+1} a sequential loop would use, exactly: the sampler's
 weights are synced only while nothing is in flight, so the lag never depends on which side finished first.
 
-The sampler is a :class:`SamplingPolicy`:
+The sampler is a :class:`Sampler`:
 
-- the in-process engine: a :class:`tasks.generation.generator.GeneratorProcess` (a child process with its own
+- the in-process engine: a :class:`tasks.overlap.generator_process.GeneratorProcess` (a child process with its own
   shared-memory copy of the policy, each side on its own torch threads);
 - an engine outside this process (vLLM): requests in flight from the background thread; the weights are pushed
   to the server before every draw, not only at round boundaries.
 
-The likelihood screen (tasks/training/screen.py) reads the sampler's copy of the weights, never the model the update
+The likelihood screen (tasks/selection/screen.py) reads the sampler's copy of the weights, never the model the update
 is changing. Deviations: one step in flight at most (lag 0 or 1); the background draw's own phases (selection,
 reference rollouts, rollout) are reported as ``overlap/draw_*_s`` metrics, and the cost meter counts the trainer's
 wall time only (waiting for a draw is its ``rollout`` phase), so device hours stay wall-clock hours.
@@ -36,9 +36,9 @@ from pathlib import Path
 
 import torch
 
-from tasks.generation.generator import GeneratorProcess
+from tasks.overlap.generator_process import GeneratorProcess
 from tasks.generation.rollout import HFEngine, RolloutEngine
-from tasks.model.policy import Policy
+from tasks.policy import Policy
 
 log = logging.getLogger("rlsift.train")
 
@@ -68,7 +68,7 @@ def separate_devices(engine: RolloutEngine, device: torch.device | str, generato
     return f"CPU cores for each: {gen} generator and {rest} trainer thread{'s'[:rest != 1]} on {cores} cores"
 
 
-class SamplingPolicy:
+class Sampler:
     """The policy the rollouts are drawn from, and how the trainer's weights reach it.
 
     Attributes:

@@ -1,4 +1,4 @@
-"""The in-process engine in its own process: the overlap's generator (``overlap.lag`` 1; tasks/training/overlap.py).
+"""The in-process engine in its own process: the overlap's generator (``overlap.lag`` 1; tasks/overlap/concurrent.py).
 
 :class:`GeneratorProcess` is a :class:`tasks.generation.rollout.RolloutEngine`. It holds its own copy of the policy in
 shared memory, and a child process (``spawn``) samples from that copy with the trainer's :class:`HFEngine`

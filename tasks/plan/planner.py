@@ -1,4 +1,4 @@
-"""The plan's measurements and its record: the pool's pass rates, the timed probe (tasks/training/probe.py), the
+"""The plan's measurements and its record: the pool's pass rates, the timed probe (tasks/plan/probe.py), the
 candidates read from their configs, and what the run then trains (rlcore/plan.py has the prediction).
 
 The pool is measured by the calibrate stage's reference rollouts (K prompts x g rollouts, done anyway), each
@@ -7,7 +7,7 @@ stratified by level), and, where every prompt has a worked solution, by the scre
 prompt's solution (one forward pass each).
 
 The overlap (``overlap.lag``, :func:`decide_lag`): as configured, or for ``auto`` rlcore.overlap_lag.choose_lag, from
-where the sampler and the trainer run (tasks/training/overlap.py ``separate_devices``) and, where they share a
+where the sampler and the trainer run (tasks/overlap/concurrent.py ``separate_devices``) and, where they share a
 device, :func:`probe_overlap`: the same draw and update, alone and at once. The plan records the choice for the
 config its chosen candidate trains; a run without the plan decides it in its own stage (tasks/stages.py).
 """
@@ -32,17 +32,17 @@ from rlcore.plan import Composition, PoolStats, Prediction, RunClock, choose, pr
 from rlcore.seeding import derive_seed
 from rlcore.step_costs import CallCost, UnitCosts
 from tasks.config import Config, ConfigError
-from tasks.config_load import preset_overrides, with_overrides
+from tasks.config.load import preset_overrides, with_overrides
 from tasks.data.prompts import PromptRecord
 from tasks.generation.rollout import Generation
 from tasks.model.forward import token_logprobs
-from tasks.model.policy import Policy
+from tasks.policy import Policy
 from tasks.records.files import write_json
 from tasks.records.progress import pulse
-from tasks.training.calibration import Calibration
-from tasks.training.overlap import SamplingPolicy, separate_devices, thread_split
-from tasks.training.probe import ProbeInputs, probe_costs
-from tasks.training.screen import policy_likelihood
+from tasks.calibration.record import Calibration
+from tasks.overlap.concurrent import Sampler, separate_devices, thread_split
+from tasks.plan.probe import ProbeInputs, probe_costs
+from tasks.selection.screen import policy_likelihood
 from tasks.update.backend import ranks_generate
 
 log = logging.getLogger("rlsift.plan")
@@ -132,7 +132,7 @@ def probe_overlap(policy: Policy, records: list[PromptRecord], cfg: Config, seed
                   device: torch.device | str = "cpu") -> OverlapProbe:
     """One draw (``rollout.n`` rollouts of each of ``records``) and one update over its rows (the plan's probe:
     forward and backward, no optimizer step), timed alone one after the other with every thread (lag 0), then at
-    once as a lag-1 run has them: the draw in the generator process (tasks/training/overlap.py ``SamplingPolicy``,
+    once as a lag-1 run has them: the draw in the generator process (tasks/overlap/concurrent.py ``Sampler``,
     its own share of the threads, a copy of the weights on the same device), the update here. Each side has had
     its first call before it is timed, the generator process's start is not timed, and the three are repeated in
     turn (:data:`OVERLAP_PROBE_S`) so that each repeat sees the same load; the record holds their medians."""
@@ -143,7 +143,7 @@ def probe_overlap(policy: Policy, records: list[PromptRecord], cfg: Config, seed
     update = _update_probe(policy, gen, cfg, device)
     update(slice(None))  # warm-up: the update at once runs on the same rows
     total = torch.get_num_threads()
-    sampling = SamplingPolicy(policy, 1, threads=cfg.overlap.generator_threads)
+    sampling = Sampler(policy, 1, threads=cfg.overlap.generator_threads)
     times: list[tuple[float, float, float]] = []  # (draw, update, at once) of each repeat
     try:
         engine = sampling.policy.engine
@@ -352,7 +352,7 @@ FLAT = 0.15
 def make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibration: Calibration,
               device: torch.device | str = "cpu", candidates: tuple[str, ...] | None = None, spent_s: float = 0.0,
               scratch: Path | None = None) -> Plan:
-    """Measure the pool and the costs (tasks/training/probe.py), predict every candidate (``plan.candidates``
+    """Measure the pool and the costs (tasks/plan/probe.py), predict every candidate (``plan.candidates``
     unless given) against ``plan.baseline`` and choose. ``spent_s``: the seconds the run spent on its calibration
     (on this run's clock with the plan's own); ``scratch``: where the probe writes its scratch files."""
     with pulse("plan", log) as say:  # a line per probe and candidate, and one every few seconds in a long probe

@@ -15,7 +15,7 @@ import torch
 
 from rlcore.angle import angle_concentration
 from tasks.data.prompts import PromptRecord
-from tasks.generation.rollout import add_special
+from tasks.model.loading import add_special
 from tasks.model.forward import prompt_batches
 from tasks.records.files import atomic_write
 from tasks.records.ledger import FeatureRow
@@ -85,7 +85,7 @@ def prefix_suffix(tokenizer, prompt: str, question: str) -> tuple[int, int]:
     return head, tail
 
 
-def score(policy, records: list[PromptRecord], *, inter_weight: float, batch_size: int, device,
+def compute_features(policy, records: list[PromptRecord], *, inter_weight: float, batch_size: int, device,
           progress: bool = False) -> Features:
     """Features of every record, in record order (see the module docstring)."""
     tok = policy.tokenizer

@@ -2,7 +2,7 @@
 
 K reference prompts of the pool, stratified by level, each rolled out G times with the starting policy:
 their measured success rates are DOTS's first predictor labels (arXiv 2506.05316) and the
-pool's first difficulty measurements (tasks/training/selector.py ``Selector.seed_labels``). Saved as the
+pool's first difficulty measurements (tasks/selection/selector.py ``Selector.seed_labels``). Saved as the
 run's ``calibrate.json`` so a resumed run reuses it.
 """
 

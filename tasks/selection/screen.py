@@ -1,6 +1,6 @@
 """The likelihood screen: the policy's chance of writing a prompt's worked reference solution, without sampling.
 
-``select.screen = f > 1`` (tasks/training/selector.py ``Selector.choose``) draws f candidates per prompt a step
+``select.screen = f > 1`` (tasks/selection/selector.py ``Selector.choose``) draws f candidates per prompt a step
 needs, scores each with :func:`policy_likelihood` and keeps the ones whose group of ``rollout.n`` is most likely
 to have unequal rewards (``rlcore.selection.screen``). The score of a candidate is
 
@@ -33,9 +33,9 @@ from collections.abc import Callable
 import torch
 
 from tasks.data.prompts import PromptRecord
-from tasks.generation.rollout import add_special
+from tasks.model.loading import add_special
 from tasks.model.forward import right_pad, token_logprobs
-from tasks.model.policy import Policy
+from tasks.policy import Policy
 
 #: ``records [C] -> [C] float64`` chance in [0, 1] that the current policy writes each record's worked solution.
 Likelihood = Callable[[list[PromptRecord]], torch.Tensor]

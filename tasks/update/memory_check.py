@@ -235,7 +235,7 @@ def estimate(shape: ModelShape, precision: Precision, *, tokens: int, checkpoint
         step = pt * m + pt * (m - c) * mixed
     step += shape.largest * c  # the new weights, copied into the policy one parameter at a time
     # rank 0's full policy under the sharded backends; every other rank's generation copy (FSDP2, ZeRO-3:
-    # tasks/update/rank_generation.py generation_copy_bytes) and its share of the rows are no larger
+    # tasks/generation/rank_shared.py generation_copy_bytes) and its share of the rows are no larger
     copies = p * c * (int(reference_copy) + int(generator_copy) + int(sharded))
     row = row_tokens or tokens
     per_layer = shape.layer_kept(c, padded=padded, row_tokens=row)

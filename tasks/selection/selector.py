@@ -25,7 +25,7 @@ Each round (every ``train.round_steps`` = mu steps):
    rollouts (``own_successes`` / ``own_trials``, times ``select.posterior_decay`` at each round start) are its
    evidence.
 
-**Likelihood screen** (``select.screen`` = f > 1, tasks/training/screen.py; ours): each step draws f candidates per
+**Likelihood screen** (``select.screen`` = f > 1, tasks/selection/screen.py; ours): each step draws f candidates per
 prompt it needs from the weights above, estimates each candidate's pass rate as the policy's probability of its
 worked solution (one forward pass) and keeps those whose groups are most likely to have unequal rewards
 (``rlcore.selection.screen``); the rest stay available to the round's later steps.
@@ -65,10 +65,10 @@ from rlcore.selection import (
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.records.ledger import ReferenceRow, SelectionRow
-from tasks.training.calibration import Calibration
-from tasks.training.rollouts import Measure, random_reference, reference_rollouts
-from tasks.training.score import Features
-from tasks.training.screen import Likelihood, require_solutions
+from tasks.calibration.record import Calibration
+from tasks.calibration.reference import Measure, random_reference, reference_rollouts
+from tasks.selection.features import Features
+from tasks.selection.screen import Likelihood, require_solutions
 
 
 class Selector:
@@ -76,7 +76,7 @@ class Selector:
 
     def __init__(self, cfg: Config, pool: list[PromptRecord], features: Features,
                  likelihood: Likelihood | None = None):
-        """``likelihood``: the current policy's :data:`~tasks.training.screen.Likelihood`, needed when
+        """``likelihood``: the current policy's :data:`~tasks.selection.screen.Likelihood`, needed when
         ``select.screen`` > 1 (every pool prompt then needs a worked solution)."""
         self.cfg, self.pool = cfg, pool
         self.references: list[ReferenceRow] = []  # reference rows not yet in the ledger (take_references)

@@ -8,7 +8,7 @@ times with the current policy) are taken in two places, each with its own choice
 
 - the calibrate stage (tasks/stages.py), once before training: :func:`stratified_reference`, K prompts
   round-robin over difficulty levels, the first labels of the run;
-- every DOTS round (tasks/training/selector.py): :func:`random_reference`, K prompts drawn uniformly from
+- every DOTS round (tasks/selection/selector.py): :func:`random_reference`, K prompts drawn uniformly from
   the round's active pool.
 
 Both then call :func:`reference_rollouts` with a :data:`Measure` (``policy_measure(policy)``), which gives
@@ -24,7 +24,7 @@ import torch
 from tasks.data.prompts import PromptRecord
 from tasks.data.rewards import batch_rewards
 from tasks.generation.rollout import Generation
-from tasks.model.policy import Policy
+from tasks.policy import Policy
 
 #: ``(records [K], g, seed) -> rewards [K, g]``: g verified rollouts of each record with the current policy.
 Measure = Callable[[list[PromptRecord], int, int], torch.Tensor]

@@ -35,7 +35,6 @@ from transformers import (
 )
 
 from tasks.data.prompts import PromptRecord
-from tasks.generation.rollout import RolloutEngine
 from tasks.model import lora
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
@@ -204,51 +203,7 @@ def format_prompt(tokenizer: PreTrainedTokenizerBase, question: str, system: str
     return PLAIN_PROMPT.format(question=question)
 
 
-@dataclass
-class Policy:
-    """A model, its tokenizer and the rollout engine bound to it (``engine.sync_weights`` brings it up to date
-    with ``model``)."""
-
-    model: torch.nn.Module
-    tokenizer: PreTrainedTokenizerBase
-    engine: RolloutEngine
-    system_prompt: str | None = None
-
-    def prompts(self, records: list[PromptRecord]) -> list[str]:
-        return [format_prompt(self.tokenizer, r.question, self.system_prompt) for r in records]
-
-    # What the policy's weights are to the rest of the run, with or without LoRA adapters (tasks/model/lora.py):
-    # code that holds a policy asks it, and only this class knows whether adapters are there.
-
-    @property
-    def has_adapters(self) -> bool:
-        """Whether the model trains LoRA adapters (``model.lora``) rather than every weight."""
-        return lora.is_lora(self.model)
-
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        """What the optimizer steps: the adapters under LoRA, every weight otherwise."""
-        return lora.trainable_parameters(self.model)
-
-    def kl_reference(self):
-        """The frozen KL reference as the model is now: under LoRA the same model with its adapters disabled (no
-        copy), else a frozen copy."""
-        if self.has_adapters:
-            return lora.BaseModelView(self.model)
-        return lora.plain_copy(self.model)
-
-    def merged_copy(self) -> torch.nn.Module:
-        """A frozen plain transformers model with the (merged) weights: what a separate sampler runs, in the compute
-        dtype (under ``bf16-mixed`` the bf16 weights the updater rounds from its float32 masters after each step)."""
-        return lora.plain_copy(self.model)
-
-    def checkpoint_state(self) -> dict[str, torch.Tensor]:
-        """What a checkpoint keeps of the weights: the adapters under LoRA, else every weight."""
-        return lora.checkpoint_state(self.model)
-
-    def load_checkpoint_state(self, state: dict[str, torch.Tensor]) -> None:
-        """Restore :meth:`checkpoint_state`'s result."""
-        lora.load_checkpoint_state(self.model, state)
-
-    def save(self, path: str | Path) -> Path:
-        """The plain model (merged under LoRA) and tokenizer in ``path`` (:func:`save_policy`)."""
-        return save_policy(self.model, self.tokenizer, path)
+def add_special(tokenizer) -> bool:
+    """Whether prompts get the tokenizer's special tokens (BOS): yes in the plain format, which the warm start
+    trains as ``<s>`` + prompt; no when a chat template has already written them into the text."""
+    return not getattr(tokenizer, "chat_template", None)

@@ -1,0 +1,6 @@
+"""Selection: which prompts a step trains on.
+
+``features`` (the score stage: one forward pass over the pool gives each prompt's embedding, GAIN-RL's angle
+concentration and its static features), ``selector`` (ScalingRL's pool -> GAIN-RL's window -> DOTS's draw, round by
+round) and ``screen`` (the likelihood screen: the policy's chance of writing a prompt's worked solution).
+"""
