@@ -136,8 +136,7 @@ def prepare_stage(run: Run) -> Policy:
         engine = ServerPool.from_config(rc, tok, end_of_turn_ids(model, tok))
         engine.sync_weights(model, tok, run.dir / "vllm_weights")  # the servers sample from exactly this policy
     else:
-        engine = HFEngine(model, tok, max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
-                          top_k=rc.top_k, chunk=rc.chunk, device=run.device)
+        engine = HFEngine.from_config(model, tok, rc, run.device)
     policy = Policy(model=model, tokenizer=tok, engine=engine,
                     system_prompt=mc.system_prompt if getattr(tok, "chat_template", None) else None)
     run.info = replace(run.info, policy_path=str(path))

@@ -222,12 +222,10 @@ def run_trl_control(cfg: Config, policy_path: str | Path, train: list[PromptReco
         trainer = trainer_cls(model=model, reward_funcs=reward_function(train), args=args, train_dataset=dataset,
                               processing_class=tok)
         trainer.meter = meter
-    rc = cfg.rollout
-    engine = HFEngine(trainer.model, tok, max_new_tokens=rc.max_new_tokens, temperature=rc.temperature,
-                      top_p=rc.top_p, top_k=rc.top_k, chunk=rc.chunk, device=device)
+    engine = HFEngine.from_config(trainer.model, tok, cfg.rollout, device)
     held_out = test[: cfg.eval.limit] if cfg.eval.limit else test
     clock = EvalClock(Policy(trainer.model, tok, engine, system), held_out, cfg.eval.every, cfg.seed, meter,
-                      run_dir / "metrics.jsonl", tracker, cfg.train.prompts_per_step * rc.n)
+                      run_dir / "metrics.jsonl", tracker, cfg.train.prompts_per_step * cfg.rollout.n)
     trainer.add_callback(clock)
     tracker.log_params({f"trl.{k}": v for k, v in args.to_dict().items()
                         if k in _LOGGED_ARGS} | {"rlsift.control": "trl", "policy_path": str(policy_path),

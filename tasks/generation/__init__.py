@@ -2,7 +2,8 @@
 
 ``rollout`` (the interface, the ``Generation`` record and the in-process engine ``HFEngine``), ``sampling`` (the
 next token's draw), ``vllm_engine`` (a vLLM server),
-``server_pool`` (several of them) and ``rank_shared`` (every rank of a sharded run generating its share). The training loop, the selector and the evaluation see only
+``server_pool`` (several of them) and ``rank_shared`` (every rank of a sharded run generating its share).
+The training loop, the selector and the evaluation see only
 ``RolloutEngine``.
 """
 

@@ -22,6 +22,7 @@ from transformers import PreTrainedTokenizerBase
 
 from rlcore.seeding import derive_seed
 from tasks.generation.decode import Decoder, decode
+from tasks.config.rollout import RolloutConfig
 from tasks.generation.sampling import Sampling
 from tasks.model.loading import add_special
 
@@ -144,6 +145,12 @@ class HFEngine(RolloutEngine):
         self.chunk, self.device = chunk, device
         #: the decode loop, its buffers and CUDA graphs kept for the next call that fits them
         self.decoder = Decoder(model)
+
+    @classmethod
+    def from_config(cls, model, tokenizer, rc: RolloutConfig, device: torch.device | str) -> HFEngine:
+        """The engine the ``rollout`` section describes, sampling from ``model`` on ``device``."""
+        return cls(model, tokenizer, max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
+                   top_k=rc.top_k, chunk=rc.chunk, device=device)
 
     def sampling(self) -> Sampling:
         """The distribution these settings sample from (temperature, then top-k, then top-p, as ``generate``)."""
