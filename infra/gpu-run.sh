@@ -57,7 +57,7 @@ import torch
 
 from rlcore.advantages import group_advantages
 from rlcore.types import RolloutGroup
-from tasks.model.policy import format_prompt, load_policy
+from tasks.model.loading import format_prompt, load_policy
 from tasks.generation.rollout import HFEngine
 from tasks.run import resolve_device
 from tasks.update.policy_update import policy_update

@@ -115,7 +115,7 @@ def test_no_import_cycle_under_tasks():
 
 
 def unit_of(module: str) -> str:
-    """The package or flat module directly under tasks/ that ``module`` belongs to (``tasks.update.fit`` ->
+    """The package or flat module directly under tasks/ that ``module`` belongs to (``tasks.update.memory_check`` ->
     ``tasks.update``)."""
     return ".".join(module.split(".")[:2])
 

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from tasks.config import Config
 from tasks.data import arith
-from tasks.model import policy
+from tasks.model import loading as policy
 
 
 @pytest.fixture(scope="module")

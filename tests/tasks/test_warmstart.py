@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tasks.data import arith
-from tasks.model import policy, warmstart
+from tasks.model import loading as policy
+from tasks.model import warmstart
 
 TINY = dict(hidden=64, layers=1, heads=2, batch_size=8, lr=1e-2, seed=0, progress=False)
 
