@@ -241,18 +241,17 @@ class _Probe:
     def resolve(self) -> tuple[str, str]:
         """The module whose backward made the first non-finite gradient, and that gradient's description.
 
-        Every hook on that tensor saw it (:attr:`group`): where it is some module's input, the deepest such module
-        made it in its own backward; where it is only outputs, the module that consumed them did: the deepest
-        ancestor of the innermost output's module whose backward was running (:attr:`open_then`), or the loss
-        outside the model when none was. Where siblings share the input (q, k and v's projections), their common
-        enclosing module is named."""
+        Every hook on that tensor saw it (:attr:`group`). Where it is some modules' input and one of them encloses
+        the others (a decoder layer and its first norm; an attention and its q, k and v projections), that one's
+        backward made it: its gradient is the sum of what its consumers inside it gave. Otherwise the module that
+        consumed the tensor did: the deepest module enclosing the first hook's module whose backward was running
+        (:attr:`open_then`), or the loss outside the model when none was."""
         inputs = [n for n, where, _ in self.group if where == "input"]
         first = self.group[0][0]
-        if inputs:  # several siblings' inputs (q, k and v's): their common module
-            related = [m for m in inputs if all(o == m or self.encloses(o, m) or self.encloses(m, o) for o in inputs)]
-            module = max(reversed(related or inputs), key=self.depth)
-            return module, f"gradient of its input (the output of {first})" if module != first else \
-                "gradient of its input"
+        outer = [m for m in inputs if all(o == m or self.encloses(m, o) for o in inputs)]
+        if outer:
+            return outer[0], "gradient of its input" + (f" (the output of {first})" if self.group[0][1] == "output"
+                                                        else "")
         running = [m for m in self.open_then if self.encloses(m, first)]
         return max(reversed(running), key=self.depth, default="loss"), f"gradient of {first}'s output"
 
