@@ -22,15 +22,12 @@ the cause (loss, the loss's other inputs, gradient) and the site, for the log, t
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch.overrides import TorchFunctionMode
-
-log = logging.getLogger(__name__)
 
 #: How many non-finite (row, position) cells a site lists.
 CELLS = 4
