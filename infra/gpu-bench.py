@@ -19,6 +19,15 @@ utilisation and the peak memory measured against tasks/update/memory_check.py's 
   the arm: the interpreter and libraries left out), beside tasks/update/memory_check.py's estimate of the arm.
 - One warm-up step, then ``--steps`` timed steps. An arm whose model build or step fails to allocate
   (``torch.OutOfMemoryError``, or a RuntimeError that says so: cuBLAS's workspace) says so and the others go on.
+- An arm whose update is skipped (a non-finite loss or gradient: the optimizer never stepped) fails: its status
+  says ``skipped: <site>`` (tasks/update/nan_locator.py: module, phase, row and position, dtype, the attention
+  kernel) and no time, MFU, peak or estimate is printed for it; the script then exits with status 1. The bench
+  bisects such an arm by itself (:func:`bisect`): from the simplest variant (no checkpointing, rows cut to
+  ``--bisect-positions`` positions, one micro-batch of 8 rows, cuDNN SDPA off) it turns on one factor at a time
+  towards the arm (cuDNN SDPA, the arm's rows in its micro-batches, rows past that length, checkpointing) and
+  prints each variant's result and which first goes non-finite, then the arm with cuDNN SDPA off.
+  ``--inject-nan MODULE@POSITION[:backward]`` writes a NaN into that module's output (or its gradient) at that
+  position of row 0, in every pass long enough: the failure path checked on purpose (the CPU test does).
 
 Then the generation half (infra/gpu_bench_generation.py) on the first model: the in-process sampler against
 transformers' ``generate`` and the card's floor, the bf16 sampler/trainer mismatch; and the one-GPU overlap
@@ -38,6 +47,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import math
@@ -57,6 +67,7 @@ from tasks.config import LoraConfig  # noqa: E402
 from tasks.model.lora import apply_lora, base_model, trainable_parameters  # noqa: E402
 from tasks.records.memory import own_peak_mb, reset_own_peak  # noqa: E402
 from tasks.update.memory_check import ModelShape, estimate  # noqa: E402
+from tasks.update.nan_locator import SkippedUpdate, inject_nan  # noqa: E402
 from tasks.update.policy_update import gradient_checkpointing, policy_update  # noqa: E402
 from tasks.update.precision import PRECISIONS, Precision, build_optimizer, resolve_precision  # noqa: E402
 
@@ -150,8 +161,20 @@ def arm_estimate(arm: Arm, model, cfg, precision: Precision, args, groups) -> fl
     return est.total / 2**30
 
 
+def injected(model, args):
+    """``--inject-nan``'s NaN in ``model`` (:func:`tasks.update.nan_locator.inject_nan`), or nothing."""
+    if not args.inject_nan:
+        return contextlib.nullcontext()
+    spec, _, phase = args.inject_nan.partition(":")
+    module, _, position = spec.rpartition("@")
+    if not module or not position.isdigit() or phase not in ("", "forward", "backward"):
+        raise SystemExit(f"--inject-nan {args.inject_nan!r}: want MODULE@POSITION[:backward]")
+    return inject_nan(model, module, int(position), phase or "forward")
+
+
 def run_arm(arm: Arm, args, device: torch.device) -> dict:
-    """One arm: build, warm up, time ``args.steps`` steps; an allocation failure anywhere is the arm's result."""
+    """One arm: build, warm up, time ``args.steps`` steps; an allocation failure anywhere is the arm's result, and
+    so is a skipped update (``row["skipped"]``: its :class:`SkippedUpdate`), which ends the arm at once."""
     precision = resolve_precision(arm.precision, device)
     groups = batch(arm.rows, args.prompt, args.completion, SHAPES[arm.model]["vocab_size"])
     row = {"arm": arm, "tokens": sum(g.size * (g.prompt_ids.numel() + int(g.completion_mask.sum(1).max()))
@@ -167,14 +190,19 @@ def run_arm(arm: Arm, args, device: torch.device) -> dict:
         adamw = functools.partial(torch.optim.AdamW, lr=1e-6, foreach=device.type == "cuda")
         optimizer = build_optimizer(trainable_parameters(model), adamw, precision)
         n_params = sum(p.numel() for p in model.parameters())
-        stats = policy_update(model, optimizer, groups, **settings)  # warm-up (and the optimizer's state)
-        sync(device)
-        reset_own_peak(device)
-        t0 = time.perf_counter()
-        for _ in range(args.steps):
-            stats = policy_update(model, optimizer, groups, **settings)
-        sync(device)
+        skips: list[SkippedUpdate] = []
+        with injected(model, args):
+            stats = policy_update(model, optimizer, groups, skips=skips, **settings)  # warm-up (the optimizer's state)
+            sync(device)
+            reset_own_peak(device)
+            t0 = time.perf_counter()
+            for _ in range(args.steps if not skips else 0):
+                stats = policy_update(model, optimizer, groups, skips=skips, **settings)
+            sync(device)
         step_s = (time.perf_counter() - t0) / args.steps
+        if skips:  # the optimizer never stepped: no time, peak or estimate stands for this arm
+            row["skipped"] = skips[0]
+            return row
     except Exception as err:
         if not is_alloc_failure(err):
             raise
@@ -194,6 +222,88 @@ def run_arm(arm: Arm, args, device: torch.device) -> dict:
     return row
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One bisection run of a skipped arm: ``positions``, the longest row (prompt + completion); ``one``: one
+    micro-batch of a group's 8 rows (else the arm's rows in its micro-batches); ``cudnn``: cuDNN SDPA enabled."""
+
+    label: str
+    checkpointing: bool
+    positions: int
+    one: bool
+    cudnn: bool
+
+
+def variants(arm: Arm, args) -> list[Variant]:
+    """The simplest variant, then one factor turned towards the arm at a time (those where the arm differs), then
+    the arm with cuDNN SDPA off."""
+    longest = args.prompt + args.completion
+    short = min(longest, args.bisect_positions)
+    ckpt = arm.mode.endswith("+ckpt")
+    v = Variant(f"simplest: no checkpointing, rows to {short} positions, one micro-batch of {GROUP} rows, "
+                "cuDNN SDPA off", checkpointing=False, positions=short, one=True, cudnn=False)
+    out = [v]
+    steps = [("cudnn", True, "+ cuDNN SDPA on"),
+             ("one", False, f"+ {arm.rows} rows in micro-batches of {args.micro_batch_tokens} tokens"),
+             ("positions", longest, f"+ rows past {short} positions (to {longest})"),
+             ("checkpointing", ckpt, "+ activation checkpointing")]
+    for name, value, label in steps:
+        if getattr(v, name) != value:
+            v = Variant(label, **{**{f: getattr(v, f) for f in ("checkpointing", "positions", "one", "cudnn")},
+                                  name: value})
+            out.append(v)
+    if v.cudnn:
+        out.append(Variant("the arm with cuDNN SDPA off", v.checkpointing, v.positions, v.one, cudnn=False))
+    return out
+
+
+def run_variant(arm: Arm, v: Variant, args, device: torch.device) -> str:
+    """One update of variant ``v`` of ``arm``: ``finite``, ``skipped: <site>`` or ``out of memory (...)``."""
+    precision = resolve_precision(arm.precision, device)
+    completion = max(v.positions - args.prompt, 1)
+    groups = batch(GROUP if v.one else arm.rows, args.prompt, completion, SHAPES[arm.model]["vocab_size"])
+    settings = dict(clip_eps=0.2, aggregation="token", grad_clip=1.0, temperature=1.0, pad_id=0, minibatches=1,
+                    kl_coef=0.0, micro_batch_tokens=0 if v.one else args.micro_batch_tokens,
+                    skip_zero_advantage=True, device=device)
+    mode = arm.mode.removesuffix("+ckpt") + ("+ckpt" if v.checkpointing else "")
+    cudnn = torch.backends.cuda.cudnn_sdp_enabled()
+    release(device)
+    model = optimizer = None
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(v.cudnn)
+        model, _ = build(arm.model, mode, device, precision.compute)
+        adamw = functools.partial(torch.optim.AdamW, lr=1e-6, foreach=device.type == "cuda")
+        optimizer = build_optimizer(trainable_parameters(model), adamw, precision)
+        skips: list[SkippedUpdate] = []
+        with injected(model, args):
+            policy_update(model, optimizer, groups, skips=skips, **settings)
+        return f"skipped: {skips[0].describe()}" if skips else "finite"
+    except Exception as err:
+        if not is_alloc_failure(err):
+            raise
+        return f"out of memory ({str(err).splitlines()[0][:120]})"
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(cudnn)
+        del model, optimizer
+        release(device)
+
+
+def bisect(arm: Arm, args, device: torch.device) -> str:
+    """Which variant of a skipped ``arm`` first goes non-finite (:func:`variants`), as a table and a line."""
+    out = [f"\nbisection of {arm.model} {arm.mode} {arm.precision} {arm.rows} rows (its update was skipped)",
+           "| variant | checkpointing | longest row | micro-batches | cuDNN SDPA | result |", "|---" * 6 + "|"]
+    first = None
+    for v in variants(arm, args):
+        print(f"  bisect: {v.label}", file=sys.stderr, flush=True)
+        result = run_variant(arm, v, args, device)
+        out.append(f"| {v.label} | {'on' if v.checkpointing else 'off'} | {v.positions} | "
+                   f"{'one' if v.one else 'many'} | {'on' if v.cudnn else 'off'} | {result} |")
+        if first is None and result.startswith("skipped"):
+            first = f"first non-finite: {v.label} -> {result}"
+    out.append(first or "first non-finite: none of the variants (the arm's own batch or seed matters)")
+    return "\n".join(out)
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -201,20 +311,24 @@ def sync(device: torch.device) -> None:
 
 def table(rows: list[dict], device_name: str) -> str:
     """One row an arm. Tokens a step: the rows' real prompt tokens and their padded completions' (what the passes
-    compute, padding between micro-batches aside)."""
+    compute, padding between micro-batches aside). Status: ``ok``, ``out of memory (...)`` or ``skipped: <site>``;
+    a skipped arm shows no time, MFU, peak or estimate."""
     out = [f"update on {device_name}: policy_update, groups of {GROUP} rollouts of varied length",
-           "| model | weights | precision | rows | tokens a step | micro-batches | s / step | tokens / s | MFU | "
-           "peak GiB | reserved GiB | estimate GiB | estimate / peak |", "|---" * 13 + "|"]
+           "| model | weights | precision | rows | tokens a step | status | micro-batches | s / step | tokens / s | "
+           "MFU | peak GiB | reserved GiB | estimate GiB | estimate / peak |", "|---" * 14 + "|"]
     for r in rows:
         a = r["arm"]
         est = f"{r['estimate_gib']:.2f}" if "estimate_gib" in r else ""
+        head = f"| {a.model} | {a.mode} | {a.precision} | {a.rows} | {r['tokens']:,} |"
         if r.get("oom"):
-            out.append(f"| {a.model} | {a.mode} | {a.precision} | {a.rows} | {r['tokens']:,} | | out of memory "
-                       f"({r['oom']}) | | | | | {est} | |")
+            out.append(f"{head} out of memory ({r['oom']}) | | | | | | | {est} | |")
+            continue
+        if r.get("skipped"):
+            out.append(f"{head} skipped: {r['skipped'].describe()} | | | | | | | | |")
             continue
         mfu = "" if math.isnan(r["mfu"]) else f"{r['mfu']:.1%}"
         reserved = "" if math.isnan(r["reserved_gib"]) else f"{r['reserved_gib']:.2f}"
-        out.append(f"| {a.model} | {a.mode} | {a.precision} | {a.rows} | {r['tokens']:,} | {r['micro']} | "
+        out.append(f"{head} ok | {r['micro']} | "
                    f"{r['step_s']:.2f} | {r['tokens_per_s']:,.0f} | {mfu} | {r['peak_gib']:.3f} | {reserved} | {est} | "
                    f"{r['estimate_gib'] / max(r['peak_gib'], 1e-9):.2f} |")
     return "\n".join(out)
@@ -233,6 +347,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--micro-batch-tokens", type=int, default=None, help="train.micro_batch_tokens (default 8192)")
     p.add_argument("--steps", type=int, default=1, help="timed steps an arm (after one warm-up step)")
     p.add_argument("--no-generation", action="store_true", help="only the update's table")
+    p.add_argument("--bisect-positions", type=int, default=1024, help="a skipped arm's bisection cuts rows to this "
+                   "many positions (prompt + completion) against the arm's own (default 1024)")
+    p.add_argument("--inject-nan", default=None, metavar="MODULE@POSITION[:backward]",
+                   help="a NaN in that module's output (or its gradient) at that position of row 0, e.g. "
+                   "model.layers.1.mlp@40: the skipped-arm path and its bisection, on purpose")
     p.add_argument("--peak-tflops", type=float, default=None, help="the card's dense bf16 TFLOP/s (default: "
                    "989 on an H100/H200, none elsewhere)")
     args = p.parse_args(argv)
@@ -260,9 +379,12 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         results.append(run_arm(arm, args, device))
     print(table(results, f"{name}, torch {torch.__version__}, micro-batches of {args.micro_batch_tokens} tokens"))
+    failed = [r["arm"] for r in results if r.get("skipped")]
+    for arm in failed:
+        print(bisect(arm, args, device), flush=True)
     if not args.no_generation:
         generation(args, models[0], device, resolve_precision(precisions[0], device), name)
-    return 0
+    return 1 if failed else 0
 
 
 def guarded(what: str, fn) -> None:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 #: What the GPU machine has (besides the standard library): these and what they require.
 ALLOWED = ("torch", "transformers", "peft", "pydantic", "numpy")
@@ -108,3 +110,42 @@ def test_a_dead_sampler_process_is_noticed_at_once():
     with pytest.raises(overlap.ChildDied, match="exit code 3"):
         overlap._wait(proc, "drawing", lambda t: time.sleep(t), timeout_s=600)
     assert time.perf_counter() - t0 < 60
+
+
+@pytest.mark.parametrize("inject, cause, site", [
+    pytest.param("model.layers.1.mlp@28", "non-finite loss (loss nan); ",
+                 "forward of model.layers.1.mlp: nan in the output", marks=pytest.mark.slow),
+    ("model.layers.1.self_attn.q_proj@28:backward", "non-finite gradient (norm nan); micro-batch 1 of 2: ",
+     "backward of model.layers.1.self_attn: nan in the gradient of model.layers.1.self_attn.q_proj's output")])
+def test_a_skipped_arm_fails_and_is_bisected(inject, cause, site, capsys):
+    """A NaN injected at position 28 of row 0 (``--inject-nan``): the arm's update is skipped, so its row says so
+    with the locator's site and shows no time, MFU, peak or estimate, the script exits 1, and the bisection finds
+    that rows past 24 positions (``--bisect-positions``) are what first goes non-finite."""
+    import runpy
+
+    import torch
+
+    threads = torch.get_num_threads()
+    bench = runpy.run_path(str(ROOT / "infra" / "gpu-bench.py"), run_name="gpu_bench")
+    try:
+        rc = bench["main"](["--toy", "--modes", "full", "--rows", "8", "--prompt", "8", "--completion", "24",
+                            "--micro-batch-tokens", "128", "--precisions", "fp32", "--no-generation",
+                            "--inject-nan", inject, "--bisect-positions", "24"])
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert rc == 1
+    header = next(line for line in out.splitlines() if line.startswith("| model"))
+    names = [c.strip() for c in header.strip("|").split("|")]
+    (line,) = [line for line in out.splitlines() if line.startswith("| toy")]
+    row = dict(zip(names, (c.strip() for c in line.strip("|").split("|")), strict=True))
+    assert row["status"].startswith(f"skipped: {cause}{site}") and "(row, position) (0, 28)" in row["status"]
+    assert "attention sdpa" in row["status"]
+    for empty in ("micro-batches", "s / step", "tokens / s", "MFU", "peak GiB", "estimate GiB", "estimate / peak"):
+        assert row[empty] == "", (empty, row)
+    bisection = out.split("bisection of toy full fp32 8 rows", 1)[1].splitlines()
+    results = [[c.strip() for c in ln.strip("|").split("|")] for ln in bisection if ln.startswith("| ")][1:]
+    assert [r[-1] == "finite" for r in results] == [True, True, True, False, False]  # the last: cuDNN SDPA off
+    assert [r[2] for r in results] == ["24", "24", "24", "32", "32"]
+    first = next(ln for ln in bisection if ln.startswith("first non-finite"))
+    assert first.startswith(f"first non-finite: + rows past 24 positions (to 32) -> skipped: {cause}{site}")

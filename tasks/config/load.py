@@ -157,7 +157,7 @@ def default_config() -> str:
 def conf_dir() -> Path:
     """``conf/`` of the current directory, else the one shipped beside the package."""
     here = Path("conf")
-    return here if here.is_dir() else Path(__file__).resolve().parents[1] / "conf"
+    return here if here.is_dir() else Path(__file__).resolve().parents[2] / "conf"
 
 
 def validate(tree: dict) -> Config:

@@ -71,6 +71,11 @@ class TrainConfig(_Frozen):
         "rounding and only the wasted compute goes (docs/performance.md). With kl_coef > 0 the rollouts "
         "train.kl_rows names are computed too. With GAIN-RL the skipped rollouts get a forward pass without "
         "autograd for its online angle (and are not skipped under scale-out). false: every rollout is computed."))
+    max_skipped_steps: int = Field(3, ge=0, description=(
+        "Stop the run after this many steps in a row whose update was skipped (every minibatch's loss or gradient "
+        "not finite, so no weight moved), with an error naming the cause and the site the NaN locator found "
+        "(tasks/update/nan_locator.py); a single skipped step is logged, counted (train/skipped_updates) and "
+        "recorded in the ledger's skipped_updates table, and the run goes on. 0: never stop."))
     checkpoint_every: int = Field(0, ge=0, description="Also checkpoint every N steps (0: round boundaries only).")
     gradient_checkpointing: bool = Field(False, description=(
         "Activation checkpointing in the update: each decoder layer's activations are recomputed in the backward "

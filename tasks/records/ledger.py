@@ -76,10 +76,12 @@ ALTER TABLE evals ADD COLUMN IF NOT EXISTS pass_at_k DOUBLE;
 ALTER TABLE selections ADD COLUMN IF NOT EXISTS screen_success DOUBLE;
 ALTER TABLE groups ADD COLUMN IF NOT EXISTS policy_version INTEGER;
 ALTER TABLE groups ADD COLUMN IF NOT EXISTS lag INTEGER;
+CREATE TABLE IF NOT EXISTS skipped_updates (
+    run_id VARCHAR, step INTEGER, minibatch INTEGER, cause VARCHAR, detail VARCHAR, site VARCHAR);
 """
 
 #: Tables whose rows belong to a training step (removed past a checkpoint on resume).
-STEP_TABLES = ("reference", "selections", "groups")
+STEP_TABLES = ("reference", "selections", "groups", "skipped_updates")
 
 
 # ---- row records: one per table a run appends to; field names are the table's columns --------------
@@ -151,6 +153,19 @@ class GroupRow:
     from_step: int
     policy_version: int | None = None
     lag: int | None = None
+
+
+@dataclass(frozen=True)
+class SkippedUpdateRow:
+    """One minibatch whose update was not applied at a step (table ``skipped_updates``; tasks/update/skip_guard.py):
+    ``cause`` (``loss``, ``inputs``: the log-probs feeding the loss, ``gradient``), ``detail`` (the value or norm
+    seen) and ``site``: where the first non-finite value appeared (tasks/update/nan_locator.py), or why it was not
+    located."""
+
+    minibatch: int
+    cause: str
+    detail: str
+    site: str
 
 
 @dataclass(frozen=True)
@@ -306,6 +321,14 @@ class Ledger:
 
     def add_groups(self, run_id: str, step: int, rows: Sequence[GroupRow]) -> None:
         self._insert_records("groups", {"run_id": run_id, "step": step}, rows)
+
+    def add_skipped_updates(self, run_id: str, step: int, rows: Sequence[SkippedUpdateRow]) -> None:
+        self._insert_records("skipped_updates", {"run_id": run_id, "step": step}, rows)
+
+    def skipped_updates(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's skipped updates in step order: step, minibatch, cause, detail, site."""
+        return self.query("SELECT step, minibatch, cause, detail, site FROM skipped_updates WHERE run_id = ? "
+                          "ORDER BY step, minibatch", [run_id])
 
     def add_stage(self, run_id: str, row: StageRow) -> None:
         """Record a stage's cost; a stage recorded again (a resumed run redoes its last stages, with the meter's

@@ -57,6 +57,7 @@ from tasks.selection.screen import policy_likelihood
 from tasks.selection.selector import Selector
 from tasks.update.backend import build_updater, share_generation
 from tasks.update.policy_update import scheduled_lr
+from tasks.update.skip_guard import SkipGuard
 
 log = logging.getLogger("rlsift.train")
 
@@ -336,6 +337,7 @@ def _train(run: Run, policy: Policy, sampling: Sampler, updater, pool: list[Prom
     bar_acc = ""  # held-out greedy accuracy of the last in-training evaluation (eval.every)
     summary = TrainSummary(steps=start)
     overlap = Overlap()
+    guard = SkipGuard(tc.max_skipped_steps, tc.minibatches, run.ledger, run.run_id)  # skipped updates: said, bounded
 
     def play_round(round_: int, steps: list[int]) -> None:
         """This process's ``steps`` of round ``round_`` (all of them, or a resumed round's rest), then its summary."""
@@ -391,7 +393,7 @@ def _train(run: Run, policy: Policy, sampling: Sampler, updater, pool: list[Prom
                     from_step=g.replayed_from if g.replayed_from is not None else step,
                     policy_version=g.policy_version,
                     lag=None if g.policy_version is None else step - g.policy_version) for g in batch])
-                metrics |= stats | fs.stats
+                metrics |= stats | fs.stats | guard.observe(step, stats, updater.skipped())
                 metrics |= {
                     "train/reward_mean": accuracy,
                     "train/lr": lr,
@@ -432,13 +434,15 @@ def _train(run: Run, policy: Policy, sampling: Sampler, updater, pool: list[Prom
             bar.update(1)
             idle = {"idle": f"{timing.trainer_idle_s:.2f}/{timing.generator_idle_s:.2f}"} if timing else {}
             bar.set_postfix(reward=f"{accuracy:.2f}", eff=f"{float(eff.mean()):.2f}",
-                            s=f"{metrics['time/step_s']:.1f}", **({"acc": bar_acc} if bar_acc else {}), **idle)
+                            s=f"{metrics['time/step_s']:.1f}", **({"acc": bar_acc} if bar_acc else {}), **idle,
+                            **guard.postfix())
             tally.add(fs.records, fs.rows, eff, len(replayed), (upd_s, timing) if timing is not None else None,
                       rewards, None if held is None else held.accuracy)
             if (step + 1) % tc.round_steps == 0 or (tc.checkpoint_every and (step + 1) % tc.checkpoint_every == 0) \
-                    or step + 1 == tc.steps:
+                    or step + 1 == tc.steps or guard.stuck:
                 with run.meter.stage("checkpoint"):
                     checkpoint.save(run, step + 1, policy, updater, selector, buffer, composer, draw=pending)
+            guard.check()  # train.max_skipped_steps in a row: stop, naming the cause
         log.info("%s", tally.line())
 
     try:

@@ -22,7 +22,7 @@ import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal, get_args
 
 import torch
@@ -53,6 +53,7 @@ from tasks.update.minibatch import (  # noqa: F401  (flatten, kl_draw, rows_with
     loss_units,
     rows_with_gradient,
 )
+from tasks.update.nan_locator import SkippedUpdate, locate
 from tasks.update.precision import Precision, build_optimizer
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,8 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
                   micro_batch_tokens: int = 0, skip_zero_advantage: bool = False,
                   ref_model: torch.nn.Module | None = None, device: torch.device | str = "cpu",
                   angle_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-                  shard: DataShard | None = None, behaviour_cap: float | None = None) -> dict[str, float]:
+                  shard: DataShard | None = None, behaviour_cap: float | None = None,
+                  skips: list[SkippedUpdate] | None = None) -> dict[str, float]:
     """One optimizer step (or ``minibatches`` of them) on ``groups``; fills fresh groups' behaviour log-probs.
 
     The behaviour policy mu of a row is its group's ``behaviour_logp`` when it has one (replayed groups, and fresh
@@ -109,6 +111,11 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
             slice of each micro-batch; the loss is renormalised so the averaged gradient is the single-process
             one, and metrics and behaviour log-probs are combined over ranks. ``model``/``optimizer`` are then
             the wrapped engine and its optimizer. None: one process.
+        skips: where to append a :class:`~tasks.update.nan_locator.SkippedUpdate` for each minibatch not applied:
+            its cause (loss, the loss's other inputs, gradient) and, in one process, the site
+            :func:`~tasks.update.nan_locator.locate` finds by re-running the micro-batch (the one whose loss was not
+            finite; for a gradient, each in turn until one shows it). Under scale-out nothing is re-run (the hooks
+            see one rank's modules and a re-run would need every rank's collectives): the record says so.
 
     Returns:
         Metrics: ``train/loss``, ``train/grad_norm`` and the loss's own metrics (averaged over the applied
@@ -159,13 +166,13 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     skipped = dropped = 0
     angle_sum, angle_n = 0.0, 0
     old_out = torch.zeros(rows.n, rows.width)
-    for mb in plan:
+    for k, mb in enumerate(plan):
         hidden: list | None = [] if angle_fn is not None else None  # the hidden-state hook only for GAIN-RL
         if hidden is not None and mb.angle_only.numel():  # a pass without autograd: a third of what it saves
             with torch.no_grad():
                 logp_of(mb.angle_only, model, hidden, budget=micro_batch_tokens)
         zero_grad(model, optimizer)
-        step_sums, finite = MetricSums(), True
+        step_sums, bad = MetricSums(), None  # bad: (SkippedUpdate, the micro-batch's rows) of a non-finite loss
         for i, part in enumerate(mb.micro):
             with gradient_sync(model, i == len(mb.micro) - 1):
                 logp = logp_of(part, model, hidden)  # [n, L] with grad
@@ -173,10 +180,10 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
                 old_out[part] = old.cpu()
                 piece, m = micro_batch_loss(loss, logp, old, rows, part, mb, ref_full)
                 if not all_finite(piece):  # every rank decides alike (one all-reduce)
-                    log.warning("update %s: micro-batch %d of %d (%d rows) gives a non-finite loss (%s)",
+                    bad = (non_finite_loss(k, piece, m), part)
+                    log.warning("update %s: micro-batch %d of %d (%d rows) gives a %s",
                                 "micro-batch dropped" if is_deepspeed(model) else "skipped, not applied",
-                                i + 1, len(mb.micro), len(part), m.get("train/loss", float(piece.detach())))
-                    finite = False
+                                i + 1, len(mb.micro), len(part), bad[0].what())
                     del logp, piece  # their graph was never backpropagated: free it before the next forward
                     if is_deepspeed(model):  # it cannot drop what it accumulated: the others' gradient stays
                         dropped += 1
@@ -187,11 +194,18 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
         if hidden is not None:
             for mlp_in, am in hidden:
                 angle_sum, angle_n = angle_sum + float(angle_fn(mlp_in, am).sum()), angle_n + len(am)
-        gnorm = optimizer_step(model, optimizer, grad_clip, finite or is_deepspeed(model))
-        if not math.isfinite(gnorm):  # not applied (optimizer_step): log why, keep NaN out of the averages
+        gnorm = optimizer_step(model, optimizer, grad_clip, bad is None or is_deepspeed(model))
+        if not math.isfinite(gnorm):  # not applied (optimizer_step): say why and where, keep NaN out of the averages
             skipped += 1
-            log.warning("update skipped, not applied: gradient norm %s (minibatch of %d rows)", gnorm,
-                        len(mb.computed))
+            by_loss = bad is not None and not is_deepspeed(model)
+            skip = locate_skip(model, shard, functools.partial(rerun_loss, model, loss, logp_of, old_full, rows, mb,
+                                                               ref_full),
+                               bad[0] if by_loss else SkippedUpdate(k, "gradient", f"norm {gnorm}"),
+                               [bad[1]] if by_loss else mb.micro)
+            log.warning("update skipped, not applied (minibatch %d of %d, %d rows, %d micro-batches): %s", k + 1,
+                        len(plan), len(mb.computed), len(mb.micro), skip.describe())
+            if skips is not None:
+                skips.append(skip)
             continue
         sums.add(step_sums.over_ranks(shard) | {"train/grad_norm": gnorm})  # the norm is global already
     stats = sums.mean(minibatches - skipped)
@@ -216,6 +230,47 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     if angle_n:
         stats["gain/angle_online"] = angle_sum / angle_n
     return stats
+
+
+def non_finite_loss(minibatch: int, piece: torch.Tensor, m: dict[str, float]) -> SkippedUpdate:
+    """What a micro-batch's non-finite loss ``piece`` says (``m``: its metrics, :func:`micro_batch_loss`): the loss
+    itself is not finite; or the surrogate is (``train/loss`` in ``m``) and the loss was made NaN because pi_old, mu
+    or the reference was not finite on a valid token; or the loss is finite here and not on another rank."""
+    own = float(piece.detach())
+    if math.isfinite(own):
+        return SkippedUpdate(minibatch, "loss", "finite on this rank, not on another")
+    if math.isfinite(m.get("train/loss", math.nan)):
+        return SkippedUpdate(minibatch, "inputs", "pi_old, behaviour or reference log-probs not finite on a valid "
+                                                  "token; the surrogate loss itself is finite")
+    return SkippedUpdate(minibatch, "loss", f"loss {own}")
+
+
+def rerun_loss(model: torch.nn.Module, terms: LossTerms, logp_of: Callable, old_full: torch.Tensor | None,
+               rows: BatchRows, mb: Minibatch, ref_full: torch.Tensor | None, part: torch.Tensor) -> torch.Tensor:
+    """Micro-batch ``part``'s loss again, as :func:`policy_update` computed it (a forward pass with autograd)."""
+    logp = logp_of(part, model)
+    old = logp.detach() if old_full is None else old_full[part].to(logp.device)
+    return micro_batch_loss(terms, logp, old, rows, part, mb, ref_full)[0]
+
+
+def locate_skip(model: torch.nn.Module, shard: DataShard | None, rerun: Callable[[torch.Tensor], torch.Tensor],
+                skip: SkippedUpdate, parts: Sequence[torch.Tensor]) -> SkippedUpdate:
+    """``skip`` with the site :func:`~tasks.update.nan_locator.locate` finds re-running ``parts`` (micro-batches'
+    rows) one at a time until one shows it; in one process only (else ``skip`` says why not). Runs only for an
+    update already skipped, so a finite update pays nothing."""
+    if shard is not None or is_deepspeed(model):
+        return replace(skip, note="not located under scale-out (the locator runs in one process: "
+                                  "scale.backend=single)")
+    for n, part in enumerate(parts):
+        try:
+            site = locate(model, functools.partial(rerun, part), rows=part.tolist())
+        except RuntimeError as err:  # out of memory, a kernel's error: the diagnosis fails, the skip stands
+            return replace(skip, note=f"the locator's re-run failed: {str(err).splitlines()[0][:200]}")
+        if site is not None:
+            return replace(skip, site=site, note=f"micro-batch {n + 1} of {len(parts)}" if len(parts) > 1 else "")
+    return replace(skip, note=f"re-running its {len(parts)} micro-batch{'es' if len(parts) > 1 else ''} one at a "
+                              "time gives finite values throughout (the value needs them accumulated, or does not "
+                              "reproduce)")
 
 
 @dataclass(frozen=True)
@@ -398,6 +453,11 @@ class Updater(abc.ABC):
         """One update on ``groups`` (fresh groups get their behaviour log-probs); returns :func:`policy_update`'s
         metrics."""
 
+    def skipped(self) -> tuple[SkippedUpdate, ...]:
+        """The minibatches the last :meth:`step` did not apply, with their cause and site where located (one
+        process); empty where the backend does not report them (its ``train/skipped_updates`` metric counts them)."""
+        return ()
+
     @abc.abstractmethod
     def set_lr(self, lr: float) -> None:
         """The learning rate of the following steps, on every process that holds optimizer state."""
@@ -437,10 +497,15 @@ class LocalUpdater(Updater):
         adamw = functools.partial(torch.optim.AdamW, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         params = list(model.parameters()) if params is None else params
         self.optimizer = build_optimizer(params, adamw, precision) if precision is not None else adamw(params)
+        self._skipped: list[SkippedUpdate] = []
 
     def step(self, groups: Sequence[RolloutGroup]) -> dict[str, float]:
+        self._skipped = []
         return policy_update(self.model, self.optimizer, groups, ref_model=self.ref_model, device=self.device,
-                             **self.settings.update_kwargs())
+                             skips=self._skipped, **self.settings.update_kwargs())
+
+    def skipped(self) -> tuple[SkippedUpdate, ...]:
+        return tuple(self._skipped)
 
     def set_lr(self, lr: float) -> None:
         set_lr(self.optimizer, lr)

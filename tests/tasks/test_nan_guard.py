@@ -23,16 +23,19 @@ def _nan_logits(model, minibatch_calls: set[int]):
 
 
 def test_a_nan_update_is_skipped_logged_and_never_applied(caplog):
+    """Skipped, logged with the site the locator finds (tasks/update/nan_locator.py), never applied."""
     model = h.tiny_model()
     batch = h.make_batch(model)
     opt = torch.optim.AdamW(model.parameters(), **h.OPTIM)
     before = copy.deepcopy(model.state_dict())
-    handle = _nan_logits(model, {2, 3})  # both minibatches (calls 0 and 1 are the no-grad passes for pi_old)
+    # both minibatches and the locator's re-run of each (calls 0 and 1 are the no-grad passes for pi_old)
+    handle = _nan_logits(model, {2, 3, 4, 5})
     with caplog.at_level(logging.WARNING, logger="tasks.update.policy_update"):
         stats = policy_update(model, opt, copy.deepcopy(batch), aggregation="token", kl_coef=0.0, **h.SETTINGS)
     handle.remove()
     assert stats["train/skipped_updates"] == 2.0
     assert "update skipped, not applied" in caplog.text
+    assert caplog.text.count("non-finite loss (loss nan); forward of lm_head: nan in the output") == 2
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k  # weights untouched
     assert not opt.state  # AdamW's moments were never touched either
@@ -53,9 +56,14 @@ def test_a_non_finite_pi_old_pass_skips_its_minibatch_too():
     before = copy.deepcopy(model.state_dict())
     batch = h.make_batch(model)
     handle = _nan_logits(model, {0, 1})  # the no-grad passes that give pi_old's log-probs, one a minibatch
-    stats = policy_update(model, opt, copy.deepcopy(batch), aggregation="token", kl_coef=0.0, **h.SETTINGS)
+    skips = []
+    stats = policy_update(model, opt, copy.deepcopy(batch), aggregation="token", kl_coef=0.0, skips=skips,
+                          **h.SETTINGS)
     handle.remove()
     assert stats["train/skipped_updates"] == 2.0
+    # the surrogate is finite, its pi_old input is not: said so, and the re-run finds every module finite
+    assert [(s.minibatch, s.cause, s.site.phase) for s in skips] == [(0, "inputs", "loss"), (1, "inputs", "loss")]
+    assert "non-finite log-probs feeding the loss" in skips[0].describe()
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     handle = _nan_logits(model, {1})  # only the second minibatch's pi_old: the first is applied
     stats = policy_update(model, opt, copy.deepcopy(batch), aggregation="token", kl_coef=0.0, **h.SETTINGS)
@@ -111,5 +119,6 @@ def test_a_skipped_micro_batch_frees_its_graph_before_the_next_forward():
     for handle in handles:
         handle.remove()
     assert stats["train/skipped_updates"] == 1.0
-    assert calls["n"] == 4 and any(call == 2 for call, _ in saved)  # 2 no-grad passes, then one a minibatch
+    # 2 no-grad passes, one a minibatch and the locator's re-run of the skipped one (call 3)
+    assert calls["n"] == 5 and any(call == 2 for call, _ in saved)
     assert alive_at[3] == 0, f"{alive_at[3]} tensors of the skipped micro-batch's graph alive at the next forward"
