@@ -32,13 +32,14 @@ def test_length_buckets_partition_rows_within_budget(lens, budget):
     if budget == 0:
         assert len(buckets) == 1 and rows == list(range(len(lens)))
         return
+    def padded(b):  # contiguous rows: the bucket's longest prompt + completion, times its rows
+        return len(b) * int((p[b] + c[b]).max())
+
     for b in buckets:
-        padded = len(b) * (int(p[b].max()) + int(c[b].max()))
-        assert len(b) == 1 or padded <= budget  # a lone row may exceed the budget, nothing else does
+        assert len(b) == 1 or padded(b) <= budget  # a lone row may exceed the budget, nothing else does
     # buckets are cut greedily: the first row of the next bucket would have broken the budget
     for b, nxt in zip(buckets, buckets[1:], strict=False):
-        grown = torch.cat([b, nxt[:1]])
-        assert (len(grown)) * (int(p[grown].max()) + int(c[grown].max())) > budget
+        assert padded(torch.cat([b, nxt[:1]])) > budget
 
 
 def test_length_buckets_by_hand():
@@ -47,6 +48,11 @@ def test_length_buckets_by_hand():
     # longest completions first: rows 1 (8), 3 (7), 2 (2), 0 (1); budget 20: [1, 3] pads to 2 x 10 = 20,
     # adding row 2 would be 3 x 10 = 30; then [2, 0] pads to 2 x 4 = 8
     assert [b.tolist() for b in length_buckets(p, c, 20)] == [[1, 3], [2, 0]]
+    # a long prompt with a short completion and the reverse pad to their longest sum, not the sum of the longest:
+    # rows of 9 + 1, 1 + 9 and 5 + 5 are 3 x 10 = 30 tokens (not 3 x 18); ties by completion length, longest first
+    p, c = torch.tensor([9, 1, 5]), torch.tensor([1, 9, 5])
+    assert [b.tolist() for b in length_buckets(p, c, 30)] == [[1, 2, 0]]
+    assert [b.tolist() for b in length_buckets(p, c, 29)] == [[1, 2], [0]]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
