@@ -64,6 +64,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from rlcore.types import RolloutGroup  # noqa: E402
 from tasks.config import LoraConfig  # noqa: E402
+from tasks.model.attention import guard_attention  # noqa: E402
 from tasks.model.lora import apply_lora, base_model, trainable_parameters  # noqa: E402
 from tasks.records.memory import own_peak_mb, reset_own_peak  # noqa: E402
 from tasks.update.memory_check import ModelShape, estimate  # noqa: E402
@@ -357,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     toy = args.toy or not torch.cuda.is_available()
     device = torch.device("cpu" if toy else "cuda")
+    print(guard_attention(device).line())  # the run's kernel choice: cuDNN SDPA off on CUDA
     models = args.models or (["toy"] if toy else ["1.5b", "7b"])
     rows = args.rows or ([8, 32] if toy else [16, 64, 512])
     precisions = args.precisions or (["fp32", "bf16-mixed"] if toy else ["bf16-mixed"])

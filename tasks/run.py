@@ -27,6 +27,7 @@ import torch
 
 from tasks.config import Config
 from tasks.config.load import to_json
+from tasks.model.attention import guard_attention
 from tasks.records.cost import CostMeter
 from tasks.records.files import write_json
 from tasks.records.label import run_label
@@ -341,6 +342,7 @@ def open_run(cfg: Config, *, run_id: str | None = None, track: bool = True, pare
             tracker.set_tags({"rlsift.run_id": run_id, "rlsift.root": str(root)})
             tracker.log_artifact(run_dir / "config.json")
         device = resolve_device(cfg.model.device)
+        tracker.set_tags(guard_attention(device).tags())  # cuDNN SDPA off on CUDA (tasks/model/attention.py)
         meter = CostMeter(prices=dict(cfg.cost.prices), device=cfg.cost.device, memory=PeakMemory(device))
         carried = {}
         if resume:  # the crashed process's stages count once, also when it died before its first checkpoint

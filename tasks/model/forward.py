@@ -1,8 +1,21 @@
 """Model forward passes the algorithms need: token log-probs, pooled embeddings, last-layer MLP inputs.
 
-Sequences are laid out as ``[left-padded prompt | right-padded completion]`` with explicit position ids
-(the cumulative sum of the attention mask), the same positions ``generate`` uses with left padding, so
-log-probs computed here match the sampling distribution token for token.
+Shape letters: N rows, P_i / L_i row i's prompt / completion length, S the longest ``P_i + L_i`` of a pass, T the
+real completion tokens of a pass, H the hidden size, V the vocabulary.
+
+Training and scoring passes lay each row out contiguously, ``[prompt | completion | pads]`` (:func:`contiguous_rows`):
+no pad before or between real tokens, positions ``0 .. S - 1``, and **no attention mask**. Attention is causal, so a
+real token never sees the trailing pads, and with ``attention_mask=None`` transformers' ``sdpa`` path calls
+``scaled_dot_product_attention(..., attn_mask=None, is_causal=True)`` (``masking_utils._ignore_causal_mask_sdpa``,
+``integrations/sdpa_attention.py``): flash attention on a GPU, no [N, 1, S, S] mask built, and no fully masked
+query row. A left-padded row with an explicit mask has such rows (the pads see nothing), whose log-sum-exp is far
+below -88.7: with a mask tensor that is what makes the cuDNN SDPA backward return NaN in the query gradient on
+H100/H200 (pytorch/pytorch issue 196678, TRL issue 7181; docs/stack.md section 14). tasks/model/attention.py turns
+cuDNN SDPA off as well, a guard for whatever pass still builds a mask. The positions equal ``generate``'s with left
+padding (the mask's cumulative sum, :func:`pack`), so log-probs match the sampling distribution token for token.
+
+Only the hidden states that predict a real completion token (row-specific offsets ``P_i - 1 + j``) reach the LM
+head, which runs in chunks (:func:`chunked_head`): no pass holds the [T, V] logits.
 """
 
 from __future__ import annotations
@@ -10,6 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 
 import torch
 import torch.utils.checkpoint
@@ -44,7 +58,10 @@ def capture_mlp_input(model: torch.nn.Module):
 
 def pack(prompts: Sequence[torch.Tensor], completions: torch.Tensor, completion_mask: torch.Tensor,
          pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """Lay out N sequences as left-padded prompts followed by right-padded completions.
+    """Lay out N sequences as generation does: left-padded prompts followed by right-padded completions, with an
+    explicit attention mask and positions its cumulative sum (``generate``'s and the decoder's layout). The
+    training and scoring passes use :func:`contiguous_rows` instead (module docstring); this layout stays for
+    comparisons with what generation computed.
 
     Args:
         prompts: N prompt id tensors [P_i].
@@ -68,6 +85,75 @@ def pack(prompts: Sequence[torch.Tensor], completions: torch.Tensor, completion_
     return input_ids, attn, pos, width
 
 
+@dataclass(frozen=True)
+class ContiguousRows:
+    """N rows laid out as ``[prompt | completion | pads]`` (:func:`contiguous_rows`).
+
+    Attributes:
+        input_ids: [N, S] token ids, S the longest ``P_i + L_i``; ``pad_id`` after each row's real tokens.
+        prompt_lens: [N] P_i (each >= 1).
+        lengths: [N] real tokens ``P_i + L_i``.
+    """
+
+    input_ids: torch.Tensor
+    prompt_lens: torch.Tensor
+    lengths: torch.Tensor
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """[N, S] bool: True on real tokens (each row's first ``lengths[i]`` columns)."""
+        return torch.arange(self.input_ids.shape[1]) < self.lengths.unsqueeze(1)
+
+    @property
+    def position_ids(self) -> torch.Tensor:
+        """[N, S] ``0 .. S - 1`` on every row: a real token's position is its index in its sequence."""
+        n, s = self.input_ids.shape
+        return torch.arange(s).expand(n, s)
+
+
+def completion_lengths(completion_mask: torch.Tensor) -> torch.Tensor:
+    """[N] real completion tokens of a [N, L] bool mask whose True entries lead each row (what
+    :func:`~tasks.generation.rollout.completion_mask` gives).
+
+    Raises:
+        ValueError: a row has a False entry before a True one (a hole a contiguous row cannot hold).
+    """
+    mask = completion_mask.bool()
+    lens = mask.sum(-1)
+    holes = (mask != (torch.arange(mask.shape[1], device=mask.device) < lens.unsqueeze(1))).any(-1)
+    if holes.any():
+        raise ValueError(f"completion_mask rows {holes.nonzero().flatten()[:5].tolist()} have masked tokens before "
+                         "real ones: each row's real tokens must lead it (right padding only)")
+    return lens
+
+
+def contiguous_rows(prompts: Sequence[torch.Tensor], completions: torch.Tensor, completion_mask: torch.Tensor,
+                    pad_id: int) -> ContiguousRows:
+    """Lay out N sequences contiguously, ``[prompt | completion | pads]``, right-padded to the longest.
+
+    Args:
+        prompts: N prompt id tensors [P_i], each of at least one token (the first completion token's context).
+        completions: [N, L] completion ids, right-padded.
+        completion_mask: [N, L] bool, True on each row's L_i leading real tokens.
+        pad_id: padding token id.
+
+    Raises:
+        ValueError: an empty prompt, or a completion mask with a hole (:func:`completion_lengths`).
+    """
+    if len(prompts) != completions.shape[0]:
+        raise ValueError(f"{len(prompts)} prompts for {completions.shape[0]} completion rows")
+    empty = [i for i, p in enumerate(prompts) if p.numel() == 0]
+    if empty:
+        raise ValueError(f"prompts {empty[:5]} are empty: a completion's first token needs a prompt token before it")
+    comp_lens = completion_lengths(completion_mask).cpu()
+    completions = completions.cpu().to(torch.long)
+    seqs = [torch.cat([p.cpu().to(torch.long).flatten(), completions[i, :int(comp_lens[i])]])
+            for i, p in enumerate(prompts)]
+    ids = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=pad_id)
+    prompt_lens = torch.tensor([p.numel() for p in prompts])
+    return ContiguousRows(input_ids=ids, prompt_lens=prompt_lens, lengths=prompt_lens + comp_lens)
+
+
 def right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token id lists as one right-padded batch: ids [N, L] (``pad_id`` after each sequence) and the bool mask
     [N, L] of real tokens, L the longest length (0 when every sequence is empty)."""
@@ -84,16 +170,16 @@ def length_buckets(prompt_lens: torch.Tensor, completion_lens: torch.Tensor, max
                    min_rows: int = 1, parts: int = 1) -> list[torch.Tensor]:
     """Group N rows by length so that each forward pass pads little.
 
-    Rows are ordered by completion length, then prompt length (longest first) and cut greedily: a bucket takes
-    the next row while each of its ``parts`` contiguous slices (``torch.tensor_split``: scale-out gives slice r to
-    rank r) stays within ``max_tokens`` padded tokens, ``ceil(rows / parts) * (longest prompt + longest
-    completion)`` in :func:`pack`'s layout (one part: the bucket's own padded size). A bucket has at least
-    ``min_rows`` rows (scale-out splits each over its ranks): it closes only once it has them, so a bucket whose
-    ``min_rows`` rows need more than the budget exceeds it; a last bucket with fewer rows takes rows from the
-    one before (the two keep their slices within the budget when each part of the last can hold one row), or
-    joins it when the two have fewer than ``2 * min_rows``. ``max_tokens <= 0`` gives one bucket of every row in
-    order. verl's dynamic batch size (``use_dynamic_bsz``) bounds micro-batches by tokens the same way; we sort
-    instead of packing sequences into one row (no varlen attention on CPU).
+    Rows are ordered by length ``P_i + L_i`` (longest first; ties by completion length, then index) and cut
+    greedily: a bucket takes the next row while each of its ``parts`` contiguous slices (``torch.tensor_split``:
+    scale-out gives slice r to rank r) stays within ``max_tokens`` padded tokens, ``ceil(rows / parts) *
+    max_i (P_i + L_i)`` in :func:`contiguous_rows`' layout (one part: the bucket's own padded size). A bucket has
+    at least ``min_rows`` rows (scale-out splits each over its ranks): it closes only once it has them, so a bucket
+    whose ``min_rows`` rows need more than the budget exceeds it; a last bucket with fewer rows takes rows from the
+    one before (the two keep their slices within the budget when each part of the last can hold one row), or joins
+    it when the two have fewer than ``2 * min_rows``. ``max_tokens <= 0`` gives one bucket of every row in order.
+    verl's dynamic batch size (``use_dynamic_bsz``) bounds micro-batches by tokens the same way; we sort instead of
+    packing sequences into one row (no varlen attention on CPU).
 
     Args:
         prompt_lens: [N] real prompt lengths; completion_lens: [N] real completion lengths.
@@ -107,15 +193,16 @@ def length_buckets(prompt_lens: torch.Tensor, completion_lens: torch.Tensor, max
     n = len(prompt_lens)
     if max_tokens <= 0 or n == 0:
         return [torch.arange(n)]
-    order = sorted(range(n), key=lambda i: (-int(completion_lens[i]), -int(prompt_lens[i]), i))
-    buckets, cur, p_max, l_max = [], [], 0, 0
+    total = [int(prompt_lens[i]) + int(completion_lens[i]) for i in range(n)]
+    order = sorted(range(n), key=lambda i: (-total[i], -int(completion_lens[i]), i))
+    buckets, cur, width = [], [], 0  # width: the open bucket's longest row (the first, in this order)
     for i in order:
-        p, c = max(p_max, int(prompt_lens[i])), max(l_max, int(completion_lens[i]))
-        if len(cur) >= max(min_rows, 1) and -(-(len(cur) + 1) // parts) * (p + c) > max_tokens:
+        if len(cur) >= max(min_rows, 1) and -(-(len(cur) + 1) // parts) * width > max_tokens:
             buckets.append(cur)
-            cur, p, c = [], int(prompt_lens[i]), int(completion_lens[i])
+            cur = []
+        if not cur:
+            width = total[i]
         cur.append(i)
-        p_max, l_max = p, c
     if buckets and len(cur) < min_rows:
         merged = buckets.pop() + cur  # in length order: the last min_rows rows are the shortest
         buckets += [merged[:-min_rows], merged[-min_rows:]] if len(merged) >= 2 * min_rows else [merged]
@@ -151,7 +238,11 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, temperature
     return torch.cat(out) if len(out) > 1 else out[0]
 
 
-#: Float32 logits of one chunk of the LM head in :func:`chunked_head` (2^26 elements: 256 MiB).
+#: Float32 logits of one chunk of the LM head in :func:`chunked_head` (2^26 elements, 256 MiB: 441 tokens at a
+#: 151,936 vocabulary). Smaller chunks lower the head's peak (one chunk's logits, their float32 copy, exponentials
+#: and gradients, whose bytes tasks/update/memory_check.py counts) but run more, thinner [c, H] x [H, V] matmuls,
+#: which use a GPU's tensor cores less well below a few hundred rows; larger ones hold more. A pass of more than
+#: one chunk recomputes each chunk's logits in the backward pass (one more head forward, 2HV FLOPs a token).
 HEAD_CHUNK_ELEMENTS = 1 << 26
 #: Config fields of models whose forward changes the LM head's output before returning it (Gemma 2's soft-capping,
 #: Cohere's logit scale): :func:`chunked_head` cannot stand in for their head, so they take the full-logits path.
@@ -168,15 +259,67 @@ def causal_lm(model) -> PreTrainedModel:
     raise TypeError(f"{type(model).__name__} holds no transformers PreTrainedModel")
 
 
-class _LogProbHead(torch.nn.Module):
-    """Stands in for a causal LM's head during one forward pass: hidden states [b, K, H] in, the log-probs [b, K - 1]
-    of ``targets`` [b, K - 1] at ``temperature`` out (the last kept position predicts nothing). See
-    :func:`chunked_head`."""
+@dataclass(frozen=True)
+class CompletionIndex:
+    """Where a pass's T real completion tokens are (:meth:`of`).
 
-    def __init__(self, head: torch.nn.Module, targets: torch.Tensor, temperature: float, vocab: int,
+    Attributes:
+        rows: [T] row of each token; columns: [T] its index j in its completion.
+        positions: [T] the sequence position whose hidden state predicts it, ``P_i - 1 + j``.
+        targets: [T] the token ids.
+        n: the pass's rows N; width: S, its sequence length.
+        real: False when the pass has no real completion token: then the index holds one masked stand-in (row 0's
+            first completion column), so the pass still runs the head and has a graph through every parameter
+            (the update's backward, DDP's reducer); its log-prob is zeroed by the completion mask.
+    """
+
+    rows: torch.Tensor
+    columns: torch.Tensor
+    positions: torch.Tensor
+    targets: torch.Tensor
+    n: int
+    width: int
+    real: bool = True
+
+    @classmethod
+    def of(cls, layout: ContiguousRows, completions: torch.Tensor, completion_mask: torch.Tensor) -> CompletionIndex:
+        """The index of ``completion_mask``'s True entries [N, L] (row-major) in ``layout``."""
+        mask, real = completion_mask.cpu().bool(), bool(completion_mask.any())
+        if not real:
+            mask = torch.zeros_like(mask)
+            mask[0, 0] = True
+        rows, columns = mask.nonzero(as_tuple=True)
+        return cls(rows=rows, columns=columns, positions=layout.prompt_lens[rows] - 1 + columns,
+                   targets=completions.cpu().to(torch.long)[rows, columns], n=layout.input_ids.shape[0],
+                   width=layout.input_ids.shape[1], real=real)
+
+    @property
+    def keep(self) -> int:
+        """The hidden states the head needs: the last ``S - min(positions)`` (the model's ``logits_to_keep``)."""
+        return self.width - int(self.positions.min())
+
+    def to(self, device: torch.device | str) -> CompletionIndex:
+        return CompletionIndex(rows=self.rows.to(device), columns=self.columns.to(device),
+                               positions=self.positions.to(device), targets=self.targets.to(device),
+                               n=self.n, width=self.width, real=self.real)
+
+    def hidden(self, kept: torch.Tensor) -> torch.Tensor:
+        """The tokens' predicting states [T, ...] of ``kept`` [N, K, ...], the last K positions of the pass."""
+        return kept[self.rows, self.positions - (self.width - kept.shape[1])]
+
+    def scatter(self, values: torch.Tensor, length: int) -> torch.Tensor:
+        """``values`` [T] back into a zero-padded [N, length] (N: the pass's rows), differentiable."""
+        return values.new_zeros(self.n, length).index_put((self.rows, self.columns), values) * self.real
+
+
+class _LogProbHead(torch.nn.Module):
+    """Stands in for a causal LM's head during one forward pass: the kept hidden states [N, K, H] in, the log-probs
+    [T] of ``index``'s targets at ``temperature`` out. See :func:`chunked_head`."""
+
+    def __init__(self, head: torch.nn.Module, index: CompletionIndex, temperature: float, vocab: int,
                  max_elements: int):
         super().__init__()
-        self.head, self.targets, self.temperature = head, targets, temperature
+        self.head, self.index, self.temperature = head, index, temperature
         self.rows = max(1, max_elements // max(vocab, 1))  # tokens per chunk
 
     def _chunk(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # [c, H], [c] -> [c]
@@ -186,27 +329,27 @@ class _LogProbHead(torch.nn.Module):
         return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        b, k, h = hidden.shape
-        flat = hidden[:, :-1].reshape(b * (k - 1), h)  # [T, H]
-        targets = self.targets.reshape(-1)  # [T]
+        flat = self.index.hidden(hidden)  # [T, H]: only the states that predict a real completion token
+        targets = self.index.targets
         chunks = [(s, min(s + self.rows, len(flat))) for s in range(0, len(flat), self.rows)]
         if len(chunks) == 1 or not torch.is_grad_enabled():
             out = [self._chunk(flat[s:e], targets[s:e]) for s, e in chunks]
         else:  # keep no chunk's logits for the backward pass: recompute them there, one chunk at a time
             out = [torch.utils.checkpoint.checkpoint(self._chunk, flat[s:e], targets[s:e], use_reentrant=False)
                    for s, e in chunks]
-        return (torch.cat(out) if len(out) > 1 else out[0]).reshape(b, k - 1)
+        return torch.cat(out) if len(out) > 1 else out[0]
 
 
 @contextmanager
-def chunked_head(model, targets: torch.Tensor, temperature: float, max_elements: int | None = None):
-    """Within the block, ``model``'s forward returns as ``.logits`` the log-probs [b, L] of ``targets`` [b, L] at
-    ``temperature`` instead of logits [b, L + 1, V]: the LM head runs on chunks of at most ``max_elements // V``
-    tokens (default :data:`HEAD_CHUNK_ELEMENTS`), each reduced to its target's log-prob (float32) before the next,
-    and with autograd on each chunk's
-    logits are recomputed in the backward pass (``torch.utils.checkpoint``), so neither the [T, V] logits nor their
-    float32 log-softmax exist at once (TRL's ``ChunkedLogProbFunction`` and Liger's fused linear cross-entropy
-    avoid them the same way). Call the model with ``logits_to_keep = L + 1``.
+def chunked_head(model, index: CompletionIndex, temperature: float, max_elements: int | None = None):
+    """Within the block, ``model``'s forward returns as ``.logits`` the log-probs [T] of ``index``'s targets at
+    ``temperature`` instead of logits [N, K, V]: the LM head takes only the T hidden states that predict a real
+    completion token (row-specific positions, :class:`CompletionIndex`) and runs on chunks of at most
+    ``max_elements // V`` of them (default :data:`HEAD_CHUNK_ELEMENTS`), each reduced to its target's log-prob
+    (float32) before the next; with autograd on, each chunk's logits are recomputed in the backward pass
+    (``torch.utils.checkpoint``), so neither the [T, V] logits nor their float32 log-softmax exist at once (TRL's
+    ``ChunkedLogProbFunction`` and Liger's fused linear cross-entropy avoid them the same way). Call the model with
+    ``logits_to_keep = index.keep``.
 
     The model's own head module runs each chunk (found by ``get_output_embeddings`` and swapped for the block), so
     what wraps it works unchanged: DDP and FSDP2 (the same parameters), DeepSpeed ZeRO-3 (its hooks gather the
@@ -219,7 +362,7 @@ def chunked_head(model, targets: torch.Tensor, temperature: float, max_elements:
     if head is None or name is None or any(getattr(lm.config, f, None) for f in HEAD_POSTPROCESSING):
         yield False
         return
-    setattr(lm, name, _LogProbHead(head, targets, temperature, lm.config.vocab_size,
+    setattr(lm, name, _LogProbHead(head, index, temperature, lm.config.vocab_size,
                                    max_elements or HEAD_CHUNK_ELEMENTS))
     try:
         yield True
@@ -234,15 +377,19 @@ def token_logprobs(model: torch.nn.Module, prompts: Sequence[torch.Tensor], comp
     """Per-token log-probs of the completions under ``model`` at the sampling temperature.
 
     The rows go through the model in :func:`length_buckets` of at most ``max_tokens`` padded tokens (0: one
-    pass), each laid out by :func:`pack` to its own widths; only the completion positions reach the LM head
-    (``logits_to_keep``), which runs in chunks (:func:`chunked_head`), so a pass never holds the [T, V] logits.
-    The result does not depend on the bucketing beyond float rounding. With autograd on, every bucket's graph
-    lives until the caller's backward pass: the update gives one micro-batch at a time
+    pass), each laid out by :func:`contiguous_rows` to its own width, with no attention mask (causal attention
+    without a mask tensor: module docstring); only the T states that predict a real completion token reach the LM
+    head (:class:`CompletionIndex`), which runs in chunks (:func:`chunked_head`), so a pass never holds the [T, V]
+    logits. The result does not depend on the bucketing beyond float rounding. With autograd on, every bucket's
+    graph lives until the caller's backward pass: the update gives one micro-batch at a time
     (tasks/update/policy_update.py).
 
     Args:
-        mlp_inputs: when a list, each bucket appends ``(mlp_in [b, T, H] float32 detached,
-            attention_mask [b, T] bool)``: the last layer's MLP inputs (GAIN-RL's angle signal), for free.
+        prompts: N prompt id tensors [P_i], none empty.
+        completions: [N, L] ids; completion_mask: [N, L] bool, each row's real tokens first.
+        mlp_inputs: when a list, each bucket appends ``(mlp_in [b, S, H] float32 detached, mask [b, S] bool)``:
+            the last layer's MLP inputs and the real tokens (prompt and completion) of the bucket's rows, in
+            bucket order (GAIN-RL's angle signal), for free.
 
     Returns:
         [N, L] float32 log-probs (0 where the mask is False). Differentiable when grad is enabled.
@@ -250,43 +397,46 @@ def token_logprobs(model: torch.nn.Module, prompts: Sequence[torch.Tensor], comp
     length = completions.shape[1]
     if length == 0:  # nothing was generated: no log-probs to compute
         return torch.zeros(completions.shape, device=device)
-    lens = completion_mask.sum(-1)
+    lens = completion_lengths(completion_mask.cpu())
     buckets = length_buckets(torch.tensor([int(p.numel()) for p in prompts]), lens, max_tokens)
     parts = []
     for rows in buckets:
         width_l = max(int(lens[rows].max()), 1)  # at least one column (a row may have no real token)
-        comp, cmask = completions[rows, :width_l], completion_mask[rows, :width_l]
-        input_ids, attn, pos, width = pack([prompts[i] for i in rows], comp, cmask, pad_id)
-        input_ids, attn, pos = input_ids.to(device), attn.to(device), pos.to(device)
-        comp, cmask = comp.to(device), cmask.to(device)
+        comp, cmask = completions[rows, :width_l].cpu(), completion_mask[rows, :width_l].cpu()
+        layout = contiguous_rows([prompts[i] for i in rows], comp, cmask, pad_id)
+        index = CompletionIndex.of(layout, comp, cmask).to(device)
         with capture_mlp_input(model) if mlp_inputs is not None else nullcontext([]) as box, \
-                chunked_head(model, comp, temperature) as chunked:
-            out = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=False,
-                        logits_to_keep=width_l + 1).logits  # chunked: [b, L_b] log-probs; else [b, L_b + 1, V]
+                chunked_head(model, index, temperature) as chunked:
+            out = model(input_ids=layout.input_ids.to(device), position_ids=layout.position_ids.to(device),
+                        use_cache=False, logits_to_keep=index.keep).logits  # chunked: [T]; else [b, K, V]
         if mlp_inputs is not None:
-            mlp_inputs.append((box[0].float().cpu(), attn.bool().cpu()))
-        lp = out if chunked else selective_log_softmax(out[:, :-1], comp, temperature)
-        parts.append(torch.nn.functional.pad(lp * cmask, (0, length - width_l)))
+            mlp_inputs.append((box[0].float().cpu(), layout.mask))
+        lp = out if chunked else selective_log_softmax(index.hidden(out).unsqueeze(0), index.targets.unsqueeze(0),
+                                                       temperature)[0]
+        lp = index.scatter(lp, width_l)  # [b, L_b]
+        parts.append(torch.nn.functional.pad(lp * cmask.to(lp.device), (0, length - width_l)))
     return torch.cat(parts)[torch.argsort(torch.cat(buckets)).to(parts[0].device)]  # back to row order
 
 
 @torch.inference_mode()
 def prompt_batches(model: torch.nn.Module, tokenizer, texts: Sequence[str], batch_size: int = 64,
                    device: torch.device | str = "cpu"):
-    """One forward pass over prompts, batch by batch.
+    """One forward pass over prompts, batch by batch: each batch right-padded, positions ``0 .. T - 1`` and no
+    attention mask (causal attention without a mask tensor, as :func:`token_logprobs`; module docstring).
 
     Yields:
         (embeddings [b, H] float32: the last hidden state mean-pooled over real tokens,
-         mlp_inputs [b, T, H] float32: the last layer's MLP inputs, mask [b, T] bool).
+         mlp_inputs [b, T, H] float32: the last layer's MLP inputs, mask [b, T] bool: each row's real tokens first).
     """
     for i in range(0, len(texts), batch_size):
-        enc = tokenizer(list(texts[i:i + batch_size]), return_tensors="pt", padding=True,
+        enc = tokenizer(list(texts[i:i + batch_size]), return_tensors="pt", padding=True, padding_side="right",
                         add_special_tokens=add_special(tokenizer))
-        am = enc["attention_mask"].to(device)
-        pos = (am.cumsum(-1) - 1).clamp(min=0)
+        ids, am = enc["input_ids"], enc["attention_mask"].bool()
+        completion_lengths(am)  # right padding: a row's real tokens lead it, or causal attention would see pads
+        pos = torch.arange(ids.shape[1]).expand(ids.shape)
         with capture_mlp_input(model) as box:
-            out = model(input_ids=enc["input_ids"].to(device), attention_mask=am, position_ids=pos,
-                        output_hidden_states=True, use_cache=False)
+            out = model(input_ids=ids.to(device), position_ids=pos.to(device), output_hidden_states=True,
+                        use_cache=False, logits_to_keep=1)  # the logits are not used: the head runs on one position
         h = out.hidden_states[-1].float()  # [b, T, H]
-        m = am.unsqueeze(-1).float()
-        yield ((h * m).sum(1) / m.sum(1).clamp(min=1)).cpu(), box[0].float().cpu(), am.bool().cpu()
+        m = am.to(h.device).unsqueeze(-1).float()
+        yield ((h * m).sum(1) / m.sum(1).clamp(min=1)).cpu(), box[0].float().cpu(), am

@@ -47,6 +47,7 @@ import torch.distributed as dist
 
 from rlcore.types import RolloutGroup
 from tasks.generation.rollout import HFEngine
+from tasks.model.attention import guard_attention
 from tasks.update.distributed import (
     DataShard,
     broadcast_module,
@@ -91,6 +92,7 @@ class _Replica:
 
     def __init__(self, cfg, model: torch.nn.Module, precision: Precision):
         self.cfg, self.device, self.precision = cfg, _device(), precision
+        guard_attention(self.device)  # this rank's process: cuDNN SDPA off on CUDA
         model = model.to(self.device, replica_dtype(cfg.scale.backend, precision))
         broadcast_module(model)  # every rank starts from rank 0's weights
         self.ref = reference_copy(model).to(precision.compute) if cfg.train.kl_coef > 0 else None

@@ -107,8 +107,8 @@ def test_length_buckets_hold_min_rows(lens, budget, min_rows):
     assert sorted(torch.cat(buckets).tolist()) == list(range(len(lens)))
     if len(lens) >= min_rows:
         assert all(len(b) >= min_rows for b in buckets)
-    def padded(b):
-        return len(b) * (int(p[b].max()) + int(c[b].max()))
+    def padded(b):  # contiguous rows: the longest prompt + completion, times the rows
+        return len(b) * int((p[b] + c[b]).max())
 
     for b in buckets:  # over the budget: the rows it needed, or a bucket within it plus a merged tail
         head = b[:len(b) - (min_rows - 1)] if len(b) > min_rows else b
@@ -199,7 +199,6 @@ def test_no_rank_micro_batch_exceeds_the_budget_on_8_ranks(n, budget):
     for p in plans:
         for part in p.micro:
             assert part.numel() >= 1
-            padded = part.numel() * (max(rows.prompts[i].numel() for i in part.tolist())
-                                     + int(rows.mask[part].sum(1).max()))
+            padded = part.numel() * max(rows.prompts[i].numel() + int(rows.mask[i].sum()) for i in part.tolist())
             worst = max(worst, padded / budget)
     assert worst <= 1.1, f"a rank's micro-batch pads to {worst:.2f}x the budget"
