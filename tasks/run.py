@@ -33,6 +33,7 @@ from tasks.records.files import write_json
 from tasks.records.label import run_label
 from tasks.records.ledger import Ledger, StageRow
 from tasks.records.memory import PeakMemory
+from tasks.records.progress import quiet_libraries
 from tasks.records.stopping import CANCELLED, TRACKER_STATUS, held_signals, resume_command
 from tasks.records.tracking import MlflowTracker, NullTracker, Tracker, default_uri
 
@@ -42,75 +43,6 @@ log = logging.getLogger("rlsift")
 COST_TABLE = "cost_by_stage.json"
 #: Where a run names the temporary folders its processes keep (:meth:`Run.note_temp`).
 TEMP_RECORD = "temp.json"
-
-
-def show_progress() -> bool:
-    """Progress bars only on an interactive terminal, never in CI logs."""
-    return sys.stderr.isatty() and not os.environ.get("CI")
-
-
-class LogProgress:
-    """Progress off a terminal (logs, CI, a Prefect worker): one log line every ``every`` seconds, with the
-    count, the share done, the time so far and left, and the last ``set_postfix`` values; a last line at the
-    end. Same calls as the ``tqdm`` bar it stands in for (iterate, ``update``, ``set_postfix``, ``close``)."""
-
-    def __init__(self, iterable=None, *, total: int | None = None, desc: str, unit: str = "it", initial: int = 0,
-                 every: float = 10.0):
-        self.iterable, self.desc, self.unit, self.every = iterable, desc, unit, every
-        self.total = total if total is not None or iterable is None else len(iterable)
-        self.n = self.start = initial
-        self.t0 = self.last = time.monotonic()
-        self.postfix = ""
-
-    def __iter__(self):
-        for item in self.iterable:
-            yield item
-            self.update(1)
-        self.close()
-
-    def set_postfix(self, refresh: bool = True, **values) -> None:
-        self.postfix = ", ".join(f"{k} {v}" for k, v in values.items())
-
-    def update(self, n: int = 1) -> None:
-        self.n += n
-        if time.monotonic() - self.last >= self.every:
-            self._log()
-
-    def _log(self, final: bool = False) -> None:
-        self.last = now = time.monotonic()
-        spent = now - self.t0
-        line = f"{self.desc}: {self.n}" + (f"/{self.total}" if self.total else "") + f" {self.unit}"
-        if self.total:
-            line += f" ({100 * self.n / self.total:.0f}%)"
-        line += f", {spent:.0f} s"
-        done = self.n - self.start
-        if self.total and done and not final:
-            line += f", about {spent / done * (self.total - self.n):.0f} s left"
-        logging.getLogger("rlsift.progress").info(line + (f"; {self.postfix}" if self.postfix else ""))
-
-    def close(self) -> None:
-        if self.n > self.start:
-            self._log(final=True)
-            self.start = self.n  # closing twice logs once
-
-
-def progress_bar(iterable=None, *, total: int | None = None, desc: str, unit: str = "it", initial: int = 0):
-    """A tqdm bar on an interactive terminal, else :class:`LogProgress` (a line every 10 s)."""
-    if show_progress():
-        from tqdm.auto import tqdm
-
-        return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial)
-    return LogProgress(iterable, total=total, desc=desc, unit=unit, initial=initial)
-
-
-def quiet_libraries() -> None:
-    """No third-party progress bars (transformers' weight loading/saving) off a terminal or in CI."""
-    if show_progress():
-        return
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
 
 
 def resolve_device(name: str) -> torch.device:

@@ -50,7 +50,8 @@ from tasks.model.loading import format_prompt, load_policy
 from tasks.policy import Policy
 from tasks.records.cost import CostMeter
 from tasks.records.files import write_json
-from tasks.run import resolve_device, show_progress
+from tasks.records.progress import show_progress
+from tasks.run import resolve_device
 from tasks.evaluation.heldout import EvalResult, evaluate
 from tasks.update.precision import Precision, resolve_precision
 

@@ -59,7 +59,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from tasks.data import arith
 from tasks.data.prompts import PromptRecord
 from tasks.model.loading import build_tiny_model, build_tokenizer, format_prompt, save_policy
-from tasks.run import progress_bar
+from tasks.records.progress import progress_bar
 
 log = logging.getLogger(__name__)
 

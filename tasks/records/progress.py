@@ -4,13 +4,15 @@ more than :data:`PULSE_S` seconds, on a terminal (stderr) and in a Prefect flow 
 one of Prefect's extra loggers: flows/cli.py ``ENV_DEFAULTS``, infra/prefect.yaml).
 
 Light on purpose (stdlib only): ``rlsift deploy`` uses it without importing torch. Work with a count uses
-tasks/run.py ``progress_bar`` instead.
+:func:`progress_bar` (a tqdm bar on a terminal, :class:`LogProgress` lines off it).
 """
 
 from __future__ import annotations
 
 import contextvars
 import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -73,3 +75,72 @@ def pulse(what: str, logger: logging.Logger | None = None, every: float = PULSE_
         yield beat
     finally:
         beat.stop()
+
+
+def show_progress() -> bool:
+    """Progress bars only on an interactive terminal, never in CI logs."""
+    return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+class LogProgress:
+    """Progress off a terminal (logs, CI, a Prefect worker): one log line every ``every`` seconds, with the
+    count, the share done, the time so far and left, and the last ``set_postfix`` values; a last line at the
+    end. Same calls as the ``tqdm`` bar it stands in for (iterate, ``update``, ``set_postfix``, ``close``)."""
+
+    def __init__(self, iterable=None, *, total: int | None = None, desc: str, unit: str = "it", initial: int = 0,
+                 every: float = 10.0):
+        self.iterable, self.desc, self.unit, self.every = iterable, desc, unit, every
+        self.total = total if total is not None or iterable is None else len(iterable)
+        self.n = self.start = initial
+        self.t0 = self.last = time.monotonic()
+        self.postfix = ""
+
+    def __iter__(self):
+        for item in self.iterable:
+            yield item
+            self.update(1)
+        self.close()
+
+    def set_postfix(self, refresh: bool = True, **values) -> None:
+        self.postfix = ", ".join(f"{k} {v}" for k, v in values.items())
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.monotonic() - self.last >= self.every:
+            self._log()
+
+    def _log(self, final: bool = False) -> None:
+        self.last = now = time.monotonic()
+        spent = now - self.t0
+        line = f"{self.desc}: {self.n}" + (f"/{self.total}" if self.total else "") + f" {self.unit}"
+        if self.total:
+            line += f" ({100 * self.n / self.total:.0f}%)"
+        line += f", {spent:.0f} s"
+        done = self.n - self.start
+        if self.total and done and not final:
+            line += f", about {spent / done * (self.total - self.n):.0f} s left"
+        logging.getLogger("rlsift.progress").info(line + (f"; {self.postfix}" if self.postfix else ""))
+
+    def close(self) -> None:
+        if self.n > self.start:
+            self._log(final=True)
+            self.start = self.n  # closing twice logs once
+
+
+def progress_bar(iterable=None, *, total: int | None = None, desc: str, unit: str = "it", initial: int = 0):
+    """A tqdm bar on an interactive terminal, else :class:`LogProgress` (a line every 10 s)."""
+    if show_progress():
+        from tqdm.auto import tqdm
+
+        return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial)
+    return LogProgress(iterable, total=total, desc=desc, unit=unit, initial=initial)
+
+
+def quiet_libraries() -> None:
+    """No third-party progress bars (transformers' weight loading/saving) off a terminal or in CI."""
+    if show_progress():
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()

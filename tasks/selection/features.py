@@ -19,7 +19,7 @@ from tasks.model.loading import add_special
 from tasks.model.forward import prompt_batches
 from tasks.records.files import atomic_write
 from tasks.records.ledger import FeatureRow
-from tasks.run import progress_bar
+from tasks.records.progress import progress_bar
 
 
 @dataclass(frozen=True, eq=False)

@@ -45,7 +45,8 @@ from tasks.policy import Policy
 from tasks.records.cost import CostMeter
 from tasks.records.ledger import GroupRow, ReferenceRow, SelectionRow
 from tasks.records.throughput import ModelShape, Peak, peak, rates
-from tasks.run import Run, progress_bar
+from tasks.records.progress import progress_bar
+from tasks.run import Run
 from tasks.training import checkpoint
 from tasks.calibration.record import Calibration
 from tasks.overlap.concurrent import Overlap, Sampler

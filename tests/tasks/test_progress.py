@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from tasks.run import show_progress
+from tasks.records.progress import show_progress
 
 
 @pytest.mark.parametrize("tty, ci, shown", [(True, None, True), (True, "true", False), (False, None, False)])
@@ -33,7 +33,7 @@ def test_no_progress_bar_noise_off_a_terminal(tmp_path, capfd):
     from tasks.data import arith
     from tasks.model.loading import build_tiny_model, build_tokenizer, load_policy, save_policy
     from tasks.model.warmstart import warm_start
-    from tasks.run import quiet_libraries
+    from tasks.records.progress import quiet_libraries
 
     torch.set_num_threads(1)
     assert not show_progress()
@@ -52,7 +52,7 @@ def test_no_progress_bar_noise_off_a_terminal(tmp_path, capfd):
 def test_off_a_terminal_progress_is_a_log_line_every_interval(caplog, monkeypatch):
     import logging
 
-    from tasks.run import LogProgress, progress_bar
+    from tasks.records.progress import LogProgress, progress_bar
 
     monkeypatch.setenv("CI", "true")
     assert isinstance(progress_bar(range(3), desc="x"), LogProgress)
