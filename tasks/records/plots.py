@@ -7,11 +7,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
 if TYPE_CHECKING:  # records sit below training: the evaluation's types only, no import at run time
     from tasks.training.evaluate import EvalCell, EvalResult
 
@@ -34,9 +29,21 @@ def curve_points(rows: list[dict], heldout: Sequence[tuple[int, float]] = ()) ->
     return out
 
 
+def _pyplot():
+    """matplotlib's pyplot on the file backend, imported when a run draws its plots (its report stage), not before
+    its first stage."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def training_curves(metrics_path: Path, out: Path, heldout: Sequence[tuple[int, float]] = ()) -> list[Path]:
     """One panel per curve in ``CURVES`` over training steps (:func:`curve_points`)."""
     points = curve_points(read_metrics(metrics_path), heldout)
+    plt = _pyplot()
     fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2))
     for ax, (key, title) in zip(axes, CURVES, strict=True):
         pts = points[key]
@@ -57,6 +64,7 @@ def eval_levels(start: EvalResult, end: EvalResult, out: Path) -> list[Path]:
     if not levels:
         return []
     x = range(len(levels))
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.2))
     ax.bar([i - 0.2 for i in x], [start.by_level[lv].greedy_acc if lv in start.by_level else 0 for lv in levels],
            0.4, label="before RL")
