@@ -56,9 +56,11 @@ scoring of the pool where it reads them (the benchmark's clock, docs/benchmarks.
 its training clock over plain GRPO's.
 
 **Choice.** The signal of a step is its informative groups (fresh plus replayed). A candidate qualifies when its
-signal is at least ``min_signal`` times plain GRPO's; the cheapest step among those is chosen (plain GRPO always
-qualifies), and among those within ``TIE`` of the cheapest, the one with the most signal. Steps, not clocks, are
-compared: a run that plans has calibrated and scores its pool whatever it then trains.
+signal is at least ``min_signal`` times plain GRPO's and its step is cheaper; the cheapest step among those is
+chosen (plain GRPO always qualifies), and among those within ``TIE`` of the cheapest, the one with the most signal.
+Steps, not clocks, are compared: a run that plans has calibrated and scores its pool whatever it then trains. But a
+candidate is chosen only where it earns back what the run spent before its first step: its steps plus that time
+(:class:`RunClock` ``with_plan``) at most plain GRPO's clock, else plain GRPO, and the reason says so.
 
 Deviations and limits: the ratio is the one at the start of training (it moves as the policy learns, and with it
 DAPO's rounds); the clock is that of generation and update one after the other (lag 0); replayed groups count as
@@ -434,20 +436,37 @@ def predict(candidates: list[Composition], baseline: Composition, pool: PoolStat
             [replace(p, clock=p.train_s / scale) for p in (_step(c, pool, costs) for c in candidates)])
 
 
-def choose(base: Prediction, predictions: list[Prediction], min_signal: float) -> tuple[Prediction, str]:
-    """The prediction with the cheapest step whose signal is at least ``min_signal`` times the baseline's (the
-    baseline when none is), and why in one line."""
+def choose(base: Prediction, predictions: list[Prediction], min_signal: float,
+           plan_s: float = 0.0) -> tuple[Prediction, str]:
+    """The prediction with the cheapest step whose signal is at least ``min_signal`` times the baseline's and whose
+    clock earns back ``plan_s``, what the run spent before its first step (its calibration and plan, measured, and
+    the scoring of its pool, predicted: :class:`RunClock`'s ``with_plan`` at most 1); the baseline when none is, and
+    why in one line."""
     if not 0 <= min_signal <= 1:
         raise ValueError(f"min_signal must be in [0, 1], got {min_signal!r}")
-    qualify = [p for p in predictions if p.signal >= min_signal * base.signal - 1e-9]
-    cheapest = min((p.step_s for p in qualify), default=base.step_s)
-    best = max((p for p in qualify if p.step_s <= (1 + TIE) * cheapest), key=lambda p: p.signal, default=base)
+    if not math.isfinite(plan_s) or plan_s < 0:
+        raise ValueError(f"plan_s must be finite and >= 0, got {plan_s!r}")
+    qualify = [p for p in predictions if p.signal >= min_signal * base.signal - 1e-9 and p.step_s < base.step_s]
+    if base.train_s > 0:  # a saved prediction without a training clock has nothing to earn back with
+        earns = [p for p in qualify if run_clock(p, base, plan_s).with_plan <= 1]
+    else:
+        earns = qualify
+    cheapest = min((p.step_s for p in earns), default=base.step_s)
+    best = max((p for p in earns if p.step_s <= (1 + TIE) * cheapest), key=lambda p: p.signal, default=base)
     if best.step_s >= base.step_s:
-        best = base
-        return best, (f"{best.name}: no candidate is predicted cheaper than plain GRPO with at least "
+        if qualify:
+            first = min(qualify, key=lambda p: p.step_s)
+            clock = run_clock(first, base, plan_s)
+            return base, (f"{base.name}: no candidate earns back the plan's own cost: the cheapest with at least "
+                          f"{min_signal:.0%} of plain GRPO's informative groups a step, {first.name}, is predicted "
+                          f"at {clock.training:.2f}x plain GRPO's training clock but {clock.with_plan:.2f}x with the "
+                          f"{plan_s:.0f} s this run spent before its first step")
+        return base, (f"{base.name}: no candidate is predicted cheaper than plain GRPO with at least "
                       f"{min_signal:.0%} of its informative groups a step")
-    slower = sorted((p for p in qualify if p is not best), key=lambda p: p.step_s)
+    slower = sorted((p for p in earns if p is not best), key=lambda p: p.step_s)
     runner = f"; next {slower[0].name} at {slower[0].clock:.2f}x" if slower else ""
-    return best, (f"{best.name}: predicted {best.clock:.2f}x plain GRPO's training clock with "
+    paid = (f", {run_clock(best, base, plan_s).with_plan:.2f}x with the plan's own {plan_s:.0f} s"
+            if plan_s > 0 and base.train_s > 0 else "")
+    return best, (f"{best.name}: predicted {best.clock:.2f}x plain GRPO's training clock{paid} with "
                   f"{best.signal / base.signal:.2f}x its informative groups a step (effective ratio "
                   f"{best.effective_ratio:.2f} against {base.effective_ratio:.2f}){runner}")

@@ -36,6 +36,7 @@ from tasks.records.memory import PeakMemory
 from tasks.records.progress import quiet_libraries
 from tasks.records.stopping import CANCELLED, TRACKER_STATUS, held_signals, resume_command
 from tasks.records.tracking import MlflowTracker, NullTracker, Tracker, default_uri
+from tasks.overlap.concurrent import SamplerHandover
 
 log = logging.getLogger("rlsift")
 
@@ -108,6 +109,9 @@ class Run:
     #: a resumed run's meter seconds carried over from the stages its crashed process recorded (the ledger's
     #: ``stages`` rows); what the resuming process adds on top is redone work (``checkpoint.restore``)
     carried: dict[str, float] = field(default_factory=dict)
+    #: the overlap probe's generator process, kept for the training stage (tasks/overlap/concurrent.py); closed with
+    #: the run where no training took it
+    handover: SamplerHandover = field(default_factory=SamplerHandover, repr=False)
     _hold_from: int | None = field(default=None, repr=False)
     _held: list[tuple[dict[str, float], int, int]] = field(default_factory=list, repr=False)  # metrics, step, ts
 
@@ -203,6 +207,7 @@ class Run:
             self._close(status, summary, note)
 
     def _close(self, status: str, summary: dict[str, Any], note: str) -> None:
+        self.handover.close(now=status not in ("completed", "skipped", "planned"))
         dropped = 0
         if status in ("completed", "skipped"):
             self._hold_from = None

@@ -186,7 +186,7 @@ def plan_stage(run: Run, policy: Policy, pool: list[PromptRecord], calibration: 
         return result
     with run.meter.stage("plan"):
         result = make_plan(run.cfg, policy, pool, calibration, device=run.device, candidates=candidates,
-                           spent_s=run.meter.seconds.get("calibrate", 0.0), scratch=run.dir)
+                           spent_s=run.meter.seconds.get("calibrate", 0.0), scratch=run.dir, handover=run.handover)
     result.save(cache)
     run.log_metrics(result.metrics(), 0)
     run.tracker.set_tags(result.tags())
@@ -214,8 +214,9 @@ def name_the_choice(run: Run, plan: Plan) -> None:
 def overlap_stage(run: Run, policy: Policy, pool: list[PromptRecord], calibration: Calibration,
                   plan: Plan | None = None) -> LagChoice:
     """The overlap's lag for the training stage (tasks/plan/planner.py ``decide_lag``): the plan's where it ran,
-    else decided here (``overlap.lag=auto`` on a shared device: a probe on the reference prompts). Recorded as the
-    MLflow tags ``rlsift.overlap.*`` and the run's ``overlap.json``, which a resumed run reuses."""
+    else decided here (``overlap.lag=auto`` on a shared device: a probe on the reference prompts where it pays for
+    itself, whose generator process the training then samples from). Recorded as the MLflow tags
+    ``rlsift.overlap.*`` and the run's ``overlap.json``, which a resumed run reuses."""
     cache = run.dir / "overlap.json"
     if cache.exists():
         return lag_from_json(json.loads(cache.read_text()))
@@ -223,8 +224,9 @@ def overlap_stage(run: Run, policy: Policy, pool: list[PromptRecord], calibratio
         choice = plan.overlap
     else:
         with run.meter.stage("overlap"):
-            choice = decide_lag(run.cfg, policy, probe_records(pool, calibration, run.cfg), run.device)
-        if choice.probe is not None:
+            choice = decide_lag(run.cfg, policy, probe_records(pool, calibration, run.cfg), run.device,
+                                handover=run.handover)  # a lag-1 probe's process is the training's
+        if choice.basis in ("probe", "cost"):
             run.log_stage_cost("overlap")
     write_json(cache, lag_to_json(choice))
     probe = {} if choice.probe is None else {f"rlsift.overlap.{k}": f"{v:.4g}" for k, v in (

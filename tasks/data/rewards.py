@@ -33,8 +33,6 @@ from collections.abc import Sequence
 from fractions import Fraction
 from functools import lru_cache
 
-from math_verify import parse, verify
-
 from tasks.data.prompts import REWARD_KINDS, PromptRecord
 from tasks.data.sandbox import CodeJob, Limits, run_tests, score_many
 
@@ -77,6 +75,8 @@ def _timeout() -> int | None:
 
 @lru_cache(maxsize=8192)
 def _gold(answer: str, timeout: int | None) -> tuple:
+    from math_verify import parse  # sympy's half-second import only for math rewards
+
     for wrapped in (f"\\boxed{{{answer}}}", f"${answer}$", answer):
         parsed = parse(wrapped, parsing_timeout=timeout)
         if parsed:
@@ -85,6 +85,8 @@ def _gold(answer: str, timeout: int | None) -> tuple:
 
 
 def _math_candidate(completion: str, timeout: int | None, tail_chars: int) -> list:
+    from math_verify import parse
+
     boxed = last_boxed(completion)
     if boxed is not None and boxed.strip():
         parsed = parse(f"\\boxed{{{boxed}}}", parsing_timeout=timeout)
@@ -102,6 +104,8 @@ def math_reward(completion: str, answer: str, tail_chars: int = 2000) -> float:
     cand = _math_candidate(completion, timeout, tail_chars)
     if not cand:
         return 0.0
+    from math_verify import verify
+
     return float(verify(list(gold), cand, timeout_seconds=timeout))
 
 

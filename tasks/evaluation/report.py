@@ -6,13 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from tasks.evaluation.heldout import EvalCell, EvalResult  # noqa: E402
-from tasks.records.artifacts import publish  # noqa: E402
+from tasks.evaluation.heldout import EvalCell, EvalResult
+from tasks.records.artifacts import publish
+from tasks.records.plots import pyplot
 
 
 def eval_by_level(run: str, start: EvalResult, end: EvalResult | None) -> None:
@@ -40,6 +36,7 @@ def eval_levels(start: EvalResult, end: EvalResult, out: Path) -> list[Path]:
     if not levels:
         return []
     x = range(len(levels))
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.2))
     ax.bar([i - 0.2 for i in x], [start.by_level[lv].greedy_acc if lv in start.by_level else 0 for lv in levels],
            0.4, label="before RL")

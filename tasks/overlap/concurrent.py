@@ -17,6 +17,11 @@ The sampler is a :class:`Sampler`:
 - an engine outside this process (vLLM): requests in flight from the background thread; the weights are pushed
   to the server before every draw, not only at round boundaries.
 
+A run starts one generator process at most: where ``overlap.lag=auto`` probes the overlap on a shared device
+(tasks/plan/planner.py ``decide_lag``), the probe's process is kept for the training stage when it chooses lag 1
+(:class:`SamplerHandover`, held by the run, closed with it on every error path) and the training samples from it
+(:func:`open_sampler`) instead of starting a second one.
+
 The likelihood screen (tasks/selection/screen.py) reads the sampler's copy of the weights, never the model the update
 is changing. Deviations: one step in flight at most (lag 0 or 1); the background draw's own phases (selection,
 reference rollouts, rollout) are reported as ``overlap/draw_*_s`` metrics, and the cost meter counts the trainer's
@@ -78,7 +83,7 @@ class Sampler:
 
     def __init__(self, trainer: Policy, lag: int, *, threads: int | None = None, needs_copy: bool = False,
                  on_temp_dir: Callable[[str, int], None] | None = None):
-        self.trainer, self.lag = trainer, lag
+        self.trainer, self.lag, self._threads = trainer, lag, threads
         self._process: GeneratorProcess | None = None
         self._copy: torch.nn.Module | None = None
         if lag == 0:
@@ -101,6 +106,31 @@ class Sampler:
     def overlapped(self) -> bool:
         return self.lag > 0
 
+    @property
+    def process(self) -> GeneratorProcess | None:
+        """The generator process the draws run in (None: lag 0, or a server)."""
+        return self._process
+
+    def wait(self) -> None:
+        """The sampler waits for the training stage (:class:`SamplerHandover`): the stages before it get every torch
+        thread back; :meth:`resume` splits them again."""
+        if self._process is not None:
+            torch.set_num_threads(self._trainer_threads[0])
+
+    def resume(self, on_temp_dir: Callable[[str, int], None] | None = None) -> None:
+        """Back from :meth:`wait`: the trainer keeps its share of the threads; ``on_temp_dir`` hears of the
+        generator's temporary folder (``GeneratorProcess.watch_temp``)."""
+        if self._process is not None:
+            torch.set_num_threads(self._trainer_threads[1])
+            if on_temp_dir is not None:
+                self._process.watch_temp(on_temp_dir)
+
+    def fits(self, trainer: Policy, lag: int, threads: int | None) -> bool:
+        """Whether this sampler serves a training of ``trainer`` with ``lag`` and ``overlap.generator_threads``
+        ``threads`` (its generator process alive)."""
+        return (self._process is not None and self._process.alive and self.trainer is trainer and self.lag == lag
+                and self._threads == threads)
+
     @torch.no_grad()
     def sync(self, folder: str | Path) -> float:
         """Bring the sampler to the trainer's current weights (nothing may be in flight); returns seconds."""
@@ -118,6 +148,53 @@ class Sampler:
             self._process.close(timeout=0.0 if now else 10.0)
             torch.set_num_threads(self._trainer_threads[0])
             self._process = None
+
+
+class SamplerHandover:
+    """The run's one generator process between the overlap probe that started it and the training stage that
+    samples from it (module docstring). The probe keeps its :class:`Sampler` (:meth:`keep`) where it chose
+    lag 1; the training takes it (:meth:`take`); the run holding the handover closes what is still kept when it
+    closes (tasks/run.py ``Run.close``), so a stage failing between the probe and the training leaves no process."""
+
+    def __init__(self) -> None:
+        self._kept: Sampler | None = None
+
+    @property
+    def kept(self) -> Sampler | None:
+        return self._kept
+
+    def keep(self, sampling: Sampler) -> None:
+        """Hold ``sampling`` (it waits, :meth:`Sampler.wait`) for :meth:`take`; one kept before is closed."""
+        self.close()
+        sampling.wait()
+        self._kept = sampling
+
+    def take(self, trainer: Policy, lag: int, threads: int | None,
+             on_temp_dir: Callable[[str, int], None] | None = None) -> Sampler | None:
+        """The kept sampler, resumed, where it serves this training (:meth:`Sampler.fits`); else None, and a
+        kept one that does not is closed."""
+        kept, self._kept = self._kept, None
+        if kept is None:
+            return None
+        if not kept.fits(trainer, lag, threads):
+            kept.close()
+            return None
+        kept.resume(on_temp_dir)
+        return kept
+
+    def close(self, now: bool = False) -> None:
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            kept.close(now=now)
+
+
+def open_sampler(trainer: Policy, lag: int, *, threads: int | None = None, needs_copy: bool = False,
+                    on_temp_dir: Callable[[str, int], None] | None = None,
+                    handover: SamplerHandover | None = None) -> Sampler:
+    """The training's sampler: the one ``handover`` kept from the overlap probe where it serves this training,
+    else a new :class:`Sampler` (same arguments)."""
+    kept = handover.take(trainer, lag, threads, on_temp_dir) if handover is not None else None
+    return kept or Sampler(trainer, lag, threads=threads, needs_copy=needs_copy, on_temp_dir=on_temp_dir)
 
 
 @dataclass(frozen=True)

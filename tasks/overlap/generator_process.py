@@ -162,6 +162,18 @@ class GeneratorProcess(RolloutEngine):
                 self._on_temp_dir(temp_dir, self.pid)
         return gen
 
+    def watch_temp(self, on_temp_dir: Callable[[str, int], None]) -> None:
+        """Call ``on_temp_dir`` with the child's temporary folder and pid from now on, and at once where a reply has
+        named it already (a process started by the overlap probe, handed to the training: tasks/overlap/concurrent.py
+        ``SamplerHandover``)."""
+        self._on_temp_dir = on_temp_dir
+        if self.temp_dir is not None:
+            on_temp_dir(self.temp_dir, self.pid)
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.is_alive()
+
     def metrics(self) -> dict[str, float]:
         """``memory/generator_peak_mb``: the child's own peak memory during its last generation."""
         return {"memory/generator_peak_mb": self.peak_mb} if self.peak_mb is not None else {}

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from rlcore.overlap_lag import LagChoice, OverlapProbe, choose_lag
+from rlcore.overlap_lag import LagChoice, OverlapProbe, ProbeWorth, choose_lag, probe_cost
 from rlcore.plan import Composition, PoolStats, Prediction, RunClock, choose, predict, run_clock
 from rlcore.seeding import derive_seed
 from rlcore.step_costs import CallCost, UnitCosts
@@ -40,7 +40,7 @@ from tasks.policy import Policy
 from tasks.records.files import write_json
 from tasks.records.progress import pulse
 from tasks.calibration.record import Calibration
-from tasks.overlap.concurrent import Sampler, separate_devices, thread_split
+from tasks.overlap.concurrent import SamplerHandover, Sampler, separate_devices, thread_split
 from tasks.plan.probe import ProbeInputs, probe_costs
 from tasks.selection.screen import policy_likelihood
 from tasks.update.backend import ranks_generate
@@ -128,26 +128,53 @@ OVERLAP_PROBE_S = 2.0
 OVERLAP_PROBE_REPEATS = 5
 
 
+def probe_worth(draw_s: float, update_s: float, cfg: Config) -> ProbeWorth:
+    """Whether the overlap probe can pay for itself on a run of ``cfg`` whose step draws in ``draw_s`` and updates in
+    ``update_s`` (rlcore/overlap_lag.py :class:`ProbeWorth`; the process's start predicted at ``overlap.start_s``)."""
+    start = cfg.overlap.start_s
+    return ProbeWorth(draw_s=draw_s, update_s=update_s, steps=cfg.train.steps, start_s=start,
+                      probe_s=probe_cost(draw_s, update_s, start, OVERLAP_PROBE_S, OVERLAP_PROBE_REPEATS))
+
+
 def probe_overlap(policy: Policy, records: list[PromptRecord], cfg: Config, seed: int,
-                  device: torch.device | str = "cpu") -> OverlapProbe:
-    """One draw (``rollout.n`` rollouts of each of ``records``) and one update over its rows (the plan's probe:
-    forward and backward, no optimizer step), timed alone one after the other with every thread (lag 0), then at
-    once as a lag-1 run has them: the draw in the generator process (tasks/overlap/concurrent.py ``Sampler``,
-    its own share of the threads, a copy of the weights on the same device), the update here. Each side has had
-    its first call before it is timed, the generator process's start is not timed, and the three are repeated in
-    turn (:data:`OVERLAP_PROBE_S`) so that each repeat sees the same load; the record holds their medians."""
-    rc = cfg.rollout
-    prompts = policy.prompts(records)
+                  device: torch.device | str = "cpu", expected: tuple[float, float] | None = None,
+                  handover: SamplerHandover | None = None) -> LagChoice:
+    """The lag on a device the sampler and the trainer share, probed where the probe pays for itself.
+
+    One step's draw (``train.prompts_per_step`` of ``records``, cycled, ``rollout.n`` rollouts each) and one update
+    over its rows (forward and backward, no optimizer step) are timed alone with every thread (lag 0), after a
+    first call of each. ``expected`` (a step's draw and update seconds, the plan's prediction) or these timings
+    say whether the rest of the probe can pay for itself (:func:`probe_worth`); where it cannot, lag 0 without it.
+    Else the generator process starts (timed until its first call came back) and the draw runs in it while the
+    update runs here, as a lag-1 run has them, alternating with both alone (:data:`OVERLAP_PROBE_S`) so that
+    each repeat sees the same load; the record holds their medians. Where the choice is lag 1 and ``handover`` is
+    given, the process is kept there for the training (tasks/overlap/concurrent.py :class:`SamplerHandover`); else
+    it is closed, as it is on any error."""
+    rc, oc = cfg.rollout, cfg.overlap
+    worth = None if expected is None else probe_worth(*expected, cfg)
+    if worth is not None and not worth.pays:
+        return choose_lag(None, None, oc.min_gain, worth)
+    prompts = policy.prompts([records[i % len(records)] for i in range(cfg.train.prompts_per_step)])
     policy.engine.generate(prompts[:1], n=rc.n, seed=seed)  # warm-up: first-call costs are not the draw's
+    t0 = time.perf_counter()
     gen = policy.engine.generate(prompts, n=rc.n, seed=seed)
+    first_draw_s = time.perf_counter() - t0
     update = _update_probe(policy, gen, cfg, device)
     update(slice(None))  # warm-up: the update at once runs on the same rows
+    first_update_s = update(slice(None))
+    if worth is None:
+        worth = probe_worth(first_draw_s, first_update_s, cfg)
+        if not worth.pays:
+            return choose_lag(None, None, oc.min_gain, worth)
     total = torch.get_num_threads()
-    sampling = Sampler(policy, 1, threads=cfg.overlap.generator_threads)
-    times: list[tuple[float, float, float]] = []  # (draw, update, at once) of each repeat
+    t0 = time.perf_counter()
+    sampling = Sampler(policy, 1, threads=oc.generator_threads)
+    kept = False
     try:
         engine = sampling.policy.engine
         engine.generate(prompts[:1], n=rc.n, seed=seed)
+        start_s = time.perf_counter() - t0
+        times: list[tuple[float, float, float]] = []  # (draw, update, at once) of each repeat
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlsift-probe") as pool:
             while not times or (len(times) < OVERLAP_PROBE_REPEATS
                                 and sum(d + u for d, u, _ in times) < OVERLAP_PROBE_S):
@@ -156,24 +183,31 @@ def probe_overlap(policy: Policy, records: list[PromptRecord], cfg: Config, seed
                 policy.engine.generate(prompts, n=rc.n, seed=seed)
                 draw_s = time.perf_counter() - t0
                 update_s = update(slice(None))
-                torch.set_num_threads(thread_split(total, cfg.overlap.generator_threads)[1])
+                torch.set_num_threads(thread_split(total, oc.generator_threads)[1])
                 t0 = time.perf_counter()
                 drawn = pool.submit(engine.generate, prompts, rc.n, seed)
                 update(slice(None))
                 drawn.result()
                 times.append((draw_s, update_s, time.perf_counter() - t0))
+        draw_s, update_s, at_once_s = (statistics.median(t) for t in zip(*times, strict=True))
+        probe = OverlapProbe(draw_s=draw_s, update_s=update_s, at_once_s=at_once_s, repeats=len(times),
+                             start_s=start_s)
+        choice = choose_lag(None, probe, oc.min_gain, worth)
+        if choice.lag == 1 and handover is not None:
+            handover.keep(sampling)
+            kept = True
+        return choice
     finally:
-        sampling.close()
-    draw_s, update_s, at_once_s = (statistics.median(t) for t in zip(*times, strict=True))
-    return OverlapProbe(draw_s=draw_s, update_s=update_s, at_once_s=at_once_s, repeats=len(times))
+        if not kept:
+            sampling.close()
 
 
-def decide_lag(cfg: Config, policy: Policy, records: list[PromptRecord],
-               device: torch.device | str = "cpu") -> LagChoice:
+def decide_lag(cfg: Config, policy: Policy, records: list[PromptRecord], device: torch.device | str = "cpu", *,
+               expected: tuple[float, float] | None = None, handover: SamplerHandover | None = None) -> LagChoice:
     """``overlap.lag`` for training ``cfg``: 0 or 1 as set, or for ``auto`` rlcore.overlap_lag.choose_lag from where the
-    sampler and the trainer run and, where they share a device, :func:`probe_overlap` on ``records``. ``auto`` under
-    a sharded backend on several ranks with the in-process engine: 0, so that every rank generates its share
-    (docs/scale-out.md)."""
+    sampler and the trainer run and, where they share a device, :func:`probe_overlap` on ``records`` (``expected``,
+    ``handover``: its own). ``auto`` under a sharded backend on several ranks with the in-process engine: 0, so that
+    every rank generates its share (docs/scale-out.md)."""
     oc = cfg.overlap
     if oc.lag != "auto":
         return LagChoice(oc.lag, "config", f"lag {oc.lag}: overlap.lag={oc.lag} in the config")
@@ -182,8 +216,9 @@ def decide_lag(cfg: Config, policy: Policy, records: list[PromptRecord],
         return LagChoice(0, "config", f"lag 0: scale.backend={cfg.scale.backend} on {ranks} ranks, each generating "
                                       "its share of every call; the overlap would leave generation to rank 0")
     separate = separate_devices(policy.engine, device, oc.generator_threads)
-    probe = None if separate else probe_overlap(policy, records, cfg, derive_seed(cfg.seed, "overlap-probe"), device)
-    return choose_lag(separate, probe, oc.min_gain)
+    if separate:
+        return choose_lag(separate, None, oc.min_gain)
+    return probe_overlap(policy, records, cfg, derive_seed(cfg.seed, "overlap-probe"), device, expected, handover)
 
 
 def probe_records(pool: list[PromptRecord], calibration: Calibration, cfg: Config) -> list[PromptRecord]:
@@ -196,9 +231,10 @@ def lag_to_json(choice: LagChoice) -> dict[str, Any]:
 
 
 def lag_from_json(d: dict[str, Any]) -> LagChoice:
-    probe = d.get("probe")
+    probe, worth = d.get("probe"), d.get("worth")
     return LagChoice(lag=d["lag"], basis=d["basis"], reason=d["reason"],
-                     probe=OverlapProbe(**probe) if probe is not None else None)
+                     probe=OverlapProbe(**probe) if probe is not None else None,
+                     worth=ProbeWorth(**worth) if worth is not None else None)
 
 
 @dataclass(frozen=True)
@@ -351,17 +387,19 @@ FLAT = 0.15
 
 def make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibration: Calibration,
               device: torch.device | str = "cpu", candidates: tuple[str, ...] | None = None, spent_s: float = 0.0,
-              scratch: Path | None = None) -> Plan:
+              scratch: Path | None = None, handover: SamplerHandover | None = None) -> Plan:
     """Measure the pool and the costs (tasks/plan/probe.py), predict every candidate (``plan.candidates``
-    unless given) against ``plan.baseline`` and choose. ``spent_s``: the seconds the run spent on its calibration
-    (on this run's clock with the plan's own); ``scratch``: where the probe writes its scratch files."""
+    unless given) against ``plan.baseline`` and choose one whose predicted clock earns back what this run spent
+    before its first step (rlcore/plan.py ``choose``). ``spent_s``: the seconds the run spent on its calibration
+    (on this run's clock with the plan's own); ``scratch``: where the probe writes its scratch files;
+    ``handover``: where the overlap probe keeps its generator process for the training (:func:`decide_lag`)."""
     with pulse("plan", log) as say:  # a line per probe and candidate, and one every few seconds in a long probe
-        return _make_plan(cfg, policy, pool, calibration, device, candidates, spent_s, scratch, say)
+        return _make_plan(cfg, policy, pool, calibration, device, candidates, spent_s, scratch, handover, say)
 
 
 def _make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibration: Calibration,
                device: torch.device | str, candidates: tuple[str, ...] | None, spent_s: float, scratch: Path | None,
-               say: Callable[[str], None]) -> Plan:
+               handover: SamplerHandover | None, say: Callable[[str], None]) -> Plan:
     t0 = time.perf_counter()
     pc = cfg.plan
     say(f"the pool's pass rates from the calibration's {len(calibration.indices)} reference prompts" + (
@@ -387,11 +425,13 @@ def _make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibratio
             f"pays before them) predicted at {p.clock:.2f}x {baseline.name}'s")
     for name, why in unavailable.items():
         say(f"candidate {name}: left out ({why})")
-    best, reason = choose(baseline, predictions, pc.min_signal)
+    so_far = spent_s + time.perf_counter() - t0 + len(pool) * costs.score_s  # before the first step, without the lag
+    best, reason = choose(baseline, predictions, pc.min_signal, so_far)
     chosen = candidate_config(cfg, best.name)
     say(f"chose {best.name}; the overlap's lag for it" + (
-        " (the draw and the update timed alone and at once)" if chosen.overlap.lag == "auto" else ""))
-    overlap = decide_lag(chosen, policy, refs, device)
+        " (the draw and the update timed alone and at once where that pays)" if chosen.overlap.lag == "auto" else ""))
+    overlap = decide_lag(chosen, policy, refs, device, handover=handover,
+                         expected=(best.generate_s + best.forward_s, best.update_s + best.fixed_s))
     upfront = spent_s + time.perf_counter() - t0 + len(pool) * costs.score_s
     return Plan(shares=stats.shares, g=stats.g, costs=costs, baseline=baseline, predictions=tuple(predictions),
                 unavailable=unavailable, choice=best.name, reason=reason,

@@ -7,13 +7,20 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 CURVES = (("train/reward_mean", "train reward"), ("train/effective_ratio", "effective-group ratio"),
           ("eval/accuracy", "held-out greedy accuracy"), ("time/step_s", "step time (s)"))
+
+
+def pyplot():
+    """matplotlib's pyplot on the file backend, imported when a run draws its plots (its report stage), not before
+    its first stage."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -34,6 +41,7 @@ def curve_points(rows: list[dict], heldout: Sequence[tuple[int, float]] = ()) ->
 def training_curves(metrics_path: Path, out: Path, heldout: Sequence[tuple[int, float]] = ()) -> list[Path]:
     """One panel per curve in ``CURVES`` over training steps (:func:`curve_points`)."""
     points = curve_points(read_metrics(metrics_path), heldout)
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2))
     for ax, (key, title) in zip(axes, CURVES, strict=True):
         pts = points[key]

@@ -49,7 +49,7 @@ from tasks.records.progress import progress_bar
 from tasks.run import Run
 from tasks.training import checkpoint
 from tasks.calibration.record import Calibration
-from tasks.overlap.concurrent import Overlap, Sampler
+from tasks.overlap.concurrent import Overlap, Sampler, open_sampler
 from tasks.plan.planner import decide_lag, probe_records
 from tasks.calibration.reference import policy_measure, rollout_rewards
 from tasks.training.rounds import RoundLog, RoundRunner, run_plainly
@@ -267,15 +267,15 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
     cfg = run.cfg
     if lag is None:
         lag = decide_lag(cfg, policy, probe_records(pool, calibration, cfg) if calibration is not None
-                         else pool[: cfg.plan.probe_prompts], run.device)
+                         else pool[: cfg.plan.probe_prompts], run.device, handover=run.handover)
         log.info("overlap: %s", lag.reason)
     # one process, or sharded over the torchrun ranks (then `model` stays rank 0's full copy, updated in place)
     updater = build_updater(cfg, policy, device=run.device)
     shared = share_generation(cfg, policy, updater, lag.lag)  # sharded: every rank decodes its share
     if shared is not None:
         log.info("rollouts: %s", shared)
-    sampling = Sampler(policy, lag.lag, threads=cfg.overlap.generator_threads,
-                              needs_copy=cfg.select.screen > 1, on_temp_dir=run.note_temp)
+    sampling = open_sampler(policy, lag.lag, threads=cfg.overlap.generator_threads,  # the probe's, where kept
+                               needs_copy=cfg.select.screen > 1, on_temp_dir=run.note_temp, handover=run.handover)
     try:
         return _train(run, policy, sampling, updater, pool, features, calibration, evaluate_fn, run_round)
     finally:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlcore.adaptive_composition import subset_informative
-from rlcore.overlap_lag import LagChoice, OverlapProbe, choose_lag
+from rlcore.overlap_lag import LagChoice, OverlapProbe, ProbeWorth, choose_lag, probe_cost
 from rlcore.plan import (
     TIE,
     Composition,
@@ -22,6 +22,7 @@ from rlcore.plan import (
     dynamic_rounds,
     informative_chance,
     predict,
+    run_clock,
 )
 from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
 
@@ -297,6 +298,54 @@ def test_choose_cheapest_with_enough_signal_ties_to_more_signal():
         choose(base, [a], 1.5)
 
 
+def clocked(name, signal, step_s, upfront_s=0.0, steps=10):
+    """A prediction with its training clock: ``steps`` steps of ``step_s`` and ``upfront_s`` before them."""
+    train_s = upfront_s + steps * step_s
+    return Prediction(name, effective_ratio=0.5, signal=signal, generated=0, generated_tokens=0, updated_tokens=0,
+                      forward_tokens=0, step_s=step_s, upfront_s=upfront_s, train_s=train_s, clock=train_s / 10.0)
+
+
+def test_a_candidate_that_cannot_earn_back_the_plans_own_cost_is_not_chosen():
+    """Plain GRPO: 10 steps of 1 s (10 s). dots: 10 steps of 0.9 s after 0.5 s of its own calibration and scoring
+    (9.5 s, 0.95x). The run spent 3 s before its first step: dots would take (9 + 3) / 10 = 1.2x plain GRPO's clock,
+    so plain GRPO, and the reason names both figures. Having spent 0.8 s: (9 + 0.8) / 10 = 0.98x, dots."""
+    base, dots = clocked("grpo", 10, 1.0), clocked("dots", 10, 0.9, upfront_s=0.5)
+    best, why = choose(base, [dots], 0.8, plan_s=3.0)
+    assert best is base
+    assert why == ("grpo: no candidate earns back the plan's own cost: the cheapest with at least 80% of plain GRPO's "
+                   "informative groups a step, dots, is predicted at 0.95x plain GRPO's training clock but 1.20x "
+                   "with the 3 s this run spent before its first step")
+    best, why = choose(base, [dots], 0.8, plan_s=0.8)
+    assert best is dots and why.startswith("dots: predicted 0.95x plain GRPO's training clock, 0.98x with the plan's "
+                                           "own 1 s with 1.00x its informative groups")
+    assert run_clock(dots, base, 0.8).with_plan == pytest.approx(0.98)
+    assert choose(base, [dots], 0.8, plan_s=1.0)[0] is dots  # exactly earned back: (9 + 1) / 10 = 1.0
+    assert choose(base, [dots], 0.8, plan_s=1.01)[0] is base
+    assert choose(base, [dots], 0.8)[0] is dots  # nothing spent: the cheaper step wins, as before
+
+
+def test_the_tie_break_gives_way_to_a_candidate_that_earns_the_plan_back():
+    """a: 10 steps of 0.8 s, 8 informative groups; b: 0.82 s (within the tie band of a), 12 groups. Spent 1.9 s:
+    a (8 + 1.9) / 10 = 0.99x earns it back, b (8.2 + 1.9) / 10 = 1.01x does not: a, though b has more signal.
+    Spent 1 s: both earn it back, and the tie goes to b's signal."""
+    base, a, b = clocked("grpo", 10, 1.0), clocked("a", 8, 0.8), clocked("b", 12, 0.82)
+    assert choose(base, [a, b], 0.8, plan_s=1.9)[0] is a
+    assert choose(base, [a, b], 0.8, plan_s=1.0)[0] is b
+    with pytest.raises(ValueError, match="plan_s"):
+        choose(base, [a], 0.8, plan_s=-1.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.0, 30.0), st.floats(0.1, 2.0), st.floats(0.0, 5.0))
+def test_a_chosen_candidate_is_never_predicted_slower_than_plain_grpo_with_the_plans_cost(plan_s, step_s, upfront):
+    base, cand = clocked("grpo", 10, 1.0), clocked("c", 10, step_s, upfront_s=upfront)
+    best, why = choose(base, [cand], 0.8, plan_s=plan_s)
+    if best is cand:
+        assert run_clock(cand, base, plan_s).with_plan <= 1 + 1e-12 and step_s < 1.0
+    else:
+        assert step_s >= 1.0 or run_clock(cand, base, plan_s).with_plan > 1, why
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 8), min_size=1, max_size=12), st.sampled_from([2, 4, 8, 16]),
        st.sampled_from(["uniform", "target", "observed"]), st.integers(1, 4))
@@ -373,3 +422,39 @@ def test_lag_choice_refuses_what_it_cannot_decide_or_hold():
         LagChoice(1, "probe", "x")
     with pytest.raises(ValueError, match="probe's timing goes with basis probe"):
         LagChoice(1, "devices", "x", OverlapProbe(1, 1, 1))
+
+
+def test_the_overlap_probes_predicted_cost():
+    """draw 0.05 s, update 0.06 s (the smoke on one GPU), the process's start 5 s: the repeats stop at 5 (19 would
+    reach 2 s), each 0.11 s alone and at least 0.06 s at once: 5 + 5 x 0.17 = 5.85 s. draw 1.5 s, update 0.5 s: one
+    repeat reaches 2 s: 2 + 1.5 = 3.5 s."""
+    assert probe_cost(0.05, 0.06, 5.0, 2.0, 5) == pytest.approx(5.85)
+    assert probe_cost(1.5, 0.5, 0.0, 2.0, 5) == pytest.approx(3.5)
+    assert probe_cost(0.5, 0.5, 1.0, 2.0, 5) == pytest.approx(1.0 + 2 * 1.5)
+    with pytest.raises(ValueError, match="start_s"):
+        probe_cost(1, 1, -1, 2, 5)
+
+
+def test_the_probe_is_skipped_where_it_cannot_pay_for_itself():
+    """Lag 1 saves at most min(draw, update) a step: 0.05 s x 10 steps = 0.5 s, less than the 5.85 s probe: lag 0
+    without it, and the reason says why; over 1000 steps (50 s) the probe runs and its timing decides."""
+    few = ProbeWorth(draw_s=0.05, update_s=0.06, steps=10, probe_s=5.85, start_s=5.0)
+    assert few.saving_s == pytest.approx(0.5) and not few.pays
+    c = choose_lag(None, None, 0.05, few)
+    assert (c.lag, c.basis, c.probe, c.worth) == (0, "cost", None, few)
+    assert c.reason == ("lag 0 without the overlap probe: the probe, predicted at 5.85 s (5 s of it starting the "
+                        "generator process), against at most 0.5 s lag 1 could save (min(draw 0.05 s, update 0.06 s) "
+                        "x 10 steps); the probe could not pay for itself")
+    many = ProbeWorth(draw_s=0.05, update_s=0.06, steps=1000, probe_s=5.85, start_s=5.0)
+    assert many.saving_s == pytest.approx(50.0) and many.pays
+    probe = OverlapProbe(draw_s=0.05, update_s=0.06, at_once_s=0.07, repeats=5, start_s=4.0)
+    c = choose_lag(None, probe, 0.05, many)
+    assert (c.lag, c.basis, c.probe, c.worth) == (1, "probe", probe, many)
+    assert c.reason.endswith("at least 5% faster; starting the generator took 4 s")
+    assert choose_lag("CPU cores for each", None, 0.05, few).basis == "devices"  # no probe needed at all
+    with pytest.raises(ValueError, match="not run"):
+        choose_lag(None, probe, 0.05, few)
+    with pytest.raises(ValueError, match="basis cost"):
+        LagChoice(0, "cost", "x", worth=many)
+    with pytest.raises(ValueError, match="basis cost"):
+        LagChoice(0, "cost", "x")

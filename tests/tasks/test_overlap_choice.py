@@ -21,12 +21,12 @@ from transformers import LlamaForCausalLM
 
 from tasks.config import ConfigError
 from tasks.config.load import load_config
-from tasks.overlap.generator_process import _serve
+from tasks.overlap.generator_process import GeneratorProcess, _serve
 from tasks.generation.rollout import HFEngine
 from tasks.generation.server_pool import ServerPool
 from tasks.model.loading import build_tiny_model, build_tokenizer
 from tasks.policy import Policy
-from tasks.overlap.concurrent import separate_devices, thread_split
+from tasks.overlap.concurrent import SamplerHandover, separate_devices, thread_split
 from tasks.plan.planner import decide_lag, lag_from_json, lag_to_json
 from tests.conftest import ROOT
 from tests.tasks.test_train import PRESETS, SMALL, run_train, text_reward
@@ -93,22 +93,121 @@ def test_an_explicit_lag_wins_without_a_probe(smoke_cfg):
     assert (vllm.lag, vllm.basis) == (1, "devices")
 
 
-def test_auto_on_a_shared_device_probes_a_draw_and_an_update_alone_and_at_once(smoke_cfg, pool):
-    """The real probe on the tiny model: it times all three, decides by its own ratio, leaves no process behind,
-    gives the trainer its threads back, and changes no weight."""
+#: steps enough for any probe to pay for itself (lag 1 could save min(draw, update) each)
+MANY = "train.steps=1000000"
+
+
+@pytest.fixture
+def starts(monkeypatch) -> list[int]:
+    """The pid of every generator process started from now on: the generator module's own class, counted as it
+    starts each (tasks/overlap/generator_process.py ``GeneratorProcess``)."""
+    pids: list[int] = []
+    real = GeneratorProcess.__init__
+
+    def counted(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        pids.append(self.pid)
+
+    monkeypatch.setattr(GeneratorProcess, "__init__", counted)
+    return pids
+
+
+def test_auto_on_a_shared_device_probes_a_draw_and_an_update_alone_and_at_once(smoke_cfg, pool, starts):
+    """The real probe on the tiny model: it times all three, decides by its own ratio, leaves no process behind
+    (none is kept without a handover), gives the trainer its threads back, and changes no weight."""
     policy = tiny_policy()
     before = {k: v.clone() for k, v in policy.model.state_dict().items()}
     threads = torch.get_num_threads()
-    c = decide_lag(smoke_cfg(CROWDED), policy, pool[:4], "cpu")
+    c = decide_lag(smoke_cfg(CROWDED, MANY), policy, pool[:4], "cpu")
     p = c.probe
-    assert c.basis == "probe" and p is not None and 1 <= p.repeats <= 5
-    assert p.draw_s > 0 and p.update_s > 0 and p.at_once_s > 0
+    assert c.basis == "probe" and p is not None and 1 <= p.repeats <= 5 and len(starts) == 1
+    assert p.draw_s > 0 and p.update_s > 0 and p.at_once_s > 0 and p.start_s > 0
+    assert c.worth is not None and c.worth.pays and c.worth.steps == 1_000_000
     assert c.lag == int(p.ratio <= 0.95), c.reason
     assert c.reason.startswith(f"lag {c.lag}: a draw and an update at once took")
     assert lag_from_json(lag_to_json(c)) == c
     assert torch.get_num_threads() == threads and not mp.active_children()
     assert all(torch.equal(v, before[k]) for k, v in policy.model.state_dict().items())
     assert all(p.grad is None for p in policy.model.parameters())
+
+
+def test_the_probe_is_skipped_where_it_cannot_pay_for_itself(smoke_cfg, pool, starts):
+    """Two planned steps of the tiny model cannot earn back a process's start: lag 0, no process started, and the
+    reason says why (the summary, overlap.json and the MLflow tags carry it). With the plan's prediction of a step
+    (draw 0.05 s, update 0.06 s, as the smoke on one GPU) over 10 steps nothing is even timed; over a million steps
+    the probe runs."""
+    policy = tiny_policy()
+    c = decide_lag(smoke_cfg(CROWDED, "train.steps=2"), policy, pool[:4], "cpu")
+    assert (c.lag, c.basis, c.probe) == (0, "cost", None) and not starts
+    assert c.worth is not None and not c.worth.pays and c.worth.steps == 2 and c.worth.start_s == 5.0
+    assert c.reason.startswith("lag 0 without the overlap probe: the probe, predicted at ")
+    assert c.reason.endswith("x 2 steps); the probe could not pay for itself")
+    assert lag_from_json(lag_to_json(c)) == c
+    planned = decide_lag(smoke_cfg(CROWDED, "train.steps=10"), policy, [], "cpu", expected=(0.05, 0.06))
+    assert planned.basis == "cost" and planned.worth.saving_s == pytest.approx(0.5)
+    assert planned.worth.probe_s == pytest.approx(5.85) and not starts  # 5 s start + 5 x 0.17 s (test_plan.py)
+    paying = decide_lag(smoke_cfg(CROWDED, MANY), policy, pool[:4], "cpu", expected=(0.05, 0.06))
+    assert paying.basis == "probe" and paying.worth.pays and len(starts) == 1
+
+
+def test_a_lag_1_run_starts_one_generator_process(smoke_cfg, pool, starts, monkeypatch):
+    """auto on a shared device, where the probe pays and chooses lag 1: the probe's process is kept in the run's
+    handover, idle with the trainer's threads back, and the training samples from that same process: one process
+    started in all, closed at the end. The probe's real timing is read as if at once took half of one after the
+    other, so that it chooses lag 1 on a machine of any load (how the timing decides: tests/rlcore/test_plan.py);
+    what is counted are the real process starts."""
+    from rlcore import overlap_lag
+    from tasks.run import open_run
+    from tasks.stages import overlap_stage
+    from tasks.training import score
+    from tasks.calibration.record import Calibration
+    from tasks.training.loop import train
+
+    def faster(separate, probe, min_gain, worth=None):
+        fast = None if probe is None else dataclasses.replace(probe, at_once_s=probe.sequential_s / 2)
+        return overlap_lag.choose_lag(separate, fast, min_gain, worth)
+
+    monkeypatch.setattr("tasks.plan.planner.choose_lag", faster)
+    small = [o for o in SMALL if not o.startswith("overlap.")]
+    policy = tiny_policy()
+    threads = torch.get_num_threads()
+    run = open_run(smoke_cfg(*small, CROWDED, MANY, path=PRESETS.format("grpo")), track=False)
+    calibration = Calibration(indices=tuple(range(8)), success=torch.full((8,), 0.5))
+    try:
+        choice = overlap_stage.fn(run, policy, pool, calibration)
+        assert (choice.lag, choice.basis) == (1, "probe") and len(starts) == 1, choice.reason
+        kept = run.handover.kept.process
+        assert kept.pid == starts[0] and kept.alive
+        assert torch.get_num_threads() == threads  # the stages before the training keep every thread
+        run.cfg = smoke_cfg(*small, CROWDED, "train.steps=3", path=PRESETS.format("grpo"))
+        feats = score.score(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
+        summary = train(run, policy, pool, feats, calibration, lag=choice)
+        assert summary.steps == 3 and summary.overlap and len(starts) == 1 and run.handover.kept is None
+        assert not kept.alive  # the training sampled from the probe's process and closed it when it ended
+    finally:
+        run.close("completed", {})
+    assert not mp.active_children() and torch.get_num_threads() == threads
+
+
+def test_a_kept_process_is_closed_with_the_run_and_not_taken_by_another_trainer(smoke_cfg, pool, starts):
+    """The handover closes what no training took (a stage failing after the probe: the run closes it), and gives
+    a training of another policy or another thread count none of it."""
+    from tasks.overlap.concurrent import Sampler, open_sampler
+
+    policy, other = tiny_policy(), tiny_policy()
+    threads = torch.get_num_threads()
+    handover = SamplerHandover()
+    handover.keep(Sampler(policy, 1, threads=CORES + 1))
+    first = handover.kept.process
+    assert handover.kept.fits(policy, 1, CORES + 1)
+    assert not handover.kept.fits(policy, 1, CORES + 2) and not handover.kept.fits(policy, 0, CORES + 1)
+    second = open_sampler(other, 1, threads=CORES + 1, handover=handover)  # another policy: a second start
+    assert second.process is not first and not first.alive and handover.kept is None and len(starts) == 2
+    handover.keep(second)
+    process = second.process
+    handover.close(now=True)  # as Run.close does with what no training took
+    assert not process.alive and handover.kept is None
+    torch.set_num_threads(threads)
 
 
 def test_the_loop_trains_with_the_lag_it_decides(smoke_cfg, pool):

@@ -1,0 +1,22 @@
+"""What a run imports before its first stage: the pipeline module (flows/pipeline.py, which ``rlsift run`` imports once
+the config is checked) leaves out what only some runs or only later stages use: math-verify (math rewards), vLLM
+and its engine (rollout.engine=vllm), DeepSpeed and PEFT (scale.backend, LoRA), datasets, and matplotlib (the
+report stage's plots)."""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+LAZY = ("math_verify", "latex2sympy2_extended", "vllm", "deepspeed", "peft", "datasets", "matplotlib")
+
+
+def test_the_pipeline_module_does_not_import_what_only_some_runs_use():
+    code = ("import json, sys\nimport flows.pipeline\n"
+            f"print(json.dumps(sorted(m for m in {LAZY!r} if m in sys.modules)))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == [], p.stdout
