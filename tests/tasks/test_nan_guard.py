@@ -6,7 +6,7 @@ import logging
 import torch
 
 from tasks.update.distributed import backward_step
-from tasks.update.policy_update import policy_update
+from tasks.update.policy_update import LossSettings, policy_update
 from tests.tasks import dist_update_helper as h
 
 
@@ -29,7 +29,8 @@ def test_a_nan_update_is_skipped_logged_and_never_applied(caplog):
     before = copy.deepcopy(model.state_dict())
     handle = _nan_logits(model, {2, 3})  # both minibatches (calls 0 and 1 are the no-grad passes for pi_old)
     with caplog.at_level(logging.WARNING, logger="tasks.update.policy_update"):
-        stats = policy_update(model, opt, copy.deepcopy(batch), aggregation="token", kl_coef=0.0, **h.SETTINGS)
+        stats = policy_update(model, opt, copy.deepcopy(batch), LossSettings(aggregation="token", kl_coef=0.0,
+                              **h.SETTINGS)).metrics
     handle.remove()
     assert stats["train/skipped_updates"] == 2.0
     assert "update skipped, not applied" in caplog.text
@@ -39,7 +40,8 @@ def test_a_nan_update_is_skipped_logged_and_never_applied(caplog):
 
     # One poisoned minibatch of two: the other one is applied; its metrics are finite and are the average.
     handle = _nan_logits(model, {3})
-    stats = policy_update(model, opt, copy.deepcopy(batch), aggregation="token", kl_coef=0.0, **h.SETTINGS)
+    stats = policy_update(model, opt, copy.deepcopy(batch), LossSettings(aggregation="token", kl_coef=0.0,
+                          **h.SETTINGS)).metrics
     handle.remove()
     assert stats["train/skipped_updates"] == 1.0
     assert all(torch.isfinite(torch.tensor(v)) for v in stats.values())
@@ -53,12 +55,14 @@ def test_a_non_finite_pi_old_pass_skips_its_minibatch_too():
     before = copy.deepcopy(model.state_dict())
     batch = h.make_batch(model)
     handle = _nan_logits(model, {0, 1})  # the no-grad passes that give pi_old's log-probs, one a minibatch
-    stats = policy_update(model, opt, copy.deepcopy(batch), aggregation="token", kl_coef=0.0, **h.SETTINGS)
+    stats = policy_update(model, opt, copy.deepcopy(batch), LossSettings(aggregation="token", kl_coef=0.0,
+                          **h.SETTINGS)).metrics
     handle.remove()
     assert stats["train/skipped_updates"] == 2.0
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     handle = _nan_logits(model, {1})  # only the second minibatch's pi_old: the first is applied
-    stats = policy_update(model, opt, copy.deepcopy(batch), aggregation="token", kl_coef=0.0, **h.SETTINGS)
+    stats = policy_update(model, opt, copy.deepcopy(batch), LossSettings(aggregation="token", kl_coef=0.0,
+                          **h.SETTINGS)).metrics
     handle.remove()
     assert stats["train/skipped_updates"] == 1.0
     assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
@@ -107,7 +111,8 @@ def test_a_skipped_micro_batch_frees_its_graph_before_the_next_forward():
 
     handles = [model.register_forward_pre_hook(pre_forward), _nan_logits(model, {2})]  # minibatch 1's pass
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        stats = policy_update(model, opt, copy.deepcopy(batch), aggregation="token", kl_coef=0.0, **h.SETTINGS)
+        stats = policy_update(model, opt, copy.deepcopy(batch), LossSettings(aggregation="token", kl_coef=0.0,
+                              **h.SETTINGS)).metrics
     for handle in handles:
         handle.remove()
     assert stats["train/skipped_updates"] == 1.0
