@@ -109,7 +109,7 @@ def test_a_lora_step_moves_only_the_adapters_and_its_optimizer_state_is_a_tenth_
         cfg = validate({"train": {"lr": 1e-2, "kl_coef": 0.05}})
         updater = build_updater(cfg, policy_of(model), device="cpu")
         before = {k: v.clone() for k, v in model.state_dict().items()}
-        stats = updater.step(h.make_batch(model))
+        stats = updater.step(h.make_batch(model)).metrics
         state = updater.optimizer.state_dict()["state"]
         nbytes = sum(t.numel() * t.element_size() for s in state.values() for t in s.values() if torch.is_tensor(t))
         params = sum(p.numel() * p.element_size() for p in trainable_parameters(model))

@@ -39,8 +39,9 @@ def _update(groups, skip: bool, **kw):
     model = h.tiny_model()
     opt = torch.optim.AdamW(model.parameters(), **h.OPTIM)
     settings = {**h.SETTINGS, **kw.pop("settings", {})}
-    stats = [policy_update(model, opt, copy.deepcopy(groups), LossSettings(skip_zero_advantage=skip, **settings,
-                           **kw)).metrics
+    ref = kw.pop("ref_model", None)
+    stats = [policy_update(model, opt, copy.deepcopy(groups), LossSettings(skip_zero_advantage=skip, **settings, **kw),
+                           ref_model=ref).metrics
              for _ in range(2)]  # two steps: the second sees Adam's moments of the first
     return model, stats
 
@@ -129,9 +130,9 @@ def test_kl_sample_computes_a_drawn_share_of_the_silent_groups_weighted_by_its_i
     ref = build_tiny_model(hidden=64, layers=2, heads=2, seed=1)
     model = h.tiny_model()
     opt = torch.optim.AdamW(model.parameters(), **h.OPTIM)
-    stats = policy_update(model, opt, copy.deepcopy(groups), LossSettings(aggregation="token", kl_coef=0.5,
-                          kl_rows="all", **h.sampled_kl(groups), **{**h.SETTINGS, "minibatches": 1}),
-                              ref_model=ref).metrics
+    stats = policy_update(model, opt, copy.deepcopy(groups), LossSettings(
+        aggregation="token", kl_coef=0.5, kl_rows="all", **h.sampled_kl(groups), **{**h.SETTINGS, "minibatches": 1}),
+        ref_model=ref).metrics
     assert stats["train/update_rows"] == 12.0  # groups 0 and 2 for their gradient, group 1 for its KL term
     weights = torch.cat([torch.full((g.size,), w) for g, w in zip(groups, (1.0, 2.0, 1.0, 0.0), strict=True)])
     oracle, oracle_loss = _kl_oracle(groups, ref, weights, kl_coef=0.5)
