@@ -69,7 +69,7 @@ from tasks.model.lora import apply_lora, base_model, trainable_parameters  # noq
 from tasks.records.memory import own_peak_mb, reset_own_peak  # noqa: E402
 from tasks.update.memory_check import ModelShape, estimate  # noqa: E402
 from tasks.update.nan_locator import SkippedUpdate, inject_nan  # noqa: E402
-from tasks.update.policy_update import gradient_checkpointing, policy_update  # noqa: E402
+from tasks.update.policy_update import LossSettings, gradient_checkpointing, policy_update  # noqa: E402
 from tasks.update.precision import PRECISIONS, Precision, build_optimizer, resolve_precision  # noqa: E402
 
 #: Qwen2.5 configs (their config.json): hidden, MLP width, layers, heads, key-value heads, tied embeddings.
@@ -180,8 +180,9 @@ def run_arm(arm: Arm, args, device: torch.device) -> dict:
     groups = batch(arm.rows, args.prompt, args.completion, SHAPES[arm.model]["vocab_size"])
     row = {"arm": arm, "tokens": sum(g.size * (g.prompt_ids.numel() + int(g.completion_mask.sum(1).max()))
                                      for g in groups)}
-    settings = dict(clip_eps=0.2, aggregation="token", grad_clip=1.0, temperature=1.0, pad_id=0, minibatches=1,
-                    kl_coef=0.0, micro_batch_tokens=args.micro_batch_tokens, skip_zero_advantage=True, device=device)
+    settings = LossSettings(clip_eps=0.2, aggregation="token", grad_clip=1.0, temperature=1.0, pad_id=0,
+                            minibatches=1, kl_coef=0.0, micro_batch_tokens=args.micro_batch_tokens,
+                            skip_zero_advantage=True)
     release(device)
     base_mb = rss_mb() if device.type == "cpu" else 0.0
     model = optimizer = None
@@ -191,15 +192,17 @@ def run_arm(arm: Arm, args, device: torch.device) -> dict:
         adamw = functools.partial(torch.optim.AdamW, lr=1e-6, foreach=device.type == "cuda")
         optimizer = build_optimizer(trainable_parameters(model), adamw, precision)
         n_params = sum(p.numel() for p in model.parameters())
-        skips: list[SkippedUpdate] = []
         with injected(model, args):
-            stats = policy_update(model, optimizer, groups, skips=skips, **settings)  # warm-up (the optimizer's state)
+            result = policy_update(model, optimizer, groups, settings, device=device)  # warm-up (the optimizer's state)
+            skips: list[SkippedUpdate] = list(result.skipped)
             sync(device)
             reset_own_peak(device)
             t0 = time.perf_counter()
             for _ in range(args.steps if not skips else 0):
-                stats = policy_update(model, optimizer, groups, skips=skips, **settings)
+                result = policy_update(model, optimizer, groups, settings, device=device)
+                skips += result.skipped
             sync(device)
+        stats = result.metrics
         step_s = (time.perf_counter() - t0) / args.steps
         if skips:  # the optimizer never stepped: no time, peak or estimate stands for this arm
             row["skipped"] = skips[0]
@@ -263,9 +266,9 @@ def run_variant(arm: Arm, v: Variant, args, device: torch.device) -> str:
     precision = resolve_precision(arm.precision, device)
     completion = max(v.positions - args.prompt, 1)
     groups = batch(GROUP if v.one else arm.rows, args.prompt, completion, SHAPES[arm.model]["vocab_size"])
-    settings = dict(clip_eps=0.2, aggregation="token", grad_clip=1.0, temperature=1.0, pad_id=0, minibatches=1,
-                    kl_coef=0.0, micro_batch_tokens=0 if v.one else args.micro_batch_tokens,
-                    skip_zero_advantage=True, device=device)
+    settings = LossSettings(clip_eps=0.2, aggregation="token", grad_clip=1.0, temperature=1.0, pad_id=0,
+                            minibatches=1, kl_coef=0.0, micro_batch_tokens=0 if v.one else args.micro_batch_tokens,
+                            skip_zero_advantage=True)
     mode = arm.mode.removesuffix("+ckpt") + ("+ckpt" if v.checkpointing else "")
     cudnn = torch.backends.cuda.cudnn_sdp_enabled()
     release(device)
@@ -275,9 +278,8 @@ def run_variant(arm: Arm, v: Variant, args, device: torch.device) -> str:
         model, _ = build(arm.model, mode, device, precision.compute)
         adamw = functools.partial(torch.optim.AdamW, lr=1e-6, foreach=device.type == "cuda")
         optimizer = build_optimizer(trainable_parameters(model), adamw, precision)
-        skips: list[SkippedUpdate] = []
         with injected(model, args):
-            policy_update(model, optimizer, groups, skips=skips, **settings)
+            skips = policy_update(model, optimizer, groups, settings, device=device).skipped
         return f"skipped: {skips[0].describe()}" if skips else "finite"
     except Exception as err:
         if not is_alloc_failure(err):
@@ -427,10 +429,11 @@ def generation(args, shape: str, device: torch.device, precision: Precision, nam
         adamw = functools.partial(torch.optim.AdamW, lr=1e-6, foreach=device.type == "cuda")
         optimizer = build_optimizer(trainable_parameters(model), adamw, precision)
         groups = batch(16 if toy else 64, args.prompt, args.completion, cfg.vocab_size)
-        settings = dict(clip_eps=0.2, aggregation="token", grad_clip=1.0, temperature=1.0, pad_id=0, minibatches=1,
-                        kl_coef=0.0, micro_batch_tokens=args.micro_batch_tokens, device=device)
-        policy_update(model, optimizer, groups, **settings)  # warm-up
-        return overlap_rows(SHAPES[shape], dtype, device, lambda: policy_update(model, optimizer, groups, **settings),
+        settings = LossSettings(clip_eps=0.2, aggregation="token", grad_clip=1.0, temperature=1.0, pad_id=0,
+                                minibatches=1, kl_coef=0.0, micro_batch_tokens=args.micro_batch_tokens)
+        policy_update(model, optimizer, groups, settings, device=device)  # warm-up
+        return overlap_rows(SHAPES[shape], dtype, device,
+                            lambda: policy_update(model, optimizer, groups, settings, device=device),
                             rows=rows[0], new=new if toy else 256, repeats=2 if toy else 3, steps=2 if toy else 4)
 
     print(f"\noverlap on one {name}: the sampler in a second process beside full + checkpointing update steps, "

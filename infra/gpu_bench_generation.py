@@ -34,7 +34,7 @@ from rlcore.types import RolloutGroup
 from tasks.generation.decode import Decoder
 from tasks.generation.sampling import Sampling
 from tasks.model.forward import token_logprobs
-from tasks.update.policy_update import mismatch_metrics, policy_update
+from tasks.update.policy_update import LossSettings, mismatch_metrics, policy_update
 
 #: Memory bandwidth (TB/s) and dense bf16 TFLOP/s of the cards the check knows (vendor figures, SXM parts).
 CARDS = {"H100": (3.35, 989.0), "H200": (4.8, 989.0), "A100": (2.0, 312.0)}
@@ -227,9 +227,9 @@ def mismatch_rows(model, rows: int, new: int, device) -> list[str]:
             if corrected:  # mu = the sampler's log-probs (train.behaviour=sampler)
                 g.sampler_logp = mu[k * group:(k + 1) * group]
                 g.behaviour_logp = g.sampler_logp.clone()
-        stats[corrected] = policy_update(model, opt, batch, clip_eps=0.2, aggregation="token", grad_clip=1e9,
-                                         temperature=1.0, pad_id=0, minibatches=1, kl_coef=0.0,
-                                         micro_batch_tokens=8192, device=device, behaviour_cap=2.0)
+        stats[corrected] = policy_update(model, opt, batch, LossSettings(
+            clip_eps=0.2, aggregation="token", grad_clip=1e9, temperature=1.0, pad_id=0, minibatches=1, kl_coef=0.0,
+            micro_batch_tokens=8192, behaviour_cap=2.0), device=device).metrics
         grads[corrected] = torch.cat([p.grad.float().flatten() for p in params])
     opt.zero_grad(set_to_none=True)
     change = float((grads[True] - grads[False]).norm() / grads[False].norm())

@@ -37,7 +37,7 @@ def one(arm: str, hidden: int, layers: int) -> dict:
     from rlcore.types import RolloutGroup
     from tasks.config import LoraConfig
     from tasks.model.lora import apply_lora, base_model, trainable_parameters
-    from tasks.update.policy_update import gradient_checkpointing, policy_update
+    from tasks.update.policy_update import LossSettings, gradient_checkpointing, policy_update
 
     torch.set_num_threads(2)
     torch.manual_seed(0)
@@ -58,14 +58,14 @@ def one(arm: str, hidden: int, layers: int) -> dict:
                                    completion_mask=torch.ones(4, 512, dtype=torch.bool), rewards=rewards,
                                    advantages=rewards - rewards.mean(), behaviour_logp=torch.zeros(0),
                                    success_rate=0.5, n_generated=4, step=0))
-    settings = dict(clip_eps=0.2, aggregation="token", grad_clip=1.0, temperature=1.0, pad_id=0, minibatches=1,
-                    kl_coef=0.0)
-    policy_update(model, optimizer, groups, **settings)  # warm-up: allocates what later steps reuse
+    settings = LossSettings(clip_eps=0.2, aggregation="token", grad_clip=1.0, temperature=1.0, pad_id=0,
+                            minibatches=1, kl_coef=0.0)
+    policy_update(model, optimizer, groups, settings)  # warm-up: allocates what later steps reuse
     Path("/proc/self/clear_refs").write_text("5")
     before = rss_peak_mib()
     t0 = time.perf_counter()
     for _ in range(3):
-        policy_update(model, optimizer, groups, **settings)
+        policy_update(model, optimizer, groups, settings)
     step_s = (time.perf_counter() - t0) / 3
     state = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
                 if torch.is_tensor(t))

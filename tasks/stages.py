@@ -18,6 +18,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -44,7 +45,7 @@ from tasks.selection.features import compute_features
 from tasks.calibration.record import Calibration
 from tasks.evaluation.heldout import EvalResult, evaluate, flat_metrics, table_rows
 from tasks.evaluation.report import eval_by_level, eval_levels, eval_table
-from tasks.training.loop import TRAIN_PHASES, HeldoutEval, TrainSummary, train
+from tasks.training.loop import TRAIN_PHASES, HeldoutEval, TrainSummary, training
 from tasks.plan.artifact import plan_table
 from tasks.plan.planner import Plan, decide_lag, lag_from_json, lag_to_json, make_plan, probe_records
 from tasks.calibration.reference import policy_measure, reference_rollouts, stratified_reference
@@ -265,7 +266,7 @@ def round_task(index: int, body: Callable[[], None]) -> None:
 
 
 def run_round(index: int, body: Callable[[], None]) -> None:
-    """The train stage's ``RoundRunner`` (tasks/training/rounds.py): :func:`round_task` in a Prefect transaction
+    """How the train stage runs round ``index`` (``body``: its steps): :func:`round_task` in a Prefect transaction
     that commits as the round ends. A task run nested in another is, by Prefect's default (a lazy commit), part of
     its parent's transaction, committed only when the parent's is: a run stopped in round 2 would roll back the
     train stage's transaction and with it rounds 0 and 1, which Prefect then shows as ``RolledBack``, though their
@@ -280,17 +281,24 @@ def run_round(index: int, body: Callable[[], None]) -> None:
 @stage(name="train")
 def train_stage(run: Run, policy: Policy, pool: list[PromptRecord], features: Features, test: list[PromptRecord],
                 calibration: Calibration, lag: LagChoice | None = None) -> TrainSummary:
-    ec = run.cfg.eval
-    during = test[: ec.limit] if ec.limit else test
-
-    def eval_during(step: int) -> HeldoutEval:
-        res = evaluate(policy, during, samples=0, seed=run.cfg.seed)
-        run.ledger.add_evals(run.run_id, table_rows(res, "during", step))
-        return HeldoutEval(accuracy=res.overall.greedy_acc, metrics=flat_metrics(res))
-
-    summary = train(run, policy, pool, features, calibration, evaluate_fn=eval_during, run_round=run_round, lag=lag)
+    """Training (tasks/training/loop.py ``Trainer``), each round a task run of its own (:func:`run_round`), with a
+    greedy held-out evaluation every ``eval.every`` steps (:func:`eval_during`)."""
+    evaluate_fn = partial(eval_during, run, policy, test)
+    with training(run, policy, pool, features, calibration, evaluate=evaluate_fn, lag=lag) as trainer:
+        for round_ in trainer.rounds():
+            run_round(round_.index, partial(trainer.play_round, round_))
+        summary = trainer.finish()
     stage_done(run, "train", summary.steps, parts=TRAIN_PHASES)
     return summary
+
+
+def eval_during(run: Run, policy: Policy, test: list[PromptRecord], step: int) -> HeldoutEval:
+    """The in-training held-out evaluation after ``step`` updates: greedy on the first ``eval.limit`` test prompts,
+    its rows in the ledger (phase ``during``)."""
+    ec = run.cfg.eval
+    res = evaluate(policy, test[: ec.limit] if ec.limit else test, samples=0, seed=run.cfg.seed)
+    run.ledger.add_evals(run.run_id, table_rows(res, "during", step))
+    return HeldoutEval(accuracy=res.overall.greedy_acc, metrics=flat_metrics(res))
 
 
 @stage(name="evaluate")

@@ -192,8 +192,8 @@ def _probe_update(policy: Policy, groups: list[RolloutGroup], sizes: tuple[int, 
                            precision=resolve_precision(cfg.model.precision, torch.device(device)))  # the run's step
     try:
         def update(gs: list[RolloutGroup]) -> tuple[float, float]:
-            stats, seconds = _timed(lambda: updater.step(gs))
-            return stats["train/update_tokens"], seconds
+            result, seconds = _timed(lambda: updater.step(gs))
+            return result.metrics["train/update_tokens"], seconds
 
         update(groups[:1])  # warm-up: the first backward allocates, the first AdamW step makes its state
         points = [update(groups[:k]) for k in sizes]

@@ -10,14 +10,11 @@ written to a temporary file, fsynced and renamed into place, then the ``latest``
 kill at any moment leaves either the previous or the new checkpoint, never a torn one. Randomness in the loop is
 seeded from ``(seed, step, purpose)``, so a resumed run continues exactly as an uninterrupted one.
 
-Checkpoints also delimit what reaches MLflow (tasks/run.py): :func:`restore` starts holding step metrics
-from the step it resumes at, and :func:`save` sends the held metrics of the steps it covers, so a step's
-metrics are sent once, by the process whose checkpoint includes that step. The checkpoint also keeps those
-held metrics (with their timestamps), and :func:`restore` sends them again: a kill between the ``latest``
-pointer's update and :func:`save`'s send would otherwise lose them for good; a repeat is an exact
-(key, step, timestamp, value) duplicate, which MLflow's SQL store drops. The cost meter of a resumed
-run is the checkpoint's plus what the resuming process spent before training (redone stages); the time a
-crashed process spent past its last checkpoint is not counted. A resume before the first checkpoint keeps the
+A checkpoint also keeps the MLflow metrics held for the steps it covers (with their timestamps), which the
+training stage's recorder (tasks/training/recorder.py) sends once the checkpoint is written and again on a resume
+(:attr:`Resume.held`): a kill between the ``latest`` pointer's update and the send would otherwise lose them.
+The cost meter of a resumed run is the checkpoint's plus what the resuming process spent before training (redone
+stages); the time a crashed process spent past its last checkpoint is not counted. A resume before the first checkpoint keeps the
 stages the crashed process recorded (``Run.carried``), so their cost is in every later step's totals. The step a
 resume continues from reports the peak memory of the phases an uninterrupted run's does (tasks/records/memory.py):
 the checkpoint write's, kept in the ``latest`` pointer (measured when the file is written, before the pointer and
@@ -46,14 +43,19 @@ KEEP = 2
 
 @dataclass(frozen=True)
 class Resume:
-    """Where training continues: ``step``, and the rollouts already drawn for it (``overlap.lag`` 1; None when
-    the checkpoint holds none: a fresh start, a sequential run, or a checkpoint at the last step)."""
+    """Where training continues: ``step``, the rollouts already drawn for it (``overlap.lag`` 1; None when
+    the checkpoint holds none: a fresh start, a sequential run, or a checkpoint at the last step) and the held MLflow
+    metrics the checkpoint kept (None without a checkpoint)."""
 
     step: int
     draw: Any = None
+    held: list | None = None
 
 
-def save(run, step: int, policy: Policy, updater: Updater, selector, buffer, composer=None, draw=None) -> Path:
+def save(run, step: int, policy: Policy, updater: Updater, selector, buffer, composer=None, draw=None,
+         held: list | None = None) -> Path:
+    """Write the training state after ``step`` steps; ``draw``: the next step's rollouts, drawn and not yet trained;
+    ``held``: the MLflow metrics of the steps it covers not sent yet (tasks/training/recorder.py sends them after)."""
     folder = run.checkpoint_dir
     folder.mkdir(parents=True, exist_ok=True)
     state = {
@@ -65,7 +67,7 @@ def save(run, step: int, policy: Policy, updater: Updater, selector, buffer, com
         "composer": composer.state_dict() if composer is not None else None,
         "meter": run.meter.state_dict(),
         "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
-        "metrics": run.held_metrics(step),
+        "metrics": list(held or []),
         "draw": draw,
     }
     path = folder / f"step-{step:06d}.pt"
@@ -76,7 +78,6 @@ def save(run, step: int, policy: Policy, updater: Updater, selector, buffer, com
     atomic_write(folder / "latest", lambda f: f.write(f"{path.name}\n{time.perf_counter() - t0!r}\n{mb!r}\n".encode()))
     for old in sorted(folder.glob("step-*.pt"))[:-KEEP]:
         old.unlink(missing_ok=True)
-    run.commit_metrics(step)
     return path
 
 
@@ -101,20 +102,15 @@ def _write_peak_mb(run) -> float:
 
 
 def restore(run, policy: Policy, updater: Updater, selector, buffer, composer=None) -> Resume:
-    """Load the latest checkpoint of ``run`` into the given objects; returns the step to continue from and the
-    rollouts drawn for it.
-
-    The ledger's step rows past the checkpoint (a crashed process's) are removed, also when there is no
-    checkpoint yet (a crash before the first one: every step row goes).
-    """
+    """Load the latest checkpoint of ``run`` into the given objects; returns the step to continue from, the
+    rollouts drawn for it and the held metrics it kept (what a crashed process recorded past it is the recorder's
+    to drop, tasks/training/recorder.py)."""
     path = latest(run)
     if path is None:  # a fresh start, or a crash before the first checkpoint: same RNG state either way
         seed = derive_seed(run.cfg.seed, "train-start")
         torch.manual_seed(seed)
         random.seed(seed)
         np.random.seed(seed % 2**32)
-        run.ledger.truncate_after(run.run_id, -1)
-        run.defer_metrics(0)
         return Resume(0)
     state = torch.load(path, weights_only=False)
     policy.load_checkpoint_state(state["model"])
@@ -138,7 +134,4 @@ def restore(run, policy: Policy, updater: Updater, selector, buffer, composer=No
     torch.set_rng_state(state["rng"]["torch"])
     random.setstate(state["rng"]["python"])
     np.random.set_state(state["rng"]["numpy"])
-    run.ledger.truncate_after(run.run_id, int(state["step"]) - 1)
-    run.defer_metrics(int(state["step"]))
-    run.commit_metrics(int(state["step"]), held=state.get("metrics"))  # a kill may have beaten save's send
-    return Resume(int(state["step"]), state.get("draw"))
+    return Resume(int(state["step"]), state.get("draw"), list(state.get("metrics") or []))

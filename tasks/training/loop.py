@@ -1,30 +1,30 @@
 """The training stage: rounds of GRPO steps with selection, PODS down-sampling and rollout replay.
 
-One step (verl-style, every phase timed so the timing metrics read as a table of contents)::
+One step (verl-style, every phase timed so the timing metrics read as a table of contents), a method of
+:class:`Trainer` each::
 
-    round start (every mu steps): reference rollouts -> predictor, curriculum and window updates
-    select B_fresh prompts                               (tasks/selection/selector.py: ScalingRL -> GAIN-RL -> DOTS,
-                                                          then the likelihood screen, tasks/selection/screen.py)
-    generate n rollouts each, verify rewards             (tasks/calibration/reference.py; n and B_fresh from the
-                                                          adaptive composition's plan, rlcore.adaptive_composition)
-    keep m of n per prompt, advantages on the kept m      (rlcore.downsample, rlcore.advantages)
-    mix in B - B_fresh replayed groups                    (rlcore.replay_buffer)
-    clipped policy-gradient step at the step's lr         (the run's Updater, tasks/update/policy_update.py)
-    admit fresh groups with 0 < success < 1 (from all n) to the buffer; label the predictor
-    ledger rows for every selection and group; metrics; checkpoint at round ends
+    draw     round start (every mu steps): reference rollouts -> predictor, curriculum and window updates;
+             select B_fresh prompts, generate n rollouts each, verify, keep m of n (PODS), advantages
+             (tasks/training/draw.py; n and B_fresh from the adaptive composition's plan)
+    update   mix in B - B_fresh replayed groups (rlcore.replay_buffer); a clipped policy-gradient step at the
+             step's lr (the run's Updater, tasks/update/policy_update.py), which returns the fresh groups'
+             behaviour log-probs
+    observe  admit fresh groups with 0 < success < 1 (from all n) to the buffer; label the predictor
+    record   ledger rows for every selection and group, metrics (tasks/training/recorder.py)
     every eval.every steps: held-out evaluation, whose accuracy feeds the selector (ScalingRL's rho)
+    step end: metrics line, checkpoint at round ends (tasks/training/checkpoint.py)
 
-A round's steps run in one call of the caller's ``run_round`` (in the pipeline a Prefect task run ``round-<r>``,
-tasks/stages.py), which ends with the round's selection summary (:class:`RoundLog`). With every technique off this
-is plain GRPO with uniform prompt selection.
+The caller plays the rounds (:meth:`Trainer.rounds`, :meth:`Trainer.play_round`; in the pipeline each a Prefect
+task run ``round-<r>``, tasks/stages.py); each ends with the round's selection summary (:class:`RoundLog`). With
+every technique off this is plain GRPO with uniform prompt selection.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import groupby
@@ -32,40 +32,37 @@ from itertools import groupby
 import torch
 
 from rlcore.adaptive_composition import AdaptiveComposition, CompositionPlan
-from rlcore.advantages import effective_mask, group_advantages, solved_anchor
-from rlcore.downsample import downsample
-from rlcore.dynamic_sampling import BatchFiller
+from rlcore.advantages import effective_mask
 from rlcore.overlap_lag import LagChoice
 from rlcore.replay_buffer import ReplayBuffer, mix_counts
 from rlcore.seeding import derive_seed
 from rlcore.types import RolloutGroup
 from tasks.data.prompts import PromptRecord
-from tasks.generation.rollout import Generation
 from tasks.policy import Policy
 from tasks.records.cost import CostMeter
-from tasks.records.ledger import GroupRow, ReferenceRow, SelectionRow
 from tasks.records.throughput import ModelShape, Peak, peak, rates
 from tasks.records.progress import progress_bar
 from tasks.run import Run
 from tasks.training import checkpoint
 from tasks.calibration.record import Calibration
-from tasks.overlap.concurrent import Overlap, Sampler, open_sampler
+from tasks.training.draw import DRAW_PHASES, FreshBatch, StepDraw, sample_fresh, use_sampler_behaviour
+from tasks.overlap.concurrent import Overlap, OverlapTimes, Sampler, open_sampler
 from tasks.plan.planner import decide_lag, probe_records
-from tasks.calibration.reference import policy_measure, rollout_rewards
-from tasks.training.rounds import RoundLog, RoundRunner, run_plainly
+from tasks.training.recorder import Recorder
+from tasks.calibration.reference import policy_measure
+from tasks.training.rounds import RoundLog
 from tasks.selection.features import Features
 from tasks.selection.screen import policy_likelihood
 from tasks.selection.selector import Selector
 from tasks.update.backend import build_updater, share_generation
-from tasks.update.policy_update import scheduled_lr
+from tasks.update.nan_locator import SkippedUpdate
 from tasks.update.skip_guard import SkipGuard
+from tasks.update.policy_update import Updater, scheduled_lr
 
 log = logging.getLogger("rlsift.train")
 
 #: The cost meter's names for the phases of the training stage (their sum is the stage's wall time).
 TRAIN_PHASES = ("reference", "selection", "rollout", "update", "tracking", "eval_during", "checkpoint", "weight_sync")
-#: The phases of a step's draw (``StepDraw.phases``; overlapped, its ``overlap/draw_<phase>_s`` metrics).
-DRAW_PHASES = ("reference", "selection", "rollout")
 
 
 @dataclass(frozen=True)
@@ -76,160 +73,9 @@ class HeldoutEval:
     metrics: dict[str, float]
 
 
-#: ``step -> HeldoutEval``: evaluates the current policy after ``step`` updates (tasks/stages.py ``train_stage``).
+#: ``step -> HeldoutEval``: evaluates the current policy after ``step`` updates (the pipeline's train stage passes
+#: one that also writes the ledger's ``during`` rows, tasks/stages.py).
 EvaluateFn = Callable[[int], HeldoutEval]
-
-
-def make_groups(gen: Generation, rewards: torch.Tensor, records: list[PromptRecord], step: int, *, m: int | None,
-                rule: str, scale_std: bool, generator: torch.Generator, negative_weight: float, anchor: float,
-                sampler_behaviour: bool = False, version: int | None = None) -> tuple[list[RolloutGroup], dict]:
-    """PODS down-sampling (when m is set) and group-relative advantages on the kept rollouts; ``anchor``: the
-    solved-skill guard's advantage for groups whose kept rollouts all succeed (``rlcore.advantages.solved_anchor``).
-
-    Every group carries its rollouts' sampler log-probs; ``sampler_behaviour`` makes them its behaviour policy mu
-    (``train.behaviour``), otherwise the update's pi_old is. ``version``: the sampling weights' update count."""
-    b, n = rewards.shape
-    if m is None:
-        keep, stats = torch.arange(n).expand(b, n), {}
-    else:
-        keep, stats = downsample(rewards, m, rule=rule, generator=generator)
-    kept_r = rewards.gather(1, keep)  # [B, G]
-    adv = group_advantages(kept_r, scale_by_std=scale_std)  # [B, G]
-    if negative_weight != 1.0:
-        adv = torch.where(adv < 0, adv * negative_weight, adv)
-    adv = solved_anchor(kept_r, adv, anchor)
-    groups = []
-    for i, rec in enumerate(records):
-        rows = i * n + keep[i]
-        sampler = gen.logprobs[rows]
-        groups.append(RolloutGroup(
-            prompt_id=rec.id, prompt_ids=gen.prompt_ids[i], completion_ids=gen.completion_ids[rows],
-            completion_mask=gen.completion_mask[rows], rewards=kept_r[i], advantages=adv[i],
-            behaviour_logp=sampler if sampler_behaviour else torch.zeros(0), success_rate=float(rewards[i].mean()),
-            n_generated=n, step=step, sampler_logp=sampler, policy_version=version))
-    return groups, stats
-
-
-@dataclass(frozen=True)
-class FreshBatch:
-    """One step's freshly generated groups.
-
-    Attributes:
-        groups: the groups that enter the update (all of them, or with dynamic sampling the informative ones).
-        idx: pool indices of every prompt selected this step (every generation round), in draw order.
-        rows: a ledger row per selected prompt.
-        records: the selected prompts.
-        rewards: [len(idx), n] rewards of every generated rollout (labels for the predictor).
-        generated: rollouts generated (discarded ones included); tokens: their completion tokens;
-            prompt_tokens: their prompts' tokens (a prompt counted once per rollout).
-        gen_s: wall seconds in generation and verification.
-        stats: PODS and dynamic-sampling metrics, and the rollout engine's own (``RolloutEngine.metrics``).
-    """
-
-    groups: list[RolloutGroup]
-    idx: list[int]
-    rows: list[SelectionRow]
-    records: list[PromptRecord]
-    rewards: torch.Tensor
-    generated: int
-    tokens: int
-    prompt_tokens: int
-    gen_s: float
-    stats: dict[str, float]
-
-
-def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[PromptRecord], k: int,
-                 step: int, n: int, *, meter: CostMeter | None = None, sampler_behaviour: bool = False,
-                 version: int | None = None) -> FreshBatch:
-    """Select k prompts, generate n rollouts each (``rollout.n``, or the adaptive composition's plan), verify,
-    down-sample (PODS) and build groups.
-
-    With ``dynamic.enabled`` (DAPO's dynamic sampling, rlcore/dynamic_sampling.py) further rounds select and
-    generate until k informative groups are found or ``dynamic.max_rounds`` is reached; every round's
-    rollouts count. Round 0 draws with the seeds of a step without dynamic sampling.
-
-    ``meter``: where the phases are timed (default ``run.meter``; an overlapped draw keeps its own);
-    ``sampler_behaviour`` and ``version``: :func:`make_groups`'.
-    """
-    cfg, tc = run.cfg, run.cfg.train
-    meter = meter if meter is not None else run.meter
-    ds = cfg.dynamic
-    filler = BatchFiller(k, ds.oversample, ds.max_rounds) if ds.enabled else None
-    idx_all, rows_all, records_all, rewards_all, pods_all = [], [], [], [], []
-    generated = tokens = prompt_tokens = 0
-    gen_s = 0.0
-    groups: list[RolloutGroup] = []
-    attempt = 0
-
-    def seed(purpose: str) -> int:  # round 0 keeps the seeds of a step without dynamic sampling
-        return derive_seed(cfg.seed, step, purpose, *((attempt,) if attempt else ()))
-
-    while True:
-        want = filler.request() if filler is not None else k
-        with meter.stage("selection"):
-            idx, rows = selector.choose(want, step, attempt)
-        records = [pool[i] for i in idx]
-        with meter.stage("rollout"):
-            t_gen = time.perf_counter()
-            gen, rewards = rollout_rewards(policy, records, n, seed("train"))
-            gen_s += time.perf_counter() - t_gen
-        gen_rng = torch.Generator().manual_seed(seed("pods"))
-        with meter.stage("selection"):
-            groups, pods_stats = make_groups(gen, rewards, records, step,
-                                             m=cfg.pods.m if cfg.pods.enabled else None, rule=cfg.pods.rule,
-                                             scale_std=tc.scale_std, generator=gen_rng,
-                                             negative_weight=tc.negative_weight, anchor=cfg.guard.anchor,
-                                             sampler_behaviour=sampler_behaviour, version=version)
-        idx_all += idx
-        rows_all += rows
-        records_all += records
-        rewards_all.append(rewards)
-        pods_all.append((len(records), pods_stats))
-        generated += gen.completion_ids.shape[0]
-        tokens += gen.tokens
-        prompt_tokens += n * sum(int(p.numel()) for p in gen.prompt_ids)
-        attempt += 1
-        if filler is None:
-            break
-        filler.add(groups)
-        if filler.done:
-            groups = filler.batch()
-            break
-    total = sum(b for b, _ in pods_all)
-    stats = {key: sum(b * st[key] for b, st in pods_all) / total for key in pods_all[0][1]}
-    if filler is not None:
-        stats |= filler.metrics()
-    stats |= policy.engine.metrics()  # a pool's live servers, the generator process's peak memory
-    return FreshBatch(groups=groups, idx=idx_all, rows=rows_all, records=records_all,
-                      rewards=torch.cat(rewards_all), generated=generated, tokens=tokens, prompt_tokens=prompt_tokens,
-                      gen_s=gen_s, stats=stats)
-
-
-@dataclass(frozen=True)
-class StepDraw:
-    """What one step's sampling hands its update: drawn in the step itself (``overlap.lag`` 0) or, one step ahead,
-    while the previous update ran (lag 1; then kept in the checkpoint until trained).
-
-    Attributes:
-        step: the step these rollouts are for.
-        fresh: the freshly generated groups.
-        plan: the adaptive composition's plan (rollouts a prompt, fresh share) the draw followed.
-        n_replay: replayed groups to add at the update.
-        version: updates the sampling weights had received (``step`` on-policy, ``step - 1`` with lag 1).
-        metrics: the round start's metrics (reference rollouts, predictor, curriculum, window) when the step
-            starts a round.
-        references: the round start's reference rows for the ledger.
-        phases: seconds of the draw's phases (reference, selection, rollout).
-    """
-
-    step: int
-    fresh: FreshBatch
-    plan: CompositionPlan
-    n_replay: int
-    version: int
-    metrics: dict[str, float]
-    references: tuple[ReferenceRow, ...]
-    phases: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -243,26 +89,300 @@ class TrainSummary:
     overlap: dict[str, float] = field(default_factory=dict)
 
 
-def use_sampler_behaviour(cfg, lag: int) -> bool:
-    """``train.behaviour``: whether fresh groups' mu is the sampler's log-probs (auto: whenever the sampler is not
-    the trainer's own module at the step's start: ``lag`` 1, or an engine outside this process)."""
-    if cfg.train.behaviour != "auto":
-        return cfg.train.behaviour == "sampler"
-    return lag > 0 or cfg.rollout.engine != "hf"
+
+@dataclass(frozen=True)
+class Round:
+    """A training round as this process plays it: its ``index`` and ``steps`` (all of them, or a resumed round's
+    rest)."""
+
+    index: int
+    steps: tuple[int, ...]
 
 
-def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features,
-          calibration: Calibration | None = None, evaluate_fn: EvaluateFn | None = None,
-          run_round: RoundRunner = run_plainly, lag: LagChoice | None = None) -> TrainSummary:
-    """Run (or resume) the training stage.
+@dataclass(frozen=True)
+class StepUpdate:
+    """What a step's update phase leaves for its observe and record phases.
 
-    ``evaluate_fn`` runs every ``eval.every`` steps (0: never); its accuracy goes to
+    Attributes:
+        fresh: the fresh groups trained, each with its behaviour log-probs (the update's pi_old where the group had
+            none: what Rollout Replay stores).
+        batch: every group trained (the fresh ones as drawn, then the replayed ones).
+        replayed: replayed groups in ``batch``.
+        lr: the step's learning rate.
+        stats: the updater's metrics (:class:`~tasks.update.policy_update.UpdateResult`).
+        seconds: the update's wall seconds.
+        timing: the overlap's timing when the update ran beside the next step's draw (lag 1), else None.
+        skipped: the minibatches the update did not apply (non-finite loss or gradient), with cause and site.
+    """
+
+    fresh: list[RolloutGroup]
+    batch: list[RolloutGroup]
+    replayed: int
+    lr: float
+    stats: dict[str, float]
+    seconds: float
+    timing: OverlapTimes | None
+    skipped: tuple[SkippedUpdate, ...] = ()
+
+
+class Trainer:
+    """The training stage's steps, one phase a method: :meth:`draw` (round start, selection, rollouts),
+    :meth:`update`, :meth:`observe` (replay buffer, selector, adaptive composition), :meth:`record` (ledger rows and
+    metrics, through the run's :class:`~tasks.training.recorder.Recorder`), the held-out evaluation
+    (:meth:`heldout`) and the step's end (:meth:`end_step`: metrics line, progress bar, checkpoint).
+
+    The caller drives it: :meth:`rounds` lists what is left to play, :meth:`play_round` plays one (the pipeline's
+    train stage wraps each in a Prefect task run, tasks/stages.py), :meth:`finish` ends training. Built from the
+    latest checkpoint when there is one (tasks/training/checkpoint.py); :func:`training` builds it with its
+    updater and sampler.
+    """
+
+    def __init__(self, run: Run, policy: Policy, sampling: Sampler, updater: Updater,
+                 pool: list[PromptRecord], features: Features, calibration: Calibration | None = None,
+                 evaluate: EvaluateFn | None = None):
+        cfg = run.cfg
+        self.run, self.cfg, self.policy, self.sampling, self.updater = run, cfg, policy, sampling, updater
+        self.pool, self.evaluate = pool, evaluate
+        self.sampler = sampling.policy  # what the rollouts and the likelihood screen read
+        likelihood = policy_likelihood(self.sampler, temperature=cfg.rollout.temperature,
+                                       max_new_tokens=cfg.rollout.max_new_tokens,
+                                       micro_batch_tokens=cfg.train.micro_batch_tokens,
+                                       device=run.device) if cfg.select.screen > 1 else None
+        self.selector = Selector(cfg, pool, features, likelihood)
+        if calibration is not None:
+            self.selector.seed_labels(calibration)
+        self.buffer = ReplayBuffer(cfg.replay.capacity, max_age=cfg.replay.max_age) if cfg.replay.enabled else None
+        ad = cfg.adapt
+        self.composer = AdaptiveComposition(ad.low, ad.high, ad.momentum) if ad.enabled else None
+        resume = checkpoint.restore(run, policy, updater, self.selector, self.buffer, self.composer)
+        self.recorder = Recorder(run)
+        self.recorder.resume(resume.step, resume.held)
+        self.start: int = resume.step
+        #: the next step's draw, made beside this step's update (lag 1) or restored from the checkpoint
+        self.pending: StepDraw | None = resume.draw
+        if self.start:
+            log.info("resuming at step %d%s", self.start,
+                     " with its rollouts restored" if self.pending is not None else "")
+        self.measure = policy_measure(self.sampler)
+        self.sampler_behaviour = use_sampler_behaviour(cfg, sampling.lag)
+        self.shape = ModelShape.of(policy.model)
+        self.machine = peak(run.meter.device, run.device, next(policy.model.parameters()).dtype)
+        if not self.start:
+            run.tracker.set_tags({"rlsift.peak_flops_source": self.machine.source})
+        self.bar = progress_bar(total=cfg.train.steps, initial=self.start, desc="train", unit="step")
+        self.bar_acc = ""  # held-out greedy accuracy of the last in-training evaluation (eval.every)
+        self.summary = TrainSummary(steps=self.start)
+        self.overlap = Overlap()
+        #: skipped updates: recorded, shown, and the run stopped after ``train.max_skipped_steps`` in a row
+        self.guard = SkipGuard(cfg.train.max_skipped_steps, cfg.train.minibatches, run.ledger, run.run_id)
+        if sampling.overlapped and self.start < cfg.train.steps and self.pending is None:
+            run.meter.add("weight_sync", sampling.sync(run.dir / "vllm_weights"))
+
+    # ---- the stage's view ------------------------------------------------------------------------------------
+    def rounds(self) -> list[Round]:
+        """The rounds left to play, in order (a resume mid-round: the rest of that round first)."""
+        rs = self.cfg.train.round_steps
+        return [Round(r, tuple(steps)) for r, steps in groupby(range(self.start, self.cfg.train.steps),
+                                                               key=lambda s: s // rs)]
+
+    def play_round(self, round_: Round) -> RoundLog:
+        """This process's steps of ``round_``, then its summary line (logged and returned)."""
+        tally = RoundLog(round_.index, list(round_.steps))
+        for step in round_.steps:
+            self.play_step(round_.index, step, tally)
+        log.info("%s", tally.line())
+        return tally
+
+    def finish(self) -> TrainSummary:
+        """After the last round: the rollout engine gets the final weights (the final evaluation samples with
+        them); returns what training did, with the overlap's totals when overlapped."""
+        self.overlap.close()
+        self.bar.close()
+        sync_rollout_weights(self.run, self.policy)
+        if self.sampling.overlapped:
+            self.summary = replace(self.summary, overlap=self.recorder.overlap_totals())
+            log.info("overlap over %d steps: %s", self.summary.steps,
+                     ", ".join(f"{k} {v:.1f}" for k, v in self.summary.overlap.items()))
+        return self.summary
+
+    # ---- one step, phase by phase --------------------------------------------------------------------------
+    def play_step(self, round_: int, step: int, tally: RoundLog) -> None:
+        """One training step: draw (or take the draw made ahead), update, observe, record, evaluate, end."""
+        t0 = time.perf_counter()
+        sd = self.pending if self.pending is not None else self.draw(step, step, self.run.meter)  # lag 0, or first
+        if sd.step != step:  # a checkpoint's draw belongs to the step it was saved before
+            raise RuntimeError(f"the rollouts drawn for step {sd.step} reached step {step}")
+        self.pending = None
+        upd = self.update(sd)
+        metrics = self.observe(sd, upd)
+        eff = effective(upd.batch)
+        metrics |= self.record(round_, sd, upd, eff)
+        held = self.heldout(step)
+        if held is not None:
+            metrics |= held.metrics
+        metrics["time/step_s"] = time.perf_counter() - t0
+        self.end_step(step, sd, upd, eff, metrics, held, tally)
+
+    def draw(self, step: int, version: int, meter: CostMeter) -> StepDraw:
+        """Everything before the update that does not need this step's update: round start, selection, rollouts
+        (``version``: the updates the sampling weights have had; ``meter``: where the phases are timed)."""
+        cfg, tc, buffer = self.cfg, self.cfg.train, self.buffer
+        round_, metrics = step // tc.round_steps, {}
+        if not self.sampling.overlapped and (step % tc.round_steps == 0 or step == self.start):
+            sync_rollout_weights(self.run, self.policy)  # vLLM, sequential: the round's starting weights sample
+        if step % tc.round_steps == 0:
+            with meter.stage("reference"):
+                metrics |= self.selector.begin_round(round_, step, self.measure)
+        if buffer is not None:
+            buffer.prune(step)  # drop groups past replay.max_age so the mix counts only replayable ones
+        delta = cfg.replay.fresh_frac if buffer is not None else 1.0
+        plan = self.composer.plan(cfg.rollout.n, cfg.kept_per_prompt, delta) if self.composer is not None \
+            else CompositionPlan(rollouts=cfg.rollout.n, fresh_frac=delta, level=0.0)
+        n_fresh, n_replay = (mix_counts(tc.prompts_per_step, plan.fresh_frac, len(buffer))
+                             if buffer is not None and round_ > 0 else (tc.prompts_per_step, 0))
+        before = dict(meter.seconds)
+        fs = sample_fresh(self.run, self.sampler, self.selector, self.pool, n_fresh, step, plan.rollouts, meter=meter,
+                          sampler_behaviour=self.sampler_behaviour, version=version)
+        phases = {k: meter.seconds.get(k, 0.0) - before.get(k, 0.0) for k in DRAW_PHASES}
+        return StepDraw(step=step, fresh=fs, plan=plan, n_replay=n_replay, version=version, metrics=metrics,
+                        references=tuple(self.selector.take_references()), phases=phases)
+
+    def draw_ahead(self, step: int) -> StepDraw:
+        """Step ``step``'s draw from the weights before step ``step - 1``'s update (lag 1), on a meter of its own."""
+        return self.draw(step, step - 1, CostMeter(prices={}, device="cpu", devices=1))
+
+    def update(self, sd: StepDraw) -> StepUpdate:
+        """The replayed groups joined to the fresh ones, one update at the step's lr; with lag 1 the next step's
+        draw runs beside it (collected into :attr:`pending`)."""
+        run, step, buffer = self.run, sd.step, self.buffer
+        with run.meter.stage("selection"):
+            n_replay = min(sd.n_replay, len(buffer)) if buffer is not None else 0
+            replayed = buffer.sample(n_replay, step, torch.Generator().manual_seed(
+                derive_seed(self.cfg.seed, step, "replay"))) if n_replay else []
+        batch = sd.fresh.groups + replayed
+        if self.sampling.overlapped and step + 1 < self.cfg.train.steps:  # step + 1 drawn from these weights
+            with run.meter.stage("weight_sync"):
+                self.sampling.sync(run.dir / "vllm_weights")
+            self.overlap.launch(partial(self.draw_ahead, step + 1))
+        lr = scheduled_lr(self.cfg, step)
+        self.updater.set_lr(lr)
+        with run.meter.stage("update"):
+            t_upd = time.perf_counter()
+            result = self.updater.step(batch)
+            upd_s = time.perf_counter() - t_upd
+        timing = None
+        if self.overlap.in_flight:
+            with run.meter.stage("rollout"):  # the trainer's wait for the next step's rollouts
+                self.pending, timing = self.overlap.collect()
+        fresh = result.with_behaviour(batch)[:len(sd.fresh.groups)]
+        return StepUpdate(fresh=fresh, batch=batch, replayed=n_replay, lr=lr, stats=result.metrics, seconds=upd_s,
+                          timing=timing, skipped=result.skipped)
+
+    def observe(self, sd: StepDraw, upd: StepUpdate) -> dict[str, float]:
+        """What the step taught the selection: informative fresh groups to the replay buffer, the rewards to the
+        selector (DOTS labels, ScalingRL, GAIN-RL) and to the adaptive composition; returns the round start's
+        metrics and theirs."""
+        fs, metrics = sd.fresh, dict(sd.metrics)
+        with self.run.meter.stage("selection"):
+            if self.buffer is not None:
+                for g in upd.fresh:
+                    self.buffer.admit(g)
+            metrics |= self.selector.observe(sd.step, fs.idx, fs.rewards, float(fs.rewards.mean()),
+                                             upd.stats.get("gain/angle_online"))
+            if self.composer is not None:
+                self.composer.observe(fs.rewards, self.cfg.kept_per_prompt)  # the plan this step ran
+                metrics |= sd.plan.metrics() | {"adapt/informative": self.composer.informative}
+        return metrics
+
+    def record(self, round_: int, sd: StepDraw, upd: StepUpdate, eff: torch.Tensor) -> dict[str, float]:
+        """The step's ledger rows; returns its training metrics (``eff``: [groups trained] 1.0 where a group's
+        rewards were unequal)."""
+        meter, fs, step = self.run.meter, sd.fresh, sd.step
+        with meter.stage("tracking"):
+            self.recorder.rows(round_, step, sd.references, fs.rows, upd.batch)
+            metrics = upd.stats | fs.stats | self.guard.observe(step, upd.stats, upd.skipped)
+            metrics |= {
+                "train/reward_mean": float(fs.rewards.mean()),
+                "train/lr": upd.lr,
+                "train/effective_ratio": float(eff.mean()),
+                "train/effective_ratio_fresh": float(eff[:len(fs.groups)].mean()),
+                "train/groups": float(len(upd.batch)),
+                "train/level_mean": float(sum(r.level or 0 for r in fs.records) / len(fs.records)),
+                "train/policy_lag": float(step - sd.version),
+                "rollout/generated": float(fs.generated),
+                "rollout/tokens": float(fs.tokens),
+                "rollout/tokens_per_s": fs.tokens / max(fs.gen_s, 1e-9),
+                "rollout/length_mean": fs.tokens / fs.generated,
+            } | throughput(self.shape, self.machine, fs, upd.stats, upd.seconds) | {
+                "time/reference_share": meter.wall_seconds("reference") / max(meter.wall_seconds(TRAIN_PHASES), 1e-9)}
+            if upd.timing is not None:  # this update overlapped the next step's draw
+                metrics |= {"overlap/update_s": upd.seconds} | upd.timing.metrics() | {
+                    f"overlap/draw_{k}_s": v for k, v in self.pending.phases.items()}
+            if self.buffer is not None:
+                metrics |= self.buffer.stats(step) | {"replay/fresh": float(len(fs.groups)),
+                                                      "replay/replayed": float(upd.replayed)}
+        return metrics
+
+    def heldout(self, step: int) -> HeldoutEval | None:
+        """Every ``eval.every`` steps: the held-out evaluation after step ``step``'s update, whose accuracy the
+        selector reads at the next round start (before the step's checkpoint, so a resume keeps it)."""
+        every = self.cfg.eval.every
+        if self.evaluate is None or not every or (step + 1) % every:
+            return None
+        sync_rollout_weights(self.run, self.policy)  # a server evaluates the weights after this update
+        with self.run.meter.stage("eval_during"):
+            held = self.evaluate(step + 1)
+        self.selector.set_heldout_accuracy(held.accuracy)
+        return held
+
+    def end_step(self, step: int, sd: StepDraw, upd: StepUpdate, eff: torch.Tensor, metrics: dict[str, float],
+                 held: HeldoutEval | None, tally: RoundLog) -> None:
+        """The step's metrics line (with the cost meter's totals), progress bar and round tally; a checkpoint at a
+        round's end, every ``train.checkpoint_every`` steps and after the last."""
+        run, tc = self.run, self.cfg.train
+        metrics |= run.meter.metrics() | (run.meter.memory.take() if run.meter.memory is not None else {})
+        with run.meter.stage("tracking"):
+            self.recorder.metrics(step, metrics)
+        self.summary = TrainSummary(steps=step + 1, last=metrics)
+        if "eval/accuracy" in metrics:
+            self.bar_acc = f"{metrics['eval/accuracy']:.2f}"
+        self.bar.update(1)
+        timing = upd.timing
+        idle = {"idle": f"{timing.trainer_idle_s:.2f}/{timing.generator_idle_s:.2f}"} if timing else {}
+        self.bar.set_postfix(reward=f"{float(sd.fresh.rewards.mean()):.2f}", eff=f"{float(eff.mean()):.2f}",
+                             s=f"{metrics['time/step_s']:.1f}", **({"acc": self.bar_acc} if self.bar_acc else {}),
+                             **idle, **self.guard.postfix())
+        tally.add(sd.fresh.records, sd.fresh.rows, eff, upd.replayed,
+                  (upd.seconds, timing) if timing is not None else None, sd.fresh.rewards,
+                  None if held is None else held.accuracy)
+        if (step + 1) % tc.round_steps == 0 or (tc.checkpoint_every and (step + 1) % tc.checkpoint_every == 0) \
+                or step + 1 == tc.steps or self.guard.stuck:
+            with run.meter.stage("checkpoint"):
+                self.recorder.checkpoint(step + 1, lambda held: checkpoint.save(
+                    run, step + 1, self.policy, self.updater, self.selector, self.buffer, self.composer,
+                    draw=self.pending, held=held))
+        self.guard.check()  # train.max_skipped_steps in a row: stop, naming the cause
+
+
+def effective(batch: list[RolloutGroup]) -> torch.Tensor:
+    """[groups] 1.0 where a group's kept rewards are unequal (it carries a gradient), else 0.0."""
+    kept = torch.stack([g.rewards for g in batch]) if len({g.size for g in batch}) == 1 else None
+    return effective_mask(kept).float() if kept is not None else torch.tensor(
+        [float(g.rewards.max() > g.rewards.min()) for g in batch])
+
+
+@contextmanager
+def training(run: Run, policy: Policy, pool: list[PromptRecord], features: Features,
+             calibration: Calibration | None = None, evaluate: EvaluateFn | None = None,
+             lag: LagChoice | None = None) -> Iterator[Trainer]:
+    """The training stage's :class:`Trainer` (or a resumed one), with its updater and sampler, closed after.
+
+    ``evaluate`` runs every ``eval.every`` steps (0: never); its accuracy goes to
     ``Selector.set_heldout_accuracy``, which ScalingRL's scheduler reads at the next round start. With
     ``lag`` 1 the next step's draw runs while this step updates (tasks/overlap/concurrent.py); ``lag``: the overlap
     decided before training (the pipeline's overlap stage), or None to decide it here
-    (tasks/plan/planner.py ``decide_lag``, probing on the reference prompts or the pool's first ones).
-    ``run_round`` runs each round's steps (a resume mid-round: the rest of that round), whose :class:`RoundLog`
-    line ends them.
+    (tasks/plan/planner.py ``decide_lag``, probing on the reference prompts or the pool's first ones). A failing
+    or stopped run does not wait for the draw in flight.
     """
     cfg = run.cfg
     if lag is None:
@@ -275,205 +395,29 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
     if shared is not None:
         log.info("rollouts: %s", shared)
     sampling = open_sampler(policy, lag.lag, threads=cfg.overlap.generator_threads,  # the probe's, where kept
-                               needs_copy=cfg.select.screen > 1, on_temp_dir=run.note_temp, handover=run.handover)
+                            needs_copy=cfg.select.screen > 1, on_temp_dir=run.note_temp, handover=run.handover)
     try:
-        return _train(run, policy, sampling, updater, pool, features, calibration, evaluate_fn, run_round)
+        trainer = Trainer(run, policy, sampling, updater, pool, features, calibration, evaluate)
+        try:
+            yield trainer
+        except BaseException:
+            sampling.close(now=True)
+            raise
+        finally:
+            trainer.overlap.close()
     finally:
         sampling.close()
 
 
-def _train(run: Run, policy: Policy, sampling: Sampler, updater, pool: list[PromptRecord], features: Features,
-           calibration: Calibration | None, evaluate_fn: EvaluateFn | None, run_round: RoundRunner) -> TrainSummary:
-    cfg, tc = run.cfg, run.cfg.train
-    model = policy.model
-    sampler = sampling.policy  # what the rollouts and the likelihood screen read
-    likelihood = policy_likelihood(sampler, temperature=cfg.rollout.temperature,
-                                   max_new_tokens=cfg.rollout.max_new_tokens, micro_batch_tokens=tc.micro_batch_tokens,
-                                   device=run.device) if cfg.select.screen > 1 else None
-    selector = Selector(cfg, pool, features, likelihood)
-    if calibration is not None:
-        selector.seed_labels(calibration)
-    buffer = ReplayBuffer(cfg.replay.capacity, max_age=cfg.replay.max_age) if cfg.replay.enabled else None
-    ad = cfg.adapt
-    composer = AdaptiveComposition(ad.low, ad.high, ad.momentum) if ad.enabled else None
-    resume = checkpoint.restore(run, policy, updater, selector, buffer, composer)
-    start, pending = resume.step, resume.draw
-    if start:
-        run.ledger.truncate_after(run.run_id, start - 1)
-        log.info("resuming at step %d%s", start, " with its rollouts restored" if pending is not None else "")
-    measure = policy_measure(sampler)
-    sampler_behaviour = use_sampler_behaviour(cfg, sampling.lag)
-    shape = ModelShape.of(model)
-    machine = peak(run.meter.device, run.device, next(model.parameters()).dtype)
-    if not start:
-        run.tracker.set_tags({"rlsift.peak_flops_source": machine.source})
-
-    def draw(step: int, version: int, meter) -> StepDraw:
-        """Everything before the update that does not need this step's update: round start, selection, rollouts."""
-        round_, metrics = step // tc.round_steps, {}
-        if not sampling.overlapped and (step % tc.round_steps == 0 or step == start):
-            sync_rollout_weights(run, policy)  # vLLM, sequential: the server samples with the round's starting weights
-        if step % tc.round_steps == 0:
-            with meter.stage("reference"):
-                metrics |= selector.begin_round(round_, step, measure)
-        if buffer is not None:
-            buffer.prune(step)  # drop groups past replay.max_age so the mix counts only replayable ones
-        delta = cfg.replay.fresh_frac if buffer is not None else 1.0
-        plan = composer.plan(cfg.rollout.n, cfg.kept_per_prompt, delta) if composer is not None \
-            else CompositionPlan(rollouts=cfg.rollout.n, fresh_frac=delta, level=0.0)
-        n_fresh, n_replay = (mix_counts(tc.prompts_per_step, plan.fresh_frac, len(buffer))
-                             if buffer is not None and round_ > 0 else (tc.prompts_per_step, 0))
-        before = dict(meter.seconds)
-        fs = sample_fresh(run, sampler, selector, pool, n_fresh, step, plan.rollouts, meter=meter,
-                          sampler_behaviour=sampler_behaviour, version=version)
-        phases = {k: meter.seconds.get(k, 0.0) - before.get(k, 0.0) for k in DRAW_PHASES}
-        return StepDraw(step=step, fresh=fs, plan=plan, n_replay=n_replay, version=version, metrics=metrics,
-                        references=tuple(selector.take_references()), phases=phases)
-
-    metrics_file = run.dir / "metrics.jsonl"
-    if metrics_file.exists():  # a resumed run drops what the crashed one logged past its checkpoint
-        kept = [ln for ln in metrics_file.read_text().splitlines() if _step_of(ln) < start]
-        metrics_file.write_text("".join(ln + "\n" for ln in kept))
-    bar = progress_bar(total=tc.steps, initial=start, desc="train", unit="step")
-    bar_acc = ""  # held-out greedy accuracy of the last in-training evaluation (eval.every)
-    summary = TrainSummary(steps=start)
-    overlap = Overlap()
-    guard = SkipGuard(tc.max_skipped_steps, tc.minibatches, run.ledger, run.run_id)  # skipped updates: said, bounded
-
-    def play_round(round_: int, steps: list[int]) -> None:
-        """This process's ``steps`` of round ``round_`` (all of them, or a resumed round's rest), then its summary."""
-        nonlocal pending, summary, bar_acc
-        tally = RoundLog(round_, steps)
-        for step in steps:
-            t0 = time.perf_counter()
-            sd = pending if pending is not None else draw(step, step, run.meter)  # lag 0, or the first step
-            if sd.step != step:  # a checkpoint's draw belongs to the step it was saved before
-                raise RuntimeError(f"the rollouts drawn for step {sd.step} reached step {step}")
-            pending, timing = None, None
-            fs = sd.fresh
-            idx, rows, records, rewards, fresh = fs.idx, fs.rows, fs.records, fs.rewards, fs.groups
-            metrics = dict(sd.metrics)
-            with run.meter.stage("selection"):
-                n_replay = min(sd.n_replay, len(buffer)) if buffer is not None else 0
-                replayed = buffer.sample(n_replay, step, torch.Generator().manual_seed(
-                    derive_seed(cfg.seed, step, "replay"))) if n_replay else []
-            batch = fresh + replayed
-            if sampling.overlapped and step + 1 < tc.steps:  # draw step + 1 from these weights during the update
-                with run.meter.stage("weight_sync"):
-                    sampling.sync(run.dir / "vllm_weights")
-                overlap.launch(lambda s=step + 1: draw(s, s - 1, CostMeter(prices={}, device="cpu", devices=1)))
-            lr = scheduled_lr(cfg, step)
-            updater.set_lr(lr)
-            with run.meter.stage("update"):
-                t_upd = time.perf_counter()
-                stats = updater.step(batch)
-                upd_s = time.perf_counter() - t_upd
-            if overlap.in_flight:
-                with run.meter.stage("rollout"):  # the trainer's wait for the next step's rollouts
-                    pending, timing = overlap.collect()
-            with run.meter.stage("selection"):
-                if buffer is not None:
-                    for g in fresh:
-                        buffer.admit(g)
-                accuracy = float(rewards.mean())
-                metrics |= selector.observe(step, idx, rewards, accuracy, stats.get("gain/angle_online"))
-                if composer is not None:
-                    composer.observe(rewards, cfg.kept_per_prompt)  # the plan this step ran, r with this step in it
-                    metrics |= sd.plan.metrics() | {"adapt/informative": composer.informative}
-            kept = torch.stack([g.rewards for g in batch]) if len({g.size for g in batch}) == 1 else None
-            eff = effective_mask(kept).float() if kept is not None else torch.tensor(
-                [float(g.rewards.max() > g.rewards.min()) for g in batch])
-            with run.meter.stage("tracking"):
-                if sd.references:
-                    run.ledger.add_reference(run.run_id, list(sd.references))
-                run.ledger.add_selections(run.run_id, round_, step, rows)
-                run.ledger.add_groups(run.run_id, step, [GroupRow(
-                    prompt_id=g.prompt_id, n=g.n_generated, successes=int(round(g.success_rate * g.n_generated)),
-                    mean_reward=g.success_rate, kept=g.size, kept_mean_reward=float(g.rewards.mean()),
-                    replayed=g.replayed_from is not None,
-                    from_step=g.replayed_from if g.replayed_from is not None else step,
-                    policy_version=g.policy_version,
-                    lag=None if g.policy_version is None else step - g.policy_version) for g in batch])
-                metrics |= stats | fs.stats | guard.observe(step, stats, updater.skipped())
-                metrics |= {
-                    "train/reward_mean": accuracy,
-                    "train/lr": lr,
-                    "train/effective_ratio": float(eff.mean()),
-                    "train/effective_ratio_fresh": float(eff[:len(fresh)].mean()),
-                    "train/groups": float(len(batch)),
-                    "train/level_mean": float(sum(r.level or 0 for r in records) / len(records)),
-                    "train/policy_lag": float(step - sd.version),
-                    "rollout/generated": float(fs.generated),
-                    "rollout/tokens": float(fs.tokens),
-                    "rollout/tokens_per_s": fs.tokens / max(fs.gen_s, 1e-9),
-                    "rollout/length_mean": fs.tokens / fs.generated,
-                } | throughput(shape, machine, fs, stats, upd_s) | {
-                    "time/reference_share": run.meter.wall_seconds("reference") / max(run.meter.wall_seconds(
-                        TRAIN_PHASES), 1e-9)}
-                if timing is not None:  # this update overlapped the next step's draw
-                    metrics |= {"overlap/update_s": upd_s} | timing.metrics() | {
-                        f"overlap/draw_{k}_s": v for k, v in pending.phases.items()}
-                if buffer is not None:
-                    metrics |= buffer.stats(step) | {"replay/fresh": float(len(fresh)),
-                                                     "replay/replayed": float(n_replay)}
-            held = None
-            if evaluate_fn is not None and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
-                sync_rollout_weights(run, policy)  # a server evaluates the weights after this update
-                with run.meter.stage("eval_during"):
-                    held = evaluate_fn(step + 1)
-                metrics |= held.metrics
-                selector.set_heldout_accuracy(held.accuracy)  # before the checkpoint below, so a resume keeps it
-            metrics["time/step_s"] = time.perf_counter() - t0
-            metrics |= run.meter.metrics() | (run.meter.memory.take() if run.meter.memory is not None else {})
-            with run.meter.stage("tracking"):
-                run.log_metrics(metrics, step)
-                with open(metrics_file, "a") as f:
-                    f.write(json.dumps({"step": step, **metrics}) + "\n")
-            summary = TrainSummary(steps=step + 1, last=metrics)
-            if "eval/accuracy" in metrics:
-                bar_acc = f"{metrics['eval/accuracy']:.2f}"
-            bar.update(1)
-            idle = {"idle": f"{timing.trainer_idle_s:.2f}/{timing.generator_idle_s:.2f}"} if timing else {}
-            bar.set_postfix(reward=f"{accuracy:.2f}", eff=f"{float(eff.mean()):.2f}",
-                            s=f"{metrics['time/step_s']:.1f}", **({"acc": bar_acc} if bar_acc else {}), **idle,
-                            **guard.postfix())
-            tally.add(fs.records, fs.rows, eff, len(replayed), (upd_s, timing) if timing is not None else None,
-                      rewards, None if held is None else held.accuracy)
-            if (step + 1) % tc.round_steps == 0 or (tc.checkpoint_every and (step + 1) % tc.checkpoint_every == 0) \
-                    or step + 1 == tc.steps or guard.stuck:
-                with run.meter.stage("checkpoint"):
-                    checkpoint.save(run, step + 1, policy, updater, selector, buffer, composer, draw=pending)
-            guard.check()  # train.max_skipped_steps in a row: stop, naming the cause
-        log.info("%s", tally.line())
-
-    try:
-        if sampling.overlapped and start < tc.steps and pending is None:
-            run.meter.add("weight_sync", sampling.sync(run.dir / "vllm_weights"))
-        for round_, steps in groupby(range(start, tc.steps), key=lambda s: s // tc.round_steps):
-            run_round(round_, partial(play_round, round_, list(steps)))
-    except BaseException:
-        sampling.close(now=True)  # a failing or stopped run does not wait for the draw in flight
-        raise
-    finally:
-        overlap.close()
-    bar.close()
-    sync_rollout_weights(run, policy)  # the final evaluation samples with the final weights
-    if sampling.overlapped:
-        summary = replace(summary, overlap=overlap_totals(metrics_file))
-        log.info("overlap over %d steps: %s", summary.steps, ", ".join(f"{k} {v:.1f}" for k, v in
-                                                                       summary.overlap.items()))
-    return summary
-
-
-def overlap_totals(metrics_file) -> dict[str, float]:
-    """The run's overlap seconds summed over every step in ``metrics.jsonl`` (a resumed run's earlier steps too)."""
-    keys = ("update_s", "draw_s", "overlap_s", "trainer_idle_s", "generator_idle_s")
-    totals = dict.fromkeys(keys, 0.0)
-    for line in metrics_file.read_text().splitlines():
-        row = json.loads(line)
-        for k in keys:
-            totals[k] += row.get(f"overlap/{k}", 0.0)
-    return totals
+def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features,
+          calibration: Calibration | None = None, evaluate: EvaluateFn | None = None,
+          lag: LagChoice | None = None) -> TrainSummary:
+    """Run (or resume) the training stage in place, every round in turn (:func:`training`'s arguments); the
+    pipeline's train stage plays the rounds itself, each a Prefect task run."""
+    with training(run, policy, pool, features, calibration, evaluate, lag) as trainer:
+        for round_ in trainer.rounds():
+            trainer.play_round(round_)
+        return trainer.finish()
 
 
 def throughput(shape: ModelShape, machine: Peak, fs: FreshBatch, upd_stats: dict[str, float],
@@ -500,10 +444,3 @@ def sync_rollout_weights(run: Run, policy: Policy) -> None:
     for the in-process HF engine, an export and reload for the vLLM server, tasks/generation/vllm_engine.py)."""
     run.meter.add("weight_sync", policy.engine.sync_weights(policy.model, policy.tokenizer, run.dir / "vllm_weights"))
 
-
-def _step_of(line: str) -> float:
-    """The step of a metrics.jsonl line; a line torn by a kill counts as past every checkpoint."""
-    try:
-        return json.loads(line)["step"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return float("inf")

@@ -1,11 +1,10 @@
-"""A training round as the pipeline shows it: the callable that runs a round's steps (in the pipeline a Prefect
-task run ``round-<r>``, tasks/stages.py) and the round's one-line selection summary.
+"""A training round's one-line selection summary (in the pipeline the log of its Prefect task run ``round-<r>``,
+tasks/stages.py).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -73,13 +72,3 @@ class RoundLog:
                 f"steps' draws {sum(t.draw_s for t in times):.1f} s, at once {sum(t.overlap_s for t in times):.1f} s; "
                 f"idle: trainer {sum(t.trainer_idle_s for t in times):.1f} s, generator "
                 f"{sum(t.generator_idle_s for t in times):.1f} s")
-
-
-#: ``(round, body) -> None``: runs ``body``, this process's steps of training round ``round``. :func:`train` calls
-#: one per round; tasks/stages.py ``train_stage`` passes a Prefect task, so each round is a task run ``round-<r>``.
-RoundRunner = Callable[[int, Callable[[], None]], None]
-
-
-def run_plainly(round_: int, body: Callable[[], None]) -> None:
-    """The default :data:`RoundRunner`: ``body`` in place (no Prefect; what unit tests get)."""
-    body()

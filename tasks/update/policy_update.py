@@ -4,8 +4,8 @@ One call is one training step: the clipped surrogate of ``rlcore.grpo_loss`` wit
 off-policy correction, AdamW, gradient clipping. With one minibatch and one epoch the step-start
 log-probs ``old_logp`` are the detached log-probs of the same forward pass (pi_theta = pi_old at that
 moment), so no extra no-grad pass is spent; with several minibatches a no-grad pass computes them first.
-Fresh groups get ``behaviour_logp = old_logp`` (the policy that sampled them is pi_old), which is what
-Rollout Replay stores.
+Fresh groups without the sampler's log-probs as their mu get ``old_logp`` back as their behaviour log-probs
+(the policy that sampled them is pi_old; :class:`UpdateResult`), which is what Rollout Replay stores.
 
 The training loop (tasks/training/loop.py) meets every backend through one interface, :class:`Updater`
 (``step``, ``set_lr``, ``state_dict``, ``load_state_dict``), built by ``tasks.update.backend.build_updater``:
@@ -22,7 +22,7 @@ import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
 import torch
@@ -62,15 +62,11 @@ log = logging.getLogger(__name__)
 KL_ROWS: tuple[str, ...] = get_args(KlRows)
 
 
-def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, groups: Sequence[RolloutGroup], *,
-                  clip_eps: float, aggregation: str, grad_clip: float, temperature: float, pad_id: int,
-                  minibatches: int, kl_coef: float, kl_rows: KlRows = "all", kl_sample: float = 1.0, seed: int = 0,
-                  micro_batch_tokens: int = 0, skip_zero_advantage: bool = False,
-                  ref_model: torch.nn.Module | None = None, device: torch.device | str = "cpu",
-                  angle_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-                  shard: DataShard | None = None, behaviour_cap: float | None = None,
-                  skips: list[SkippedUpdate] | None = None) -> dict[str, float]:
-    """One optimizer step (or ``minibatches`` of them) on ``groups``; fills fresh groups' behaviour log-probs.
+def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, groups: Sequence[RolloutGroup],
+                  settings: LossSettings, *, ref_model: torch.nn.Module | None = None,
+                  device: torch.device | str = "cpu", shard: DataShard | None = None) -> UpdateResult:
+    """One optimizer step (or ``minibatches`` of them) on ``groups`` with the run's ``settings``; returns the metrics
+    and the behaviour log-probs of the groups that had none (:class:`UpdateResult`).
 
     The behaviour policy mu of a row is its group's ``behaviour_logp`` when it has one (replayed groups, and fresh
     groups corrected by their sampler's log-probs, ``train.behaviour``), else pi_old. The loss is then the decoupled
@@ -83,49 +79,35 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     one optimizer step (:func:`tasks.update.distributed.optimizer_step`); the metrics (:class:`MetricSums`).
 
     Args:
-        micro_batch_tokens: padded-token budget of one forward and backward pass (``train.micro_batch_tokens``;
-            0: each minibatch in one pass). Rows are grouped by length into micro-batches; each micro-batch's loss is
-            its share of the whole minibatch's, so loss and gradient do not depend on it beyond float rounding, and
-            the update's peak memory is one micro-batch's.
-        skip_zero_advantage: leave the rows of groups whose advantages are all 0 out of the forward and backward
-            passes (``train.skip_zero_advantage``); each minibatch's loss keeps every row's aggregation units
-            (tokens, or sequences) in its normaliser, so loss and gradient are those of the whole minibatch.
-            With ``kl_coef > 0`` the rows ``kl_rows`` names are computed too (``train.kl_rows``: ``all`` computes
-            every row; ``informative_and_solved`` keeps the rows of groups that all earn reward 1 for their KL
-            term); ignored under scale-out with ``angle_fn``. A ``kl_rows`` other than ``all`` acts through the
-            skip, so without it (and with a KL term) it is an error;
-            in one process ``angle_fn`` gets the skipped rows' hidden states from a forward pass without autograd.
-            Token-level metrics then average over the computed rows; skipped fresh groups get no behaviour
-            log-probs (Rollout Replay stores only informative groups).
-        kl_sample, seed: ``train.kl_sample`` < 1 computes each group that only its KL term puts in the update
-            (advantages all 0) with that chance (:func:`kl_draw` of ``seed``) and weights its KL term by
-            ``1 / kl_sample``: the KL term and its gradient are unbiased estimates of those over every such
-            group. Needs the skip, like ``kl_rows``.
-        angle_fn: optional ``(mlp_inputs [N, T, H], attention_mask [N, T]) -> [N]`` per-sequence angle signal
-            computed from the same forward pass (GAIN-RL's online signal); its mean is ``gain/angle_online``.
-        behaviour_cap: truncated importance sampling (``train.behaviour_cap``): on fresh rows whose mu is their
-            sampler's, the weight pi_old / mu is capped at this value (done by raising mu to pi_old / cap, which
-            turns the decoupled loss into exactly the capped one). Replayed groups keep Rollout Replay's uncapped
-            loss. None: no cap.
+        settings: the loss's settings (:class:`LossSettings`, whose fields say what each does).
+        ref_model: the frozen KL reference (``settings.kl_coef > 0``).
         shard: scale-out (``tasks/update/distributed.py``): every rank passes the same ``groups`` and computes its
             slice of each micro-batch; the loss is renormalised so the averaged gradient is the single-process
             one, and metrics and behaviour log-probs are combined over ranks. ``model``/``optimizer`` are then
             the wrapped engine and its optimizer. None: one process.
-        skips: where to append a :class:`~tasks.update.nan_locator.SkippedUpdate` for each minibatch not applied:
-            its cause (loss, the loss's other inputs, gradient) and, in one process, the site
+
+    Each minibatch not applied comes back in the result's ``skipped`` (:class:`~tasks.update.nan_locator.
+    SkippedUpdate`): its cause (loss, the loss's other inputs, gradient) and, in one process, the site
             :func:`~tasks.update.nan_locator.locate` finds by re-running the micro-batch (the one whose loss was not
-            finite; for a gradient, each in turn until one shows it). Under scale-out nothing is re-run (the hooks
-            see one rank's modules and a re-run would need every rank's collectives): the record says so.
+    finite; for a gradient, each in turn until one shows it). Under scale-out nothing is re-run (the hooks see one
+    rank's modules and a re-run would need every rank's collectives): the record says so.
 
     Returns:
-        Metrics: ``train/loss``, ``train/grad_norm`` and the loss's own metrics (averaged over the applied
-        minibatches), and ``train/skipped_updates``: minibatches whose loss or gradient was not finite, so
+        :class:`UpdateResult`: the behaviour log-probs of every group without its own (pi_old of the update's
+        rows), and the metrics: ``train/loss``, ``train/grad_norm`` and the loss's own metrics (averaged over the
+        applied minibatches), and ``train/skipped_updates``: minibatches whose loss or gradient was not finite, so
         their update was not applied (``optimizer_step``; under DeepSpeed see ``train/dropped_micro_batches``);
         ``train/update_rows`` and ``train/update_tokens``: the rows computed (all of them without the skip) and
         their real prompt + completion tokens; ``train/micro_batches``: forward and backward passes per process.
         Where the computed rows carry sampler log-probs, the sampler/trainer mismatch over their tokens
         (:func:`mismatch_metrics`).
     """
+    clip_eps, aggregation, grad_clip = settings.clip_eps, settings.aggregation, settings.grad_clip
+    temperature, pad_id, minibatches = settings.temperature, settings.pad_id, settings.minibatches
+    kl_coef, kl_rows, kl_sample, seed = settings.kl_coef, settings.kl_rows, settings.kl_sample, settings.seed
+    micro_batch_tokens, behaviour_cap = settings.micro_batch_tokens, settings.behaviour_cap
+    angle_fn = online_angle_signal if settings.angle else None
+    skip_zero_advantage = settings.skip_zero_advantage
     if kl_rows not in KL_ROWS:
         raise ValueError(f"kl_rows must be one of {', '.join(KL_ROWS)}, got {kl_rows!r}")
     skip = skip_zero_advantage and (angle_fn is None or shard is None)
@@ -164,6 +146,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     model.train()
     sums = MetricSums()
     skipped = dropped = 0
+    skips: list[SkippedUpdate] = []
     angle_sum, angle_n = 0.0, 0
     old_out = torch.zeros(rows.n, rows.width)
     for k, mb in enumerate(plan):
@@ -204,8 +187,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
                                [bad[1]] if by_loss else mb.micro)
             log.warning("update skipped, not applied (minibatch %d of %d, %d rows, %d micro-batches): %s", k + 1,
                         len(plan), len(mb.computed), len(mb.micro), skip.describe())
-            if skips is not None:
-                skips.append(skip)
+            skips.append(skip)
             continue
         sums.add(step_sums.over_ranks(shard) | {"train/grad_norm": gnorm})  # the norm is global already
     stats = sums.mean(minibatches - skipped)
@@ -222,14 +204,37 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     measured = computed[rows.measured[computed]]  # computed fresh rows with the sampler's log-probs
     if measured.numel():
         stats |= mismatch_metrics(old_out[measured], rows.sampler[measured], rows.mask[measured], loss.log_cap)
-    row = 0
-    for g in groups:
-        if not g.has_behaviour:
-            g.behaviour_logp = old_out[row:row + g.size, :g.completion_ids.shape[1]].clone()
-        row += g.size
     if angle_n:
         stats["gain/angle_online"] = angle_sum / angle_n
-    return stats
+    return UpdateResult(metrics=stats, behaviour=behaviour_of(groups, old_out), skipped=tuple(skips))
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """What one update computed: its ``metrics`` (:func:`policy_update`'s) and, per group in the order given,
+    ``behaviour``: [G, L] the update's pi_old log-probs for a group without behaviour log-probs of its own (a fresh
+    group whose mu is pi_old: what Rollout Replay stores with it), None for a group that has them; ``skipped``.
+    Under scale-out ``skipped`` names causes but no site, and DeepSpeed's dropped micro-batches are only counted
+    (``train/dropped_micro_batches``)."""
+
+    metrics: dict[str, float]
+    behaviour: tuple[torch.Tensor | None, ...]
+    #: the minibatches not applied, with their cause and, in one process, where the first non-finite value appeared
+    skipped: tuple[SkippedUpdate, ...] = ()
+
+    def with_behaviour(self, groups: Sequence[RolloutGroup]) -> list[RolloutGroup]:
+        """``groups`` (those the update was given) with the behaviour log-probs it computed for them."""
+        return [g if b is None else replace(g, behaviour_logp=b) for g, b in zip(groups, self.behaviour, strict=True)]
+
+
+def behaviour_of(groups: Sequence[RolloutGroup], old: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    """Each group's rows of ``old`` ([N, L] pi_old of every row, groups in order) cut to its completion width, for
+    the groups without behaviour log-probs of their own (None for the others)."""
+    out, row = [], 0
+    for g in groups:
+        out.append(None if g.has_behaviour else old[row:row + g.size, :g.completion_ids.shape[1]].clone())
+        row += g.size
+    return tuple(out)
 
 
 def non_finite_loss(minibatch: int, piece: torch.Tensor, m: dict[str, float]) -> SkippedUpdate:
@@ -375,10 +380,36 @@ def mismatch_metrics(old: torch.Tensor, sampler: torch.Tensor, mask: torch.Tenso
 
 @dataclass(frozen=True)
 class LossSettings:
-    """The fixed settings of every :func:`policy_update` call of a run (``train.*``, ``rollout.temperature``).
+    """The fixed settings of every :func:`policy_update` call of a run (``train.*``, ``rollout.temperature``):
+    ``clip_eps``, ``aggregation``, ``grad_clip``, ``temperature``, ``kl_coef``, ``kl_rows`` and ``minibatches`` as the
+    config's fields say, ``pad_id`` the tokenizer's, and
 
-    ``angle``: also compute GAIN-RL's online angle signal (``rlcore.angle.online_angle_signal``, metric
-    ``gain/angle_online``) from the update's forward pass.
+    Attributes:
+        micro_batch_tokens: padded-token budget of one forward and backward pass (``train.micro_batch_tokens``;
+            0: each minibatch in one pass). Rows are grouped by length into micro-batches; each micro-batch's loss is
+            its share of the whole minibatch's, so loss and gradient do not depend on it beyond float rounding, and
+            the update's peak memory is one micro-batch's.
+        skip_zero_advantage: leave the rows of groups whose advantages are all 0 out of the forward and backward
+            passes (``train.skip_zero_advantage``); each minibatch's loss keeps every row's aggregation units
+            (tokens, or sequences) in its normaliser, so loss and gradient are those of the whole minibatch.
+            With ``kl_coef > 0`` the rows ``kl_rows`` names are computed too (``train.kl_rows``: ``all`` computes
+            every row; ``informative_and_solved`` keeps the rows of groups that all earn reward 1 for their KL
+            term); ignored under scale-out with ``angle``. A ``kl_rows`` other than ``all`` acts through the
+            skip, so without it (and with a KL term) it is an error;
+            in one process ``angle`` gets the skipped rows' hidden states from a forward pass without autograd.
+            Token-level metrics then average over the computed rows; skipped fresh groups' behaviour log-probs are
+            zeros (Rollout Replay stores only informative groups).
+        kl_sample, seed: ``train.kl_sample`` < 1 computes each group that only its KL term puts in the update
+            (advantages all 0) with that chance (:func:`kl_draw` of ``seed``) and weights its KL term by
+            ``1 / kl_sample``: the KL term and its gradient are unbiased estimates of those over every such
+            group. Needs the skip, like ``kl_rows``.
+        angle: GAIN-RL's online angle signal (``rlcore.angle.online_angle_signal``: ``(mlp_inputs [N, T, H],
+            attention_mask [N, T]) -> [N]`` per sequence) from the same forward pass; its mean is
+            ``gain/angle_online``.
+        behaviour_cap: truncated importance sampling (``train.behaviour_cap``): on fresh rows whose mu is their
+            sampler's, the weight pi_old / mu is capped at this value (done by raising mu to pi_old / cap, which
+            turns the decoupled loss into exactly the capped one). Replayed groups keep Rollout Replay's uncapped
+            loss. None: no cap.
     """
 
     clip_eps: float
@@ -405,12 +436,6 @@ class LossSettings:
                    micro_batch_tokens=tc.micro_batch_tokens,
                    skip_zero_advantage=tc.skip_zero_advantage, angle=cfg.gain.enabled,
                    behaviour_cap=tc.behaviour_cap)
-
-    def update_kwargs(self) -> dict:
-        """Keyword arguments of :func:`policy_update` (``angle`` becomes ``angle_fn``)."""
-        kw = asdict(self)
-        kw["angle_fn"] = online_angle_signal if kw.pop("angle") else None
-        return kw
 
 
 def scheduled_lr(cfg: Config, step: int) -> float:
@@ -449,14 +474,9 @@ class Updater(abc.ABC):
     """
 
     @abc.abstractmethod
-    def step(self, groups: Sequence[RolloutGroup]) -> dict[str, float]:
-        """One update on ``groups`` (fresh groups get their behaviour log-probs); returns :func:`policy_update`'s
-        metrics."""
-
-    def skipped(self) -> tuple[SkippedUpdate, ...]:
-        """The minibatches the last :meth:`step` did not apply, with their cause and site where located (one
-        process); empty where the backend does not report them (its ``train/skipped_updates`` metric counts them)."""
-        return ()
+    def step(self, groups: Sequence[RolloutGroup]) -> UpdateResult:
+        """One update on ``groups``; returns :func:`policy_update`'s result (metrics, and the behaviour log-probs of
+        the groups that had none)."""
 
     @abc.abstractmethod
     def set_lr(self, lr: float) -> None:
@@ -497,15 +517,10 @@ class LocalUpdater(Updater):
         adamw = functools.partial(torch.optim.AdamW, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         params = list(model.parameters()) if params is None else params
         self.optimizer = build_optimizer(params, adamw, precision) if precision is not None else adamw(params)
-        self._skipped: list[SkippedUpdate] = []
 
-    def step(self, groups: Sequence[RolloutGroup]) -> dict[str, float]:
-        self._skipped = []
-        return policy_update(self.model, self.optimizer, groups, ref_model=self.ref_model, device=self.device,
-                             skips=self._skipped, **self.settings.update_kwargs())
-
-    def skipped(self) -> tuple[SkippedUpdate, ...]:
-        return tuple(self._skipped)
+    def step(self, groups: Sequence[RolloutGroup]) -> UpdateResult:
+        return policy_update(self.model, self.optimizer, groups, self.settings, ref_model=self.ref_model,
+                             device=self.device)
 
     def set_lr(self, lr: float) -> None:
         set_lr(self.optimizer, lr)

@@ -60,7 +60,14 @@ from tasks.update.distributed import (
     replica_dtype,
     wrap,
 )
-from tasks.update.policy_update import LossSettings, Updater, gradient_checkpointing, policy_update, set_lr
+from tasks.update.policy_update import (
+    LossSettings,
+    Updater,
+    UpdateResult,
+    gradient_checkpointing,
+    policy_update,
+    set_lr,
+)
 from tasks.update.precision import Precision, resolve_precision
 from tasks.generation.rank_shared import GenerationSetup, RankGenerator, RankSharedEngine
 
@@ -108,10 +115,10 @@ class _Replica:
     def optimizer_state(self):
         return optimizer_state(self.model, self.optimizer, self.master_weights)
 
-    def update(self, groups: Sequence[RolloutGroup], settings: LossSettings, lr: float) -> dict[str, float]:
+    def update(self, groups: Sequence[RolloutGroup], settings: LossSettings, lr: float) -> UpdateResult:
         set_lr(self.optimizer, lr)
-        return policy_update(self.model, self.optimizer, groups, ref_model=self.ref, device=self.device,
-                             shard=self.shard, **settings.update_kwargs())
+        return policy_update(self.model, self.optimizer, groups, settings, ref_model=self.ref, device=self.device,
+                             shard=self.shard)
 
 
 class Driver(Updater):
@@ -141,14 +148,14 @@ class Driver(Updater):
         _send(INIT, (cfg, model.config, self.precision))
         self.replica = _Replica(cfg, copy.deepcopy(model), self.precision)
 
-    def step(self, groups: Sequence[RolloutGroup]) -> dict[str, float]:
+    def step(self, groups: Sequence[RolloutGroup]) -> UpdateResult:
         """Every rank updates on its slice of ``groups`` with the current lr; rank 0's policy model gets the
-        new full weights."""
+        new full weights. Returns the update's result (the behaviour log-probs combined over ranks)."""
         _send(UPDATE, (groups, self.settings, self.lr))
-        stats = self.replica.update(groups, self.settings, self.lr)
+        result = self.replica.update(groups, self.settings, self.lr)
         # collective for the sharded backends; FSDP2's float32 masters are rounded to the policy's dtype
         copy_full_weights(self.replica.model, self.policy_model)
-        return stats
+        return result
 
     def set_lr(self, lr: float) -> None:
         """Takes effect at the next :meth:`step`, on every rank (the lr travels with the update command)."""

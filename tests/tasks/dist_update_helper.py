@@ -101,9 +101,11 @@ def run_steps(model, optimizer, batch, backend: str, steps: range, shard, micro:
     stats = []
     for _ in steps:
         groups = copy.deepcopy(batch)
-        s = policy_update(model, optimizer, groups, aggregation=aggregation, kl_coef=kl, ref_model=_REF.get(backend),
-                          shard=shard, **SETTINGS, **extra)
-        s["behaviour"] = torch.cat([g.behaviour_logp for g in groups if g.replayed_from is None])
+        result = policy_update(model, optimizer, groups, LossSettings(aggregation=aggregation, kl_coef=kl, **SETTINGS,
+                                                                      **extra), ref_model=_REF.get(backend),
+                                                                          shard=shard)
+        s = dict(result.metrics)
+        s["behaviour"] = torch.cat([g.behaviour_logp for g in result.with_behaviour(groups) if g.replayed_from is None])
         stats.append(s)
     return stats
 

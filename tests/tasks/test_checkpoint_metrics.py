@@ -1,5 +1,6 @@
 """No window loses step metrics: a kill after a checkpoint's ``latest`` pointer is written but before its held
-metrics reach the tracker's outbox is made good by the resume, with the original timestamps."""
+metrics reach the tracker's outbox is made good by the resume, with the original timestamps (the training stage's
+recorder, tasks/training/recorder.py, writes the checkpoint with them and sends them)."""
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from tasks.records.cost import CostMeter
 from tasks.records.ledger import Ledger
 from tasks.run import Run
 from tasks.training import checkpoint
+from tasks.training.recorder import Recorder as StepRecorder
 from tests.policies import policy_of
 
 
@@ -40,6 +42,12 @@ class Killed(BaseException):
     pass
 
 
+def save(run: Run, step: int, model: torch.nn.Module) -> None:
+    """A checkpoint at ``step`` as the training stage writes it: with the held metrics it covers, then their send."""
+    StepRecorder(run).checkpoint(step, lambda held: checkpoint.save(run, step, policy_of(model), State(), State(), None,
+                                                                    held=held))
+
+
 def test_a_kill_between_the_pointer_and_the_send_loses_no_metrics(tmp_path, monkeypatch):
     model = torch.nn.Linear(2, 2)
     with Ledger(tmp_path / "ledger.duckdb") as led:
@@ -54,12 +62,14 @@ def test_a_kill_between_the_pointer_and_the_send_loses_no_metrics(tmp_path, monk
 
         monkeypatch.setattr(run, "commit_metrics", killed)
         with pytest.raises(Killed):
-            checkpoint.save(run, 4, policy_of(model), State(), State(), None)
+            save(run, 4, model)
         assert checkpoint.latest(run) is not None and run.tracker.sent == sent_before == []
         held = run.held_metrics(2**62)
 
         resumed = _run(tmp_path, led)  # a new process: nothing in memory
-        assert checkpoint.restore(resumed, policy_of(model), State(), State(), None).step == 4
+        got = checkpoint.restore(resumed, policy_of(model), State(), State(), None)
+        assert got.step == 4 and resumed.tracker.sent == []  # restoring sends nothing: the recorder does
+        StepRecorder(resumed).resume(got.step, got.held)
     assert resumed.tracker.sent == held  # every step 0..3, with the timestamps they were first logged with
     assert [s for _, s, _ in resumed.tracker.sent] == [0, 1, 2, 3]
 
@@ -70,6 +80,6 @@ def test_a_normal_checkpoint_sends_each_step_once(tmp_path):
         run.defer_metrics(0)
         run.log_metrics({"x": 1.0}, 0)
         run.log_metrics({"x": 2.0}, 1)
-        checkpoint.save(run, 1, policy_of(torch.nn.Linear(2, 2)), State(), State(), None)
+        save(run, 1, torch.nn.Linear(2, 2))
         assert [s for _, s, _ in run.tracker.sent] == [0]
         assert [s for _, s, _ in run.held_metrics(2**62)] == [1]

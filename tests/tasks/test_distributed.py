@@ -27,7 +27,7 @@ import torch
 
 from tasks.config.load import validate
 from tasks.update.distributed import DataShard, decoder_layers, deepspeed_config, wrap
-from tasks.update.policy_update import policy_update
+from tasks.update.policy_update import LossSettings, policy_update
 from tests.servers import torchrun_two_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,7 +99,8 @@ def test_world_of_one_shard_is_the_plain_update():
         model = h.tiny_model()
         batch = h.make_batch(model)
         opt = torch.optim.AdamW(model.parameters(), **h.OPTIM)
-        stats = policy_update(model, opt, batch, aggregation="token", kl_coef=0.0, shard=shard, **h.SETTINGS)
+        stats = policy_update(model, opt, batch, LossSettings(aggregation="token", kl_coef=0.0, **h.SETTINGS),
+                              shard=shard).metrics
         results.append((stats, model.state_dict()))
     (s0, w0), (s1, w1) = results
     assert s0 == s1

@@ -109,7 +109,7 @@ def test_a_lora_step_moves_only_the_adapters_and_its_optimizer_state_is_a_tenth_
         cfg = validate({"train": {"lr": 1e-2, "kl_coef": 0.05}})
         updater = build_updater(cfg, policy_of(model), device="cpu")
         before = {k: v.clone() for k, v in model.state_dict().items()}
-        stats = updater.step(h.make_batch(model))
+        stats = updater.step(h.make_batch(model)).metrics
         state = updater.optimizer.state_dict()["state"]
         nbytes = sum(t.numel() * t.element_size() for s in state.values() for t in s.values() if torch.is_tensor(t))
         params = sum(p.numel() * p.element_size() for p in trainable_parameters(model))
@@ -127,15 +127,16 @@ def test_a_lora_step_moves_only_the_adapters_and_its_optimizer_state_is_a_tenth_
 
 
 def test_gradient_checkpointing_keeps_a_lora_updates_loss_and_gradients():
-    from tasks.update.policy_update import gradient_checkpointing, policy_update
+    from tasks.update.policy_update import LossSettings, gradient_checkpointing, policy_update
 
     grads, losses = {}, {}
     for on in (False, True):
         model = lora_model()
         gradient_checkpointing(model.get_base_model(), on)
         opt = torch.optim.SGD(trainable_parameters(model), lr=0.0)
-        stats = policy_update(model, opt, copy.deepcopy(h.make_batch(h.tiny_model())), aggregation="token",
-                              kl_coef=0.0, **{**h.SETTINGS, "minibatches": 1, "grad_clip": 1e9})
+        stats = policy_update(model, opt, copy.deepcopy(h.make_batch(h.tiny_model())),
+                              LossSettings(aggregation="token", kl_coef=0.0,
+                                  **{**h.SETTINGS, "minibatches": 1, "grad_clip": 1e9})).metrics
         grads[on] = torch.cat([p.grad.flatten() for p in trainable_parameters(model)])
         losses[on] = stats["train/loss"]
     assert losses[True] == pytest.approx(losses[False], abs=1e-6)

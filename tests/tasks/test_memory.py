@@ -64,23 +64,23 @@ def test_a_resumed_step_reports_the_phases_an_uninterrupted_one_does(smoke_cfg, 
     training (here ``prepare``)."""
     from tasks.run import open_run
     from tasks.selection.features import compute_features
-    from tasks.training.loop import train
+    from tasks.training.loop import train, training
     from tests.tasks.test_train import SMALL, make_policy, run_train
 
     *_, want = run_train(smoke_cfg(*SMALL), pool)
     assert "memory/checkpoint_peak_mb" in want[2]
 
-    def stop_at_round_1(index, body):
-        if index == 1:
-            raise RuntimeError("stopped")
-        body()
 
     cfg = smoke_cfg(*SMALL)
     policy = make_policy()
     feats = compute_features(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
     run = open_run(cfg, track=False)
     with pytest.raises(RuntimeError, match="stopped"):
-        train(run, policy, pool, feats, run_round=stop_at_round_1)
+        with training(run, policy, pool, feats) as trainer:
+            for round_ in trainer.rounds():
+                if round_.index == 1:
+                    raise RuntimeError("stopped")
+                trainer.play_round(round_)
     run.close("failed", {})
     resumed = open_run(cfg, run_id=run.run_id, track=False)
     try:

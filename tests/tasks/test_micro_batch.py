@@ -8,12 +8,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlcore.angle import online_angle_signal
 from tasks.config import LoraConfig
 from tasks.model.forward import chunked_head, length_buckets, selective_log_softmax, token_logprobs
 from tasks.model.lora import BaseModelView, apply_lora, trainable_parameters
 from tasks.update.distributed import reference_copy
-from tasks.update.policy_update import policy_update
+from tasks.update.policy_update import LossSettings, policy_update
 from tests.tasks import dist_update_helper as h
 
 #: A micro-batch budget that cuts each minibatch of the helper's batch (rows of 4-19 padded tokens) in several.
@@ -36,12 +35,12 @@ def _step(micro: int, *, lora: bool = False, kl: float = 0.0, silent: bool = Fal
     params = trainable_parameters(model)
     sgd = torch.optim.SGD(params, lr=0.0)
     kw = {**h.SETTINGS, "minibatches": 1, "grad_clip": 1e9, "aggregation": "token", **settings}
-    stats = policy_update(model, sgd, copy.deepcopy(batch), kl_coef=kl, ref_model=ref, micro_batch_tokens=micro,
-                          skip_zero_advantage=silent, angle_fn=online_angle_signal if angle else None, **kw)
+    stats = policy_update(model, sgd, copy.deepcopy(batch), LossSettings(kl_coef=kl, micro_batch_tokens=micro,
+                          skip_zero_advantage=silent, angle=angle, **kw), ref_model=ref).metrics
     grads = torch.cat([p.grad.flatten() for p in params])
     adam = torch.optim.AdamW(params, lr=1e-3, eps=1e-3)  # eps >> rounding: no entry's sign is amplified
-    policy_update(model, adam, copy.deepcopy(batch), kl_coef=kl, ref_model=ref, micro_batch_tokens=micro,
-                  skip_zero_advantage=silent, **kw)
+    policy_update(model, adam, copy.deepcopy(batch), LossSettings(kl_coef=kl, micro_batch_tokens=micro,
+                  skip_zero_advantage=silent, **kw), ref_model=ref).metrics
     return stats, grads, torch.cat([p.detach().flatten() for p in params])
 
 
@@ -91,8 +90,8 @@ def test_each_micro_batch_runs_its_own_backward_pass():
 
     model.model.embed_tokens.register_forward_hook(on_forward)
     opt = torch.optim.AdamW(model.parameters(), **h.OPTIM)
-    stats = policy_update(model, opt, h.make_batch(model), aggregation="token", kl_coef=0.0, micro_batch_tokens=SMALL,
-                          **{**h.SETTINGS, "minibatches": 1})
+    stats = policy_update(model, opt, h.make_batch(model), LossSettings(aggregation="token", kl_coef=0.0,
+                          micro_batch_tokens=SMALL, **{**h.SETTINGS, "minibatches": 1})).metrics
     assert stats["train/micro_batches"] >= 3
     assert backwards[0] == stats["train/micro_batches"] and most[0] == 1
 

@@ -6,7 +6,7 @@ import logging
 import torch
 
 from tasks.update.distributed import backward_step
-from tasks.update.policy_update import policy_update
+from tasks.update.policy_update import LossSettings, policy_update
 from tests.tasks import dist_update_helper as h
 
 
@@ -31,7 +31,8 @@ def test_a_nan_update_is_skipped_logged_and_never_applied(caplog):
     # both minibatches and the locator's re-run of each (calls 0 and 1 are the no-grad passes for pi_old)
     handle = _nan_logits(model, {2, 3, 4, 5})
     with caplog.at_level(logging.WARNING, logger="tasks.update.policy_update"):
-        stats = policy_update(model, opt, copy.deepcopy(batch), aggregation="token", kl_coef=0.0, **h.SETTINGS)
+        stats = policy_update(model, opt, copy.deepcopy(batch), LossSettings(aggregation="token", kl_coef=0.0,
+                              **h.SETTINGS)).metrics
     handle.remove()
     assert stats["train/skipped_updates"] == 2.0
     assert "update skipped, not applied" in caplog.text
@@ -42,7 +43,8 @@ def test_a_nan_update_is_skipped_logged_and_never_applied(caplog):
 
     # One poisoned minibatch of two: the other one is applied; its metrics are finite and are the average.
     handle = _nan_logits(model, {3})
-    stats = policy_update(model, opt, copy.deepcopy(batch), aggregation="token", kl_coef=0.0, **h.SETTINGS)
+    stats = policy_update(model, opt, copy.deepcopy(batch), LossSettings(aggregation="token", kl_coef=0.0,
+                          **h.SETTINGS)).metrics
     handle.remove()
     assert stats["train/skipped_updates"] == 1.0
     assert all(torch.isfinite(torch.tensor(v)) for v in stats.values())
@@ -56,9 +58,9 @@ def test_a_non_finite_pi_old_pass_skips_its_minibatch_too():
     before = copy.deepcopy(model.state_dict())
     batch = h.make_batch(model)
     handle = _nan_logits(model, {0, 1})  # the no-grad passes that give pi_old's log-probs, one a minibatch
-    skips = []
-    stats = policy_update(model, opt, copy.deepcopy(batch), aggregation="token", kl_coef=0.0, skips=skips,
-                          **h.SETTINGS)
+    result = policy_update(model, opt, copy.deepcopy(batch), LossSettings(aggregation="token", kl_coef=0.0,
+                           **h.SETTINGS))
+    stats, skips = result.metrics, result.skipped
     handle.remove()
     assert stats["train/skipped_updates"] == 2.0
     # the surrogate is finite, its pi_old input is not: said so, and the re-run finds every module finite
@@ -66,7 +68,8 @@ def test_a_non_finite_pi_old_pass_skips_its_minibatch_too():
     assert "non-finite log-probs feeding the loss" in skips[0].describe()
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     handle = _nan_logits(model, {1})  # only the second minibatch's pi_old: the first is applied
-    stats = policy_update(model, opt, copy.deepcopy(batch), aggregation="token", kl_coef=0.0, **h.SETTINGS)
+    stats = policy_update(model, opt, copy.deepcopy(batch), LossSettings(aggregation="token", kl_coef=0.0,
+                          **h.SETTINGS)).metrics
     handle.remove()
     assert stats["train/skipped_updates"] == 1.0
     assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
@@ -115,7 +118,8 @@ def test_a_skipped_micro_batch_frees_its_graph_before_the_next_forward():
 
     handles = [model.register_forward_pre_hook(pre_forward), _nan_logits(model, {2})]  # minibatch 1's pass
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        stats = policy_update(model, opt, copy.deepcopy(batch), aggregation="token", kl_coef=0.0, **h.SETTINGS)
+        stats = policy_update(model, opt, copy.deepcopy(batch), LossSettings(aggregation="token", kl_coef=0.0,
+                              **h.SETTINGS)).metrics
     for handle in handles:
         handle.remove()
     assert stats["train/skipped_updates"] == 1.0

@@ -9,7 +9,7 @@ import torch
 
 from tasks.update.distributed import DataShard
 from tasks.update.nan_locator import SkippedUpdate, inject_nan, locate
-from tasks.update.policy_update import locate_skip, policy_update
+from tasks.update.policy_update import LossSettings, locate_skip, policy_update
 from tests.tasks import dist_update_helper as h
 
 
@@ -88,11 +88,11 @@ def test_the_update_logs_a_backward_nan_as_a_gradient_with_its_site(caplog):
     batch = h.make_batch(model)
     opt = torch.optim.AdamW(model.parameters(), **h.OPTIM)
     before = copy.deepcopy(model.state_dict())
-    skips: list[SkippedUpdate] = []
     with caplog.at_level(logging.WARNING, logger="tasks.update.policy_update"), \
             inject_nan(model, "model.layers.1.self_attn.q_proj", position=2, phase="backward"):
-        stats = policy_update(model, opt, copy.deepcopy(batch), aggregation="token", kl_coef=0.0, skips=skips,
-                              **h.SETTINGS)
+        result = policy_update(model, opt, copy.deepcopy(batch), LossSettings(aggregation="token", kl_coef=0.0,
+                               **h.SETTINGS))
+    stats, skips = result.metrics, result.skipped
     assert stats["train/skipped_updates"] == 2.0
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())

@@ -23,7 +23,7 @@ from tasks.generation.rollout import HFEngine, RolloutEngine
 from tasks.model.forward import token_logprobs
 from tasks.model.lora import plain_copy
 from tasks.model.loading import build_tiny_model, build_tokenizer
-from tasks.update.policy_update import mismatch_metrics, policy_update
+from tasks.update.policy_update import LossSettings, mismatch_metrics, policy_update
 from tests.tasks import dist_update_helper as h
 from tests.tasks.test_train import PRESETS, SMALL, run_train, text_reward
 
@@ -128,7 +128,7 @@ def test_truncated_importance_weight_hand_worked(cap, weight):
             group.behaviour_logp = torch.zeros(0)
         model = h.tiny_model()
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
-        stats = policy_update(model, opt, [group], behaviour_cap=c, **settings)
+        stats = policy_update(model, opt, [group], LossSettings(behaviour_cap=c, **settings)).metrics
         grads[name] = torch.cat([p.grad.flatten() for p in model.parameters()])
         if name == "corrected":
             assert stats["train/ratio_mean"] == pytest.approx(weight, rel=1e-5)

@@ -24,7 +24,7 @@ from tasks.model.loading import build_tiny_model
 from tasks.update import precision
 from tasks.update.backend import build_updater
 from tasks.update.distributed import optimizer_step
-from tasks.update.policy_update import policy_update
+from tasks.update.policy_update import LossSettings, policy_update
 from tasks.update.precision import (
     MasterWeights,
     Precision,
@@ -130,8 +130,8 @@ def test_gradient_clipping_clips_the_float32_master_gradients():
     model = h.tiny_model().to(BF16)
     opt = build_optimizer(model.parameters(), lambda ps: torch.optim.SGD(ps, lr=0.0), resolve_precision(
         "bf16-mixed", torch.device("cpu")))
-    policy_update(model, opt, copy.deepcopy(h.make_batch(h.tiny_model())), aggregation="token", kl_coef=0.0,
-                  **{**h.SETTINGS, "minibatches": 1, "grad_clip": 1e9})
+    policy_update(model, opt, copy.deepcopy(h.make_batch(h.tiny_model())), LossSettings(aggregation="token",
+                  kl_coef=0.0, **{**h.SETTINGS, "minibatches": 1, "grad_clip": 1e9})).metrics
     grads = [m.grad.clone() for m in opt.masters]
     norm = float(torch.cat([g.flatten() for g in grads]).norm())
     for m, g in zip(opt.masters, grads, strict=True):  # put the gradients back and clip them to a tenth
@@ -153,7 +153,7 @@ def test_a_nan_step_reaches_neither_the_masters_nor_the_weights():
         return output * float("nan")
 
     handle = model.lm_head.register_forward_hook(nan_logits)
-    stats = updater.step(copy.deepcopy(h.make_batch(h.tiny_model())))
+    stats = updater.step(copy.deepcopy(h.make_batch(h.tiny_model()))).metrics
     handle.remove()
     assert calls["n"] > 0 and stats["train/skipped_updates"] == 2.0
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

@@ -43,7 +43,7 @@ def test_a_run_records_a_single_skipped_step_and_stops_after_k_in_a_row(smoke_cf
     in a row stop the run at train.max_skipped_steps=2 with the error naming the cause, the site and the steps."""
     from tasks.data import arith
     from tasks.run import open_run
-    from tasks.training import score
+    from tasks.selection.features import compute_features
     from tasks.training.loop import train
 
     monkeypatch.setattr("tasks.calibration.reference.batch_rewards",
@@ -64,7 +64,7 @@ def test_a_run_records_a_single_skipped_step_and_stops_after_k_in_a_row(smoke_cf
     run = open_run(cfg, track=False)
     try:
         with pytest.raises(SkippedStepsError) as err:
-            train(run, policy, pool, score.score(policy, pool, inter_weight=1.0, batch_size=64, device="cpu"))
+            train(run, policy, pool, compute_features(policy, pool, inter_weight=1.0, batch_size=64, device="cpu"))
         rows = run.ledger.skipped_updates(run.run_id)
         checkpointed = (run.checkpoint_dir / "latest").read_text().split()[0]
         logged = [json.loads(line) for line in (run.dir / "metrics.jsonl").read_text().splitlines()]

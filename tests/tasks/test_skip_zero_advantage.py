@@ -11,7 +11,7 @@ from tasks.config.load import load_config
 from tasks.model.forward import token_logprobs
 from tasks.model.loading import build_tiny_model
 from tasks.update.distributed import backward_step
-from tasks.update.policy_update import flatten, kl_draw, policy_update, rows_with_gradient
+from tasks.update.policy_update import LossSettings, flatten, kl_draw, policy_update, rows_with_gradient
 from tests.tasks import dist_update_helper as h
 
 
@@ -39,7 +39,9 @@ def _update(groups, skip: bool, **kw):
     model = h.tiny_model()
     opt = torch.optim.AdamW(model.parameters(), **h.OPTIM)
     settings = {**h.SETTINGS, **kw.pop("settings", {})}
-    stats = [policy_update(model, opt, copy.deepcopy(groups), skip_zero_advantage=skip, **settings, **kw)
+    ref = kw.pop("ref_model", None)
+    stats = [policy_update(model, opt, copy.deepcopy(groups), LossSettings(skip_zero_advantage=skip, **settings, **kw),
+                           ref_model=ref).metrics
              for _ in range(2)]  # two steps: the second sees Adam's moments of the first
     return model, stats
 
@@ -106,8 +108,8 @@ def test_kl_rows_choose_where_the_kl_term_counts(kl_rows, counted, rows):
     model = h.tiny_model()
     opt = torch.optim.AdamW(model.parameters(), **h.OPTIM)
     settings = {**h.SETTINGS, "minibatches": 1}
-    stats = policy_update(model, opt, copy.deepcopy(groups), skip_zero_advantage=True, aggregation="token",
-                          kl_coef=0.5, kl_rows=kl_rows, ref_model=ref, **settings)
+    stats = policy_update(model, opt, copy.deepcopy(groups), LossSettings(skip_zero_advantage=True,
+                          aggregation="token", kl_coef=0.5, kl_rows=kl_rows, **settings), ref_model=ref).metrics
     assert stats["train/update_rows"] == rows
     counts = torch.cat([torch.full((g.size,), i in counted) for i, g in enumerate(groups)])
     oracle, oracle_loss = _kl_oracle(groups, ref, counts, kl_coef=0.5)
@@ -128,8 +130,9 @@ def test_kl_sample_computes_a_drawn_share_of_the_silent_groups_weighted_by_its_i
     ref = build_tiny_model(hidden=64, layers=2, heads=2, seed=1)
     model = h.tiny_model()
     opt = torch.optim.AdamW(model.parameters(), **h.OPTIM)
-    stats = policy_update(model, opt, copy.deepcopy(groups), aggregation="token", kl_coef=0.5, kl_rows="all",
-                          ref_model=ref, **h.sampled_kl(groups), **{**h.SETTINGS, "minibatches": 1})
+    stats = policy_update(model, opt, copy.deepcopy(groups), LossSettings(
+        aggregation="token", kl_coef=0.5, kl_rows="all", **h.sampled_kl(groups), **{**h.SETTINGS, "minibatches": 1}),
+        ref_model=ref).metrics
     assert stats["train/update_rows"] == 12.0  # groups 0 and 2 for their gradient, group 1 for its KL term
     weights = torch.cat([torch.full((g.size,), w) for g, w in zip(groups, (1.0, 2.0, 1.0, 0.0), strict=True)])
     oracle, oracle_loss = _kl_oracle(groups, ref, weights, kl_coef=0.5)
@@ -180,10 +183,8 @@ def test_kl_rows_without_the_skip_is_an_error():
 
 
 def test_gain_rl_angle_still_sees_the_skipped_rows():
-    from rlcore.angle import online_angle_signal
-
     groups = _batch_with_silent_groups(h.tiny_model())
-    kw = {"aggregation": "token", "kl_coef": 0.0, "angle_fn": online_angle_signal}
+    kw = {"aggregation": "token", "kl_coef": 0.0, "angle": True}
     full, full_stats = _update(groups, False, **kw)
     fast, fast_stats = _update(groups, True, **kw)
     assert fast_stats[0]["train/update_rows"] == 8.0  # the skipped rows had only a pass without autograd

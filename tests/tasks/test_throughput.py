@@ -6,7 +6,8 @@ import torch
 from rlcore.types import RolloutGroup
 from tasks.model.loading import build_tiny_model
 from tasks.records.throughput import DATASHEET_TFLOPS, ModelShape, Peak, measured_peak_flops, peak
-from tasks.training.loop import FreshBatch, throughput
+from tasks.training.draw import FreshBatch
+from tasks.training.loop import throughput
 
 
 def test_flops_by_hand():

@@ -145,19 +145,22 @@ def test_all_techniques_compose_and_record_signals(smoke_cfg, pool, caplog):
                              f"replayed {sum(g['replayed'] for g in gs) / len(gs):.2f}")
 
 
-def test_each_round_is_one_run_round_call_and_a_resume_mid_round_starts_a_new_one(smoke_cfg, pool, caplog):
-    """train() hands each round's steps to ``run_round`` (tasks/stages.py passes a Prefect task: one task run a
-    round), which ends with the round's summary line; a run that dies mid-round resumes the rest of that round in a
-    new call, and the steps run are those of an uninterrupted run."""
+def test_each_round_is_one_play_round_call_and_a_resume_mid_round_starts_a_new_one(smoke_cfg, pool, caplog):
+    """The caller plays the trainer's rounds (tasks/stages.py wraps each in a Prefect task: one task run a round),
+    each ending with the round's summary line; a run that dies mid-round resumes the rest of that round in a new
+    call, and the steps run are those of an uninterrupted run."""
     from tasks.training import checkpoint
-    from tasks.training.loop import HeldoutEval
+    from tasks.training.loop import HeldoutEval, training
 
     cfg = smoke_cfg(*SMALL, "train.checkpoint_every=1", "eval.every=1", path=PRESETS.format("grpo"))
     calls: list[int] = []
 
-    def record(index, body):
-        calls.append(index)
-        body()
+    def play(run, policy, evaluate):
+        with training(run, policy, pool, feats, evaluate=evaluate) as trainer:
+            for round_ in trainer.rounds():
+                calls.append(round_.index)
+                trainer.play_round(round_)
+            return trainer.finish()
 
     def dies_after_step_3(step):  # called after step `step - 1`'s update, before its checkpoint
         if step == 4:
@@ -168,14 +171,13 @@ def test_each_round_is_one_run_round_call_and_a_resume_mid_round_starts_a_new_on
     feats = compute_features(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
     run = open_run(cfg, track=False)
     with caplog.at_level(logging.INFO, logger="rlsift.train"), pytest.raises(RuntimeError, match="killed"):
-        train(run, policy, pool, feats, evaluate_fn=dies_after_step_3, run_round=record)
+        play(run, policy, dies_after_step_3)
     assert calls == [0, 1] and checkpoint.latest(run).name == "step-000003.pt"
     run.close("failed", {})
     resumed = open_run(cfg, run_id=run.run_id, track=False)
     try:
         with caplog.at_level(logging.INFO, logger="rlsift.train"):
-            summary = train(resumed, make_policy(), pool, feats, evaluate_fn=lambda step: HeldoutEval(0.5, {}),
-                            run_round=record)
+            summary = play(resumed, make_policy(), lambda step: HeldoutEval(0.5, {}))
         steps = [g["step"] for g in resumed.ledger.query("SELECT step FROM groups WHERE run_id = ? ORDER BY step",
                                                          [run.run_id])]
     finally:
@@ -244,7 +246,7 @@ def test_make_groups_advantages_and_negative_weight():
     """rewards [1, 0, 0, 1] -> Dr.-GRPO advantages [0.5, -0.5, -0.5, 0.5]; negative_weight 0.3 -> -0.15; a pair
     [0, 1] -> [-0.5, 0.5]."""
     from tasks.generation.rollout import Generation
-    from tasks.training.loop import make_groups
+    from tasks.training.draw import make_groups
 
     rec = arith.generate(0, 1, "train", "default")
     gen = Generation(prompt_ids=[torch.tensor([1, 5, 6])], completion_ids=torch.arange(8).view(4, 2),

@@ -105,8 +105,9 @@ def test_gradient_checkpointing_keeps_loss_and_gradients(aggregation):
         gradient_checkpointing(model, on)
         assert model.is_activation_checkpointing == on
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
-        stats = policy_update(model, opt, _copy.deepcopy(h.make_batch(h.tiny_model())), aggregation=aggregation,
-                              kl_coef=0.0, **{**h.SETTINGS, "minibatches": 1, "grad_clip": 1e9})
+        stats = policy_update(model, opt, _copy.deepcopy(h.make_batch(h.tiny_model())),
+                              LossSettings(aggregation=aggregation, kl_coef=0.0,
+                                  **{**h.SETTINGS, "minibatches": 1, "grad_clip": 1e9})).metrics
         grads[on] = torch.cat([p.grad.flatten() for p in model.parameters()])
         losses[on] = stats["train/loss"]
     assert losses[True] == pytest.approx(losses[False], abs=1e-6)

@@ -1,0 +1,97 @@
+"""What the training stage records a step, in one place: the ledger's step rows (reference, selections, groups), the
+step's metrics (to MLflow, held until a checkpoint covers them, tasks/run.py) and its line in ``metrics.jsonl``.
+
+A resumed run continues from its checkpoint at step s (tasks/training/checkpoint.py ``restore``);
+:meth:`Recorder.resume` then drops what the crashed process recorded past it, once for each record: the ledger's step
+rows of steps >= s, the ``metrics.jsonl`` lines of those steps (a line torn by the kill with them), and it holds
+MLflow metrics from step s on, sending again the held metrics the checkpoint kept (a kill may have come between the
+checkpoint's write and their send; MLflow's SQL store drops exact repeats). :meth:`Recorder.checkpoint` writes a
+checkpoint with the held metrics it covers, then sends them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rlcore.types import RolloutGroup
+from tasks.records.ledger import GroupRow, ReferenceRow, SelectionRow
+from tasks.run import Run
+
+#: One held MLflow metric row as a checkpoint keeps it: (metrics, step, timestamp in ms).
+HeldMetrics = list[tuple[dict[str, float], int, int]]
+#: The overlap's per-step seconds that :meth:`Recorder.overlap_totals` sums (``overlap/<key>`` metrics).
+OVERLAP_KEYS = ("update_s", "draw_s", "overlap_s", "trainer_idle_s", "generator_idle_s")
+
+
+class Recorder:
+    """The training stage's step records of ``run``: ledger rows, MLflow metrics and ``metrics.jsonl``."""
+
+    def __init__(self, run: Run):
+        self.run = run
+        self.metrics_file: Path = run.dir / "metrics.jsonl"
+
+    def resume(self, step: int, held: HeldMetrics | None) -> None:
+        """Training continues at ``step`` (0: a fresh start, or a crash before the first checkpoint): drop every
+        record of steps >= ``step`` and hold MLflow metrics from it on; ``held``: the metrics the checkpoint kept
+        (None without a checkpoint), sent again."""
+        run = self.run
+        run.ledger.truncate_after(run.run_id, step - 1)
+        if self.metrics_file.exists():
+            kept = [ln for ln in self.metrics_file.read_text().splitlines() if _step_of(ln) < step]
+            self.metrics_file.write_text("".join(ln + "\n" for ln in kept))
+        run.defer_metrics(step)
+        if held is not None:
+            run.commit_metrics(step, held=held)
+
+    def rows(self, round_: int, step: int, references: Sequence[ReferenceRow], selections: Sequence[SelectionRow],
+             groups: Sequence[RolloutGroup]) -> None:
+        """The ledger rows of one step: the round start's reference rows (when it started one), a row per selected
+        prompt and one per group it trained (:func:`group_row`)."""
+        run = self.run
+        if references:
+            run.ledger.add_reference(run.run_id, list(references))
+        run.ledger.add_selections(run.run_id, round_, step, selections)
+        run.ledger.add_groups(run.run_id, step, [group_row(g, step) for g in groups])
+
+    def metrics(self, step: int, metrics: dict[str, float]) -> None:
+        """One step's metrics: to MLflow (held until a checkpoint covers the step) and a line of ``metrics.jsonl``."""
+        self.run.log_metrics(metrics, step)
+        with open(self.metrics_file, "a") as f:
+            f.write(json.dumps({"step": step, **metrics}) + "\n")
+
+    def checkpoint(self, step: int, write: Callable[[HeldMetrics], object]) -> None:
+        """A checkpoint at ``step``: ``write`` it with the held metrics of the steps it covers (so a kill before
+        their send loses none), then send them."""
+        write(self.run.held_metrics(step))
+        self.run.commit_metrics(step)
+
+    def overlap_totals(self) -> dict[str, float]:
+        """The run's overlap seconds summed over every step in ``metrics.jsonl`` (a resumed run's earlier steps
+        too)."""
+        totals = dict.fromkeys(OVERLAP_KEYS, 0.0)
+        for line in self.metrics_file.read_text().splitlines():
+            row = json.loads(line)
+            for k in OVERLAP_KEYS:
+                totals[k] += row.get(f"overlap/{k}", 0.0)
+        return totals
+
+
+def group_row(g: RolloutGroup, step: int) -> GroupRow:
+    """The ledger row of group ``g`` trained at ``step``: successes over its n generated rollouts, the kept ones'
+    mean reward, where a replayed group came from and how many updates its sampling weights trailed."""
+    return GroupRow(prompt_id=g.prompt_id, n=g.n_generated, successes=int(round(g.success_rate * g.n_generated)),
+                    mean_reward=g.success_rate, kept=g.size, kept_mean_reward=float(g.rewards.mean()),
+                    replayed=g.replayed_from is not None,
+                    from_step=g.replayed_from if g.replayed_from is not None else step,
+                    policy_version=g.policy_version,
+                    lag=None if g.policy_version is None else step - g.policy_version)
+
+
+def _step_of(line: str) -> float:
+    """The step of a metrics.jsonl line; a line torn by a kill counts as past every checkpoint."""
+    try:
+        return json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return float("inf")
