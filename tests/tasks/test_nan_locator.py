@@ -52,7 +52,7 @@ def test_a_forward_nan_names_the_layer_the_row_and_the_position(setup):
     assert site.cells == ((42, 6),)  # row 2 of the micro-batch is the batch's row 42; 13 positions (3 + 10)
     assert site.shape == (4, 13, 64) and site.count == 64
     assert site.attention.implementation == "sdpa" and site.attention.length == 13
-    assert site.attention.kernel and site.attention.mask == "bool"
+    assert site.attention.kernel and site.attention.mask == "none" and site.attention.causal  # no mask: is_causal
     line = site.describe()
     assert line.startswith("forward of model.layers.1.mlp: nan in the output, float32 [4, 13, 64]")
     assert "(42, 6)" in line and "attention sdpa" in line and "SDPA backends" in line
