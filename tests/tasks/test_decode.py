@@ -335,17 +335,20 @@ def test_a_decoder_reuses_its_buffers_for_calls_of_its_shape_and_counts_its_cach
     assert caches[0] is caches[1] and caches[2] is not caches[1]
 
 
-def test_fused_noise_falls_back_to_the_eager_function_when_compiling_fails(caplog):
-    """On CUDA the noise goes through ``torch.compile``; a compiler that fails (here one that raises as a missing
-    C compiler would) leaves the eager function, the same noise, with one warning."""
-    from tasks.generation.sampling import _FusedNoise
+def test_the_fused_draw_falls_back_to_the_eager_function_when_compiling_fails(caplog):
+    """On CUDA the race goes through ``torch.compile``; a compiler that fails (here one that raises as a missing
+    C compiler would) leaves the eager function, the same draws, with one warning."""
+    from tasks.generation.sampling import _FusedDraw, noise_constants, race_draw
 
-    def broken(keys, vocab):
+    def broken(*args):
         raise RuntimeError("no C compiler found\nmore")
 
-    fused = _FusedNoise()
+    fused = _FusedDraw(attempt=True)
     fused.fn = broken
-    keys = keys_for(4)
+    keys, c = keys_for(4), noise_constants("cpu")
+    x = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
     with caplog.at_level("WARNING"):
-        assert torch.equal(fused(keys, 50), race_noise(keys, 50)) and torch.equal(fused(keys, 7), race_noise(keys, 7))
-    assert fused.fn is race_noise and sum("no C compiler found" in r.message for r in caplog.records) == 1
+        for _ in range(2):
+            got, want = fused(x, keys, 0.8, c), race_draw(x, keys, 0.8, c)
+            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert not fused.compiled and sum("no C compiler found" in r.message for r in caplog.records) == 1
