@@ -35,7 +35,8 @@ OPTIONS = {"cpu": DecodeOptions.for_device("cpu"),
            "buckets": DecodeOptions(graphs=False, exact_rows=False, check_every=3, prompt_multiple=16)}
 
 
-def rollouts() -> dict[str, dict[str, list]]:
+def rollouts(layouts: dict[str, DecodeOptions] = OPTIONS,
+             settings: dict[str, Sampling | None] = SETTINGS) -> dict[str, dict[str, list]]:
     """Every (setting, layout): 5 prompts x 3 rollouts x up to 14 tokens of a tiny Llama whose EOS is likely (rows
     end at different steps), seeds 7 b + 1."""
     tok = build_tokenizer()
@@ -44,8 +45,8 @@ def rollouts() -> dict[str, dict[str, list]]:
         model.lm_head.weight[tok.eos_token_id] *= 3
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     out = {}
-    for name, sampling in SETTINGS.items():
-        for layout, options in OPTIONS.items():
+    for name, sampling in settings.items():
+        for layout, options in layouts.items():
             ids, logp = decode(model, enc["input_ids"], enc["attention_mask"], n=3, max_new_tokens=14,
                                sampling=sampling, stop_ids=(tok.eos_token_id,), pad_id=tok.pad_token_id,
                                seeds=torch.arange(len(PROMPTS)) * 7 + 1, options=options)
@@ -64,6 +65,17 @@ def test_the_rollouts_of_a_seed_are_the_golden_ones(now, key):
     got = now[key]
     assert got["ids"] == want["ids"]
     torch.testing.assert_close(torch.tensor(got["logp"]), torch.tensor(want["logp"]), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_attention_over_the_used_width_keeps_the_golden_tokens(name):
+    """The GPU's layout with attention over the used width (steps of 16 columns): the masked columns it no longer
+    reads added exact zeros, so the tokens are the golden ones and the log-probs equal them to float rounding."""
+    options = DecodeOptions(graphs=False, exact_rows=False, check_every=3, prompt_multiple=16, width_multiple=16)
+    got = rollouts({"widths": options}, {name: SETTINGS[name]})[f"{name}/widths"]
+    want = json.loads(GOLDEN.read_text())[f"{name}/buckets"]
+    assert got["ids"] == want["ids"]
+    torch.testing.assert_close(torch.tensor(got["logp"]), torch.tensor(want["logp"]), atol=1e-5, rtol=0)
 
 
 def test_the_golden_rollouts_vary():
