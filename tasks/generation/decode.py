@@ -4,30 +4,38 @@ on CUDA the one-token forward replayed as a CUDA graph.
 What a step costs is what the GPU must do (the layout of nano-vllm, gpt-fast and SGLang; docs/performance.md):
 
 - **One cache, written in place.** Keys and values of every layer live in buffers ``[R, H_kv, S, D]`` allocated
-  once (and kept by :class:`Decoder` for the next call of the same shape), ``S = P + T - 1`` for prompts padded to
-  ``P`` columns (on CUDA a multiple of 64, so most calls share a shape) and ``T = max_new_tokens``. Step ``t``
-  writes its keys and values at column ``P + t - 1`` of every row (``index_copy_``; no ``torch.cat`` of the
-  cache, as ``DynamicCache`` does each step). The attention mask is a
-  4-D additive buffer ``[R, 1, 1, S]`` whose column is opened in place; token, position and column are buffers
-  too. Attention reads all ``S`` columns each step (the unwritten ones masked).
+  once (and kept by :class:`Decoder` for the next call of the same shape), ``S = P + T - 1`` (rounded up to
+  ``width_multiple``, on CUDA 128) for prompts padded to ``P`` columns (on CUDA a multiple of 64, so most calls
+  share a shape) and ``T = max_new_tokens``. Step ``t`` writes its keys and values at column ``P + t - 1`` of
+  every row (``index_copy_``; no ``torch.cat`` of the cache, as ``DynamicCache`` does each step). The attention
+  mask is a 4-D additive buffer ``[R, 1, 1, S]`` whose column is opened in place (one column a step, no
+  rebuild); token, position, column and step counter are buffers too.
+- **Attention over the used width.** On CUDA step ``t`` reads the first ``P + t`` columns rounded up to 128
+  (keys, values and mask sliced alike; aligned rows, so the memory-efficient kernel pads no mask), not all
+  ``S``: at 128 + 256 tokens a third less cache read on average. On the CPU every step reads all ``S`` (the
+  draws stay those it always made: a shorter row changes the reductions in the last bits).
 - **Each prompt prefilled once.** The B prompts go through the model once, into a small cache of their own;
   its keys and values are copied to the n rows of each prompt (GRPO's rollouts share the prompt).
 - **Rows leave by buckets.** A finished row stays in the batch (its draws are discarded) until the live rows fit
   the next smaller bucket of ``1, 2, 4, ..., 2^k < R, R``; then live rows are gathered to the front of every
   buffer (``Decoder`` pads a bucket with finished rows). The host learns how many rows go on every
   ``check_every`` steps (one sync then), not every step.
-- **CUDA graphs.** On CUDA the one-token forward of each bucket is captured once (``torch.cuda.CUDAGraph``, one
-  shared memory pool, buckets captured as the call reaches them, largest first) and replayed; a later call that
-  has the same shape (rows, padded prompt, new tokens) reuses the buffers and graphs, unless the model's
-  parameters were replaced (their storage is checked).
-  On the CPU the forward runs eagerly, every finished row leaves at once (``exact_rows``) and the host checks
-  every step, which is what the CPU's time is spent on.
-- Sampling outside the graph: :func:`tasks.generation.sampling.sample_next`, the exponential race with counter-based
-  noise keyed by (prompt seed, rollout, step, token), so a prompt's rollouts do not depend on its batch.
+- **A step is one CUDA graph.** The whole step (open the column, the one-token forward, the draw with
+  :func:`tasks.generation.sampling.sample_next`, recording the token and its log-prob, the stop check, the step
+  counter) is one function, :meth:`Decoder._step_body`; on CUDA each (bucket, width, sampling) runs eagerly once
+  (the warm-up) and is captured at its second step (``torch.cuda.CUDAGraph``, one shared memory pool), then
+  replayed. The draw's noise is keyed by (prompt seed, rollout, step, token) with the step read from a device
+  counter, so the replay draws what an eager step draws, and a prompt's rollouts do not depend on its batch. A
+  later call of the same shape (rows, padded prompt, new tokens) reuses the buffers and graphs, unless the
+  model's parameters were replaced (their storage is checked). A failed capture: out of memory retries at a
+  later call, anything else runs eagerly from then on (:mod:`tasks.generation.capture`).
+  On the CPU the same step function runs eagerly, every finished row leaves at once (``exact_rows``) and the
+  host checks every step, which is what the CPU's time is spent on.
 
 KV cache bytes (what ``tasks/update/fit.py`` counts for generation):
-``rows x (prompt + max_new_tokens) x layers x 2 x kv_heads x head_dim x dtype bytes`` bounds it: exactly
-``R x (P + T - 1) x layers x 2 x H_kv x D x bytes``, plus the prefill's ``B x P x layers x 2 x H_kv x D x bytes``
+``rows x (prompt + max_new_tokens) x layers x 2 x kv_heads x head_dim x dtype bytes`` bounds it up to the
+padding of the prompt and of ``S`` (on CUDA at most 63 + 127 columns): exactly ``R x S x layers x 2 x H_kv x D x
+bytes``, plus the prefill's ``B x P x layers x 2 x H_kv x D x bytes``
 during the prefill (B = R / n prompts), the mask ``R x S x bytes`` and a float32 ``[R, T]`` of log-probs. The 1.5B
 shape (28 layers, 2 KV heads of 128) in bf16 at 512 rows x (128 + 512): 9.4 GB.
 
@@ -244,12 +252,17 @@ class Decoder:
         self._tok[:m, 0] = tok
         self._t += 1
 
-    def _step_body(self, m: int, width: int, sampling: Sampling | None) -> None:
-        """One decode step after the first, of the first m rows: the token drawn last goes in at column ``P + t -
-        1``, attention reads the first ``width`` columns (at least ``P + t``), then :meth:`_advance`."""
+    def _open_column(self, m: int) -> None:
+        """The next position of the first m rows, and the column ``P + t - 1`` their keys go to, opened in the
+        mask (one column: the mask is never rebuilt)."""
         self._pos[:m] += 1
         torch.add(self._t, self._p - 1, out=self.cache.slot[0])
         self._mask[:m].index_fill_(3, self.cache.slot, 0)
+
+    def _step_body(self, m: int, width: int, sampling: Sampling | None) -> None:
+        """One decode step after the first, of the first m rows: the token drawn last goes in at column ``P + t -
+        1``, attention reads the first ``width`` columns (at least ``P + t``), then :meth:`_advance`."""
+        self._open_column(m)
         self.cache.rows, self.cache.width = m, width
         logits = self.model(input_ids=self._tok[:m], attention_mask=self._mask[:m, :, :, :width],
                             position_ids=self._pos[:m], past_key_values=self.cache, use_cache=True).logits[:, -1]
