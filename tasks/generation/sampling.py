@@ -9,12 +9,13 @@ vLLM's sampler; what this module drops is everything around it that cost a full 
 copy of all the logits, the temperature's copy, ``softmax``, ``multinomial``'s validity check (a host sync),
 ``log_softmax`` for the drawn token's log-prob, and the ``[B, V]`` matrix of every row, finished ones included.
 
-Per chunk of rows (at most ``max_elements`` logits) one float32 buffer ``x`` and one of noise: the chunk is upcast
-(the model's bf16 logits are exactly representable), divided by the temperature in place, warped by transformers'
-top-k and top-p warpers when they are on, turned in place into unnormalised probabilities ``exp(x - max)`` (at most
-1), summed, and raced against ``Exp(1)`` noise drawn in float32 from the caller's ``torch.Generator``. The drawn
-token's log-prob is ``x_tok - max - log(sum)``: ``log_softmax`` of the warped logits at that token only, the
-formula of the trainer's ``tasks.model.forward.selective_log_softmax``.
+Per chunk of rows (at most ``max_elements`` logits), :func:`race_draw`: the chunk is upcast to float32 (the
+model's bf16 logits are exactly representable), divided by the temperature (before transformers' top-k and top-p
+warpers when they are on), turned into unnormalised probabilities ``exp(x - max)`` (at most 1), summed, and raced
+against float32 ``Exp(1)`` noise. Eagerly that is a few float32 buffers of the chunk's size; compiled (CUDA), a few
+fused passes over the logits with the noise made in registers. The drawn token's log-prob is ``x_tok - max -
+log(sum)``: ``log_softmax`` of the warped logits at that token only, the formula of the trainer's
+``tasks.model.forward.selective_log_softmax``.
 
 The noise is counter-based: the ``Exp(1)`` draw of token ``v`` in the row of rollout ``j`` of a prompt seeded ``s`` at
 completion step ``t`` is a pure function of ``(s, j, t, v)`` (:func:`race_noise`), computed with int64 tensor ops,
