@@ -13,6 +13,12 @@ need no more.
   (prompt + new) x layers x 2 x kv heads x head size x bytes) and as allocated. The floor is what the card allows a
   decode step: the larger of reading the weights and the KV cache once (bytes / memory bandwidth) and the step's
   FLOPs (2 N a row / peak), so tokens/s <= rows / that time.
+- **One decode step** (:func:`step_profile`, run alone: ``PYTHONPATH=. python infra/gpu_bench_generation.py``,
+  one GPU call): torch.profiler's kernel time of an eager step by part (attention kernel, attention projections,
+  MLP, LM head, sampling, record + stop check, mask update, compaction, other), beside the step's eager wall time
+  and its graph replay's; with it the race's first (compiling) call, a fresh decoder's first call at 256 rows
+  against its second (:func:`first_call`), and a capture that fails leaving the caller's stream current
+  (:func:`capture_check`). docs/performance.md says what to read from it.
 - **Overlap on one GPU**: the sampler in a second process on the same GPU beside update steps in this one, against
   the two one after the other: the ratio is what ``overlap.lag`` 1 can save on a shared device.
 - **Mismatch**: the sampler's bf16 log-probs mu against the trainer's recomputation pi_old on the same weights
