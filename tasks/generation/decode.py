@@ -49,7 +49,6 @@ decoder models whose attention calls ``past_key_values.update(keys, values, laye
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -59,8 +58,6 @@ import torch
 
 from tasks.generation.capture import CapturePolicy, capture, capture_mode, world_size
 from tasks.generation.sampling import Sampling, row_keys, sample_next, step_keys
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
