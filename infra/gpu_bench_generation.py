@@ -13,6 +13,12 @@ need no more.
   (prompt + new) x layers x 2 x kv heads x head size x bytes) and as allocated. The floor is what the card allows a
   decode step: the larger of reading the weights and the KV cache once (bytes / memory bandwidth) and the step's
   FLOPs (2 N a row / peak), so tokens/s <= rows / that time.
+- **One decode step** (:func:`step_profile`, run alone: ``PYTHONPATH=. python infra/gpu_bench_generation.py``,
+  one GPU call): torch.profiler's kernel time of an eager step by part (attention kernel, attention projections,
+  MLP, LM head, sampling, record + stop check, mask update, compaction, other), beside the step's eager wall time
+  and its graph replay's; with it the race's first (compiling) call, a fresh decoder's first call at 256 rows
+  against its second (:func:`first_call`), and a capture that fails leaving the caller's stream current
+  (:func:`capture_check`). docs/performance.md says what to read from it.
 - **Overlap on one GPU**: the sampler in a second process on the same GPU beside update steps in this one, against
   the two one after the other: the ratio is what ``overlap.lag`` 1 can save on a shared device.
 - **Mismatch**: the sampler's bf16 log-probs mu against the trainer's recomputation pi_old on the same weights
@@ -31,7 +37,7 @@ import torch
 
 from infra.decode_reference import decode_reference
 from rlcore.types import RolloutGroup
-from tasks.generation.decode import Decoder
+from tasks.generation.decode import DecodeOptions, Decoder
 from tasks.generation.sampling import Sampling
 from tasks.model.forward import token_logprobs
 from tasks.update.policy_update import LossSettings, mismatch_metrics, policy_update
@@ -237,3 +243,208 @@ def mismatch_rows(model, rows: int, new: int, device) -> list[str]:
             "gradient change by the correction |", "|---|---|---|---|---|---|",
             f"| {m['offpolicy/kl']:.2e} | {m['offpolicy/ratio_mean']:.4f} | {m['offpolicy/ratio_max']:.3f} | "
             f"{m['offpolicy/logp_diff_max']:.3f} | {m['offpolicy/truncated_frac']:.2%} | {change:.2%} |"]
+
+
+# ---------------------------------------------------------------- where a decode step's time goes
+#: The step's parts, each a profiler range opened by :func:`instrumented` (innermost wins): kernels under none are
+#: "other" (embeddings, norms, rotary, residual adds, the KV write).
+PARTS = ("attention kernel", "attention projections", "mlp", "lm head", "sampling", "record + stop check",
+         "mask update", "compaction", "other")
+_ATTENTION_OPS = ("attention", "fmha", "flash", "sdpa", "cudnn")
+
+
+def instrumented(decoder: Decoder):
+    """Profiler ranges around the step's parts of ``decoder``'s model and loop (forward hooks and wrapped methods,
+    for profiling only); returns an undo function."""
+    from torch.autograd.profiler import record_function
+
+    from tasks.generation import decode as decode_module
+
+    model, undo, open_ranges = decoder.model, [], {}
+
+    def around(module, name):
+        def pre(mod, *_):
+            open_ranges[id(mod)] = record_function(name).__enter__()
+
+        def post(mod, *_):
+            open_ranges.pop(id(mod)).__exit__(None, None, None)
+
+        undo.extend([module.register_forward_pre_hook(pre).remove, module.register_forward_hook(post).remove])
+
+    for layer in model.model.layers:
+        around(layer.self_attn, "attention projections")
+        around(layer.mlp, "mlp")
+    around(model.lm_head, "lm head")
+
+    def wrap(owner, attr, name):
+        fn = getattr(owner, attr)
+
+        def wrapped(*args, **kw):
+            with record_function(name):
+                return fn(*args, **kw)
+
+        setattr(owner, attr, wrapped)
+        undo.append(lambda: setattr(owner, attr, fn))
+
+    wrap(decode_module, "sample_next", "sampling")
+    wrap(decoder, "_advance", "record + stop check")
+    wrap(decoder, "_open_column", "mask update")
+    wrap(decoder, "_compact", "compaction")
+    return lambda: [u() for u in reversed(undo)]
+
+
+def part_of(event) -> str:
+    """The part a profiled op belongs to: an attention kernel by its op's name, else its innermost range."""
+    if any(a in event.name.lower() for a in _ATTENTION_OPS) and event.name.startswith("aten::"):
+        return "attention kernel"
+    e = event
+    while e is not None:
+        if e.name in PARTS:
+            return e.name
+        e = e.cpu_parent
+    return "other"
+
+
+def breakdown(prof, cuda: bool) -> dict[str, float]:
+    """Milliseconds of device time (CUDA kernels; on the CPU the ops' own CPU time) by part."""
+    out = dict.fromkeys(PARTS, 0.0)
+    for e in prof.events():
+        if cuda:
+            us = sum(getattr(k, "duration", 0.0) for k in e.kernels)
+        else:
+            us = e.self_cpu_time_total if e.name.startswith("aten::") else 0.0
+        if us:
+            out[part_of(e)] += us / 1e3
+    return out
+
+
+@torch.inference_mode()
+def step_profile(model, rows: int, new: int, device) -> list[str]:
+    """One decode step at ``rows`` rows (no stop token, the cache half written), after a full call: torch.profiler
+    over an eager step (kernel time by part), and the wall time of the eager step and of its graph's replay."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.device(device).type == "cuda"
+    decoder = Decoder(model)
+    draw(model, rows, new, device, decoder=decoder)  # buffers, graphs, the race's compile
+    draw(model, rows, new, device, decoder=decoder, seed=1)
+    mid = new // 2
+    opts = decoder.options or DecodeOptions.for_device(device)
+    w = opts.width_multiple
+    width = decoder.cache.length if w is None else min(decoder.cache.length, -(-(decoder._p + mid) // w) * w)
+    sampling = Sampling(temperature=1.0)
+
+    def eager_step():
+        decoder._t.fill_(mid)
+        decoder._step_body(rows, width, sampling)
+
+    for _ in range(3):
+        eager_step()
+    eager_ms = timed(lambda: [eager_step() for _ in range(10)], device) * 100
+    undo = instrumented(decoder)
+    try:
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=activities) as prof:
+            eager_step()
+            sync(device)
+    finally:
+        undo()
+    parts = breakdown(prof, cuda)
+    graph = decoder._graphs.get((rows, width, sampling))
+    replay_ms = None
+    if graph is not None:
+        def replay():
+            for _ in range(10):
+                decoder._t.fill_(mid)
+                graph.replay()
+        replay()
+        replay_ms = timed(replay, device) * 100
+    total = sum(parts.values())
+    out = [f"one decode step at {rows} rows, step {mid} of {new} (attention width {width} of "
+           f"{decoder.cache.length} columns): eager {eager_ms:.2f} ms wall, "
+           f"graph replay {'-' if replay_ms is None else f'{replay_ms:.2f}'} ms wall; "
+           f"{'kernel' if cuda else 'CPU op'} time by part (one eager step, torch.profiler):",
+           "| part | ms | share |", "|---|---|---|"]
+    out += [f"| {k} | {v:.3f} | {v / total:.0%} |" for k, v in parts.items()]
+    out.append(f"| all | {total:.3f} | 100% |")
+    if cuda:
+        out.append("\ntop kernels:\n" + prof.key_averages().table(sort_by="cuda_time_total", row_limit=15))
+    return out
+
+
+def first_call(model, rows: int, new: int, device) -> list[str]:
+    """A fresh decoder's first call at ``rows`` rows against its second, the capture's share of it, and the race's
+    first (compiling) call."""
+    from tasks.generation import sampling as sampling_module
+
+    x = torch.randn(4, model.config.vocab_size, device=device, dtype=next(model.parameters()).dtype)
+    keys = sampling_module.step_keys(sampling_module.row_keys(torch.zeros(1, dtype=torch.long, device=device), 4), 0)
+    race_s = timed(lambda: sampling_module.sample_next(x, Sampling(temperature=1.0), keys), device)
+    decoder = Decoder(model)
+    first = timed(lambda: draw(model, rows, new, device, decoder=decoder), device)
+    capture, graphs = decoder.capture_s, decoder.graphs
+    second = timed(lambda: draw(model, rows, new, device, decoder=decoder, seed=1), device)
+    fused = sampling_module._FUSED
+    return [f"race's first call (compile: {fused.compiled if fused.fn is not None else 'eager device'}): "
+            f"{race_s:.2f} s",
+            f"first call at {rows} rows x {new} tokens: {first:.2f} s ({graphs} graphs captured in {capture:.2f} s); "
+            f"second call {second:.2f} s; first - second {first - second:.2f} s"]
+
+
+def capture_check(device) -> list[str]:
+    """A capture whose function raises: the caller's stream is current again, and the next capture works."""
+    from tasks.generation.capture import capture
+
+    if torch.device(device).type != "cuda":
+        return ["capture check: CUDA only"]
+    x = torch.ones(4, device=device)
+    pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+    before = torch.cuda.current_stream()
+
+    def broken():
+        x.mul_(2)
+        raise RuntimeError("broken step")
+
+    try:
+        capture(torch.cuda.CUDAGraph(), broken, pool=pool, stream=stream, mode="global")
+    except RuntimeError as err:
+        raised = str(err)
+    restored = torch.cuda.current_stream() == before
+    graph = torch.cuda.CUDAGraph()
+    capture(graph, lambda: x.add_(1), pool=pool, stream=stream, mode="global")
+    graph.replay()
+    torch.cuda.synchronize()
+    return [f"capture check: a failing capture raised {raised!r}, caller's stream restored: {restored}; the next "
+            f"capture replays: {bool((x == 2).all())}"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The decode step's profile, the first call and the capture check on one device (one GPU call)."""
+    import argparse
+    import sys
+    from pathlib import Path
+
+    sys.path[:0] = [str(Path(__file__).resolve().parent)]
+    gpu_bench = __import__("gpu-bench")
+    p = argparse.ArgumentParser(description="decode step profile, first call, capture check")
+    p.add_argument("--shape", default=None, help="gpu-bench.py's SHAPES (default 1.5b on CUDA, toy on the CPU)")
+    p.add_argument("--rows", type=int, nargs=2, default=None, help="first-call rows, profile rows (256 512)")
+    p.add_argument("--new", type=int, default=None, help="new tokens (256; 8 on the CPU)")
+    args = p.parse_args(argv)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    shape = args.shape or ("1.5b" if cuda else "toy")
+    first_rows, profile_rows = args.rows or ((256, 512) if cuda else (16, 32))
+    new = args.new or (256 if cuda else 8)
+    model = gpu_bench.build(shape, "full", device, torch.bfloat16 if cuda else torch.float32)[0].eval()
+    name = torch.cuda.get_device_name() if cuda else "cpu"
+    print(f"{name}, {shape}, torch {torch.__version__}")
+    for part in (lambda: first_call(model, first_rows, new, device), lambda: capture_check(device),
+                 lambda: step_profile(model, profile_rows, new, device),
+                 lambda: sampler_rows(model, [profile_rows], new, device, name)):
+        print("\n".join(part()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

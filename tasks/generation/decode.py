@@ -4,30 +4,38 @@ on CUDA the one-token forward replayed as a CUDA graph.
 What a step costs is what the GPU must do (the layout of nano-vllm, gpt-fast and SGLang; docs/performance.md):
 
 - **One cache, written in place.** Keys and values of every layer live in buffers ``[R, H_kv, S, D]`` allocated
-  once (and kept by :class:`Decoder` for the next call of the same shape), ``S = P + T - 1`` for prompts padded to
-  ``P`` columns (on CUDA a multiple of 64, so most calls share a shape) and ``T = max_new_tokens``. Step ``t``
-  writes its keys and values at column ``P + t - 1`` of every row (``index_copy_``; no ``torch.cat`` of the
-  cache, as ``DynamicCache`` does each step). The attention mask is a
-  4-D additive buffer ``[R, 1, 1, S]`` whose column is opened in place; token, position and column are buffers
-  too. Attention reads all ``S`` columns each step (the unwritten ones masked).
+  once (and kept by :class:`Decoder` for the next call of the same shape), ``S = P + T - 1`` (rounded up to
+  ``width_multiple``, on CUDA 128) for prompts padded to ``P`` columns (on CUDA a multiple of 64, so most calls
+  share a shape) and ``T = max_new_tokens``. Step ``t`` writes its keys and values at column ``P + t - 1`` of
+  every row (``index_copy_``; no ``torch.cat`` of the cache, as ``DynamicCache`` does each step). The attention
+  mask is a 4-D additive buffer ``[R, 1, 1, S]`` whose column is opened in place (one column a step, no
+  rebuild); token, position, column and step counter are buffers too.
+- **Attention over the used width.** On CUDA step ``t`` reads the first ``P + t`` columns rounded up to 128
+  (keys, values and mask sliced alike; aligned rows, so the memory-efficient kernel pads no mask), not all
+  ``S``: at 128 + 256 tokens a third less cache read on average. On the CPU every step reads all ``S`` (the
+  draws stay those it always made: a shorter row changes the reductions in the last bits).
 - **Each prompt prefilled once.** The B prompts go through the model once, into a small cache of their own;
   its keys and values are copied to the n rows of each prompt (GRPO's rollouts share the prompt).
 - **Rows leave by buckets.** A finished row stays in the batch (its draws are discarded) until the live rows fit
   the next smaller bucket of ``1, 2, 4, ..., 2^k < R, R``; then live rows are gathered to the front of every
   buffer (``Decoder`` pads a bucket with finished rows). The host learns how many rows go on every
   ``check_every`` steps (one sync then), not every step.
-- **CUDA graphs.** On CUDA the one-token forward of each bucket is captured once (``torch.cuda.CUDAGraph``, one
-  shared memory pool, buckets captured as the call reaches them, largest first) and replayed; a later call that
-  has the same shape (rows, padded prompt, new tokens) reuses the buffers and graphs, unless the model's
-  parameters were replaced (their storage is checked).
-  On the CPU the forward runs eagerly, every finished row leaves at once (``exact_rows``) and the host checks
-  every step, which is what the CPU's time is spent on.
-- Sampling outside the graph: :func:`tasks.generation.sampling.sample_next`, the exponential race with counter-based
-  noise keyed by (prompt seed, rollout, step, token), so a prompt's rollouts do not depend on its batch.
+- **A step is one CUDA graph.** The whole step (open the column, the one-token forward, the draw with
+  :func:`tasks.generation.sampling.sample_next`, recording the token and its log-prob, the stop check, the step
+  counter) is one function, :meth:`Decoder._step_body`; on CUDA each (bucket, width, sampling) runs eagerly once
+  (the warm-up) and is captured at its second step (``torch.cuda.CUDAGraph``, one shared memory pool), then
+  replayed. The draw's noise is keyed by (prompt seed, rollout, step, token) with the step read from a device
+  counter, so the replay draws what an eager step draws, and a prompt's rollouts do not depend on its batch. A
+  later call of the same shape (rows, padded prompt, new tokens) reuses the buffers and graphs, unless the
+  model's parameters were replaced (their storage is checked). A failed capture: out of memory retries at a
+  later call, anything else runs eagerly from then on (:mod:`tasks.generation.capture`).
+  On the CPU the same step function runs eagerly, every finished row leaves at once (``exact_rows``) and the
+  host checks every step, which is what the CPU's time is spent on.
 
 KV cache bytes (what ``tasks/update/memory_check.py`` counts for generation):
-``rows x (prompt + max_new_tokens) x layers x 2 x kv_heads x head_dim x dtype bytes`` bounds it: exactly
-``R x (P + T - 1) x layers x 2 x H_kv x D x bytes``, plus the prefill's ``B x P x layers x 2 x H_kv x D x bytes``
+``rows x (prompt + max_new_tokens) x layers x 2 x kv_heads x head_dim x dtype bytes`` bounds it up to the
+padding of the prompt and of ``S`` (on CUDA at most 63 + 127 columns): exactly ``R x S x layers x 2 x H_kv x D x
+bytes``, plus the prefill's ``B x P x layers x 2 x H_kv x D x bytes``
 during the prefill (B = R / n prompts), the mask ``R x S x bytes`` and a float32 ``[R, T]`` of log-probs. The 1.5B
 shape (28 layers, 2 KV heads of 128) in bf16 at 512 rows x (128 + 512): 9.4 GB.
 
@@ -41,7 +49,6 @@ decoder models whose attention calls ``past_key_values.update(keys, values, laye
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -49,9 +56,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tasks.generation.capture import CapturePolicy, capture, capture_mode, world_size
 from tasks.generation.sampling import Sampling, row_keys, sample_next, step_keys
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -65,24 +71,31 @@ class DecodeOptions:
         check_every: decode steps between the host's checks of how many rows go on (one sync each).
         prompt_multiple: prompts are padded to a multiple of this many columns, so calls whose prompts differ a
             little in length share one shape, hence the buffers and graphs.
+        width_multiple: attention at step t reads the cache's first ``P + t`` columns rounded up to a multiple of
+            this (the cache's width too is a multiple of it): 1 reads only the written columns; on CUDA each width
+            is a graph of its own, so a larger multiple means fewer graphs and aligned masks. None: every step reads
+            the whole width (the masked columns add exact zeros, but a shorter row changes the attention's
+            reductions in the last bits, so the CPU keeps the draws it always made).
     """
 
     graphs: bool
     exact_rows: bool
     check_every: int
     prompt_multiple: int = 1
+    width_multiple: int | None = None
 
     def __post_init__(self):
-        if self.check_every < 1 or self.prompt_multiple < 1:
-            raise ValueError(f"DecodeOptions: check_every {self.check_every} and prompt_multiple "
-                             f"{self.prompt_multiple} must be >= 1")
+        if min(self.check_every, self.prompt_multiple, self.width_multiple or 1) < 1:
+            raise ValueError(f"DecodeOptions: check_every {self.check_every}, prompt_multiple {self.prompt_multiple} "
+                             f"and width_multiple {self.width_multiple} must be >= 1")
 
     @classmethod
     def for_device(cls, device: torch.device | str) -> DecodeOptions:
-        """CUDA: graphs, buckets, a check every 8 steps, prompts padded to 64 columns; elsewhere eager, exact rows,
-        a check every step (a CPU step costs what its rows cost; a check costs nothing there)."""
+        """CUDA: graphs, buckets, a check every 8 steps, prompts padded to 64 columns, attention widths in steps of
+        128 columns; elsewhere eager, exact rows, a check every step, attention over the whole width (a CPU step
+        costs what its rows cost; a check costs nothing there)."""
         if torch.device(device).type == "cuda":
-            return cls(graphs=True, exact_rows=False, check_every=8, prompt_multiple=64)
+            return cls(graphs=True, exact_rows=False, check_every=8, prompt_multiple=64, width_multiple=128)
         return cls(graphs=False, exact_rows=True, check_every=1)
 
 
@@ -102,13 +115,14 @@ class SlotCache:
     def __init__(self, rows: int, length: int, keys: list[torch.Tensor] | None = None,
                  values: list[torch.Tensor] | None = None):
         self.rows, self.length = rows, length
+        self.width: int | None = None  # columns the attention reads (None: all)
         self.keys: list[torch.Tensor] = keys if keys is not None else []
         self.values: list[torch.Tensor] = values if values is not None else []
         self.slot: torch.Tensor | None = None
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Write ``[rows, H_kv, q, D]`` keys and values at the columns ``slot`` (q of them) of layer
-        ``layer_idx``; return that layer's ``[rows, H_kv, S, D]`` keys and values."""
+        ``layer_idx``; return that layer's ``[rows, H_kv, width, D]`` keys and values (``width`` default ``S``)."""
         if layer_idx == len(self.keys):  # allocate lazily, as the prefill meets each layer
             shape = (self.rows, key_states.shape[1], self.length)
             self.keys.append(key_states.new_zeros(*shape, key_states.shape[-1]))
@@ -116,6 +130,8 @@ class SlotCache:
         k, v = self.keys[layer_idx][:self.rows], self.values[layer_idx][:self.rows]
         k.index_copy_(2, self.slot, key_states)
         v.index_copy_(2, self.slot, value_states)
+        if self.width is not None:
+            return k[:, :, :self.width], v[:, :, :self.width]
         return k, v
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -134,87 +150,148 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 class Decoder:
     """Decoding with one model: buffers and CUDA graphs kept across calls that fit them (:func:`decode` for one
-    call). Attributes ``capture_s`` (seconds spent capturing graphs, all calls) and ``kv_bytes`` (the main
-    cache's size) are read by the GPU check (infra/gpu_bench_generation.py)."""
+    call). Attributes ``capture_s`` (seconds spent capturing graphs, all calls), ``kv_bytes`` (the main cache's
+    size) and ``graphs`` (captured so far) are read by the GPU check (infra/gpu_bench_generation.py).
+
+    A decode step after the first is :meth:`_step_body`: open the step's column, the one-token forward over the
+    cache's used width, then :meth:`_advance` (draw, record, stop check, advance the step counter). On CUDA each
+    (bucket, width, sampling) is run eagerly the first time (the warm-up: lazy initialisation, the race's
+    compile) and captured the second, then replayed: a step is one graph replay, the host's only work a check
+    every ``check_every`` steps. Eagerly (the CPU, or a step not captured) the same function runs.
+    """
 
     def __init__(self, model: torch.nn.Module, options: DecodeOptions | None = None):
         self.model, self.options = model, options
         self.cache: SlotCache | None = None
         self.capture_s = 0.0
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.policy = CapturePolicy()
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self._seen: set[tuple] = set()  # steps run eagerly once (warmed up), capture at the next
         self._pool = None
+        self._stream = None
         self._params: tuple[int, ...] = ()
-        self._eager = False  # set when a capture failed
         self._lock = threading.Lock()  # one call at a time: the buffers are shared (a draw in a thread, say)
 
     @property
     def kv_bytes(self) -> int:
         return 0 if self.cache is None else self.cache.nbytes()
 
+    @property
+    def graphs(self) -> int:
+        return len(self._graphs)
+
     def release(self) -> None:
         """Free the buffers and graphs (the next call allocates and captures again)."""
-        self.cache, self._graphs, self._pool = None, {}, None
+        self.cache, self._graphs, self._seen, self._pool = None, {}, set(), None
 
     # -- buffers ------------------------------------------------------------------------------------------
-    def _fits(self, rows: int, prompt: int, new: int, pre: SlotCache) -> bool:
+    def _fits(self, rows: int, prompt: int, new: int, pre: SlotCache, width_multiple: int | None) -> bool:
         """Whether the buffers have exactly this call's shape: a call's result must not depend on the calls before
         it (a resumed run samples what the uninterrupted one did), and a longer buffer would change the attention's
         reductions in the last bits."""
         c = self.cache
-        return (c is not None and rows == c.keys[0].shape[0] and prompt == self._p and new == self._t
+        return (c is not None and rows == c.keys[0].shape[0] and prompt == self._p and new == self._new
+                and width_multiple == self._width_multiple
                 and len(c.keys) == len(pre.keys)
                 and all(a.shape[1:2] + a.shape[3:] == b.shape[1:2] + b.shape[3:] and a.dtype == b.dtype
                         and a.device == b.device
                         for a, b in zip(c.keys + c.values, pre.keys + pre.values, strict=True)))
 
-    def _allocate(self, rows: int, p: int, new: int, pre: SlotCache) -> None:
+    def _allocate(self, rows: int, p: int, new: int, pre: SlotCache, width_multiple: int | None) -> None:
+        """Buffers for ``rows`` rows, prompts of ``p`` columns and ``new`` tokens: the cache's ``S = P + T - 1``
+        columns rounded up to ``width_multiple``."""
         self.release()
-        s = p + max(new - 1, 0)
+        self.policy.new_shape()
+        w = width_multiple or 1
+        s = -(-(p + max(new - 1, 0)) // w) * w
         dtype, device = pre.keys[0].dtype, pre.keys[0].device
         keys = [k.new_zeros(rows, k.shape[1], s, k.shape[3]) for k in pre.keys]
         values = [v.new_zeros(rows, v.shape[1], s, v.shape[3]) for v in pre.values]
         self.cache = SlotCache(rows, s, keys, values)
         self.cache.slot = torch.zeros(1, dtype=torch.long, device=device)
-        self._p, self._t = p, new
+        self._p, self._new, self._width_multiple = p, new, width_multiple
         self._mask = torch.zeros(rows, 1, 1, s, dtype=dtype, device=device)
         self._tok = torch.zeros(rows, 1, dtype=torch.long, device=device)
         self._pos = torch.zeros(rows, 1, dtype=torch.long, device=device)
+        self._t = torch.zeros((), dtype=torch.long, device=device)  # the step being drawn
+        self._keys = torch.zeros(rows, dtype=torch.long, device=device)
+        self._done = torch.ones(rows, dtype=torch.bool, device=device)
+        self._row_of = torch.full((rows,), rows, dtype=torch.long, device=device)
+        self._out = torch.zeros(rows + 1, new, dtype=torch.long, device=device)  # row `rows`: finished rows' scratch
+        self._out_logp = torch.zeros(rows + 1, new, dtype=torch.float32, device=device)
+        self._length = torch.zeros(rows + 1, dtype=torch.long, device=device)
+        self._stops = torch.full((8,), -1, dtype=torch.long, device=device)  # padded with -1, no token
 
-    # -- the one-token forward ----------------------------------------------------------------------------
-    def _forward(self, m: int) -> torch.Tensor:
-        self.cache.rows = m
-        return self.model(input_ids=self._tok[:m], attention_mask=self._mask[:m], position_ids=self._pos[:m],
-                          past_key_values=self.cache, use_cache=True).logits
+    def _set_stops(self, stop_ids: Sequence[int]) -> None:
+        """The stop ids into their buffer (padded with -1); a larger buffer, and no graphs, when they do not fit."""
+        if len(stop_ids) > len(self._stops):
+            self._stops = torch.full((1 << (len(stop_ids) - 1).bit_length(),), -1, dtype=torch.long,
+                                     device=self._stops.device)
+            self._graphs, self._seen = {}, set()
+        self._stops.fill_(-1)
+        if stop_ids:
+            self._stops[:len(stop_ids)] = torch.tensor(list(stop_ids), dtype=torch.long)
 
-    def _step(self, m: int, graphs: bool) -> torch.Tensor:
-        """[m, V] logits of the next token of the first m rows."""
-        if not graphs or self._eager:
-            return self._forward(m)[:, -1]
-        if m not in self._graphs:
-            t0 = time.perf_counter()
-            torch.cuda.synchronize()
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # warm-up: writes this step's column with this step's values (replayed)
-                self._forward(m)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            try:
-                with torch.cuda.graph(graph, pool=self._pool):
-                    out = self._forward(m)
-            except RuntimeError as err:  # a model whose forward cannot be captured: eager, as on the CPU
-                log.warning("decode: the one-token forward could not be captured as a CUDA graph (%s); eager from "
-                            "now on, slower", (str(err).splitlines() or ["?"])[0][:200])
-                self._eager = True
-                return self._forward(m)[:, -1]
-            torch.cuda.synchronize()
-            self._graphs[m] = (graph, out)
-            self.capture_s += time.perf_counter() - t0
-        graph, out = self._graphs[m]
+    # -- a step -------------------------------------------------------------------------------------------
+    def _advance(self, logits: torch.Tensor, m: int, sampling: Sampling | None) -> None:
+        """Draw the next token of the first m rows from their [m, V] logits at the step ``_t``, record it (a
+        finished row's in the scratch row), mark rows that drew a stop id, feed the tokens to the next forward and
+        count the step. No host sync: it runs inside the step's graph."""
+        keys = step_keys(self._keys[:m], self._t) if sampling is not None else None
+        tok, logp = sample_next(logits, sampling, keys)
+        scratch = self._out.shape[0] - 1
+        target = torch.where(self._done[:m], scratch, self._row_of[:m])
+        column = self._t.expand(m)
+        self._out.index_put_((target, column), tok)
+        self._out_logp.index_put_((target, column), logp)
+        self._length.index_put_((target,), (self._t + 1).expand(m))
+        self._done[:m] |= (tok[:, None] == self._stops).any(-1)
+        self._tok[:m, 0] = tok
+        self._t += 1
+
+    def _open_column(self, m: int) -> None:
+        """The next position of the first m rows, and the column ``P + t - 1`` their keys go to, opened in the
+        mask (one column: the mask is never rebuilt)."""
+        self._pos[:m] += 1
+        torch.add(self._t, self._p - 1, out=self.cache.slot[0])
+        self._mask[:m].index_fill_(3, self.cache.slot, 0)
+
+    def _step_body(self, m: int, width: int, sampling: Sampling | None) -> None:
+        """One decode step after the first, of the first m rows: the token drawn last goes in at column ``P + t -
+        1``, attention reads the first ``width`` columns (at least ``P + t``), then :meth:`_advance`."""
+        self._open_column(m)
+        self.cache.rows, self.cache.width = m, width
+        logits = self.model(input_ids=self._tok[:m], attention_mask=self._mask[:m, :, :, :width],
+                            position_ids=self._pos[:m], past_key_values=self.cache, use_cache=True).logits[:, -1]
+        self._advance(logits, m, sampling)
+
+    def _step(self, m: int, width: int, sampling: Sampling | None, graphs: bool) -> None:
+        """:meth:`_step_body`, replayed from its graph where there is one (capture at its second run)."""
+        key = (m, width, sampling)
+        if key in self._graphs:
+            self._graphs[key].replay()
+            return
+        if not graphs or key not in self._seen or not self.policy.should_capture(key):
+            self._seen.add(key)
+            self._step_body(m, width, sampling)
+            return
+        t0 = time.perf_counter()
+        torch.cuda.synchronize()
+        if self._pool is None:
+            self._pool, self._stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            capture(graph, lambda: self._step_body(m, width, sampling), pool=self._pool, stream=self._stream,
+                    mode=capture_mode(world_size()))
+        except Exception as err:  # noqa: BLE001 - the policy decides; the step runs eagerly either way
+            del graph
+            if self.policy.failed(key, err) == "retry":
+                torch.cuda.empty_cache()
+            self._step_body(m, width, sampling)
+            return
+        self._graphs[key] = graph
         graph.replay()
-        return out[:, -1]
+        self.capture_s += time.perf_counter() - t0
 
     # -- a call -------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -231,17 +308,16 @@ class Decoder:
         graphs = opts.graphs and device.type == "cuda"
         b, p = input_ids.shape
         r, t_max = b * n, max_new_tokens
-        out = torch.full((r + 1, t_max), pad_id, dtype=torch.long, device=device)  # row r: finished rows' scratch
-        out_logp = torch.zeros(r + 1, t_max, dtype=torch.float32, device=device)
         if t_max == 0 or r == 0:
-            return out[:r, :0], out_logp[:r, :0]
+            return (torch.full((r, 0), pad_id, dtype=torch.long, device=device),
+                    torch.zeros(r, 0, dtype=torch.float32, device=device))
         if sampling is not None and (seeds is None or seeds.shape != (b,)):
             raise ValueError(f"decode: sampling needs one noise seed per prompt ([{b}] int64), got "
                              f"{None if seeds is None else tuple(seeds.shape)}")
         params = tuple(q.data_ptr() for q in self.model.parameters())
         if params != self._params:  # replaced weights: graphs would read the old storage
-            self._graphs, self._params = {}, params
-        stops = torch.tensor(list(stop_ids), dtype=torch.long, device=device)
+            self._graphs, self._seen, self._params = {}, set(), params
+        self.policy.new_call()
         am = attention_mask.bool()
         pos = (am.long().cumsum(-1) - 1).clamp(min=0)
 
@@ -254,69 +330,62 @@ class Decoder:
                             use_cache=True, logits_to_keep=1).logits[:, -1]
         del mask4
         p_alloc = -(-p // opts.prompt_multiple) * opts.prompt_multiple
-        if not self._fits(r, p_alloc, t_max, pre):
-            self._allocate(r, p_alloc, t_max, pre)
-        cache, big_p = self.cache, self._p
+        if not self._fits(r, p_alloc, t_max, pre, opts.width_multiple):
+            self._allocate(r, p_alloc, t_max, pre, opts.width_multiple)
+        cache, big_p, s = self.cache, self._p, self.cache.length
         lo = big_p - p  # prompts sit right-aligned in the buffers' prompt columns
         for dst, src in zip(cache.keys + cache.values, pre.keys + pre.values, strict=True):
             dst[:r, :, lo:big_p].unflatten(0, (b, n)).copy_(src[:, None])
         del pre
         sizes = list(range(1, cache.keys[0].shape[0] + 1)) if opts.exact_rows else buckets(cache.keys[0].shape[0])
         m = next(x for x in sizes if x >= r)
+        self._set_stops(stop_ids)
         self._mask.fill_(torch.finfo(self._mask.dtype).min)
         self._mask[:r, 0, 0, lo:big_p] = _additive(am, self._mask.dtype).repeat_interleave(n, 0)
         self._mask[r:m, 0, 0, 0] = 0  # rows that only pad the bucket: one open column keeps them finite
         self._pos[:r] = pos[:, -1:].repeat_interleave(n, 0)
-        row_of = torch.full((m,), r, dtype=torch.long, device=device)
-        row_of[:r] = torch.arange(r, device=device)
-        done = torch.ones(m, dtype=torch.bool, device=device)
-        done[:r] = False
-        keys = torch.zeros(m, dtype=torch.long, device=device)
+        self._row_of.fill_(r)
+        self._row_of[:r] = torch.arange(r, device=device)
+        self._done.fill_(True)
+        self._done[:r] = False
+        self._keys.zero_()
         if sampling is not None:
-            keys[:r] = row_keys(seeds.to(device), n)
-        length = torch.zeros(r + 1, dtype=torch.long, device=device)
+            self._keys[:r] = row_keys(seeds.to(device), n)
+        self._out.fill_(pad_id)
+        self._out_logp.zero_()
+        self._length.zero_()
+        self._t.zero_()
 
         logits = logits.repeat_interleave(n, 0)
         if m > r:
             logits = torch.cat([logits, logits[:1].expand(m - r, -1)])
-        live = r
-        for t in range(t_max):
-            if t > 0:
-                self._tok[:m, 0] = tok
-                self._pos[:m] += 1
-                cache.slot.fill_(big_p + t - 1)
-                self._mask[:m].index_fill_(3, cache.slot, 0)
-                logits = self._step(m, graphs)
-            tok, logp = sample_next(logits, sampling, step_keys(keys[:m], t) if sampling is not None else None)
-            target = torch.where(done[:m], r, row_of[:m])
-            out[target, t] = tok
-            out_logp[target, t] = logp
-            length[target] = t + 1
-            done[:m] |= torch.isin(tok, stops)
-            if t + 1 == t_max or (t + 1) % opts.check_every:
-                continue
-            live = int((~done[:m]).sum())  # the host's check: one sync
-            if live == 0:
-                break
-            smaller = next(x for x in sizes if x >= live)
-            if smaller < m:
-                tok = self._compact(m, smaller, done, row_of, keys, tok)
-                m = smaller
-        width = int(length[:r].max())
-        ids, logp_out = out[:r, :width], out_logp[:r, :width]
+        self._advance(logits, m, sampling)  # step 0, from the prefill's logits
+        del logits
+        for t in range(1, t_max):
+            if t % opts.check_every == 0:  # the host's check: one sync
+                live = int((~self._done[:m]).sum())
+                if live == 0:
+                    break
+                smaller = next(x for x in sizes if x >= live)
+                if smaller < m:
+                    self._compact(m, smaller)
+                    m = smaller
+            w = opts.width_multiple
+            width = s if w is None else min(s, -(-(big_p + t) // w) * w)
+            self._step(m, width, sampling, graphs)
+        width = int(self._length[:r].max())
+        ids, logp_out = self._out[:r, :width].clone(), self._out_logp[:r, :width].clone()
         if bool(logp_out.isnan().any()):
             raise FloatingPointError(f"decode: the model's logits were NaN for {int(logp_out.isnan().sum())} of the "
                                      f"drawn tokens ({r} rows); its weights are not finite")
         return ids, logp_out
 
-    def _compact(self, m: int, smaller: int, done: torch.Tensor, row_of: torch.Tensor, keys: torch.Tensor,
-                 tok: torch.Tensor) -> torch.Tensor:
-        """Gather the live rows (and finished ones to fill the bucket) to the front of every buffer; the
-        current tokens in the new order."""
-        order = torch.argsort(done[:m].to(torch.int8), stable=True)[:smaller]  # live rows first, in row order
-        for buf in self.cache.keys + self.cache.values + [self._mask, self._tok, self._pos, row_of, done, keys]:
+    def _compact(self, m: int, smaller: int) -> None:
+        """Gather the live rows (and finished ones to fill the bucket) to the front of every buffer."""
+        order = torch.argsort(self._done[:m].to(torch.int8), stable=True)[:smaller]  # live rows first, in row order
+        for buf in self.cache.keys + self.cache.values + [self._mask, self._tok, self._pos, self._row_of, self._done,
+                                                          self._keys]:
             buf[:smaller] = buf[order]
-        return tok[order]
 
 
 def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, n: int = 1,

@@ -24,9 +24,10 @@ PROMPTS = ["Q: 1+2=?\n", "Q: 12*34-5=?\n", "Q: 9=?\n", "Q: 40-3*7=?\n"]
 SETTINGS = [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (0.9, 8, 0.9)]
 ROOT = Path(__file__).resolve().parents[2]
 #: the CPU's default (every finished row leaves at once, a check every step) and the GPU's layout run eagerly
-#: (buckets of powers of two, a check every 3 steps, prompts padded to 16 columns)
+#: (buckets of powers of two, a check every 3 steps, prompts padded to 16 columns, attention over the used width
+#: in steps of 16 columns)
 OPTIONS = [DecodeOptions.for_device("cpu"), DecodeOptions(graphs=False, exact_rows=False, check_every=3,
-                                                          prompt_multiple=16)]
+                                                          prompt_multiple=16, width_multiple=16)]
 MASK64 = (1 << 64) - 1
 
 
@@ -315,8 +316,8 @@ def test_the_same_seed_gives_the_same_rollouts_in_one_call_or_three(policy, temp
 def test_a_decoder_reuses_its_buffers_for_calls_of_its_shape_and_counts_its_cache():
     """A second call of the same shape (rows, prompts padded to 16 columns, new tokens) reuses the buffers, a third
     of another shape gets new ones, and each equals a fresh decoder's result (a call does not depend on the calls
-    before it: resume stays exact). The cache holds rows x (prompt + new - 1) x layers x 2 x kv_heads x head_dim x
-    bytes."""
+    before it: resume stays exact). The cache holds rows x (prompt + new - 1, rounded up to the width multiple 16)
+    x layers x 2 x kv_heads x head_dim x bytes."""
     tok = build_tokenizer()
     model = lively_qwen2(tok)  # 2 layers, 2 KV heads of 16
     kw = dict(max_new_tokens=10, sampling=Sampling(0.9), stop_ids=(2,), pad_id=0)
@@ -331,21 +332,54 @@ def test_a_decoder_reuses_its_buffers_for_calls_of_its_shape_and_counts_its_cach
         assert torch.equal(got[0], fresh[0]) and torch.equal(got[1], fresh[1])
         caches.append(dec.cache)
         p = -(-enc["input_ids"].shape[1] // 16) * 16
-        assert dec.kv_bytes == len(prompts) * n * (p + 10 - 1) * 2 * 2 * 2 * 16 * 4
+        assert dec.kv_bytes == len(prompts) * n * -(-(p + 10 - 1) // 16) * 16 * 2 * 2 * 2 * 16 * 4
     assert caches[0] is caches[1] and caches[2] is not caches[1]
 
 
-def test_fused_noise_falls_back_to_the_eager_function_when_compiling_fails(caplog):
-    """On CUDA the noise goes through ``torch.compile``; a compiler that fails (here one that raises as a missing
-    C compiler would) leaves the eager function, the same noise, with one warning."""
-    from tasks.generation.sampling import _FusedNoise
+def test_the_fused_draw_falls_back_to_the_eager_function_when_compiling_fails(caplog):
+    """On CUDA the race goes through ``torch.compile``; a compiler that fails (here one that raises as a missing
+    C compiler would) leaves the eager function, the same draws, with one warning."""
+    from tasks.generation.sampling import _FusedDraw, noise_constants, race_draw
 
-    def broken(keys, vocab):
+    def broken(*args):
         raise RuntimeError("no C compiler found\nmore")
 
-    fused = _FusedNoise()
+    fused = _FusedDraw(attempt=True)
     fused.fn = broken
-    keys = keys_for(4)
+    keys, c = keys_for(4), noise_constants("cpu")
+    x = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
     with caplog.at_level("WARNING"):
-        assert torch.equal(fused(keys, 50), race_noise(keys, 50)) and torch.equal(fused(keys, 7), race_noise(keys, 7))
-    assert fused.fn is race_noise and sum("no C compiler found" in r.message for r in caplog.records) == 1
+        for _ in range(2):
+            got, want = fused(x, keys, 0.8, c), race_draw(x, keys, 0.8, c)
+            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert not fused.compiled and sum("no C compiler found" in r.message for r in caplog.records) == 1
+
+
+def test_attention_reads_only_the_used_width_in_steps_of_the_multiple(policy):
+    """With ``width_multiple`` 16 the step at t attends over the first ``P + t`` columns rounded up to 16 (the
+    mask and the keys alike), growing with t; the whole width (the CPU's default) every step without it."""
+    model, tok = policy
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    p = -(-enc["input_ids"].shape[1] // 16) * 16
+    for options in (OPTIONS[1], DecodeOptions(graphs=False, exact_rows=False, check_every=3, prompt_multiple=16)):
+        widths: list[tuple[int, int]] = []
+
+        def hook(_m, _a, kw, widths=widths):
+            if kw["hidden_states"].shape[1] == 1:  # decode steps, not the prefill
+                widths.append((kw["attention_mask"].shape[-1], kw["past_key_values"].update.__self__.width))
+
+        handle = model.model.layers[0].self_attn.register_forward_pre_hook(hook, with_kwargs=True)
+        dec = Decoder(model, options)
+        try:
+            dec(enc["input_ids"], enc["attention_mask"], n=2, max_new_tokens=40, sampling=None, stop_ids=(),
+                pad_id=tok.pad_token_id)
+        finally:
+            handle.remove()
+        full = dec.cache.length
+        assert len(widths) == 39
+        if options.width_multiple is None:
+            assert full == p + 39 and all(w == (full, full) for w in widths)
+        else:
+            want = [min(full, -(-(p + t) // 16) * 16) for t in range(1, 40)]
+            assert full == -(-(p + 39) // 16) * 16 and [w for w, _ in widths] == want
+            assert [c for _, c in widths] == want and want[0] < full
