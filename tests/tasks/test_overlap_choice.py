@@ -159,7 +159,7 @@ def test_a_lag_1_run_starts_one_generator_process(smoke_cfg, pool, starts, monke
     from rlcore import overlap_lag
     from tasks.run import open_run
     from tasks.stages import overlap_stage
-    from tasks.training import score
+    from tasks.selection.features import compute_features
     from tasks.calibration.record import Calibration
     from tasks.training.loop import train
 
@@ -180,7 +180,7 @@ def test_a_lag_1_run_starts_one_generator_process(smoke_cfg, pool, starts, monke
         assert kept.pid == starts[0] and kept.alive
         assert torch.get_num_threads() == threads  # the stages before the training keep every thread
         run.cfg = smoke_cfg(*small, CROWDED, "train.steps=3", path=PRESETS.format("grpo"))
-        feats = score.score(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
+        feats = compute_features(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
         summary = train(run, policy, pool, feats, calibration, lag=choice)
         assert summary.steps == 3 and summary.overlap and len(starts) == 1 and run.handover.kept is None
         assert not kept.alive  # the training sampled from the probe's process and closed it when it ended
