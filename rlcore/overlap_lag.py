@@ -3,8 +3,8 @@ tasks/overlap/concurrent.py): :func:`choose_lag` (ours; docs/algorithms.md secti
 
 Where the sampler and the trainer run on different devices (a vLLM server; CPU cores for each) the draw hides
 behind the update, or the update behind the draw, at no cost to either: lag 1. Where they share one device they
-slow each other down by an amount no rule predicts (the
-issue's toy on one GPU: 1.43x the sequential time; a 1.5B model: 0.88x), so a probe times one draw and one update
+slow each other down by an amount no rule predicts (docs/performance.md has the figures: slower than one after
+the other for the tiny model on one GPU, faster for a 1.5B one), so a probe times one draw and one update
 alone and at once (:class:`OverlapProbe`), and lag 1 is chosen only when at once takes at most ``1 - min_gain`` of
 alone one after the other: a gain smaller than the probe's own noise, bought with rollouts one update old, does
 not pay.

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-#: Seconds of silence after which a running part says it still runs (the issue's bound is 15 s).
+#: Seconds of silence after which a running part says it still runs.
 PULSE_S = 10.0
 
 
