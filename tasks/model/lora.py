@@ -53,13 +53,17 @@ def apply_lora(model: PreTrainedModel, cfg: LoraConfig, seed: int) -> PeftModel:
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
+    from tasks.model.lora_linear import LeanLoraLinear
+
     targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
     peft_cfg = PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
                               bias="none", task_type="CAUSAL_LM")
+    peft_cfg._register_custom_module({torch.nn.Linear: LeanLoraLinear})  # PEFT's layer, a lean forward pass
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            return get_peft_model(model, peft_cfg, autocast_adapter_dtype=True)  # float32 adapters on bf16
+            # adapters in the base's dtype (the compute dtype): their float32 masters are the optimizer's
+            return get_peft_model(model, peft_cfg, autocast_adapter_dtype=False)
     except ValueError as err:  # PEFT's "Target modules ... not found in the base model"
         raise ValueError(f"model.lora.target_modules={cfg.target_modules!r}: {err}") from None
 
