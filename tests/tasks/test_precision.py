@@ -320,3 +320,31 @@ def test_on_cuda_the_checkpoint_s_masters_take_no_device_memory():
     state = opt.state_dict()
     assert all(t.device.type == "cpu" for t in state["master"].values())
     assert torch.cuda.max_memory_allocated() == before
+
+
+def test_ddp_sums_bf16_gradient_buckets_in_float32(monkeypatch, tmp_path):
+    """One gloo rank (the hook is DDP's, whatever the world size; tests/tasks/test_precision_dist.py trains on two):
+    every bucket is all-reduced as float32, and the gradients come back in bf16 equal to the process's own."""
+    import torch.distributed as dist
+
+    from tasks.update import distributed
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        seen = []
+        real = dist.all_reduce
+        monkeypatch.setattr(dist, "all_reduce", lambda t, *a, **k: (seen.append(t.dtype), real(t, *a, **k))[1])
+        model = h.tiny_model().to(BF16)
+        alone = copy.deepcopy(model)
+        ddp, opt = distributed.wrap(model, functools.partial(torch.optim.AdamW, lr=1e-3),
+                                    updater_config("bf16-mixed", "ddp"), torch.device("cpu"),
+                                    resolve_precision("bf16-mixed", torch.device("cpu")))
+        assert isinstance(opt, MasterWeights)
+        ids = torch.randint(4, 90, (2, 9), generator=torch.Generator().manual_seed(0))
+        ddp(input_ids=ids).logits.float().square().mean().backward()
+        alone(input_ids=ids).logits.float().square().mean().backward()
+        assert seen and set(seen) == {F32}
+        for p, q in zip(model.parameters(), alone.parameters(), strict=True):
+            assert p.grad.dtype == BF16 and torch.equal(p.grad, q.grad)
+    finally:
+        dist.destroy_process_group()
