@@ -23,7 +23,7 @@ P the parameters, P_t the trained ones, c the compute dtype's bytes, m the maste
   a micro-batch of one chunk or less keeps that chunk's float32 logits from the forward pass instead.
 - **the optimizer step**: the state, the gradients (under mixed precision moved into the masters' float32
   ``.grad``, P_t m, by ``MasterWeights``, which frees them after the step), one parameter-sized buffer of torch's
-  foreach AdamW (P_t m; none for the fused AdamW that runs on CUDA, tasks/update/precision.py ``adamw_kernel``)
+  foreach AdamW (P_t m; none for the fused AdamW, which runs on CUDA and the CPU: precision.py ``adamw_kernel``)
   and the copy of the new weights into the policy (one parameter at a time: the largest, P_max c). AdamW's
   moments are allocated at the first step and counted in the state from the start.
 - **generation on the same device**, where it shares the GPU: its KV cache (rows x (prompt + max_new_tokens) x

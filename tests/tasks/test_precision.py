@@ -201,18 +201,19 @@ def test_the_checkpoint_s_masters_are_copies_on_the_host():
     assert any(not torch.equal(updater.optimizer.masters[i], saved[i]) for i in saved)
 
 
-def test_adamw_runs_fused_on_cuda_and_foreach_elsewhere():
+def test_adamw_runs_fused_where_torch_has_the_kernel_and_foreach_elsewhere():
     """The kernel is chosen by the parameters' device in build_optimizer, whatever the factory asked; on the CPU
-    (where torch 2.13 has the fused kernel too) fused, foreach and the single-tensor loop take the same 5 steps."""
+    (where torch 2.13 has the fused kernel) fused, foreach and the single-tensor loop take the same 5 steps."""
     assert precision.adamw_kernel("cuda") == {"fused": True, "foreach": False}
-    assert precision.adamw_kernel(torch.device("cpu")) == {"fused": None, "foreach": True}
+    assert precision.adamw_kernel(torch.device("cpu")) == {"fused": True, "foreach": False}
+    assert precision.adamw_kernel("meta") == {"fused": None, "foreach": True}
     adamw = functools.partial(torch.optim.AdamW, lr=1e-2, betas=(0.8, 0.9), weight_decay=0.1, foreach=False)
     for name in ("fp32", "bf16-mixed"):
         opt = build_optimizer(h.tiny_model().to(F32 if name == "fp32" else BF16).parameters(), adamw,
                               resolve_precision(name, torch.device("cpu")))
         inner = opt.optimizer if isinstance(opt, MasterWeights) else opt
         group = inner.param_groups[0]
-        assert group["foreach"] is True and not group["fused"] and group["betas"] == (0.8, 0.9)
+        assert group["fused"] is True and not group["foreach"] and group["betas"] == (0.8, 0.9)
         assert group["lr"] == 1e-2 and group["weight_decay"] == 0.1
 
     def steps(**kernel) -> list[torch.Tensor]:
