@@ -2,10 +2,10 @@
 
 Both arms run rlsift's own update (``tasks.update.policy_update.policy_update``: the micro-batches, the chunked LM
 head, the mixed-precision optimizer of ``tasks.update.precision.build_optimizer``) on infra/gpu-bench.py's model
-shapes (random weights, nothing downloaded) and batches (groups of 8 rollouts of varied length), one arm after
-the other on one device, so their ratio is the figure to read: LoRA (rank 16 on every linear layer, the frozen
-base gets no weight gradient) should be faster than full weights by about the FLOPs ratio, 6N / 4N a token
-without checkpointing (8N / 6N with it) less LoRA's own cost.
+shapes (random weights, nothing downloaded) and batches (groups of 8 rollouts of varied length), on one device,
+both arms built first and alive together, their steps interleaved, so their ratio is the figure to read: LoRA
+(rank 16 on every linear layer, the frozen base gets no weight gradient) should be faster than full weights by
+about the FLOPs ratio, 6N / 4N a token without checkpointing (8N / 6N with it), less LoRA's own cost.
 
 - Timing (default): one warm-up step an arm, then ``--steps`` timed steps; a row an arm and the ratio
   full / LoRA (``--target``: exit 1 when the ratio is below it, e.g. 1.3).

@@ -186,7 +186,7 @@ def test_the_float32_master_gradients_are_freed_after_the_step():
 
 def test_the_checkpoint_s_masters_are_copies_on_the_host():
     """``state_dict``'s masters are on the CPU and are copies: a later step does not change them (on a GPU they are
-    no longer cloned on the device: infra/lora-speed.py's memory check)."""
+    no longer cloned on the device: the CUDA test below)."""
     model = h.tiny_model().to(BF16)
     updater = build_updater(updater_config("bf16-mixed", lr=1e-2), policy_of(model), device="cpu")
     batch = h.make_batch(h.tiny_model())
