@@ -9,8 +9,11 @@ pass of the algorithms (log-probs, DOTS's embeddings, GAIN-RL's hook) run the ad
 What each part gets:
 
 - **The optimizer**: the adapters only (:func:`trainable_parameters`); its state is a few per cent of a full
-  update's (measured: docs/performance.md, "LoRA"). The adapters are float32 over a bf16 base (PEFT's
-  ``autocast_adapter_dtype``), so under ``model.precision=bf16-mixed`` they are their own float32 master weights.
+  update's (measured: docs/performance.md, "LoRA"). The adapters are held in the base's dtype (the compute dtype),
+  so under ``model.precision=bf16-mixed`` their float32 masters and moments are ``MasterWeights``' as for full
+  weights, and no adapted layer casts its activations (docs/performance.md, "LoRA's speed").
+- **The passes**: PEFT's layer with a fused forward and backward (tasks/model/lora_linear.py): the adapter's
+  update is added inside the matmuls and the frozen weights get no gradient.
 - **The KL reference** (``train.kl_coef > 0``): the same model with the adapters disabled (:class:`BaseModelView`,
   PEFT's ``disable_adapter``), so no second copy of the weights exists.
 - **Rollout engines outside the trainer** (the overlap's generator process, vLLM servers) and the saved or
@@ -53,13 +56,17 @@ def apply_lora(model: PreTrainedModel, cfg: LoraConfig, seed: int) -> PeftModel:
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
+    from tasks.model.lora_linear import LeanLoraLinear
+
     targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
     peft_cfg = PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
                               bias="none", task_type="CAUSAL_LM")
+    peft_cfg._register_custom_module({torch.nn.Linear: LeanLoraLinear})  # PEFT's layer, a lean forward pass
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            return get_peft_model(model, peft_cfg, autocast_adapter_dtype=True)  # float32 adapters on bf16
+            # adapters in the base's dtype (the compute dtype): their float32 masters are the optimizer's
+            return get_peft_model(model, peft_cfg, autocast_adapter_dtype=False)
     except ValueError as err:  # PEFT's "Target modules ... not found in the base model"
         raise ValueError(f"model.lora.target_modules={cfg.target_modules!r}: {err}") from None
 

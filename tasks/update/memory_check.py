@@ -22,13 +22,19 @@ P the parameters, P_t the trained ones, c the compute dtype's bytes, m the maste
   :data:`HEAD_CHUNK_ELEMENTS` logits recomputed (c), upcast (4), exponentiated (4) and their gradients (4 + c);
   a micro-batch of one chunk or less keeps that chunk's float32 logits from the forward pass instead.
 - **the optimizer step**: the state, the gradients (under mixed precision moved into the masters' float32
-  ``.grad``, P_t m, by ``MasterWeights``), one parameter-sized buffer of torch's foreach AdamW (P_t m) and the copy
-  of the new weights into the policy (one parameter at a time: the largest, P_max c).
+  ``.grad``, P_t m, by ``MasterWeights``, which frees them after the step), one parameter-sized buffer of torch's
+  foreach AdamW (P_t m; none for the fused AdamW, which runs on CUDA and the CPU: precision.py ``adamw_kernel``)
+  and the copy of the new weights into the policy (one parameter at a time: the largest, P_max c). AdamW's
+  moments are allocated at the first step and counted in the state from the start.
 - **generation on the same device**, where it shares the GPU: its KV cache (rows x (prompt + max_new_tokens) x
-  layers x 2 x KV x c, rows = ``rollout.chunk``) and one decode step's float32 logits (rows x V x 4). The
-  in-process engine keeps its cache and CUDA graphs between calls (tasks/generation/decode.py), so the cache is
-  resident during the update (added to the backward's moment) whether or not ``overlap.lag`` 1 runs the two at
-  once.
+  layers x 2 x KV x c, rows = ``rollout.chunk``, prompts padded to the decoder's multiple of 64 columns on CUDA)
+  and one decode step's float32 logits (rows x V x 4). On CUDA the decoder's graphs add their memory pool: each
+  bucket's logits (1, 2, 4, ... rows up to ``rows``: under 2 rows x V x c) and one step's largest transient, the
+  keys and values of a layer repeated to every query head for the masked attention (2 x rows x Q x context x c,
+  transformers' ``repeat_kv``; none without grouped keys). The in-process engine keeps its cache and CUDA graphs
+  between calls (tasks/generation/decode.py), so both are resident during the update (added to the backward's
+  moment) whether or not ``overlap.lag`` 1 runs the two at once. The prompt length is the run's longest prompt
+  where the caller knows it, else :data:`PROMPT_TOKENS`.
 
 Per rank under the sharded backends: DDP keeps full replicas and a second copy of the gradients in its reduction
 buckets. FSDP2 keeps the sharded parameters in the master dtype (P m / W), its moments and gradients sharded, and
@@ -58,8 +64,9 @@ import psutil
 import torch
 
 from tasks.config import Config
+from tasks.generation.decode import DecodeOptions
 from tasks.model.forward import HEAD_CHUNK_ELEMENTS
-from tasks.update.precision import Precision
+from tasks.update.precision import Precision, adamw_kernel
 
 log = logging.getLogger(__name__)
 
@@ -183,16 +190,29 @@ class UpdateMemory:
 class Generation:
     """Generation on the update's device: ``rows`` sequences of up to ``context`` tokens at once; ``overlaps``:
     its KV cache is alive during the update (the in-process engine keeps it between calls), else only between
-    updates."""
+    updates; ``graphs``: the decoder replays CUDA graphs, whose memory pool stays with the cache."""
 
     rows: int
     context: int
     overlaps: bool
+    graphs: bool = False
+
+    def kv_bytes(self, shape: ModelShape, c: int) -> float:
+        """The KV cache and one step's float32 logits (module docstring)."""
+        return self.rows * (self.context * shape.layers * 2 * shape.kv_heads * shape.head_dim * c + 4 * shape.vocab)
+
+    def graph_pool_bytes(self, shape: ModelShape, c: int) -> float:
+        """The CUDA graphs' pool (module docstring); 0 without graphs."""
+        if not self.graphs:
+            return 0.0
+        q = shape.heads * shape.head_dim
+        repeated = 2 * self.rows * q * self.context * c if shape.kv_heads < shape.heads else 0.0
+        return 2 * self.rows * shape.vocab * c + repeated
 
 
 def estimate(shape: ModelShape, precision: Precision, *, tokens: int, checkpointing: bool, accumulating: bool = True,
              padded: bool = True, row_tokens: int = 0, backend: str = "single", world: int = 1,
-             reference_copy: bool = False, generator_copy: bool = False,
+             reference_copy: bool = False, generator_copy: bool = False, fused_adamw: bool = False,
              generation: Generation | None = None) -> UpdateMemory:
     """:class:`UpdateMemory` of one step with micro-batches of ``tokens`` padded tokens on each rank (module
     docstring).
@@ -203,6 +223,7 @@ def estimate(shape: ModelShape, precision: Precision, *, tokens: int, checkpoint
         padded: rows of varied length (a padding mask: keys and values repeated for attention, the mask's bias).
         row_tokens: the longest row's padded tokens (the mask's bias; default ``tokens``).
         backend: ``scale.backend``; world: ranks.
+        fused_adamw: the single process's or DDP's AdamW is torch's fused kernel (no parameter-sized buffer).
         generation: generation on the same device (None: elsewhere, or not counted).
     """
     if backend not in BACKENDS:
@@ -232,7 +253,7 @@ def estimate(shape: ModelShape, precision: Precision, *, tokens: int, checkpoint
     if backend == "fsdp2":
         step = pt * m / w  # foreach AdamW's buffer; the sharded gradients are the master's already
     elif not backend.startswith("deepspeed"):  # MasterWeights moves the gradients into float32 at the step
-        step = pt * m + pt * (m - c) * mixed
+        step = pt * m * (not fused_adamw) + pt * (m - c) * mixed
     step += shape.largest * c  # the new weights, copied into the policy one parameter at a time
     # rank 0's full policy under the sharded backends; every other rank's generation copy (FSDP2, ZeRO-3:
     # tasks/generation/rank_shared.py generation_copy_bytes) and its share of the rows are no larger
@@ -247,10 +268,7 @@ def estimate(shape: ModelShape, precision: Precision, *, tokens: int, checkpoint
     chunk_rows = max(1, HEAD_CHUNK_ELEMENTS // shape.vocab)
     chunk = min(tokens, chunk_rows) * shape.vocab
     head = tokens * c * h + chunk * (3 * 4 + 2 * c) + (4 * chunk if tokens <= chunk_rows else 0.0)
-    kv = 0.0
-    if generation is not None:
-        kv = generation.rows * (generation.context * shape.layers * 2 * shape.kv_heads * shape.head_dim * c
-                                + 4 * shape.vocab)
+    kv = 0.0 if generation is None else generation.kv_bytes(shape, c) + generation.graph_pool_bytes(shape, c)
     return UpdateMemory(weights=weights, master=master, optimizer=optimizer, copies=copies, gradients=gradients,
                         held_gradients=held, activations=tokens * kept, head=head, layer=layer, gathered=gathered,
                         step=step, kv_cache=kv, kv_overlaps=generation is not None and generation.overlaps,
@@ -266,24 +284,23 @@ def available_bytes(device: torch.device | str) -> float:
     return float(psutil.virtual_memory().available + psutil.Process(os.getpid()).memory_info().rss)
 
 
-#: The prompt length assumed for a whole-minibatch pass (``train.micro_batch_tokens`` 0), whose size the config
-#: does not bound.
+#: The prompt length assumed where the caller does not know the run's longest prompt (the config does not bound it).
 PROMPT_TOKENS = 256
 
 
-def micro_batch_tokens(cfg: Config) -> int:
+def micro_batch_tokens(cfg: Config, prompt_tokens: int = PROMPT_TOKENS) -> int:
     """The padded tokens of the update's largest micro-batch: ``train.micro_batch_tokens``, or with 0 a whole
-    minibatch of rows of :data:`PROMPT_TOKENS` + ``rollout.max_new_tokens``."""
+    minibatch of rows of ``prompt_tokens`` + ``rollout.max_new_tokens``."""
     tc = cfg.train
     if tc.micro_batch_tokens > 0:
         return tc.micro_batch_tokens
     rows = -(-tc.prompts_per_step * cfg.rollout.n // tc.minibatches)
-    return rows * (PROMPT_TOKENS + cfg.rollout.max_new_tokens)
+    return rows * (prompt_tokens + cfg.rollout.max_new_tokens)
 
 
 def check_update_fits(cfg: Config, model: torch.nn.Module, hf_config, device: torch.device | str, *,
-                      precision: Precision, lora: bool, world: int = 1,
-                      budget: float | None = None) -> UpdateMemory:
+                      precision: Precision, lora: bool, world: int = 1, budget: float | None = None,
+                      prompt_tokens: int | None = None) -> UpdateMemory:
     """Estimate the step's peak on ``device`` and stop before training when it exceeds the budget.
 
     Args:
@@ -291,6 +308,7 @@ def check_update_fits(cfg: Config, model: torch.nn.Module, hf_config, device: to
         lora: the policy trains adapters (its KL reference is then no copy).
         world: ranks (the sharded backends; this process is rank 0).
         budget: bytes available (default :func:`available_bytes`).
+        prompt_tokens: the run's longest prompt, in tokens (default :data:`PROMPT_TOKENS`).
 
     Returns:
         The estimate (logged in one line).
@@ -300,15 +318,20 @@ def check_update_fits(cfg: Config, model: torch.nn.Module, hf_config, device: to
             ``train.micro_batch_tokens`` that fits, checkpointing, LoRA, the rollout chunk.
     """
     shape = ModelShape.of(model, hf_config)
-    tokens = micro_batch_tokens(cfg)
-    row = PROMPT_TOKENS + cfg.rollout.max_new_tokens
+    prompt = prompt_tokens or PROMPT_TOKENS
+    tokens = micro_batch_tokens(cfg, prompt)
+    row = prompt + cfg.rollout.max_new_tokens
     same_device = cfg.rollout.engine == "hf"
     overlaps = same_device and cfg.overlap.lag != 0  # auto may choose 1: counted
-    # the in-process decoder keeps its cache between calls: resident during the update
-    generation = Generation(rows=cfg.rollout.chunk, context=row, overlaps=True) if same_device else None
+    # the in-process decoder keeps its cache (and CUDA graphs) between calls: resident during the update
+    decoding = DecodeOptions.for_device(device)
+    padded_prompt = -(-prompt // decoding.prompt_multiple) * decoding.prompt_multiple
+    generation = Generation(rows=cfg.rollout.chunk, context=padded_prompt + cfg.rollout.max_new_tokens,
+                            overlaps=True, graphs=decoding.graphs) if same_device else None
     kw = dict(reference_copy=cfg.train.kl_coef > 0 and not lora, generator_copy=overlaps,
               backend=cfg.scale.backend, world=world, accumulating=cfg.train.micro_batch_tokens > 0,
-              row_tokens=row, generation=generation)
+              row_tokens=row, generation=generation,
+              fused_adamw=cfg.scale.backend in ("single", "ddp") and bool(adamw_kernel(device)["fused"]))
     est = estimate(shape, precision, tokens=tokens, checkpointing=cfg.train.gradient_checkpointing, **kw)
     budget = available_bytes(device) if budget is None else budget
     log.info("update memory on %s (%s): %s of %.1f GiB available", device, precision.name, est.describe(),

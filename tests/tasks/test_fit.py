@@ -144,3 +144,27 @@ def test_the_run_checks_before_training(monkeypatch):
 
 def test_available_bytes_on_this_machine():
     assert fit.available_bytes(torch.device("cpu")) > 1e8
+
+
+def test_the_fused_adamw_has_no_step_buffer_and_the_decoder_s_graphs_and_long_prompts_count():
+    s = SMALL
+    foreach = estimate(s, MIXED, tokens=10, checkpointing=True, row_tokens=10)
+    fused = estimate(s, MIXED, tokens=10, checkpointing=True, row_tokens=10, fused_adamw=True)
+    assert foreach.step - fused.step == 100 * 4  # foreach AdamW's float32 buffer of the trained parameters
+    eager = Generation(rows=4, context=20, overlaps=True)
+    graphs = dataclasses.replace(eager, graphs=True)
+    assert eager.kv_bytes(s, 2) == 4 * (20 * 3 * 2 * 1 * 4 * 2 + 4 * 50) and eager.graph_pool_bytes(s, 2) == 0
+    # each bucket's logits (under 2 x 4 rows x 50 x 2 bytes) and one layer's keys and values repeated to 2 heads
+    assert graphs.graph_pool_bytes(s, 2) == 2 * 4 * 50 * 2 + 2 * 4 * (2 * 4) * 20 * 2
+    with_graphs = estimate(s, MIXED, tokens=10, checkpointing=True, generation=graphs)
+    assert with_graphs.kv_cache == eager.kv_bytes(s, 2) + graphs.graph_pool_bytes(s, 2)
+
+
+def test_the_run_s_longest_prompt_and_the_device_set_the_generation_counted():
+    model = build_tiny_model(hidden=64, layers=2, heads=2, seed=0)
+    cfg = validate({"rollout": {"max_new_tokens": 64, "chunk": 32}, "train": {"micro_batch_tokens": 512}})
+    short = check_update_fits(cfg, model, model.config, "cpu", precision=MIXED, lora=False, budget=1e12)
+    long = check_update_fits(cfg, model, model.config, "cpu", precision=MIXED, lora=False, budget=1e12,
+                             prompt_tokens=1000)
+    per_token = 32 * 2 * 2 * model.config.num_key_value_heads * (64 // 2) * 2  # rows, layers, k+v, KV width, bf16
+    assert long.kv_cache - short.kv_cache == (1000 - fit.PROMPT_TOKENS) * per_token

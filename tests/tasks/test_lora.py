@@ -180,3 +180,67 @@ def test_the_adapters_start_from_the_seed_and_leave_the_global_random_state_alon
     c = apply_lora(build_tiny_model(hidden=64, layers=2, heads=2, seed=0), LORA, 8).state_dict()
     lora_a = [k for k in a if "lora_A" in k]
     assert all(torch.equal(a[k], b[k]) for k in lora_a) and not all(torch.equal(a[k], c[k]) for k in lora_a)
+
+
+def _fused(y: torch.Tensor) -> bool:
+    """Whether ``y`` came out of the fused LoRA function (under the view back to the input's shape)."""
+    return type(y.grad_fn.next_functions[0][0]).__name__ == "_LoraLinearBackward"
+
+
+def _forward_backward(model, ids):
+    """Logits and the gradients of a fixed loss (the adapters', and the input embeddings')."""
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(1)  # the same dropout masks in both runs
+    emb = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+    out = model(inputs_embeds=emb).logits
+    (out.float().square().mean()).backward()
+    return out.detach(), emb.grad, [p.grad.clone() for p in trainable_parameters(model)]
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_the_fused_lora_layer_computes_peft_s_outputs_and_gradients(monkeypatch, dropout):
+    """Oracle: PEFT's own ``lora.Linear.forward`` on the same layers (the fused function replaced by it); the
+    fused layer is the one that ran (its backward node), and the frozen base weights get no gradient."""
+    from peft.tuners.lora.layer import Linear
+
+    from tasks.model.lora_linear import LeanLoraLinear
+
+    model = lora_model()
+    if dropout:
+        model = apply_lora(build_tiny_model(hidden=64, layers=2, heads=2, seed=0),
+                           LoraConfig(enabled=True, rank=4, alpha=8.0, dropout=dropout), 0)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.05, generator=torch.Generator().manual_seed(2))
+    model.train()
+    layers = [m for m in model.modules() if isinstance(m, LeanLoraLinear)]
+    assert len(layers) == 2 * 7  # every linear layer of the 2 decoder layers, not the head
+    x = torch.randn(5, layers[0].in_features)
+    assert _fused(layers[0](x))
+    fused = _forward_backward(model, IDS)
+    assert all(p.grad is None for n, p in model.named_parameters() if not p.requires_grad)
+    monkeypatch.setattr(LeanLoraLinear, "forward", Linear.forward)
+    assert not _fused(layers[0](x))
+    peft = _forward_backward(model, IDS)
+    torch.testing.assert_close(fused[0], peft[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fused[1], peft[1], rtol=1e-5, atol=1e-7)
+    for a, b in zip(fused[2], peft[2], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert float(fused[2][0].abs().max()) > 0
+
+
+def test_adapters_are_held_in_the_base_s_dtype_and_run_fused_in_bf16():
+    """Under a bf16 base the adapters are bf16 (their float32 masters are the optimizer's: tests/tasks/
+    test_precision.py); the fused layer then runs with no cast: its forward's output is PEFT's to bf16 rounding."""
+    from peft.tuners.lora.layer import Linear
+
+    model = apply_lora(build_tiny_model(hidden=64, layers=2, heads=2, seed=0).to(torch.bfloat16), LORA, 0)
+    assert {p.dtype for p in trainable_parameters(model)} == {torch.bfloat16}
+    layer = model.base_model.model.model.layers[0].mlp.down_proj
+    with torch.no_grad():
+        layer.lora_B["default"].weight.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(7, layer.in_features, dtype=torch.bfloat16)
+    y = layer(x)
+    assert y.dtype == torch.bfloat16 and _fused(y)
+    torch.testing.assert_close(y, Linear.forward(layer, x), rtol=1.6e-2, atol=1e-2)
