@@ -70,7 +70,13 @@ from tasks.records.memory import own_peak_mb, reset_own_peak  # noqa: E402
 from tasks.update.memory_check import ModelShape, estimate  # noqa: E402
 from tasks.update.nan_locator import SkippedUpdate, inject_nan  # noqa: E402
 from tasks.update.policy_update import LossSettings, gradient_checkpointing, policy_update  # noqa: E402
-from tasks.update.precision import PRECISIONS, Precision, build_optimizer, resolve_precision  # noqa: E402
+from tasks.update.precision import (  # noqa: E402
+    PRECISIONS,
+    Precision,
+    adamw_kernel,
+    build_optimizer,
+    resolve_precision,
+)
 
 #: Qwen2.5 configs (their config.json): hidden, MLP width, layers, heads, key-value heads, tied embeddings.
 SHAPES = {
@@ -158,7 +164,8 @@ def arm_estimate(arm: Arm, model, cfg, precision: Precision, args, groups) -> fl
     tokens = sum(g.size * (g.prompt_ids.numel() + g.completion_ids.shape[1]) for g in groups)
     micro = min(args.micro_batch_tokens, tokens) if args.micro_batch_tokens else tokens
     est = estimate(ModelShape.of(model, cfg), precision, tokens=micro, checkpointing=arm.mode.endswith("+ckpt"),
-                   accumulating=micro < tokens, padded=True, row_tokens=args.prompt + args.completion)
+                   accumulating=micro < tokens, padded=False, row_tokens=args.prompt + args.completion,
+                   fused_adamw=bool(adamw_kernel(model.device)["fused"]))
     return est.total / 2**30
 
 

@@ -47,12 +47,13 @@ def share_generation(cfg: Config, policy: Policy, updater: Updater, lag: int) ->
     return f"every one of the {world} ranks generates its share of each call (scale.backend={cfg.scale.backend})"
 
 
-def build_updater(cfg: Config, policy: Policy, *, device: torch.device | str) -> Updater:
+def build_updater(cfg: Config, policy: Policy, *, device: torch.device | str, prompt_tokens: int | None = None) \
+        -> Updater:
     """The run's updater for ``scale.backend``: :class:`~tasks.update.policy_update.LocalUpdater` or the sharded
     :class:`~tasks.update.sharded_update.Driver`, training ``policy.model`` in place.
 
     Before anything is built, :func:`~tasks.update.memory_check.check_update_fits` stops a run whose update would not fit
-    its device. For ``single`` the optimizer steps the policy's trainable parameters and the KL reference
+    its device (``prompt_tokens``: the pool's longest prompt, in tokens, where known). For ``single`` the optimizer steps the policy's trainable parameters and the KL reference
     (``train.kl_coef > 0``) is the policy's (:meth:`~tasks.policy.Policy.kl_reference`: under LoRA the same
     model with its adapters disabled); the sharded backends keep one per rank (tasks/update/sharded_update.py).
     ``model.precision`` (tasks/update/precision.py) picks the optimizer: under ``bf16-mixed`` float32 master weights
@@ -70,7 +71,7 @@ def build_updater(cfg: Config, policy: Policy, *, device: torch.device | str) ->
     if isinstance(lm, PreTrainedModel):  # the estimate reads a transformers decoder's shape
         world = dist.get_world_size() if dist.is_initialized() else 1
         check_update_fits(cfg, model, lm.config, device, precision=precision,
-                          lora=policy.has_adapters, world=world)
+                          lora=policy.has_adapters, world=world, prompt_tokens=prompt_tokens)
     if cfg.scale.backend != "single":
         return Driver(cfg, model, settings)
     ref = policy.kl_reference() if tc.kl_coef > 0 else None

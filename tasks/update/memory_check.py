@@ -330,7 +330,7 @@ def check_update_fits(cfg: Config, model: torch.nn.Module, hf_config, device: to
                             overlaps=True, graphs=decoding.graphs) if same_device else None
     kw = dict(reference_copy=cfg.train.kl_coef > 0 and not lora, generator_copy=overlaps,
               backend=cfg.scale.backend, world=world, accumulating=cfg.train.micro_batch_tokens > 0,
-              row_tokens=row, generation=generation,
+              row_tokens=row, generation=generation, padded=False,  # the update's passes carry no mask
               fused_adamw=cfg.scale.backend in ("single", "ddp") and bool(adamw_kernel(device)["fused"]))
     est = estimate(shape, precision, tokens=tokens, checkpointing=cfg.train.gradient_checkpointing, **kw)
     budget = available_bytes(device) if budget is None else budget
