@@ -177,7 +177,7 @@ def test_the_float32_master_gradients_are_freed_after_the_step():
     model = h.tiny_model().to(BF16)
     updater = build_updater(updater_config("bf16-mixed", lr=1e-2), policy_of(model), device="cpu")
     before = [p.detach().clone() for p in model.parameters()]
-    stats = updater.step(copy.deepcopy(h.make_batch(h.tiny_model())))
+    stats = updater.step(copy.deepcopy(h.make_batch(h.tiny_model()))).metrics
     opt = updater.optimizer
     assert stats["train/skipped_updates"] == 0 and opt.state
     assert any(not torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
