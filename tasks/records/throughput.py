@@ -66,7 +66,7 @@ def peak(device_type: str, device: torch.device | str, dtype: torch.dtype) -> Pe
 
 
 @dataclass(frozen=True)
-class ModelShape:
+class FlopModel:
     """What the FLOP count needs from a model: parameters N, layers, hidden size."""
 
     params: int
@@ -74,7 +74,7 @@ class ModelShape:
     hidden: int
 
     @classmethod
-    def of(cls, model: torch.nn.Module) -> ModelShape:
+    def of(cls, model: torch.nn.Module) -> FlopModel:
         cfg = model.config
         return cls(params=sum(p.numel() for p in model.parameters()), layers=cfg.num_hidden_layers,
                    hidden=cfg.hidden_size)
@@ -88,7 +88,7 @@ class ModelShape:
         return 3 * self.forward_flops(tokens, context)
 
 
-def rates(shape: ModelShape, machine: Peak, *, tokens: float, sequences: int, seconds: float,
+def rates(shape: FlopModel, machine: Peak, *, tokens: float, sequences: int, seconds: float,
           backward: bool) -> tuple[float, float]:
     """(tokens per second, MFU) of a phase that ran ``sequences`` sequences of ``tokens`` real tokens in all
     through forward passes (and backward passes when ``backward``) in ``seconds``."""

@@ -40,7 +40,7 @@ from rlcore.types import RolloutGroup
 from tasks.data.prompts import PromptRecord
 from tasks.policy import Policy
 from tasks.records.cost import CostMeter
-from tasks.records.throughput import ModelShape, Peak, peak, rates
+from tasks.records.throughput import FlopModel, Peak, peak, rates
 from tasks.records.progress import progress_bar
 from tasks.run import Run
 from tasks.training import checkpoint
@@ -165,7 +165,7 @@ class Trainer:
                      " with its rollouts restored" if self.pending is not None else "")
         self.measure = policy_measure(self.sampler)
         self.sampler_behaviour = use_sampler_behaviour(cfg, sampling.lag)
-        self.shape = ModelShape.of(policy.model)
+        self.shape = FlopModel.of(policy.model)
         self.machine = peak(run.meter.device, run.device, next(policy.model.parameters()).dtype)
         if not self.start:
             run.tracker.set_tags({"rlsift.peak_flops_source": self.machine.source})
@@ -421,7 +421,7 @@ def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features
         return trainer.finish()
 
 
-def throughput(shape: ModelShape, machine: Peak, fs: FreshBatch, upd_stats: dict[str, float],
+def throughput(shape: FlopModel, machine: Peak, fs: FreshBatch, upd_stats: dict[str, float],
                upd_s: float) -> dict[str, float]:
     """Tokens per second and MFU (tasks/records/throughput.py) of this step's rollout and update phases.
 

@@ -187,8 +187,8 @@ class UpdateMemory:
 
 
 @dataclass(frozen=True)
-class Generation:
-    """Generation on the update's device: ``rows`` sequences of up to ``context`` tokens at once; ``overlaps``:
+class GenerationMemory:
+    """GenerationMemory on the update's device: ``rows`` sequences of up to ``context`` tokens at once; ``overlaps``:
     its KV cache is alive during the update (the in-process engine keeps it between calls), else only between
     updates; ``graphs``: the decoder replays CUDA graphs, whose memory pool stays with the cache."""
 
@@ -213,7 +213,7 @@ class Generation:
 def estimate(shape: ModelShape, precision: Precision, *, tokens: int, checkpointing: bool, accumulating: bool = True,
              padded: bool = True, row_tokens: int = 0, backend: str = "single", world: int = 1,
              reference_copy: bool = False, generator_copy: bool = False, fused_adamw: bool = False,
-             generation: Generation | None = None) -> UpdateMemory:
+             generation: GenerationMemory | None = None) -> UpdateMemory:
     """:class:`UpdateMemory` of one step with micro-batches of ``tokens`` padded tokens on each rank (module
     docstring).
 
@@ -326,7 +326,7 @@ def check_update_fits(cfg: Config, model: torch.nn.Module, hf_config, device: to
     # the in-process decoder keeps its cache (and CUDA graphs) between calls: resident during the update
     decoding = DecodeOptions.for_device(device)
     padded_prompt = -(-prompt // decoding.prompt_multiple) * decoding.prompt_multiple
-    generation = Generation(rows=cfg.rollout.chunk, context=padded_prompt + cfg.rollout.max_new_tokens,
+    generation = GenerationMemory(rows=cfg.rollout.chunk, context=padded_prompt + cfg.rollout.max_new_tokens,
                             overlaps=True, graphs=decoding.graphs) if same_device else None
     kw = dict(reference_copy=cfg.train.kl_coef > 0 and not lora, generator_copy=overlaps,
               backend=cfg.scale.backend, world=world, accumulating=cfg.train.micro_batch_tokens > 0,

@@ -11,7 +11,7 @@ import tasks.update.memory_check as fit
 from tasks.config.load import validate
 from tasks.model.loading import build_tiny_model
 from tasks.update.backend import build_updater
-from tasks.update.memory_check import GIB, DoesNotFit, Generation, ModelShape, check_update_fits, estimate
+from tasks.update.memory_check import GIB, DoesNotFit, GenerationMemory, ModelShape, check_update_fits, estimate
 from tasks.update.precision import Precision
 from tests.policies import policy_of
 
@@ -64,7 +64,8 @@ def test_estimate_by_hand():
     assert fsdp.gathered == (2 * 200 + 400) * 2 + 200 * (2 + 4)  # two layers and the root; a layer's gradient
     ddp = estimate(s, MIXED, tokens=10, checkpointing=True, backend="ddp", world=4)
     assert ddp.held_gradients == 2 * 200 and ddp.copies == 2000  # DDP's buckets; rank 0's policy
-    gen = estimate(s, MIXED, tokens=10, checkpointing=True, generation=Generation(rows=6, context=20, overlaps=False))
+    gen = estimate(s, MIXED, tokens=10, checkpointing=True,
+                   generation=GenerationMemory(rows=6, context=20, overlaps=False))
     assert gen.kv_cache == 6 * (20 * 3 * 2 * 4 * 2 + 4 * 50)
     assert gen.generation_peak == gen.state + gen.kv_cache and gen.backward_peak == ckpt.backward_peak - 2000 + 200
 
@@ -151,7 +152,7 @@ def test_the_fused_adamw_has_no_step_buffer_and_the_decoder_s_graphs_and_long_pr
     foreach = estimate(s, MIXED, tokens=10, checkpointing=True, row_tokens=10)
     fused = estimate(s, MIXED, tokens=10, checkpointing=True, row_tokens=10, fused_adamw=True)
     assert foreach.step - fused.step == 100 * 4  # foreach AdamW's float32 buffer of the trained parameters
-    eager = Generation(rows=4, context=20, overlaps=True)
+    eager = GenerationMemory(rows=4, context=20, overlaps=True)
     graphs = dataclasses.replace(eager, graphs=True)
     assert eager.kv_bytes(s, 2) == 4 * (20 * 3 * 2 * 1 * 4 * 2 + 4 * 50) and eager.graph_pool_bytes(s, 2) == 0
     # each bucket's logits (under 2 x 4 rows x 50 x 2 bytes) and one layer's keys and values repeated to 2 heads

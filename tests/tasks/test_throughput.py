@@ -5,13 +5,13 @@ import torch
 
 from rlcore.types import RolloutGroup
 from tasks.model.loading import build_tiny_model
-from tasks.records.throughput import DATASHEET_TFLOPS, ModelShape, Peak, measured_peak_flops, peak
+from tasks.records.throughput import DATASHEET_TFLOPS, FlopModel, Peak, measured_peak_flops, peak
 from tasks.training.draw import FreshBatch
 from tasks.training.loop import throughput
 
 
 def test_flops_by_hand():
-    shape = ModelShape(params=1000, layers=2, hidden=8)
+    shape = FlopModel(params=1000, layers=2, hidden=8)
     # per token: 2 N = 2000, attention 4 * layers * context * hidden = 4 * 2 * 10 * 8 = 640
     assert shape.forward_flops(tokens=5, context=10) == 5 * (2000 + 640)
     assert shape.train_flops(tokens=5, context=10) == 3 * 5 * 2640
@@ -19,7 +19,7 @@ def test_flops_by_hand():
 
 def test_model_shape_counts_a_tied_embedding_once():
     model = build_tiny_model(hidden=64, layers=2, heads=2, seed=0)
-    shape = ModelShape.of(model)
+    shape = FlopModel.of(model)
     assert shape.layers == 2 and shape.hidden == 64
     assert shape.params == sum(p.numel() for p in model.parameters())
     assert model.lm_head.weight is model.model.embed_tokens.weight  # tied: one tensor, counted once
@@ -46,7 +46,7 @@ def test_step_throughput_by_hand():
                          behaviour_logp=torch.zeros(0), success_rate=0.5, n_generated=2, step=0)
     fs = FreshBatch(groups=[group], idx=[0], rows=[], records=[], rewards=torch.zeros(1, 3), generated=3, tokens=9,
                     prompt_tokens=12, gen_s=2.0, stats={})
-    shape = ModelShape(params=100, layers=1, hidden=4)
+    shape = FlopModel(params=100, layers=1, hidden=4)
     upd_tokens = 2 * 3 + 6  # prompts once per row + real completion tokens
     m = throughput(shape, Peak(1e6, "measured"), fs, {"train/update_tokens": upd_tokens, "train/update_rows": 2},
                    upd_s=0.5)
