@@ -1,7 +1,8 @@
 """The ``rlsift`` command line: run, ingest, bench, ledger, deploy, sync.
 
 Config problems are reported before any work starts. ``--json`` prints exactly one JSON object on stdout;
-logs and progress go to stderr (progress bars only on a terminal).
+logs and progress go to stderr (progress bars only on a terminal). A run that fails says so in one log line (its
+cause, what is kept and the command that continues it); its traceback goes to the run's ``run.log``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,58 @@ def _config(args):
     return load_config(args.config, args.overrides)
 
 
+class _RunFailures(logging.Filter):
+    """Keeps Prefect's reports of a failed task or flow run (each with the exception's traceback: one for every
+    stage the failure passes through) off the terminal; the run says its failure in one line and keeps the traceback
+    in its ``run.log`` (flows/pipeline.py ``failed_note``). The Prefect UI still shows them: Prefect's API handler sits
+    on those loggers themselves, not on the terminal's."""
+
+    LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and record.name.startswith(self.LOGGERS))
+
+
+class ServerShutdown(logging.Filter):
+    """Drops what Prefect's temporary API server logs of its own shutdown: rlsift stops it at exit (Prefect's
+    ``atexit``: SIGTERM), and uvicorn's shutdown cancels the server's services (the task-run recorder, the event
+    persister) while they may still write the run's last events to the server's SQLite database; each cancelled
+    write logs a traceback (``sqlalchemy.pool ... Exception during reset or similar``, ``Error flushing ... events``),
+    though nothing of the run is lost (its own stores are closed by then). A record is dropped only when a
+    cancellation (``asyncio.CancelledError``) caused its exception, which happens at shutdown; every other error of
+    the server still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        import asyncio
+
+        err = record.exc_info[1] if record.exc_info else None
+        while err is not None:
+            if isinstance(err, asyncio.CancelledError):
+                return False
+            err = err.__cause__ or err.__context__
+        return True
+
+
+def _server_logging() -> None:
+    """The temporary server's logging: Prefect's own configuration (prefect/logging/logging.yml) with
+    :class:`ServerShutdown` on its terminal handler, written under ``PREFECT_HOME`` and named by
+    ``PREFECT_LOGGING_SETTINGS_PATH``, which the server's process inherits (a path already set wins). This process has
+    configured its logging already and keeps it."""
+    if os.environ.get("PREFECT_LOGGING_SETTINGS_PATH"):
+        return
+    import yaml
+    from prefect.logging.configuration import DEFAULT_LOGGING_SETTINGS_PATH
+    from prefect.settings import PREFECT_HOME
+
+    config = yaml.safe_load(DEFAULT_LOGGING_SETTINGS_PATH.read_text())
+    config.setdefault("filters", {})["server_shutdown"] = {"()": f"{__name__}.ServerShutdown"}
+    config["handlers"]["console"]["filters"] = ["server_shutdown"]
+    path = PREFECT_HOME.value() / "rlsift-server-logging.yml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    os.environ["PREFECT_LOGGING_SETTINGS_PATH"] = str(path)
+
+
 def _prefect_server() -> None:
     """Start Prefect's temporary API server now, when no server is configured, with SIGINT blocked: the server
     inherits the blocked signal, so a Ctrl-C at the terminal (which reaches the whole process group) stops the run
@@ -60,8 +113,11 @@ def _prefect_server() -> None:
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
 
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_RunFailures())
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return
+    _server_logging()
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         get_client(sync_client=True)  # starts the server (once per process)
@@ -90,17 +146,14 @@ def _emit(obj: dict, as_json: bool, text: str) -> None:
 def run_config(args):
     """The config ``rlsift run`` trains, checked before any work and before any heavy import (torch, Prefect,
     MLflow), so bad input is refused in about a second: the file and overrides, a resumed run's stored config
-    (looked up under the root they give), the data files and the root (tasks/preflight.py). Raises
+    (looked up under the root they give), the data files and the root (tasks/preflight.py ``checked_config``: the
+    pipeline flow this process then starts gets this config back, checked once). Raises
     :class:`~tasks.config.ConfigError`."""
     from tasks.config_load import default_config
-    from tasks.preflight import preflight, resume_config
+    from tasks.preflight import RunRequest, checked_config
 
     args.config = args.config or default_config()
-    cfg = _config(args)
-    if args.resume:
-        cfg = resume_config(args.config, list(args.overrides), args.resume)
-    preflight(cfg)
-    return cfg
+    return checked_config(RunRequest.here(args.config, args.overrides, getattr(args, "resume", None)))
 
 
 def cmd_run(args) -> int:
@@ -123,7 +176,12 @@ def cmd_run(args) -> int:
         from tasks.records.stopping import stop_signal, stopping
 
         if (sig := stop_signal(err)) is None:
-            raise
+            told = getattr(err, "rlsift_summary", None)
+            if told is None:  # a failure before the run opened: no run log to keep its traceback
+                raise
+            if args.json:  # the run's own log line has said why, what is kept and how to continue it
+                sys.stdout.write(json.dumps(told, default=str) + "\n")
+            return 1
         if args.json:  # the run's own log line has said why and what is kept
             stopped = getattr(stopping(err), "rlsift_summary", None) or {"status": "cancelled",
                                                                           "reason": f"by {sig.name}"}
@@ -159,12 +217,9 @@ def _plan_text(p: dict | None) -> str:
 
 def cmd_plan(args) -> int:
     from tasks.config import ConfigError
-    from tasks.config_load import default_config
-    from tasks.preflight import preflight
 
-    args.config = args.config or default_config()
     try:
-        preflight(_config(args))
+        run_config(args)
     except ConfigError as err:
         print(f"rlsift plan: {err}", file=sys.stderr)
         return 2
