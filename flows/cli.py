@@ -436,9 +436,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Prefect API request otherwise
     for noisy in ("httpx", "httpcore", "urllib3", "alembic", "mlflow"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    if getattr(args, "json", False):
+    if getattr(args, "json", False):  # the terminal gets warnings and errors; a run's log file still gets it all
         logging.getLogger().setLevel(logging.WARNING)
-        logging.getLogger("rlsift").setLevel(logging.WARNING)
+        for handler in logging.getLogger().handlers:
+            handler.setLevel(logging.WARNING)
     from tasks.records.stopping import sigterm_raises, stop_signal
 
     try:

@@ -336,7 +336,8 @@ class Run:
             unsent = (f"; {dropped} steps' metrics past the last checkpoint not sent (metrics.jsonl has them; "
                       f"{resume} logs them again)") if dropped else ""
             level = {CANCELLED: logging.WARNING, "failed": logging.ERROR}.get(status, logging.INFO)
-            log.log(level, "run %s %s%s%s", self.run_id, status, f" {note}" if note else "", unsent)
+            said = (": " if status == "failed" else " ") + note if note else ""  # failed: <cause>; cancelled by <signal>
+            log.log(level, "run %s %s%s%s", self.run_id, status, said, unsent)
         try:
             self.log_cost_table()
             self.ledger.finish_run(self.run_id, status, summary)

@@ -198,12 +198,24 @@ def test_problems_are_found_before_any_work(tmp_path):
     assert p.returncode == 2 and "paths.root: cannot create or write" in p.stderr
 
 
-def test_a_failed_run_exits_1_without_duckdb_noise(tmp_path):
-    """A run that fails in a stage closes its ledger, and no duckdb connection outlives it to the exit (which
+def test_a_failed_run_says_so_in_one_line_and_exits_1_without_duckdb_noise(tmp_path):
+    """A run that fails in a stage says so in one line on the terminal: its cause, what is kept, the command that
+    continues it and where the traceback is (the run's run.log, not the terminal: Prefect's reports of the failed
+    task and flow runs stay off it). It closes its ledger, and no duckdb connection outlives it to the exit (which
     would print duckdb's "nanobind: leaked ... instances!" dump after the error)."""
     p = rlsift("run", "-c", "tests/fixtures/tiny.yaml", f"paths.root={tmp_path}", "train.steps=2",
                f"model.path={tmp_path / 'no-model'}", "--json")
-    assert p.returncode == 1 and "is not a folder with a saved model" in p.stderr
+    assert p.returncode == 1, p.stderr[-3000:]
+    out = json.loads(p.stdout)
+    assert out["status"] == "failed" and "Traceback" not in p.stderr, p.stderr[-3000:]
+    (line,) = [x for x in p.stderr.splitlines() if "failed" in x or "Error" in x]  # the one line of the failure
+    assert f"run {out['run_id']} failed: ValueError: policy path" in line and "is not a folder with a saved model" in line
+    command = shlex.join([sys.executable, "-m", "flows.cli", "run", "--resume", out["run_id"], f"paths.root={tmp_path}"])
+    assert f"(no checkpoint yet; `{command}` continues it; traceback in " \
+           f"{tmp_path / 'runs' / out['run_id'] / 'run.log'})" in line and out["reason"] in line  # as rlsift was run
+    logged = (tmp_path / "runs" / out["run_id"] / "run.log").read_text()
+    assert "Traceback (most recent call last)" in logged and "is not a folder with a saved model" in logged
+    assert "stage ingest done" in logged  # the run's log lines too
     assert "nanobind" not in p.stderr and "leaked" not in p.stderr, p.stderr[-3000:]
 
 
