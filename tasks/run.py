@@ -336,7 +336,7 @@ class Run:
             unsent = (f"; {dropped} steps' metrics past the last checkpoint not sent (metrics.jsonl has them; "
                       f"{resume} logs them again)") if dropped else ""
             level = {CANCELLED: logging.WARNING, "failed": logging.ERROR}.get(status, logging.INFO)
-            said = (": " if status == "failed" else " ") + note if note else ""  # failed: <cause>; cancelled by <signal>
+            said = (": " if status == "failed" else " ") + note if note else ""  # failed: <cause>; cancelled by <sig>
             log.log(level, "run %s %s%s%s", self.run_id, status, said, unsent)
         try:
             self.log_cost_table()

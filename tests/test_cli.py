@@ -209,8 +209,10 @@ def test_a_failed_run_says_so_in_one_line_and_exits_1_without_duckdb_noise(tmp_p
     out = json.loads(p.stdout)
     assert out["status"] == "failed" and "Traceback" not in p.stderr, p.stderr[-3000:]
     (line,) = [x for x in p.stderr.splitlines() if "failed" in x or "Error" in x]  # the one line of the failure
-    assert f"run {out['run_id']} failed: ValueError: policy path" in line and "is not a folder with a saved model" in line
-    command = shlex.join([sys.executable, "-m", "flows.cli", "run", "--resume", out["run_id"], f"paths.root={tmp_path}"])
+    assert f"run {out['run_id']} failed: ValueError: policy path" in line
+    assert "is not a folder with a saved model" in line
+    command = shlex.join([sys.executable, "-m", "flows.cli", "run", "--resume", out["run_id"],
+                          f"paths.root={tmp_path}"])
     assert f"(no checkpoint yet; `{command}` continues it; traceback in " \
            f"{tmp_path / 'runs' / out['run_id'] / 'run.log'})" in line and out["reason"] in line  # as rlsift was run
     logged = (tmp_path / "runs" / out["run_id"] / "run.log").read_text()
@@ -442,14 +444,14 @@ except OSError:
 
 
 def test_the_temporary_servers_shutdown_noise_is_dropped_and_its_errors_kept(tmp_path):
-    """The temporary Prefect server's logging (flows/cli.py ``_server_logging``): Prefect's own configuration with a
+    """The temporary Prefect server's logging (flows/prefect_server.py ``server_logging``): Prefect's own config with a
     filter on its terminal handler that drops the records a cancellation caused (the server's shutdown cancelling its
     services mid-write: ``sqlalchemy.pool ... Exception during reset or similar``), and keeps every other error."""
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
     env.pop("PREFECT_LOGGING_SETTINGS_PATH", None)
-    made = subprocess.run([sys.executable, "-c", "import os; from flows import cli; cli._server_logging(); "
-                           "print(os.environ['PREFECT_LOGGING_SETTINGS_PATH'])"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    made = subprocess.run([sys.executable, "-c", "import os; from flows.prefect_server import server_logging; "
+                           "server_logging(); print(os.environ['PREFECT_LOGGING_SETTINGS_PATH'])"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
     assert made.stdout.strip() == str(tmp_path / "home" / "rlsift-server-logging.yml"), made.stderr[-3000:]
     env["PREFECT_LOGGING_SETTINGS_PATH"] = made.stdout.strip()  # what the server's process inherits
     p = subprocess.run([sys.executable, "-c", SHUTDOWN_NOISE], cwd=tmp_path, env=env, capture_output=True, text=True,

@@ -329,7 +329,8 @@ def test_the_printed_command_pasted_in_another_folder_finishes_the_run(tmp_path,
             json.dumps({"question": r.question, "answer": r.answer, "level": r.level}) + "\n" for r in rows))
     (project / "my.yaml").write_text(
         f"base: {TINY}\npaths: {{root: runs-root, cache: cache}}\ndata:\n  sources:\n"
-        "    - {kind: file, path: data/train.jsonl, reward: arith}\n    - {kind: file, path: data/test.jsonl, reward: arith}\n")
+        "    - {kind: file, path: data/train.jsonl, reward: arith}\n"
+        "    - {kind: file, path: data/test.jsonl, reward: arith}\n")
     (tmp_path / "tmp").mkdir()
     env = {**cli_env(tmp_path, TMPDIR=str(tmp_path / "tmp")), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
     with open(tmp_path / "stderr", "w") as err:

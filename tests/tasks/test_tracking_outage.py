@@ -331,5 +331,6 @@ def test_a_description_without_an_outage_is_sent_as_written(tmp_path, sqlite_uri
     t = MlflowTracker(sqlite_uri, "plain-description", tmp_path / "run", background=False)
     t.describe("**run**: completed\n- model: registered m version 3\n")
     t.finish()
-    assert run_info(sqlite_uri, t.run_id)["tags"][DESCRIPTION] == "**run**: completed\n- model: registered m version 3\n"
+    said = run_info(sqlite_uri, t.run_id)["tags"][DESCRIPTION]
+    assert said == "**run**: completed\n- model: registered m version 3\n"
     assert not (tmp_path / "run" / "outbox-outages.json").exists()
