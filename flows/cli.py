@@ -1,7 +1,8 @@
 """The ``rlsift`` command line: run, ingest, bench, ledger, deploy, sync.
 
 Config problems are reported before any work starts. ``--json`` prints exactly one JSON object on stdout;
-logs and progress go to stderr (progress bars only on a terminal).
+logs and progress go to stderr (progress bars only on a terminal). A run that fails says so in one log line (its
+cause, what is kept and the command that continues it); its traceback goes to the run's ``run.log``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import sys
 
 from flows.ledger_cli import cmd_ledger
+from flows.prefect_server import prefect_server
 
 ENV_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -50,25 +52,6 @@ def _config(args):
     return load_config(args.config, args.overrides)
 
 
-def _prefect_server() -> None:
-    """Start Prefect's temporary API server now, when no server is configured, with SIGINT blocked: the server
-    inherits the blocked signal, so a Ctrl-C at the terminal (which reaches the whole process group) stops the run
-    but not the server, which then records the flow run's end. Prefect stops the server when rlsift exits (atexit,
-    with SIGTERM)."""
-    import signal
-
-    from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
-
-    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
-        return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        get_client(sync_client=True)  # starts the server (once per process)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
-
-
 def _paired_text(paired: dict | None) -> str:
     if not paired:
         return ""
@@ -90,17 +73,14 @@ def _emit(obj: dict, as_json: bool, text: str) -> None:
 def run_config(args):
     """The config ``rlsift run`` trains, checked before any work and before any heavy import (torch, Prefect,
     MLflow), so bad input is refused in about a second: the file and overrides, a resumed run's stored config
-    (looked up under the root they give), the data files and the root (tasks/preflight.py). Raises
+    (looked up under the root they give), the data files and the root (tasks/preflight.py ``checked_config``: the
+    pipeline flow this process then starts gets this config back, checked once). Raises
     :class:`~tasks.config.ConfigError`."""
     from tasks.config.load import default_config
-    from tasks.preflight import preflight, resume_config
+    from tasks.preflight import RunRequest, checked_config
 
     args.config = args.config or default_config()
-    cfg = _config(args)
-    if args.resume:
-        cfg = resume_config(args.config, list(args.overrides), args.resume)
-    preflight(cfg)
-    return cfg
+    return checked_config(RunRequest.here(args.config, args.overrides, getattr(args, "resume", None)))
 
 
 def cmd_run(args) -> int:
@@ -116,14 +96,19 @@ def cmd_run(args) -> int:
     _accelerator()
     from flows.pipeline import pipeline
 
-    _prefect_server()
+    prefect_server()
     try:
         summary = pipeline(config=args.config, overrides=list(args.overrides), resume=args.resume)
     except BaseException as err:
         from tasks.records.stopping import stop_signal, stopping
 
         if (sig := stop_signal(err)) is None:
-            raise
+            told = getattr(err, "rlsift_summary", None)
+            if told is None:  # a failure before the run opened: no run log to keep its traceback
+                raise
+            if args.json:  # the run's own log line has said why, what is kept and how to continue it
+                sys.stdout.write(json.dumps(told, default=str) + "\n")
+            return 1
         if args.json:  # the run's own log line has said why and what is kept
             stopped = getattr(stopping(err), "rlsift_summary", None) or {"status": "cancelled",
                                                                           "reason": f"by {sig.name}"}
@@ -159,19 +144,16 @@ def _plan_text(p: dict | None) -> str:
 
 def cmd_plan(args) -> int:
     from tasks.config import ConfigError
-    from tasks.config.load import default_config
-    from tasks.preflight import preflight
 
-    args.config = args.config or default_config()
     try:
-        preflight(_config(args))
+        run_config(args)
     except ConfigError as err:
         print(f"rlsift plan: {err}", file=sys.stderr)
         return 2
     _accelerator()
     from flows.pipeline import plan_flow
 
-    _prefect_server()
+    prefect_server()
     out = plan_flow(config=args.config, overrides=list(args.overrides))
     _emit(out, args.json, f"{out['table']}\nrun {out['run_id']}: {out['run_dir']}/plan.json; MLflow run "
           f"{out['mlflow_run_id']}: {out.get('mlflow_ui') or out['tracking_uri']}")
@@ -241,7 +223,7 @@ def cmd_bench(args) -> int:
     _accelerator()
     from flows.benchmark import benchmark
 
-    _prefect_server()
+    prefect_server()
     result = benchmark(config=args.config, overrides=list(args.overrides), quick=args.quick, seeds=args.seeds,
                        presets=args.presets.split(",") if args.presets else None, trl=not args.no_trl,
                        jobs=args.jobs)
@@ -381,9 +363,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Prefect API request otherwise
     for noisy in ("httpx", "httpcore", "urllib3", "alembic", "mlflow"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    if getattr(args, "json", False):
+    if getattr(args, "json", False):  # the terminal gets warnings and errors; a run's log file still gets it all
         logging.getLogger().setLevel(logging.WARNING)
-        logging.getLogger("rlsift").setLevel(logging.WARNING)
+        for handler in logging.getLogger().handlers:
+            handler.setLevel(logging.WARNING)
     from tasks.records.stopping import sigterm_raises, stop_signal
 
     try:

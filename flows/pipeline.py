@@ -13,16 +13,17 @@ import logging
 import signal
 import time
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 
 from tasks.config import Config
-from tasks.config.load import default_config, load_config
+from tasks.config.load import default_config
 from tasks.data.ingest import IngestResult
-from tasks.preflight import preflight, resume_config
+from tasks.preflight import RunRequest, checked_config
 from tasks.records import artifacts
-from tasks.records.stopping import CANCELLED, resume_command, stop_signal, stopping, watch_worker
+from tasks.records.stopping import CANCELLED, stop_signal, stopping, watch_worker
 from tasks.records.tracking import flow_run_tags
 from tasks.run import Run, RunInfo, open_run
 from tasks.stages import (
@@ -41,14 +42,13 @@ from tasks.stages import (
 from tasks.training import checkpoint
 from tasks.evaluation.heldout import PairedChange, paired_change
 from tasks.plan.planner import Plan, planned_config
-from tasks.update.precision import resolve_precision
 
 log = logging.getLogger("rlsift")
 if log.level == logging.NOTSET:  # stage summaries at INFO also where the root logger is quieter (a Prefect
     log.setLevel(logging.INFO)   # worker's flow run, whose log Prefect's extra-logger handler sends to the UI)
 
 #: RunSummary fields only a run of that status reports (the others report none of them).
-_ONLY = {"skipped": ("reason", "model_version"), CANCELLED: ("reason",), "completed": (
+_ONLY = {"skipped": ("reason", "model_version"), CANCELLED: ("reason",), "failed": ("reason",), "completed": (
     "steps", "eval_accuracy_start", "eval_accuracy_end", "eval_by_level_start", "eval_by_level_end", "eval_paired",
     "effective_ratio", "device", "precision", "device_hours", "cost_usd", "stage_seconds", "model_path",
     "model_version", "parent_version", "data_fingerprint", "policy_path", "resumed", "overlap", "plan")}
@@ -71,7 +71,8 @@ class RunSummary:
     and, overlapped, the loop's totals in seconds (update, draw, at once, each side's idle) and ``plan``: what a
     ``plan.auto`` run chose and why (:func:`plan_summary`; None otherwise). :meth:`to_dict` holds exactly the
     fields of the run's status. A ``cancelled`` run (stopped by SIGINT or SIGTERM, tasks/records/stopping.py) adds
-    ``reason``: the signal, the step and the checkpoint kept.
+    ``reason``: the signal, the step and the checkpoint kept; a ``failed`` run's ``reason`` says its cause, what is
+    kept, the command that continues it and where its traceback is (:func:`failed_note`).
     """
 
     run_id: str
@@ -124,7 +125,7 @@ def run_pipeline(cfg: Config, resume: str | None = None, parent_run_id: str | No
     ``info.json`` (a resume's flow run shows them as its parameters: :func:`resumed_parameters`)."""
     run = open_run(cfg, run_id=resume, parent_run_id=parent_run_id, run_name=run_name)
     if resume is None:
-        run.info = replace(run.info, config=config, overrides=tuple(overrides))
+        run.info = replace(run.info, config=config and str(Path(config).absolute()), overrides=tuple(overrides))
         run.save_info()
     claim_flow_run(run)
     if resume is not None:
@@ -235,6 +236,10 @@ def execute(run: Run, only_new: bool = False) -> RunSummary:
             note = stopped_note(run, sig)
             summary = replace(summary, status=CANCELLED, reason=note, wall_s=time.perf_counter() - t0)
             stopping(err).rlsift_summary = summary.to_dict()  # what `rlsift run --json` prints for a stopped run
+        else:
+            note = failed_note(run, err)
+            summary = replace(summary, status="failed", reason=note, wall_s=time.perf_counter() - t0)
+            err.rlsift_summary = summary.to_dict()  # the CLI prints no traceback for a failure the run has told
         raise
     finally:
         unwatch()
@@ -250,13 +255,35 @@ def execute(run: Run, only_new: bool = False) -> RunSummary:
 
 def stopped_note(run: Run, sig: signal.Signals) -> str:
     """Why a run stopped and what is kept, for its log line and summary: ``by SIGINT at step 7 (checkpoint at step 6
-    kept; `rlsift run --resume ID paths.root=/abs/root` finishes it)`` (:func:`resume_command`)."""
-    logged = run.dir / "metrics.jsonl"
-    steps = len(logged.read_text().splitlines()) if logged.exists() else 0
-    kept = checkpoint.latest(run)
+    kept; `/abs/.venv/bin/rlsift run --resume ID paths.root=/abs/root` finishes it)`` (tasks/run.py
+    ``Run.resume_command``)."""
+    steps = _steps_logged(run)
     where = f" at step {steps}" if steps else " before training"
-    what = f"checkpoint at step {int(kept.stem.split('-')[1])} kept" if kept else "no checkpoint yet"
-    return f"by {sig.name}{where} ({what}; `{resume_command(run.run_id, run.root, run.cfg)}` finishes it)"
+    return f"by {sig.name}{where} ({_kept(run)}; `{run.resume_command()}` finishes it)"
+
+
+def failed_note(run: Run, err: BaseException) -> str:
+    """A failure in one line, for the run's log line (the one line the terminal shows of it) and summary: its cause,
+    where, what is kept, the command that continues the run and where the traceback went: ``GeneratorDied: the
+    generator process exited with code -9 at step 3 (checkpoint at step 2 kept; `/abs/.venv/bin/rlsift run --resume
+    ID paths.root=/abs/root` continues it; traceback in /abs/root/runs/ID/run.log)``."""
+    log_file = run.failed(err)
+    cause = next(iter(str(err).strip().splitlines()), "")
+    steps = _steps_logged(run)
+    where = f" at step {steps}" if steps else ""
+    return (f"{type(err).__name__}{': ' + cause if cause else ''}{where} ({_kept(run)}; `{run.resume_command()}` "
+            f"continues it; traceback in {log_file})")
+
+
+def _steps_logged(run: Run) -> int:
+    logged = run.dir / "metrics.jsonl"
+    return len(logged.read_text().splitlines()) if logged.exists() else 0
+
+
+def _kept(run: Run) -> str:
+    """What a run that ends now leaves to its resume: ``checkpoint at step 6 kept``, or ``no checkpoint yet``."""
+    kept = checkpoint.latest(run)
+    return f"checkpoint at step {int(kept.stem.split('-')[1])} kept" if kept else "no checkpoint yet"
 
 
 def _train(run: Run, data: IngestResult, summary: RunSummary) -> RunSummary:
@@ -285,7 +312,7 @@ def _train(run: Run, data: IngestResult, summary: RunSummary) -> RunSummary:
         eval_by_level_start={str(k): v.greedy_acc for k, v in start.by_level.items()},
         eval_by_level_end={str(k): v.greedy_acc for k, v in end.by_level.items()},
         eval_paired=paired, effective_ratio=trained.last.get("train/effective_ratio"),
-        device=run.meter.device, precision=resolve_precision(run.cfg.model.precision, run.device).name,
+        device=run.meter.device, precision=run.precision.name,
         device_hours=run.meter.device_hours(), cost_usd=run.meter.usd(),
         stage_seconds=dict(run.meter.seconds), model_path=report.model_path, model_version=report.model_version,
         parent_version=run.info.parent_version, data_fingerprint=run.info.data_fingerprint,
@@ -321,14 +348,14 @@ def describe(run: Run, summary: RunSummary, now: float | None = None) -> str:
         plan = Plan.load(plan_file)
         lines.append(f"- plan: {plan.clock.text()}; effective ratio {plan.chosen.effective_ratio:.2f}")
     lines.append(f"- cost: {run.meter.device_hours():.4f} device hours on {run.meter.device} "
-                 f"({resolve_precision(run.cfg.model.precision, run.device).name}), ${run.meter.usd():.4f}")
+                 f"({run.precision.name}), ${run.meter.usd():.4f}")
     if s.status == "completed":
         tc = run.cfg.tracking
         why = refusal(s.eval_accuracy_start, s.eval_accuracy_end, tc.register_tolerance)
         lines.append(f"- model: {registration(tc.model_name, tc.register_model, s.model_version, why)}" + (
             f" (parent version {s.parent_version})" if s.parent_version else ""))
-    elif s.status == "failed":
-        lines.append(f"- `{resume_command(s.run_id, run.root, run.cfg)}` continues it from its last checkpoint")
+    elif s.status == "failed" and not s.reason:
+        lines.append(f"- `{run.resume_command()}` continues it from its last checkpoint")
     return "\n".join(lines) + "\n"
 
 
@@ -365,8 +392,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
 def plan_flow(config: str | None = None, overrides: list[str] | None = None) -> dict:
     """``rlsift plan``: ingest, the policy and the reference rollouts a run would do, the plan (tasks/plan/planner.py),
     and no training. Returns the plan (:meth:`Plan.to_json`) with the run's ids; the run ends ``planned``."""
-    cfg = load_config(config or default_config(), list(overrides or []))
-    preflight(cfg)
+    cfg = checked_config(RunRequest.here(config or default_config(), overrides or ()))
     run = open_run(cfg)
     claim_flow_run(run)
     status, out = "failed", {}
@@ -400,9 +426,7 @@ def pipeline(config: str | None = None, overrides: list[str] | None = None, resu
     :meth:`RunSummary.to_dict` (what ``rlsift run --json`` prints)."""
     overrides = list(overrides or [])
     config = config or default_config()
-    cfg = resume_config(config, overrides, resume) if resume else load_config(config, overrides)
-    preflight(cfg)
-    logging.getLogger("rlsift").info("config validated")
+    cfg = checked_config(RunRequest.here(config, overrides, resume))  # the command line's, when it checked them
     summary = run_pipeline(cfg, resume=resume, config=config, overrides=overrides)
     get_run_logger().info("run %s %s in %.0f s%s", summary.run_id, summary.status, summary.wall_s, (
         f": accuracy {summary.eval_accuracy_start:.3f} -> {summary.eval_accuracy_end:.3f}; " + (

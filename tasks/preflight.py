@@ -1,5 +1,5 @@
 """What is checked before any work: the config's data files and root (:func:`preflight`) and the run a resume
-continues (:func:`resume_config`).
+continues (:func:`resume_config`), once per process for what a run asks (:func:`checked_config`).
 
 Light on purpose: the ``rlsift`` command line runs these before it imports torch, transformers, Prefect or MLflow
 (flows/cli.py), so bad input is refused in about a second, not after the seconds those imports and Prefect's
@@ -10,14 +10,53 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.config import Config, ConfigError
-from tasks.config.load import load_config, parse_override, validate
+from tasks.config.load import ENV_KEYS, load_config, parse_override, resolve_paths, validate
 
 #: Config keys a resume may override (they do not change what is computed).
 RESUME_MAY_CHANGE = ("paths.", "tracking.uri", "model.threads", "model.device", "rollout.vllm_url",
                      "rollout.vllm_timeout")
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What a run is asked to compute: the YAML file, the dotted overrides, the run it resumes (``rlsift run``'s
+    arguments, the ``pipeline`` and ``plan`` flows' parameters), the folder it was asked in (where relative paths
+    point) and the environment variables that set config keys (:data:`~tasks.config.load.ENV_KEYS`)."""
+
+    config: str | None
+    overrides: tuple[str, ...] = ()
+    resume: str | None = None
+    folder: str = ""
+    env: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def here(cls, config: str | None, overrides=(), resume: str | None = None) -> RunRequest:
+        """The request as this process sees it now (its working folder and environment)."""
+        return cls(config=config, overrides=tuple(overrides), resume=resume, folder=os.getcwd(),
+                   env=tuple((v, os.environ.get(v, "")) for v in ENV_KEYS))
+
+
+#: The configs this process has checked, by request (:func:`checked_config`).
+_CHECKED: dict[RunRequest, Config] = {}
+
+
+def checked_config(request: RunRequest) -> Config:
+    """The config ``request`` runs, loaded, checked (:func:`preflight`) and with its relative paths resolved against
+    the folder it was asked in (tasks/config/load.py ``resolve_paths``); a resume's is its stored one
+    (:func:`resume_config`). Once a process: the command line checks the request before its heavy imports
+    (flows/cli.py), and the flow it then starts gets the same config back without reading the files again. Raises
+    :class:`ConfigError`."""
+    if request not in _CHECKED:
+        cfg = (resume_config(request.config, list(request.overrides), request.resume, folder=request.folder)
+               if request.resume else load_config(request.config, list(request.overrides)))
+        cfg = resolve_paths(cfg, request.folder)
+        preflight(cfg)
+        _CHECKED[request] = cfg
+    return _CHECKED[request]
 
 
 def preflight(cfg: Config) -> None:
@@ -49,16 +88,19 @@ def preflight(cfg: Config) -> None:
                           f"{'not a folder' if not here.is_dir() else 'not writable'})")
 
 
-def resume_config(config: str | None, overrides: list[str], run_id: str) -> Config:
+def resume_config(config: str | None, overrides: list[str], run_id: str, folder: str | None = None) -> Config:
     """The stored config of run ``run_id``, with the overrides :data:`RESUME_MAY_CHANGE` allows.
 
-    ``config`` and ``overrides`` locate the run root (``paths.root``; a stopped run's message prints it:
-    tasks/records/stopping.py :func:`~tasks.records.stopping.resume_command`). Overrides of any other key that
-    differ from the stored value raise :class:`ConfigError`: a resumed run must compute what it started.
+    ``config`` and ``overrides`` locate the run root (``paths.root``, relative to ``folder``, default the working
+    folder; a stopped run's message prints it: tasks/run.py ``Run.resume_command``). Overrides of any other key that
+    differ from the stored value raise :class:`ConfigError`: a resumed run must compute what it started. Relative
+    paths in the stored config are read against the folder the run started in (its ``info.json``; a run stores its
+    paths resolved, tasks/run.py ``open_run``, so only a config written without them has any).
     """
     from tasks.records.ledger import Ledger
 
-    given = load_config(config, overrides)
+    folder = folder or os.getcwd()
+    given = resolve_paths(load_config(config, overrides), folder)
     stored_file = Path(given.paths.root).resolve() / "runs" / run_id / "config.json"
     if not stored_file.is_file():
         raise ConfigError(f"no run {run_id} under {stored_file.parents[1]}: pass the run's paths.root "
@@ -70,22 +112,26 @@ def resume_config(config: str | None, overrides: list[str], run_id: str) -> Conf
             status = ledger.run_status(run_id)
         if status in ("completed", "skipped"):
             raise ConfigError(f"run {run_id} already {status}: nothing to resume")
-    tree = json.loads(stored_file.read_text())
+    info_file = stored_file.with_name("info.json")
+    started_in = (json.loads(info_file.read_text()).get("folder") if info_file.is_file() else None) or folder
+    tree = resolve_paths(validate(json.loads(stored_file.read_text())), started_in).model_dump(mode="json")
     stored, wanted = validate(tree).flat(), given.flat()
     for item in overrides:
-        keys, value = parse_override(item)
+        keys, _ = parse_override(item)
         dotted = ".".join(keys)
         touched = [k for k in wanted if k == dotted or k.startswith(dotted + ".")]
         if any(k.startswith(RESUME_MAY_CHANGE) or k in RESUME_MAY_CHANGE for k in touched):
-            node = tree
-            for k in keys[:-1]:
-                node = node.setdefault(k, {})
-            node[keys[-1]] = value
+            for k in touched:  # the value as the given config resolved it (relative paths: against ``folder``)
+                node = tree
+                *parents, last = k.split(".")
+                for p in parents:
+                    node = node.setdefault(p, {})
+                node[last] = wanted[k]
             continue
         changed = [k for k in touched if wanted[k] != stored.get(k)]
         if changed:
             raise ConfigError(f"resume {run_id}: {', '.join(changed)} differ from the run's stored config "
                               f"({stored_file}); a resumed run keeps its config (allowed to change: "
                               f"{', '.join(RESUME_MAY_CHANGE)}). Drop the override or start a new run.")
-    tree.setdefault("paths", {})["root"] = given.paths.root
+    tree["paths"]["root"] = given.paths.root
     return validate(tree)

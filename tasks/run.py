@@ -6,6 +6,11 @@ memory and handed to the tracker only when the checkpoint that covers them is on
 (:meth:`Run.commit_metrics`) or the run completes. A run killed between checkpoints therefore never
 leaves metrics in MLflow for steps that its resume recomputes: each step's metrics reach MLflow once.
 Everything logged before training (ingest, calibration, ...) goes to the tracker at once.
+
+The run resolves once what its components share: its config's relative paths (against the folder it started in,
+kept in ``info.json``), its device and its precision (:attr:`Run.device`, :attr:`Run.precision`). Its log lines, and
+the traceback of a failure, go to ``<run>/run.log`` (:data:`RUN_LOG`); what it prints for a person to run again
+(:meth:`Run.resume_command`) starts rlsift as the person did (:func:`launcher`).
 """
 
 from __future__ import annotations
@@ -13,8 +18,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import shutil
 import sys
+import traceback
 import time
 import uuid
 from contextlib import nullcontext
@@ -26,7 +33,7 @@ import psutil
 import torch
 
 from tasks.config import Config
-from tasks.config.load import to_json
+from tasks.config.load import resolve_paths, to_json
 from tasks.model.attention import guard_attention
 from tasks.records.cost import CostMeter
 from tasks.records.files import write_json
@@ -34,8 +41,9 @@ from tasks.records.label import run_label
 from tasks.records.ledger import Ledger, StageRow
 from tasks.records.memory import PeakMemory
 from tasks.records.progress import quiet_libraries
-from tasks.records.stopping import CANCELLED, TRACKER_STATUS, held_signals, resume_command
+from tasks.records.stopping import CANCELLED, TRACKER_STATUS, held_signals
 from tasks.records.tracking import MlflowTracker, NullTracker, Tracker, default_uri
+from tasks.update.precision import Precision, resolve_precision
 from tasks.overlap.concurrent import SamplerHandover
 
 log = logging.getLogger("rlsift")
@@ -44,6 +52,30 @@ log = logging.getLogger("rlsift")
 COST_TABLE = "cost_by_stage.json"
 #: Where a run names the temporary folders its processes keep (:meth:`Run.note_temp`).
 TEMP_RECORD = "temp.json"
+#: The run's log file in its folder: its ``rlsift`` log lines and the traceback of a failure (:meth:`Run.failed`).
+RUN_LOG = "run.log"
+
+
+def launcher() -> list[str]:
+    """How this process was started, as the start of a command that runs rlsift the same way from any folder:
+    ``/abs/.venv/bin/rlsift`` when it runs the ``rlsift`` script (by its absolute path, not the one the shell's
+    ``PATH`` may find: a venv that was never activated has none; symbolic links kept, a venv's own), ``/abs/python -m
+    flows.cli`` when Python ran the module, else ``rlsift`` (a Prefect worker's flow run, a test, a script)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name == "flows.cli":
+        return [sys.executable, "-m", "flows.cli"]
+    script = sys.argv[0] if sys.argv else ""
+    if Path(script).name == "rlsift" and Path(script).is_file():
+        return [os.path.abspath(script)]
+    return ["rlsift"]
+
+
+def resume_command(run_id: str, root: str | os.PathLike) -> str:
+    """The command that finishes a stopped or failed run, pasted as printed from any folder: ``LAUNCHER run --resume
+    ID paths.root=/abs/root`` (:func:`launcher`). The root is all a resume needs to find the run: it takes the rest
+    from the run's stored config.json, whose paths are absolute (tasks/preflight.py ``resume_config``)."""
+    return shlex.join([*launcher(), "run", "--resume", run_id, f"paths.root={os.path.abspath(root)}"])
 
 
 def resolve_device(name: str) -> torch.device:
@@ -71,6 +103,8 @@ class RunInfo:
             KEY=VALUE ...``, a deployment's parameters; None and () where the caller gave a config object, e.g. the
             benchmark); a resumed run's Prefect flow run shows them as its parameters (flows/pipeline.py
             ``resumed_parameters``).
+        folder: the folder the run started in: the relative paths of its config point there (tasks/config/load.py
+            ``resolve_paths``; None in a run opened before rlsift kept it).
 
     Set stage by stage with ``run.info = dataclasses.replace(run.info, ...)``; :meth:`Run.save_info` writes it.
     """
@@ -84,6 +118,7 @@ class RunInfo:
     started: float | None = None
     config: str | None = None
     overrides: tuple[str, ...] = ()
+    folder: str | None = None
 
     @classmethod
     def load(cls, path: Path) -> RunInfo:
@@ -93,7 +128,10 @@ class RunInfo:
 
 @dataclass
 class Run:
-    """One pipeline run. Created by :func:`open_run`; closed by :meth:`close`."""
+    """One pipeline run. Created by :func:`open_run`; closed by :meth:`close`.
+
+    ``device`` and ``precision``: ``model.device`` and ``model.precision`` resolved (``auto``: by what this machine
+    has; tasks/update/precision.py), once, for every component of the run."""
 
     cfg: Config
     run_id: str
@@ -104,6 +142,7 @@ class Run:
     meter: CostMeter
     device: torch.device
     tracking_uri: str
+    precision: Precision = None  # type: ignore[assignment]  # resolved from the config at construction
     info: RunInfo = field(default_factory=RunInfo)
     resumed: bool = False
     #: a resumed run's meter seconds carried over from the stages its crashed process recorded (the ledger's
@@ -114,6 +153,22 @@ class Run:
     handover: SamplerHandover = field(default_factory=SamplerHandover, repr=False)
     _hold_from: int | None = field(default=None, repr=False)
     _held: list[tuple[dict[str, float], int, int]] = field(default_factory=list, repr=False)  # metrics, step, ts
+    _log: logging.Handler | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.precision is None:
+            self.precision = resolve_precision(self.cfg.model.precision, self.device)
+
+    def resume_command(self) -> str:
+        """The command that finishes this run from its last checkpoint (:func:`resume_command`)."""
+        return resume_command(self.run_id, self.root)
+
+    def failed(self, err: BaseException) -> Path:
+        """Record a failure: its traceback goes to the run's log file (:data:`RUN_LOG`, returned), not the terminal:
+        the run's summary says the failure in one line (flows/pipeline.py ``failed_note``)."""
+        with open(self.dir / RUN_LOG, "a") as f:
+            f.write("".join(traceback.format_exception(err)))
+        return self.dir / RUN_LOG
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -215,11 +270,12 @@ class Run:
         else:
             dropped, self._held = len(self._held), []
         if note or dropped:
-            resume = "a resume" if note else f"`{resume_command(self.run_id, self.root, self.cfg)}`"  # a note names it
+            resume = "a resume" if note else f"`{self.resume_command()}`"  # a note names it
             unsent = (f"; {dropped} steps' metrics past the last checkpoint not sent (metrics.jsonl has them; "
                       f"{resume} logs them again)") if dropped else ""
-            log.log(logging.WARNING if status == CANCELLED else logging.INFO, "run %s %s%s%s", self.run_id, status,
-                    f" {note}" if note else "", unsent)
+            level = {CANCELLED: logging.WARNING, "failed": logging.ERROR}.get(status, logging.INFO)
+            said = (": " if status == "failed" else " ") + note if note else ""  # failed: <cause>; cancelled by <sig>
+            log.log(level, "run %s %s%s%s", self.run_id, status, said, unsent)
         try:
             self.log_cost_table()
             self.ledger.finish_run(self.run_id, status, summary)
@@ -227,6 +283,9 @@ class Run:
             self.ledger.close()
             self.tracker.finish(TRACKER_STATUS.get(status, "FINISHED"))
             remove_leftovers(self.dir)
+            if self._log is not None:
+                logging.getLogger("rlsift").removeHandler(self._log)
+                self._log.close()
 
 
 def remove_leftovers(run_dir: Path) -> None:
@@ -252,10 +311,16 @@ def remove_leftovers(run_dir: Path) -> None:
 
 def open_run(cfg: Config, *, run_id: str | None = None, track: bool = True, parent_run_id: str | None = None,
              run_name: str | None = None) -> Run:
-    """Create (or, given an existing ``run_id``, reopen) a run under ``cfg.paths.root``."""
-    root = Path(cfg.paths.root).resolve()
+    """Create (or, given an existing ``run_id``, reopen) a run under ``cfg.paths.root``. The config's relative paths
+    are resolved against the folder the run started in (the working folder; a resumed run's from its ``info.json``),
+    and the run keeps them so (its ``config.json``, its MLflow params)."""
     resume = run_id is not None
     run_id = run_id or f"{uuid.uuid4().hex[:12]}"
+    info_file = Path(cfg.paths.root).resolve() / "runs" / run_id / "info.json"
+    info = RunInfo.load(info_file) if resume and info_file.exists() else RunInfo(started=time.time(),
+                                                                                 folder=os.getcwd())
+    cfg = resolve_paths(cfg, info.folder or os.getcwd())
+    root = Path(cfg.paths.root).resolve()
     run_dir = root / "runs" / run_id
     if resume and not run_dir.exists():
         raise FileNotFoundError(f"no run {run_id} under {root / 'runs'}")
@@ -288,8 +353,6 @@ def open_run(cfg: Config, *, run_id: str | None = None, track: bool = True, pare
                 meter.add(name, seconds)
         if cfg.model.threads:
             torch.set_num_threads(cfg.model.threads)
-        info_file = run_dir / "info.json"
-        info = RunInfo.load(info_file) if resume and info_file.exists() else RunInfo(started=time.time())
         run = Run(cfg=cfg, run_id=run_id, root=root, dir=run_dir, ledger=ledger, tracker=tracker, meter=meter,
                   device=device, tracking_uri=uri, info=info, resumed=resume, carried=carried)
         if not resume:
@@ -299,6 +362,16 @@ def open_run(cfg: Config, *, run_id: str | None = None, track: bool = True, pare
         if tracker is not None:
             tracker.finish("FAILED")
         raise
+    run._log = run_log(run_dir / RUN_LOG)
     quiet_libraries()
     log.info("run %s: ledger %s, MLflow run %s (%s)", run_id, ledger.path, tracker.run_id, tracker.ui or uri)
     return run
+
+
+def run_log(path: Path) -> logging.Handler:
+    """A handler that appends the ``rlsift`` log lines (the stages' summaries, progress, warnings) to the run's log
+    file ``path``, attached until the run closes."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logging.getLogger("rlsift").addHandler(handler)
+    return handler

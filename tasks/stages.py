@@ -40,6 +40,7 @@ from tasks.records.files import write_json
 from tasks.records.label import run_label
 from tasks.records.ledger import ReferenceRow
 from tasks.records.progress import pulse
+from tasks.records.tracking import pending_registration
 from tasks.run import Run
 from tasks.selection.features import compute_features
 from tasks.calibration.record import Calibration
@@ -50,7 +51,6 @@ from tasks.plan.artifact import plan_table
 from tasks.plan.planner import Plan, decide_lag, lag_from_json, lag_to_json, make_plan, probe_records
 from tasks.calibration.reference import policy_measure, reference_rollouts, stratified_reference
 from tasks.selection.features import Features
-from tasks.update.precision import resolve_precision
 
 log = logging.getLogger("rlsift")
 stage = task(cache_policy=NO_CACHE, persist_result=False)
@@ -122,7 +122,7 @@ def policy_source(cfg: Config) -> str:
 @stage(name="prepare-policy")
 def prepare_stage(run: Run) -> Policy:
     cfg, mc = run.cfg, run.cfg.model
-    precision = resolve_precision(mc.precision, run.device)
+    precision = run.precision
     log.info("precision %s (model.precision=%s): passes and sampler in %s, trained weights and AdamW state in %s",
              precision.name, mc.precision, str(precision.compute).removeprefix("torch."),
              str(precision.master).removeprefix("torch."))
@@ -347,7 +347,7 @@ def registration(name: str, register: bool, version: str | None, refused: str | 
     return (f"registered {name} version {version}" if version is not None
             else "not registered: tracking.register_model=false" if not register
             else f"not registered: {refused}" if refused
-            else f"{name} not registered yet: MLflow unreachable, the registration is queued")
+            else pending_registration(name))  # the tracker says it registered once it has sent it
 
 
 def config_tags(cfg) -> dict[str, str]:
@@ -401,7 +401,7 @@ def version_tags(run: Run, end: EvalResult, summary: TrainSummary) -> dict[str, 
     fingerprint), its steps, config hash, held-out greedy accuracy (``heldout_accuracy``, 4 decimals), the
     precision it trained in and its weights' dtype (``weights_dtype``: the compute dtype, bf16 under bf16-mixed)."""
     info = run.info
-    precision = resolve_precision(run.cfg.model.precision, run.device)
+    precision = run.precision
     return {"rlsift.run_id": run.run_id, **({"parent_version": info.parent_version} if info.parent_version else {}),
             **({"data_fingerprint": info.data_fingerprint} if info.data_fingerprint else {}),
             "steps": str(summary.steps), "heldout_accuracy": f"{end.overall.greedy_acc:.4f}",

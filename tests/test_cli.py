@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks.config import ConfigError
+
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures" / "sources"
 
@@ -196,12 +198,26 @@ def test_problems_are_found_before_any_work(tmp_path):
     assert p.returncode == 2 and "paths.root: cannot create or write" in p.stderr
 
 
-def test_a_failed_run_exits_1_without_duckdb_noise(tmp_path):
-    """A run that fails in a stage closes its ledger, and no duckdb connection outlives it to the exit (which
+def test_a_failed_run_says_so_in_one_line_and_exits_1_without_duckdb_noise(tmp_path):
+    """A run that fails in a stage says so in one line on the terminal: its cause, what is kept, the command that
+    continues it and where the traceback is (the run's run.log, not the terminal: Prefect's reports of the failed
+    task and flow runs stay off it). It closes its ledger, and no duckdb connection outlives it to the exit (which
     would print duckdb's "nanobind: leaked ... instances!" dump after the error)."""
     p = rlsift("run", "-c", "tests/fixtures/tiny.yaml", f"paths.root={tmp_path}", "train.steps=2",
                f"model.path={tmp_path / 'no-model'}", "--json")
-    assert p.returncode == 1 and "is not a folder with a saved model" in p.stderr
+    assert p.returncode == 1, p.stderr[-3000:]
+    out = json.loads(p.stdout)
+    assert out["status"] == "failed" and "Traceback" not in p.stderr, p.stderr[-3000:]
+    (line,) = [x for x in p.stderr.splitlines() if "failed" in x or "Error" in x]  # the one line of the failure
+    assert f"run {out['run_id']} failed: ValueError: policy path" in line
+    assert "is not a folder with a saved model" in line
+    command = shlex.join([sys.executable, "-m", "flows.cli", "run", "--resume", out["run_id"],
+                          f"paths.root={tmp_path}"])
+    assert f"(no checkpoint yet; `{command}` continues it; traceback in " \
+           f"{tmp_path / 'runs' / out['run_id'] / 'run.log'})" in line and out["reason"] in line  # as rlsift was run
+    logged = (tmp_path / "runs" / out["run_id"] / "run.log").read_text()
+    assert "Traceback (most recent call last)" in logged and "is not a folder with a saved model" in logged
+    assert "stage ingest done" in logged  # the run's log lines too
     assert "nanobind" not in p.stderr and "leaked" not in p.stderr, p.stderr[-3000:]
 
 
@@ -328,11 +344,10 @@ def test_the_resume_command_of_a_stop_message_resumes_the_run(tmp_path, monkeypa
     """The command a stopped run prints, pasted as printed in another folder (and another shell: no RLSIFT_ROOT),
     finds the run and its stored config: a plain run (root ./rlsift-runs of where it ran), a run with a relative
     ``paths.root=``, a deployment's flow run (run in the repository, its root from RLSIFT_ROOT), a run whose config
-    names a data file by a relative path (the command goes to the folder the run ran in first)."""
+    names a data file by a relative path (the run stored it resolved against the folder it ran in: no ``cd``)."""
     from flows import cli
     from flows.pipeline import stopped_note
-    from tasks.config import ConfigError
-    from tasks.config.load import load_config
+    from tasks.preflight import RunRequest, checked_config
     from tasks.run import open_run
 
     ran_in, elsewhere = tmp_path / "ran-in", tmp_path / "elsewhere"
@@ -349,25 +364,98 @@ def test_the_resume_command_of_a_stop_message_resumes_the_run(tmp_path, monkeypa
         (ran_in / "data").mkdir()
         (ran_in / "data" / "train.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
         overrides.append("data.sources=[{kind: file, path: data/train.jsonl, format: gsm8k}]")
-    run = open_run(load_config(ROOT / "tests" / "fixtures" / "tiny.yaml", overrides), track=False)
+    run = open_run(checked_config(RunRequest.here(str(ROOT / "tests" / "fixtures" / "tiny.yaml"), overrides)),
+                   track=False)
     note = stopped_note(run, signal.SIGTERM)
-    run.close("cancelled", {}, note)
-    command = re.search(r"`((?:cd [^`]+ && )?rlsift run --resume [^`]+)` finishes it", note).group(1)
+    run.close("cancelled", {})
+    command = re.search(r"`([^`]+ run --resume [^`]+)` finishes it", note).group(1)
 
     monkeypatch.chdir(elsewhere)
     monkeypatch.delenv("RLSIFT_ROOT", raising=False)
-    go, _, command = command.rpartition(" && ")
-    if case == "relative data file":  # `cd <where it ran> && rlsift run ...`, only where a path needs it
-        assert shlex.split(go) == ["cd", str(ran_in)]
-        with pytest.raises(ConfigError, match="data.sources\\[0\\].path: data/train.jsonl does not exist"):
-            cli.run_config(cli.parser().parse_args(shlex.split(command)[1:]))
-        os.chdir(shlex.split(go)[1])
-    else:
-        assert go == ""
     argv = shlex.split(command)
-    assert argv[:4] == ["rlsift", "run", "--resume", run.run_id]
+    assert argv[:4] == ["rlsift", "run", "--resume", run.run_id], command  # pytest, not the rlsift script, runs this
     cfg = cli.run_config(cli.parser().parse_args(argv[1:]))
-    assert Path(cfg.paths.root).resolve() == run.root and cfg.train.steps == 3  # the stored config, not auto.yaml's
+    assert Path(cfg.paths.root) == run.root and cfg.train.steps == 3  # the stored config, not auto.yaml's
+    if case == "relative data file":
+        assert cfg.data.sources[0].path == str(ran_in / "data" / "train.jsonl")
     os.chdir(elsewhere)
     with pytest.raises(ConfigError, match=f"no run {run.run_id} under"):  # the hint without the root did not
         cli.run_config(cli.parser().parse_args(["run", "--resume", run.run_id]))
+
+
+#: A stand-in for the console script pip writes into a venv's bin/ (pyproject.toml ``[project.scripts]``).
+SCRIPT = """#!{python}
+import sys
+from flows.cli import main
+if __name__ == "__main__":
+    sys.exit(main())
+"""
+
+
+def venv_script(folder: Path) -> Path:
+    """``folder/.venv/bin/rlsift``: this Python running rlsift's command line, as an installed venv's script does."""
+    script = folder / ".venv" / "bin" / "rlsift"
+    script.parent.mkdir(parents=True)
+    script.write_text(SCRIPT.format(python=sys.executable))
+    script.chmod(0o755)
+    return script
+
+
+def test_printed_commands_start_rlsift_as_the_user_did(tmp_path, monkeypatch):
+    """``.venv/bin/rlsift`` run by a relative path, with no venv on the PATH: the printed command names the script by
+    its absolute path (the bare ``rlsift`` was `command not found` there); ``python -m flows.cli``: this Python."""
+    import types
+
+    from tasks.run import launcher
+
+    script = venv_script(tmp_path)
+    script.write_text(f"#!{sys.executable}\nfrom tasks.run import resume_command\nprint(resume_command('abc', 'r'))\n")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
+    p = subprocess.run([".venv/bin/rlsift"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert shlex.split(p.stdout) == [str(script), "run", "--resume", "abc", f"paths.root={tmp_path / 'r'}"]
+
+    assert launcher() == ["rlsift"]  # pytest runs this process: no script of rlsift's to name
+    monkeypatch.setattr(sys.modules["__main__"], "__spec__", types.SimpleNamespace(name="flows.cli"))
+    assert launcher() == [sys.executable, "-m", "flows.cli"]
+
+
+SHUTDOWN_NOISE = """
+import asyncio, logging
+from prefect.logging.configuration import setup_logging
+setup_logging(incremental=False)  # as the server's process configures its logging (prefect/server/api/server.py)
+
+def cancelled_write():
+    try:
+        raise asyncio.CancelledError("shutdown")
+    except asyncio.CancelledError:
+        raise RuntimeError("rollback failed")
+
+for name in ("sqlalchemy.pool.impl.AsyncAdaptedQueuePool", "prefect.server.services.task_run_recorder"):
+    try:
+        cancelled_write()
+    except RuntimeError:
+        logging.getLogger(name).error("Exception during reset or similar", exc_info=True)
+try:
+    raise OSError("disk full")
+except OSError:
+    logging.getLogger("prefect.server").error("a real server error", exc_info=True)
+"""
+
+
+def test_the_temporary_servers_shutdown_noise_is_dropped_and_its_errors_kept(tmp_path):
+    """The temporary Prefect server's logging (flows/prefect_server.py ``server_logging``): Prefect's own config with a
+    filter on its terminal handler that drops the records a cancellation caused (the server's shutdown cancelling its
+    services mid-write: ``sqlalchemy.pool ... Exception during reset or similar``), and keeps every other error."""
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
+    env.pop("PREFECT_LOGGING_SETTINGS_PATH", None)
+    made = subprocess.run([sys.executable, "-c", "import os; from flows.prefect_server import server_logging; "
+                           "server_logging(); print(os.environ['PREFECT_LOGGING_SETTINGS_PATH'])"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert made.stdout.strip() == str(tmp_path / "home" / "rlsift-server-logging.yml"), made.stderr[-3000:]
+    env["PREFECT_LOGGING_SETTINGS_PATH"] = made.stdout.strip()  # what the server's process inherits
+    p = subprocess.run([sys.executable, "-c", SHUTDOWN_NOISE], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "Exception during reset" not in p.stderr and "CancelledError" not in p.stderr, p.stderr
+    assert "a real server error" in p.stderr and "OSError: disk full" in p.stderr

@@ -184,5 +184,39 @@ def _read_yaml(path: Path) -> dict:
     return tree
 
 
+def resolve_paths(cfg: Config, folder: str | Path) -> Config:
+    """``cfg`` with its relative paths resolved against ``folder`` (the folder the run started in): the run root
+    (``paths.root``), the warm-start cache (``paths.cache``), the starting model (``model.path``), every file source
+    (``data.sources[i].path``) and a tracking URI that names a local store (a plain path, or ``sqlite:///`` with a
+    relative file). The run keeps them so (its ``config.json``), and a resume finds the same files from any folder.
+    Absolute paths, URLs and unset paths are left as they are."""
+    base = Path(folder)
+
+    def absolute(path: str | None) -> str | None:
+        return path if not path or Path(path).is_absolute() else str(base / path)
+
+    tree = cfg.model_dump(mode="json")
+    tree["paths"]["root"] = absolute(tree["paths"]["root"])
+    tree["paths"]["cache"] = absolute(tree["paths"]["cache"])
+    tree["model"]["path"] = absolute(tree["model"]["path"])
+    for source in tree["data"]["sources"]:
+        if source["kind"] == "file":
+            source["path"] = absolute(source["path"])
+    tree["tracking"]["uri"] = _local_uri(tree["tracking"]["uri"], base)
+    return validate(tree)
+
+
+def _local_uri(uri: str | None, base: Path) -> str | None:
+    """A tracking URI with a relative local store made absolute (``mlruns`` -> ``/folder/mlruns``,
+    ``sqlite:///x.db`` -> ``sqlite:////folder/x.db``); a server's URL or an absolute store as it is."""
+    if not uri:
+        return uri
+    if uri.startswith("sqlite:///") and not uri.removeprefix("sqlite:///").startswith("/"):
+        return f"sqlite:///{base / uri.removeprefix('sqlite:///')}"
+    if "://" not in uri and not uri.startswith("file:") and not Path(uri).is_absolute():
+        return str(base / uri)
+    return uri
+
+
 def to_json(cfg: Config) -> str:
     return json.dumps(cfg.model_dump(mode="json"), indent=2, sort_keys=True)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import signal
 import sys
 import threading
@@ -56,21 +55,6 @@ def stop_signal(err: BaseException) -> signal.Signals | None:
     if stop is None:
         return None
     return signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.Signals(stop.signal)
-
-
-def resume_command(run_id: str, root: str | os.PathLike, cfg=None) -> str:
-    """The command that finishes a stopped or failed run, pasted as printed from any folder: ``rlsift run --resume
-    ID paths.root=/abs/root``, the run's root as an absolute path (a deployment's flow run runs in the repository,
-    maybe with ``RLSIFT_ROOT`` set; a plain run in some folder, maybe with ``paths.root=``). The root is all a resume
-    needs to find the run: it takes the rest from the run's stored config.json (tasks/preflight.py
-    ``resume_config``). Where that config (``cfg``, a :class:`~tasks.config.Config`) names files by relative paths
-    (``model.path``, a data file, ``paths.cache``), the command first goes to the folder the run ran in
-    (``cd /that/folder && rlsift run ...``), where they resolve as they did."""
-    command = shlex.join(["rlsift", "run", "--resume", run_id, f"paths.root={os.path.abspath(root)}"])
-    named = [] if cfg is None else [cfg.model.path, cfg.paths.cache, *(s.path for s in cfg.data.sources)]
-    if any(p and not os.path.isabs(p) for p in named):
-        return f"cd {shlex.quote(os.getcwd())} && {command}"
-    return command
 
 
 def _raise_termination(signum: int, frame) -> None:

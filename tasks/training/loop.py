@@ -391,7 +391,7 @@ def training(run: Run, policy: Policy, pool: list[PromptRecord], features: Featu
         log.info("overlap: %s", lag.reason)
     # one process, or sharded over the torchrun ranks (then `model` stays rank 0's full copy, updated in place)
     longest = int(features.prompt_tokens.max()) if len(features.ids) else None  # the memory check counts it
-    updater = build_updater(cfg, policy, device=run.device, prompt_tokens=longest)
+    updater = build_updater(cfg, policy, device=run.device, precision=run.precision, prompt_tokens=longest)
     shared = share_generation(cfg, policy, updater, lag.lag)  # sharded: every rank decodes its share
     if shared is not None:
         log.info("rollouts: %s", shared)

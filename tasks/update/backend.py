@@ -16,7 +16,7 @@ from tasks.model.lora import base_model
 from tasks.policy import Policy
 from tasks.update.memory_check import check_update_fits
 from tasks.update.policy_update import LocalUpdater, LossSettings, Updater, gradient_checkpointing
-from tasks.update.precision import model_dtype, resolve_precision
+from tasks.update.precision import Precision, model_dtype, resolve_precision
 from tasks.update.sharded_update import Driver
 
 
@@ -47,23 +47,25 @@ def share_generation(cfg: Config, policy: Policy, updater: Updater, lag: int) ->
     return f"every one of the {world} ranks generates its share of each call (scale.backend={cfg.scale.backend})"
 
 
-def build_updater(cfg: Config, policy: Policy, *, device: torch.device | str, prompt_tokens: int | None = None) \
-        -> Updater:
+def build_updater(cfg: Config, policy: Policy, *, device: torch.device | str, precision: Precision | None = None,
+                  prompt_tokens: int | None = None) -> Updater:
     """The run's updater for ``scale.backend``: :class:`~tasks.update.policy_update.LocalUpdater` or the sharded
     :class:`~tasks.update.sharded_update.Driver`, training ``policy.model`` in place.
 
-    Before anything is built, :func:`~tasks.update.memory_check.check_update_fits` stops a run whose update would not fit
-    its device (``prompt_tokens``: the pool's longest prompt, in tokens, where known). For ``single`` the optimizer steps the policy's trainable parameters and the KL reference
+    Before anything is built, :func:`~tasks.update.memory_check.check_update_fits` stops a run whose update would not
+    fit its device (``prompt_tokens``: the pool's longest prompt, in tokens, where known). For ``single`` the
+    optimizer steps the policy's trainable parameters and the KL reference
     (``train.kl_coef > 0``) is the policy's (:meth:`~tasks.policy.Policy.kl_reference`: under LoRA the same
     model with its adapters disabled); the sharded backends keep one per rank (tasks/update/sharded_update.py).
-    ``model.precision`` (tasks/update/precision.py) picks the optimizer: under ``bf16-mixed`` float32 master weights
+    ``precision``, the run's resolved ``model.precision`` (``Run.precision``; None: resolved here for ``device``, for
+    callers without a run), picks the optimizer: under ``bf16-mixed`` float32 master weights
     and AdamW state behind the policy's bf16 weights, which must already be in the compute dtype.
     """
     model = policy.model
     settings = LossSettings.from_config(cfg, policy.tokenizer.pad_token_id)
     tc = cfg.train
     lm = base_model(model)
-    precision = resolve_precision(cfg.model.precision, torch.device(device))
+    precision = precision or resolve_precision(cfg.model.precision, torch.device(device))
     if model_dtype(lm) != precision.compute:
         raise ValueError(f"model.precision={cfg.model.precision} ({precision.name}) computes in {precision.compute}, "
                          f"but the policy's weights are {model_dtype(lm)}: load it in the compute dtype "

@@ -24,6 +24,7 @@ directory, and every step reports the peak-memory phases an uninterrupted run's 
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -303,3 +304,65 @@ def test_finished_rounds_stay_completed_when_the_train_stage_stops(prefect_harne
             time.sleep(0.5)
     assert rounds == {("train-committed", "round-0"): "Completed", ("train-committed", "round-1"): "Completed",
                       ("train-plain", "round-0"): "RolledBack", ("train-plain", "round-1"): "RolledBack"}, rounds
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["stopped", "failed"])
+def test_the_printed_command_pasted_in_another_folder_finishes_the_run(tmp_path, how):
+    """A user runs the README's ``.venv/bin/rlsift run`` without activating the venv, in their project folder, with a
+    config that names its data, root and cache by relative paths; the run is stopped (SIGTERM) or fails (its overlap
+    generator process killed after round 0: one line on the terminal, its cause and the command, no traceback). The
+    command it printed, pasted as printed in another folder with no venv on the PATH, finishes the run, and the
+    resumed run ends without the temporary Prefect server's shutdown tracebacks."""
+    import psutil
+
+    from tasks.data import arith
+    from tests.test_cli import venv_script
+
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    venv_script(project)
+    elsewhere.mkdir()
+    (project / "data").mkdir()
+    for split, n in (("train", 40), ("test", 8)):
+        rows = arith.generate(0, n, split, {1: 0.5, 2: 0.5})
+        (project / "data" / f"{split}.jsonl").write_text("".join(
+            json.dumps({"question": r.question, "answer": r.answer, "level": r.level}) + "\n" for r in rows))
+    (project / "my.yaml").write_text(
+        f"base: {TINY}\npaths: {{root: runs-root, cache: cache}}\ndata:\n  sources:\n"
+        "    - {kind: file, path: data/train.jsonl, reward: arith}\n"
+        "    - {kind: file, path: data/test.jsonl, reward: arith}\n")
+    (tmp_path / "tmp").mkdir()
+    env = {**cli_env(tmp_path, TMPDIR=str(tmp_path / "tmp")), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    with open(tmp_path / "stderr", "w") as err:
+        proc = subprocess.Popen([".venv/bin/rlsift", "run", "-c", "my.yaml", "overlap.lag=1", "train.steps=4",
+                                 "train.round_steps=2", "train.checkpoint_every=2", "model.threads=1"], cwd=project,
+                                env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    try:
+        deadline = time.time() + 600
+        while not list((project / "runs-root" / "runs").glob("*/checkpoints/latest")):  # round 0 is done
+            assert proc.poll() is None and time.time() < deadline, (tmp_path / "stderr").read_text()[-3000:]
+            time.sleep(0.05)
+        if how == "stopped":
+            os.kill(proc.pid, signal.SIGTERM)
+        else:
+            (generator,) = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                            if "spawn_main" in " ".join(c.cmdline())]
+            generator.kill()
+        assert proc.wait(timeout=300) == (128 + signal.SIGTERM if how == "stopped" else 1)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    said = (tmp_path / "stderr").read_text()
+    lines = [x for x in said.splitlines() if " run --resume " in x]
+    assert len(lines) == 1, said[-5000:]
+    if how == "failed":
+        assert "Traceback" not in said and "GeneratorDied: the generator process" in lines[0], said[-5000:]
+    (command,) = re.findall(r"`([^`]+ run --resume [^`]+)` (?:finishes|continues) it", lines[0])
+    assert command.startswith(f"{project / '.venv' / 'bin' / 'rlsift'} run --resume "), command
+
+    resumed = subprocess.run(command, shell=True, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert " completed in " in resumed.stdout and "4 steps" in resumed.stdout, resumed.stdout
+    for noise in ("Traceback", "sqlalchemy", "Exception during reset"):
+        assert noise not in resumed.stderr, resumed.stderr[-3000:]
+    assert not list(elsewhere.iterdir()), "the resume wrote nothing where it was pasted"

@@ -77,7 +77,8 @@ def check_stopped(tmp: Path, root: Path, proc, run_id: str, out: str, err: str, 
     assert (root / "runs" / run_id / "checkpoints" / kept).is_file()
     assert stopped["reason"].startswith(f"by {sig.name} at step ")
     assert f"checkpoint at step {int(kept[5:11])} kept" in stopped["reason"]
-    assert f"`rlsift run --resume {run_id} paths.root={root.resolve()}` finishes it" in stopped["reason"]
+    command = shlex.join([sys.executable, "-m", "flows.cli", "run", "--resume", run_id, f"paths.root={root.resolve()}"])
+    assert f"`{command}` finishes it" in stopped["reason"]  # as this test ran rlsift: python -m flows.cli
     lines = [ln for ln in err.splitlines() if f"run {run_id} cancelled by {sig.name}" in ln]
     assert len(lines) == 1, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
@@ -128,10 +129,10 @@ def test_a_signal_during_training_then_resume_equals_an_uninterrupted_run(tmp_pa
     assert rounds and "RolledBack" not in rounds.values(), rounds
 
     # the command the stop message prints, pasted as printed in another folder, without the run's other arguments
-    (pasted,) = re.findall(r"`(rlsift run --resume [^`]+)` finishes it", json.loads(out)["reason"])
+    (pasted,) = re.findall(r"`([^`]+ run --resume [^`]+)` finishes it", json.loads(out)["reason"])
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    resumed = subprocess.run([sys.executable, "-m", "flows.cli", *shlex.split(pasted)[1:], "--json"], cwd=elsewhere,
+    resumed = subprocess.run([*shlex.split(pasted), "--json"], cwd=elsewhere,
                              env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     res = json.loads(resumed.stdout)

@@ -28,9 +28,9 @@ def base() -> RunSummary:
 
 
 def test_keys_by_status():
-    assert set(base().to_dict()) == WHERE and base().to_dict()["status"] == "failed"  # failed before ingest
-    failed = replace(base(), ingest={"new": 3})
-    assert set(failed.to_dict()) == WHERE | {"ingest"}
+    assert set(base().to_dict()) == WHERE | {"reason"} and base().to_dict()["status"] == "failed"  # before ingest
+    failed = replace(base(), ingest={"new": 3}, reason="ValueError: no model (no checkpoint yet; ...)")
+    assert set(failed.to_dict()) == WHERE | {"ingest", "reason"}
     skipped = replace(failed, status="skipped", reason="nothing new")
     assert skipped.to_dict() == {**failed.to_dict(), "status": "skipped", "reason": "nothing new",
                                  "model_version": None}

@@ -284,3 +284,53 @@ def test_the_run_link_opens_the_run_not_the_server(tmp_path, sqlite_uri):
         f"http://mlflow.example:5000/#/experiments/{exp}/runs?workflowType=machine_learning"
     t.uri = sqlite_uri
     t.finish()
+
+
+def test_sync_settles_the_description_a_registration_waited_for(tmp_path, sqlite_uri):
+    """MLflow away from the registration to the run's end: the Description queued then says "not registered yet".
+    `rlsift sync` (tracker.py ``sync``) sends the registration, then the Description, which now names the registered
+    version and the outage (when, and that `rlsift sync` sent what it held); the outage's record says so too."""
+    from mlflow.tracking import MlflowClient
+
+    from tasks.records.tracking import pending_registration, sync
+    from tasks.records.tracking.describe import DESCRIPTION
+    from tasks.records.tracking.outbox import OutageLog
+
+    run_dir = tmp_path / "run"
+    t = MlflowTracker(sqlite_uri, "sync-description", run_dir, flush_s=3600, final_wait_s=0.0)
+    t.log_metrics({"loss": 1.0}, 0)
+    assert t.flush()
+    t.client = MlflowClient(tracking_uri="http://127.0.0.1:9")  # the server goes away (nothing listens on port 9)
+    model = run_dir / "outbox-artifacts" / "mlflow-model-sync-model"  # a saved MLflow Model (as register_model saves)
+    model.mkdir(parents=True)
+    (model / "MLmodel").write_text("flavors: {}\n")
+    assert t.register_model(tmp_path / "unused", "sync-model", {"steps": "1"}) is None  # queued
+    text = f"**run**: completed\n- model: {pending_registration('sync-model')}\n"
+    t.describe(text)
+    t.finish()  # MLflow still away: the outbox keeps the registration, the Description and the status
+    (outage,) = OutageLog(run_dir / "outbox-outages.json").entries()
+    assert outage.until is None and outage.since > 0
+    before = run_info(sqlite_uri, t.run_id)["tags"].get(DESCRIPTION)
+    assert before is None  # nothing of it has reached MLflow
+
+    assert sync(run_dir, sqlite_uri, t.run_id)
+    info = run_info(sqlite_uri, t.run_id)
+    said = info["tags"][DESCRIPTION]
+    assert "not registered yet" not in said and "- model: registered sync-model version 1" in said, said
+    last = said.rstrip("\n").splitlines()[-1]
+    assert last.startswith("- MLflow outage: unreachable from ") and "sent by `rlsift sync`" in last, last
+    (outage,) = OutageLog(run_dir / "outbox-outages.json").entries()
+    assert outage.until is not None and outage.sent_by == "`rlsift sync`"
+    versions = MlflowClient(tracking_uri=sqlite_uri).search_model_versions("name = 'sync-model'")
+    assert [(str(v.version), v.run_id) for v in versions] == [("1", t.run_id)] and info["status"] == "FINISHED"
+
+
+def test_a_description_without_an_outage_is_sent_as_written(tmp_path, sqlite_uri):
+    from tasks.records.tracking.describe import DESCRIPTION
+
+    t = MlflowTracker(sqlite_uri, "plain-description", tmp_path / "run", background=False)
+    t.describe("**run**: completed\n- model: registered m version 3\n")
+    t.finish()
+    said = run_info(sqlite_uri, t.run_id)["tags"][DESCRIPTION]
+    assert said == "**run**: completed\n- model: registered m version 3\n"
+    assert not (tmp_path / "run" / "outbox-outages.json").exists()

@@ -22,7 +22,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # MLflow prints "View run ... at: <url>" on stdout when a run on a server ends; stdout is the CLI's --json channel.
 os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
-from tasks.records.tracking.describe import flow_run_tags  # noqa: E402
+from tasks.records.tracking.describe import flow_run_tags, pending_registration  # noqa: E402
 from tasks.records.tracking.outbox import Outbox  # noqa: E402
 from tasks.records.tracking.query import (  # noqa: E402
     experiment_page,
@@ -49,4 +49,4 @@ from tasks.records.tracking.tracker import (  # noqa: E402
 
 __all__ = ["EXPERIMENT_KIND", "MlflowTracker", "NullTracker", "Outbox", "Tracker", "checkpoint_folder", "default_uri",
            "experiment_page", "flow_run_tags", "latest_model", "metric_history", "mlflow_command",
-           "model_version_tags", "run_info", "run_url", "save_mlflow_model", "sync", "ui_hint"]
+           "model_version_tags", "pending_registration", "run_info", "run_url", "save_mlflow_model", "sync", "ui_hint"]

@@ -20,6 +20,10 @@ Delivery (choices, see docs/operations.md "Tracking outages"):
   ``INTERNAL_ERROR``/``TEMPORARILY_UNAVAILABLE``) keep the outbox and retry with a warning while the server
   is away. An item the server rejects as invalid would block the queue forever, so it is moved to
   ``outbox-rejected.jsonl`` with an error log instead.
+* **What an outage changes in the Description.** Each outage is recorded (``outbox-outages.json``,
+  :class:`~tasks.records.tracking.outbox.OutageLog`); the run's Description is settled as it is sent
+  (tasks/records/tracking/describe.py ``settled``): a registration that waited in the outbox is said registered,
+  with its version, and a last line names the outages and who sent what they held (the run, or ``rlsift sync``).
 
 :class:`NullTracker` is the do-nothing stand-in for tests and dry runs.
 """
@@ -32,6 +36,7 @@ import os
 import shutil
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,8 +46,8 @@ from mlflow.tracking import MlflowClient
 
 from tasks.records.files import write_text
 from tasks.records.layout import mlflow_key, mlflow_layout
-from tasks.records.tracking.describe import DESCRIPTION, PARENT_RUN, RUN_NAME, source_tags
-from tasks.records.tracking.outbox import Outbox, requests
+from tasks.records.tracking.describe import DESCRIPTION, PARENT_RUN, RUN_NAME, settled, source_tags
+from tasks.records.tracking.outbox import Outbox, OutageLog, requests
 from tasks.records.tracking.query import run_page, ui_hint
 from tasks.records.tracking.registry import register_version, save_mlflow_model
 
@@ -97,6 +102,7 @@ class MlflowTracker:
         final_wait_s: how long :meth:`finish` keeps retrying an unreachable server (default: the
             ``RLSIFT_TRACKING_FINAL_WAIT_S`` environment variable, else 30).
         background: start the sending thread (False for :func:`sync`).
+        sender: who sends what an outage held, as the Description names it (``the run``; ``rlsift sync``).
         system_metrics_s: sample CPU, memory, disk, network (and GPU where present) every this many seconds
             with MLflow's own system-metrics monitor (metrics ``system/*``); None: off. Unlike everything
             else here it logs directly, not through the outbox: samples taken while the server is away are lost.
@@ -107,12 +113,14 @@ class MlflowTracker:
     def __init__(self, uri: str, experiment: str, run_dir: str | Path, *, run_name: str | None = None,
                  run_id: str | None = None, parent_run_id: str | None = None, flush_s: float = 2.0,
                  final_wait_s: float | None = None, background: bool = True,
-                 system_metrics_s: float | None = None):
+                 system_metrics_s: float | None = None, sender: str = "the run"):
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.outbox = Outbox(self.run_dir / "outbox.jsonl")
+        self.outages = OutageLog(self.run_dir / "outbox-outages.json")
+        self.sender = sender
         self.final_wait_s = float(os.environ.get("RLSIFT_TRACKING_FINAL_WAIT_S", "30")) if final_wait_s is None \
             else final_wait_s
         self.registered: dict[str, str] = {}
@@ -241,7 +249,10 @@ class MlflowTracker:
             for i in range(0, len(params), 90):
                 self.client.log_batch(self.run_id, params=params[i:i + 90])
         elif kind == "tags":
-            self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in item["tags"].items()])
+            tags = dict(item["tags"])
+            if DESCRIPTION in tags:
+                tags[DESCRIPTION] = self._settled(tags[DESCRIPTION])
+            self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
         elif kind == "artifact":
             p = Path(item["path"])
             if p.is_dir():
@@ -258,6 +269,14 @@ class MlflowTracker:
         else:
             raise ValueError(f"unknown outbox item kind {kind!r}; allowed: metrics, params, tags, artifact, "
                              "register, status")
+
+    def _settled(self, text: str) -> str:
+        """The Description as it goes out now (describe.py ``settled``): an outage that lasts until this send ends
+        with it, its items sent by :attr:`sender`."""
+        now = time.time()
+        outages = [o if o.until is not None else replace(o, until=now, sent_by=self.sender)
+                   for o in self.outages.entries()]
+        return settled(text, self.registered, outages, now)
 
     def _cleanup(self, items: list[dict[str, Any]]) -> None:
         for item in items:
@@ -295,6 +314,7 @@ class MlflowTracker:
                 self.outbox.drop(done)
                 if self._away_since is None:
                     self._away_since = time.time()
+                    self.outages.began(self._away_since)
                     log.warning("MLflow at %s is not answering (%s); keeping %d items in %s and retrying",
                                 self.uri, type(err).__name__, len(items) - done, self.outbox.path)
                 return False
@@ -302,6 +322,8 @@ class MlflowTracker:
             if self._away_since is not None:
                 log.warning("MLflow is back after %.0f s; sent %d kept items", time.time() - self._away_since, done)
                 self._away_since = None
+            if done:
+                self.outages.ended(time.time(), self.sender)
             return True
 
     def _loop(self, every: float) -> None:
@@ -347,8 +369,9 @@ class MlflowTracker:
 
 
 def sync(run_dir: str | Path, uri: str, run_id: str) -> bool:
-    """Send a run folder's outbox (after an outage that outlived the run). True when all was sent."""
-    return MlflowTracker(uri, "", run_dir, run_id=run_id, background=False).flush()
+    """Send a run folder's outbox (after an outage that outlived the run). True when all was sent. The run's
+    Description, sent last, then says the model registered and names the outage (:meth:`MlflowTracker._settled`)."""
+    return MlflowTracker(uri, "", run_dir, run_id=run_id, background=False, sender="`rlsift sync`").flush()
 
 
 class NullTracker:
