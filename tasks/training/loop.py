@@ -56,7 +56,7 @@ from tasks.selection.screen import policy_likelihood
 from tasks.selection.selector import Selector
 from tasks.update.backend import build_updater, share_generation
 from tasks.update.nan_locator import SkippedUpdate
-from tasks.update.skip_guard import SkipGuard
+from tasks.update.skip_guard import SkipGuard, skipped_rows
 from tasks.update.policy_update import Updater, scheduled_lr
 
 log = logging.getLogger("rlsift.train")
@@ -174,7 +174,7 @@ class Trainer:
         self.summary = TrainSummary(steps=self.start)
         self.overlap = Overlap()
         #: skipped updates: recorded, shown, and the run stopped after ``train.max_skipped_steps`` in a row
-        self.guard = SkipGuard(cfg.train.max_skipped_steps, cfg.train.minibatches, run.ledger, run.run_id)
+        self.guard = SkipGuard(cfg.train.max_skipped_steps, cfg.train.minibatches)
         if sampling.overlapped and self.start < cfg.train.steps and self.pending is None:
             run.meter.add("weight_sync", sampling.sync(run.dir / "vllm_weights"))
 
@@ -299,7 +299,8 @@ class Trainer:
         rewards were unequal)."""
         meter, fs, step = self.run.meter, sd.fresh, sd.step
         with meter.stage("tracking"):
-            self.recorder.rows(round_, step, sd.references, fs.rows, upd.batch)
+            self.recorder.rows(round_, step, sd.references, fs.rows, upd.batch,
+                               skipped_rows(upd.stats, upd.skipped))
             metrics = upd.stats | fs.stats | self.guard.observe(step, upd.stats, upd.skipped)
             metrics |= {
                 "train/reward_mean": float(fs.rewards.mean()),

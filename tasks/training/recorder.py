@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rlcore.types import RolloutGroup
-from tasks.records.ledger import GroupRow, ReferenceRow, SelectionRow
+from tasks.records.ledger import GroupRow, ReferenceRow, SelectionRow, SkippedUpdateRow
 from tasks.run import Run
 
 #: One held MLflow metric row as a checkpoint keeps it: (metrics, step, timestamp in ms).
@@ -46,14 +46,16 @@ class Recorder:
             run.commit_metrics(step, held=held)
 
     def rows(self, round_: int, step: int, references: Sequence[ReferenceRow], selections: Sequence[SelectionRow],
-             groups: Sequence[RolloutGroup]) -> None:
+             groups: Sequence[RolloutGroup], skipped: Sequence[SkippedUpdateRow] = ()) -> None:
         """The ledger rows of one step: the round start's reference rows (when it started one), a row per selected
-        prompt and one per group it trained (:func:`group_row`)."""
+        prompt, one per group it trained (:func:`group_row`) and one per minibatch its update skipped."""
         run = self.run
         if references:
             run.ledger.add_reference(run.run_id, list(references))
         run.ledger.add_selections(run.run_id, round_, step, selections)
         run.ledger.add_groups(run.run_id, step, [group_row(g, step) for g in groups])
+        if skipped:
+            run.ledger.add_skipped_updates(run.run_id, step, skipped)
 
     def metrics(self, step: int, metrics: dict[str, float]) -> None:
         """One step's metrics: to MLflow (held until a checkpoint covers the step) and a line of ``metrics.jsonl``."""

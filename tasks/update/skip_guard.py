@@ -4,7 +4,8 @@ An update whose loss or gradient is not finite is not applied (tasks/update/poli
 minibatch was skipped moved no weight. :class:`SkipGuard` takes each step's update metrics and the updater's
 :class:`~tasks.update.nan_locator.SkippedUpdate` records and
 
-- writes a ledger row per skipped minibatch (table ``skipped_updates``: cause, value, the locator's site),
+- gives a ledger row per skipped minibatch (:func:`skipped_rows`, table ``skipped_updates``: cause, value, the
+  locator's site), which the training's recorder writes,
 - logs a warning line naming the step and the site, adds ``train/skipped_in_row`` to the step's metrics (beside
   the updater's ``train/skipped_updates``) and ``skipped=<in a row>/<limit>`` to the progress bar,
 - and, once ``train.max_skipped_steps`` steps in a row were skipped, asks for a checkpoint (:attr:`stuck`: the
@@ -19,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from tasks.records.ledger import Ledger, SkippedUpdateRow
+from tasks.records.ledger import SkippedUpdateRow
 from tasks.update.nan_locator import SkippedUpdate
 
 log = logging.getLogger("rlsift.train")
@@ -35,13 +36,12 @@ class SkipGuard:
     Args:
         limit: ``train.max_skipped_steps`` (0: never stop).
         minibatches: ``train.minibatches``: a step is skipped when that many of its minibatches were.
-        ledger, run_id: where the skipped minibatches are recorded.
     """
 
-    def __init__(self, limit: int, minibatches: int, ledger: Ledger, run_id: str):
+    def __init__(self, limit: int, minibatches: int):
         if limit < 0 or minibatches < 1:
             raise ValueError(f"SkipGuard: limit must be >= 0 and minibatches >= 1, got {limit} and {minibatches}")
-        self.limit, self.minibatches, self.ledger, self.run_id = limit, minibatches, ledger, run_id
+        self.limit, self.minibatches = limit, minibatches
         self.steps: list[int] = []  # the skipped steps in a row, oldest first
         self.last: tuple[SkippedUpdate, ...] = ()  # the last skipped step's records
 
@@ -56,15 +56,9 @@ class SkipGuard:
 
     def observe(self, step: int, stats: dict[str, float], skipped: Sequence[SkippedUpdate]) -> dict[str, float]:
         """Take ``step``'s update metrics (``train/skipped_updates``) and the updater's records of it
-        (``Updater.skipped``: empty where the backend does not report them); record and log what was skipped.
-        Returns the metrics to add to the step's: ``train/skipped_in_row``."""
+        (``UpdateResult.skipped``: empty where the backend does not report them); log what was skipped. Returns
+        the metrics to add to the step's: ``train/skipped_in_row``. Its ledger rows: :func:`skipped_rows`."""
         count = int(stats.get("train/skipped_updates", 0))
-        if count:
-            rows = [SkippedUpdateRow(minibatch=s.minibatch, cause=s.cause, detail=s.detail,
-                                     site=s.site.describe() if s.site is not None else s.note) for s in skipped]
-            rows += [SkippedUpdateRow(minibatch=-1, cause="unknown", detail="",
-                                      site="not reported by this backend: see the run's log")] * (count - len(rows))
-            self.ledger.add_skipped_updates(self.run_id, step, rows)
         if count >= self.minibatches:
             self.steps.append(step)
             self.last = tuple(skipped)
@@ -93,3 +87,13 @@ class SkipGuard:
                 f"train.max_skipped_steps={self.limit}): no weight has moved since step {first}. Cause: "
                 f"{self.cause()}. The ledger's skipped_updates table lists every skipped minibatch "
                 "(`rlsift ledger sql`); docs/operations.md says how to read the site.")
+
+
+def skipped_rows(stats: dict[str, float], skipped: Sequence[SkippedUpdate]) -> list[SkippedUpdateRow]:
+    """The ledger rows (table ``skipped_updates``) of one step's skipped minibatches: one per record, and one
+    ``unknown`` row for each the update counted (``train/skipped_updates``) but did not describe."""
+    rows = [SkippedUpdateRow(minibatch=s.minibatch, cause=s.cause, detail=s.detail,
+                             site=s.site.describe() if s.site is not None else s.note) for s in skipped]
+    missing = int(stats.get("train/skipped_updates", 0)) - len(rows)
+    return rows + [SkippedUpdateRow(minibatch=-1, cause="unknown", detail="",
+                                    site="not reported by this backend: see the run's log")] * max(missing, 0)

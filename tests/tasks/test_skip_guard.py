@@ -9,32 +9,39 @@ import pytest
 from tasks.records.ledger import Ledger
 from tasks.update.nan_locator import SkippedUpdate, inject_nan
 from tasks.update.policy_update import LocalUpdater
-from tasks.update.skip_guard import SkipGuard, SkippedStepsError
+from tasks.update.skip_guard import SkipGuard, SkippedStepsError, skipped_rows
 from tests.tasks.test_train import PRESETS, SMALL, make_policy
 
 
-def test_the_guard_records_each_skip_and_stops_after_k_in_a_row(tmp_path):
+def test_the_guard_counts_skipped_steps_in_a_row_and_stops_after_k():
+    skip = SkippedUpdate(0, "gradient", "norm nan", note="site not here")
+    guard = SkipGuard(2, minibatches=2)
+    assert guard.observe(0, {"train/skipped_updates": 0.0}, ()) == {"train/skipped_in_row": 0.0}
+    assert guard.observe(1, {"train/skipped_updates": 1.0}, (skip,)) == {"train/skipped_in_row": 0.0}  # 1 of 2
+    assert guard.observe(2, {"train/skipped_updates": 2.0}, (skip, skip)) == {"train/skipped_in_row": 1.0}
+    assert guard.postfix() == {"skipped": "1/2"} and not guard.stuck
+    guard.check()  # one in a row: goes on
+    assert guard.observe(3, {}, ()) == {"train/skipped_in_row": 0.0} and guard.postfix() == {}  # a good step
+    guard.observe(4, {"train/skipped_updates": 2.0}, (skip, skip))
+    guard.observe(5, {"train/skipped_updates": 2.0}, ())  # a backend that reports only the count
+    assert guard.stuck
+    with pytest.raises(SkippedStepsError, match=r"2 steps in a row \(steps 4-5; train.max_skipped_steps=2\)"):
+        guard.check()
+    never = SkipGuard(0, 1)  # 0: never stops
+    assert not never.stuck and never.postfix() == {}
+
+
+def test_each_skipped_minibatch_is_a_ledger_row(tmp_path):
+    """A described skip is a row with its cause and site; one the update only counted is an ``unknown`` row."""
     skip = SkippedUpdate(0, "gradient", "norm nan", note="site not here")
     with Ledger(tmp_path / "ledger.duckdb") as ledger:
-        guard = SkipGuard(2, minibatches=2, ledger=ledger, run_id="r")
-        assert guard.observe(0, {"train/skipped_updates": 0.0}, ()) == {"train/skipped_in_row": 0.0}
-        assert guard.observe(1, {"train/skipped_updates": 1.0}, (skip,)) == {"train/skipped_in_row": 0.0}  # 1 of 2
-        assert guard.observe(2, {"train/skipped_updates": 2.0}, (skip, skip)) == {"train/skipped_in_row": 1.0}
-        assert guard.postfix() == {"skipped": "1/2"} and not guard.stuck
-        guard.check()  # one in a row: goes on
-        assert guard.observe(3, {}, ()) == {"train/skipped_in_row": 0.0} and guard.postfix() == {}  # a good step
-        guard.observe(4, {"train/skipped_updates": 2.0}, (skip, skip))
-        guard.observe(5, {"train/skipped_updates": 2.0}, ())  # a backend that reports only the count
-        assert guard.stuck
-        with pytest.raises(SkippedStepsError, match=r"2 steps in a row \(steps 4-5; train.max_skipped_steps=2\)"):
-            guard.check()
+        ledger.add_skipped_updates("r", 1, skipped_rows({"train/skipped_updates": 1.0}, (skip,)))
+        ledger.add_skipped_updates("r", 5, skipped_rows({"train/skipped_updates": 2.0}, ()))
+        assert skipped_rows({"train/skipped_updates": 0.0}, ()) == []
         rows = ledger.skipped_updates("r")
     assert [(r["step"], r["minibatch"], r["cause"]) for r in rows] == [
-        (1, 0, "gradient"), (2, 0, "gradient"), (2, 0, "gradient"), (4, 0, "gradient"), (4, 0, "gradient"),
-        (5, -1, "unknown"), (5, -1, "unknown")]
+        (1, 0, "gradient"), (5, -1, "unknown"), (5, -1, "unknown")]
     assert rows[0]["site"] == "site not here" and rows[0]["detail"] == "norm nan"
-    never = SkipGuard(0, 1, ledger=None, run_id="r")  # 0: never stops (and nothing to record without a skip)
-    assert not never.stuck and never.postfix() == {}
 
 
 def test_a_run_records_a_single_skipped_step_and_stops_after_k_in_a_row(smoke_cfg, monkeypatch):
