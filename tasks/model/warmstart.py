@@ -56,7 +56,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from tasks.data import arith
+from tasks.data import arith, arith_grade
 from tasks.data.prompts import PromptRecord
 from tasks.model.loading import build_tiny_model, build_tokenizer, format_prompt, save_policy
 from tasks.records.progress import progress_bar
@@ -315,7 +315,7 @@ def greedy_accuracy_by_level(
     """Greedy accuracy per difficulty level on arithmetic records (a tuning aid; evaluation is elsewhere).
 
     Prompts are grouped by length, left-padded, and decoded with ``model.generate`` (KV cache on);
-    completions are scored with ``arith.verify``.
+    completions are scored with ``arith_grade.verify``.
 
     Returns:
         ``{level: share of records solved}``; records without a level count under level 0.
@@ -332,6 +332,6 @@ def greedy_accuracy_by_level(
                              pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
         texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         for i, text in zip(idx, texts, strict=True):
-            right[records[i].level or 0].append(arith.verify(text, records[i].answer))
+            right[records[i].level or 0].append(arith_grade.verify(text, records[i].answer))
     model.train(was_training)
     return {lv: sum(v) / len(v) for lv, v in sorted(right.items())}
