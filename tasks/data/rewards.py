@@ -34,7 +34,8 @@ from fractions import Fraction
 from functools import lru_cache
 
 from tasks.data.prompts import REWARD_KINDS, PromptRecord
-from tasks.data.sandbox import CodeJob, Limits, run_tests, score_many
+from tasks.data.sandbox import CodeJob, run_tests, score_many
+from tasks.data.sandbox_confine import Limits
 
 #: Seconds math-verify may spend on one parse or comparison (main thread only; see module docstring).
 MATH_TIMEOUT_S = 5
