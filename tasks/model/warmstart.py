@@ -204,9 +204,25 @@ def warm_start(
     losses = _train(model, examples, tokenizer.pad_token_id, steps=steps, batch_size=batch_size, lr=lr,
                     warmup=warmup, seed=seed, progress=progress)
     model.eval()
+    meta = _publish(model, tokenizer, final, settings=settings, n_records=len(records_train), losses=losses, t0=t0)
+    log.info("warm start: %d steps in %.1f s, final loss %s -> %s", steps, meta["wall_s"], meta["final_loss"], final)
+    return final
 
-    tmp = out_dir / f".{fp}.tmp-{os.getpid()}"
-    for left in out_dir.glob(f".{fp}.tmp-*"):  # this one, and those of killed writers
+
+def _publish(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, final: Path, *, settings: dict,
+             n_records: int, losses: Sequence[float], t0: float) -> dict:
+    """Save the trained policy and its ``meta.json`` to ``final`` (``<cache root>/<fingerprint>``) atomically.
+
+    The policy is written to a hidden scratch folder beside it (after removing this process's and killed
+    writers' leftovers) and renamed into place; when another process finished the same fingerprint first, its
+    folder is kept. ``t0``: when the warm start began (``meta["wall_s"]`` counts from it).
+
+    Returns:
+        The meta written (fingerprint, code version, settings, counts, final loss, wall time, threads).
+    """
+    fp = final.name
+    tmp = final.parent / f".{fp}.tmp-{os.getpid()}"
+    for left in final.parent.glob(f".{fp}.tmp-*"):  # this one, and those of killed writers
         pid = left.name.rsplit("-", 1)[-1]
         if left == tmp or (pid.isdigit() and not _alive(int(pid))):
             shutil.rmtree(left, ignore_errors=True)
@@ -216,7 +232,7 @@ def warm_start(
         "fingerprint": fp,
         "code_version": CODE_VERSION,
         **settings,
-        "n_records": len(records_train),
+        "n_records": n_records,
         "n_params": sum(p.numel() for p in model.parameters()),
         "final_loss": sum(tail) / len(tail) if tail else None,
         "wall_s": round(time.perf_counter() - t0, 2),
@@ -229,8 +245,7 @@ def warm_start(
         shutil.rmtree(tmp, ignore_errors=True)
         if not (final / META_FILE).is_file():
             raise
-    log.info("warm start: %d steps in %.1f s, final loss %s -> %s", steps, meta["wall_s"], meta["final_loss"], final)
-    return final
+    return meta
 
 
 def shipped(fp: str) -> Path | None:
