@@ -38,7 +38,8 @@ class Limits:
             locked across processes; uids with an account are skipped).
         uid_slots: size of that pool (the most jobs that can run at once on the machine).
         network_namespace: try ``unshare(CLONE_NEWNET)``.
-        isolation: run the candidate under bubblewrap (see tasks/data/sandbox.py's module docstring) when ``bwrap`` is found.
+        isolation: run the candidate under bubblewrap (see tasks/data/sandbox.py's module docstring) when ``bwrap``
+            is found.
     """
 
     timeout_s: float = 10.0
@@ -178,7 +179,8 @@ def base_interpreter() -> str:
 
 
 def under_bubblewrap(argv: list[str], mounts: Sequence[Path], work: Path, root: bool) -> list[str]:
-    """``argv`` wrapped in bubblewrap (tasks/data/sandbox.py's module docstring), or unchanged when bwrap is missing or off.
+    """``argv`` wrapped in bubblewrap (tasks/data/sandbox.py's module docstring), or unchanged when bwrap is
+    missing or off.
 
     ``mounts``: files the candidate reads (its runner); ``work``: its working folder, the only writable one.
     """
