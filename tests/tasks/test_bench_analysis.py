@@ -341,6 +341,35 @@ def test_every_configuration_gets_its_own_colour_in_the_curves(tmp_path, monkeyp
     assert (tmp_path / "curves.png").stat().st_size > 0
 
 
+def test_write_report_writes_every_file_and_plots_the_completed_runs_ratio(tmp_path, monkeypatch):
+    """The effective-ratio plot has one line per configuration with a completed run (a failed run is left out),
+    at the seed mean of each step's ratio."""
+    import matplotlib.pyplot as plt
+
+    from tasks.bench.report import BenchRun, analyse, write_report
+
+    def run(name, seed, ratios, status="completed"):
+        rows = [{"step": i, "eval/accuracy": 0.3, "time/rollout_s": 1.0 + i, "rollout/generated": 8.0,
+                 "train/effective_ratio": r} for i, r in enumerate(ratios)]
+        return BenchRun(name, seed, {"status": status, "eval_accuracy_start": 0.2, "steps": len(ratios),
+                                     "eval_accuracy_end": 0.3}, rows)
+
+    runs = [run("grpo", 0, [0.2, 0.4]), run("grpo", 1, [0.4, 0.6]), run("dots", 0, [0.5, 0.5]),
+            run("broken", 0, [0.9, 0.9], status="failed")]
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figures to look at their lines
+    files = write_report(tmp_path, runs, analyse(runs), {"grpo": [{"round": 0, "level": 1, "pred_success": None}]},
+                         {"seeds": 2})
+    assert [f.name for f in files] == ["results.md", "results.json", "accuracy_curves.png", "effective_ratio.png",
+                                       "selected_difficulty.png"]
+    assert all(f.stat().st_size > 0 for f in files)
+    lines = {ln.get_label(): ln for ln in figures[1].axes[0].get_lines()}
+    assert set(lines) == {"grpo", "dots"}
+    assert list(lines["grpo"].get_xdata()) == [1, 2]
+    assert list(lines["grpo"].get_ydata()) == pytest.approx([0.3, 0.5])  # seed means; too few steps to smooth
+    assert (tmp_path / "results.md").read_text().startswith("# rlsift benchmark\n\n- seeds: 2\n")
+
+
 def test_overlap_split_is_the_step_against_the_slower_side_hand_worked():
     """Two overlapped steps (the evaluation step and a sequential run's rows are left out): limit = mean of
     max(draw, update) = (0.5 + 0.4) / 2, step / limit = 0.55 / 0.45."""
