@@ -1,5 +1,5 @@
-"""The benchmark report's Markdown: plain verdicts, the verdict, results, cost, level, step-time, overlap and plan
-tables, from the aggregates :func:`tasks.bench.report.analyse` returns."""
+"""The benchmark report's Markdown (``results.md``): the verdicts in plain words, then the verdict, results, cost,
+per-level, step-time, overlap and plan tables, from the aggregates :func:`tasks.bench.report.analyse` returns."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from tasks.bench import comparison as bc
 
 
 def _f(x, fmt: str = ".3f", none: str = "-") -> str:
+    """A table cell's number: ``none`` for None or NaN, ``inf`` for infinity, else ``format(x, fmt)``."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return none
     if isinstance(x, float) and math.isinf(x):
