@@ -26,7 +26,8 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 import torch  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
-from tasks.model.forward import CompletionIndex, chunked_head, pack, token_logprobs  # noqa: E402
+from tasks.model.forward import pack, token_logprobs  # noqa: E402
+from tasks.model.logprob_head import CompletionIndex, chunked_head  # noqa: E402
 from tasks.update.policy_update import gradient_checkpointing  # noqa: E402
 
 #: Qwen2.5-1.5B's config.json (as infra/gpu-bench.py) and a 2-layer CPU twin.

@@ -1,3 +1,4 @@
-"""The benchmark's parts: time-to-target arithmetic (``analysis``), the report with its tables and plots
-(``report``) and the outside control, TRL's GRPOTrainer on identical work (``trl_control``).
+"""The benchmark's parts: time-to-target arithmetic (``analysis``), the verdicts of an arm against the baseline
+(``comparison``), the report (``report``) with its tables (``tables``) and plots (``plots``), and the outside
+control, TRL's GRPOTrainer on identical work (``trl_control``).
 """

@@ -10,7 +10,7 @@ arm that is not our code. What it shares with our runs:
   ``tasks.model.loading.format_prompt`` (chat template and system prompt when the tokenizer has one). Prompts are
   tokenized exactly as ``tasks.generation.rollout.HFEngine`` does (``rollout.add_special``: BOS in the plain
   format, nothing added under a chat template): ``_ControlTrainer`` overrides TRL's ``_tokenize_prompts``.
-- **Reward**: ``tasks.data.rewards.batch_rewards`` on the prompt's record (``arith.verify`` for the bundled task).
+- **Reward**: ``tasks.data.rewards.batch_rewards`` on the prompt's record (``arith_grade.verify`` for the bundled task).
 - **Budget**: ``train.steps`` optimizer steps, each on ``train.prompts_per_step`` prompts x ``rollout.n``
   completions (one generation per step: ``steps_per_generation=1``, ``num_iterations=1``).
 - **Loss and optimizer**: ``train.aggregation`` token -> ``loss_type="dapo"`` (token-level, normalised by

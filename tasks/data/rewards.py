@@ -13,7 +13,7 @@ Kinds (``tasks.data.prompts.REWARD_KINDS``):
 * ``numeric`` (GSM8K): the number after the last ``####``, else the last number inside the last
   ``\\boxed{}``, else the last number in the completion; thousands commas stripped; compared exactly
   as ``fractions.Fraction`` (so ``72``, ``72.0`` and ``$72`` agree).
-* ``arith``: delegated to ``tasks.data.arith.verify(completion, answer)`` (imported lazily).
+* ``arith``: delegated to ``tasks.data.arith_grade.verify(completion, answer)`` (imported lazily).
 * ``code``: the completion is turned into a program (``program_from_completion``) and run with the
   record's test code in ``tasks.data.sandbox``; 1.0 only for the verdict ``passed``.
 
@@ -34,7 +34,8 @@ from fractions import Fraction
 from functools import lru_cache
 
 from tasks.data.prompts import REWARD_KINDS, PromptRecord
-from tasks.data.sandbox import CodeJob, Limits, run_tests, score_many
+from tasks.data.sandbox import CodeJob, run_tests, score_many
+from tasks.data.sandbox_confine import Limits
 
 #: Seconds math-verify may spend on one parse or comparison (main thread only; see module docstring).
 MATH_TIMEOUT_S = 5
@@ -187,7 +188,7 @@ def reward(kind: str, completion: str, record: PromptRecord, limits: Limits | No
     if kind == "numeric":
         return numeric_reward(completion, record.answer)
     if kind == "arith":
-        from tasks.data.arith import verify as arith_verify
+        from tasks.data.arith_grade import verify as arith_verify
 
         return float(arith_verify(completion, record.answer))
     job = _code_job(completion, record)

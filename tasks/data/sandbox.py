@@ -70,22 +70,22 @@ group is killed, and the candidate runs as the checker's user (it could signal i
 or, where ptrace is allowed between a user's processes, ptrace it: the audit hook refuses ``ctypes``).
 Calls pass arguments by value: a test that relies on the candidate mutating an argument in place does not
 see the mutation (no HumanEval test does). The checker runs the dataset's tests without the confinement.
+
+The host's side of the confinement (:class:`~tasks.data.sandbox_confine.Limits`, the uid pool and sweep, the
+rlimits, bubblewrap) is in tasks/data/sandbox_confine.py; the two child programs are in
+tasks/data/sandbox_programs.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
-import logging
 import os
-import pwd
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -93,6 +93,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.data import sandbox_programs as programs
+from tasks.data.sandbox_confine import Limits, base_interpreter, rlimits, sweep_uid, uid_pool, under_bubblewrap
 
 VERDICTS = ("passed", "failed", "timeout", "crashed")
 
@@ -100,43 +101,6 @@ VERDICTS = ("passed", "failed", "timeout", "crashed")
 _EXIT_FAILED = 1
 _EXIT_SETUP = 3
 
-@dataclass(frozen=True)
-class Limits:
-    """Resource limits for one sandboxed job.
-
-    Attributes:
-        timeout_s: wall-clock limit; the process group is SIGKILLed after it.
-        cpu_s: RLIMIT_CPU soft limit in seconds (hard = soft + 1); None means ``int(timeout_s) + 2``.
-        memory_bytes: RLIMIT_AS (address space).
-        file_bytes: RLIMIT_FSIZE: largest file the job may write, which also caps stdout and stderr.
-        max_processes: RLIMIT_NPROC budget (processes and threads) for the job.
-        max_open_files: RLIMIT_NOFILE.
-        stderr_tail_chars: how much of the end of stderr the verdict keeps.
-        uid_base: first uid of the pool used when running as root (one uid per concurrent job,
-            locked across processes; uids with an account are skipped).
-        uid_slots: size of that pool (the most jobs that can run at once on the machine).
-        network_namespace: try ``unshare(CLONE_NEWNET)``.
-        isolation: run the candidate under bubblewrap (see the module docstring) when ``bwrap`` is found.
-    """
-
-    timeout_s: float = 10.0
-    cpu_s: int | None = None
-    memory_bytes: int = 1 << 30
-    file_bytes: int = 4 << 20
-    max_processes: int = 32
-    max_open_files: int = 64
-    stderr_tail_chars: int = 2000
-    uid_base: int = 61000
-    uid_slots: int = 64
-    network_namespace: bool = True
-    isolation: bool = True
-
-    def __post_init__(self) -> None:
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
-        for name in ("memory_bytes", "file_bytes", "max_processes", "max_open_files", "uid_slots"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -164,151 +128,6 @@ class CodeJob:
     context: str = ""
 
 
-class _UidPool:
-    """Hands out one unprivileged uid per concurrent job (only used when running as root).
-
-    Uids that belong to an account are skipped. A uid is held with an exclusive ``flock`` on a file
-    in a root-only folder, so sandboxes in other processes never share (or sweep) a uid in use.
-    """
-
-    def __init__(self, base: int, slots: int) -> None:
-        self.uids = [u for u in range(base, base + slots) if not _has_account(u)]
-        if not self.uids:
-            raise ValueError(f"every uid in [{base}, {base + slots}) belongs to an account; change uid_base")
-        self._dir = Path(tempfile.gettempdir()) / "rlsift-sandbox-uids"
-        self._dir.mkdir(mode=0o700, exist_ok=True)
-        self._lock = threading.Lock()
-        self._held: dict[int, int] = {}
-
-    def acquire(self) -> int:
-        while True:
-            with self._lock:
-                for uid in self.uids:
-                    if uid in self._held:
-                        continue
-                    fd = os.open(self._dir / f"{uid}.lock", os.O_CREAT | os.O_RDWR, 0o600)
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    except BlockingIOError:
-                        os.close(fd)
-                        continue
-                    self._held[uid] = fd
-                    return uid
-            time.sleep(0.02)
-
-    def release(self, uid: int) -> None:
-        with self._lock:
-            fd = self._held.pop(uid)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-
-
-def _has_account(uid: int) -> bool:
-    try:
-        pwd.getpwuid(uid)
-        return True
-    except KeyError:
-        return False
-
-
-_POOLS: dict[tuple[int, int], _UidPool] = {}
-_POOLS_LOCK = threading.Lock()
-
-
-def _pool(limits: Limits) -> _UidPool:
-    key = (limits.uid_base, limits.uid_slots)
-    with _POOLS_LOCK:
-        if key not in _POOLS:
-            _POOLS[key] = _UidPool(*key)
-        return _POOLS[key]
-
-
-def _processes_of(uid: int) -> list[int]:
-    """Pids of live (not zombie) processes whose real uid is ``uid`` (from /proc)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as fh:
-                status = dict(line.split(":", 1) for line in fh if ":" in line)
-        except OSError:
-            continue
-        state, uids = status.get("State", "").split(), status.get("Uid", "").split()
-        if uids and int(uids[0]) == uid and state and state[0] not in ("Z", "X"):
-            pids.append(int(entry))
-    return pids
-
-
-def _sweep_uid(uid: int) -> None:
-    """SIGKILL every process whose real uid is ``uid``, in rounds until none is left.
-
-    Each round kills every process seen, so a survivor can only be one forked during the round by
-    a process that is now dead; RLIMIT_NPROC bounds how many such there are.
-    """
-    for _ in range(100):
-        pids = _processes_of(uid)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.005)
-    raise RuntimeError(f"could not kill the processes of sandbox uid {uid}: {_processes_of(uid)}")
-
-
-def _rlimits(limits: Limits, uid: int | None) -> list[tuple[str, int, int]]:
-    cpu = limits.cpu_s if limits.cpu_s is not None else int(limits.timeout_s) + 2
-    nproc = limits.max_processes
-    if uid is None:  # RLIMIT_NPROC counts all of this user's processes: leave room for the existing ones
-        nproc += len(_processes_of(os.getuid()))
-    return [("RLIMIT_CPU", cpu, cpu + 1), ("RLIMIT_AS", limits.memory_bytes, limits.memory_bytes),
-            ("RLIMIT_FSIZE", limits.file_bytes, limits.file_bytes), ("RLIMIT_NPROC", nproc, nproc),
-            ("RLIMIT_NOFILE", limits.max_open_files, limits.max_open_files), ("RLIMIT_CORE", 0, 0)]
-
-
-#: System directories the isolated candidate sees (read-only); the rest of the host's tree is not there.
-_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-_warned_no_bwrap = False
-
-
-def _interpreter() -> str:
-    """The base Python interpreter (not a virtual environment's link to it): with ``-I`` the runner needs
-    only the standard library, so neither the venv nor the checkout that may hold it must be visible."""
-    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
-
-
-def _isolated(argv: list[str], mounts: Sequence[Path], work: Path, root: bool) -> list[str]:
-    """``argv`` wrapped in bubblewrap (module docstring), or unchanged when bwrap is missing or off.
-
-    ``mounts``: files the candidate reads (its runner); ``work``: its working folder, the only writable one.
-    """
-    global _warned_no_bwrap
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        if not _warned_no_bwrap:
-            _warned_no_bwrap = True
-            logging.getLogger("rlsift.sandbox").warning(
-                "bubblewrap (bwrap) not found: sandboxed code runs without operating-system isolation "
-                "(install Debian's 'bubblewrap'; README, 'Code rewards')")
-        return argv
-    out = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
-           "--unshare-uts", "--unshare-cgroup-try"]
-    out += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if root else ["--unshare-user"]
-    for d in _SYSTEM_DIRS:
-        if os.path.islink(d):
-            out += ["--symlink", os.readlink(d), d]
-        elif os.path.isdir(d):
-            out += ["--ro-bind", d, d]
-    prefix = os.path.realpath(sys.base_prefix)
-    if not prefix.startswith("/usr/"):
-        out += ["--ro-bind", prefix, prefix]
-    out += ["--proc", "/proc", "--dev", "/dev"]
-    for m in mounts:
-        out += ["--ro-bind", str(m), str(m)]
-    return [*out, "--bind", str(work), str(work), "--chdir", str(work), "--", *argv]
 
 
 def _tail(path: Path, chars: int) -> str:
@@ -345,31 +164,66 @@ def run_tests(program: str, test: str, entry_point: str, timeout_s: float | None
     if not entry_point.isidentifier():
         raise ValueError(f"entry_point must be a Python identifier, got {entry_point!r}")
     root = os.geteuid() == 0
-    pool = _pool(limits) if root else None
+    pool = uid_pool(limits) if root else None
     uid = pool.acquire() if pool else None
     base = Path(tempfile.mkdtemp(prefix="rlsift-sandbox-"))
-    fds: list[int] = []
     try:
-        os.chmod(base, 0o711)
-        work, checks = base / "w", base / "c"
-        work.mkdir(mode=0o700)
-        checks.mkdir(mode=0o700)
-        if uid is not None:
-            os.chown(work, uid, uid)
-        (base / "runner.py").write_text(programs.CODEC + programs.RUNNER)
-        (base / "checker.py").write_text(programs.CODEC + programs.CHECKER)
-        req_r, req_w = os.pipe()  # checker -> candidate: calls
-        resp_r, resp_w = os.pipe()  # candidate -> checker: results
-        fds = [req_r, req_w, resp_r, resp_w]
-        cfg = {"netns": limits.network_namespace, "rlimits": _rlimits(limits, uid), "uid": uid,
+        end = _run_job(CodeJob(program, test, entry_point, context), base, limits, uid, root)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        if pool is not None and uid is not None:
+            pool.release(uid)
+    return _verdict(end, limits)
+
+
+@dataclass(frozen=True)
+class _JobEnd:
+    """How the two processes of one job ended.
+
+    Attributes:
+        timed_out: the checker outlived the wall-clock limit and was killed.
+        checker_rc: the checker's exit status.
+        candidate_rc: the candidate's exit status (negative: the signal that ended it), or None when it was
+            still running after the checker ended (or the job timed out).
+        seconds: wall time from starting the candidate to the checker's end.
+        stderr_tail, checker_tail: the ends of the candidate's and the checker's stderr.
+    """
+
+    timed_out: bool
+    checker_rc: int
+    candidate_rc: int | None
+    seconds: float
+    stderr_tail: str
+    checker_tail: str
+
+
+def _run_job(job: CodeJob, base: Path, limits: Limits, uid: int | None, root: bool) -> _JobEnd:
+    """Run the candidate and the checker of ``job`` in the folder ``base``, wait for them and kill what is left.
+
+    The candidate runs as ``uid`` when given (the parent is root); its working folder is ``base/w``, the
+    checker's ``base/c``. They talk through two pipes that only the two children hold.
+    """
+    os.chmod(base, 0o711)
+    work, checks = base / "w", base / "c"
+    work.mkdir(mode=0o700)
+    checks.mkdir(mode=0o700)
+    if uid is not None:
+        os.chown(work, uid, uid)
+    (base / "runner.py").write_text(programs.CODEC + programs.RUNNER)
+    (base / "checker.py").write_text(programs.CODEC + programs.CHECKER)
+    req_r, req_w = os.pipe()  # checker -> candidate: calls
+    resp_r, resp_w = os.pipe()  # candidate -> checker: results
+    fds = [req_r, req_w, resp_r, resp_w]
+    try:
+        cfg = {"netns": limits.network_namespace, "rlimits": rlimits(limits, uid), "uid": uid,
                "req_fd": req_r, "resp_fd": resp_w}
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(work),
                "TMPDIR": str(work)}
         with open(base / "out", "wb") as out, open(base / "err", "wb") as err, \
                 open(base / "check-err", "wb") as check_err:
             t0 = time.perf_counter()
-            argv = [_interpreter(), "-I", "-B", str(base / "runner.py"), json.dumps(cfg)]
-            wrapped = _isolated(argv, [base / "runner.py"], work, root) if limits.isolation else argv
+            argv = [base_interpreter(), "-I", "-B", str(base / "runner.py"), json.dumps(cfg)]
+            wrapped = under_bubblewrap(argv, [base / "runner.py"], work, root) if limits.isolation else argv
             isolated, argv = wrapped is not argv, wrapped
             cand = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=work, env=env,
                                     start_new_session=True, close_fds=True, pass_fds=(req_r, resp_w))
@@ -382,51 +236,65 @@ def run_tests(program: str, test: str, entry_point: str, timeout_s: float | None
             for fd in fds:  # only the two children hold the pipes: either one ending ends the other's reads
                 os.close(fd)
             fds = []
-            _send(cand, {"program": program, "entry_point": entry_point})
-            _send(checker, {"context": context, "test": test, "entry_point": entry_point})
-            timed_out = False
-            try:
-                rc = checker.wait(timeout=limits.timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _killpg(checker.pid)
-                rc = checker.wait()
-            cand_rc = None
-            if not timed_out:
-                try:  # the candidate ends when the checker closes its end of the calls
-                    cand_rc = cand.wait(timeout=1.0)
-                except subprocess.TimeoutExpired:
-                    pass
+            _send(cand, {"program": job.program, "entry_point": job.entry_point})
+            _send(checker, {"context": job.context, "test": job.test, "entry_point": job.entry_point})
+            timed_out, rc, cand_rc = _wait(cand, checker, limits.timeout_s, isolated)
             seconds = time.perf_counter() - t0
-            if isolated and cand_rc is not None and cand_rc > 128:  # bwrap reports its child's signal as 128 + n
-                cand_rc = 128 - cand_rc
             _killpg(cand.pid)
             cand.wait()
             _killpg(checker.pid)
         if uid is not None:
-            _sweep_uid(uid)
-        tail = _tail(base / "err", limits.stderr_tail_chars)
-        check_tail = _tail(base / "check-err", limits.stderr_tail_chars)
+            sweep_uid(uid)
+        return _JobEnd(timed_out, rc, cand_rc, seconds, _tail(base / "err", limits.stderr_tail_chars),
+                       _tail(base / "check-err", limits.stderr_tail_chars))
     finally:
         for fd in fds:
             os.close(fd)
-        shutil.rmtree(base, ignore_errors=True)
-        if pool is not None and uid is not None:
-            pool.release(uid)
-    if timed_out or cand_rc == -signal.SIGXCPU:
+
+
+def _wait(cand: subprocess.Popen, checker: subprocess.Popen, timeout_s: float,
+          isolated: bool) -> tuple[bool, int, int | None]:
+    """Wait for the checker (killing it after ``timeout_s``), then briefly for the candidate.
+
+    Returns:
+        (timed out, the checker's exit status, the candidate's exit status or None while it still runs); a
+        candidate under bubblewrap that a signal ended gets that signal's negative number, as without it.
+    """
+    timed_out = False
+    try:
+        rc = checker.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _killpg(checker.pid)
+        rc = checker.wait()
+    cand_rc = None
+    if not timed_out:
+        try:  # the candidate ends when the checker closes its end of the calls
+            cand_rc = cand.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+    if isolated and cand_rc is not None and cand_rc > 128:  # bwrap reports its child's signal as 128 + n
+        cand_rc = 128 - cand_rc
+    return timed_out, rc, cand_rc
+
+
+def _verdict(end: _JobEnd, limits: Limits) -> Verdict:
+    """The verdict of a job from how its processes ended (see :func:`run_tests`)."""
+    tail = end.stderr_tail
+    if end.timed_out or end.candidate_rc == -signal.SIGXCPU:
         verdict = "timeout"
-    elif cand_rc == _EXIT_SETUP:
+    elif end.candidate_rc == _EXIT_SETUP:
         verdict, tail = "crashed", "sandbox setup failed:\n" + tail
-    elif cand_rc is not None and cand_rc < 0:
+    elif end.candidate_rc is not None and end.candidate_rc < 0:
         verdict = "crashed"
-    elif rc == 0:
+    elif end.checker_rc == 0:
         verdict = "passed"
-    elif rc == _EXIT_FAILED:
+    elif end.checker_rc == _EXIT_FAILED:
         verdict = "failed"
     else:
         verdict = "crashed"
-    joined = "\n".join(t for t in (tail, check_tail) if t)[-limits.stderr_tail_chars:]
-    return Verdict(verdict=verdict, seconds=seconds, stderr_tail=joined, returncode=rc)
+    joined = "\n".join(t for t in (tail, end.checker_tail) if t)[-limits.stderr_tail_chars:]
+    return Verdict(verdict=verdict, seconds=end.seconds, stderr_tail=joined, returncode=end.checker_rc)
 
 
 def _send(proc: subprocess.Popen, job: dict) -> None:

@@ -42,9 +42,10 @@ shape (28 layers, 2 KV heads of 128) in bf16 at 512 rows x (128 + 512): 9.4 GB.
 Exactness: greedy decoding is ``generate``'s token for token and the drawn tokens' log-probs the trainer's
 (tests/tasks/test_decode.py). Padding to a larger ``P`` or bucket only adds masked columns and discarded rows.
 Deviation: positions are the attention mask's cumulative sum (as ``tasks.model.forward.pack``); transformers'
-mask construction and cache classes are bypassed (the model gets a 4-D mask and this module's cache), so only
-decoder models whose attention calls ``past_key_values.update(keys, values, layer_idx, ...)`` are supported
-(Llama, Qwen2, Qwen3, Mistral and the like; not sliding-window or linear-attention layers).
+mask construction and cache classes are bypassed (the model gets a 4-D mask and the loop's own cache,
+tasks/generation/slot_cache.py), so only decoder models whose attention calls
+``past_key_values.update(keys, values, layer_idx, ...)`` are supported (Llama, Qwen2, Qwen3, Mistral and the like;
+not sliding-window or linear-attention layers).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ import torch
 
 from tasks.generation.capture import CapturePolicy, capture, capture_mode, world_size
 from tasks.generation.sampling import Sampling, row_keys, sample_next, step_keys
+from tasks.generation.slot_cache import SlotCache
 
 
 @dataclass(frozen=True)
@@ -102,43 +104,6 @@ class DecodeOptions:
 def buckets(rows: int) -> list[int]:
     """The row counts a batch of ``rows`` is compacted to: powers of two below ``rows``, then ``rows``."""
     return [1 << i for i in range(max(rows - 1, 0).bit_length()) if 1 << i < rows] + [rows]
-
-
-class SlotCache:
-    """Keys and values of every layer in buffers written in place at the columns ``slot`` (a device tensor); the
-    model sees the first ``rows`` rows. What transformers' attention layers call: ``update`` (and, in some
-    versions, ``get_seq_length`` to make positions we pass anyway). Buffers are allocated at the first ``update``
-    of each layer (``length`` columns) unless given."""
-
-    is_compileable = True
-
-    def __init__(self, rows: int, length: int, keys: list[torch.Tensor] | None = None,
-                 values: list[torch.Tensor] | None = None):
-        self.rows, self.length = rows, length
-        self.width: int | None = None  # columns the attention reads (None: all)
-        self.keys: list[torch.Tensor] = keys if keys is not None else []
-        self.values: list[torch.Tensor] = values if values is not None else []
-        self.slot: torch.Tensor | None = None
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """Write ``[rows, H_kv, q, D]`` keys and values at the columns ``slot`` (q of them) of layer
-        ``layer_idx``; return that layer's ``[rows, H_kv, width, D]`` keys and values (``width`` default ``S``)."""
-        if layer_idx == len(self.keys):  # allocate lazily, as the prefill meets each layer
-            shape = (self.rows, key_states.shape[1], self.length)
-            self.keys.append(key_states.new_zeros(*shape, key_states.shape[-1]))
-            self.values.append(value_states.new_zeros(*shape, value_states.shape[-1]))
-        k, v = self.keys[layer_idx][:self.rows], self.values[layer_idx][:self.rows]
-        k.index_copy_(2, self.slot, key_states)
-        v.index_copy_(2, self.slot, value_states)
-        if self.width is not None:
-            return k[:, :, :self.width], v[:, :, :self.width]
-        return k, v
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return 0
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -321,14 +286,7 @@ class Decoder:
         am = attention_mask.bool()
         pos = (am.long().cumsum(-1) - 1).clamp(min=0)
 
-        # prefill: each prompt once, into its own cache
-        pre = SlotCache(b, p)
-        pre.slot = torch.arange(p, device=device)
-        causal = torch.ones(p, p, dtype=torch.bool, device=device).tril()
-        mask4 = _additive(causal[None, None] & am[:, None, None, :], self.model.get_input_embeddings().weight.dtype)
-        logits = self.model(input_ids=input_ids, attention_mask=mask4, position_ids=pos, past_key_values=pre,
-                            use_cache=True, logits_to_keep=1).logits[:, -1]
-        del mask4
+        logits, pre = self._prefill(input_ids, am, pos)
         p_alloc = -(-p // opts.prompt_multiple) * opts.prompt_multiple
         if not self._fits(r, p_alloc, t_max, pre, opts.width_multiple):
             self._allocate(r, p_alloc, t_max, pre, opts.width_multiple)
@@ -379,6 +337,18 @@ class Decoder:
             raise FloatingPointError(f"decode: the model's logits were NaN for {int(logp_out.isnan().sum())} of the "
                                      f"drawn tokens ({r} rows); its weights are not finite")
         return ids, logp_out
+
+    def _prefill(self, input_ids: torch.Tensor, am: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, SlotCache]:
+        """Each of the B prompts [B, P] once through the model, into a cache of its own (``am``: [B, P] bool, the
+        real tokens; ``pos``: [B, P] their positions). Returns the last position's logits [B, V] and that cache."""
+        b, p = input_ids.shape
+        pre = SlotCache(b, p)
+        pre.slot = torch.arange(p, device=input_ids.device)
+        causal = torch.ones(p, p, dtype=torch.bool, device=input_ids.device).tril()
+        mask4 = _additive(causal[None, None] & am[:, None, None, :], self.model.get_input_embeddings().weight.dtype)
+        logits = self.model(input_ids=input_ids, attention_mask=mask4, position_ids=pos, past_key_values=pre,
+                            use_cache=True, logits_to_keep=1).logits[:, -1]
+        return logits, pre
 
     def _compact(self, m: int, smaller: int) -> None:
         """Gather the live rows (and finished ones to fill the bucket) to the front of every buffer."""

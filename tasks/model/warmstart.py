@@ -56,7 +56,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from tasks.data import arith
+from tasks.data import arith, arith_grade
 from tasks.data.prompts import PromptRecord
 from tasks.model.loading import build_tiny_model, build_tokenizer, format_prompt, save_policy
 from tasks.records.progress import progress_bar
@@ -204,9 +204,25 @@ def warm_start(
     losses = _train(model, examples, tokenizer.pad_token_id, steps=steps, batch_size=batch_size, lr=lr,
                     warmup=warmup, seed=seed, progress=progress)
     model.eval()
+    meta = _publish(model, tokenizer, final, settings=settings, n_records=len(records_train), losses=losses, t0=t0)
+    log.info("warm start: %d steps in %.1f s, final loss %s -> %s", steps, meta["wall_s"], meta["final_loss"], final)
+    return final
 
-    tmp = out_dir / f".{fp}.tmp-{os.getpid()}"
-    for left in out_dir.glob(f".{fp}.tmp-*"):  # this one, and those of killed writers
+
+def _publish(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, final: Path, *, settings: dict,
+             n_records: int, losses: Sequence[float], t0: float) -> dict:
+    """Save the trained policy and its ``meta.json`` to ``final`` (``<cache root>/<fingerprint>``) atomically.
+
+    The policy is written to a hidden scratch folder beside it (after removing this process's and killed
+    writers' leftovers) and renamed into place; when another process finished the same fingerprint first, its
+    folder is kept. ``t0``: when the warm start began (``meta["wall_s"]`` counts from it).
+
+    Returns:
+        The meta written (fingerprint, code version, settings, counts, final loss, wall time, threads).
+    """
+    fp = final.name
+    tmp = final.parent / f".{fp}.tmp-{os.getpid()}"
+    for left in final.parent.glob(f".{fp}.tmp-*"):  # this one, and those of killed writers
         pid = left.name.rsplit("-", 1)[-1]
         if left == tmp or (pid.isdigit() and not _alive(int(pid))):
             shutil.rmtree(left, ignore_errors=True)
@@ -216,7 +232,7 @@ def warm_start(
         "fingerprint": fp,
         "code_version": CODE_VERSION,
         **settings,
-        "n_records": len(records_train),
+        "n_records": n_records,
         "n_params": sum(p.numel() for p in model.parameters()),
         "final_loss": sum(tail) / len(tail) if tail else None,
         "wall_s": round(time.perf_counter() - t0, 2),
@@ -229,8 +245,7 @@ def warm_start(
         shutil.rmtree(tmp, ignore_errors=True)
         if not (final / META_FILE).is_file():
             raise
-    log.info("warm start: %d steps in %.1f s, final loss %s -> %s", steps, meta["wall_s"], meta["final_loss"], final)
-    return final
+    return meta
 
 
 def shipped(fp: str) -> Path | None:
@@ -315,7 +330,7 @@ def greedy_accuracy_by_level(
     """Greedy accuracy per difficulty level on arithmetic records (a tuning aid; evaluation is elsewhere).
 
     Prompts are grouped by length, left-padded, and decoded with ``model.generate`` (KV cache on);
-    completions are scored with ``arith.verify``.
+    completions are scored with ``arith_grade.verify``.
 
     Returns:
         ``{level: share of records solved}``; records without a level count under level 0.
@@ -332,6 +347,6 @@ def greedy_accuracy_by_level(
                              pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
         texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         for i, text in zip(idx, texts, strict=True):
-            right[records[i].level or 0].append(arith.verify(text, records[i].answer))
+            right[records[i].level or 0].append(arith_grade.verify(text, records[i].answer))
     model.train(was_training)
     return {lv: sum(v) / len(v) for lv, v in sorted(right.items())}

@@ -2,5 +2,6 @@
 
 ``features`` (the score stage: one forward pass over the pool gives each prompt's embedding, GAIN-RL's angle
 concentration and its static features), ``selector`` (ScalingRL's pool -> GAIN-RL's window -> DOTS's draw, round by
-round) and ``screen`` (the likelihood screen: the policy's chance of writing a prompt's worked solution).
+round), ``dots`` (DOTS's pool weights from its predictions, and its round's metrics) and ``screen`` (the likelihood
+screen: the policy's chance of writing a prompt's worked solution).
 """

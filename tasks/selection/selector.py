@@ -12,9 +12,9 @@ Each round (every ``train.round_steps`` = mu steps):
    angle-concentration order. ``mode=gate`` keeps the ``gate_width`` share of the active pool with the
    highest window probability (DOTS then chooses inside the gate); ``mode=prior`` multiplies the selection
    weights by ``window_prob ** prior_lambda``. Without DOTS, prompts are drawn from the window itself.
-3. **DOTS** (``select.method=dots``, rlcore/difficulty.py + rlcore/selection.py): K reference prompts
-   drawn from the active pool are rolled out G times with the current policy; the predictor is labelled
-   with half of them, fitted, scored on the other half (``select/pred_pearson``: held out of the fit),
+3. **DOTS** (``select.method=dots``, rlcore/difficulty.py + rlcore/selection.py, tasks/selection/dots.py): K
+   reference prompts drawn from the active pool are rolled out G times with the current policy; the predictor is
+   labelled with half of them, fitted, scored on the other half (``select/pred_pearson``: held out of the fit),
    then labelled with the rest; the pool's success rates are predicted with the whole reference set as
    context and prompts are weighted by exp(-|d - alpha| / tau) (``select.weighting=target``), or by the chance
    that their group has unequal rewards (``informative``, rlcore.selection.informative_weights), or by that
@@ -53,20 +53,13 @@ from rlcore.difficulty import AttentionDifficultyPredictor, pearson
 from rlcore.gain_sampler import GaussianWindowSampler
 from rlcore.pass_rate_posterior import fit_concentration
 from rlcore.seeding import derive_seed
-from rlcore.selection import (
-    dots_weights,
-    informative_weights,
-    observed_informative_weights,
-    posterior_informative_weights,
-    sample_prompts,
-    screen,
-    uniform_weights,
-)
+from rlcore.selection import sample_prompts, screen, uniform_weights
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.records.ledger import ReferenceRow, SelectionRow
 from tasks.calibration.record import Calibration
 from tasks.calibration.reference import Measure, random_reference, reference_rollouts
+from tasks.selection.dots import pool_weights, reference_metrics
 from tasks.selection.features import Features
 from tasks.selection.screen import Likelihood, require_solutions
 
@@ -168,7 +161,9 @@ class Selector:
                 seen = torch.tensor(self.seen_groups, dtype=torch.float64).reshape(-1, 5)  # [N, 5]
                 self.concentration = fit_concentration(*seen.T)
                 metrics["select/concentration"] = self.concentration
-            self.probs = self._dots_weights(prior, active)
+            self.probs = pool_weights(cfg.select, cfg.rollout.n, self.pred, prior, active,
+                                      evidence=self.round_evidence, concentration=self.concentration,
+                                      seen_pred=self.seen_pred, seen_informative=self.seen_informative)
         elif self.window is not None:
             self.probs = (self.info["gain_window"].double() * active).clamp_min(0)
             self.probs = self.probs / self.probs.sum()
@@ -211,21 +206,7 @@ class Selector:
             for j, (i, y) in enumerate(zip(ref.tolist(), labels.tolist(), strict=True))])
         mae = float((held_pred - labels[half:]).abs().mean()) if len(hold) else float("nan")
         return {"select/pred_pearson": r, "select/pred_mae": mae,
-                **self._reference_metrics(labels, k * cfg.calibrate.g, fit_stats)}
-
-    def _dots_weights(self, prior: torch.Tensor | None, active: torch.Tensor) -> torch.Tensor:
-        """[M] selection probabilities from the round's predictions (``select.weighting``)."""
-        sc, pred = self.cfg.select, self.pred.clamp(0, 1)
-        if sc.weighting == "target":
-            return dots_weights(pred, alpha=sc.alpha, tau=sc.tau, prior=prior, mask=active)
-        if sc.weighting == "posterior":
-            return posterior_informative_weights(pred, self.cfg.rollout.n, *self.round_evidence,
-                                                 concentration=self.concentration, prior=prior, mask=active)
-        if sc.weighting == "informative" or not self.seen_pred:
-            return informative_weights(pred, self.cfg.rollout.n, prior=prior, mask=active)
-        return observed_informative_weights(pred, self.cfg.rollout.n, torch.tensor(self.seen_pred),
-                                            torch.tensor(self.seen_informative), bins=sc.observed_bins,
-                                            strength=sc.observed_strength, prior=prior, mask=active)
+                **reference_metrics(self.predictor, labels, k * cfg.calibrate.g, fit_stats)}
 
     def _fit(self, round_: int) -> dict[str, float]:
         """Train the predictor's towers on every label so far, once it has ``select.predictor.min_labels``."""
@@ -240,15 +221,7 @@ class Selector:
         labels = self.last_success[ref].float()  # [K]
         fit_stats = self._fit(round_)
         self.pred = self.predictor.predict(self.emb, self.emb[ref], labels)
-        return {"select/reference_size": float(len(ref)), **self._reference_metrics(labels, 0, fit_stats)}
-
-    def _reference_metrics(self, labels: torch.Tensor, rollouts: int, fit_stats: dict[str, float]) -> dict[str, float]:
-        """A round's reference set: [K] success rates, the rollouts it cost, and the predictor's fit."""
-        return {"select/ref_success": float(labels.mean()),
-                "select/ref_effective": float(((labels > 0) & (labels < 1)).float().mean()),
-                "select/predictor_trained": float(self.predictor.mode == "trained"),
-                "select/labels": float(self.predictor.num_labels), "select/reference_rollouts": float(rollouts),
-                **{f"select/{k_}": v for k_, v in fit_stats.items()}}
+        return {"select/reference_size": float(len(ref)), **reference_metrics(self.predictor, labels, 0, fit_stats)}
 
     def _estimate(self) -> torch.Tensor:
         """Success rates of every prompt without DOTS: measured where known, else DOTS's off-the-shelf attention

@@ -18,7 +18,7 @@ P the parameters, P_t the trained ones, c the compute dtype's bytes, m the maste
   With ``train.gradient_checkpointing`` only each layer's input (cH) stays, and the layer whose backward runs is
   recomputed with all of the above. A layer's backward adds its gradient buffers (c (3I + 4Q + 2H): the MLP's
   three intermediate gradients, the attention's q, k, v and output gradients, the residual's). The chunked head
-  (tasks/model/forward.py, ``chunked_head``) keeps its input (cH a token) and, in its backward pass, one chunk of
+  (tasks/model/logprob_head.py, ``chunked_head``) keeps its input (cH a token) and, in its backward pass, one chunk of
   :data:`HEAD_CHUNK_ELEMENTS` logits recomputed (c), upcast (4), exponentiated (4) and their gradients (4 + c);
   a micro-batch of one chunk or less keeps that chunk's float32 logits from the forward pass instead.
 - **the optimizer step**: the state, the gradients (under mixed precision moved into the masters' float32
@@ -65,7 +65,7 @@ import torch
 
 from tasks.config import Config
 from tasks.generation.decode import DecodeOptions
-from tasks.model.forward import HEAD_CHUNK_ELEMENTS
+from tasks.model.logprob_head import HEAD_CHUNK_ELEMENTS
 from tasks.update.precision import Precision, adamw_kernel
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.data import arith
+from tasks.data import arith, arith_grade
 from tasks.data.prompts import PromptRecord, prompt_id
 
 _EXPR = re.compile(r"[0-9+\-*/%()]+")
@@ -49,7 +49,7 @@ def test_unique_within_a_call_and_records_well_formed():
         assert r.id == prompt_id(r.question, r.answer)
         assert r.source == "bundled:default" and r.reward == "arith" and r.level in arith.LEVELS
         assert len(r.question) + len(r.solution) <= arith.MAX_CHARS
-        assert r.meta["steps"] == len(arith.solution_steps(r))
+        assert r.meta["steps"] == len(arith_grade.solution_steps(r))
 
 
 def test_level_counts_largest_remainder_by_hand():
@@ -132,7 +132,7 @@ def test_worked_solutions_are_correct_step_by_step():
     for r in arith.generate(8, 1500, "train", "uniform"):
         value = _python_value(r.question)
         assert r.answer == str(value) and value >= 0
-        for line in arith.solution_steps(r):
+        for line in arith_grade.solution_steps(r):
             lhs, rhs = line.split("=")
             assert _python_value(lhs + "=?") == int(rhs) >= 0, (r.question, line)
         assert r.solution.endswith(f"{arith.MARKER} {r.answer}")
@@ -146,7 +146,7 @@ def test_parentheses_are_kept_only_when_they_change_the_work():
         tokens = re.findall(r"\d+|//|[+\-*%]", r.question[:-2].replace("(", "").replace(")", ""))
         nums, ops = [int(t) for t in tokens[::2]], tokens[1::2]
         flat_problem = arith._evaluate(nums, ops, None, 10**9)
-        assert flat_problem is None or sorted(flat_problem.steps) != sorted(arith.solution_steps(r)), r.question
+        assert flat_problem is None or sorted(flat_problem.steps) != sorted(arith_grade.solution_steps(r)), r.question
 
 
 @settings(max_examples=25, deadline=None)
@@ -155,8 +155,8 @@ def test_any_seed_gives_verifiable_problems(seed, split):
     for r in arith.generate(seed, 15, split, "uniform"):
         assert r.split == split == arith.split_of(r.question)
         assert _python_value(r.question) == int(r.answer)
-        assert arith.verify(r.solution, r.answer) == 1.0
-        assert arith.verify(r.solution, str(int(r.answer) + 1)) == 0.0
+        assert arith_grade.verify(r.solution, r.answer) == 1.0
+        assert arith_grade.verify(r.solution, str(int(r.answer) + 1)) == 0.0
 
 
 @settings(max_examples=200, deadline=None)
@@ -173,8 +173,8 @@ def test_draws_respect_the_level_rules(seed, level):
 
 def test_own_solutions_verify_and_wrong_answers_do_not():
     recs = arith.generate(6, 500, "test", "uniform")
-    assert all(arith.verify(r.solution, r.answer) == 1.0 for r in recs)
-    assert all(arith.verify(r.solution, str(int(r.answer) + 7)) == 0.0 for r in recs)
+    assert all(arith_grade.verify(r.solution, r.answer) == 1.0 for r in recs)
+    assert all(arith_grade.verify(r.solution, str(int(r.answer) + 7)) == 0.0 for r in recs)
 
 
 @pytest.mark.parametrize(
@@ -203,25 +203,25 @@ def test_own_solutions_verify_and_wrong_answers_do_not():
     ],
 )
 def test_extract_and_verify_by_hand(completion, extracted, reward):
-    assert arith.extract_answer(completion) == extracted
-    assert arith.verify(completion, "33") == reward
+    assert arith_grade.extract_answer(completion) == extracted
+    assert arith_grade.verify(completion, "33") == reward
 
 
 def test_verify_negative_reference():
-    assert arith.verify("#### -4", "-4") == 1.0
-    assert arith.verify("#### 4", "-4") == 0.0
+    assert arith_grade.verify("#### -4", "-4") == 1.0
+    assert arith_grade.verify("#### 4", "-4") == 0.0
 
 
 def test_wrong_steps_counts_false_operation_lines_before_the_marker():
-    assert arith.wrong_steps("26*11=276\n276+34=310\n310//16=20\n#### 20") == 2  # 26*11 is 286, 310//16 is 19
-    assert arith.wrong_steps("26*11=286\n286+34=320\n320//16=20\n#### 20") == 0
-    assert arith.wrong_steps("9%4=1\n25-3=22\n#### 22\n2+2=5") == 0  # after the marker: not part of the work
-    assert arith.wrong_steps("\\boxed{33}") == 0
+    assert arith_grade.wrong_steps("26*11=276\n276+34=310\n310//16=20\n#### 20") == 2  # 26*11 is 286, 310//16 is 19
+    assert arith_grade.wrong_steps("26*11=286\n286+34=320\n320//16=20\n#### 20") == 0
+    assert arith_grade.wrong_steps("9%4=1\n25-3=22\n#### 22\n2+2=5") == 0  # after the marker: not part of the work
+    assert arith_grade.wrong_steps("\\boxed{33}") == 0
 
 
 def test_solution_steps():
-    assert arith.solution_steps("7*3=21\n12+21=33\n#### 33") == ["7*3=21", "12+21=33"]
-    assert arith.solution_steps("#### 5") == []
+    assert arith_grade.solution_steps("7*3=21\n12+21=33\n#### 33") == ["7*3=21", "12+21=33"]
+    assert arith_grade.solution_steps("#### 5") == []
 
 
 @pytest.mark.parametrize(("question", "level", "answer", "steps", "value"), [
@@ -249,4 +249,4 @@ def test_flawed_solutions_always_give_a_wrong_answer():
         if r.level <= 2:
             assert slip is None
         elif slip is not None:
-            assert slip.value != int(r.answer) and arith.verify(slip.solution, r.answer) == 0.0
+            assert slip.value != int(r.answer) and arith_grade.verify(slip.solution, r.answer) == 0.0

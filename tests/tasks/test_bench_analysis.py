@@ -1,4 +1,5 @@
-"""Tests of the benchmark arithmetic (tasks/bench/analysis.py) on hand-made curves and metric rows."""
+"""Tests of the benchmark arithmetic (tasks/bench/analysis.py), its verdicts (comparison.py) and its report
+(report.py, tables.py, plots.py) on hand-made curves and metric rows."""
 
 import math
 
@@ -184,7 +185,7 @@ def test_crossing_matches_slow_loop(acc, target):
 def test_compare_times_hand_worked():
     """Baseline 100/110/120 s, arm 40/50/60 s: difference -60, Welch se sqrt(100/3 + 100/3) = 8.165 with 4 degrees
     of freedom (t = 2.776): interval -60 +- 22.67, all below 0 -> faster; ratio 50/110."""
-    from tasks.bench.analysis import FASTER, SAME, compare_times
+    from tasks.bench.comparison import FASTER, SAME, compare_times
 
     v = compare_times([100.0, 110.0, 120.0], [40.0, 50.0, 60.0])
     assert v["verdict"] == FASTER and v["diff"] == pytest.approx(-60.0)
@@ -200,7 +201,7 @@ def test_compare_times_hand_worked():
 def test_mcnemar_pooled_hand_worked():
     """Seed 1: 2 turned right, 1 wrong of 4; seed 2: 2 right of 2 -> 4/1 discordant, diff 3/6,
     p = P(X >= 4) + P(X <= 1) for X ~ Bin(5, 1/2) = 12/32."""
-    from tasks.bench.analysis import mcnemar_pooled
+    from tasks.bench.comparison import mcnemar_pooled
 
     r = mcnemar_pooled([([1, 0, 0, 1], [1, 1, 1, 0]), ([0, 0], [1, 1])])
     assert (r["turned_right"], r["turned_wrong"], r["prompts"]) == (4, 1, 6)
@@ -210,7 +211,8 @@ def test_mcnemar_pooled_hand_worked():
 
 
 def test_verdict_table_comes_first_in_the_report():
-    from tasks.bench.report import BenchRun, analyse, markdown
+    from tasks.bench.report import BenchRun, analyse
+    from tasks.bench.tables import markdown
 
     def run(name, seed, accs, correct):
         rows = [{"step": 5 * i + 4, "eval/accuracy": a, "time/rollout_s": 10.0 * (i + 1),
@@ -228,7 +230,8 @@ def test_verdict_table_comes_first_in_the_report():
 
 
 def test_step_table_totals_and_ratio_to_trl():
-    from tasks.bench.report import BenchRun, analyse, markdown
+    from tasks.bench.report import BenchRun, analyse
+    from tasks.bench.tables import markdown
 
     def run(name, rollout_s, update_s):  # 4 steps; cumulative seconds 4x the per-step figures at the last row
         rows = [{"step": i, "eval/accuracy": 0.3 + 0.1 * i, "time/rollout_s": rollout_s * (i + 1),
@@ -247,7 +250,7 @@ def test_level_change_hand_worked():
     """Two seeds over prompts of levels 1, 1, 2, 2, 2. Level 1: start 1, 1 in both seeds; end 0, 0 in both -> 4
     turned wrong, none right, p = 2 * (1/2)^4 = 0.125: not significant at 0.05, so "no different" although the
     mean fell from 1 to 0. Level 2: 6 of 6 turned right, p = 2 * (1/2)^6 = 1/32 -> "above start"."""
-    from tasks.bench.analysis import ABOVE_START, SAME, level_change
+    from tasks.bench.comparison import ABOVE_START, SAME, level_change
 
     levels, start, end = (1, 1, 2, 2, 2), (1, 1, 0, 0, 0), (0, 0, 1, 1, 1)
     lv1, lv2 = level_change([(levels, start, end), (levels, start, end)])
@@ -261,7 +264,7 @@ def test_level_change_hand_worked():
 
 
 def test_level_change_flags_a_slipped_level_and_orders_levels_none_last():
-    from tasks.bench.analysis import BELOW_START, SAME, level_change
+    from tasks.bench.comparison import BELOW_START, SAME, level_change
 
     n = 12  # 12 solved prompts of level 1 all turn wrong: p = 2 * (1/2)^12, far below 0.05
     levels, start, end = (None, 3) + (1,) * n, (0, 0) + (1,) * n, (0, 1) + (0,) * n
@@ -272,7 +275,8 @@ def test_level_change_flags_a_slipped_level_and_orders_levels_none_last():
 
 
 def test_report_reads_levels_from_the_evaluations_and_tables_them(tmp_path):
-    from tasks.bench.report import BenchRun, analyse, attach_evals, markdown
+    from tasks.bench.report import BenchRun, analyse, attach_evals
+    from tasks.bench.tables import markdown
     from tasks.evaluation.heldout import EvalCell, EvalResult
 
     def save(run_dir, phase, correct, levels=(1,) * 8 + (2,) * 2):
@@ -300,7 +304,8 @@ def test_report_reads_levels_from_the_evaluations_and_tables_them(tmp_path):
 
 def test_report_leaves_levels_out_of_evaluations_without_them(tmp_path):
     """Evaluations written before levels were recorded: no per-level table, the rest of the report as before."""
-    from tasks.bench.report import BenchRun, analyse, attach_evals, markdown
+    from tasks.bench.report import BenchRun, analyse, attach_evals
+    from tasks.bench.tables import markdown
     from tasks.evaluation.heldout import EvalCell, EvalResult
 
     cell = EvalCell(n=2, greedy_acc=0.5)
@@ -321,7 +326,7 @@ def test_every_configuration_gets_its_own_colour_in_the_curves(tmp_path, monkeyp
     import matplotlib.pyplot as plt
 
     from flows.benchmark import ABLATION
-    from tasks.bench import report
+    from tasks.bench import plots
 
     curve = {"wall_s": [0, 1], "rollouts": [0, 8], "steps": [0, 1], "mean": [0.2, 0.3], "lo": [0.2, 0.3],
              "hi": [0.2, 0.3]}
@@ -329,11 +334,40 @@ def test_every_configuration_gets_its_own_colour_in_the_curves(tmp_path, monkeyp
     result = {"targets": {"final": 0.3}, "configurations": [{"name": n, "seeds": [0], "curve": curve} for n in names]}
     figures = []
     monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to look at its lines
-    report.plot_curves(result, tmp_path / "curves.png")
+    plots.plot_curves(result, tmp_path / "curves.png")
     lines = [ln for ln in figures[0].axes[0].get_lines() if ln.get_label() in names]
     assert len({ln.get_color() for ln in lines}) == len(names)
     assert [ln.get_linestyle() for ln in lines if ln.get_label() == "trl"] == ["--"]
     assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_write_report_writes_every_file_and_plots_the_completed_runs_ratio(tmp_path, monkeypatch):
+    """The effective-ratio plot has one line per configuration with a completed run (a failed run is left out),
+    at the seed mean of each step's ratio."""
+    import matplotlib.pyplot as plt
+
+    from tasks.bench.report import BenchRun, analyse, write_report
+
+    def run(name, seed, ratios, status="completed"):
+        rows = [{"step": i, "eval/accuracy": 0.3, "time/rollout_s": 1.0 + i, "rollout/generated": 8.0,
+                 "train/effective_ratio": r} for i, r in enumerate(ratios)]
+        return BenchRun(name, seed, {"status": status, "eval_accuracy_start": 0.2, "steps": len(ratios),
+                                     "eval_accuracy_end": 0.3}, rows)
+
+    runs = [run("grpo", 0, [0.2, 0.4]), run("grpo", 1, [0.4, 0.6]), run("dots", 0, [0.5, 0.5]),
+            run("broken", 0, [0.9, 0.9], status="failed")]
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figures to look at their lines
+    files = write_report(tmp_path, runs, analyse(runs), {"grpo": [{"round": 0, "level": 1, "pred_success": None}]},
+                         {"seeds": 2})
+    assert [f.name for f in files] == ["results.md", "results.json", "accuracy_curves.png", "effective_ratio.png",
+                                       "selected_difficulty.png"]
+    assert all(f.stat().st_size > 0 for f in files)
+    lines = {ln.get_label(): ln for ln in figures[1].axes[0].get_lines()}
+    assert set(lines) == {"grpo", "dots"}
+    assert list(lines["grpo"].get_xdata()) == [1, 2]
+    assert list(lines["grpo"].get_ydata()) == pytest.approx([0.3, 0.5])  # seed means; too few steps to smooth
+    assert (tmp_path / "results.md").read_text().startswith("# rlsift benchmark\n\n- seeds: 2\n")
 
 
 def test_overlap_split_is_the_step_against_the_slower_side_hand_worked():

@@ -1,9 +1,11 @@
-"""The benchmark's plan check and plain verdicts (tasks/bench/report.py), and which arms the plan predicts."""
+"""The benchmark's plan check (tasks/bench/report.py), its plain verdicts (tables.py) and which arms the plan
+predicts."""
 
 from types import SimpleNamespace
 
 from flows.benchmark import composition_of
-from tasks.bench.report import plain_markdown, plan_check, plan_markdown
+from tasks.bench.report import plan_check
+from tasks.bench.tables import plain_markdown, plan_markdown
 
 
 def test_which_composition_predicts_an_arm():

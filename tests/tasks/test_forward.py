@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 from rlcore.angle import online_angle_signal
 from tasks.generation.rollout import HFEngine
 from tasks.model.forward import (
-    CompletionIndex,
     capture_mlp_input,
     contiguous_rows,
     length_buckets,
@@ -20,6 +19,7 @@ from tasks.model.forward import (
     token_logprobs,
 )
 from tasks.model.loading import build_tiny_model, build_tokenizer
+from tasks.model.logprob_head import CompletionIndex
 from tasks.update.policy_update import gradient_checkpointing
 
 PAD = 0
@@ -169,7 +169,7 @@ def test_contiguous_rows_and_completion_index_by_hand():
     assert rows.lengths.tolist() == [4, 2] and rows.prompt_lens.tolist() == [2, 1]
     assert rows.mask.tolist() == [[True] * 4, [True, True, False, False]]
     assert rows.position_ids.tolist() == [[0, 1, 2, 3]] * 2
-    index = CompletionIndex.of(rows, comp, mask)
+    index = CompletionIndex.of(rows.prompt_lens, rows.input_ids.shape[1], comp, mask)
     # token 8 (row 0, column 0) is predicted by the state at position 1 (the prompt's last token), 9 by 2's, 10 by 0's
     assert index.rows.tolist() == [0, 0, 1] and index.columns.tolist() == [0, 1, 0]
     assert index.positions.tolist() == [1, 2, 0] and index.targets.tolist() == [8, 9, 10]
@@ -177,8 +177,8 @@ def test_contiguous_rows_and_completion_index_by_hand():
     assert index.hidden(torch.arange(8).reshape(2, 4)).tolist() == [1, 2, 4]  # (row, position) of a [2, 4] grid
     # prompts of 2 and 3 tokens (rows of 4 and 4): no completion token is predicted by position 0, so the head keeps
     # the last 3 positions of 4
-    two = CompletionIndex.of(contiguous_rows([torch.tensor([5, 6]), torch.tensor([5, 6, 7])], comp, mask, PAD),
-                             comp, mask)
+    two_rows = contiguous_rows([torch.tensor([5, 6]), torch.tensor([5, 6, 7])], comp, mask, PAD)
+    two = CompletionIndex.of(two_rows.prompt_lens, two_rows.input_ids.shape[1], comp, mask)
     assert two.width == 4 and two.positions.tolist() == [1, 2, 2] and two.keep == 3
     assert two.hidden(torch.arange(6).reshape(2, 3)).tolist() == [0, 1, 4]  # kept column = position - 1
     assert index.scatter(torch.tensor([1.0, 2.0, 3.0]), 3).tolist() == [[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]]

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tasks.config import LoraConfig
-from tasks.model.forward import chunked_head, length_buckets, selective_log_softmax, token_logprobs
+from tasks.model.forward import length_buckets, selective_log_softmax, token_logprobs
+from tasks.model.logprob_head import chunked_head
 from tasks.model.lora import BaseModelView, apply_lora, trainable_parameters
 from tasks.update.distributed import reference_copy
 from tasks.update.policy_update import LossSettings, policy_update
@@ -141,15 +142,15 @@ def test_chunked_head_equals_the_full_logits_with_gradients(temperature):
         return lp.detach(), torch.cat([p.grad.flatten() for p in m.parameters()])
 
     want_lp, want_g = grads(model, full)
-    import tasks.model.forward as fwd
+    import tasks.model.logprob_head as head
 
-    budget = fwd.HEAD_CHUNK_ELEMENTS
-    fwd.HEAD_CHUNK_ELEMENTS = 7 * vocab  # 7 tokens a chunk: many chunks, recomputed in the backward pass
+    budget = head.HEAD_CHUNK_ELEMENTS
+    head.HEAD_CHUNK_ELEMENTS = 7 * vocab  # 7 tokens a chunk: many chunks, recomputed in the backward pass
     try:
         sizes.clear()
         got_lp, got_g = grads(model, lambda m: token_logprobs(m, prompts, comp, mask, h.PAD, temperature))
     finally:
-        fwd.HEAD_CHUNK_ELEMENTS = budget
+        head.HEAD_CHUNK_ELEMENTS = budget
     # passes of the head never see more than 7 tokens (with the recompute, each chunk runs twice)
     assert sizes and max(sizes) <= 7
     torch.testing.assert_close(got_lp, want_lp, atol=1e-5, rtol=0)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import tasks.model.forward as fwd
+import tasks.model.logprob_head as head
 from tasks.model.forward import pack, token_logprobs
 from tasks.model.loading import build_tiny_model
 from tasks.update.policy_update import gradient_checkpointing
@@ -120,7 +120,7 @@ def test_the_chunked_head_at_qwen_vocabulary_matches_the_full_log_softmax_in_bf1
     model = build_tiny_model(hidden=64, layers=1, heads=2, seed=0, vocab_size=vocab).to(BF16)
     prompts, comp, mask = _batch(3, 2, vocab=vocab, longest_prompt=5, width=5)
     weights = torch.linspace(-1, 1, comp.numel()).reshape(comp.shape)
-    monkeypatch.setattr(fwd, "HEAD_CHUNK_ELEMENTS", 4 * vocab)
+    monkeypatch.setattr(head, "HEAD_CHUNK_ELEMENTS", 4 * vocab)
     head_rows = []
     model.lm_head.register_forward_hook(lambda _m, args, _o: head_rows.append(args[0].shape[0]))
     lp = token_logprobs(model, prompts, comp, mask, PAD)

@@ -182,10 +182,10 @@ def test_batch_rewards_mixed_kinds_keep_order():
 
 
 def test_arith_delegates_to_tasks_arith():
-    arith = pytest.importorskip("tasks.data.arith")
+    arith_grade = pytest.importorskip("tasks.data.arith_grade")
     r = rec("12", "arith")
     for completion in ("3 * 4 = 12", "#### 12", "13"):
-        assert reward("arith", completion, r) == float(arith.verify(completion, "12"))
+        assert reward("arith", completion, r) == float(arith_grade.verify(completion, "12"))
 
 
 # --- can_parse and errors ---------------------------------------------------------------------

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.data.sandbox import CodeJob, Limits, Verdict, _processes_of, enforcement, run_tests, score_many
+from tasks.data.sandbox import CodeJob, Verdict, enforcement, run_tests, score_many
+from tasks.data.sandbox_confine import Limits, processes_of
 from tasks.data.sources import read_source
 
 HUMANEVAL = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "humaneval" / "HumanEval.jsonl.gz"
@@ -109,7 +110,7 @@ def test_cpu_limit_is_a_timeout():
 
 def _sandbox_uid_processes() -> list[int]:
     lim = Limits()
-    return [pid for uid in range(lim.uid_base, lim.uid_base + lim.uid_slots) for pid in _processes_of(uid)]
+    return [pid for uid in range(lim.uid_base, lim.uid_base + lim.uid_slots) for pid in processes_of(uid)]
 
 
 def test_fork_bomb_is_contained():
@@ -211,9 +212,9 @@ def test_ctypes_and_subprocess_are_refused():
 
 
 def test_uid_pool_never_hands_out_a_uid_held_elsewhere():
-    from tasks.data.sandbox import _UidPool
+    from tasks.data.sandbox_confine import UidPool
 
-    first, second = _UidPool(62000, 2), _UidPool(62000, 2)  # stand-ins for two processes' pools
+    first, second = UidPool(62000, 2), UidPool(62000, 2)  # stand-ins for two processes' pools
     a = first.acquire()
     b = second.acquire()  # the flock on a's file is held through another open file: skip it
     assert {a, b} == {62000, 62001}
@@ -390,7 +391,7 @@ def test_side_doors_are_closed_for_an_unprivileged_user():
     secret.parent.mkdir()
     secret.write_text("secret")
     for rel in ("tasks/__init__.py", "tasks/data/__init__.py", "tasks/data/sandbox.py",
-                "tasks/data/sandbox_programs.py"):
+                "tasks/data/sandbox_confine.py", "tasks/data/sandbox_programs.py"):
         (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(CHECKOUT / rel, pkg / rel)
     for p in [pkg, *pkg.rglob("*")]:

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.data import arith
+from tasks.data import arith, arith_grade
 from tasks.model import loading as policy
 from tasks.model import warmstart
 
@@ -46,7 +46,7 @@ def test_flawed_share_slips_only_where_it_changes_the_answer():
         eligible += slip is not None
         if f.solution != c.solution:
             changed += 1
-            assert f.solution == slip.solution and arith.verify(f.solution, f.answer) == 0.0
+            assert f.solution == slip.solution and arith_grade.verify(f.solution, f.answer) == 0.0
     assert eligible > 300 and 0.4 < changed / eligible < 0.6
     every = warmstart.sft_records(5, 2000, flawed=1.0)
     assert sum(f.solution != c.solution for c, f in zip(clean, every, strict=True)) == eligible
@@ -148,7 +148,7 @@ def test_greedy_accuracy_matches_one_by_one_generation(tok):
             ids = tok(policy.format_prompt(tok, r.question), return_tensors="pt")["input_ids"]
             out = model.generate(ids, do_sample=False, max_new_tokens=40, pad_token_id=0, eos_token_id=2)
             text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
-            right.setdefault(r.level, []).append(arith.verify(text, r.answer))
+            right.setdefault(r.level, []).append(arith_grade.verify(text, r.answer))
     expected = {lv: sum(v) / len(v) for lv, v in sorted(right.items())}
     assert got == expected
     assert sum(expected.values()) > 0  # the oracle comparison is not only zeros
