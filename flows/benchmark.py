@@ -35,12 +35,12 @@ from tasks.bench.report import BenchRun
 from tasks.config import Config, ConfigError
 from tasks.config.load import load_config
 from tasks.config.load import preset_overrides as named_overrides
+from tasks.plan.planner import reads_upfront
 from tasks.records.cost import describe_machine
 from tasks.records.ledger import Ledger
 from tasks.records.tracking import MlflowTracker, default_uri, run_info
 from tasks.run import RunInfo
 from tasks.stages import policy_source
-from tasks.plan.planner import reads_upfront
 
 log = logging.getLogger("rlsift.bench")
 
@@ -333,17 +333,7 @@ def benchmark(config: str | None = None, overrides: list[str] | None = None, qui
         runs = [_run_one(name, seed, configs[name, seed], lambda out=out: out)
                 for (name, seed), out in zip(order, done, strict=True)]
     else:
-        runs = []
-        for name, seed in order:
-            cfg = configs[name, seed]
-            if name == "trl":
-                reference = next((r.summary for r in runs if r.name == BASELINE and r.seed == seed and r.ok), None)
-                fn = lambda cfg=cfg, ref=reference, seed=seed: run_control(  # noqa: E731
-                    cfg, ref, root / "runs" / f"trl-{stamp}-s{seed}", uri, parent.run_id)
-            else:
-                fn = lambda cfg=cfg, name=name, seed=seed: run_pipeline(  # noqa: E731
-                    cfg, parent_run_id=parent.run_id, run_name=f"{name}-s{seed}").to_dict()
-            runs.append(_run_one(name, seed, cfg, fn))
+        runs = _run_in_turn(order, configs, root, stamp, uri, parent.run_id)
     result = bench_report.analyse(runs, baseline=BASELINE)
     if plan is not None:
         result["plan_check"] = bench_report.plan_check(result, plan, {name: composition_of(name) for name in names},
@@ -361,13 +351,7 @@ def benchmark(config: str | None = None, overrides: list[str] | None = None, qui
     files = bench_report.write_report(report_dir, runs, result, sel, meta)
     for f in files:
         parent.log_artifact(f)
-    for r in result["configurations"]:
-        if "budget" in r:
-            parent.log_metrics({f"bench/{r['name']}/final_accuracy": r["final_accuracy"]["mean"],
-                                f"bench/{r['name']}/effective_ratio": r["effective_ratio"]["mean"]}, 0)
-            for key, t in (r.get("to_target") or {}).items():
-                if t["speedup"] is not None:
-                    parent.log_metrics({f"bench/{r['name']}/speedup_{key}": t["speedup"]}, 0)
+    _log_outcomes(parent, result)
     failed = [f"{r.name}-s{r.seed}" for r in runs if not r.ok]
     parent.finish("FAILED" if failed else "FINISHED")
     table = (report_dir / "results.md").read_text()
@@ -379,3 +363,33 @@ def benchmark(config: str | None = None, overrides: list[str] | None = None, qui
                       "run_id": r.summary.get("run_id"), "mlflow_run_id": r.summary.get("mlflow_run_id")}
                      for r in runs],
             "targets": result["targets"]}
+
+
+def _run_in_turn(order: list[tuple[str, int]], configs: dict, root: Path, stamp: str, uri: str,
+                 parent_run_id: str) -> list:
+    """Each (arm, seed) of ``order`` in this process, one after the other; TRL's control of a seed gets the
+    baseline's summary of that seed (its accuracy target)."""
+    runs = []
+    for name, seed in order:
+        cfg = configs[name, seed]
+        if name == "trl":
+            reference = next((r.summary for r in runs if r.name == BASELINE and r.seed == seed and r.ok), None)
+            fn = lambda cfg=cfg, ref=reference, seed=seed: run_control(  # noqa: E731
+                cfg, ref, root / "runs" / f"trl-{stamp}-s{seed}", uri, parent_run_id)
+        else:
+            fn = lambda cfg=cfg, name=name, seed=seed: run_pipeline(  # noqa: E731
+                cfg, parent_run_id=parent_run_id, run_name=f"{name}-s{seed}").to_dict()
+        runs.append(_run_one(name, seed, cfg, fn))
+    return runs
+
+
+def _log_outcomes(parent: MlflowTracker, result: dict) -> None:
+    """Each configuration's final accuracy, effective-group ratio and speed-ups to its targets, as the parent
+    MLflow run's metrics."""
+    for r in result["configurations"]:
+        if "budget" in r:
+            parent.log_metrics({f"bench/{r['name']}/final_accuracy": r["final_accuracy"]["mean"],
+                                f"bench/{r['name']}/effective_ratio": r["effective_ratio"]["mean"]}, 0)
+            for key, t in (r.get("to_target") or {}).items():
+                if t["speedup"] is not None:
+                    parent.log_metrics({f"bench/{r['name']}/speedup_{key}": t["speedup"]}, 0)

@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-from flows.ledger_cli import cmd_ledger
+from flows.ledger_cli import add_ledger_parser
 from flows.prefect_server import prefect_server
 
 ENV_DEFAULTS = {
@@ -119,7 +119,7 @@ def cmd_run(args) -> int:
 
 
 def _run_text(summary: dict) -> str:
-    """``rlsift run``'s summary of a completed run (its ``--json`` object, flows/pipeline.py ``RunSummary``): the
+    """``rlsift run``'s summary of a completed run (its ``--json`` object, flows/summary.py ``RunSummary``): the
     accuracy, cost, overlap and plan, and where the run lives: the MLflow run with where to see it (its page, or the
     command that opens MLflow's UI on a local store), the ledger and the run folder."""
     return (f"run {summary['run_id']} ({summary['name']}) {summary['status']} in {summary['wall_s']:.0f} s, "
@@ -135,7 +135,7 @@ def _run_text(summary: dict) -> str:
 
 
 def _plan_text(p: dict | None) -> str:
-    """What a ``plan.auto`` run chose and why, and its predicted clock (flows/pipeline.py ``plan_summary``; empty
+    """What a ``plan.auto`` run chose and why, and its predicted clock (flows/summary.py ``plan_summary``; empty
     otherwise)."""
     if not p:
         return ""
@@ -296,40 +296,7 @@ def parser() -> argparse.ArgumentParser:
                                                         "with cores/jobs torch threads (2 on a 2-core machine)"))
     b.set_defaults(fn=cmd_bench)
 
-    led = sub.add_parser("ledger", help="questions about runs (answers also while a run writes the ledger)",
-                         description=("Questions about runs, answered from the ledger of a run root (the config's "
-                                      "paths.root, or --root). `rlsift ledger COMMAND --help` says more."))
-    asks = led.add_subparsers(dest="what", required=True, metavar="COMMAND")
-
-    def ask(name: str, summary: str, description: str) -> argparse.ArgumentParser:
-        a = asks.add_parser(name, help=summary, description=description)
-        a.add_argument("--root", help="run root (default: paths.root of the config)")
-        a.add_argument("-c", "--config", help="the config whose paths.root to read (default: the embedded one)")
-        a.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. paths.root=/data/rlsift-runs")
-        a.add_argument("--json", action="store_true", help="print the rows as one JSON list on stdout")
-        a.set_defaults(fn=cmd_ledger)
-        return a
-
-    ask("runs", "every run: status, what it trained, steps, accuracy, cost, model version",
-        "One row per run of the root, oldest first: status, start, what it trained, steps, held-out greedy "
-        "accuracy before -> after, money, registered model version and its parent.")
-    why = ask("why", "why a prompt was chosen: each selection with its signals and its group's outcome",
-              "Every selection of a prompt in a run (or at one step) with the signals that chose it (DOTS's "
-              "predicted success, GAIN-RL's angle and rank, ScalingRL's DES, the screen) and its rollout group's "
-              "outcome; columns of signals no selection used are left out.")
-    why.add_argument("--run", required=True, help="run id")
-    why.add_argument("--prompt", required=True, help="prompt id (or its prefix)")
-    why.add_argument("--step", type=int, help="only this training step")
-    rnd = ask("round", "a round's selections, heaviest first within each step",
-              "The selections of one round of a run (train.round_steps steps), heaviest first within each step. "
-              "Mid-run it says when the round is not committed yet (the run has not written all its steps).")
-    rnd.add_argument("--run", required=True, help="run id")
-    rnd.add_argument("--round", required=True, type=int, help="round number (from 0)")
-    sql = ask("sql", "a read-only SQL query over the ledger's tables",
-              "A read-only SQL query (duckdb) over the ledger's tables: runs, prompts, quarantine, ingests, "
-              "reference, features, selections, groups, stages, evals.")
-    sql.add_argument("--sql", required=True, help="the query (duckdb's SQL), e.g. each stage's wall time: select "
-                     "stage and wall_s from the stages table")
+    add_ledger_parser(sub)
 
     d = sub.add_parser("deploy", help="register the Prefect deployments with the configured server")
     d.set_defaults(fn=cmd_deploy)

@@ -29,7 +29,8 @@ from typing import Literal
 
 from prefect import flow, get_run_logger
 
-from flows.pipeline import RunSummary, claim_flow_run, execute
+from flows.pipeline import claim_flow_run, execute
+from flows.summary import RunSummary
 from tasks.config import Config
 from tasks.config.load import load_config, validate
 from tasks.records.label import run_label
@@ -73,7 +74,7 @@ def run_retrain(cfg: Config, pool: Literal["new", "all"] = "new") -> RunSummary:
 def retrain(config: str | None = None, overrides: list[str] | None = None,
             pool: Literal["new", "all"] = "new") -> dict:
     """Continue the latest registered model on the new prompts of the configured sources. Returns
-    :meth:`~flows.pipeline.RunSummary.to_dict`."""
+    :meth:`~flows.summary.RunSummary.to_dict`."""
     cfg = load_config(config, list(overrides or []))
     summary = run_retrain(cfg, pool=pool)
     logger = get_run_logger()

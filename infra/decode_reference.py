@@ -12,8 +12,8 @@ from transformers import DynamicCache, LogitsProcessorList
 
 from rlcore.seeding import derive_seed
 from tasks.generation.rollout import Generation, HFEngine, to_generation
-from tasks.model.loading import add_special
 from tasks.generation.sampling import CHUNK_ELEMENTS, Sampling
+from tasks.model.loading import add_special
 
 
 def sample_next_generator(logits: torch.Tensor, sampling: Sampling | None, generator: torch.Generator | None = None,

@@ -109,8 +109,8 @@ def floor_tokens_per_s(model, rows: int, new: int, bandwidth_tbs: float, peak_tf
 
 
 def kv_count_bytes(model, rows: int, prompt: int, new: int) -> int:
-    """The KV cache as tasks/update/memory_check.py counts it: rows x (prompt + new) x layers x 2 x kv heads x head size x
-    bytes."""
+    """The KV cache as tasks/update/memory_check.py counts it: rows x (prompt + new) x layers x 2 x kv heads x
+    head size x bytes."""
     c = model.config
     head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     b = next(model.parameters()).element_size()

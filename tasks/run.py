@@ -21,8 +21,8 @@ import os
 import shlex
 import shutil
 import sys
-import traceback
 import time
+import traceback
 import uuid
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -35,6 +35,7 @@ import torch
 from tasks.config import Config
 from tasks.config.load import resolve_paths, to_json
 from tasks.model.attention import guard_attention
+from tasks.overlap.concurrent import SamplerHandover
 from tasks.records.cost import CostMeter
 from tasks.records.files import write_json
 from tasks.records.label import run_label
@@ -44,7 +45,6 @@ from tasks.records.progress import quiet_libraries
 from tasks.records.stopping import CANCELLED, TRACKER_STATUS, held_signals
 from tasks.records.tracking import MlflowTracker, NullTracker, Tracker, default_uri
 from tasks.update.precision import Precision, resolve_precision
-from tasks.overlap.concurrent import SamplerHandover
 
 log = logging.getLogger("rlsift")
 

@@ -27,14 +27,20 @@ from prefect.cache_policies import NO_CACHE
 
 from rlcore.overlap_lag import LagChoice
 from rlcore.seeding import derive_seed
+from tasks.calibration.record import Calibration
+from tasks.calibration.reference import policy_measure, reference_rollouts, stratified_reference
 from tasks.config import Config
 from tasks.data import ingest
 from tasks.data.prompts import PromptRecord
+from tasks.evaluation.heldout import EvalResult, evaluate, flat_metrics, table_rows
+from tasks.evaluation.report import eval_by_level, eval_levels, eval_table
 from tasks.generation.rollout import HFEngine, end_of_turn_ids
-from tasks.model.lora import apply_lora
 from tasks.model.loading import load_policy
-from tasks.policy import Policy
+from tasks.model.lora import apply_lora
 from tasks.model.warmstart import sft_records, warm_start
+from tasks.plan.artifact import plan_table
+from tasks.plan.planner import Plan, decide_lag, lag_from_json, lag_to_json, make_plan, probe_records
+from tasks.policy import Policy
 from tasks.records import artifacts, plots
 from tasks.records.files import write_json
 from tasks.records.label import run_label
@@ -42,15 +48,8 @@ from tasks.records.ledger import ReferenceRow
 from tasks.records.progress import pulse
 from tasks.records.tracking import pending_registration
 from tasks.run import Run
-from tasks.selection.features import compute_features
-from tasks.calibration.record import Calibration
-from tasks.evaluation.heldout import EvalResult, evaluate, flat_metrics, table_rows
-from tasks.evaluation.report import eval_by_level, eval_levels, eval_table
+from tasks.selection.features import Features, compute_features
 from tasks.training.loop import TRAIN_PHASES, HeldoutEval, TrainSummary, training
-from tasks.plan.artifact import plan_table
-from tasks.plan.planner import Plan, decide_lag, lag_from_json, lag_to_json, make_plan, probe_records
-from tasks.calibration.reference import policy_measure, reference_rollouts, stratified_reference
-from tasks.selection.features import Features
 
 log = logging.getLogger("rlsift")
 stage = task(cache_policy=NO_CACHE, persist_result=False)
@@ -247,8 +246,8 @@ def score_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> Features:
         if feats.ids == [r.id for r in pool]:
             return feats
     with run.meter.stage("score"):
-        feats = compute_features(policy, pool, inter_weight=run.cfg.gain.inter_weight, batch_size=run.cfg.eval.batch_size,
-                            device=run.device, progress=True)
+        feats = compute_features(policy, pool, inter_weight=run.cfg.gain.inter_weight,
+                                 batch_size=run.cfg.eval.batch_size, device=run.device, progress=True)
     feats.save(saved)
     if not run.ledger.has_features(run.run_id):
         run.ledger.add_features(run.run_id, feats.ledger_rows())

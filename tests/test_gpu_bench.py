@@ -59,8 +59,8 @@ def test_the_gpu_check_runs_on_the_cpu_and_imports_only_what_a_gpu_machine_has()
     rows = [dict(zip(names, (c.strip() for c in line.strip("|").split("|")), strict=True)) for line in table]
     for r in rows:
         assert "out of memory" not in r["s / step"] and float(r["tokens / s"].replace(",", "")) > 0
-        # the estimate (tasks/update/memory_check.py) is not below the measured peak (the process's, less the resident set
-        # before the arm). Not asserted for bf16 on a CPU: oneDNN's bf16 kernels keep reordered copies and caches
+        # the estimate (tasks/update/memory_check.py) is not below the measured peak (the process's, less the resident
+        # set before the arm). Not asserted for bf16 on a CPU: oneDNN's bf16 kernels keep reordered copies and caches
         # per shape that CUDA does not have (docs/performance.md); the default `--toy` run holds there too.
         assert float(r["peak GiB"]) > 0
         if r["precision"] == "fp32":

@@ -16,7 +16,6 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from tasks.bench import analysis as ba  # noqa: E402
 
-
 #: Line colours: tab20's ten dark shades, then its ten light ones, then tab20b's twenty, so up to 40 configurations
 #: (the full ablation has 20 arms and TRL) each get their own colour; matplotlib's default cycle repeats after 10.
 COLOURS = plt.get_cmap("tab20").colors[0::2] + plt.get_cmap("tab20").colors[1::2] + plt.get_cmap("tab20b").colors

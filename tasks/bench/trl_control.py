@@ -44,15 +44,14 @@ from transformers import TrainerCallback
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.data.rewards import batch_rewards
+from tasks.evaluation.heldout import EvalResult, evaluate
 from tasks.generation.rollout import HFEngine
-from tasks.model.loading import add_special
-from tasks.model.loading import format_prompt, load_policy
+from tasks.model.loading import add_special, format_prompt, load_policy
 from tasks.policy import Policy
 from tasks.records.cost import CostMeter
 from tasks.records.files import write_json
 from tasks.records.progress import show_progress
 from tasks.run import resolve_device
-from tasks.evaluation.heldout import EvalResult, evaluate
 from tasks.update.precision import Precision, resolve_precision
 
 log = logging.getLogger("rlsift.trl")

@@ -21,8 +21,8 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from rlcore.seeding import derive_seed
-from tasks.generation.decode import Decoder, decode
 from tasks.config.rollout import RolloutConfig
+from tasks.generation.decode import Decoder, decode
 from tasks.generation.sampling import Sampling
 from tasks.model.loading import add_special
 
@@ -182,7 +182,8 @@ class HFEngine(RolloutEngine):
         return to_generation(self.tok, prompt_ids, ids, logp, n, self.stop_ids)
 
     def settings(self) -> dict:
-        """The keyword arguments that build this engine's sampling on another module (tasks/overlap/generator_process.py)."""
+        """The keyword arguments that build this engine's sampling on another module
+        (tasks/overlap/generator_process.py)."""
         return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_p": self.top_p,
                 "top_k": self.top_k, "chunk": self.chunk, "device": str(self.device), "stop_ids": self.stop_ids}
 

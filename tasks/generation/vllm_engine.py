@@ -59,8 +59,8 @@ from pathlib import Path
 import torch
 
 from tasks.generation.rollout import Generation, RolloutEngine, prompt_seed
-from tasks.model.loading import add_special
 from tasks.model.forward import right_pad
+from tasks.model.loading import add_special
 
 __all__ = ["ServerDown", "VLLMEngine", "VLLMError", "export_for_vllm", "prompt_seed", "serve_dir"]
 
@@ -198,7 +198,8 @@ class VLLMEngine(RolloutEngine):
         """
         path = Path(model_dir).resolve()
         if not (path / "config.json").is_file():
-            raise ValueError(f"{path} is not a saved model folder (no config.json); use tasks.model.loading.save_policy")
+            raise ValueError(f"{path} is not a saved model folder (no config.json); "
+                             "use tasks.model.loading.save_policy")
         t0 = time.perf_counter()
         try:
             self._request("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
@@ -234,8 +235,8 @@ def export_for_vllm(model, tokenizer, path: str | Path) -> Path:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from tasks.model.lora import base_model
     from tasks.model.loading import save_policy
+    from tasks.model.lora import base_model
 
     path = Path(path)
     if path.exists():

@@ -19,7 +19,6 @@ is built here:
 from __future__ import annotations
 
 import string
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,7 +33,6 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from tasks.data.prompts import PromptRecord
 from tasks.model import lora
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"

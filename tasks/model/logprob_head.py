@@ -16,7 +16,6 @@ from transformers import PreTrainedModel
 
 from tasks.model.lora import BaseModelView
 
-
 #: Float32 logits of one chunk of the LM head in :func:`chunked_head` (2^26 elements, 256 MiB: 441 tokens at a
 #: 151,936 vocabulary). Smaller chunks lower the head's peak (one chunk's logits, their float32 copy, exponentials
 #: and gradients, whose bytes tasks/update/memory_check.py counts) but run more, thinner [c, H] x [H, V] matmuls,

@@ -41,8 +41,8 @@ from pathlib import Path
 
 import torch
 
-from tasks.overlap.generator_process import GeneratorProcess
 from tasks.generation.rollout import HFEngine, RolloutEngine
+from tasks.overlap.generator_process import GeneratorProcess
 from tasks.policy import Policy
 
 log = logging.getLogger("rlsift.train")

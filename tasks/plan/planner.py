@@ -31,17 +31,17 @@ from rlcore.overlap_lag import LagChoice, OverlapProbe, ProbeWorth, choose_lag, 
 from rlcore.plan import Composition, PoolStats, Prediction, RunClock, choose, predict, run_clock
 from rlcore.seeding import derive_seed
 from rlcore.step_costs import CallCost, UnitCosts
+from tasks.calibration.record import Calibration
 from tasks.config import Config, ConfigError
 from tasks.config.load import preset_overrides, with_overrides
 from tasks.data.prompts import PromptRecord
 from tasks.generation.rollout import Generation
 from tasks.model.forward import token_logprobs
+from tasks.overlap.concurrent import Sampler, SamplerHandover, separate_devices, thread_split
+from tasks.plan.probe import ProbeInputs, probe_costs
 from tasks.policy import Policy
 from tasks.records.files import write_json
 from tasks.records.progress import pulse
-from tasks.calibration.record import Calibration
-from tasks.overlap.concurrent import SamplerHandover, Sampler, separate_devices, thread_split
-from tasks.plan.probe import ProbeInputs, probe_costs
 from tasks.selection.screen import policy_likelihood
 from tasks.update.backend import ranks_generate
 

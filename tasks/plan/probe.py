@@ -45,6 +45,8 @@ from rlcore.plan import Composition, PoolStats, call_rows, update_rows
 from rlcore.selection import sample_prompts, uniform_weights
 from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
 from rlcore.types import RolloutGroup
+from tasks.calibration.record import Calibration
+from tasks.calibration.reference import rollout_rewards
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.generation.rollout import Generation
@@ -52,8 +54,6 @@ from tasks.policy import Policy
 from tasks.records.files import atomic_write
 from tasks.records.ledger import GroupRow, Ledger, SelectionRow
 from tasks.records.tracking.outbox import Outbox
-from tasks.calibration.record import Calibration
-from tasks.calibration.reference import rollout_rewards
 from tasks.selection.features import compute_features
 from tasks.selection.screen import policy_likelihood
 from tasks.selection.selector import dots_predictor
@@ -270,8 +270,9 @@ def _probe_scoring(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int,
     refs = list(cal.indices)
     taken = set(refs)
     batch = (refs + [i for i in range(len(pool)) if i not in taken])[:max(cfg.eval.batch_size, len(refs))]
-    feats, seconds = _timed(lambda: compute_features(policy, [pool[i] for i in batch], inter_weight=cfg.gain.inter_weight,
-                                          batch_size=cfg.eval.batch_size, device=device))
+    feats, seconds = _timed(lambda: compute_features(policy, [pool[i] for i in batch],
+                                                     inter_weight=cfg.gain.inter_weight,
+                                                     batch_size=cfg.eval.batch_size, device=device))
     score_s = seconds / len(batch)
     if inputs.dots is None:
         return score_s, 0.0

@@ -72,7 +72,7 @@ def stage_costs(run: str, rows: list[dict[str, Any]]) -> None:
 
 
 def run_summary(markdown: str) -> None:
-    """``run-summary``: what the run did (its MLflow Description, flows/pipeline.py ``describe``)."""
+    """``run-summary``: what the run did (its MLflow Description, flows/summary.py ``describe``)."""
     from prefect.artifacts import create_markdown_artifact
 
     publish("run-summary", lambda: create_markdown_artifact(key="run-summary", markdown=markdown))

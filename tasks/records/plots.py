@@ -7,7 +7,6 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-
 CURVES = (("train/reward_mean", "train reward"), ("train/effective_ratio", "effective-group ratio"),
           ("eval/accuracy", "held-out greedy accuracy"), ("time/step_s", "step time (s)"))
 

@@ -15,8 +15,8 @@ import torch
 
 from rlcore.angle import angle_concentration
 from tasks.data.prompts import PromptRecord
-from tasks.model.loading import add_special
 from tasks.model.forward import prompt_batches
+from tasks.model.loading import add_special
 from tasks.records.files import atomic_write
 from tasks.records.ledger import FeatureRow
 from tasks.records.progress import progress_bar

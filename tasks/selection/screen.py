@@ -33,8 +33,8 @@ from collections.abc import Callable
 import torch
 
 from tasks.data.prompts import PromptRecord
-from tasks.model.loading import add_special
 from tasks.model.forward import right_pad, token_logprobs
+from tasks.model.loading import add_special
 from tasks.policy import Policy
 
 #: ``records [C] -> [C] float64`` chance in [0, 1] that the current policy writes each record's worked solution.

@@ -54,11 +54,11 @@ from rlcore.gain_sampler import GaussianWindowSampler
 from rlcore.pass_rate_posterior import fit_concentration
 from rlcore.seeding import derive_seed
 from rlcore.selection import sample_prompts, screen, uniform_weights
+from tasks.calibration.record import Calibration
+from tasks.calibration.reference import Measure, random_reference, reference_rollouts
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.records.ledger import ReferenceRow, SelectionRow
-from tasks.calibration.record import Calibration
-from tasks.calibration.reference import Measure, random_reference, reference_rollouts
 from tasks.selection.dots import pool_weights, reference_metrics
 from tasks.selection.features import Features
 from tasks.selection.screen import Likelihood, require_solutions

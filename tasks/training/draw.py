@@ -21,13 +21,13 @@ from rlcore.downsample import downsample
 from rlcore.dynamic_sampling import BatchFiller
 from rlcore.seeding import derive_seed
 from rlcore.types import RolloutGroup
+from tasks.calibration.reference import rollout_rewards
 from tasks.data.prompts import PromptRecord
 from tasks.generation.rollout import Generation
 from tasks.policy import Policy
 from tasks.records.cost import CostMeter
 from tasks.records.ledger import ReferenceRow, SelectionRow
 from tasks.run import Run
-from tasks.calibration.reference import rollout_rewards
 from tasks.selection.selector import Selector
 
 #: The phases of a step's draw (``StepDraw.phases``; overlapped, its ``overlap/draw_<phase>_s`` metrics).

@@ -37,27 +37,27 @@ from rlcore.overlap_lag import LagChoice
 from rlcore.replay_buffer import ReplayBuffer, mix_counts
 from rlcore.seeding import derive_seed
 from rlcore.types import RolloutGroup
-from tasks.data.prompts import PromptRecord
-from tasks.policy import Policy
-from tasks.records.cost import CostMeter
-from tasks.records.throughput import FlopModel, Peak, peak, rates
-from tasks.records.progress import progress_bar
-from tasks.run import Run
-from tasks.training import checkpoint
 from tasks.calibration.record import Calibration
-from tasks.training.draw import DRAW_PHASES, FreshBatch, StepDraw, sample_fresh, use_sampler_behaviour
+from tasks.calibration.reference import policy_measure
+from tasks.data.prompts import PromptRecord
 from tasks.overlap.concurrent import Overlap, OverlapTimes, Sampler, open_sampler
 from tasks.plan.planner import decide_lag, probe_records
-from tasks.training.recorder import Recorder
-from tasks.calibration.reference import policy_measure
-from tasks.training.rounds import RoundLog
+from tasks.policy import Policy
+from tasks.records.cost import CostMeter
+from tasks.records.progress import progress_bar
+from tasks.records.throughput import FlopModel, Peak, peak, rates
+from tasks.run import Run
 from tasks.selection.features import Features
 from tasks.selection.screen import policy_likelihood
 from tasks.selection.selector import Selector
+from tasks.training import checkpoint
+from tasks.training.draw import DRAW_PHASES, FreshBatch, StepDraw, sample_fresh, use_sampler_behaviour
+from tasks.training.recorder import Recorder
+from tasks.training.rounds import RoundLog
 from tasks.update.backend import build_updater, share_generation
 from tasks.update.nan_locator import SkippedUpdate
-from tasks.update.skip_guard import SkipGuard, skipped_rows
 from tasks.update.policy_update import Updater, scheduled_lr
+from tasks.update.skip_guard import SkipGuard, skipped_rows
 
 log = logging.getLogger("rlsift.train")
 

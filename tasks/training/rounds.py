@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import torch
 
 from tasks.data.prompts import PromptRecord
-from tasks.records.ledger import SelectionRow
 from tasks.overlap.concurrent import OverlapTimes
+from tasks.records.ledger import SelectionRow
 
 
 @dataclass

@@ -242,8 +242,8 @@ def gradient_sync(model, last: bool):
     ``managed_gradient_accumulation: false`` (:func:`deepspeed_config`), so its ``step`` is the accumulation
     boundary. FSDP2 reduce-scatters every micro-batch into its sharded gradients: deferring it
     (``set_requires_gradient_sync(False)``) keeps every rank's unsharded gradient between micro-batches, the whole
-    model's (a 7B's 14 GiB in bf16, tasks/update/memory_check.py), to save one reduce-scatter a micro-batch (a 7B's 28 GB in
-    float32 over NVLink, about 0.15 s against the 1-2 s of a micro-batch's backward pass it overlaps)."""
+    model's (a 7B's 14 GiB in bf16, tasks/update/memory_check.py), to save one reduce-scatter a micro-batch (a 7B's
+    28 GB in float32 over NVLink, about 0.15 s against the 1-2 s of a micro-batch's backward pass it overlaps)."""
     if not last and isinstance(model, torch.nn.parallel.DistributedDataParallel):
         with model.no_sync():
             yield

@@ -27,8 +27,8 @@ Costs: rank 0 holds its full generation copy next to its training replica (twice
 ZeRO-2 the replica is itself full), and each step moves the full weights once (gather + copy), as any
 rollout-weight sync does. With every rank generating, ranks 1..W-1 under DDP and ZeRO-2 generate with their
 replica's own full module (no copy while it is in the generation dtype), and under FSDP2 and ZeRO-3 keep a full
-copy in the generation dtype (bf16 on a GPU: 2 bytes a parameter, ``tasks.generation.rank_shared.generation_copy_bytes``),
-gathered at every ``generate`` call (one more all-gather of the weights a call); each rank's KV cache holds its
+copy in the generation dtype (bf16 on a GPU: 2 bytes a parameter,
+``tasks.generation.rank_shared.generation_copy_bytes``), gathered at every ``generate`` call (one more all-gather of the weights a call); each rank's KV cache holds its
 share's rows only; the prompts go out and the completions come back as pickled objects (a few MB a step). The KL
 reference (``train.kl_coef > 0``) is a frozen full copy on every rank.
 Under ``bf16-mixed`` the weights every rank generates with stay bf16 and get the new weights rounded from the
@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.types import RolloutGroup
+from tasks.generation.rank_shared import GenerationSetup, RankGenerator, RankSharedEngine
 from tasks.generation.rollout import HFEngine
 from tasks.model.attention import guard_attention
 from tasks.update.distributed import (
@@ -69,7 +70,6 @@ from tasks.update.policy_update import (
     set_lr,
 )
 from tasks.update.precision import Precision, resolve_precision
-from tasks.generation.rank_shared import GenerationSetup, RankGenerator, RankSharedEngine
 
 INIT, UPDATE, OPT_STATE, LOAD, STOP = "init", "update", "optim_state", "load", "stop"
 #: Every rank generating its share (tasks/generation/rank_shared.py): the engine's setup once, then each call.

@@ -66,8 +66,7 @@ def test_trl_control_refuses_what_it_cannot_mirror(tmp_path, overrides, expect):
 @pytest.mark.slow
 def test_trl_prompts_tokenized_like_our_engine():
     from tasks.bench.trl_control import _trainer_class
-    from tasks.model.loading import add_special
-    from tasks.model.loading import build_tokenizer, format_prompt
+    from tasks.model.loading import add_special, build_tokenizer, format_prompt
 
     tok = build_tokenizer()
     prompts = [format_prompt(tok, "12+(40-7)*3=?"), format_prompt(tok, "5%3=?")]

@@ -30,7 +30,8 @@ def test_a_real_looking_model_runs_the_whole_pipeline_on_gsm8k(tmp_path, lora):
     out = rlsift("run", "-c", str(ROOT / "tests" / "fixtures" / "tiny.yaml"), f"model.path={model}", sources,
                  f"paths.root={root}", "select.method=dots", "calibrate.k=8", "calibrate.g=2", "rollout.n=2",
                  "rollout.max_new_tokens=24", "train.steps=2", "train.prompts_per_step=4", "train.round_steps=1",
-                 "eval.samples=0", "seed=3", *(["model.lora.enabled=true", "model.lora.rank=4"] if lora else []), "--json",
+                 "eval.samples=0", "seed=3", *(["model.lora.enabled=true", "model.lora.rank=4"] if lora else []),
+                 "--json",
                  env=cli_env(tmp_path), timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
     s = json.loads(out.stdout)

@@ -163,10 +163,10 @@ def test_a_signal_during_training_then_resume_equals_an_uninterrupted_run(tmp_pa
 def test_a_resume_removes_the_temporary_folder_a_killed_generator_left(smoke_cfg):
     """A generator process killed with SIGKILL leaves its multiprocessing folder (a listener socket in it), which
     its run recorded: the resume removes it, and keeps one whose process still lives."""
-    from tasks.overlap.generator_process import GeneratorProcess
     from tasks.generation.rollout import HFEngine
-    from tasks.model.lora import plain_copy
     from tasks.model.loading import build_tiny_model, build_tokenizer
+    from tasks.model.lora import plain_copy
+    from tasks.overlap.generator_process import GeneratorProcess
     from tasks.run import TEMP_RECORD, open_run
 
     cfg = smoke_cfg()

@@ -7,12 +7,12 @@ from dataclasses import replace
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.cli import _plan_text, _run_text
-from flows.pipeline import RunSummary, describe, plan_summary
+from flows.summary import RunSummary, describe, plan_summary
 from rlcore.plan import choose
+from tasks.evaluation.heldout import PairedChange
 from tasks.plan.artifact import plan_description
 from tasks.records.layout import mlflow_layout
 from tasks.run import open_run
-from tasks.evaluation.heldout import PairedChange
 from tests.tasks.test_plan_config import plan_choosing
 
 WHERE = {"run_id", "mlflow_run_id", "mlflow_ui", "name", "status", "wall_s", "ledger", "tracking_uri", "run_dir"}

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from tasks.data.prompts import PromptRecord, prompt_id
+from tasks.evaluation.heldout import EvalCell, EvalResult, evaluate, flat_metrics, paired_change, table_rows
+from tasks.evaluation.report import eval_table
 from tasks.generation.rollout import Generation
 from tasks.model.loading import build_tokenizer
 from tasks.policy import Policy
-from tasks.evaluation.report import eval_table
-from tasks.evaluation.heldout import EvalCell, EvalResult, evaluate, flat_metrics, paired_change, table_rows
 
 
 def ev(correct: list[int], ids: list[str] | None = None) -> EvalResult:

@@ -10,6 +10,7 @@ import torch
 
 from tasks.config import ConfigError, LoraConfig
 from tasks.config.load import validate
+from tasks.model.loading import build_tiny_model, build_tokenizer, load_policy, save_policy
 from tasks.model.lora import (
     BaseModelView,
     apply_lora,
@@ -20,7 +21,6 @@ from tasks.model.lora import (
     plain_state_dict,
     trainable_parameters,
 )
-from tasks.model.loading import build_tiny_model, build_tokenizer, load_policy, save_policy
 from tasks.update.backend import build_updater
 from tests.policies import policy_of
 from tests.tasks import dist_update_helper as h

@@ -41,7 +41,7 @@ def _step(micro: int, *, lora: bool = False, kl: float = 0.0, silent: bool = Fal
     grads = torch.cat([p.grad.flatten() for p in params])
     adam = torch.optim.AdamW(params, lr=1e-3, eps=1e-3)  # eps >> rounding: no entry's sign is amplified
     policy_update(model, adam, copy.deepcopy(batch), LossSettings(kl_coef=kl, micro_batch_tokens=micro,
-                  skip_zero_advantage=silent, **kw), ref_model=ref).metrics
+                  skip_zero_advantage=silent, **kw), ref_model=ref)
     return stats, grads, torch.cat([p.detach().flatten() for p in params])
 
 

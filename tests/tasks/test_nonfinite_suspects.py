@@ -100,7 +100,7 @@ def test_the_recompute_under_checkpointing_gives_the_same_logprobs_and_gradients
         gradient_checkpointing(model, checkpointing)
         model.train()
         calls = [0]
-        model.model.layers[1].self_attn.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        model.model.layers[1].self_attn.register_forward_hook(lambda *_, c=calls: c.__setitem__(0, c[0] + 1))
         lp = token_logprobs(model, prompts, comp, mask, PAD, max_tokens=80)
         forward_calls = calls[0]
         (lp * torch.linspace(-1, 1, lp.numel()).reshape(lp.shape)).sum().backward()

@@ -18,11 +18,11 @@ import torch
 
 from rlcore.types import RolloutGroup
 from tasks.data import arith
-from tasks.overlap.generator_process import GeneratorDied, GeneratorProcess
 from tasks.generation.rollout import HFEngine, RolloutEngine
 from tasks.model.forward import token_logprobs
-from tasks.model.lora import plain_copy
 from tasks.model.loading import build_tiny_model, build_tokenizer
+from tasks.model.lora import plain_copy
+from tasks.overlap.generator_process import GeneratorDied, GeneratorProcess
 from tasks.update.policy_update import LossSettings, mismatch_metrics, policy_update
 from tests.tasks import dist_update_helper as h
 from tests.tasks.test_train import PRESETS, SMALL, run_train, text_reward

@@ -21,13 +21,13 @@ from transformers import LlamaForCausalLM
 
 from tasks.config import ConfigError
 from tasks.config.load import load_config
-from tasks.overlap.generator_process import GeneratorProcess, _serve
 from tasks.generation.rollout import HFEngine
 from tasks.generation.server_pool import ServerPool
 from tasks.model.loading import build_tiny_model, build_tokenizer
-from tasks.policy import Policy
 from tasks.overlap.concurrent import SamplerHandover, separate_devices, thread_split
+from tasks.overlap.generator_process import GeneratorProcess, _serve
 from tasks.plan.planner import decide_lag, lag_from_json, lag_to_json
+from tasks.policy import Policy
 from tests.conftest import ROOT
 from tests.tasks.test_train import PRESETS, SMALL, run_train, text_reward
 
@@ -157,10 +157,10 @@ def test_a_lag_1_run_starts_one_generator_process(smoke_cfg, pool, starts, monke
     other, so that it chooses lag 1 on a machine of any load (how the timing decides: tests/rlcore/test_plan.py);
     what is counted are the real process starts."""
     from rlcore import overlap_lag
-    from tasks.run import open_run
-    from tasks.stages import overlap_stage
-    from tasks.selection.features import compute_features
     from tasks.calibration.record import Calibration
+    from tasks.run import open_run
+    from tasks.selection.features import compute_features
+    from tasks.stages import overlap_stage
     from tasks.training.loop import train
 
     def faster(separate, probe, min_gain, worth=None):
@@ -223,9 +223,9 @@ def test_the_loop_trains_with_the_lag_it_decides(smoke_cfg, pool):
 
 def test_the_overlap_stage_keeps_its_choice_for_a_resume_and_takes_the_plans(smoke_cfg, pool):
     from rlcore.overlap_lag import LagChoice
+    from tasks.calibration.record import Calibration
     from tasks.run import open_run
     from tasks.stages import overlap_stage
-    from tasks.calibration.record import Calibration
     from tests.tasks.test_plan_config import plan_choosing
 
     run = open_run(smoke_cfg("overlap.lag=0"), track=False)

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from rlcore.plan import PoolStats, predict, update_rows
+from tasks.calibration.record import Calibration
+from tasks.calibration.reference import stratified_reference
 from tasks.config.load import load_config
 from tasks.data.arith import generate
-from tasks.calibration.record import Calibration
 from tasks.plan.planner import candidate_config, composition, pool_stats
 from tasks.plan.probe import ProbeInputs, _generation_sizes, _update_sizes, probe_costs, probe_groups
-from tasks.calibration.reference import stratified_reference
 from tests.conftest import SMOKE
 from tests.tasks.test_overlap_choice import tiny_policy
 

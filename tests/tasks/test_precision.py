@@ -20,8 +20,8 @@ import torch
 
 from tasks.config import ConfigError
 from tasks.config.load import load_config, validate
-from tasks.model.lora import apply_lora
 from tasks.model.loading import build_tiny_model
+from tasks.model.lora import apply_lora
 from tasks.update import precision
 from tasks.update.backend import build_updater
 from tasks.update.distributed import optimizer_step

@@ -11,8 +11,19 @@ import re
 import pytest
 import torch
 
-from tasks.generation.sampling import (CONSTANTS, E_MIN, _FusedDraw, exponential, mix64, noise_constants, race,
-                                       race_draw, race_noise, row_keys, step_keys)
+from tasks.generation.sampling import (
+    CONSTANTS,
+    E_MIN,
+    _FusedDraw,
+    exponential,
+    mix64,
+    noise_constants,
+    race,
+    race_draw,
+    race_noise,
+    row_keys,
+    step_keys,
+)
 
 MASK64 = (1 << 64) - 1
 INT32 = range(-(2**31), 2**31)

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tasks.generation.rank_shared import generation_copy_bytes
 from tasks.generation.rollout import Generation
 from tasks.generation.split import join, share_bounds
-from tasks.generation.rank_shared import generation_copy_bytes
 from tests.servers import torchrun_two_ranks
 
 ROOT = Path(__file__).resolve().parents[2]

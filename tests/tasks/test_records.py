@@ -7,9 +7,9 @@ from dataclasses import asdict, replace
 import pytest
 import torch
 
+from tasks.calibration.record import Calibration
 from tasks.records.files import atomic_write, write_json
 from tasks.run import RunInfo
-from tasks.calibration.record import Calibration
 from tasks.selection.features import Features
 
 

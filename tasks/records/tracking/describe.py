@@ -3,7 +3,7 @@ and the Prefect flow run that ran it, as MLflow's run tags. No MLflow import: ta
 
 * ``mlflow.runName``: what ran (tasks/run.py ``run_label``; an ``auto`` run is renamed after the plan's choice).
 * ``mlflow.note.content``: the run's Description, the first thing the run's Overview shows (Markdown); the
-  pipeline writes a few lines when the run ends (flows/pipeline.py ``describe``). What the tracker learns only when it
+  pipeline writes a few lines when the run ends (flows/summary.py ``describe``). What the tracker learns only when it
   sends them is settled then (:func:`settled`): a registration that waited out an MLflow outage, and the outage.
 * ``mlflow.source.git.commit``, ``mlflow.source.git.branch``, ``mlflow.source.name``, ``mlflow.source.type``: the
   project's commit (``git rev-parse HEAD``), branch and folder, when it is a git checkout (the run's Overview shows

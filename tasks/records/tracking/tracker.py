@@ -47,7 +47,7 @@ from mlflow.tracking import MlflowClient
 from tasks.records.files import write_text
 from tasks.records.layout import mlflow_key, mlflow_layout
 from tasks.records.tracking.describe import DESCRIPTION, PARENT_RUN, RUN_NAME, settled, source_tags
-from tasks.records.tracking.outbox import Outbox, OutageLog, requests
+from tasks.records.tracking.outbox import OutageLog, Outbox, requests
 from tasks.records.tracking.query import run_page, ui_hint
 from tasks.records.tracking.registry import register_version, save_mlflow_model
 
