@@ -16,8 +16,8 @@ training stage's recorder (tasks/training/recorder.py) sends once the checkpoint
 The cost meter of a resumed run is the checkpoint's plus what the resuming process spent before training (redone
 stages); the time a crashed process spent past its last checkpoint is not counted. A resume before the first
 checkpoint keeps the stages the crashed process recorded (``Run.carried``), so their cost is in every later step's
-totals. The step a resume continues from reports the peak memory of the phases an uninterrupted run's does (tasks/records/memory.py):
-the checkpoint write's, kept in the ``latest`` pointer (measured when the file is written, before the pointer and
+totals. The step a resume continues from reports the peak memory of the phases an uninterrupted run's does
+(tasks/records/memory.py): the checkpoint write's, kept in the ``latest`` pointer (measured when the file is written, before the pointer and
 the metrics' send), not those of the stages the resuming process redid before training.
 """
 
