@@ -17,8 +17,8 @@ The cost meter of a resumed run is the checkpoint's plus what the resuming proce
 stages); the time a crashed process spent past its last checkpoint is not counted. A resume before the first
 checkpoint keeps the stages the crashed process recorded (``Run.carried``), so their cost is in every later step's
 totals. The step a resume continues from reports the peak memory of the phases an uninterrupted run's does
-(tasks/records/memory.py): the checkpoint write's, kept in the ``latest`` pointer (measured when the file is written, before the pointer and
-the metrics' send), not those of the stages the resuming process redid before training.
+(tasks/records/memory.py): the checkpoint write's, kept in the ``latest`` pointer (measured when the file is written,
+before the pointer and the metrics' send), not those of the stages the resuming process redid before training.
 """
 
 from __future__ import annotations

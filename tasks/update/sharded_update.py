@@ -24,16 +24,15 @@ Design (the simplest one that stays exactly equivalent to one process; see ``doc
   A resume needs the same backend and world size.
 
 Costs: rank 0 holds its full generation copy next to its training replica (twice the weights; for DDP and
-ZeRO-2 the replica is itself full), and each step moves the full weights once (gather + copy), as any
-rollout-weight sync does. With every rank generating, ranks 1..W-1 under DDP and ZeRO-2 generate with their
-replica's own full module (no copy while it is in the generation dtype), and under FSDP2 and ZeRO-3 keep a full
-copy in the generation dtype (bf16 on a GPU: 2 bytes a parameter,
-``tasks.generation.rank_shared.generation_copy_bytes``), gathered at every ``generate`` call (one more all-gather
-of the weights a call); each rank's KV cache holds its share's rows only; the prompts go out and the completions
-come back as pickled objects (a few MB a step). The KL reference (``train.kl_coef > 0``) is a frozen full copy on every rank.
-Under ``bf16-mixed`` the weights every rank generates with stay bf16 and get the new weights rounded from the
-float32 masters (FSDP2's gathered float32 shards, DDP's :class:`~tasks.update.precision.MasterWeights`, DeepSpeed's
-own).
+ZeRO-2 the replica is itself full), and each step moves the full weights once (gather + copy), as any rollout-weight
+sync does. With every rank generating, ranks 1..W-1 under DDP and ZeRO-2 generate with their replica's own full module
+(no copy while it is in the generation dtype), and under FSDP2 and ZeRO-3 keep a full copy in the generation dtype
+(bf16 on a GPU: 2 bytes a parameter, ``tasks.generation.rank_shared.generation_copy_bytes``), gathered at every
+``generate`` call (one more all-gather of the weights a call); each rank's KV cache holds its share's rows only; the
+prompts go out and the completions come back as pickled objects (a few MB a step). The KL reference (``train.kl_coef >
+0``) is a frozen full copy on every rank. Under ``bf16-mixed`` the weights every rank generates with stay bf16 and get
+the new weights rounded from the float32 masters (FSDP2's gathered float32 shards, DDP's
+:class:`~tasks.update.precision.MasterWeights`, DeepSpeed's own).
 """
 
 from __future__ import annotations
