@@ -58,7 +58,8 @@ from tasks.selection.features import compute_features
 from tasks.selection.screen import policy_likelihood
 from tasks.selection.selector import dots_predictor
 from tasks.update.distributed import optimizer_step
-from tasks.update.policy_update import LocalUpdater, LossSettings
+from tasks.update.policy_update import LocalUpdater
+from tasks.update.updater import LossSettings
 from tasks.update.precision import resolve_precision
 
 #: Values a training step logs (tasks/training/loop.py; 78-84 on the embedded task): the probe's metrics line.

@@ -7,7 +7,7 @@ One step (verl-style, every phase timed so the timing metrics read as a table of
              select B_fresh prompts, generate n rollouts each, verify, keep m of n (PODS), advantages
              (tasks/training/draw.py; n and B_fresh from the adaptive composition's plan)
     update   mix in B - B_fresh replayed groups (rlcore.replay_buffer); a clipped policy-gradient step at the
-             step's lr (the run's Updater, tasks/update/policy_update.py), which returns the fresh groups'
+             step's lr (the run's Updater, tasks/update/updater.py), which returns the fresh groups'
              behaviour log-probs
     observe  admit fresh groups with 0 < success < 1 (from all n) to the buffer; label the predictor
     record   ledger rows for every selection and group, metrics (tasks/training/recorder.py)
@@ -57,7 +57,7 @@ from tasks.selection.selector import Selector
 from tasks.update.backend import build_updater, share_generation
 from tasks.update.nan_locator import SkippedUpdate
 from tasks.update.skip_guard import SkipGuard
-from tasks.update.policy_update import Updater, scheduled_lr
+from tasks.update.updater import Updater, scheduled_lr
 
 log = logging.getLogger("rlsift.train")
 
@@ -109,7 +109,7 @@ class StepUpdate:
         batch: every group trained (the fresh ones as drawn, then the replayed ones).
         replayed: replayed groups in ``batch``.
         lr: the step's learning rate.
-        stats: the updater's metrics (:class:`~tasks.update.policy_update.UpdateResult`).
+        stats: the updater's metrics (:class:`~tasks.update.updater.UpdateResult`).
         seconds: the update's wall seconds.
         timing: the overlap's timing when the update ran beside the next step's draw (lag 1), else None.
         skipped: the minibatches the update did not apply (non-finite loss or gradient), with cause and site.

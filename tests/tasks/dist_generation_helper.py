@@ -25,7 +25,7 @@ from tasks.policy import Policy
 from tasks.plan.planner import decide_lag
 from tasks.update.backend import share_generation
 from tasks.update.distributed import init_distributed, is_rank0
-from tasks.update.policy_update import LossSettings
+from tasks.update.updater import LossSettings
 from tasks.update.sharded_update import Driver, serve, stop_workers
 from tests.tasks.dist_update_helper import make_batch
 

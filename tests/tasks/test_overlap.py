@@ -23,7 +23,9 @@ from tasks.generation.rollout import HFEngine, RolloutEngine
 from tasks.model.forward import token_logprobs
 from tasks.model.lora import plain_copy
 from tasks.model.loading import build_tiny_model, build_tokenizer
-from tasks.update.policy_update import LossSettings, mismatch_metrics, policy_update
+from tasks.update.loss import mismatch_metrics
+from tasks.update.policy_update import policy_update
+from tasks.update.updater import LossSettings
 from tests.tasks import dist_update_helper as h
 from tests.tasks.test_train import PRESETS, SMALL, run_train, text_reward
 

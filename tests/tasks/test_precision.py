@@ -24,7 +24,8 @@ from tasks.model.loading import build_tiny_model
 from tasks.update import precision
 from tasks.update.backend import build_updater
 from tasks.update.distributed import optimizer_step
-from tasks.update.policy_update import LossSettings, policy_update
+from tasks.update.policy_update import policy_update
+from tasks.update.updater import LossSettings
 from tasks.update.precision import (
     MasterWeights,
     Precision,

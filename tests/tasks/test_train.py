@@ -22,7 +22,7 @@ from tasks.policy import Policy
 from tasks.run import open_run
 from tasks.selection.features import compute_features
 from tasks.training.loop import train
-from tasks.update.policy_update import scheduled_lr
+from tasks.update.updater import scheduled_lr
 
 PRESETS = "conf/presets/{}.yaml"
 ARMS = "conf/bench/{}.yaml"  # the benchmark's arms: experimental variants
