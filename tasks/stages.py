@@ -47,7 +47,8 @@ from tasks.evaluation.heldout import EvalResult, evaluate, flat_metrics, table_r
 from tasks.evaluation.report import eval_by_level, eval_levels, eval_table
 from tasks.training.loop import TRAIN_PHASES, HeldoutEval, TrainSummary, training
 from tasks.plan.artifact import plan_table
-from tasks.plan.planner import Plan, decide_lag, lag_from_json, lag_to_json, make_plan, probe_records
+from tasks.overlap.lag import decide_lag, lag_from_json, lag_to_json
+from tasks.plan.planner import Plan, make_plan, probe_records
 from tasks.calibration.reference import policy_measure, reference_rollouts, stratified_reference
 from tasks.selection.features import Features
 from tasks.update.precision import resolve_precision
@@ -214,7 +215,7 @@ def name_the_choice(run: Run, plan: Plan) -> None:
 @stage(name="overlap")
 def overlap_stage(run: Run, policy: Policy, pool: list[PromptRecord], calibration: Calibration,
                   plan: Plan | None = None) -> LagChoice:
-    """The overlap's lag for the training stage (tasks/plan/planner.py ``decide_lag``): the plan's where it ran,
+    """The overlap's lag for the training stage (tasks/overlap/lag.py ``decide_lag``): the plan's where it ran,
     else decided here (``overlap.lag=auto`` on a shared device: a probe on the reference prompts where it pays for
     itself, whose generator process the training then samples from). Recorded as the MLflow tags
     ``rlsift.overlap.*`` and the run's ``overlap.json``, which a resumed run reuses."""

@@ -47,7 +47,8 @@ from tasks.training import checkpoint
 from tasks.calibration.record import Calibration
 from tasks.training.draw import DRAW_PHASES, FreshBatch, StepDraw, sample_fresh, use_sampler_behaviour
 from tasks.overlap.concurrent import Overlap, OverlapTimes, Sampler, open_sampler
-from tasks.plan.planner import decide_lag, probe_records
+from tasks.overlap.lag import decide_lag
+from tasks.plan.planner import probe_records
 from tasks.training.recorder import Recorder
 from tasks.calibration.reference import policy_measure
 from tasks.training.rounds import RoundLog

@@ -10,7 +10,8 @@ import torch
 from flows.pipeline import pipeline, plan_flow
 from tasks.records.ledger import Ledger
 from tasks.records.tracking import run_info
-from tasks.plan.planner import Plan, lag_from_json
+from tasks.overlap.lag import lag_from_json
+from tasks.plan.planner import Plan
 from tests.flows.test_pipeline import flow_run_artifacts
 
 SMOKE = str(Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "tiny.yaml")
