@@ -45,7 +45,8 @@ from tasks.selection.features import compute_features
 from tasks.calibration.record import Calibration
 from tasks.evaluation.heldout import EvalResult, evaluate, flat_metrics, table_rows
 from tasks.evaluation.report import eval_by_level, eval_levels, eval_table
-from tasks.training.loop import TRAIN_PHASES, HeldoutEval, TrainSummary, training
+from tasks.training.entry import training
+from tasks.training.loop import TRAIN_PHASES, HeldoutEval, TrainSummary
 from tasks.plan.artifact import plan_table
 from tasks.overlap.lag import decide_lag, lag_from_json, lag_to_json
 from tasks.plan.planner import Plan, make_plan, probe_records
@@ -282,8 +283,8 @@ def run_round(index: int, body: Callable[[], None]) -> None:
 @stage(name="train")
 def train_stage(run: Run, policy: Policy, pool: list[PromptRecord], features: Features, test: list[PromptRecord],
                 calibration: Calibration, lag: LagChoice | None = None) -> TrainSummary:
-    """Training (tasks/training/loop.py ``Trainer``), each round a task run of its own (:func:`run_round`), with a
-    greedy held-out evaluation every ``eval.every`` steps (:func:`eval_during`)."""
+    """Training (tasks/training/loop.py ``Trainer``, built by tasks/training/entry.py), each round a task run of its
+    own (:func:`run_round`), with a greedy held-out evaluation every ``eval.every`` steps (:func:`eval_during`)."""
     evaluate_fn = partial(eval_during, run, policy, test)
     with training(run, policy, pool, features, calibration, evaluate=evaluate_fn, lag=lag) as trainer:
         for round_ in trainer.rounds():

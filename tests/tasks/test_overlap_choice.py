@@ -161,7 +161,7 @@ def test_a_lag_1_run_starts_one_generator_process(smoke_cfg, pool, starts, monke
     from tasks.stages import overlap_stage
     from tasks.training import score
     from tasks.calibration.record import Calibration
-    from tasks.training.loop import train
+    from tasks.training.entry import train
 
     def faster(separate, probe, min_gain, worth=None):
         fast = None if probe is None else dataclasses.replace(probe, at_once_s=probe.sequential_s / 2)
