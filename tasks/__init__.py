@@ -12,7 +12,8 @@ beside the update, and whether a run overlaps). ``policy`` is the :class:`~tasks
 around.
 
 The stores and context: ``config`` (typed, frozen configuration, every default, and its loader), ``records``
-(the ledger package, the only duckdb user and the only SQL; tracking, the only MLflow user; cost, plots), ``run`` (the run context every stage
-receives), ``preflight`` (checks before any heavy import) and ``bench`` (the benchmark's analysis and report).
+(ledger, the only package with duckdb and SQL; tracking, the only MLflow user; cost, plots), ``run`` (the run
+context every stage receives), ``preflight`` (checks before any heavy import) and ``bench`` (the benchmark's analysis
+and report).
 tests/test_architecture.py keeps the packages in layers: no import cycle between them.
 """
