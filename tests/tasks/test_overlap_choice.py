@@ -159,7 +159,7 @@ def test_a_lag_1_run_starts_one_generator_process(smoke_cfg, pool, starts, monke
     from rlcore import overlap_lag
     from tasks.run import open_run
     from tasks.stages import overlap_stage
-    from tasks.training import score
+    from tasks.selection.features import compute_features
     from tasks.calibration.record import Calibration
     from tasks.training.entry import train
 
@@ -167,7 +167,7 @@ def test_a_lag_1_run_starts_one_generator_process(smoke_cfg, pool, starts, monke
         fast = None if probe is None else dataclasses.replace(probe, at_once_s=probe.sequential_s / 2)
         return overlap_lag.choose_lag(separate, fast, min_gain, worth)
 
-    monkeypatch.setattr("tasks.plan.planner.choose_lag", faster)
+    monkeypatch.setattr("tasks.overlap.lag.choose_lag", faster)
     small = [o for o in SMALL if not o.startswith("overlap.")]
     policy = tiny_policy()
     threads = torch.get_num_threads()
@@ -180,7 +180,7 @@ def test_a_lag_1_run_starts_one_generator_process(smoke_cfg, pool, starts, monke
         assert kept.pid == starts[0] and kept.alive
         assert torch.get_num_threads() == threads  # the stages before the training keep every thread
         run.cfg = smoke_cfg(*small, CROWDED, "train.steps=3", path=PRESETS.format("grpo"))
-        feats = score.score(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
+        feats = compute_features(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
         summary = train(run, policy, pool, feats, calibration, lag=choice)
         assert summary.steps == 3 and summary.overlap and len(starts) == 1 and run.handover.kept is None
         assert not kept.alive  # the training sampled from the probe's process and closed it when it ended
