@@ -1,4 +1,4 @@
-"""``rlsift ledger runs|why|round|sql``: answers from the ledger (tasks/records/ledger.py), light on purpose.
+"""``rlsift ledger runs|why|round|sql``: answers from the ledger (tasks/records/ledger/), light on purpose.
 
 It imports the config, duckdb and rich only (no torch, Prefect or MLflow), so it answers in about a second, also
 while a run writes the ledger (it then reads a snapshot). flows/cli.py builds its subcommands and calls

@@ -69,14 +69,15 @@ from tasks.model.lora import apply_lora, base_model, trainable_parameters  # noq
 from tasks.records.memory import own_peak_mb, reset_own_peak  # noqa: E402
 from tasks.update.memory_check import ModelShape, estimate  # noqa: E402
 from tasks.update.nan_locator import SkippedUpdate, inject_nan  # noqa: E402
-from tasks.update.policy_update import LossSettings, gradient_checkpointing, policy_update  # noqa: E402
-from tasks.update.precision import (  # noqa: E402
+from tasks.update.policy_update import gradient_checkpointing, policy_update  # noqa: E402  # noqa: E402
+from tasks.update.precision import (  # noqa: E402  # noqa: E402
     PRECISIONS,
     Precision,
     adamw_kernel,
     build_optimizer,
     resolve_precision,
 )
+from tasks.update.updater import LossSettings  # noqa: E402
 
 #: Qwen2.5 configs (their config.json): hidden, MLP width, layers, heads, key-value heads, tied embeddings.
 SHAPES = {

@@ -61,6 +61,7 @@ from tasks.model.loading import format_prompt, load_policy
 from tasks.generation.rollout import HFEngine
 from tasks.run import resolve_device
 from tasks.update.policy_update import policy_update
+from tasks.update.updater import LossSettings
 from tasks.update.precision import build_optimizer, resolve_precision
 
 summary = json.loads(Path(sys.argv[1]).read_text())
@@ -95,8 +96,8 @@ if cuda:
 times = []
 for _ in range(steps):
     sync(); t0 = time.perf_counter()
-    policy_update(model, opt, groups, clip_eps=0.2, aggregation="token", grad_clip=1.0, temperature=1.0, minibatches=1, kl_coef=0.0,
-                  pad_id=tok.pad_token_id, device=device)
+    policy_update(model, opt, groups, LossSettings(clip_eps=0.2, aggregation="token", grad_clip=1.0, temperature=1.0,
+                                                   minibatches=1, kl_coef=0.0, pad_id=tok.pad_token_id), device=device)
     sync(); times.append(time.perf_counter() - t0)
 peak_upd = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
 gib = lambda x: "n/a on CPU" if x is None else f"{x:.2f} GiB"

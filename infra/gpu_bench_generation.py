@@ -40,7 +40,9 @@ from rlcore.types import RolloutGroup
 from tasks.generation.decode import DecodeOptions, Decoder
 from tasks.generation.sampling import Sampling
 from tasks.model.forward import token_logprobs
-from tasks.update.policy_update import LossSettings, mismatch_metrics, policy_update
+from tasks.update.loss import mismatch_metrics
+from tasks.update.policy_update import policy_update
+from tasks.update.updater import LossSettings
 
 #: Memory bandwidth (TB/s) and dense bf16 TFLOP/s of the cards the check knows (vendor figures, SXM parts).
 CARDS = {"H100": (3.35, 989.0), "H200": (4.8, 989.0), "A100": (2.0, 312.0)}

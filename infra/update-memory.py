@@ -37,7 +37,8 @@ def one(arm: str, hidden: int, layers: int) -> dict:
     from rlcore.types import RolloutGroup
     from tasks.config import LoraConfig
     from tasks.model.lora import apply_lora, base_model, trainable_parameters
-    from tasks.update.policy_update import LossSettings, gradient_checkpointing, policy_update
+    from tasks.update.policy_update import gradient_checkpointing, policy_update
+    from tasks.update.updater import LossSettings
 
     torch.set_num_threads(2)
     torch.manual_seed(0)

@@ -13,7 +13,6 @@ its ledger rows. Training continues from its checkpoint (tasks/training/checkpoi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Callable
@@ -46,10 +45,11 @@ from tasks.records.files import write_json
 from tasks.records.label import run_label
 from tasks.records.ledger import ReferenceRow
 from tasks.records.progress import pulse
-from tasks.records.tracking import pending_registration
+from tasks.report.registration import refusal, registration, version_description, version_tags
 from tasks.run import Run
 from tasks.selection.features import Features, compute_features
-from tasks.training.loop import TRAIN_PHASES, HeldoutEval, TrainSummary, training
+from tasks.training.entry import training
+from tasks.training.loop import TRAIN_PHASES, HeldoutEval, TrainSummary
 
 log = logging.getLogger("rlsift")
 stage = task(cache_policy=NO_CACHE, persist_result=False)
@@ -213,7 +213,7 @@ def name_the_choice(run: Run, plan: Plan) -> None:
 @stage(name="overlap")
 def overlap_stage(run: Run, policy: Policy, pool: list[PromptRecord], calibration: Calibration,
                   plan: Plan | None = None) -> LagChoice:
-    """The overlap's lag for the training stage (tasks/plan/planner.py ``decide_lag``): the plan's where it ran,
+    """The overlap's lag for the training stage (tasks/overlap/lag.py ``decide_lag``): the plan's where it ran,
     else decided here (``overlap.lag=auto`` on a shared device: a probe on the reference prompts where it pays for
     itself, whose generator process the training then samples from). Recorded as the MLflow tags
     ``rlsift.overlap.*`` and the run's ``overlap.json``, which a resumed run reuses."""
@@ -280,8 +280,8 @@ def run_round(index: int, body: Callable[[], None]) -> None:
 @stage(name="train")
 def train_stage(run: Run, policy: Policy, pool: list[PromptRecord], features: Features, test: list[PromptRecord],
                 calibration: Calibration, lag: LagChoice | None = None) -> TrainSummary:
-    """Training (tasks/training/loop.py ``Trainer``), each round a task run of its own (:func:`run_round`), with a
-    greedy held-out evaluation every ``eval.every`` steps (:func:`eval_during`)."""
+    """Training (tasks/training/loop.py ``Trainer``, built by tasks/training/entry.py), each round a task run of its
+    own (:func:`run_round`), with a greedy held-out evaluation every ``eval.every`` steps (:func:`eval_during`)."""
     evaluate_fn = partial(eval_during, run, policy, test)
     with training(run, policy, pool, features, calibration, evaluate=evaluate_fn, lag=lag) as trainer:
         for round_ in trainer.rounds():
@@ -332,30 +332,6 @@ def publish_eval(run: Run, phase: str, result: EvalResult) -> None:
         eval_by_level(title(run), EvalResult.load(start), result)
 
 
-def refusal(start_acc: float, end_acc: float, tolerance: float | None) -> str | None:
-    """Why the quality gate refuses to register a trained model (``tracking.register_tolerance``), or None."""
-    if tolerance is None or end_acc >= start_acc - tolerance:
-        return None
-    return (f"held-out greedy accuracy {end_acc:.3f} is below the starting model's {start_acc:.3f} by more than "
-            f"tracking.register_tolerance={tolerance}")
-
-
-def registration(name: str, register: bool, version: str | None, refused: str | None) -> str:
-    """What became of the final model, in words: ``registered <name> version <v>`` or why not (``register``:
-    ``tracking.register_model``; ``refused``: the quality gate's reason, :func:`refusal`)."""
-    return (f"registered {name} version {version}" if version is not None
-            else "not registered: tracking.register_model=false" if not register
-            else f"not registered: {refused}" if refused
-            else pending_registration(name))  # the tracker says it registered once it has sent it
-
-
-def config_tags(cfg) -> dict[str, str]:
-    """A model version's config tag: the resolved config's hash (the config itself is the run's
-    ``config.json`` artifact; as a tag it would push the lineage tags out of the registry's view)."""
-    text = json.dumps(cfg.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return {"config_sha256": hashlib.sha256(text.encode()).hexdigest()}
-
-
 @dataclass(frozen=True)
 class Report:
     """What the report stage leaves: the final model's folder, its registered version (None when not
@@ -393,26 +369,3 @@ def report_stage(run: Run, policy: Policy, start: EvalResult, end: EvalResult, s
              end.overall.greedy_acc, summary.steps, registration(tc.model_name, tc.register_model, version, why))
     stage_done(run, "report", summary.steps)
     return Report(model_path=str(final), model_version=version, table=table)
-
-
-def version_tags(run: Run, end: EvalResult, summary: TrainSummary) -> dict[str, str]:
-    """A registered version's tags: the run, its lineage (``parent_version`` only when it continues one; the data's
-    fingerprint), its steps, config hash, held-out greedy accuracy (``heldout_accuracy``, 4 decimals), the
-    precision it trained in and its weights' dtype (``weights_dtype``: the compute dtype, bf16 under bf16-mixed)."""
-    info = run.info
-    precision = run.precision
-    return {"rlsift.run_id": run.run_id, **({"parent_version": info.parent_version} if info.parent_version else {}),
-            **({"data_fingerprint": info.data_fingerprint} if info.data_fingerprint else {}),
-            "steps": str(summary.steps), "heldout_accuracy": f"{end.overall.greedy_acc:.4f}",
-            "precision": precision.name, "weights_dtype": str(precision.compute).removeprefix("torch."),
-            **config_tags(run.cfg)}
-
-
-def version_description(run: Run, start: EvalResult, end: EvalResult, summary: TrainSummary) -> str:
-    """A registered version's description: what trained it, what it started from and its held-out accuracy."""
-    name = f" ({run.tracker.name})" if run.tracker.name else ""
-    origin = (f"continues version {run.info.parent_version}" if run.info.parent_version
-              else f"started from {run.info.policy_path}" if run.info.policy_path else "")
-    return (f"Trained by rlsift run {run.run_id}{name}, {summary.steps} steps{'; ' + origin if origin else ''}. "
-            f"Held-out greedy accuracy {start.overall.greedy_acc:.3f} -> {end.overall.greedy_acc:.3f} "
-            f"on {end.overall.n} prompts.")

@@ -1,4 +1,4 @@
-"""Import direction: flows -> tasks -> rlcore; rlcore stays pure; only the ledger module touches duckdb and
+"""Import direction: flows -> tasks -> rlcore; rlcore stays pure; only the ledger package touches duckdb and
 holds SQL, only the tracking package touches MLflow; tasks/ is packages by concern, not a flat folder."""
 
 import ast
@@ -28,7 +28,7 @@ def test_rlcore_imports_only_stdlib_numpy_torch():
         assert not bad, f"{f.name} imports {bad}"
 
 
-LEDGER = ROOT / "tasks" / "records" / "ledger.py"
+LEDGER = ROOT / "tasks" / "records" / "ledger"
 TRACKING = ROOT / "tasks" / "records" / "tracking"
 #: A string literal that is a SQL statement (the start of one, in any case).
 SQL = re.compile(r"^\s*(SELECT\s.+\sFROM\s|INSERT\s+INTO\s|DELETE\s+FROM\s|UPDATE\s+\w+\s+SET\s|"
@@ -39,11 +39,13 @@ def sources(*folders: str) -> list[Path]:
     return sorted(f for d in folders for f in (ROOT / d).rglob("*.py"))
 
 
-def test_tasks_never_import_flows_and_only_one_module_each_for_duckdb_mlflow():
+def test_tasks_never_import_flows_and_only_one_package_each_for_duckdb_mlflow():
+    assert any("duckdb" in imports(f) for f in LEDGER.rglob("*.py")), \
+        f"{LEDGER} should be the package that touches duckdb"
     for f in sources("tasks"):
         mods = imports(f)
         assert "flows" not in mods, f
-        if f != LEDGER:
+        if LEDGER not in f.parents:
             assert "duckdb" not in mods, f
         if TRACKING not in f.parents:
             assert "mlflow" not in mods, f
@@ -51,13 +53,35 @@ def test_tasks_never_import_flows_and_only_one_module_each_for_duckdb_mlflow():
         assert not {"duckdb", "mlflow"} & imports(f), f
 
 
-def test_sql_lives_only_in_the_ledger_module():
+def sql_literals(path: Path) -> list[tuple[int, str]]:
+    """The string literals of ``path`` that are SQL statements: (line, text)."""
+    return [(node.lineno, node.value) for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and SQL.match(node.value)]
+
+
+def test_sql_lives_only_in_the_ledger_package():
+    assert any(sql_literals(f) for f in LEDGER.rglob("*.py")), f"{LEDGER} should hold the SQL"
     for f in sources("rlcore", "tasks", "flows"):
-        if f == LEDGER:
+        if LEDGER in f.parents:
             continue
-        for node in ast.walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                assert not SQL.match(node.value), f"{f.relative_to(ROOT)}:{node.lineno} holds SQL: {node.value[:60]!r}"
+        for line, text in sql_literals(f):
+            raise AssertionError(f"{f.relative_to(ROOT)}:{line} holds SQL: {text[:60]!r}")
+
+
+def test_the_sql_check_sees_sql_outside_the_ledger_package(tmp_path, monkeypatch):
+    """The check above fails on a module beside the ledger package that holds a SQL statement."""
+    for folder in ("rlcore", "flows", "tasks/records/ledger"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "tasks" / "records" / "ledger" / "store.py").write_text('Q = "SELECT * FROM runs"\n')
+    (tmp_path / "tasks" / "records" / "cost.py").write_text('Q = "DELETE FROM groups WHERE step > ?"\n')
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "LEDGER", tmp_path / "tasks" / "records" / "ledger")
+    try:
+        test_sql_lives_only_in_the_ledger_package()
+    except AssertionError as err:
+        assert "tasks/records/cost.py:1 holds SQL" in str(err)
+    else:
+        raise AssertionError("SQL outside the ledger package went unseen")
 
 
 def test_tasks_is_packages_by_concern_each_saying_what_lives_there():

@@ -69,7 +69,7 @@ def grpo_args(cfg: Config, out_dir: Path, device: torch.device, precision: Preci
     if tc.warmup_steps or tc.lr_schedule != "constant":
         raise ValueError("the TRL control runs GRPO's constant learning rate: it needs train.warmup_steps=0 and "
                          f"train.lr_schedule=constant, got {tc.warmup_steps} and {tc.lr_schedule!r} (transformers' "
-                         "schedules count their steps differently from tasks.update.policy_update.scheduled_lr)")
+                         "schedules count their steps differently from tasks.update.updater.scheduled_lr)")
     if tc.kl_coef > 0 and tc.kl_rows != "all":
         raise ValueError(f"the TRL control's KL term covers every completion: train.kl_rows must be 'all' with "
                          f"train.kl_coef > 0, got {tc.kl_rows!r}")

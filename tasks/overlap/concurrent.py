@@ -18,7 +18,7 @@ The sampler is a :class:`Sampler`:
   to the server before every draw, not only at round boundaries.
 
 A run starts one generator process at most: where ``overlap.lag=auto`` probes the overlap on a shared device
-(tasks/plan/planner.py ``decide_lag``), the probe's process is kept for the training stage when it chooses lag 1
+(tasks/overlap/lag.py ``decide_lag``), the probe's process is kept for the training stage when it chooses lag 1
 (:class:`SamplerHandover`, held by the run, closed with it on every error path) and the training samples from it
 (:func:`open_sampler`) instead of starting a second one.
 

@@ -6,28 +6,25 @@ reference prompt weighted by the share of the pool its level holds over its shar
 stratified by level), and, where every prompt has a worked solution, by the screen's likelihood of each reference
 prompt's solution (one forward pass each).
 
-The overlap (``overlap.lag``, :func:`decide_lag`): as configured, or for ``auto`` rlcore.overlap_lag.choose_lag, from
-where the sampler and the trainer run (tasks/overlap/concurrent.py ``separate_devices``) and, where they share a
-device, :func:`probe_overlap`: the same draw and update, alone and at once. The plan records the choice for the
-config its chosen candidate trains; a run without the plan decides it in its own stage (tasks/stages.py).
+The plan also records the overlap's lag for the config its chosen candidate trains (``Plan.overlap``, decided by
+tasks/overlap/lag.py ``decide_lag`` with the chosen candidate's predicted step); a run without the plan decides it
+in its own stage (tasks/stages.py).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import statistics
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rlcore.overlap_lag import LagChoice, OverlapProbe, ProbeWorth, choose_lag, probe_cost
+from rlcore.overlap_lag import LagChoice
 from rlcore.plan import Composition, PoolStats, Prediction, RunClock, choose, predict, run_clock
 from rlcore.seeding import derive_seed
 from rlcore.step_costs import CallCost, UnitCosts
@@ -35,15 +32,13 @@ from tasks.calibration.record import Calibration
 from tasks.config import Config, ConfigError
 from tasks.config.load import preset_overrides, with_overrides
 from tasks.data.prompts import PromptRecord
-from tasks.generation.rollout import Generation
-from tasks.model.forward import token_logprobs
-from tasks.overlap.concurrent import Sampler, SamplerHandover, separate_devices, thread_split
+from tasks.overlap.concurrent import SamplerHandover
+from tasks.overlap.lag import decide_lag, lag_from_json, lag_to_json
 from tasks.plan.probe import ProbeInputs, probe_costs
 from tasks.policy import Policy
 from tasks.records.files import write_json
 from tasks.records.progress import pulse
 from tasks.selection.screen import policy_likelihood
-from tasks.update.backend import ranks_generate
 
 log = logging.getLogger("rlsift.plan")
 
@@ -102,139 +97,9 @@ def pool_stats(policy: Policy, pool: list[PromptRecord], calibration: Calibratio
                      weights=tuple(in_pool[lv] / len(pool) / in_refs[lv] for lv in levels))
 
 
-def _update_probe(policy: Policy, gen: Generation, cfg: Config, device: torch.device | str):
-    """``rows -> seconds`` for the overlap probe: the update's work on rows of ``gen`` (a slice): a no-grad forward
-    (pi_old), then a forward and backward pass; the gradients are dropped, the weights do not change."""
-    rc, tc = cfg.rollout, cfg.train
-    prompts = [gen.prompt_ids[i // gen.n] for i in range(gen.completion_ids.shape[0])]
-    pad, model = policy.tokenizer.pad_token_id, policy.model
-
-    def update(r: slice) -> float:
-        args = (model, prompts[r], gen.completion_ids[r], gen.completion_mask[r], pad, rc.temperature, device)
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            token_logprobs(*args, max_tokens=tc.micro_batch_tokens)
-        token_logprobs(*args, max_tokens=tc.micro_batch_tokens).sum().backward()
-        model.zero_grad(set_to_none=True)
-        return time.perf_counter() - t0
-
-    return update
-
-
-#: The overlap probe repeats its draw, update and both at once until the time one after the other adds up to this
-#: many seconds (a tiny model's step is a tenth of a second, within a loaded machine's noise), at most
-#: :data:`OVERLAP_PROBE_REPEATS` times.
-OVERLAP_PROBE_S = 2.0
-OVERLAP_PROBE_REPEATS = 5
-
-
-def probe_worth(draw_s: float, update_s: float, cfg: Config) -> ProbeWorth:
-    """Whether the overlap probe can pay for itself on a run of ``cfg`` whose step draws in ``draw_s`` and updates in
-    ``update_s`` (rlcore/overlap_lag.py :class:`ProbeWorth`; the process's start predicted at ``overlap.start_s``)."""
-    start = cfg.overlap.start_s
-    return ProbeWorth(draw_s=draw_s, update_s=update_s, steps=cfg.train.steps, start_s=start,
-                      probe_s=probe_cost(draw_s, update_s, start, OVERLAP_PROBE_S, OVERLAP_PROBE_REPEATS))
-
-
-def probe_overlap(policy: Policy, records: list[PromptRecord], cfg: Config, seed: int,
-                  device: torch.device | str = "cpu", expected: tuple[float, float] | None = None,
-                  handover: SamplerHandover | None = None) -> LagChoice:
-    """The lag on a device the sampler and the trainer share, probed where the probe pays for itself.
-
-    One step's draw (``train.prompts_per_step`` of ``records``, cycled, ``rollout.n`` rollouts each) and one update
-    over its rows (forward and backward, no optimizer step) are timed alone with every thread (lag 0), after a
-    first call of each. ``expected`` (a step's draw and update seconds, the plan's prediction) or these timings
-    say whether the rest of the probe can pay for itself (:func:`probe_worth`); where it cannot, lag 0 without it.
-    Else the generator process starts (timed until its first call came back) and the draw runs in it while the
-    update runs here, as a lag-1 run has them, alternating with both alone (:data:`OVERLAP_PROBE_S`) so that
-    each repeat sees the same load; the record holds their medians. Where the choice is lag 1 and ``handover`` is
-    given, the process is kept there for the training (tasks/overlap/concurrent.py :class:`SamplerHandover`); else
-    it is closed, as it is on any error."""
-    rc, oc = cfg.rollout, cfg.overlap
-    worth = None if expected is None else probe_worth(*expected, cfg)
-    if worth is not None and not worth.pays:
-        return choose_lag(None, None, oc.min_gain, worth)
-    prompts = policy.prompts([records[i % len(records)] for i in range(cfg.train.prompts_per_step)])
-    policy.engine.generate(prompts[:1], n=rc.n, seed=seed)  # warm-up: first-call costs are not the draw's
-    t0 = time.perf_counter()
-    gen = policy.engine.generate(prompts, n=rc.n, seed=seed)
-    first_draw_s = time.perf_counter() - t0
-    update = _update_probe(policy, gen, cfg, device)
-    update(slice(None))  # warm-up: the update at once runs on the same rows
-    first_update_s = update(slice(None))
-    if worth is None:
-        worth = probe_worth(first_draw_s, first_update_s, cfg)
-        if not worth.pays:
-            return choose_lag(None, None, oc.min_gain, worth)
-    total = torch.get_num_threads()
-    t0 = time.perf_counter()
-    sampling = Sampler(policy, 1, threads=oc.generator_threads)
-    kept = False
-    try:
-        engine = sampling.policy.engine
-        engine.generate(prompts[:1], n=rc.n, seed=seed)
-        start_s = time.perf_counter() - t0
-        times: list[tuple[float, float, float]] = []  # (draw, update, at once) of each repeat
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlsift-probe") as pool:
-            while not times or (len(times) < OVERLAP_PROBE_REPEATS
-                                and sum(d + u for d, u, _ in times) < OVERLAP_PROBE_S):
-                torch.set_num_threads(total)  # alone: every thread, as lag 0 has them
-                t0 = time.perf_counter()
-                policy.engine.generate(prompts, n=rc.n, seed=seed)
-                draw_s = time.perf_counter() - t0
-                update_s = update(slice(None))
-                torch.set_num_threads(thread_split(total, oc.generator_threads)[1])
-                t0 = time.perf_counter()
-                drawn = pool.submit(engine.generate, prompts, rc.n, seed)
-                update(slice(None))
-                drawn.result()
-                times.append((draw_s, update_s, time.perf_counter() - t0))
-        draw_s, update_s, at_once_s = (statistics.median(t) for t in zip(*times, strict=True))
-        probe = OverlapProbe(draw_s=draw_s, update_s=update_s, at_once_s=at_once_s, repeats=len(times),
-                             start_s=start_s)
-        choice = choose_lag(None, probe, oc.min_gain, worth)
-        if choice.lag == 1 and handover is not None:
-            handover.keep(sampling)
-            kept = True
-        return choice
-    finally:
-        if not kept:
-            sampling.close()
-
-
-def decide_lag(cfg: Config, policy: Policy, records: list[PromptRecord], device: torch.device | str = "cpu", *,
-               expected: tuple[float, float] | None = None, handover: SamplerHandover | None = None) -> LagChoice:
-    """``overlap.lag`` for training ``cfg``: 0 or 1 as set, or for ``auto`` rlcore.overlap_lag.choose_lag from where the
-    sampler and the trainer run and, where they share a device, :func:`probe_overlap` on ``records`` (``expected``,
-    ``handover``: its own). ``auto`` under a sharded backend on several ranks with the in-process engine: 0, so that
-    every rank generates its share (docs/scale-out.md)."""
-    oc = cfg.overlap
-    if oc.lag != "auto":
-        return LagChoice(oc.lag, "config", f"lag {oc.lag}: overlap.lag={oc.lag} in the config")
-    ranks = ranks_generate(cfg, policy.engine)
-    if ranks > 1:  # lag 1 would leave generation to rank 0 alone (tasks/update/backend.py share_generation)
-        return LagChoice(0, "config", f"lag 0: scale.backend={cfg.scale.backend} on {ranks} ranks, each generating "
-                                      "its share of every call; the overlap would leave generation to rank 0")
-    separate = separate_devices(policy.engine, device, oc.generator_threads)
-    if separate:
-        return choose_lag(separate, None, oc.min_gain)
-    return probe_overlap(policy, records, cfg, derive_seed(cfg.seed, "overlap-probe"), device, expected, handover)
-
-
 def probe_records(pool: list[PromptRecord], calibration: Calibration, cfg: Config) -> list[PromptRecord]:
     """The probes' prompts: the first ``plan.probe_prompts`` reference prompts."""
     return [pool[i] for i in calibration.indices[: cfg.plan.probe_prompts]]
-
-
-def lag_to_json(choice: LagChoice) -> dict[str, Any]:
-    return asdict(choice)
-
-
-def lag_from_json(d: dict[str, Any]) -> LagChoice:
-    probe, worth = d.get("probe"), d.get("worth")
-    return LagChoice(lag=d["lag"], basis=d["basis"], reason=d["reason"],
-                     probe=OverlapProbe(**probe) if probe is not None else None,
-                     worth=ProbeWorth(**worth) if worth is not None else None)
 
 
 @dataclass(frozen=True)
@@ -392,7 +257,8 @@ def make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibration
     unless given) against ``plan.baseline`` and choose one whose predicted clock earns back what this run spent
     before its first step (rlcore/plan.py ``choose``). ``spent_s``: the seconds the run spent on its calibration
     (on this run's clock with the plan's own); ``scratch``: where the probe writes its scratch files;
-    ``handover``: where the overlap probe keeps its generator process for the training (:func:`decide_lag`)."""
+    ``handover``: where the overlap probe keeps its generator process for the training
+    (tasks/overlap/lag.py ``decide_lag``)."""
     with pulse("plan", log) as say:  # a line per probe and candidate, and one every few seconds in a long probe
         return _make_plan(cfg, policy, pool, calibration, device, candidates, spent_s, scratch, handover, say)
 

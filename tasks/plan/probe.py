@@ -17,7 +17,7 @@ rlcore/plan.py predicts each candidate's clock from these measurements (:class:`
   checkpoint of the weights and that optimizer's state is written to a scratch folder.
 - **The screen's teacher-forced pass** (where a candidate screens) at its candidates' count and half of it.
 - **A step's bookkeeping**: the draw over the pool, a step's selection and group rows written to a scratch ledger
-  (tasks/records/ledger.py, the same code), and a step's metrics line to a scratch outbox and ``metrics.jsonl``.
+  (tasks/records/ledger/, the same code), and a step's metrics line to a scratch outbox and ``metrics.jsonl``.
 - **Scoring and DOTS's predictor** (where a candidate reads them): one batch of the pool scored (the reference
   prompts first), and DOTS's predictor (tasks/selection/selector.py ``dots_predictor``) labelled with the
   calibration's pass rates on their embeddings, fitted for ``select.predictor.fit_steps`` and asked for the
@@ -58,8 +58,9 @@ from tasks.selection.features import compute_features
 from tasks.selection.screen import policy_likelihood
 from tasks.selection.selector import dots_predictor
 from tasks.update.distributed import optimizer_step
-from tasks.update.policy_update import LocalUpdater, LossSettings
+from tasks.update.policy_update import LocalUpdater
 from tasks.update.precision import resolve_precision
+from tasks.update.updater import LossSettings
 
 #: Values a training step logs (tasks/training/loop.py; 78-84 on the embedded task): the probe's metrics line.
 STEP_METRICS = 80

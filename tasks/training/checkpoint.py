@@ -1,7 +1,7 @@
 """Crash-safe checkpoints of the complete training state.
 
 A checkpoint holds the model (under LoRA its adapters: the frozen base is the run's policy source), the optimizer
-state (through the run's ``Updater``, tasks/update/policy_update.py, whatever the backend; under
+state (through the run's ``Updater``, tasks/update/updater.py, whatever the backend; under
 ``model.precision=bf16-mixed`` with the float32 master weights, tasks/update/precision.py), selector (DOTS
 predictor, curriculum scheduler, GAIN-RL window, pool statistics), replay buffer, the adaptive composition's
 average, cost meter, every RNG state, the step counter and, with ``overlap.lag`` 1, the next step's rollouts (drawn
@@ -36,7 +36,7 @@ import torch
 from rlcore.seeding import derive_seed
 from tasks.policy import Policy
 from tasks.records.files import atomic_write
-from tasks.update.policy_update import Updater
+from tasks.update.updater import Updater
 
 KEEP = 2
 

@@ -7,7 +7,7 @@ One step (verl-style, every phase timed so the timing metrics read as a table of
              select B_fresh prompts, generate n rollouts each, verify, keep m of n (PODS), advantages
              (tasks/training/draw.py; n and B_fresh from the adaptive composition's plan)
     update   mix in B - B_fresh replayed groups (rlcore.replay_buffer); a clipped policy-gradient step at the
-             step's lr (the run's Updater, tasks/update/policy_update.py), which returns the fresh groups'
+             step's lr (the run's Updater, tasks/update/updater.py), which returns the fresh groups'
              behaviour log-probs
     observe  admit fresh groups with 0 < success < 1 (from all n) to the buffer; label the predictor
     record   ledger rows for every selection and group, metrics (tasks/training/recorder.py)
@@ -15,16 +15,16 @@ One step (verl-style, every phase timed so the timing metrics read as a table of
     step end: metrics line, checkpoint at round ends (tasks/training/checkpoint.py)
 
 The caller plays the rounds (:meth:`Trainer.rounds`, :meth:`Trainer.play_round`; in the pipeline each a Prefect
-task run ``round-<r>``, tasks/stages.py); each ends with the round's selection summary (:class:`RoundLog`). With
-every technique off this is plain GRPO with uniform prompt selection.
+task run ``round-<r>``, tasks/stages.py); each ends with the round's selection summary (:class:`RoundLog`).
+tasks/training/entry.py builds the trainer with its updater and sampler. With every technique off this is plain GRPO
+with uniform prompt selection.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import groupby
@@ -33,15 +33,13 @@ import torch
 
 from rlcore.adaptive_composition import AdaptiveComposition, CompositionPlan
 from rlcore.advantages import effective_mask
-from rlcore.overlap_lag import LagChoice
 from rlcore.replay_buffer import ReplayBuffer, mix_counts
 from rlcore.seeding import derive_seed
 from rlcore.types import RolloutGroup
 from tasks.calibration.record import Calibration
 from tasks.calibration.reference import policy_measure
 from tasks.data.prompts import PromptRecord
-from tasks.overlap.concurrent import Overlap, OverlapTimes, Sampler, open_sampler
-from tasks.plan.planner import decide_lag, probe_records
+from tasks.overlap.concurrent import Overlap, OverlapTimes, Sampler
 from tasks.policy import Policy
 from tasks.records.cost import CostMeter
 from tasks.records.progress import progress_bar
@@ -54,10 +52,9 @@ from tasks.training import checkpoint
 from tasks.training.draw import DRAW_PHASES, FreshBatch, StepDraw, sample_fresh, use_sampler_behaviour
 from tasks.training.recorder import Recorder
 from tasks.training.rounds import RoundLog
-from tasks.update.backend import build_updater, share_generation
 from tasks.update.nan_locator import SkippedUpdate
-from tasks.update.policy_update import Updater, scheduled_lr
 from tasks.update.skip_guard import SkipGuard, skipped_rows
+from tasks.update.updater import Updater, scheduled_lr
 
 log = logging.getLogger("rlsift.train")
 
@@ -89,7 +86,6 @@ class TrainSummary:
     overlap: dict[str, float] = field(default_factory=dict)
 
 
-
 @dataclass(frozen=True)
 class Round:
     """A training round as this process plays it: its ``index`` and ``steps`` (all of them, or a resumed round's
@@ -109,7 +105,7 @@ class StepUpdate:
         batch: every group trained (the fresh ones as drawn, then the replayed ones).
         replayed: replayed groups in ``batch``.
         lr: the step's learning rate.
-        stats: the updater's metrics (:class:`~tasks.update.policy_update.UpdateResult`).
+        stats: the updater's metrics (:class:`~tasks.update.updater.UpdateResult`).
         seconds: the update's wall seconds.
         timing: the overlap's timing when the update ran beside the next step's draw (lag 1), else None.
         skipped: the minibatches the update did not apply (non-finite loss or gradient), with cause and site.
@@ -133,8 +129,8 @@ class Trainer:
 
     The caller drives it: :meth:`rounds` lists what is left to play, :meth:`play_round` plays one (the pipeline's
     train stage wraps each in a Prefect task run, tasks/stages.py), :meth:`finish` ends training. Built from the
-    latest checkpoint when there is one (tasks/training/checkpoint.py); :func:`training` builds it with its
-    updater and sampler.
+    latest checkpoint when there is one (tasks/training/checkpoint.py); :func:`tasks.training.entry.training` builds
+    it with its updater and sampler.
     """
 
     def __init__(self, run: Run, policy: Policy, sampling: Sampler, updater: Updater,
@@ -370,56 +366,6 @@ def effective(batch: list[RolloutGroup]) -> torch.Tensor:
     kept = torch.stack([g.rewards for g in batch]) if len({g.size for g in batch}) == 1 else None
     return effective_mask(kept).float() if kept is not None else torch.tensor(
         [float(g.rewards.max() > g.rewards.min()) for g in batch])
-
-
-@contextmanager
-def training(run: Run, policy: Policy, pool: list[PromptRecord], features: Features,
-             calibration: Calibration | None = None, evaluate: EvaluateFn | None = None,
-             lag: LagChoice | None = None) -> Iterator[Trainer]:
-    """The training stage's :class:`Trainer` (or a resumed one), with its updater and sampler, closed after.
-
-    ``evaluate`` runs every ``eval.every`` steps (0: never); its accuracy goes to
-    ``Selector.set_heldout_accuracy``, which ScalingRL's scheduler reads at the next round start. With
-    ``lag`` 1 the next step's draw runs while this step updates (tasks/overlap/concurrent.py); ``lag``: the overlap
-    decided before training (the pipeline's overlap stage), or None to decide it here
-    (tasks/plan/planner.py ``decide_lag``, probing on the reference prompts or the pool's first ones). A failing
-    or stopped run does not wait for the draw in flight.
-    """
-    cfg = run.cfg
-    if lag is None:
-        lag = decide_lag(cfg, policy, probe_records(pool, calibration, cfg) if calibration is not None
-                         else pool[: cfg.plan.probe_prompts], run.device, handover=run.handover)
-        log.info("overlap: %s", lag.reason)
-    # one process, or sharded over the torchrun ranks (then `model` stays rank 0's full copy, updated in place)
-    longest = int(features.prompt_tokens.max()) if len(features.ids) else None  # the memory check counts it
-    updater = build_updater(cfg, policy, device=run.device, precision=run.precision, prompt_tokens=longest)
-    shared = share_generation(cfg, policy, updater, lag.lag)  # sharded: every rank decodes its share
-    if shared is not None:
-        log.info("rollouts: %s", shared)
-    sampling = open_sampler(policy, lag.lag, threads=cfg.overlap.generator_threads,  # the probe's, where kept
-                            needs_copy=cfg.select.screen > 1, on_temp_dir=run.note_temp, handover=run.handover)
-    try:
-        trainer = Trainer(run, policy, sampling, updater, pool, features, calibration, evaluate)
-        try:
-            yield trainer
-        except BaseException:
-            sampling.close(now=True)
-            raise
-        finally:
-            trainer.overlap.close()
-    finally:
-        sampling.close()
-
-
-def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features,
-          calibration: Calibration | None = None, evaluate: EvaluateFn | None = None,
-          lag: LagChoice | None = None) -> TrainSummary:
-    """Run (or resume) the training stage in place, every round in turn (:func:`training`'s arguments); the
-    pipeline's train stage plays the rounds itself, each a Prefect task run."""
-    with training(run, policy, pool, features, calibration, evaluate, lag) as trainer:
-        for round_ in trainer.rounds():
-            trainer.play_round(round_)
-        return trainer.finish()
 
 
 def throughput(shape: FlopModel, machine: Peak, fs: FreshBatch, upd_stats: dict[str, float],

@@ -1,4 +1,4 @@
-"""The run's :class:`~tasks.update.policy_update.Updater` for ``scale.backend`` (:func:`build_updater`).
+"""The run's :class:`~tasks.update.updater.Updater` for ``scale.backend`` (:func:`build_updater`).
 
 The one module that knows both backends: ``update`` (one process) and ``sharded_update`` (torchrun ranks), which
 builds on ``update``; so imports go one way, backend -> sharded_update -> update.
@@ -15,9 +15,10 @@ from tasks.generation.rollout import HFEngine, RolloutEngine
 from tasks.model.lora import base_model
 from tasks.policy import Policy
 from tasks.update.memory_check import check_update_fits
-from tasks.update.policy_update import LocalUpdater, LossSettings, Updater, gradient_checkpointing
+from tasks.update.policy_update import LocalUpdater, gradient_checkpointing
 from tasks.update.precision import Precision, model_dtype, resolve_precision
 from tasks.update.sharded_update import Driver
+from tasks.update.updater import LossSettings, Updater
 
 
 def ranks_generate(cfg: Config, engine: RolloutEngine) -> int:

@@ -13,7 +13,7 @@ Design (the simplest one that stays exactly equivalent to one process; see ``doc
   call is seeded by its index in the whole call, so the rollouts are the one-process run's. Before training
   (calibration, the plan's probes, the starting evaluation), with ``overlap.lag`` 1 (rank 0's generator process
   draws while every rank updates) and with vLLM servers, rank 0's engine generates alone.
-- :class:`Driver` is rank 0's :class:`tasks.update.policy_update.Updater`. An update (:meth:`Driver.step`): rank 0
+- :class:`Driver` is rank 0's :class:`tasks.update.updater.Updater`. An update (:meth:`Driver.step`): rank 0
   broadcasts the step's ``RolloutGroup`` list, the run's ``LossSettings`` and the step's learning rate (set by
   :meth:`Driver.set_lr`, so a warm-up reaches every rank's optimizer: torch's ``param_groups``, or the
   DeepSpeed ZeRO optimizer's); every rank sets that lr and runs ``policy_update`` on its slice with the
@@ -60,15 +60,9 @@ from tasks.update.distributed import (
     replica_dtype,
     wrap,
 )
-from tasks.update.policy_update import (
-    LossSettings,
-    Updater,
-    UpdateResult,
-    gradient_checkpointing,
-    policy_update,
-    set_lr,
-)
+from tasks.update.policy_update import gradient_checkpointing, policy_update
 from tasks.update.precision import Precision, resolve_precision
+from tasks.update.updater import LossSettings, Updater, UpdateResult, set_lr
 
 INIT, UPDATE, OPT_STATE, LOAD, STOP = "init", "update", "optim_state", "load", "stop"
 #: Every rank generating its share (tasks/generation/rank_shared.py): the engine's setup once, then each call.
@@ -121,7 +115,7 @@ class _Replica:
 
 
 class Driver(Updater):
-    """Rank 0's :class:`~tasks.update.policy_update.Updater` for the sharded backends.
+    """Rank 0's :class:`~tasks.update.updater.Updater` for the sharded backends.
 
     Args:
         cfg: the run's config (broadcast to the other ranks, which build the model from its HF config).

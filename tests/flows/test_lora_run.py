@@ -62,7 +62,7 @@ def test_a_lora_run_killed_mid_run_resumes_to_the_uninterrupted_adapters(smoke_c
     from tasks.run import open_run
     from tasks.selection.features import compute_features
     from tasks.training import checkpoint
-    from tasks.training.loop import train
+    from tasks.training.entry import train
     from tasks.update.policy_update import LocalUpdater
     from tests.tasks.test_train import SMALL, make_policy, text_reward
 

@@ -25,8 +25,8 @@ from tasks.plan.planner import decide_lag
 from tasks.policy import Policy
 from tasks.update.backend import share_generation
 from tasks.update.distributed import init_distributed, is_rank0
-from tasks.update.policy_update import LossSettings
 from tasks.update.sharded_update import Driver, serve, stop_workers
+from tasks.update.updater import LossSettings
 from tests.tasks.dist_update_helper import make_batch
 
 PROMPTS = ["Q: 1+2=\n", "Q: what is 17*3?\n", "Q: 9-4\n", "Q: the sum of 5 and 12\n", "Q: 2*2*2*2\n"]

@@ -22,9 +22,9 @@ import torch.distributed as dist
 
 from tasks.model.loading import build_tiny_model
 from tasks.update.distributed import full_state_dict, init_distributed, is_deepspeed, is_rank0
-from tasks.update.policy_update import LossSettings
 from tasks.update.precision import MasterWeights, resolve_precision
 from tasks.update.sharded_update import Driver, _Replica, serve, stop_workers
+from tasks.update.updater import LossSettings
 from tests.tasks import dist_update_helper as h
 from tests.tasks.test_precision import STEPS, updater_config
 

@@ -36,8 +36,10 @@ from tasks.update.distributed import (
     reference_copy,
     wrap,
 )
-from tasks.update.policy_update import LocalUpdater, LossSettings, Updater, kl_draw, policy_update, scheduled_lr
+from tasks.update.minibatch import kl_draw
+from tasks.update.policy_update import LocalUpdater, policy_update
 from tasks.update.sharded_update import Driver, serve, stop_workers
+from tasks.update.updater import LossSettings, Updater, scheduled_lr
 
 STEPS = 2
 PAD = 0

@@ -27,7 +27,8 @@ import torch
 
 from tasks.config.load import validate
 from tasks.update.distributed import DataShard, decoder_layers, deepspeed_config, wrap
-from tasks.update.policy_update import LossSettings, policy_update
+from tasks.update.policy_update import policy_update
+from tasks.update.updater import LossSettings
 from tests.servers import torchrun_two_ranks
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,12 +2,12 @@
 
 import pytest
 
+from tasks.data.ingest import IngestRow
 from tasks.data.prompts import PromptRecord, prompt_id
 from tasks.records.ledger import (
     EvalRow,
     FeatureRow,
     GroupRow,
-    IngestRow,
     Ledger,
     ReferenceRow,
     SelectionRow,

@@ -127,7 +127,8 @@ def test_a_lora_step_moves_only_the_adapters_and_its_optimizer_state_is_a_tenth_
 
 
 def test_gradient_checkpointing_keeps_a_lora_updates_loss_and_gradients():
-    from tasks.update.policy_update import LossSettings, gradient_checkpointing, policy_update
+    from tasks.update.policy_update import gradient_checkpointing, policy_update
+    from tasks.update.updater import LossSettings
 
     grads, losses = {}, {}
     for on in (False, True):

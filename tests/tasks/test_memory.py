@@ -64,7 +64,7 @@ def test_a_resumed_step_reports_the_phases_an_uninterrupted_one_does(smoke_cfg, 
     training (here ``prepare``)."""
     from tasks.run import open_run
     from tasks.selection.features import compute_features
-    from tasks.training.loop import train, training
+    from tasks.training.entry import train, training
     from tests.tasks.test_train import SMALL, make_policy, run_train
 
     *_, want = run_train(smoke_cfg(*SMALL), pool)

@@ -13,7 +13,8 @@ from tasks.model.forward import length_buckets, selective_log_softmax, token_log
 from tasks.model.logprob_head import chunked_head
 from tasks.model.lora import BaseModelView, apply_lora, trainable_parameters
 from tasks.update.distributed import reference_copy
-from tasks.update.policy_update import LossSettings, policy_update
+from tasks.update.policy_update import policy_update
+from tasks.update.updater import LossSettings
 from tests.tasks import dist_update_helper as h
 
 #: A micro-batch budget that cuts each minibatch of the helper's batch (rows of 4-19 padded tokens) in several.

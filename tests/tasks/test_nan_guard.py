@@ -6,7 +6,8 @@ import logging
 import torch
 
 from tasks.update.distributed import backward_step
-from tasks.update.policy_update import LossSettings, policy_update
+from tasks.update.policy_update import policy_update
+from tasks.update.updater import LossSettings
 from tests.tasks import dist_update_helper as h
 
 

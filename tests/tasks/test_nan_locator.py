@@ -9,7 +9,9 @@ import torch
 
 from tasks.update.distributed import DataShard
 from tasks.update.nan_locator import SkippedUpdate, inject_nan, locate
-from tasks.update.policy_update import LossSettings, locate_skip, policy_update
+from tasks.update.policy_update import policy_update
+from tasks.update.skips import locate_skip
+from tasks.update.updater import LossSettings
 from tests.tasks import dist_update_helper as h
 
 

@@ -23,7 +23,8 @@ from tasks.model.forward import token_logprobs
 from tasks.model.loading import build_tiny_model, build_tokenizer
 from tasks.model.lora import plain_copy
 from tasks.overlap.generator_process import GeneratorDied, GeneratorProcess
-from tasks.update.policy_update import LossSettings, mismatch_metrics, policy_update
+from tasks.update.policy_update import mismatch_metrics, policy_update
+from tasks.update.updater import LossSettings
 from tests.tasks import dist_update_helper as h
 from tests.tasks.test_train import PRESETS, SMALL, run_train, text_reward
 
@@ -283,7 +284,7 @@ def test_a_servers_logprobs_are_the_behaviour_policy_and_it_gets_the_weights_eve
     from tasks.policy import Policy
     from tasks.run import open_run
     from tasks.selection.features import compute_features
-    from tasks.training.loop import train
+    from tasks.training.entry import train
 
     tok = build_tokenizer()
     model = build_tiny_model(hidden=64, layers=2, heads=2, tokenizer=tok, seed=0)
@@ -317,7 +318,7 @@ def test_a_generator_that_dies_stops_the_run_at_its_checkpoint_and_a_resume_fini
     from tasks.run import open_run
     from tasks.selection.features import compute_features
     from tasks.training import checkpoint
-    from tasks.training.loop import train
+    from tasks.training.entry import train
     from tests.tasks.test_train import make_policy
 
     cfg = smoke_cfg(*LAG1, "train.checkpoint_every=1")

@@ -161,13 +161,13 @@ def test_a_lag_1_run_starts_one_generator_process(smoke_cfg, pool, starts, monke
     from tasks.run import open_run
     from tasks.selection.features import compute_features
     from tasks.stages import overlap_stage
-    from tasks.training.loop import train
+    from tasks.training.entry import train
 
     def faster(separate, probe, min_gain, worth=None):
         fast = None if probe is None else dataclasses.replace(probe, at_once_s=probe.sequential_s / 2)
         return overlap_lag.choose_lag(separate, fast, min_gain, worth)
 
-    monkeypatch.setattr("tasks.plan.planner.choose_lag", faster)
+    monkeypatch.setattr("tasks.overlap.lag.choose_lag", faster)
     small = [o for o in SMALL if not o.startswith("overlap.")]
     policy = tiny_policy()
     threads = torch.get_num_threads()

@@ -25,7 +25,7 @@ from tasks.model.lora import apply_lora
 from tasks.update import precision
 from tasks.update.backend import build_updater
 from tasks.update.distributed import optimizer_step
-from tasks.update.policy_update import LossSettings, policy_update
+from tasks.update.policy_update import policy_update
 from tasks.update.precision import (
     MasterWeights,
     Precision,
@@ -33,6 +33,7 @@ from tasks.update.precision import (
     model_dtype,
     resolve_precision,
 )
+from tasks.update.updater import LossSettings
 from tests.policies import policy_of
 from tests.tasks import dist_update_helper as h
 from tests.tasks.test_lora import LORA

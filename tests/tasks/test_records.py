@@ -136,7 +136,7 @@ def test_source_commit_only_from_the_top_of_a_checkout(tmp_path):
 
 
 def test_registration_quality_gate():
-    from tasks.stages import refusal
+    from tasks.report.registration import refusal
 
     assert refusal(0.60, 0.59, 0.02) is None and refusal(0.60, 0.585, 0.02) is None  # within the tolerance
     assert "0.570" in refusal(0.60, 0.57, 0.02) and "register_tolerance=0.02" in refusal(0.60, 0.57, 0.02)

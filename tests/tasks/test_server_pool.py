@@ -216,7 +216,7 @@ def train_on(cfg, pool_records, run_id: str | None = None) -> dict:
     weights, summary, ledger groups and logged metrics. An error in training closes the run as failed and is raised."""
     from tasks.run import open_run
     from tasks.selection.features import compute_features
-    from tasks.training.loop import train
+    from tasks.training.entry import train
     from tests.tasks.test_train import make_policy
 
     hf = make_policy()

@@ -51,7 +51,7 @@ def test_a_run_records_a_single_skipped_step_and_stops_after_k_in_a_row(smoke_cf
     from tasks.data import arith
     from tasks.run import open_run
     from tasks.selection.features import compute_features
-    from tasks.training.loop import train
+    from tasks.training.entry import train
 
     monkeypatch.setattr("tasks.calibration.reference.batch_rewards",
                         lambda records, completions, workers=1: [float(len(c) % 2 == 0) for c in completions])

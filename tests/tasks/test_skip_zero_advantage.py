@@ -11,7 +11,9 @@ from tasks.config.load import load_config
 from tasks.model.forward import token_logprobs
 from tasks.model.loading import build_tiny_model
 from tasks.update.distributed import backward_step
-from tasks.update.policy_update import LossSettings, flatten, kl_draw, policy_update, rows_with_gradient
+from tasks.update.minibatch import flatten, kl_draw, rows_with_gradient
+from tasks.update.policy_update import policy_update
+from tasks.update.updater import LossSettings
 from tests.tasks import dist_update_helper as h
 
 

@@ -21,8 +21,8 @@ from tasks.model.loading import build_tiny_model, build_tokenizer
 from tasks.policy import Policy
 from tasks.run import open_run
 from tasks.selection.features import compute_features
-from tasks.training.loop import train
-from tasks.update.policy_update import scheduled_lr
+from tasks.training.entry import train
+from tasks.update.updater import scheduled_lr
 
 PRESETS = "conf/presets/{}.yaml"
 ARMS = "conf/bench/{}.yaml"  # the benchmark's arms: experimental variants
@@ -150,7 +150,8 @@ def test_each_round_is_one_play_round_call_and_a_resume_mid_round_starts_a_new_o
     each ending with the round's summary line; a run that dies mid-round resumes the rest of that round in a new
     call, and the steps run are those of an uninterrupted run."""
     from tasks.training import checkpoint
-    from tasks.training.loop import HeldoutEval, training
+    from tasks.training.entry import training
+    from tasks.training.loop import HeldoutEval
 
     cfg = smoke_cfg(*SMALL, "train.checkpoint_every=1", "eval.every=1", path=PRESETS.format("grpo"))
     calls: list[int] = []

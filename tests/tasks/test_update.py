@@ -11,8 +11,9 @@ from tasks.generation.rollout import HFEngine, RolloutEngine
 from tasks.generation.vllm_engine import VLLMEngine
 from tasks.model.loading import build_tiny_model, build_tokenizer
 from tasks.update.backend import build_updater
-from tasks.update.policy_update import LocalUpdater, LossSettings, Updater, scheduled_lr
+from tasks.update.policy_update import LocalUpdater
 from tasks.update.sharded_update import Driver
+from tasks.update.updater import LossSettings, Updater, scheduled_lr
 from tests.policies import policy_of
 
 

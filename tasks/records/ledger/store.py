@@ -1,31 +1,17 @@
-"""The selection ledger: every prompt, reject, measurement and decision of every run, in duckdb.
+"""The :class:`Ledger`: the tables of every run (:data:`SCHEMA`), the writes of each stage and step, their
+truncation on resume, and the questions ``rlsift ledger`` and the reports ask. All of the ledger's SQL is here.
 
-This is the only module that imports duckdb. One ledger file per run root holds all runs; rows carry
-their ``run_id``. Writes for a step are idempotent: :meth:`Ledger.truncate_after` removes whatever a
-crashed run wrote past its last checkpoint, so a resumed run never duplicates a step.
-
-The ledger is read while a run writes it (``rlsift ledger runs`` mid-training). DuckDB lets one process hold a
-file for writing, or any number hold it for reading, never both (https://duckdb.org/docs/stable/connect/concurrency).
-A run keeps its connection: opening one for each step's writes (closing it checkpoints the file) measured 120 ms
-a step against 30 ms on the embedded default, on a loaded 2-core machine. A reader that finds the file held reads a
-snapshot instead (:func:`_snapshot`): a copy of the file and of its write-ahead log, taken while the file itself
-did not change. Between the writer's checkpoints duckdb only
-appends committed transactions to the log, and it replays a log whose last entry is cut short up to the last
-whole transaction, so the copy shows the run as of its last commit. A writer that finds the file held by a
-reader waits for it (:data:`LOCK_WAIT_S`).
+One ledger file per run root holds all runs; rows carry their ``run_id``. Writes for a step are idempotent:
+:meth:`Ledger.truncate_after` removes whatever a crashed run wrote past its last checkpoint, so a resumed run never
+duplicates a step. How a reader and a writer share the file: tasks/records/ledger/connection.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import logging
-import os
-import shutil
-import tempfile
-import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +19,17 @@ import duckdb
 
 from tasks.data.ingest import IngestRow
 from tasks.data.prompts import PromptRecord, Rejected
-
-log = logging.getLogger(__name__)
-
-#: How long a writer waits for the file (readers let go in milliseconds) before it fails naming the holder.
-LOCK_WAIT_S = 60.0
-#: Copies a snapshot tries while a checkpoint rewrites the file under it.
-SNAPSHOT_TRIES = 20
+from tasks.records.ledger.connection import connect_to_snapshot, connect_to_write, held_elsewhere
+from tasks.records.ledger.rows import (
+    EvalRow,
+    FeatureRow,
+    GroupRow,
+    ReferenceRow,
+    SelectionRow,
+    SkippedUpdateRow,
+    StageRow,
+    used_signals,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -84,115 +74,6 @@ CREATE TABLE IF NOT EXISTS skipped_updates (
 STEP_TABLES = ("reference", "selections", "groups", "skipped_updates")
 
 
-# ---- row records: one per table a run appends to; field names are the table's columns --------------
-@dataclass(frozen=True)
-class ReferenceRow:
-    """One reference prompt rolled out ``n`` times (table ``reference``): the calibrate stage (round and step
-    -1) and DOTS's per-round reference set (tasks/selection/selector.py). ``predicted``: the predictor's
-    held-out prediction, None for the prompts it was fitted on."""
-
-    round: int
-    step: int
-    prompt_id: str
-    n: int
-    successes: int
-    success_rate: float
-    predicted: float | None
-
-
-@dataclass(frozen=True)
-class FeatureRow:
-    """Static features of one pool prompt (table ``features``; tasks/selection/features.py)."""
-
-    prompt_id: str
-    prompt_tokens: int
-    level: int
-    cot_tokens: int
-    angle_intra: float
-    angle_inter: float
-    angle_score: float
-
-
-@dataclass(frozen=True)
-class SelectionRow:
-    """Why one prompt was chosen at a step (table ``selections``; tasks/selection/selector.py ``choose``).
-
-    ``selector``: the techniques that chose (``scalingrl+gain+dots+screen``, ..., ``uniform``); ``weight``: its
-    selection probability; ``pred_success``: DOTS's prediction; ``gain_rank``: its rank in GAIN-RL's angle
-    order; ``des*``: ScalingRL's Data Effectiveness Score and its parts; ``screen_success``: the likelihood
-    screen's pass rate (``select.screen``, tasks/selection/screen.py) (None when a technique is off).
-    """
-
-    prompt_id: str
-    selector: str
-    weight: float
-    pred_success: float | None = None
-    angle_score: float | None = None
-    gain_rank: int | None = None
-    des: float | None = None
-    des_difficulty: float | None = None
-    des_cot: float | None = None
-    des_adaptability: float | None = None
-    screen_success: float | None = None
-
-
-@dataclass(frozen=True)
-class GroupRow:
-    """One rollout group that entered an update (table ``groups``; tasks/training/loop.py): ``n`` generated,
-    ``kept`` after PODS, ``replayed`` from step ``from_step`` (its own step when fresh); ``policy_version``: updates
-    the weights that sampled it had received, and ``lag``: the step that trains it minus that (0 on-policy, 1 with
-    ``overlap.lag`` 1, more for a replayed group; None where unknown)."""
-
-    prompt_id: str
-    n: int
-    successes: int
-    mean_reward: float
-    kept: int
-    kept_mean_reward: float | None
-    replayed: bool
-    from_step: int
-    policy_version: int | None = None
-    lag: int | None = None
-
-
-@dataclass(frozen=True)
-class SkippedUpdateRow:
-    """One minibatch whose update was not applied at a step (table ``skipped_updates``; tasks/update/skip_guard.py):
-    ``cause`` (``loss``, ``inputs``: the log-probs feeding the loss, ``gradient``), ``detail`` (the value or norm
-    seen) and ``site``: where the first non-finite value appeared (tasks/update/nan_locator.py), or why it was not
-    located."""
-
-    minibatch: int
-    cause: str
-    detail: str
-    site: str
-
-
-@dataclass(frozen=True)
-class StageRow:
-    """A finished stage's wall time, device hours and money (table ``stages``; tasks/run.py)."""
-
-    stage: str
-    wall_s: float
-    device: str
-    device_hours: float
-    cost: float
-
-
-@dataclass(frozen=True)
-class EvalRow:
-    """One group of one evaluation (table ``evals``; tasks/evaluation/heldout.py ``table_rows``): ``grp`` is
-    ``overall``, ``level_<L>`` or ``source:<name>``; ``phase`` is ``start``, ``during`` or ``end``."""
-
-    phase: str
-    step: int
-    grp: str
-    n: int
-    greedy_acc: float
-    avg_at_k: float | None
-    pass_at_k: float | None = None
-
-
 class _Closed:
     """The connection of a closed :class:`Ledger`: any use says so."""
 
@@ -207,7 +88,7 @@ class Ledger:
     """A duckdb ledger file. Use as a context manager, or call :meth:`close` (closing twice is harmless).
 
     ``read_only``: a reader; while another process writes the file it reads a snapshot (``snapshot`` is then
-    True; the module's docstring says how)."""
+    True; tasks/records/ledger/connection.py says how)."""
 
     def __init__(self, path: str | Path, read_only: bool = False):
         self.path = Path(path)
@@ -219,11 +100,11 @@ class Ledger:
             try:
                 self.con = duckdb.connect(str(self.path), read_only=True)
             except (duckdb.IOException, duckdb.ConnectionException) as err:
-                if not _held_elsewhere(err):
+                if not held_elsewhere(err):
                     raise
-                self.con, self.snapshot = _snapshot(self.path), True
+                self.con, self.snapshot = connect_to_snapshot(self.path), True
         else:
-            self.con = _connect_to_write(self.path)
+            self.con = connect_to_write(self.path)
         self._in_transaction = False
         if not read_only:
             self.con.execute(SCHEMA)
@@ -457,76 +338,9 @@ class Ledger:
             "WHERE s.run_id = ? AND s.round = ? ORDER BY s.step, s.weight DESC", [run_id, round_]))
 
 
-#: The ``selections`` columns each selection technique decides on (:class:`SelectionRow`); the selector
-#: records some of them whether or not its technique is on (GAIN-RL's angle and rank are always computed).
-SIGNALS = {"gain": ("angle_score", "gain_rank"), "dots": ("pred_success",),
-           "scalingrl": ("des", "des_difficulty", "des_cot", "des_adaptability"), "screen": ("screen_success",)}
-
-
-def used_signals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``rows`` of the ``selections`` table without the columns of techniques that chose none of them (a
-    ``uniform`` draw used neither the angle score nor the GAIN rank): each row's ``selector`` names the
-    techniques that chose it."""
-    used = {t for r in rows for t in str(r.get("selector") or "").split("+")}
-    unused = {c for t, cols in SIGNALS.items() if t not in used for c in cols}
-    return [{k: v for k, v in r.items() if k not in unused} for r in rows]
-
-
 def _cell(v: Any) -> Any:
     if isinstance(v, (dict, list)):
         return json.dumps(v)
     if hasattr(v, "item"):  # numpy / torch scalars
         return v.item()
     return v
-
-
-def _held_elsewhere(err: Exception) -> bool:
-    """Whether opening the file failed only because it is held now: another process's lock, or this process's
-    connection of the other mode (duckdb admits one configuration per file and process)."""
-    text = str(err)
-    return "Could not set lock on file" in text or "different configuration than existing connections" in text
-
-
-def _connect_to_write(path: Path) -> duckdb.DuckDBPyConnection:
-    """A writing connection; while readers hold the file (a query takes milliseconds), wait and try again, up to
-    :data:`LOCK_WAIT_S`."""
-    start, pause = time.monotonic(), 0.01
-    while True:
-        try:
-            return duckdb.connect(str(path))
-        except (duckdb.IOException, duckdb.ConnectionException) as err:
-            if not _held_elsewhere(err):
-                raise
-            if time.monotonic() - start > LOCK_WAIT_S:
-                raise duckdb.IOException(f"the ledger {path} stayed held by another process for more than "
-                                         f"{LOCK_WAIT_S:.0f} s (runs that share a root must not overlap): {err}"
-                                         ) from err
-            time.sleep(pause)
-            pause = min(2 * pause, 0.2)
-
-
-def _snapshot(path: Path) -> duckdb.DuckDBPyConnection:
-    """A read-only connection to a copy of ``path`` and its write-ahead log, taken while the file's size and time
-    stayed the same (a checkpoint rewrites it; then copy again). The copy lies in a temporary folder that is
-    removed once the connection is open (the open connection keeps reading it), so nothing is left behind."""
-    wal = path.with_name(path.name + ".wal")
-    for attempt in range(SNAPSHOT_TRIES):
-        folder = Path(tempfile.mkdtemp(prefix="rlsift-ledger-"))
-        copy = folder / path.name
-        try:
-            before = os.stat(path)
-            shutil.copyfile(path, copy)
-            with contextlib.suppress(FileNotFoundError):  # none right after a checkpoint
-                shutil.copyfile(wal, copy.with_name(wal.name))
-            after = os.stat(path)
-            if (before.st_size, before.st_mtime_ns) == (after.st_size, after.st_mtime_ns):
-                con = duckdb.connect(str(copy), read_only=True)
-                log.debug("ledger %s is being written: reading a snapshot", path)
-                return con
-        except duckdb.Error as err:  # a copy the writer's checkpoint changed under us in the same instant
-            log.debug("ledger snapshot %d of %s failed: %s", attempt + 1, path, err)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-        time.sleep(0.05 * (attempt + 1))
-    raise duckdb.IOException(f"could not take a consistent snapshot of the ledger {path} in {SNAPSHOT_TRIES} tries "
-                             "while another process writes it; try again")

@@ -1,0 +1,23 @@
+"""The selection ledger: every prompt, reject, measurement and decision of every run, in duckdb.
+
+This package is the only code that imports duckdb or holds SQL (tests/test_architecture.py): ``rows`` (the frozen
+row records, one per table a run appends to; no SQL), ``store`` (the :class:`~tasks.records.ledger.store.Ledger`:
+the schema, every write and question) and ``connection`` (opening the file while another process writes or reads
+it). Import what you need from here.
+"""
+
+from tasks.records.ledger.rows import (
+    SIGNALS,
+    EvalRow,
+    FeatureRow,
+    GroupRow,
+    ReferenceRow,
+    SelectionRow,
+    SkippedUpdateRow,
+    StageRow,
+    used_signals,
+)
+from tasks.records.ledger.store import SCHEMA, STEP_TABLES, Ledger
+
+__all__ = ["SCHEMA", "SIGNALS", "STEP_TABLES", "EvalRow", "FeatureRow", "GroupRow", "Ledger", "ReferenceRow",
+           "SelectionRow", "SkippedUpdateRow", "StageRow", "used_signals"]

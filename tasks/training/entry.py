@@ -1,0 +1,74 @@
+"""The training stage's entry: :func:`training` builds a :class:`~tasks.training.loop.Trainer` with its parts (the
+overlap's lag where the caller has not decided it, the run's updater, the sampler) and closes them after;
+:func:`train` plays every round in place.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from rlcore.overlap_lag import LagChoice
+from tasks.calibration.record import Calibration
+from tasks.data.prompts import PromptRecord
+from tasks.overlap.concurrent import open_sampler
+from tasks.overlap.lag import decide_lag
+from tasks.plan.planner import probe_records
+from tasks.policy import Policy
+from tasks.run import Run
+from tasks.selection.features import Features
+from tasks.training.loop import EvaluateFn, Trainer, TrainSummary
+from tasks.update.backend import build_updater, share_generation
+
+log = logging.getLogger("rlsift.train")
+
+
+@contextmanager
+def training(run: Run, policy: Policy, pool: list[PromptRecord], features: Features,
+             calibration: Calibration | None = None, evaluate: EvaluateFn | None = None,
+             lag: LagChoice | None = None) -> Iterator[Trainer]:
+    """The training stage's :class:`Trainer` (or a resumed one), with its updater and sampler, closed after.
+
+    ``evaluate`` runs every ``eval.every`` steps (0: never); its accuracy goes to
+    ``Selector.set_heldout_accuracy``, which ScalingRL's scheduler reads at the next round start. With
+    ``lag`` 1 the next step's draw runs while this step updates (tasks/overlap/concurrent.py); ``lag``: the overlap
+    decided before training (the pipeline's overlap stage), or None to decide it here
+    (tasks/overlap/lag.py ``decide_lag``, probing on the plan's probe prompts, tasks/plan/planner.py
+    ``probe_records``, or the pool's first ones). A failing or stopped run does not wait for the draw in flight.
+    """
+    cfg = run.cfg
+    if lag is None:
+        lag = decide_lag(cfg, policy, probe_records(pool, calibration, cfg) if calibration is not None
+                         else pool[: cfg.plan.probe_prompts], run.device, handover=run.handover)
+        log.info("overlap: %s", lag.reason)
+    # one process, or sharded over the torchrun ranks (then `model` stays rank 0's full copy, updated in place)
+    longest = int(features.prompt_tokens.max()) if len(features.ids) else None  # the memory check counts it
+    updater = build_updater(cfg, policy, device=run.device, precision=run.precision, prompt_tokens=longest)
+    shared = share_generation(cfg, policy, updater, lag.lag)  # sharded: every rank decodes its share
+    if shared is not None:
+        log.info("rollouts: %s", shared)
+    sampling = open_sampler(policy, lag.lag, threads=cfg.overlap.generator_threads,  # the probe's, where kept
+                            needs_copy=cfg.select.screen > 1, on_temp_dir=run.note_temp, handover=run.handover)
+    try:
+        trainer = Trainer(run, policy, sampling, updater, pool, features, calibration, evaluate)
+        try:
+            yield trainer
+        except BaseException:
+            sampling.close(now=True)
+            raise
+        finally:
+            trainer.overlap.close()
+    finally:
+        sampling.close()
+
+
+def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features,
+          calibration: Calibration | None = None, evaluate: EvaluateFn | None = None,
+          lag: LagChoice | None = None) -> TrainSummary:
+    """Run (or resume) the training stage in place, every round in turn (:func:`training`'s arguments); the
+    pipeline's train stage plays the rounds itself, each a Prefect task run."""
+    with training(run, policy, pool, features, calibration, evaluate, lag) as trainer:
+        for round_ in trainer.rounds():
+            trainer.play_round(round_)
+        return trainer.finish()
