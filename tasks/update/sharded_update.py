@@ -48,17 +48,14 @@ from rlcore.types import RolloutGroup
 from tasks.generation.rank_shared import GenerationSetup, RankGenerator, RankSharedEngine
 from tasks.generation.rollout import HFEngine
 from tasks.model.attention import guard_attention
-from tasks.update.distributed import (
-    DataShard,
+from tasks.update.distributed import DataShard, init_distributed, replica_dtype, wrap
+from tasks.update.distributed_state import (
     broadcast_module,
     copy_full_weights,
     full_state_dict,
-    init_distributed,
     load_state,
     optimizer_state,
     reference_copy,
-    replica_dtype,
-    wrap,
 )
 from tasks.update.policy_update import gradient_checkpointing, policy_update
 from tasks.update.precision import Precision, resolve_precision

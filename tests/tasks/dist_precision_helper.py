@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 
 from tasks.model.loading import build_tiny_model
-from tasks.update.distributed import full_state_dict, init_distributed, is_deepspeed, is_rank0
+from tasks.update.distributed import init_distributed, is_deepspeed, is_rank0
+from tasks.update.distributed_state import full_state_dict
 from tasks.update.precision import MasterWeights, resolve_precision
 from tasks.update.sharded_update import Driver, _Replica, serve, stop_workers
 from tasks.update.updater import LossSettings

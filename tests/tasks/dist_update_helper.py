@@ -26,16 +26,8 @@ from rlcore.types import RolloutGroup
 from tasks.config.load import validate
 from tasks.model.forward import token_logprobs
 from tasks.model.loading import build_tiny_model
-from tasks.update.distributed import (
-    DataShard,
-    full_state_dict,
-    init_distributed,
-    is_rank0,
-    load_state,
-    optimizer_state,
-    reference_copy,
-    wrap,
-)
+from tasks.update.distributed import DataShard, init_distributed, is_rank0, wrap
+from tasks.update.distributed_state import full_state_dict, load_state, optimizer_state, reference_copy
 from tasks.update.minibatch import kl_draw
 from tasks.update.policy_update import LocalUpdater, policy_update
 from tasks.update.sharded_update import Driver, serve, stop_workers

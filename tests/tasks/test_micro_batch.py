@@ -12,7 +12,7 @@ from tasks.config import LoraConfig
 from tasks.model.forward import length_buckets, selective_log_softmax, token_logprobs
 from tasks.model.logprob_head import chunked_head
 from tasks.model.lora import BaseModelView, apply_lora, trainable_parameters
-from tasks.update.distributed import reference_copy
+from tasks.update.distributed_state import reference_copy
 from tasks.update.policy_update import policy_update
 from tasks.update.updater import LossSettings
 from tests.tasks import dist_update_helper as h
