@@ -279,11 +279,11 @@ def run_round(index: int, body: Callable[[], None]) -> None:
 
 @stage(name="train")
 def train_stage(run: Run, policy: Policy, pool: list[PromptRecord], features: Features, test: list[PromptRecord],
-                calibration: Calibration, lag: LagChoice | None = None) -> TrainSummary:
+                calibration: Calibration, lag: LagChoice) -> TrainSummary:
     """Training (tasks/training/loop.py ``Trainer``, built by tasks/training/entry.py), each round a task run of its
     own (:func:`run_round`), with a greedy held-out evaluation every ``eval.every`` steps (:func:`eval_during`)."""
     evaluate_fn = partial(eval_during, run, policy, test)
-    with training(run, policy, pool, features, calibration, evaluate=evaluate_fn, lag=lag) as trainer:
+    with training(run, policy, pool, features, lag, calibration, evaluate=evaluate_fn) as trainer:
         for round_ in trainer.rounds():
             run_round(round_.index, partial(trainer.play_round, round_))
         summary = trainer.finish()

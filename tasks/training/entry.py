@@ -25,23 +25,17 @@ log = logging.getLogger("rlsift.train")
 
 
 @contextmanager
-def training(run: Run, policy: Policy, pool: list[PromptRecord], features: Features,
-             calibration: Calibration | None = None, evaluate: EvaluateFn | None = None,
-             lag: LagChoice | None = None) -> Iterator[Trainer]:
+def training(run: Run, policy: Policy, pool: list[PromptRecord], features: Features, lag: LagChoice,
+             calibration: Calibration | None = None, evaluate: EvaluateFn | None = None) -> Iterator[Trainer]:
     """The training stage's :class:`Trainer` (or a resumed one), with its updater and sampler, closed after.
 
-    ``evaluate`` runs every ``eval.every`` steps (0: never); its accuracy goes to
-    ``Selector.set_heldout_accuracy``, which ScalingRL's scheduler reads at the next round start. With
-    ``lag`` 1 the next step's draw runs while this step updates (tasks/overlap/concurrent.py); ``lag``: the overlap
-    decided before training (the pipeline's overlap stage), or None to decide it here
-    (tasks/overlap/lag.py ``decide_lag``, probing on the plan's probe prompts, tasks/plan/planner.py
-    ``probe_records``, or the pool's first ones). A failing or stopped run does not wait for the draw in flight.
+    ``lag``: the overlap decided before training (the pipeline's overlap stage; :func:`decided_lag` outside it):
+    with lag 1 the next step's draw runs while this step updates (tasks/overlap/concurrent.py). ``evaluate`` runs
+    every ``eval.every`` steps (0: never); its accuracy goes to ``Selector.set_heldout_accuracy``, which
+    ScalingRL's scheduler reads at the next round start. A failing or stopped run does not wait for the draw in
+    flight.
     """
     cfg = run.cfg
-    if lag is None:
-        lag = decide_lag(cfg, policy, probe_records(pool, calibration, cfg) if calibration is not None
-                         else pool[: cfg.plan.probe_prompts], run.device, handover=run.handover)
-        log.info("overlap: %s", lag.reason)
     # one process, or sharded over the torchrun ranks (then `model` stays rank 0's full copy, updated in place)
     longest = int(features.prompt_tokens.max()) if len(features.ids) else None  # the memory check counts it
     updater = build_updater(cfg, policy, device=run.device, precision=run.precision, prompt_tokens=longest)
@@ -63,12 +57,23 @@ def training(run: Run, policy: Policy, pool: list[PromptRecord], features: Featu
         sampling.close()
 
 
+def decided_lag(run: Run, policy: Policy, pool: list[PromptRecord], calibration: Calibration | None) -> LagChoice:
+    """The overlap's lag where no overlap stage decided it (tasks/overlap/lag.py ``decide_lag``), probing on the
+    plan's probe prompts (tasks/plan/planner.py ``probe_records``) or the pool's first ones."""
+    cfg = run.cfg
+    lag = decide_lag(cfg, policy, probe_records(pool, calibration, cfg) if calibration is not None
+                     else pool[: cfg.plan.probe_prompts], run.device, handover=run.handover)
+    log.info("overlap: %s", lag.reason)
+    return lag
+
+
 def train(run: Run, policy: Policy, pool: list[PromptRecord], features: Features,
           calibration: Calibration | None = None, evaluate: EvaluateFn | None = None,
           lag: LagChoice | None = None) -> TrainSummary:
-    """Run (or resume) the training stage in place, every round in turn (:func:`training`'s arguments); the
-    pipeline's train stage plays the rounds itself, each a Prefect task run."""
-    with training(run, policy, pool, features, calibration, evaluate, lag) as trainer:
+    """Run (or resume) the training stage in place, every round in turn (:func:`training`'s arguments; ``lag``
+    None: :func:`decided_lag`); the pipeline's train stage plays the rounds itself, each a Prefect task run."""
+    lag = lag if lag is not None else decided_lag(run, policy, pool, calibration)
+    with training(run, policy, pool, features, lag, calibration, evaluate) as trainer:
         for round_ in trainer.rounds():
             trainer.play_round(round_)
         return trainer.finish()

@@ -64,7 +64,7 @@ def test_a_resumed_step_reports_the_phases_an_uninterrupted_one_does(smoke_cfg, 
     training (here ``prepare``)."""
     from tasks.run import open_run
     from tasks.selection.features import compute_features
-    from tasks.training.entry import train, training
+    from tasks.training.entry import decided_lag, train, training
     from tests.tasks.test_train import SMALL, make_policy, run_train
 
     *_, want = run_train(smoke_cfg(*SMALL), pool)
@@ -76,7 +76,7 @@ def test_a_resumed_step_reports_the_phases_an_uninterrupted_one_does(smoke_cfg, 
     feats = compute_features(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
     run = open_run(cfg, track=False)
     with pytest.raises(RuntimeError, match="stopped"):
-        with training(run, policy, pool, feats) as trainer:
+        with training(run, policy, pool, feats, decided_lag(run, policy, pool, None)) as trainer:
             for round_ in trainer.rounds():
                 if round_.index == 1:
                     raise RuntimeError("stopped")

@@ -150,14 +150,14 @@ def test_each_round_is_one_play_round_call_and_a_resume_mid_round_starts_a_new_o
     each ending with the round's summary line; a run that dies mid-round resumes the rest of that round in a new
     call, and the steps run are those of an uninterrupted run."""
     from tasks.training import checkpoint
-    from tasks.training.entry import training
+    from tasks.training.entry import decided_lag, training
     from tasks.training.loop import HeldoutEval
 
     cfg = smoke_cfg(*SMALL, "train.checkpoint_every=1", "eval.every=1", path=PRESETS.format("grpo"))
     calls: list[int] = []
 
     def play(run, policy, evaluate):
-        with training(run, policy, pool, feats, evaluate=evaluate) as trainer:
+        with training(run, policy, pool, feats, decided_lag(run, policy, pool, None), evaluate=evaluate) as trainer:
             for round_ in trainer.rounds():
                 calls.append(round_.index)
                 trainer.play_round(round_)
