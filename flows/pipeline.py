@@ -68,7 +68,7 @@ def resumed_parameters(info: RunInfo, overrides: list[str] | tuple[str, ...], ru
     which :func:`resume_config` lets only move paths or change how it runs) it did not already have, and
     ``resume``. With them the flow run shows what the run computes, not the resume command's defaults, and run
     again as they stand they resume the same run. None for a run whose ``info.json`` does not say (one started by
-    an older rlsift, or by the benchmark from a config object)."""
+    the benchmark from a config object, or one whose info.json predates these fields)."""
     if info.config is None and not info.overrides:
         return None
     own = list(info.overrides)

@@ -138,7 +138,7 @@ class MlflowTracker:
                                                        tags=dict([EXPERIMENT_KIND]))
             else:
                 exp_id = exp.experiment_id
-                if EXPERIMENT_KIND[0] not in exp.tags:  # made by an older rlsift or by hand
+                if EXPERIMENT_KIND[0] not in exp.tags:  # made by hand, or without the tag
                     self.client.set_experiment_tag(exp_id, *EXPERIMENT_KIND)
             tags = {RUN_NAME: run_name} if run_name else {}
             if parent_run_id:
