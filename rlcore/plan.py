@@ -40,9 +40,8 @@ expectation over the missing count is exact (:func:`dynamic_rounds`).
 **A step's clock.** Each kind of work is a call whose seconds are a line in its tokens, a + b * tokens
 (:class:`CallCost`), fitted to calls of the sizes the candidates make. A generate call's line is in its tokens
 and its decode steps, d * steps + b * tokens: it decodes until its longest completion ends, and a step costs d
-whatever its rows, so a token costs less in a bigger batch (most of a small call on a GPU; measured on 2 CPU
-cores with the 0.87M-parameter policy, a 10-prompt call 120 us a token, a 56-prompt one 80 us) and less in a
-call of short completions. The steps are the expected longest of the call's rollouts, from each level's
+whatever its rows, so a token costs less in a bigger batch (most of a small call on a GPU, and much of one on
+a CPU: docs/benchmarks.md) and less in a call of short completions. The steps are the expected longest of the call's rollouts, from each level's
 completion lengths in the probe mixed by the draw's level shares (:meth:`UnitCosts.longest`). A step makes
 generate-and-verify calls of at most ``chunk // n`` prompts of n rollouts (the
 in-process engine's chunks), one update over the rows it computes (an informative group's m rows of prompt and
