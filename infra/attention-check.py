@@ -21,22 +21,18 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
 import torch  # noqa: E402
+from qwen_shapes import SHAPES as QWEN  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from tasks.model.forward import pack, token_logprobs  # noqa: E402
 from tasks.model.logprob_head import CompletionIndex, chunked_head  # noqa: E402
 from tasks.update.policy_update import gradient_checkpointing  # noqa: E402
 
-#: Qwen2.5-1.5B's config.json (as infra/gpu-bench.py) and a 2-layer CPU twin.
-SHAPES = {
-    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                 num_key_value_heads=2, tie_word_embeddings=True, vocab_size=151_936),
-    "toy": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, tie_word_embeddings=True, vocab_size=1_000),
-}
+#: Qwen2.5-1.5B's shape (infra/qwen_shapes.py) and a 2-layer CPU twin with a small vocabulary.
+SHAPES = {"1.5b": QWEN["1.5b"], "toy": {**QWEN["toy"], "vocab_size": 1_000}}
 #: Substrings of the CUDA kernel names of SDPA's backends.
 KERNELS = {"cudnn": ("cudnn",), "flash": ("flash",), "efficient": ("fmha", "efficient", "mem_eff")}
 

@@ -60,6 +60,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 
 import torch  # noqa: E402
 from gpu_bench_overlap import ChildDied, is_alloc_failure, overlap_rows  # noqa: E402
+from qwen_shapes import SHAPES  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from rlcore.types import RolloutGroup  # noqa: E402
@@ -79,21 +80,6 @@ from tasks.update.precision import (  # noqa: E402  # noqa: E402
 )
 from tasks.update.updater import LossSettings  # noqa: E402
 
-#: Qwen2.5 configs (their config.json): hidden, MLP width, layers, heads, key-value heads, tied embeddings.
-SHAPES = {
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, tie_word_embeddings=True, vocab_size=151_936),
-    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                 num_key_value_heads=2, tie_word_embeddings=True, vocab_size=151_936),
-    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-               num_key_value_heads=4, tie_word_embeddings=False, vocab_size=152_064),
-    # CPU shapes, with a vocabulary large enough that the logits matter: the default tier's check, and the
-    # memory measurement of docs/performance.md
-    "toy": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, tie_word_embeddings=True, vocab_size=32_000),
-    "cpu": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
-                num_key_value_heads=2, tie_word_embeddings=True, vocab_size=32_000),
-}
 MODES = ("full", "full+ckpt", "lora", "lora+ckpt")
 GROUP = 8  # rollouts a prompt
 
