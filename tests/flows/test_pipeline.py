@@ -153,14 +153,25 @@ def task_runs(flow_run_id: str, ready, timeout: float = 30.0) -> list:
 
 
 @pytest.mark.parametrize("lag", [0, 1])
-def test_heldout_accuracy_moves_scalingrl_rho(tmp_path, prefect_harness, easy_task, lag):
+def test_heldout_accuracy_moves_scalingrl_rho(tmp_path, prefect_harness, easy_task, lag, monkeypatch):
     """In-training evaluations (eval.every) feed ScalingRL's scheduler: at each round start, rho moves by rho_step
     when the latest held-out accuracy differs from the one the previous round start saw (up when it fell).
 
-    The held-out prompts are a share of the easy task's train prompts, which the fixture's policy has learned;
-    a learning rate of 5e-4 moves its greedy answers within a few steps (3e-3 collapsed them to 0 at once).
-    Evaluating after every step gives the scheduler a value at each of three round starts, so the test does not
-    hang on one pair of evaluations."""
+    Each evaluation runs for real (the pipeline's ``eval_during``: the policy, the ledger's rows), and its accuracy
+    is then shifted by a step-dependent amount, so that it moves between round starts whatever the short run's
+    greedy answers do (on a held-out share the fixture's policy has learned they may not move in 8 steps)."""
+    import dataclasses
+
+    from tasks import stages
+
+    real = stages.eval_during
+
+    def moving(run, policy, test, step):
+        held = real(run, policy, test, step)
+        acc = held.accuracy * 0.5 + 0.1 * (step % 3)  # 3 values a cycle: consecutive round starts differ
+        return dataclasses.replace(held, accuracy=acc, metrics={**held.metrics, "eval/accuracy": acc})
+
+    monkeypatch.setattr(stages, "eval_during", moving)
     folder, model = easy_task
     root = tmp_path / "root"
     s = pipeline(config=SMOKE, overrides=[
