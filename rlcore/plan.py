@@ -38,21 +38,21 @@ the informative groups a round finds are taken as binomial in the prompts it ask
 expectation over the missing count is exact (:func:`dynamic_rounds`).
 
 **A step's clock.** Each kind of work is a call whose seconds are a line in its tokens, a + b * tokens
-(:class:`CallCost`), fitted to calls of the sizes the candidates make. A generate call's line is in its tokens
-and its decode steps, d * steps + b * tokens: it decodes until its longest completion ends, and a step costs d
-whatever its rows, so a token costs less in a bigger batch (most of a small call on a GPU, and much of one on
-a CPU: docs/benchmarks.md) and less in a call of short completions. The steps are the expected longest of the call's rollouts, from each level's
-completion lengths in the probe mixed by the draw's level shares (:meth:`UnitCosts.longest`). A step makes
-generate-and-verify calls of at most ``chunk // n`` prompts of n rollouts (the
-in-process engine's chunks), one update over the rows it computes (an informative group's m rows of prompt and
-completion: silent groups are left out, ``train.skip_zero_advantage``) and, with the screen, one teacher-forced
-pass over f candidates a slot. It also pays fixed seconds whatever its tokens (:class:`FixedCosts`): the
-optimizer step and the step's bookkeeping (the draw, the ledger's rows, the metrics line); each round a
-checkpoint and, for DOTS, the predictor's fit and its predictions over the pool and the fresh reference
-rollouts (``calibrate.reference=fresh``: K x g). **The training clock** is ``train.steps`` such steps plus what
-the composition pays before its first step and plain GRPO does not: the calibrate stage's rollouts and the
-scoring of the pool where it reads them (the benchmark's clock, docs/benchmarks.md). A candidate's ``clock`` is
-its training clock over plain GRPO's.
+(:class:`CallCost`), fitted to calls of the sizes the candidates make. A generate call's line is in its tokens and
+its decode steps, d * steps + b * tokens: it decodes until its longest completion ends, and a step costs d whatever
+its rows, so a token costs less in a bigger batch (most of a small call on a GPU, and much of one on a CPU:
+docs/benchmarks.md) and less in a call of short completions. The steps are the expected longest of the call's
+rollouts, from each level's completion lengths in the probe mixed by the draw's level shares
+(:meth:`UnitCosts.longest`). A step makes generate-and-verify calls of at most ``chunk // n`` prompts of n rollouts
+(the in-process engine's chunks), one update over the rows it computes (an informative group's m rows of prompt and
+completion: silent groups are left out, ``train.skip_zero_advantage``) and, with the screen, one teacher-forced pass
+over f candidates a slot. It also pays fixed seconds whatever its tokens (:class:`FixedCosts`): the optimizer step
+and the step's bookkeeping (the draw, the ledger's rows, the metrics line); each round a checkpoint and, for DOTS,
+the predictor's fit and its predictions over the pool and the fresh reference rollouts
+(``calibrate.reference=fresh``: K x g). **The training clock** is ``train.steps`` such steps plus what the
+composition pays before its first step and plain GRPO does not: the calibrate stage's rollouts and the scoring of
+the pool where it reads them (the benchmark's clock, docs/benchmarks.md). A candidate's ``clock`` is its training
+clock over plain GRPO's.
 
 **Choice.** The signal of a step is its informative groups (fresh plus replayed). A candidate qualifies when its
 signal is at least ``min_signal`` times plain GRPO's and its step is cheaper; the cheapest step among those is

@@ -28,6 +28,7 @@ from typing import Literal
 
 import torch
 from torch.overrides import TorchFunctionMode
+from transformers import PreTrainedModel
 
 #: How many non-finite (row, position) cells a site lists.
 CELLS = 4
@@ -127,8 +128,8 @@ class SkippedUpdate:
 
 def attention_info(model: torch.nn.Module) -> AttentionInfo:
     """The model's attention implementation and the SDPA backends enabled now (no SDPA call: no kernel)."""
-    config = next((m.config for m in model.modules() if hasattr(getattr(m, "config", None), "_attn_implementation")),
-                  None)
+    lm = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None)  # under any wrapper
+    config = lm.config if lm is not None else None
     cuda = torch.backends.cuda
     flags = {"flash": cuda.flash_sdp_enabled(), "mem_efficient": cuda.mem_efficient_sdp_enabled(),
              "math": cuda.math_sdp_enabled(), "cudnn": cuda.cudnn_sdp_enabled()}

@@ -57,7 +57,8 @@ def replica_update(backend: str) -> dict:
     stats = [replica.update(copy.deepcopy(batch), settings, cfg.train.lr) for _ in range(STEPS)]
     end = master_weights(replica)
     dtypes = sorted({str(p.dtype) for p in replica.model.parameters()})
-    return {"start": start, "end": end, "micro_batches": stats[0].metrics["train/micro_batches"], "replica_dtypes": dtypes}
+    return {"start": start, "end": end, "micro_batches": stats[0].metrics["train/micro_batches"],
+            "replica_dtypes": dtypes}
 
 
 def driver_resume(backend: str) -> dict | None:
