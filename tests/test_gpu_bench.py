@@ -12,6 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 #: What the GPU machine has (besides the standard library): these and what they require.
 ALLOWED = ("torch", "transformers", "peft", "pydantic", "numpy")
+#: The resident set's run-to-run wobble at the toy's size (8 MiB, in GiB): the toy's estimate is not held to it.
+RSS_NOISE_GIB = 8 / 1024
 
 PROBE = """
 import json, runpy, sys
@@ -61,10 +63,12 @@ def test_the_gpu_check_runs_on_the_cpu_and_imports_only_what_a_gpu_machine_has()
         assert "out of memory" not in r["s / step"] and float(r["tokens / s"].replace(",", "")) > 0
         # the estimate (tasks/update/memory_check.py) is not below the measured peak (the process's, less the resident
         # set before the arm). Not asserted for bf16 on a CPU: oneDNN's bf16 kernels keep reordered copies and caches
-        # per shape that CUDA does not have (docs/performance.md); the default `--toy` run holds there too.
+        # per shape that CUDA does not have (docs/performance.md); the default `--toy` run holds there too. The
+        # toy's whole step is about 130 MiB, where the resident set's reading (allocator arenas, pages touched by
+        # the interpreter) moves by a few MiB from run to run: RSS_NOISE_GIB of it is not held against the estimate.
         assert float(r["peak GiB"]) > 0
         if r["precision"] == "fp32":
-            assert float(r["estimate GiB"]) >= float(r["peak GiB"]), r
+            assert float(r["estimate GiB"]) >= float(r["peak GiB"]) - RSS_NOISE_GIB, r
     assert {r["precision"] for r in rows} == {"fp32", "bf16-mixed"}
     sampler = [line for line in proc.stdout.splitlines() if re.match(r"\| (16|32) \| 8 \| (today|new) \|", line)]
     assert len(sampler) == 4, proc.stdout  # the generation half: both loops at both row counts
