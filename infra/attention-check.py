@@ -2,12 +2,12 @@
 generation layout (left-padded prompts, an explicit attention mask: fully masked query rows) and in the training
 layout (contiguous rows, no mask: tasks/model/forward.py), each with cuDNN SDPA on and off.
 
-The bug (cuDNN SDPA backward, docs/stack.md section 14) needs a mask tensor, a padded length of 64 modulo 128 and
-a query row whose log-sum-exp is below about -88.7: the defaults give 8 rows of a random Qwen2.5-1.5B (bf16,
-activation checkpointing) whose longest prompt (64) and completion (1,024) make 1,088 = 8.5 x 128 columns. Each
-variant prints whether its loss and gradient are finite, the first parameter with a non-finite gradient, and the
-attention kernels the CUDA profiler saw; the last line is the verdict. ``--toy`` runs the same on the CPU (a
-2-layer shape; no cuDNN there, every variant finite), which tests/test_infra.py runs.
+The bug (cuDNN SDPA backward, pytorch/pytorch issue 196678; docs/performance.md, "On a GPU") needs a mask tensor, a
+padded length of 64 modulo 128 and a query row whose log-sum-exp is below about -88.7: the defaults give 8 rows of a
+random Qwen2.5-1.5B (bf16, activation checkpointing) whose longest prompt (64) and completion (1,024) make 1,088 =
+8.5 x 128 columns. Each variant prints whether its loss and gradient are finite, the first parameter with a
+non-finite gradient, and the attention kernels the CUDA profiler saw; the last line is the verdict. ``--toy`` runs
+the same on the CPU (a 2-layer shape; no cuDNN there, every variant finite), which tests/test_infra.py runs.
 
     python infra/attention-check.py                # on a CUDA machine
     python infra/attention-check.py --toy          # the CPU twin

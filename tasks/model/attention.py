@@ -8,7 +8,7 @@ without a mask tensor), which is the root fix; :func:`guard_attention` keeps cuD
 well, so a pass that still builds a mask (a model whose attention needs one, a future layout) cannot reach the bug:
 SDPA then picks flash, memory-efficient or math attention. The flag is process-wide (``torch.backends.cuda``), so
 it covers the forward pass, the recompute under activation checkpointing and the backward pass, whichever thread
-runs them. docs/stack.md section 14 tells the GPU run that motivates it.
+runs them. docs/performance.md ("On a GPU") tells the GPU run that motivates it.
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ real token never sees the trailing pads, and with ``attention_mask=None`` transf
 ``integrations/sdpa_attention.py``): flash attention on a GPU, no [N, 1, S, S] mask built, and no fully masked
 query row. A left-padded row with an explicit mask has such rows (the pads see nothing), whose log-sum-exp is far
 below -88.7: with a mask tensor that is what makes the cuDNN SDPA backward return NaN in the query gradient on
-H100/H200 (pytorch/pytorch issue 196678, TRL issue 7181; docs/stack.md section 14). tasks/model/attention.py turns
-cuDNN SDPA off as well, a guard for whatever pass still builds a mask. The positions equal ``generate``'s with left
-padding (the mask's cumulative sum, :func:`pack`), so log-probs match the sampling distribution token for token.
+H100/H200 (pytorch/pytorch issue 196678, TRL issue 7181; docs/performance.md, "On a GPU").
+tasks/model/attention.py turns cuDNN SDPA off as well, a guard for whatever pass still builds a mask. The
+positions equal ``generate``'s with left padding (the mask's cumulative sum, :func:`pack`), so log-probs match the
+sampling distribution token for token.
 
 Only the hidden states that predict a real completion token (row-specific offsets ``P_i - 1 + j``) reach the LM
 head, which runs in chunks (tasks/model/logprob_head.py, ``chunked_head``): no pass holds the [T, V] logits.
