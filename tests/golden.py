@@ -77,10 +77,10 @@ def run_case(case: str, root: Path) -> dict[str, Any]:
 
 @contextmanager
 def plan_off_the_clock():
-    """The plan chooses as if it had cost nothing (rlcore/plan.py ``choose`` with ``plan_s`` 0): what a short run
+    """The plan chooses as if it had cost nothing (rlcore/plan_choice.py ``choose`` with ``plan_s`` 0): what a short run
     spent before its first step is measured on the clock, so whether a candidate earns it back would hang on the
     machine's load; the rule itself is tested in tests/rlcore/test_plan.py."""
-    from rlcore.plan import choose
+    from rlcore.plan_choice import choose
 
     with mock.patch("tasks.plan.planner.choose", lambda base, preds, min_signal, plan_s=0.0: choose(
             base, preds, min_signal, 0.0)):

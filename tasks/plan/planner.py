@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from rlcore.overlap_lag import LagChoice
-from rlcore.plan import Composition, PoolStats, Prediction, RunClock, choose, predict, run_clock
+from rlcore.plan import Composition, PoolStats, Prediction, predict
+from rlcore.plan_choice import RunClock, choose, run_clock
 from rlcore.seeding import derive_seed
 from rlcore.step_costs import CallCost, UnitCosts
 from tasks.calibration.record import Calibration
@@ -131,9 +132,9 @@ class Plan:
 
     @property
     def clock(self) -> RunClock:
-        """This run's predicted clock over plain GRPO's (rlcore/plan.py :class:`RunClock`): the chosen candidate's
-        training clock, and with what the run spends before its first step (``upfront_s``) in place of its
-        predicted calibration and scoring. Every place that shows a plan's clock shows this record's
+        """This run's predicted clock over plain GRPO's (rlcore/plan_choice.py :class:`RunClock`): the chosen
+        candidate's training clock, and with what the run spends before its first step (``upfront_s``) in place of
+        its predicted calibration and scoring. Every place that shows a plan's clock shows this record's
         :meth:`~RunClock.text` or its two figures."""
         return run_clock(self.chosen, self.baseline, self.upfront_s)
 
@@ -255,7 +256,7 @@ def make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibration
               scratch: Path | None = None, handover: SamplerHandover | None = None) -> Plan:
     """Measure the pool and the costs (tasks/plan/probe.py), predict every candidate (``plan.candidates``
     unless given) against ``plan.baseline`` and choose one whose predicted clock earns back what this run spent
-    before its first step (rlcore/plan.py ``choose``). ``spent_s``: the seconds the run spent on its calibration
+    before its first step (rlcore/plan_choice.py ``choose``). ``spent_s``: the seconds the run spent on its calibration
     (on this run's clock with the plan's own); ``scratch``: where the probe writes its scratch files;
     ``handover``: where the overlap probe keeps its generator process for the training
     (tasks/overlap/lag.py ``decide_lag``)."""

@@ -8,7 +8,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.cli import _plan_text, _run_text
 from flows.summary import RunSummary, describe, plan_summary
-from rlcore.plan import choose
+from rlcore.plan_choice import choose
 from tasks.evaluation.heldout import PairedChange
 from tasks.plan.artifact import plan_description
 from tasks.records.layout import mlflow_layout

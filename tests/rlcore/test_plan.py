@@ -12,18 +12,16 @@ from hypothesis import strategies as st
 from rlcore.adaptive_composition import subset_informative
 from rlcore.overlap_lag import LagChoice, OverlapProbe, ProbeWorth, choose_lag, probe_cost
 from rlcore.plan import (
-    TIE,
     Composition,
     PoolStats,
     Prediction,
     call_rows,
-    choose,
     draw_ratio,
     dynamic_rounds,
     informative_chance,
     predict,
-    run_clock,
 )
+from rlcore.plan_choice import TIE, choose, run_clock
 from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
 
 

@@ -1,0 +1,91 @@
+"""The plan's choice (ours; docs/algorithms.md section 9.3): among the candidates rlcore/plan.py predicts, the
+cheapest step that keeps plain GRPO's signal and earns back what the run spent before its first step, and the
+run's predicted clock (:class:`RunClock`) that every place shows."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rlcore.plan import Prediction
+
+#: Predicted step times within this share of the cheapest count as a tie, broken by the larger signal.
+TIE = 0.05
+
+__all__ = ["TIE", "RunClock", "choose", "run_clock"]
+
+
+@dataclass(frozen=True)
+class RunClock:
+    """A planned run's predicted clock against plain GRPO's: the one record the CLI, the ``plan`` artifact and
+    ``plan.md``, the MLflow Description and tags and the run summary all show (:meth:`text`), two clearly named
+    figures, each saying what it includes.
+
+    ``training``: the chosen candidate's training clock over plain GRPO's (:attr:`Prediction.clock`, the figure
+    :func:`choose`'s reason gives): its ``train.steps`` steps and the calibration and scoring it reads before
+    them (``training_upfront_s`` seconds; 0 for one that reads none, as plain GRPO), predicted; ``with_plan``: the
+    same steps with what this run spent before its first step in place of that prediction: ``upfront_s`` seconds of
+    calibration and plan, measured, and scoring, predicted (what the run's own clock is compared with). Plain GRPO's
+    clock is its steps alone."""
+
+    choice: str
+    training: float
+    with_plan: float
+    upfront_s: float
+    training_upfront_s: float = 0.0
+
+    def text(self) -> str:
+        """E.g. ``dots_screen: training clock predicted 0.92x plain GRPO's (its steps, calibration and scoring);
+        1.07x with the plan's own cost (174 s before the first step: calibration and plan measured, scoring
+        predicted)``."""
+        its = "its steps, calibration and scoring" if self.training_upfront_s > 0 else "its steps"
+        return (f"{self.choice}: training clock predicted {self.training:.2f}x plain GRPO's ({its}); "
+                f"{self.with_plan:.2f}x with the plan's own cost ({self.upfront_s:.0f} s before the first step: "
+                "calibration and plan measured, scoring predicted)")
+
+
+def run_clock(chosen: Prediction, base: Prediction, upfront_s: float) -> RunClock:
+    """The :class:`RunClock` of a run that trains ``chosen`` against plain GRPO's ``base`` after spending
+    ``upfront_s`` seconds before its first step. A prediction saved without a training clock (``base.train_s`` 0)
+    gives the chosen candidate's own ``clock`` for both figures."""
+    if base.train_s <= 0:
+        return RunClock(chosen.name, chosen.clock, chosen.clock, upfront_s, chosen.upfront_s)
+    steps_s = chosen.train_s - chosen.upfront_s
+    return RunClock(chosen.name, chosen.train_s / base.train_s, (steps_s + upfront_s) / base.train_s, upfront_s,
+                    chosen.upfront_s)
+
+
+def choose(base: Prediction, predictions: list[Prediction], min_signal: float,
+           plan_s: float = 0.0) -> tuple[Prediction, str]:
+    """The prediction with the cheapest step whose signal is at least ``min_signal`` times the baseline's and whose
+    clock earns back ``plan_s``, what the run spent before its first step (its calibration and plan, measured, and
+    the scoring of its pool, predicted: :class:`RunClock`'s ``with_plan`` at most 1); the baseline when none is, and
+    why in one line."""
+    if not 0 <= min_signal <= 1:
+        raise ValueError(f"min_signal must be in [0, 1], got {min_signal!r}")
+    if not math.isfinite(plan_s) or plan_s < 0:
+        raise ValueError(f"plan_s must be finite and >= 0, got {plan_s!r}")
+    qualify = [p for p in predictions if p.signal >= min_signal * base.signal - 1e-9 and p.step_s < base.step_s]
+    if base.train_s > 0:  # a saved prediction without a training clock has nothing to earn back with
+        earns = [p for p in qualify if run_clock(p, base, plan_s).with_plan <= 1]
+    else:
+        earns = qualify
+    cheapest = min((p.step_s for p in earns), default=base.step_s)
+    best = max((p for p in earns if p.step_s <= (1 + TIE) * cheapest), key=lambda p: p.signal, default=base)
+    if best.step_s >= base.step_s:
+        if qualify:
+            first = min(qualify, key=lambda p: p.step_s)
+            clock = run_clock(first, base, plan_s)
+            return base, (f"{base.name}: no candidate earns back the plan's own cost: the cheapest with at least "
+                          f"{min_signal:.0%} of plain GRPO's informative groups a step, {first.name}, is predicted "
+                          f"at {clock.training:.2f}x plain GRPO's training clock but {clock.with_plan:.2f}x with the "
+                          f"{plan_s:.0f} s this run spent before its first step")
+        return base, (f"{base.name}: no candidate is predicted cheaper than plain GRPO with at least "
+                      f"{min_signal:.0%} of its informative groups a step")
+    slower = sorted((p for p in earns if p is not best), key=lambda p: p.step_s)
+    runner = f"; next {slower[0].name} at {slower[0].clock:.2f}x" if slower else ""
+    paid = (f", {run_clock(best, base, plan_s).with_plan:.2f}x with the plan's own {plan_s:.0f} s"
+            if plan_s > 0 and base.train_s > 0 else "")
+    return best, (f"{best.name}: predicted {best.clock:.2f}x plain GRPO's training clock{paid} with "
+                  f"{best.signal / base.signal:.2f}x its informative groups a step (effective ratio "
+                  f"{best.effective_ratio:.2f} against {base.effective_ratio:.2f}){runner}")
