@@ -18,7 +18,7 @@ from tasks.stages import refusal, registration
 _ONLY = {"skipped": ("reason", "model_version"), CANCELLED: ("reason",), "failed": ("reason",), "completed": (
     "steps", "eval_accuracy_start", "eval_accuracy_end", "eval_by_level_start", "eval_by_level_end", "eval_paired",
     "effective_ratio", "device", "precision", "device_hours", "cost_usd", "stage_seconds", "model_path",
-    "model_version", "parent_version", "data_fingerprint", "policy_path", "resumed", "overlap", "plan")}
+    "adapter_path", "model_version", "parent_version", "data_fingerprint", "policy_path", "resumed", "overlap", "plan")}
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,8 @@ class RunSummary:
     A ``skipped`` run (retrain with nothing new) adds ``reason`` and ``model_version`` (None); a ``completed`` run
     adds the rest: steps, held-out greedy accuracy before and after (overall and by level, level keys as strings),
     the paired change, the last step's effective-group ratio, the ``precision`` it trained in (``model.precision``
-    resolved: the final model's weights are in its compute dtype), device hours and money, the final model and its
-    lineage, and ``overlap``: the lag trained with, its ``basis`` and ``reason`` (tasks/stages.py ``overlap_stage``)
+    resolved: the final model's weights are in its compute dtype), device hours and money, the final model (and a
+    LoRA run's ``adapter_path``, its adapter folder; None otherwise) and its lineage, and ``overlap``: the lag trained with, its ``basis`` and ``reason`` (tasks/stages.py ``overlap_stage``)
     and, overlapped, the loop's totals in seconds (update, draw, at once, each side's idle) and ``plan``: what a
     ``plan.auto`` run chose and why (:func:`plan_summary`; None otherwise). :meth:`to_dict` holds exactly the
     fields of the run's status. A ``cancelled`` run (stopped by SIGINT or SIGTERM, tasks/records/stopping.py) adds
@@ -66,6 +66,7 @@ class RunSummary:
     cost_usd: float | None = None
     stage_seconds: dict[str, float] = field(default_factory=dict)
     model_path: str | None = None
+    adapter_path: str | None = None
     model_version: str | None = None
     parent_version: str | None = None
     data_fingerprint: str | None = None

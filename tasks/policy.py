@@ -7,7 +7,7 @@ engines are tasks/generation/.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -28,6 +28,9 @@ class Policy:
     tokenizer: PreTrainedTokenizerBase
     engine: RolloutEngine
     system_prompt: str | None = None
+    #: the float32 masters of the adapters by parameter name, handed over when training ends under ``bf16-mixed``
+    #: (``Updater.master_weights``): what :meth:`save_adapter` writes instead of their bf16 rounding
+    adapter_masters: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def prompts(self, records: list[PromptRecord]) -> list[str]:
         return [format_prompt(self.tokenizer, r.question, self.system_prompt) for r in records]
@@ -64,3 +67,9 @@ class Policy:
     def save(self, path: str | Path) -> Path:
         """The plain model (merged under LoRA) and tokenizer in ``path`` (:func:`save_policy`)."""
         return save_policy(self.model, self.tokenizer, path)
+
+    def save_adapter(self, path: str | Path, base: str | Path) -> Path:
+        """The LoRA adapter folder PEFT loads and vLLM serves (``adapter_config.json`` naming ``base``, the frozen
+        base model's folder, and ``adapter_model.safetensors`` in float32: :func:`tasks.model.lora.save_adapter`)
+        in ``path``; only for a model with adapters."""
+        return lora.save_adapter(self.model, path, base, self.adapter_masters)

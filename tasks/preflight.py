@@ -18,7 +18,7 @@ from tasks.config.load import ENV_KEYS, load_config, parse_override, resolve_pat
 
 #: Config keys a resume may override (they do not change what is computed).
 RESUME_MAY_CHANGE = ("paths.", "tracking.uri", "model.threads", "model.device", "rollout.vllm_url",
-                     "rollout.vllm_timeout")
+                     "rollout.vllm_timeout", "rollout.vllm_weight_sync")
 
 
 @dataclass(frozen=True)

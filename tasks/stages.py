@@ -133,7 +133,7 @@ def prepare_stage(run: Run) -> Policy:
     rc = cfg.rollout
     if rc.engine == "vllm":  # one or more vLLM servers (docs/scale-out.md)
         from tasks.generation.server_pool import ServerPool
-        engine = ServerPool.from_config(rc, tok, end_of_turn_ids(model, tok))
+        engine = ServerPool.from_config(rc, tok, end_of_turn_ids(model, tok), lora=mc.lora.enabled)
         engine.sync_weights(model, tok, run.dir / "vllm_weights")  # the servers sample from exactly this policy
     else:
         engine = HFEngine.from_config(model, tok, rc, run.device)
@@ -335,16 +335,18 @@ def publish_eval(run: Run, phase: str, result: EvalResult) -> None:
 @dataclass(frozen=True)
 class Report:
     """What the report stage leaves: the final model's folder, its registered version (None when not
-    registered) and the Markdown eval table."""
+    registered), the Markdown eval table and, for a LoRA run, its adapter folder (else None)."""
 
     model_path: str
     model_version: str | None
     table: str
+    adapter_path: str | None = None
 
 
 @stage(name="report")
 def report_stage(run: Run, policy: Policy, start: EvalResult, end: EvalResult, summary: TrainSummary) -> Report:
-    """Plots, the eval table, the final model (registered in MLflow with a description and its held-out accuracy).
+    """Plots, the eval table, the final model (registered in MLflow with a description and its held-out accuracy)
+    and, for a LoRA run, its adapter folder (``final_adapter``: logged, and registered with the version).
     Timed as stage ``report`` (registering the model is most of it)."""
     with run.meter.stage("report"):
         files = plots.training_curves(run.dir / "metrics.jsonl", run.dir / "training_curves.png",
@@ -356,6 +358,10 @@ def report_stage(run: Run, policy: Policy, start: EvalResult, end: EvalResult, s
         for f in [*files, run.dir / "eval_table.md"]:
             run.tracker.log_artifact(f)
         final = policy.save(run.dir / "final_model")
+        adapter = None
+        if policy.has_adapters:  # beside the merged model: the adapter PEFT loads over the base and vLLM serves
+            adapter = policy.save_adapter(run.dir / "final_adapter", run.info.policy_path)
+            run.tracker.log_artifact(adapter)
         version = None
         tc = run.cfg.tracking
         why = refusal(start.overall.greedy_acc, end.overall.greedy_acc, tc.register_tolerance)
@@ -364,8 +370,9 @@ def report_stage(run: Run, policy: Policy, start: EvalResult, end: EvalResult, s
             run.tracker.set_tags({"rlsift.not_registered": why})
         elif tc.register_model:
             version = run.tracker.register_model(final, tc.model_name, version_tags(run, end, summary),
-                                                 version_description(run, start, end, summary))
+                                                 version_description(run, start, end, summary), adapter=adapter)
     log.info("report: held-out accuracy %.3f -> %.3f after %d steps; %s", start.overall.greedy_acc,
              end.overall.greedy_acc, summary.steps, registration(tc.model_name, tc.register_model, version, why))
     stage_done(run, "report", summary.steps)
-    return Report(model_path=str(final), model_version=version, table=table)
+    return Report(model_path=str(final), model_version=version, table=table,
+                  adapter_path=str(adapter) if adapter is not None else None)

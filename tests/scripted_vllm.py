@@ -6,7 +6,12 @@ Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions`` (token-
 ``temperature`` (0: arg-max), ``top_p``, ``top_k``, ``stop_token_ids`` (decoding stops at any of them
 or the EOS, as vLLM's), ``seed``, ``logprobs: 0``, ``return_token_ids``), ``POST
 /collective_rpc`` with ``reload_weights`` (loads the safetensors of ``weights_path`` into its own copy, as vLLM's
-in-place reload) and ``POST /reset_prefix_cache``.
+in-place reload) and ``POST /reset_prefix_cache``. Started with ``enable_lora`` (vLLM's ``--enable-lora`` with
+``VLLM_ALLOW_RUNTIME_LORA_UPDATING``), also ``POST /v1/load_lora_adapter`` (``lora_name``, ``lora_path``: plain PEFT
+loads the adapter folder over a copy of the served weights; a name already loaded is refused with 400, as vLLM
+without ``load_inplace``) and ``POST /v1/unload_lora_adapter`` (``lora_name``; 404 when not loaded), both answering
+in plain text as vLLM does; a completion request naming a loaded adapter as its ``model`` samples from it, and
+``/v1/models`` lists the adapters after the served model. Without ``enable_lora`` both endpoints answer 404.
 
 Sampling: one request is its prompt with ``n`` rollouts through :func:`tasks.generation.rollout.decode` with the
 request's settings (:meth:`HFEngine.sampling`), the noise keyed by the request's ``seed``; a process-wide lock
@@ -21,6 +26,7 @@ client's timeout, or answers ``400`` (a request it refuses: not a server failure
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import time
@@ -44,13 +50,18 @@ class ScriptedVLLM:
     Attributes:
         url: its base URL; model: its own copy of the weights; completions: completion requests answered;
         reloads: weight reloads done; prompts: the prompt ids it answered, in order; requests: the completion
-        requests' bodies, in order.
+        requests' bodies, in order; adapters: the LoRA adapters loaded now, by name; adapter_loads: adapter loads
+        done; events: adapter loads and completions, in order.
     """
 
-    def __init__(self, model_dir: str | Path):
+    def __init__(self, model_dir: str | Path, enable_lora: bool = False):
         self.model_dir = str(Path(model_dir).resolve())
         self.model, self.tok = load_policy(model_dir)
         self.model.eval().requires_grad_(False)
+        self.enable_lora = enable_lora
+        self.adapters: dict[str, torch.nn.Module] = {}  # loaded LoRA adapters by name: PEFT over a copy
+        self.adapter_loads = 0
+        self.events: list[tuple[str, str]] = []  # ("load", adapter) and ("sample", the request's model), in order
         self.completions = self.reloads = 0
         self.prompts: list[list[int]] = []
         self.requests: list[dict] = []
@@ -97,16 +108,44 @@ class ScriptedVLLM:
         self._thread.join(timeout=10)
 
     # -- what the endpoints do ----------------------------------------------------------------------------
+    def load_adapter(self, name: str, path: str) -> tuple[int, str]:
+        """``/v1/load_lora_adapter``: (HTTP status, plain-text answer)."""
+        from peft import PeftModel
+
+        with self._lock:
+            if name in self.adapters:
+                return 400, f"The lora adapter '{name}' has already been loaded."
+        with _SAMPLING:
+            adapted = PeftModel.from_pretrained(copy.deepcopy(self.model), path).eval().requires_grad_(False)
+        with self._lock:
+            self.adapters[name] = adapted
+            self.adapter_loads += 1
+            self.events.append(("load", name))
+        return 200, f"Success: LoRA adapter '{name}' added successfully."
+
+    def unload_adapter(self, name: str) -> tuple[int, str]:
+        """``/v1/unload_lora_adapter``: (HTTP status, plain-text answer)."""
+        with self._lock:
+            if self.adapters.pop(name, None) is None:
+                return 404, f"The lora adapter '{name}' cannot be found."
+        return 200, f"Success: LoRA adapter '{name}' removed successfully."
+
+    def served(self, name: str | None) -> torch.nn.Module | None:
+        """The model a request's ``model`` names: the served one, a loaded adapter, or None (unknown)."""
+        with self._lock:
+            return self.model if name == self.model_dir else self.adapters.get(name)
+
     def complete(self, body: dict) -> dict:
+        model = self.served(body.get("model"))
         prompt, n = list(body["prompt"]), int(body["n"])
         temperature = float(body.get("temperature", 1.0))
-        engine = HFEngine(self.model, self.tok, max_new_tokens=int(body["max_tokens"]),
+        engine = HFEngine(model, self.tok, max_new_tokens=int(body["max_tokens"]),
                           temperature=temperature or 1.0, top_p=float(body.get("top_p", 1.0)),
                           top_k=max(0, int(body.get("top_k", 0))), chunk=n)
         ids = torch.tensor([prompt], dtype=torch.long)
         stops = tuple(dict.fromkeys([self.tok.eos_token_id, *body.get("stop_token_ids", [])]))
         with _SAMPLING:
-            out, logp = decode(self.model, ids, torch.ones_like(ids), n=n, max_new_tokens=engine.max_new_tokens,
+            out, logp = decode(model, ids, torch.ones_like(ids), n=n, max_new_tokens=engine.max_new_tokens,
                                sampling=engine.sampling() if temperature > 0 else None, stop_ids=stops,
                                pad_id=self.tok.pad_token_id, seeds=torch.tensor([int(body["seed"])]))
         choices = []
@@ -121,6 +160,7 @@ class ScriptedVLLM:
         with self._lock:
             self.prompts.append(prompt)
             self.requests.append(body)
+            self.events.append(("sample", body["model"]))
         return {"id": f"cmpl-{time.monotonic_ns()}", "object": "text_completion", "model": self.model_dir,
                 "choices": choices}
 
@@ -149,6 +189,14 @@ def _handler(server: ScriptedVLLM) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(raw)
 
+        def _send_text(self, code: int, text: str) -> None:
+            raw = text.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
         def _act(self, completion: bool) -> bool:
             """Act out the scripted failure; True when the request must not be answered normally."""
             how = server.failing(completion)
@@ -171,7 +219,8 @@ def _handler(server: ScriptedVLLM) -> type[BaseHTTPRequestHandler]:
             if self.path == "/health":
                 self._send(200)
             elif self.path == "/v1/models":
-                self._send(200, {"object": "list", "data": [{"id": server.model_dir, "object": "model"}]})
+                adapters = [{"id": a, "object": "model", "parent": server.model_dir} for a in list(server.adapters)]
+                self._send(200, {"object": "list", "data": [{"id": server.model_dir, "object": "model"}, *adapters]})
             else:
                 self._send(404, {"error": f"no {self.path}"})
 
@@ -180,10 +229,15 @@ def _handler(server: ScriptedVLLM) -> type[BaseHTTPRequestHandler]:
             if self._act(self.path == "/v1/completions"):
                 return
             if self.path == "/v1/completions":
-                if body.get("model") != server.model_dir:
+                if server.served(body.get("model")) is None:
                     self._send(404, {"error": f"model {body.get('model')!r} does not exist"})
                 else:
                     self._send(200, server.complete(body))
+            elif self.path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter") and server.enable_lora:
+                if self.path == "/v1/load_lora_adapter":
+                    self._send_text(*server.load_adapter(body["lora_name"], body["lora_path"]))
+                else:
+                    self._send_text(*server.unload_adapter(body["lora_name"]))
             elif self.path == "/collective_rpc":
                 if body.get("method") != "reload_weights":
                     self._send(400, {"error": f"unknown method {body.get('method')!r}"})

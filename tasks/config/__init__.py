@@ -95,6 +95,9 @@ class Config(_Frozen):
         if self.model.lora.enabled and self.model.lora.dropout > 0 and self.train.behaviour != "trainer":
             raise ValueError("model.lora.dropout > 0 makes the trainer's log-probs differ from the sampler's, which "
                              "are the loss's behaviour policy: set it to 0 or train.behaviour=trainer")
+        if self.rollout.vllm_weight_sync == "adapter" and not self.model.lora.enabled:
+            raise ValueError("rollout.vllm_weight_sync=adapter sends the servers LoRA adapters: it needs "
+                             "model.lora.enabled=true (or set it to merged or auto)")
         if self.guard.share > 0 and self.select.drop_solved:
             raise ValueError("guard.share keeps solved prompts in the batch and select.drop_solved removes them: "
                              "set one of them")

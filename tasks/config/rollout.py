@@ -22,6 +22,12 @@ class RolloutConfig(_Frozen):
         "On the command line: rollout.vllm_url=[http://a:8000,http://b:8000]."))
     vllm_timeout: float = Field(600.0, gt=0, description=(
         "Seconds a vLLM request may take (engine=vllm); a server that does not answer within it counts as failed."))
+    vllm_weight_sync: Literal["auto", "merged", "adapter"] = Field("auto", description=(
+        "What the vLLM servers get of the policy at each weight sync (engine=vllm; docs/scale-out.md): merged: the "
+        "full weights (adapters merged), reloaded in place; adapter: under model.lora, only the LoRA adapter, "
+        "loaded through /v1/load_lora_adapter (the servers run the frozen base with --enable-lora and "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING, infra/vllm-serve.sh) and named by each request; auto: adapter under "
+        "model.lora, else merged."))
     n: int = Field(8, ge=2, description="Rollouts generated per prompt (PODS keeps pods.m of them).")
     max_new_tokens: int = Field(64, ge=1, description="Longest completion, in tokens.")
     temperature: float = Field(1.0, gt=0, description=(
@@ -29,6 +35,12 @@ class RolloutConfig(_Frozen):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1: off).")
     top_k: int = Field(0, ge=0, description="Sample among the k most likely tokens (0: off).")
     chunk: int = Field(512, ge=1, description="Sequences per generate() call.")
+
+    def weight_sync(self, lora: bool) -> Literal["merged", "adapter"]:
+        """``vllm_weight_sync`` resolved for a run with (``lora``) or without LoRA adapters."""
+        if self.vllm_weight_sync == "auto":
+            return "adapter" if lora else "merged"
+        return self.vllm_weight_sync
 
     @field_validator("vllm_url", mode="before")
     @classmethod

@@ -7,8 +7,9 @@
   differ by at most one), and the servers are asked at once. Prompt b of the call is sampled with
   ``prompt_seed(seed, b)`` whichever server answers it, and the rows come back prompt-major, so a call's
   :class:`Generation` does not depend on the number of servers (given the same weights on each).
-- ``sync_weights``: the policy is exported once (``export_for_vllm``), then every live server reloads that folder
-  at once (so the folder must be readable by every server: one machine or a shared file system).
+- ``sync_weights``: the policy is exported once (``export_for_vllm``; with ``weight_sync="adapter"`` its LoRA
+  adapter, ``export_adapter``), then every live server reloads that folder at once (so the folder must be readable
+  by every server: one machine or a shared file system).
 - Failure: a server that fails (:class:`ServerDown`: connection refused or reset, a timeout, HTTP 5xx) is dropped
   for the rest of the run, with one warning on the ``rlsift.rollout`` logger (the run's log), e.g. ``vLLM server
   http://10.0.0.2:8000 failed ([Errno 111] Connection refused); its 12 prompts go to the 1 other server; 1 of 2
@@ -43,9 +44,11 @@ from tasks.generation.vllm_engine import (
     VLLMEngine,
     VLLMError,
     choices_to_generation,
+    export_adapter,
     export_for_vllm,
     prompt_seed,
     prompt_token_ids,
+    prune_adapters,
 )
 
 log = logging.getLogger("rlsift.rollout")
@@ -67,30 +70,36 @@ class ServerPool(RolloutEngine):
 
     Args:
         urls: the servers' base URLs (``rollout.vllm_url``), at least one, no duplicates.
-        tokenizer, max_new_tokens, temperature, top_p, top_k, stop_ids, timeout, concurrency: every server's
-            :class:`VLLMEngine` settings (``concurrency``: prompts in flight per server).
+        tokenizer, max_new_tokens, temperature, top_p, top_k, stop_ids, timeout, concurrency, weight_sync: every
+            server's :class:`VLLMEngine` settings (``concurrency``: prompts in flight per server; ``weight_sync``:
+            merged weights or the LoRA adapter at each sync).
     """
 
     def __init__(self, urls: Sequence[str], tokenizer, *, max_new_tokens: int, temperature: float, top_p: float,
-                 top_k: int, stop_ids: Sequence[int], timeout: float = 600.0, concurrency: int = 64):
+                 top_k: int, stop_ids: Sequence[int], timeout: float = 600.0, concurrency: int = 64,
+                 weight_sync: str = "merged"):
         if not urls:
             raise ValueError("ServerPool needs at least one server URL (rollout.vllm_url)")
         if len({u.rstrip("/") for u in urls}) != len(urls):
             raise ValueError(f"ServerPool: duplicate server URLs in {list(urls)}")
         self.tok = tokenizer
         self.servers = [VLLMEngine(u, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                   top_k=top_k, stop_ids=stop_ids, timeout=timeout, concurrency=concurrency)
+                                   top_k=top_k, stop_ids=stop_ids, timeout=timeout, concurrency=concurrency,
+                                   weight_sync=weight_sync)
                         for u in urls]
+        self.weight_sync = weight_sync
         self.dropped: dict[str, str] = {}  # url -> why it was dropped
         self.answered: dict[str, int] = {s.url: 0 for s in self.servers}  # prompts each server answered
         self._lock = threading.Lock()
 
     @classmethod
-    def from_config(cls, rc: RolloutConfig, tokenizer, stop_ids: Sequence[int]) -> ServerPool:
-        """The pool of ``rollout.vllm_url`` with the run's sampling settings and the policy's end-of-turn ids
-        (tasks/stages.py ``prepare_stage``)."""
+    def from_config(cls, rc: RolloutConfig, tokenizer, stop_ids: Sequence[int], lora: bool = False) -> ServerPool:
+        """The pool of ``rollout.vllm_url`` with the run's sampling settings, the policy's end-of-turn ids and
+        ``rollout.vllm_weight_sync`` resolved for a policy with (``lora``) or without adapters (tasks/stages.py
+        ``prepare_stage``)."""
         return cls(rc.vllm_url, tokenizer, max_new_tokens=rc.max_new_tokens, temperature=rc.temperature,
-                   top_p=rc.top_p, top_k=rc.top_k, stop_ids=stop_ids, timeout=rc.vllm_timeout)
+                   top_p=rc.top_p, top_k=rc.top_k, stop_ids=stop_ids, timeout=rc.vllm_timeout,
+                   weight_sync=rc.weight_sync(lora))
 
     @property
     def live(self) -> list[VLLMEngine]:
@@ -170,17 +179,21 @@ class ServerPool(RolloutEngine):
 
     # -- weights ----------------------------------------------------------------------------------------
     def sync_weights(self, model: torch.nn.Module, tokenizer, folder: str | Path) -> float:
-        """Export ``model`` to ``folder`` once, then every live server reloads it (at once); seconds. A server that
-        fails here is dropped (:class:`VLLMError` when none is left)."""
+        """Export ``model`` to ``folder`` once (its merged weights, or its LoRA adapter), then every live server
+        loads it (at once); seconds. A server that fails here is dropped (:class:`VLLMError` when none is left)."""
         t0 = time.perf_counter()
         live = self.live
         if not live:
             raise VLLMError(self._none_left())
-        path = export_for_vllm(model, tokenizer, folder)
+        adapter = self.weight_sync == "adapter"
+        path = export_adapter(model, folder) if adapter else export_for_vllm(model, tokenizer, folder)
 
         def reload(server: VLLMEngine) -> str | None:
             try:
-                server.reload_weights(path)
+                if adapter:
+                    server.load_adapter(path, path.name)
+                else:
+                    server.reload_weights(path)
                 return None
             except ServerDown as err:
                 return err.reason
@@ -188,6 +201,8 @@ class ServerPool(RolloutEngine):
         with ThreadPoolExecutor(max_workers=len(live), thread_name_prefix="rlsift-pool") as pool:
             reasons = list(pool.map(reload, live))
         self._drop([(server, reason, None) for server, reason in zip(live, reasons, strict=True) if reason is not None])
+        if adapter:
+            prune_adapters(folder, path)
         return time.perf_counter() - t0
 
     def metrics(self) -> dict[str, float]:

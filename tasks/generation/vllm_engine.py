@@ -27,6 +27,16 @@ to it with the standard library's ``urllib``:
   ``/update_weights``) because it works on CPU and across machines without a shared process group. Where
   dev mode is not allowed, the manual fallback is restarting the server on the new folder (about 30-50 s
   for the tiny model on a busy CPU).
+- LoRA adapters instead of merged weights (``weight_sync="adapter"``: ``rollout.vllm_weight_sync``, by default under
+  ``model.lora``): the server runs the frozen base model with ``--enable-lora --max-lora-rank R`` and
+  ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (``VLLM_LORA_RANK=R bash infra/vllm-serve.sh BASE_DIR``); each sync writes
+  the adapter folder (:func:`export_adapter`: PEFT's files, the adapters the trainer computes with) and
+  ``POST /v1/load_lora_adapter`` ``{"lora_name", "lora_path"}`` loads it under a new name, which the completion
+  requests then give as ``model``; the adapter it replaces is unloaded (``POST /v1/unload_lora_adapter``)
+  (:meth:`VLLMEngine.load_adapter`). A new name each sync, not ``load_inplace``: vLLM keys its prefix cache by the
+  adapter, so no KV block computed with the old one is reused, and no dev endpoint is needed. A sync then moves
+  the adapters (r (in + out) numbers a target layer: about 1 % of a 1.5B model's weights at rank 16) instead of
+  every weight; the price is vLLM's LoRA kernels in each decode step (docs/scale-out.md, "LoRA adapters").
 - Tied embeddings: vLLM 0.32's in-place reload rebuilds ``embed_tokens`` but puts the *old* tensor back into
   a tied ``lm_head`` ("ParallelLMHead: Failed to load weights" in the server log), so the served model
   would mix old and new weights (measured: log-prob errors up to 4 nats). :func:`export_for_vllm` therefore
@@ -47,7 +57,10 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
+import logging
+import os
 import shutil
 import time
 import urllib.error
@@ -62,7 +75,17 @@ from tasks.generation.rollout import Generation, RolloutEngine, prompt_seed
 from tasks.model.forward import right_pad
 from tasks.model.loading import add_special
 
-__all__ = ["ServerDown", "VLLMEngine", "VLLMError", "export_for_vllm", "prompt_seed", "serve_dir"]
+__all__ = ["WEIGHT_SYNCS", "ServerDown", "VLLMEngine", "VLLMError", "export_adapter", "export_for_vllm", "prompt_seed",
+           "serve_dir"]
+
+log = logging.getLogger("rlsift.rollout")
+
+#: what a weight sync sends the server (``rollout.vllm_weight_sync`` resolved): every weight, or the LoRA adapter
+WEIGHT_SYNCS = ("merged", "adapter")
+#: counts this process's adapter exports (their names on the servers: :func:`export_adapter`)
+_ADAPTER_EXPORTS = itertools.count(1)
+NO_RUNTIME_LORA = ("start the server with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora --max-lora-rank R "
+                   "(VLLM_LORA_RANK=R bash infra/vllm-serve.sh BASE_DIR), or set rollout.vllm_weight_sync=merged")
 
 
 class VLLMError(RuntimeError):
@@ -112,21 +135,31 @@ class VLLMEngine(RolloutEngine):
             ``stop_token_ids``.
         timeout: seconds per HTTP request (past it the server counts as down: :class:`ServerDown`).
         concurrency: prompts in flight at once.
+        weight_sync: what :meth:`sync_weights` sends (:data:`WEIGHT_SYNCS`): ``merged`` weights, reloaded in place,
+            or the LoRA ``adapter``, loaded by name (module docstring).
     """
 
     def __init__(self, url: str, tokenizer, *, max_new_tokens: int, temperature: float, top_p: float,
-                 top_k: int, stop_ids: Sequence[int], timeout: float = 600.0, concurrency: int = 64):
+                 top_k: int, stop_ids: Sequence[int], timeout: float = 600.0, concurrency: int = 64,
+                 weight_sync: str = "merged"):
+        if weight_sync not in WEIGHT_SYNCS:
+            raise ValueError(f"weight_sync must be one of {', '.join(WEIGHT_SYNCS)}, got {weight_sync!r}")
         self.url = url.rstrip("/")
         self.tok = tokenizer
         self.stop_ids = tuple(int(i) for i in stop_ids)
         if not self.stop_ids:
             raise ValueError("VLLMEngine: stop_ids is empty; pass tasks.generation.rollout.end_of_turn_ids(model, tok)")
         self.max_new_tokens, self.temperature, self.top_p, self.top_k = max_new_tokens, temperature, top_p, top_k
-        self.timeout, self.concurrency = timeout, concurrency
+        self.timeout, self.concurrency, self.weight_sync = timeout, concurrency, weight_sync
         self._model: str | None = None
+        #: the LoRA adapter the requests name (:meth:`load_adapter`); None: the served model itself
+        self.adapter: str | None = None
 
     # -- HTTP -------------------------------------------------------------------------------------------
-    def _request(self, path: str, body: dict | None = None, timeout: float | None = None) -> dict | None:
+    def _request(self, path: str, body: dict | None = None, timeout: float | None = None,
+                 text: bool = False) -> dict | str | None:
+        """``body`` POSTed to ``path`` (GET without one); the JSON answer, or with ``text`` the answer as text (the
+        LoRA endpoints answer in plain text)."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method="GET" if body is None else "POST",
                                      headers={"Content-Type": "application/json"})
@@ -142,6 +175,8 @@ class VLLMEngine(RolloutEngine):
             raise ServerDown(self.url, str(err.reason)) from None
         except (OSError, http.client.HTTPException) as err:  # reset, cut short, timed out
             raise ServerDown(self.url, f"{type(err).__name__}: {err}" if str(err) else type(err).__name__) from None
+        if text:
+            return raw.decode(errors="replace")
         try:
             return json.loads(raw) if raw.strip() else None
         except ValueError:
@@ -169,7 +204,7 @@ class VLLMEngine(RolloutEngine):
     # -- generation -------------------------------------------------------------------------------------
     def complete(self, prompt_ids: list[int], n: int, seed: int, greedy: bool) -> list[dict]:
         """One prompt's n choices (sorted by index), sampled with ``seed`` (:func:`prompt_seed`)."""
-        body = {"model": self.model, "prompt": prompt_ids, "n": n, "max_tokens": self.max_new_tokens,
+        body = {"model": self.adapter or self.model, "prompt": prompt_ids, "n": n, "max_tokens": self.max_new_tokens,
                 "temperature": 0.0 if greedy else self.temperature, "top_p": 1.0 if greedy else self.top_p,
                 "top_k": 0 if greedy else self.top_k, "stop_token_ids": list(self.stop_ids), "seed": seed % 2**31,
                 "logprobs": 0,
@@ -211,11 +246,81 @@ class VLLMEngine(RolloutEngine):
         self._request("/reset_prefix_cache", {})
         return time.perf_counter() - t0
 
-    def sync_weights(self, model: torch.nn.Module, tokenizer, folder: str | Path) -> float:
-        """Export ``model`` to ``folder`` (:func:`export_for_vllm`) and :meth:`reload_weights` from it; seconds."""
+    def load_adapter(self, folder: str | Path, name: str) -> float:
+        """Load the LoRA adapter folder ``folder`` (:func:`export_adapter`) into the running server as ``name``
+        and name it in every request from now on; the adapter it replaces is unloaded. Returns seconds.
+
+        Needs the server started on the adapters' base model with ``--enable-lora``, ``--max-lora-rank`` at least
+        their rank and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (``VLLM_LORA_RANK=R bash infra/vllm-serve.sh``),
+        and a folder it can read (same machine or a shared file system).
+        """
+        from tasks.model.lora import ADAPTER_CONFIG
+
+        path = Path(folder).resolve()
+        if not (path / ADAPTER_CONFIG).is_file():
+            raise ValueError(f"{path} is not a LoRA adapter folder (no {ADAPTER_CONFIG}); use "
+                             "tasks.generation.vllm_engine.export_adapter")
         t0 = time.perf_counter()
-        self.reload_weights(export_for_vllm(model, tokenizer, folder))
+        try:
+            self._request("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, text=True)
+        except ServerDown:
+            raise
+        except VLLMError as err:
+            if "HTTP 404" in str(err):
+                raise VLLMError(f"{err}: a vLLM server without runtime LoRA loading answers so; "
+                                f"{NO_RUNTIME_LORA}") from None
+            raise
+        old, self.adapter = self.adapter, name
+        if old is not None and old != name:
+            try:
+                self._request("/v1/unload_lora_adapter", {"lora_name": old}, text=True)
+            except ServerDown:
+                raise
+            except VLLMError as err:  # already gone (a restarted server): nothing to free
+                log.debug("unloading LoRA adapter %s from %s: %s", old, self.url, err)
         return time.perf_counter() - t0
+
+    def sync_weights(self, model: torch.nn.Module, tokenizer, folder: str | Path) -> float:
+        """Bring the server to ``model``'s weights through ``folder``; seconds. ``merged``: export the full model
+        (:func:`export_for_vllm`) and :meth:`reload_weights`; ``adapter``: export the LoRA adapter
+        (:func:`export_adapter`) and :meth:`load_adapter` it."""
+        t0 = time.perf_counter()
+        if self.weight_sync == "adapter":
+            path = export_adapter(model, folder)
+            self.load_adapter(path, path.name)
+            prune_adapters(folder, path)
+        else:
+            self.reload_weights(export_for_vllm(model, tokenizer, folder))
+        return time.perf_counter() - t0
+
+
+def export_adapter(model: torch.nn.Module, folder: str | Path) -> Path:
+    """Write ``model``'s LoRA adapter (tasks/model/lora.py ``save_adapter``: PEFT's files, the adapters in the
+    dtype the trainer computes with, widened to float32) to a new subfolder of ``folder`` named as the servers
+    will know it (``policy-lora-<pid>-<k>``, k counting this process's exports); returns it.
+
+    Raises:
+        ValueError: ``model`` has no LoRA adapters (``rollout.vllm_weight_sync=adapter`` needs ``model.lora``).
+    """
+    from tasks.model.lora import base_model, is_lora, save_adapter
+
+    if not is_lora(model):
+        raise ValueError("rollout.vllm_weight_sync=adapter: the policy has no LoRA adapters (model.lora.enabled="
+                         "false); set rollout.vllm_weight_sync=merged")
+    name = f"policy-lora-{os.getpid()}-{next(_ADAPTER_EXPORTS)}"  # unique in this process and across processes
+    return save_adapter(model, Path(folder) / name, base_model(model).name_or_path)
+
+
+def prune_adapters(folder: str | Path, keep: Path) -> None:
+    """Remove what ``folder`` holds besides the adapter folder ``keep`` (the adapters the servers have unloaded, a
+    merged export of an earlier sync mode)."""
+    for entry in Path(folder).iterdir():
+        if entry.name == keep.name:
+            continue
+        if entry.is_dir():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def _tied(config) -> bool:

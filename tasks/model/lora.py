@@ -22,6 +22,11 @@ What each part gets:
   floating point, and the error would accumulate over a run's syncs.
 - **Checkpoints**: the adapters (:func:`checkpoint_state`); the frozen base is the run's policy source, loaded
   again on resume.
+- **The adapter folder** (:func:`save_adapter`): what PEFT's ``save_pretrained`` writes, ``adapter_config.json``
+  (rank, alpha, dropout, target modules, ``base_model_name_or_path``: the base model's folder) and
+  ``adapter_model.safetensors`` under PEFT's key names (``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``),
+  in float32: under ``bf16-mixed`` the optimizer's float32 masters, not their bf16 rounding. It loads with
+  ``PeftModel.from_pretrained(base, folder)`` and serves as a vLLM LoRA (``--enable-lora``).
 
 Deviations: LoRA dropout is refused above 0 while the rollouts' log-probs are the loss's behaviour policy (the
 trainer's pi_old would see dropout the sampler does not); the sharded backends (``scale.backend`` other than
@@ -31,8 +36,10 @@ trainer's pi_old would see dropout the sampler does not); the sharded backends (
 from __future__ import annotations
 
 import copy
+import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -160,6 +167,46 @@ def load_checkpoint_state(model: torch.nn.Module, state: dict[str, torch.Tensor]
     adapters = [k for k in result.missing_keys if ".lora_" in k]
     if result.unexpected_keys or adapters or not state:
         raise ValueError(f"{why} settings): unexpected {result.unexpected_keys[:3]}, missing {adapters[:3]}")
+
+
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"  # PEFT's file names
+
+
+@torch.no_grad()
+def adapter_state(model: PeftModel, masters: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The adapters of ``model`` under PEFT's saved key names (``...q_proj.lora_A.weight``: the adapter's name
+    dropped), float32 on the host. ``masters``: float32 values by ``model``'s parameter name (under ``bf16-mixed``
+    the optimizer's masters, :meth:`tasks.update.updater.Updater.master_weights`), taken instead of the parameters'
+    own (their rounding)."""
+    from peft import get_peft_model_state_dict
+
+    masters = masters or {}
+    state = {k: masters.get(k, v) for k, v in model.state_dict().items() if ".lora_" in k}
+    return {k: v.detach().to("cpu", torch.float32).contiguous()
+            for k, v in get_peft_model_state_dict(model, state_dict=state).items()}
+
+
+def save_adapter(model: torch.nn.Module, path: str | Path, base: str | Path,
+                 masters: Mapping[str, torch.Tensor] | None = None) -> Path:
+    """Write ``model``'s adapters to the folder ``path`` (replaced) as PEFT writes them: ``adapter_config.json``
+    with ``base_model_name_or_path`` = ``base`` (the frozen base model's folder) and ``adapter_model.safetensors``
+    (:func:`adapter_state` with ``masters``). Returns ``path``.
+
+    Raises:
+        ValueError: ``model`` has no adapters.
+    """
+    from safetensors.torch import save_file
+
+    if not is_lora(model):
+        raise ValueError("save_adapter: the model has no LoRA adapters (model.lora.enabled=false)")
+    path = Path(path)
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    cfg = copy.deepcopy(model.peft_config[model.active_adapter])
+    cfg.base_model_name_or_path, cfg.inference_mode = str(base), True
+    cfg.save_pretrained(str(path))
+    save_file(adapter_state(model, masters), str(path / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    return path
 
 
 class BaseModelView:

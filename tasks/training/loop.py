@@ -191,10 +191,12 @@ class Trainer:
 
     def finish(self) -> TrainSummary:
         """After the last round: the rollout engine gets the final weights (the final evaluation samples with
-        them); returns what training did, with the overlap's totals when overlapped."""
+        them) and, under LoRA, the policy its adapters' float32 masters; returns what training did, with the overlap's totals when overlapped."""
         self.overlap.close()
         self.bar.close()
         sync_rollout_weights(self.run, self.policy)
+        if self.policy.has_adapters:  # the adapter folder is saved from the float32 masters (Policy.save_adapter)
+            self.policy.adapter_masters = self.updater.master_weights()
         if self.sampling.overlapped:
             self.summary = replace(self.summary, overlap=self.recorder.overlap_totals())
             log.info("overlap over %d steps: %s", self.summary.steps,

@@ -43,7 +43,7 @@ from tasks.update.distributed import (
 from tasks.update.loss import LossTerms, MetricSums, micro_batch_loss, mismatch_metrics
 from tasks.update.minibatch import Minibatch, batch_rows, cut_minibatches
 from tasks.update.nan_locator import SkippedUpdate
-from tasks.update.precision import Precision, build_optimizer
+from tasks.update.precision import MasterWeights, Precision, build_optimizer
 from tasks.update.skips import locate_skip, non_finite_loss
 from tasks.update.updater import LossSettings, Updater, UpdateResult, set_lr
 
@@ -311,6 +311,12 @@ class LocalUpdater(Updater):
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state)
+
+    def master_weights(self) -> dict[str, torch.Tensor]:
+        if not isinstance(self.optimizer, MasterWeights):
+            return {}
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        return {names[id(p)]: m for p, m in self.optimizer.copies()}
 
 
 def gradient_checkpointing(model: torch.nn.Module, enabled: bool) -> None:

@@ -163,6 +163,10 @@ class MasterWeights:
         """The real optimizer's per-master state (AdamW's moments, float32)."""
         return self.optimizer.state
 
+    def copies(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+        """(model parameter, its master) for each parameter held in another dtype than its master."""
+        return [(self.params[i], self.masters[i]) for i in self.copied]
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop the model's and the masters' gradients."""
         for i in self.copied:

@@ -123,6 +123,13 @@ class Updater(abc.ABC):
     def load_state_dict(self, state: object) -> None:
         """Restore :meth:`state_dict`'s result; call after the policy model holds the checkpoint's weights."""
 
+    def master_weights(self) -> dict[str, torch.Tensor]:
+        """The values the optimizer steps where they differ from the model's weights, by the model's parameter
+        name: under ``bf16-mixed`` the float32 masters of the bf16 weights (what the adapter folder saves,
+        tasks/model/lora.py ``save_adapter``). Empty where the weights are their own masters, and for backends
+        that keep no single full copy (this default)."""
+        return {}
+
 
 def scheduled_lr(cfg: Config, step: int) -> float:
     """The learning rate of (0-based) ``step``, a function of the step alone (resume-safe).

@@ -1,5 +1,5 @@
 """LoRA end to end (``model.lora``): a LoRA run learns the bundled task; its registered version loads from MLflow's
-registry as a full model; ``retrain`` continues from that version with new adapters; a crash mid-run resumes to
+registry as a full model; its adapter folder loads with plain PEFT to the run's log-probs; ``retrain`` continues from that version with new adapters; a crash mid-run resumes to
 the uninterrupted run's adapters."""
 
 import json
@@ -40,6 +40,57 @@ def test_a_lora_run_learns_the_bundled_task_and_registers_a_full_model(tmp_path)
             assert torch.equal(v.cpu(), weights[k]), k
     start = load_file(ROOT / "assets" / "tiny-warmstart" / "model.safetensors")
     assert any(not torch.equal(start[k], weights[k]) for k in start)  # the merged adapters moved the weights
+    check_the_adapter_folder(s, tmp_path)
+
+
+def check_the_adapter_folder(s: dict, tmp_path: Path) -> None:
+    """The run's adapter folder, beside the merged model: trained (B off its zero start), naming the run's base
+    folder; plain PEFT over that base gives the run's final log-probs (float32, to 1e-5): its policy's (the base
+    with the final checkpoint's adapters, through the project's fused layer) and the merged model's; it is the
+    MLflow run's ``final_adapter`` artifact and the registered version's ``adapter/`` folder."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from tasks.config import LoraConfig
+    from tasks.data import arith
+    from tasks.model.loading import load_policy
+    from tasks.model.lora import apply_lora, load_checkpoint_state
+    from tests.tasks.test_lora import _peft_loads
+
+    adapter, run_dir = Path(s["adapter_path"]), Path(s["run_dir"])
+    assert adapter == run_dir / "final_adapter" and adapter.parent == Path(s["model_path"]).parent
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == s["policy_path"] and (config["r"], config["lora_alpha"]) == (8, 32.0)
+    trained = load_file(adapter / "adapter_model.safetensors")
+    assert all(v.dtype == torch.float32 for v in trained.values())
+    assert any("lora_B" in k and v.abs().max() > 1e-4 for k, v in trained.items())  # the adapters trained
+
+    policy, tok = load_policy(s["policy_path"], dtype=torch.float32)  # the run's final policy, rebuilt
+    policy = apply_lora(policy, LoraConfig(enabled=True, rank=8), 0)
+    final = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1]
+    assert final.name == "step-000010.pt"
+    load_checkpoint_state(policy, torch.load(final, weights_only=False)["model"])
+    merged = AutoModelForCausalLM.from_pretrained(s["model_path"], dtype=torch.float32)
+    batch = tok([f"{r.question} {r.answer}" for r in arith.generate(0, 6, "test", "default")], return_tensors="pt",
+                padding=True)
+    ids, keep = batch["input_ids"][:, 1:, None], batch["attention_mask"][:, 1:].bool()
+
+    def token_logprobs(model) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.log_softmax(model.eval()(**batch).logits[:, :-1], -1).gather(-1, ids)[..., 0][keep]
+
+    got = token_logprobs(_peft_loads(s["policy_path"], adapter))
+    torch.testing.assert_close(got, token_logprobs(policy), rtol=0, atol=1e-5)
+    torch.testing.assert_close(got, token_logprobs(merged), rtol=0, atol=1e-5)
+    client = MlflowClient(s["tracking_uri"])
+    assert "final_adapter" in [a.path for a in client.list_artifacts(s["mlflow_run_id"])]
+    mlflow.set_tracking_uri(s["tracking_uri"])
+    version = Path(mlflow.artifacts.download_artifacts("models:/rlsift-policy/1", dst_path=str(tmp_path / "v1")))
+    registered = load_file(version / "adapter" / "adapter_model.safetensors")
+    assert registered.keys() == trained.keys() and all(torch.equal(registered[k], trained[k]) for k in trained)
+    assert json.loads((version / "adapter" / "adapter_config.json").read_text()) == config
 
 
 def test_retrain_continues_from_a_lora_version_with_new_adapters(smoke_cfg, prefect_harness):

@@ -245,3 +245,67 @@ def test_adapters_are_held_in_the_base_s_dtype_and_run_fused_in_bf16():
     y = layer(x)
     assert y.dtype == torch.bfloat16 and _fused(y)
     torch.testing.assert_close(y, Linear.forward(layer, x), rtol=1.6e-2, atol=1e-2)
+
+
+def _peft_loads(base_dir, adapter_dir):
+    """The adapted model as plain PEFT loads it: the base folder in float32, the adapter folder over it."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32, local_files_only=True)
+    return PeftModel.from_pretrained(base, adapter_dir).eval()
+
+
+def test_the_adapter_folder_loads_with_plain_peft_and_gives_the_adapted_models_outputs(tmp_path):
+    """PEFT's files and key names, the config naming the base folder, rank, alpha and target modules; plain PEFT
+    over the base folder gives the adapted model's logits (the oracle: the model itself)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from tasks.model.lora import save_adapter
+
+    save_policy(build_tiny_model(hidden=64, layers=2, heads=2, seed=0), build_tokenizer(), tmp_path / "base")
+    model = lora_model()
+    folder = save_adapter(model, tmp_path / "adapter", tmp_path / "base")
+    assert sorted(f.name for f in folder.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    config = json.loads((folder / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(tmp_path / "base") and config["peft_type"] == "LORA"
+    assert (config["r"], config["lora_alpha"], config["lora_dropout"]) == (4, 8.0, 0.0)
+    assert "model.layers.0.self_attn.q_proj" in config["target_modules"] and config["inference_mode"]
+    weights = load_file(folder / "adapter_model.safetensors")
+    a = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    assert a in weights and len(weights) == 2 * 7 * 2 and {v.dtype for v in weights.values()} == {torch.float32}
+    torch.testing.assert_close(weights[a], model.state_dict()[a.replace("lora_A.", "lora_A.default.")],
+                               rtol=0, atol=0)
+    loaded = _peft_loads(tmp_path / "base", folder)
+    torch.testing.assert_close(logits(loaded, IDS), logits(model, IDS), rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="no LoRA adapters"):
+        save_adapter(build_tiny_model(hidden=64, layers=2, heads=2, seed=0), tmp_path / "x", tmp_path / "base")
+
+
+def test_under_bf16_mixed_the_adapter_folder_holds_the_float32_masters_not_their_bf16_rounding(tmp_path):
+    """After a real bf16-mixed step the adapters' masters (``Updater.master_weights``) are what the folder holds,
+    to the bit; the bf16 weights the model computes with are their rounding, which differs."""
+    from safetensors.torch import load_file
+
+    from tasks.model.lora import save_adapter
+    from tasks.update.precision import resolve_precision
+
+    model = apply_lora(build_tiny_model(hidden=64, layers=2, heads=2, seed=0).to(torch.bfloat16), LORA, 0)
+    cfg = validate({"train": {"lr": 1e-2}, "model": {"precision": "bf16-mixed"}})
+    updater = build_updater(cfg, policy_of(model), device="cpu", precision=resolve_precision("bf16-mixed",
+                                                                                              torch.device("cpu")))
+    assert updater.step(h.make_batch(model)).metrics["train/skipped_updates"] == 0
+    masters = updater.master_weights()
+    params = dict(model.named_parameters())
+    assert set(masters) == {n for n, p in params.items() if p.requires_grad}
+    assert all(m.dtype == torch.float32 and torch.equal(m.to(torch.bfloat16), params[n]) for n, m in masters.items())
+    weights = load_file(save_adapter(model, tmp_path / "adapter", tmp_path / "base", masters)
+                        / "adapter_model.safetensors")
+    by_peft_name = {n.replace(".default.", "."): m for n, m in masters.items()}
+    assert weights.keys() == by_peft_name.keys()
+    for k, v in weights.items():
+        assert torch.equal(v, by_peft_name[k]), k
+    assert any(not torch.equal(v, by_peft_name[k].to(torch.bfloat16).float()) for k, v in weights.items())
+    assert any("lora_B" in k and v.abs().max() > 0 for k, v in weights.items())  # the step moved B off 0

@@ -6,7 +6,8 @@ in / string out signature), saved from the run's final checkpoint folder with
 models" list), whose registry version points at that logged model's artifacts. So
 ``mlflow.pyfunc.load_model("models:/rlsift-policy/<version>")``, ``mlflow.transformers.load_model`` and
 ``mlflow models serve`` work, and the folder's ``model/`` subfolder is a plain transformers checkpoint
-(weights and tokenizer: ``from_pretrained`` loads it; :func:`latest_model` returns it for retraining).
+(weights and tokenizer: ``from_pretrained`` loads it; :func:`latest_model` returns it for retraining). A LoRA
+run's version also holds its adapter folder as ``adapter/`` (:func:`add_adapter`).
 
 A version carries what the registry's pages show of it: a description (what the run did) and tags (lineage,
 held-out accuracy); the tracker (tasks/records/tracking/tracker.py) queues the registration through its outbox
@@ -82,6 +83,20 @@ def save_mlflow_model(checkpoint: str | Path, path: str | Path) -> Path:
         if f.is_file() and not (path / "model" / f.name).exists():
             shutil.copy2(f, path / "model" / f.name)
     return path
+
+
+#: where a LoRA run's adapter folder lies in its registered version's MLflow Model (beside ``model/``)
+ADAPTER_DIR = "adapter"
+
+
+def add_adapter(model_dir: str | Path, adapter: str | Path) -> Path:
+    """Copy a LoRA adapter folder (``adapter_config.json``, ``adapter_model.safetensors``: tasks/model/lora.py
+    ``save_adapter``) into the saved MLflow Model at ``model_dir`` as its ``adapter/`` folder, so the registered
+    version carries it: ``mlflow.artifacts.download_artifacts("models:/<name>/<version>")`` brings ``adapter/``
+    with ``model/``. Returns the copy."""
+    out = Path(model_dir) / ADAPTER_DIR
+    shutil.rmtree(out, ignore_errors=True)
+    return Path(shutil.copytree(adapter, out))
 
 
 def checkpoint_folder(folder: str | Path) -> Path:

@@ -49,7 +49,7 @@ from tasks.records.layout import mlflow_key, mlflow_layout
 from tasks.records.tracking.describe import DESCRIPTION, PARENT_RUN, RUN_NAME, settled, source_tags
 from tasks.records.tracking.outbox import OutageLog, Outbox, requests
 from tasks.records.tracking.query import run_page, ui_hint
-from tasks.records.tracking.registry import register_version, save_mlflow_model
+from tasks.records.tracking.registry import add_adapter, register_version, save_mlflow_model
 
 log = logging.getLogger("rlsift.tracking")
 
@@ -79,7 +79,7 @@ class Tracker(Protocol):
     def rename(self, name: str) -> None: ...
     def describe(self, text: str) -> None: ...
     def register_model(self, local_dir: str | Path, name: str, tags: dict[str, str],
-                       description: str | None = None) -> str | None: ...
+                       description: str | None = None, adapter: str | Path | None = None) -> str | None: ...
     def flush(self) -> bool: ...
     def finish(self, status: str = "FINISHED") -> None: ...
 
@@ -331,10 +331,11 @@ class MlflowTracker:
             self.flush()
 
     def register_model(self, local_dir: str | Path, name: str, tags: dict[str, str],
-                       description: str | None = None) -> str | None:
+                       description: str | None = None, adapter: str | Path | None = None) -> str | None:
         """Save a transformers checkpoint folder as an MLflow Model (``save_mlflow_model``), log it as this run's
         logged model and register it as a new version of ``name`` with ``tags`` and ``description``
-        (tasks/records/tracking/registry.py).
+        (tasks/records/tracking/registry.py). ``adapter``: a LoRA run's adapter folder, registered with the version
+        as its ``adapter/`` folder (``add_adapter``).
 
         Returns the version, or None when MLflow is away: the registration then stays queued and happens
         when MLflow answers again (or at ``rlsift sync``); the saved MLflow Model waits in the run folder.
@@ -343,6 +344,8 @@ class MlflowTracker:
         if not (model_dir / "MLmodel").is_file():  # a resume after a kill reuses a complete one
             shutil.rmtree(model_dir, ignore_errors=True)
             save_mlflow_model(local_dir, model_dir)
+            if adapter is not None:
+                add_adapter(model_dir, adapter)
         self._put({"kind": "register", "name": name, "path": str(model_dir),
                    "tags": {k: str(v) for k, v in tags.items()}, "description": description})
         if not self.flush():
@@ -391,7 +394,7 @@ class NullTracker:
     def rename(self, name: str) -> None: ...
     def describe(self, text: str) -> None: ...
     def register_model(self, local_dir: str | Path, name: str, tags: dict[str, str],
-                       description: str | None = None) -> str | None:
+                       description: str | None = None, adapter: str | Path | None = None) -> str | None:
         return None
     def flush(self) -> bool:
         return True
