@@ -34,12 +34,13 @@ class RunSummary:
     adds the rest: steps, held-out greedy accuracy before and after (overall and by level, level keys as strings),
     the paired change, the last step's effective-group ratio, the ``precision`` it trained in (``model.precision``
     resolved: the final model's weights are in its compute dtype), device hours and money, the final model (and a
-    LoRA run's ``adapter_path``, its adapter folder; None otherwise) and its lineage, and ``overlap``: the lag trained with, its ``basis`` and ``reason`` (tasks/stages.py ``overlap_stage``)
-    and, overlapped, the loop's totals in seconds (update, draw, at once, each side's idle) and ``plan``: what a
-    ``plan.auto`` run chose and why (:func:`plan_summary`; None otherwise). :meth:`to_dict` holds exactly the
-    fields of the run's status. A ``cancelled`` run (stopped by SIGINT or SIGTERM, tasks/records/stopping.py) adds
-    ``reason``: the signal, the step and the checkpoint kept; a ``failed`` run's ``reason`` says its cause, what is
-    kept, the command that continues it and where its traceback is (:func:`failed_note`).
+    LoRA run's ``adapter_path``, its adapter folder; None otherwise) and its lineage, and ``overlap``: the lag
+    trained with, its ``basis`` and ``reason`` (tasks/stages.py ``overlap_stage``) and, overlapped, the loop's
+    totals in seconds (update, draw, at once, each side's idle) and ``plan``: what a ``plan.auto`` run chose and why
+    (:func:`plan_summary`; None otherwise). :meth:`to_dict` holds exactly the fields of the run's status. A
+    ``cancelled`` run (stopped by SIGINT or SIGTERM, tasks/records/stopping.py) adds ``reason``: the signal, the
+    step and the checkpoint kept; a ``failed`` run's ``reason`` says its cause, what is kept, the command that
+    continues it and where its traceback is (:func:`failed_note`).
     """
 
     run_id: str

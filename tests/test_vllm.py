@@ -7,7 +7,8 @@ port for a tiny Llama (head size 32, the smallest the CPU attention kernels take
 Checks: shapes and prompt-major layout; the server's log-probs (``processed_logprobs``, temperature 0.7)
 agree with ``tasks.model.forward.token_logprobs`` on the same weights (atol 2e-4: two float32 implementations
 of the same network, different kernels and summation order); seeded sampling repeats; greedy picks the
-arg-max token; ``reload_weights`` from a second model's folder makes the log-probs follow the new weights.
+arg-max token; ``reload_weights`` from a second model's folder makes the log-probs follow the new weights; a LoRA
+adapter loaded at runtime (``rollout.vllm_weight_sync=adapter``) makes them follow the adapted policy.
 Two servers at once (tasks/generation/server_pool.py): spread over both, a call returns what one server returns, and an
 overlapped training run completes when one of them is killed mid-step (each server about 1 minute to start).
 """
@@ -155,15 +156,65 @@ def test_reload_weights_takes_effect(served):
 
 
 # ---------------------------------------------------------------- several servers (tasks/generation/server_pool.py)
-def _launch(folder: Path, tmp: Path, name: str) -> tuple[subprocess.Popen, str, Path]:
-    """Start ``infra/vllm-serve.sh`` on ``folder`` at a free port, in its own process group; (process, URL, log)."""
+def _launch(folder: Path, tmp: Path, name: str, **env: str) -> tuple[subprocess.Popen, str, Path]:
+    """Start ``infra/vllm-serve.sh`` on ``folder`` at a free port, in its own process group, with ``env`` added
+    to the environment; (process, URL, log)."""
     port = free_port()
     log = tmp / f"{name}.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(["bash", str(ROOT / "infra" / "vllm-serve.sh"), str(folder), str(port), "--dtype",
                                  "float32", "--enforce-eager", "--max-num-seqs", "64"],
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **env})
     return proc, f"http://127.0.0.1:{port}", log
+
+
+def _ready(proc: subprocess.Popen, url: str, log: Path, tok) -> None:
+    from tasks.generation.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(url, tok, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0, stop_ids=(tok.eos_token_id,))
+    t0 = time.perf_counter()
+    while True:
+        try:
+            engine.wait_ready(timeout=5)
+            return
+        except Exception:
+            if proc.poll() is not None or time.perf_counter() - t0 > 900:
+                pytest.fail(f"vLLM server {url} did not start:\n" + log.read_text()[-4000:])
+
+
+def test_an_adapter_sync_makes_the_logprobs_follow_the_adapted_policy(tmp_path):
+    """``rollout.vllm_weight_sync=adapter``: a server started with ``VLLM_LORA_RANK=8`` on the base model; a sync
+    loads the policy's LoRA adapter by name (``/v1/load_lora_adapter``), and the server's log-probs are the
+    adapted policy's (ATOL) and no longer the base's; a second sync replaces it."""
+    from tasks.config import LoraConfig
+    from tasks.generation.vllm_engine import VLLMEngine, export_for_vllm
+    from tasks.model.lora import apply_lora
+
+    tok = build_tokenizer()
+    export_for_vllm(sharp_model(0), tok, tmp_path / "base")
+    proc, url, log = _launch(tmp_path / "base", tmp_path, "lora", VLLM_LORA_RANK="8")
+    try:
+        _ready(proc, url, log, tok)
+        engine = VLLMEngine(url, tok, max_new_tokens=12, temperature=TEMPERATURE, top_p=1.0, top_k=0,
+                            stop_ids=(tok.eos_token_id,), weight_sync="adapter")
+        texts = [format_prompt(tok, q) for q in PROMPTS]
+        for seed in (1, 2):
+            policy = apply_lora(sharp_model(0), LoraConfig(enabled=True, rank=8, alpha=16.0), 0).eval()
+            gen_b = torch.Generator().manual_seed(seed)
+            with torch.no_grad():
+                for name, p in policy.named_parameters():
+                    if "lora_B" in name:
+                        p.copy_(torch.randn(p.shape, generator=gen_b) * 0.2)
+            print(f"load_lora_adapter: {engine.sync_weights(policy, tok, tmp_path / 'adapters'):.3f} s")
+            gen = engine.generate(texts, n=4, seed=11)
+            on_policy = (_hf_logprobs(policy, gen, tok, TEMPERATURE) - gen.logprobs).abs()[gen.completion_mask]
+            with policy.disable_adapter():
+                on_base = (_hf_logprobs(policy, gen, tok, TEMPERATURE) - gen.logprobs).abs()[gen.completion_mask]
+            assert float(on_policy.max()) < ATOL and float(on_base.max()) > 0.1
+        assert [p.name for p in (tmp_path / "adapters").iterdir()] == [engine.adapter]
+    finally:
+        _stop(proc)
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -24,9 +24,10 @@ What each part gets:
   again on resume.
 - **The adapter folder** (:func:`save_adapter`): what PEFT's ``save_pretrained`` writes, ``adapter_config.json``
   (rank, alpha, dropout, target modules, ``base_model_name_or_path``: the base model's folder) and
-  ``adapter_model.safetensors`` under PEFT's key names (``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``),
-  in float32: under ``bf16-mixed`` the optimizer's float32 masters, not their bf16 rounding. It loads with
-  ``PeftModel.from_pretrained(base, folder)`` and serves as a vLLM LoRA (``--enable-lora``).
+  ``adapter_model.safetensors`` under PEFT's key names
+  (``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``), in float32: under ``bf16-mixed`` the
+  optimizer's float32 masters, not their bf16 rounding. It loads with ``PeftModel.from_pretrained(base, folder)``
+  and serves as a vLLM LoRA (``--enable-lora``).
 
 Deviations: LoRA dropout is refused above 0 while the rollouts' log-probs are the loss's behaviour policy (the
 trainer's pi_old would see dropout the sampler does not); the sharded backends (``scale.backend`` other than

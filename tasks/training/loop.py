@@ -191,7 +191,8 @@ class Trainer:
 
     def finish(self) -> TrainSummary:
         """After the last round: the rollout engine gets the final weights (the final evaluation samples with
-        them) and, under LoRA, the policy its adapters' float32 masters; returns what training did, with the overlap's totals when overlapped."""
+        them) and, under LoRA, the policy its adapters' float32 masters; returns what training did, with the
+        overlap's totals when overlapped."""
         self.overlap.close()
         self.bar.close()
         sync_rollout_weights(self.run, self.policy)

@@ -1,6 +1,6 @@
 """LoRA end to end (``model.lora``): a LoRA run learns the bundled task; its registered version loads from MLflow's
-registry as a full model; its adapter folder loads with plain PEFT to the run's log-probs; ``retrain`` continues from that version with new adapters; a crash mid-run resumes to
-the uninterrupted run's adapters."""
+registry as a full model; its adapter folder loads with plain PEFT to the run's log-probs; ``retrain`` continues
+from that version with new adapters; a crash mid-run resumes to the uninterrupted run's adapters."""
 
 import json
 from pathlib import Path

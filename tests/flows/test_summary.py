@@ -18,8 +18,8 @@ from tests.tasks.test_plan_config import plan_choosing
 WHERE = {"run_id", "mlflow_run_id", "mlflow_ui", "name", "status", "wall_s", "ledger", "tracking_uri", "run_dir"}
 COMPLETED = WHERE | {"ingest", "steps", "eval_accuracy_start", "eval_accuracy_end", "eval_by_level_start",
                      "eval_by_level_end", "eval_paired", "effective_ratio", "device", "precision", "device_hours",
-                     "cost_usd", "stage_seconds", "model_path", "adapter_path", "model_version", "parent_version", "data_fingerprint",
-                     "policy_path", "resumed", "overlap", "plan"}
+                     "cost_usd", "stage_seconds", "model_path", "adapter_path", "model_version", "parent_version",
+                     "data_fingerprint", "policy_path", "resumed", "overlap", "plan"}
 
 
 def base() -> RunSummary:

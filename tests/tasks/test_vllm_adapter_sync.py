@@ -137,13 +137,12 @@ def test_a_lora_run_on_a_server_trains_with_the_adapter_synced(base, tmp_path, m
     """Three steps of a LoRA run whose rollouts come from a scripted server started on the base: each sync loads
     the adapter (none reloads weights), every training request names the adapter synced before it, and the
     adapters train."""
+    from tasks.data import arith
     from tasks.policy import Policy
     from tasks.run import open_run
     from tasks.selection.features import compute_features
     from tasks.training.entry import train
     from tests.tasks.test_train import SMALL, make_policy, text_reward
-
-    from tasks.data import arith
 
     monkeypatch.setattr("tasks.calibration.reference.batch_rewards", text_reward)
     hf = make_policy()
