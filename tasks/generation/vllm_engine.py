@@ -334,7 +334,7 @@ def export_for_vllm(model, tokenizer, path: str | Path) -> Path:
     The untied copy sets ``tie_word_embeddings: false`` in ``config.json`` and adds a safetensors shard
     holding the head's weight (= the embedding), listed in ``model.safetensors.index.json`` (a single-file
     save becomes two shards), so both transformers and vLLM load it. A LoRA policy is exported with its adapters
-    merged (vLLM's own LoRA loading is not used: one folder serves any model, with or without adapters).
+    merged (``weight_sync="merged"``; ``adapter`` sends the adapter alone, :func:`export_adapter`).
     Returns the folder (for :meth:`VLLMEngine.reload_weights` or ``vllm serve``).
     """
     from safetensors import safe_open

@@ -16,10 +16,11 @@ What each part gets:
   update is added inside the matmuls and the frozen weights get no gradient.
 - **The KL reference** (``train.kl_coef > 0``): the same model with the adapters disabled (:class:`BaseModelView`,
   PEFT's ``disable_adapter``), so no second copy of the weights exists.
-- **Rollout engines outside the trainer** (the overlap's generator process, vLLM servers) and the saved or
-  registered model: merged weights, W + (alpha / r) B A (:func:`plain_state_dict`), computed into new tensors per
-  target layer. PEFT's in-place ``merge_adapter`` / ``unmerge_adapter`` is not used: W + d - d is not W in
-  floating point, and the error would accumulate over a run's syncs.
+- **Rollout engines outside the trainer** (the overlap's generator process, vLLM servers under
+  ``rollout.vllm_weight_sync=merged``) and the saved or registered model: merged weights, W + (alpha / r) B A
+  (:func:`plain_state_dict`), computed into new tensors per target layer. PEFT's in-place ``merge_adapter`` /
+  ``unmerge_adapter`` is not used: W + d - d is not W in floating point, and the error would accumulate over a
+  run's syncs. vLLM servers under ``adapter`` (the default with LoRA) get the adapter folder below.
 - **Checkpoints**: the adapters (:func:`checkpoint_state`); the frozen base is the run's policy source, loaded
   again on resume.
 - **The adapter folder** (:func:`save_adapter`): what PEFT's ``save_pretrained`` writes, ``adapter_config.json``
