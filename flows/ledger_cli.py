@@ -100,7 +100,7 @@ def _unknown_run(run_id: str, known: list[str], path, shown: int = 10) -> str:
     """The error for a run id the ledger does not have, with the newest ``shown`` of the runs it has."""
     if not known:
         return f"no run {run_id!r} in {path}: it has no runs yet"
-    from tasks.commands import command
+    from tasks.records.commands import command
 
     more = (f" and {len(known) - shown} older (`{command('ledger', 'runs', '--root', path.parent)}` lists them)"
             if len(known) > shown else "")

@@ -30,11 +30,11 @@ from typing import Any
 import psutil
 import torch
 
-from tasks.commands import command, launcher  # noqa: F401 -- launcher: tasks.run's name for it too
 from tasks.config import Config
 from tasks.config.load import resolve_paths, to_json
 from tasks.model.attention import guard_attention
 from tasks.overlap.concurrent import SamplerHandover
+from tasks.records.commands import command, launcher  # noqa: F401 -- launcher: tasks.run's name for it too
 from tasks.records.cost import CostMeter
 from tasks.records.files import write_json
 from tasks.records.label import run_label

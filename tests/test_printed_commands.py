@@ -1,9 +1,10 @@
 """Every command rlsift prints runs as printed, from any folder, for a user who never activated the venv.
 
 The commands rlsift prints for pasting (a stopped run's resume, ``rlsift sync`` after an MLflow outage, ``mlflow ui``
-on a local store, the hints of its messages) are all made by tasks/commands.py ``command``. This test finds every
-call of it in the code (so a new printed command is tested without being listed here), prints each as the code
-would, with ``--help`` in place of its arguments, and runs that in a bash with a bare ``PATH`` in a folder of its own.
+on a local store, the hints of its messages) are all made by tasks/records/commands.py ``command``. This test finds
+every call of it in the code (so a new printed command is tested without being listed here), prints each as the code
+would, with ``--help`` in place of its arguments, and runs that in a bash with a bare ``PATH`` in a folder of its
+own.
 It also finds any other command written into a message by hand (a back-quoted ``rlsift ...``): ``rlsift sync`` was
 printed bare and failed with exit 127 for a user of ``.venv/bin/rlsift``.
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.commands import command, program
+from tasks.records.commands import command, program
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted(p for folder in ("flows", "tasks") for p in (ROOT / folder).rglob("*.py"))
@@ -71,7 +72,7 @@ NAMES = {("tasks/records/tracking/tracker.py", "`rlsift sync`"), ("flows/pipelin
 
 def test_no_message_writes_a_command_by_hand():
     """Outside docstrings and ``--help`` and config descriptions, a back-quoted ``rlsift``/``mlflow``/``prefect``
-    command in a string is one :func:`tasks.commands.command` did not make: it would be printed bare."""
+    command in a string is one :func:`tasks.records.commands.command` did not make: it would be printed bare."""
     bare = []
     for path in SOURCES:
         tree = ast.parse(path.read_text())

@@ -14,7 +14,7 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
-from tasks.commands import command, program
+from tasks.records.commands import command, program
 from tasks.records.layout import mlflow_key
 
 #: The query that opens a page of MLflow 3.17's UI on its model-training side (runs, not traces).
@@ -34,8 +34,8 @@ def experiment_page(uri: str, experiment_id: str) -> str:
 
 
 def mlflow_command() -> str:
-    """This Python's own ``mlflow`` by its full path (tasks/commands.py ``program``): a command printed with it runs
-    in a shell whose ``PATH`` has no venv."""
+    """This Python's own ``mlflow`` by its full path (tasks/records/commands.py ``program``): a command printed with
+    it runs in a shell whose ``PATH`` has no venv."""
     return program("mlflow")
 
 

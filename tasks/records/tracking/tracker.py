@@ -44,7 +44,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from tasks.commands import command
+from tasks.records.commands import command
 from tasks.records.files import write_text
 from tasks.records.layout import mlflow_key, mlflow_layout
 from tasks.records.tracking.describe import DESCRIPTION, PARENT_RUN, RUN_NAME, settled, source_tags
