@@ -292,7 +292,8 @@ def parser() -> argparse.ArgumentParser:
     common(b)
     b.add_argument("--quick", action="store_true", help=("auto, dapo and TRL against plain GRPO, 2 seeds of 30 "
                                                           "steps: about 6 minutes on 2 cores (docs/benchmarks.md)"))
-    b.add_argument("--seeds", type=int, default=None, help="seeds per configuration (default: 2 with --quick, else 3)")
+    b.add_argument("--seeds", type=int, default=None, help=("seeds per configuration (default: flows/benchmark.py "
+                                                            "QUICK_SEEDS with --quick, else SEEDS)"))
     b.add_argument("--presets", help=("comma-separated subset of presets, leave-one-out arms (all-dots, ...) "
                                       "or 'ablation' (every preset and leave-one-out arm)"))
     b.add_argument("--no-trl", action="store_true", help="skip TRL's GRPOTrainer control")

@@ -148,7 +148,7 @@ def _cell(v) -> str:
     return str(v)
 
 
-#: ``rlsift ledger sql``'s example (tests/test_cli.py runs it on a run's ledger).
+#: ``rlsift ledger sql``'s example (tests/test_cli_help.py runs it on a ledger).
 SQL_EXAMPLE = ("--sql \"SELECT run_id, stage, round(sum(wall_s), 1) AS wall_s FROM stages GROUP BY ALL "
                "ORDER BY run_id, wall_s DESC\"")
 
