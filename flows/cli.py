@@ -275,20 +275,25 @@ def parser() -> argparse.ArgumentParser:
     common(pl)
     pl.set_defaults(fn=cmd_plan)
 
-    i = sub.add_parser("ingest", help="ingestion only")
+    i = sub.add_parser("ingest", help="ingestion only", description=(
+        "Read data files (or the config's sources) into the ledger of the run root, as a run's ingest does: "
+        "accepted rows, exact duplicates dropped, bad rows quarantined with their line numbers. No training."))
     i.add_argument("paths", nargs="*", help=("files or folders (default: the configured sources) and dotted "
                                              "key=value overrides, e.g. paths.root=/data/rlsift-runs"))
-    i.add_argument("--format", choices=["gsm8k", "math", "math500", "humaneval", "jsonl", "parquet", "hf"])
-    i.add_argument("-c", "--config")
+    i.add_argument("--format", choices=["gsm8k", "math", "math500", "humaneval", "jsonl", "parquet", "hf"],
+                   help="the files' row format (default: guessed from each file's content)")
+    i.add_argument("-c", "--config", help="YAML config whose paths.root and data.sources to use")
     i.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="an override (the same as a positional key=value)")
-    i.add_argument("--json", action="store_true")
+    i.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     i.set_defaults(fn=cmd_ingest)
 
     b = sub.add_parser("bench", help="every preset and TRL on the same budget: time to target")
     common(b)
-    b.add_argument("--quick", action="store_true", help="about 10 minutes on 2 cores")
-    b.add_argument("--seeds", type=int, default=None)
+    b.add_argument("--quick", action="store_true", help=("auto, dapo and TRL against plain GRPO, 2 seeds of 30 "
+                                                          "steps: about 6 minutes on 2 cores (docs/benchmarks.md)"))
+    b.add_argument("--seeds", type=int, default=None, help=("seeds per configuration (default: flows/benchmark.py "
+                                                            "QUICK_SEEDS with --quick, else SEEDS)"))
     b.add_argument("--presets", help=("comma-separated subset of presets, leave-one-out arms (all-dots, ...) "
                                       "or 'ablation' (every preset and leave-one-out arm)"))
     b.add_argument("--no-trl", action="store_true", help="skip TRL's GRPOTrainer control")
@@ -298,7 +303,10 @@ def parser() -> argparse.ArgumentParser:
 
     add_ledger_parser(sub)
 
-    d = sub.add_parser("deploy", help="register the Prefect deployments with the configured server")
+    d = sub.add_parser("deploy", help="register the Prefect deployments with the configured server", description=(
+        "Register rlsift's flows (pipeline, retrain, benchmark) as Prefect deployments with the Prefect server of "
+        "PREFECT_API_URL, as infra/prefect.yaml describes them; `rlsift worker` then runs what they schedule. "
+        "docs/operations.md says more."))
     d.set_defaults(fn=cmd_deploy)
 
     w = sub.add_parser("worker", help=("a Prefect process worker (prefect worker start) whose Ctrl-C or SIGTERM "
@@ -308,11 +316,16 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds the runs in flight get to end before the worker stops (default 60)")
     w.set_defaults(fn=cmd_worker)
 
-    s = sub.add_parser("sync", help="send a run's tracking outbox after an MLflow outage")
-    s.add_argument("run_dir")
-    s.add_argument("uri")
-    s.add_argument("mlflow_run_id")
+    s = sub.add_parser("sync", help="send a run's tracking outbox after an MLflow outage", description=(
+        "Send what a run kept in its outbox while MLflow was unreachable (metrics, the model's registration, the "
+        "Description). A run that ended during an outage prints this command with its arguments."))
+    s.add_argument("run_dir", help="the run's folder (<paths.root>/runs/<run id>), which holds outbox.jsonl")
+    s.add_argument("uri", help="the MLflow tracking URI to send to (a server's URL or sqlite:///...)")
+    s.add_argument("mlflow_run_id", help="the MLflow run the outbox belongs to")
     s.set_defaults(fn=cmd_sync)
+    for listed in sub._choices_actions:  # `rlsift CMD --help` says at least what `rlsift --help` says of CMD
+        sp = sub.choices[listed.dest]
+        sp.description = sp.description or f"{listed.help[0].upper()}{listed.help[1:]}."
     return p
 
 

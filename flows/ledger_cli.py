@@ -19,7 +19,7 @@ def cmd_ledger(args) -> int:
 
     from tasks.config import ConfigError
     from tasks.config.load import load_config
-    from tasks.records.ledger import Ledger
+    from tasks.records.ledger import Ledger, QueryError
 
     try:
         root = Path(args.root or load_config(args.config, args.overrides).paths.root)
@@ -53,7 +53,11 @@ def cmd_ledger(args) -> int:
             rows = ledger.round_selection(args.run, args.round)
             empty, note = _round_state(args.run, args.round, ledger.progress(args.run), bool(rows))
         else:
-            rows = ledger.query(args.sql)
+            try:
+                rows = ledger.ask(args.sql)
+            except QueryError as err:
+                print(f"rlsift ledger sql: {err}", file=sys.stderr)
+                return 2
     if args.json:
         sys.stdout.write(json.dumps(rows, default=str) + "\n")
     elif rows:
@@ -96,7 +100,10 @@ def _unknown_run(run_id: str, known: list[str], path, shown: int = 10) -> str:
     """The error for a run id the ledger does not have, with the newest ``shown`` of the runs it has."""
     if not known:
         return f"no run {run_id!r} in {path}: it has no runs yet"
-    more = f" and {len(known) - shown} older (rlsift ledger runs lists them)" if len(known) > shown else ""
+    from tasks.records.commands import command
+
+    more = (f" and {len(known) - shown} older (`{command('ledger', 'runs', '--root', path.parent)}` lists them)"
+            if len(known) > shown else "")
     return f"no run {run_id!r} in {path}; its runs, newest first: {', '.join(known[:shown])}{more}"
 
 
@@ -141,6 +148,11 @@ def _cell(v) -> str:
     return str(v)
 
 
+#: ``rlsift ledger sql``'s example (tests/test_cli_help.py runs it on a ledger).
+SQL_EXAMPLE = ("--sql \"SELECT run_id, stage, round(sum(wall_s), 1) AS wall_s FROM stages GROUP BY ALL "
+               "ORDER BY run_id, wall_s DESC\"")
+
+
 def add_ledger_parser(sub) -> None:
     """``rlsift ledger`` and its commands, on the CLI's subparsers ``sub``."""
     led = sub.add_parser("ledger", help="questions about runs (answers also while a run writes the ledger)",
@@ -175,5 +187,5 @@ def add_ledger_parser(sub) -> None:
     sql = ask("sql", "a read-only SQL query over the ledger's tables",
               "A read-only SQL query (duckdb) over the ledger's tables: runs, prompts, quarantine, ingests, "
               "reference, features, selections, groups, skipped_updates, stages, evals.")
-    sql.add_argument("--sql", required=True, help="the query (duckdb's SQL), e.g. each stage's wall time: select "
-                     "stage and wall_s from the stages table")
+    sql.add_argument("--sql", required=True,
+                     help=f"the query (duckdb's SQL), e.g. each stage's wall time: {SQL_EXAMPLE}")

@@ -26,6 +26,7 @@ from tasks.evaluation.heldout import paired_change
 from tasks.plan.planner import planned_config
 from tasks.preflight import RunRequest, checked_config
 from tasks.records import artifacts
+from tasks.records.label import run_label
 from tasks.records.stopping import CANCELLED, stop_signal, stopping, watch_worker
 from tasks.records.tracking import flow_run_tags
 from tasks.run import Run, RunInfo, open_run
@@ -248,7 +249,8 @@ def plan_flow(config: str | None = None, overrides: list[str] | None = None) -> 
     """``rlsift plan``: ingest, the policy and the reference rollouts a run would do, the plan (tasks/plan/planner.py),
     and no training. Returns the plan (:meth:`Plan.to_json`) with the run's ids; the run ends ``planned``."""
     cfg = checked_config(RunRequest.here(config or default_config(), overrides or ()))
-    run = open_run(cfg)
+    run = open_run(cfg, run_name=f"plan-{run_label(cfg)}")  # MLflow lists it beside the training runs: told apart
+    run.tracker.set_tags({"rlsift.kind": "plan"})
     claim_flow_run(run)
     status, out = "failed", {}
     note, unwatch = "", watch_worker()

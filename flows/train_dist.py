@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"train_dist: {err}\n")
         return 2
     if cfg.scale.backend == "single":
-        sys.stderr.write("train_dist: scale.backend=single runs in one process: use `rlsift run` (or set "
+        from tasks.records.commands import command
+
+        sys.stderr.write(f"train_dist: scale.backend=single runs in one process: use `{command('run')}` (or set "
                          "scale.backend to ddp, fsdp2, deepspeed_zero2 or deepspeed_zero3)\n")
         return 2
 

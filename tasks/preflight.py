@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.config import Config, ConfigError
-from tasks.config.load import ENV_KEYS, load_config, parse_override, resolve_paths, validate
+from tasks.config.load import ENV_KEYS, load_config, parse_override, path_origins, resolve_paths, validate
 
 #: Config keys a resume may override (they do not change what is computed).
 RESUME_MAY_CHANGE = ("paths.", "tracking.uri", "model.threads", "model.device", "rollout.vllm_url",
@@ -45,47 +45,103 @@ _CHECKED: dict[RunRequest, Config] = {}
 
 
 def checked_config(request: RunRequest) -> Config:
-    """The config ``request`` runs, loaded, checked (:func:`preflight`) and with its relative paths resolved against
-    the folder it was asked in (tasks/config/load.py ``resolve_paths``); a resume's is its stored one
+    """The config ``request`` runs, loaded, checked (:func:`preflight`) and with its relative paths resolved: a path
+    in a config file against that file's folder (tasks/config/load.py ``load_config``), one on the command line or in
+    the environment against the folder it was asked in (``resolve_paths``); a resume's is its stored one, absolute
     (:func:`resume_config`). Once a process: the command line checks the request before its heavy imports
     (flows/cli.py), and the flow it then starts gets the same config back without reading the files again. Raises
     :class:`ConfigError`."""
     if request not in _CHECKED:
-        cfg = (resume_config(request.config, list(request.overrides), request.resume, folder=request.folder)
-               if request.resume else load_config(request.config, list(request.overrides)))
+        if request.resume:
+            cfg = resume_config(request.config, list(request.overrides), request.resume, folder=request.folder)
+            origins = {k: f"run {request.resume}'s stored config" for k in PATH_CHECKS}
+            origins.update({k: v for k, v in path_origins(request.config, list(request.overrides)).items()
+                            if v == "the command line" and k.startswith(RESUME_MAY_CHANGE)})
+        else:
+            cfg = load_config(request.config, list(request.overrides))
+            origins = path_origins(request.config, list(request.overrides))
         cfg = resolve_paths(cfg, request.folder)
-        preflight(cfg)
+        preflight(cfg, origins)
         _CHECKED[request] = cfg
     return _CHECKED[request]
 
 
-def preflight(cfg: Config) -> None:
-    """What would fail later, checked before any work: data files that do not exist, are empty or hold no
-    usable row (the ingest's own reader, stopping at the first usable row), a root that cannot be written.
-    Raises :class:`ConfigError` naming the key."""
+#: The paths :func:`preflight` checks (with ``data.sources[i].path``), by dotted key.
+PATH_CHECKS = ("paths.root", "paths.cache", "model.path", "tracking.uri")
+
+
+def _origin(origins: dict[str, str], key: str) -> str:
+    """`` (set in FILE, relative to it)``: where a path's value came from, for an error (empty: the default)."""
+    got = origins.get(key) or origins.get(key.split("[")[0]) or ""
+    if not got:
+        return ""
+    if got == "the command line":
+        return " (given on the command line, relative to the current folder)"
+    if got in ENV_KEYS:
+        return f" (from {got}, relative to the current folder)"
+    if got.startswith("run "):
+        return f" (from {got})"
+    return f" (set in {got}; a path in a config file is relative to that file)"
+
+
+def preflight(cfg: Config, origins: dict[str, str] | None = None) -> None:
+    """What would fail later, checked before any work, every path of the config included: data files that do not
+    exist, are empty or hold no usable row (the ingest's own reader, stopping at the first usable row), a starting
+    model that is not a folder, a root, cache or local MLflow store that cannot be written. Raises
+    :class:`ConfigError` naming the key, the path and where it was set (``origins``, tasks/config/load.py
+    ``path_origins``), in one line."""
     from tasks.data.sources import read_source
 
+    origins = origins or {}
     for i, s in enumerate(cfg.data.sources):
         if s.kind != "file":
             continue
-        where = f"data.sources[{i}].path: {s.path}"
+        key = f"data.sources[{i}].path"
+        where, told = f"{key}: {s.path}", _origin(origins, key)
         if not Path(s.path).exists():
-            raise ConfigError(f"{where} does not exist")
+            raise ConfigError(f"{where} does not exist{told}")
         if Path(s.path).is_file() and Path(s.path).stat().st_size == 0:
-            raise ConfigError(f"{where} is empty")
+            raise ConfigError(f"{where} is empty{told}")
         try:
             records, rejected = read_source(s.path, s.format, split=s.split, fields=s.fields, reward=s.reward,
                                             until_usable=True)
         except (ValueError, OSError) as err:
-            raise ConfigError(f"{where}: {err}") from None
+            raise ConfigError(f"{where}: {err}{told}") from None
         if not records:
             first = f"; the first, line {rejected[0].line}: {rejected[0].reason}" if rejected else ""
-            raise ConfigError(f"{where} has no usable row ({len(rejected)} rejected{first})")
-    root = Path(cfg.paths.root).resolve()
-    here = next(p for p in (root, *root.parents) if p.exists())
-    if not here.is_dir() or not os.access(here, os.W_OK | os.X_OK):
-        raise ConfigError(f"paths.root: cannot create or write {root} ({here} is "
-                          f"{'not a folder' if not here.is_dir() else 'not writable'})")
+            raise ConfigError(f"{where} has no usable row ({len(rejected)} rejected{first}){told}")
+    if cfg.model.path is not None:
+        model = Path(cfg.model.path)
+        if not model.is_dir():
+            raise ConfigError(f"model.path: {model} {'is not a folder' if model.exists() else 'does not exist'}"
+                              f"{_origin(origins, 'model.path')}")
+        if not (model / "config.json").is_file():
+            raise ConfigError(f"model.path: {model} holds no saved model (no config.json)"
+                              f"{_origin(origins, 'model.path')}")
+    folders = [("paths.root", cfg.paths.root), ("paths.cache", cfg.paths.cache)]
+    store = _store_file(cfg.tracking.uri)
+    if store is not None:
+        folders.append(("tracking.uri", str(store.parent)))
+    for key, folder in folders:
+        if folder is None:
+            continue
+        path = Path(folder).resolve()
+        here = next(p for p in (path, *path.parents) if p.exists())
+        if not here.is_dir() or not os.access(here, os.W_OK | os.X_OK):
+            raise ConfigError(f"{key}: cannot create or write {path} ({here} is "
+                              f"{'not a folder' if not here.is_dir() else 'not writable'}){_origin(origins, key)}")
+
+
+def _store_file(uri: str | None) -> Path | None:
+    """The file or folder of a local MLflow store (``sqlite:///FILE``, ``file:FOLDER``, a plain path); None for a
+    server or no URI (the default store under the root)."""
+    if not uri:
+        return None
+    if uri.startswith("sqlite:///"):
+        return Path(uri.removeprefix("sqlite:///")) if uri.removeprefix("sqlite:///").startswith("/") else None
+    if uri.startswith("file:"):
+        return Path(uri.removeprefix("file://").removeprefix("file:"))
+    return Path(uri) if "://" not in uri else None
 
 
 def resume_config(config: str | None, overrides: list[str], run_id: str, folder: str | None = None) -> Config:

@@ -18,9 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shlex
 import shutil
-import sys
 import time
 import traceback
 import uuid
@@ -36,6 +34,7 @@ from tasks.config import Config
 from tasks.config.load import resolve_paths, to_json
 from tasks.model.attention import guard_attention
 from tasks.overlap.concurrent import SamplerHandover
+from tasks.records.commands import command, launcher  # noqa: F401 -- launcher: tasks.run's name for it too
 from tasks.records.cost import CostMeter
 from tasks.records.files import write_json
 from tasks.records.label import run_label
@@ -56,26 +55,11 @@ TEMP_RECORD = "temp.json"
 RUN_LOG = "run.log"
 
 
-def launcher() -> list[str]:
-    """How this process was started, as the start of a command that runs rlsift the same way from any folder:
-    ``/abs/.venv/bin/rlsift`` when it runs the ``rlsift`` script (by its absolute path, not the one the shell's
-    ``PATH`` may find: a venv that was never activated has none; symbolic links kept, a venv's own), ``/abs/python -m
-    flows.cli`` when Python ran the module, else ``rlsift`` (a Prefect worker's flow run, a test, a script)."""
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    if spec is not None and spec.name == "flows.cli":
-        return [sys.executable, "-m", "flows.cli"]
-    script = sys.argv[0] if sys.argv else ""
-    if Path(script).name == "rlsift" and Path(script).is_file():
-        return [os.path.abspath(script)]
-    return ["rlsift"]
-
-
 def resume_command(run_id: str, root: str | os.PathLike) -> str:
     """The command that finishes a stopped or failed run, pasted as printed from any folder: ``LAUNCHER run --resume
     ID paths.root=/abs/root`` (:func:`launcher`). The root is all a resume needs to find the run: it takes the rest
     from the run's stored config.json, whose paths are absolute (tasks/preflight.py ``resume_config``)."""
-    return shlex.join([*launcher(), "run", "--resume", run_id, f"paths.root={os.path.abspath(root)}"])
+    return command("run", "--resume", run_id, f"paths.root={os.path.abspath(root)}")
 
 
 def resolve_device(name: str) -> torch.device:

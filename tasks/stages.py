@@ -300,7 +300,7 @@ def eval_during(run: Run, policy: Policy, test: list[PromptRecord], step: int) -
     return HeldoutEval(accuracy=res.overall.greedy_acc, metrics=flat_metrics(res))
 
 
-@stage(name="evaluate")
+@stage(name="evaluate", task_run_name="evaluate-{phase}")  # evaluate-start, evaluate-end
 def evaluate_stage(run: Run, policy: Policy, test: list[PromptRecord], phase: str, step: int) -> EvalResult:
     """Held-out evaluation ``phase`` (``start`` before training, ``end`` after it) at ``step``; its accuracy by level
     (with the start's, after training) becomes the flow run's ``eval-by-level`` artifact."""

@@ -202,21 +202,25 @@ def test_a_failed_run_says_so_in_one_line_and_exits_1_without_duckdb_noise(tmp_p
     """A run that fails in a stage says so in one line on the terminal: its cause, what is kept, the command that
     continues it and where the traceback is (the run's run.log, not the terminal: Prefect's reports of the failed
     task and flow runs stay off it). It closes its ledger, and no duckdb connection outlives it to the exit (which
-    would print duckdb's "nanobind: leaked ... instances!" dump after the error)."""
+    would print duckdb's "nanobind: leaked ... instances!" dump after the error). The model: a saved one whose weights
+    file is torn (the preflight finds the folder and its config.json; loading it fails in the prepare stage)."""
+    import shutil
+
+    shutil.copytree(ROOT / "assets" / "tiny-warmstart", tmp_path / "torn-model")
+    (tmp_path / "torn-model" / "model.safetensors").write_text("torn")
     p = rlsift("run", "-c", "tests/fixtures/tiny.yaml", f"paths.root={tmp_path}", "train.steps=2",
-               f"model.path={tmp_path / 'no-model'}", "--json")
+               f"model.path={tmp_path / 'torn-model'}", "--json")
     assert p.returncode == 1, p.stderr[-3000:]
     out = json.loads(p.stdout)
     assert out["status"] == "failed" and "Traceback" not in p.stderr, p.stderr[-3000:]
     (line,) = [x for x in p.stderr.splitlines() if "failed" in x or "Error" in x]  # the one line of the failure
-    assert f"run {out['run_id']} failed: ValueError: policy path" in line
-    assert "is not a folder with a saved model" in line
+    assert f"run {out['run_id']} failed: SafetensorError: Error while deserializing header" in line
     command = shlex.join([sys.executable, "-m", "flows.cli", "run", "--resume", out["run_id"],
                           f"paths.root={tmp_path}"])
     assert f"(no checkpoint yet; `{command}` continues it; traceback in " \
            f"{tmp_path / 'runs' / out['run_id'] / 'run.log'})" in line and out["reason"] in line  # as rlsift was run
     logged = (tmp_path / "runs" / out["run_id"] / "run.log").read_text()
-    assert "Traceback (most recent call last)" in logged and "is not a folder with a saved model" in logged
+    assert "Traceback (most recent call last)" in logged and "Error while deserializing header" in logged
     assert "stage ingest done" in logged  # the run's log lines too
     assert "nanobind" not in p.stderr and "leaked" not in p.stderr, p.stderr[-3000:]
 
@@ -339,12 +343,13 @@ def test_a_round_not_committed_yet_says_so(tmp_path, capsys):
     assert ask(1)[1] == "no selections in round 1 of run r1\n"
 
 
-@pytest.mark.parametrize("case", ["plain", "paths.root", "deployment", "relative data file"])
+@pytest.mark.parametrize("case", ["plain", "paths.root", "deployment", "relative data file", "config file's paths"])
 def test_the_resume_command_of_a_stop_message_resumes_the_run(tmp_path, monkeypatch, case):
     """The command a stopped run prints, pasted as printed in another folder (and another shell: no RLSIFT_ROOT),
     finds the run and its stored config: a plain run (root ./rlsift-runs of where it ran), a run with a relative
-    ``paths.root=``, a deployment's flow run (run in the repository, its root from RLSIFT_ROOT), a run whose config
-    names a data file by a relative path (the run stored it resolved against the folder it ran in: no ``cd``)."""
+    ``paths.root=``, a deployment's flow run (run in the repository, its root from RLSIFT_ROOT), a run whose override
+    names a data file by a relative path (the run stored it resolved against the folder it ran in: no ``cd``), a run
+    of a config file in another folder that names its data file relative to itself (stored resolved against it)."""
     from flows import cli
     from flows.pipeline import stopped_note
     from tasks.preflight import RunRequest, checked_config
@@ -364,8 +369,15 @@ def test_the_resume_command_of_a_stop_message_resumes_the_run(tmp_path, monkeypa
         (ran_in / "data").mkdir()
         (ran_in / "data" / "train.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
         overrides.append("data.sources=[{kind: file, path: data/train.jsonl, format: gsm8k}]")
-    run = open_run(checked_config(RunRequest.here(str(ROOT / "tests" / "fixtures" / "tiny.yaml"), overrides)),
-                   track=False)
+    config = str(ROOT / "tests" / "fixtures" / "tiny.yaml")
+    if case == "config file's paths":  # mine/user.yaml: its base and its data file relative to itself
+        (ran_in / "mine" / "data").mkdir(parents=True)
+        (ran_in / "mine" / "data" / "train.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+        user = ran_in / "mine" / "user.yaml"
+        user.write_text(f"base: {os.path.relpath(config, user.parent)}\n"
+                        "data: {sources: [{kind: file, path: data/train.jsonl, format: gsm8k}]}\n")
+        config = str(user)
+    run = open_run(checked_config(RunRequest.here(config, overrides)), track=False)
     note = stopped_note(run, signal.SIGTERM)
     run.close("cancelled", {})
     command = re.search(r"`([^`]+ run --resume [^`]+)` finishes it", note).group(1)
@@ -373,11 +385,13 @@ def test_the_resume_command_of_a_stop_message_resumes_the_run(tmp_path, monkeypa
     monkeypatch.chdir(elsewhere)
     monkeypatch.delenv("RLSIFT_ROOT", raising=False)
     argv = shlex.split(command)
-    assert argv[:4] == ["rlsift", "run", "--resume", run.run_id], command  # pytest, not the rlsift script, runs this
+    assert argv[1:4] == ["run", "--resume", run.run_id] and os.path.isabs(argv[0]), command  # the venv's rlsift
     cfg = cli.run_config(cli.parser().parse_args(argv[1:]))
     assert Path(cfg.paths.root) == run.root and cfg.train.steps == 3  # the stored config, not auto.yaml's
     if case == "relative data file":
         assert cfg.data.sources[0].path == str(ran_in / "data" / "train.jsonl")
+    if case == "config file's paths":
+        assert cfg.data.sources[0].path == str(ran_in / "mine" / "data" / "train.jsonl")
     os.chdir(elsewhere)
     with pytest.raises(ConfigError, match=f"no run {run.run_id} under"):  # the hint without the root did not
         cli.run_config(cli.parser().parse_args(["run", "--resume", run.run_id]))
@@ -415,7 +429,8 @@ def test_printed_commands_start_rlsift_as_the_user_did(tmp_path, monkeypatch):
     assert p.returncode == 0, p.stderr[-2000:]
     assert shlex.split(p.stdout) == [str(script), "run", "--resume", "abc", f"paths.root={tmp_path / 'r'}"]
 
-    assert launcher() == ["rlsift"]  # pytest runs this process: no script of rlsift's to name
+    # pytest runs this process: the rlsift script of this Python's environment, by its full path
+    assert launcher() == [str(Path(os.path.abspath(sys.executable)).with_name("rlsift"))]
     monkeypatch.setattr(sys.modules["__main__"], "__spec__", types.SimpleNamespace(name="flows.cli"))
     assert launcher() == [sys.executable, "-m", "flows.cli"]
 

@@ -214,3 +214,29 @@ def test_rlsift_root_is_the_root_over_the_file_and_under_the_overrides(monkeypat
     monkeypatch.setenv("RLSIFT_ROOT", "")  # empty: not set
     cfg = load_config(None, [])
     assert cfg.tracking.uri == "http://127.0.0.1:5000" and cfg.paths.root == "./rlsift-runs"
+
+
+# ---------------------------------------------------------------- paths: relative to the file that writes them
+
+
+@pytest.mark.parametrize("path", [*FILES, *DATA],
+                         ids=lambda p: p.name if CONF not in p.parents else str(p.relative_to(CONF)))
+def test_every_path_in_a_config_file_resolves_from_any_folder(path, tmp_path, monkeypatch):
+    """Loaded from another folder, each file's paths are absolute and point where the file means: the shipped warm
+    start, the data folder beside the repository (``shared/``). conf/smoke.yaml's ``model.path`` once named
+    ``assets/tiny-warmstart`` against the shell's folder: a run from anywhere else failed 17 s in."""
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(path) if path not in DATA else load_config(None, [f"data={path.stem}"])
+    if cfg.model.path is not None:
+        assert Path(cfg.model.path).is_absolute() and (Path(cfg.model.path) / "config.json").is_file(), cfg.model.path
+    for source in cfg.data.sources:
+        if source.kind == "file":
+            assert Path(source.path).is_absolute() and Path(source.path).is_relative_to(CONF.parent.parent / "shared")
+    assert cfg.paths.root == "./rlsift-runs" and cfg.paths.cache is None  # the default: the current folder's
+
+
+def test_an_unknown_config_group_lists_the_groups():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["data=nosuch"])
+    assert str(err.value) == (f"data=nosuch: no config group 'nosuch' in {CONF / 'data'}; the groups: balanced, easy, "
+                              "gsm8k, humaneval, math (or set the section's keys, e.g. data.KEY=VALUE)")

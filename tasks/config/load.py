@@ -86,21 +86,104 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     The environment variables :data:`ENV_KEYS` (``RLSIFT_ROOT``, ``RLSIFT_TRACKING_URI``), when set and not
     empty, set their keys over the file and under the overrides: one rule for every command, script and
     deployment, so an installation says once where it keeps its root and its MLflow server.
+
+    Relative paths (:data:`PATH_KEYS`): one written in a config file is relative to that file (also in a file reached
+    through ``base:`` or a config group), and is made absolute here; one given on the command line or in the
+    environment stays relative until :func:`resolve_paths` anchors it to the folder the command runs in.
     """
+    return validate(_compose(path, overrides)[0])
+
+
+def path_origins(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
+    """Where each path of :func:`load_config` (``path``, ``overrides``) was set, by dotted key (``model.path``,
+    ``data.sources[0].path``): the config file, ``the command line`` or the environment variable; the keys left at
+    their default are absent. For error messages (tasks/preflight.py)."""
+    return _compose(path, overrides)[1]
+
+
+def _compose(path: str | Path | None, overrides: list[str] | tuple[str, ...]) -> tuple[dict, dict[str, str]]:
+    """The config tree of ``load_config`` before validation, and the origin of each of its paths."""
     tree: dict = {}
+    origins: dict[str, str] = {}
     if path is not None:
-        tree = _read_yaml(Path(path))
+        tree, origins = _read_yaml(Path(path))
     for var, keys in ENV_KEYS.items():
         if os.environ.get(var):
             _set(tree, keys, os.environ[var])
+            origins[".".join(keys)] = var
     for item in overrides:
         keys, value = parse_override(item)
         group = conf_dir() / keys[0] / f"{value}.yaml" if len(keys) == 1 and isinstance(value, str) else None
         if group is not None and group.is_file():  # a config group: data=gsm8k -> conf/data/gsm8k.yaml
-            tree[keys[0]] = _read_yaml(group)
+            section, found = _read_yaml(group, section=keys[0])
+            tree[keys[0]] = section[keys[0]]
+            origins = _replace_origins(origins, keys[0], found)
             continue
+        if group is not None and keys[0] in Config.model_fields and (conf_dir() / keys[0]).is_dir():
+            folder = os.path.abspath(conf_dir() / keys[0])
+            known = sorted(p.stem for p in Path(folder).glob("*.yaml"))
+            raise ConfigError(f"{item}: no config group {value!r} in {folder}; the groups: {', '.join(known)} (or "
+                              f"set the section's keys, e.g. {keys[0]}.KEY=VALUE)")
         _set(tree, keys, value)
-    return validate(tree)
+        origins = _replace_origins(origins, ".".join(keys), {k: "the command line" for k in _path_items(tree)
+                                                             if _under(k, ".".join(keys))})
+    return tree, origins
+
+
+#: The config keys that name a file or folder; ``data.sources`` items' ``path`` and a local ``tracking.uri`` too.
+PATH_KEYS = (("paths", "root"), ("paths", "cache"), ("model", "path"))
+
+
+def _under(key: str, prefix: str) -> bool:
+    """``key`` is ``prefix`` or inside it (``data.sources[0].path`` is under ``data`` and ``data.sources``)."""
+    return key == prefix or key.startswith((prefix + ".", prefix + "["))
+
+
+def _replace_origins(origins: dict[str, str], prefix: str, new: dict[str, str]) -> dict[str, str]:
+    """``origins`` with every key under ``prefix`` (a value set whole: a section or a list) replaced by ``new``."""
+    return {**{k: v for k, v in origins.items() if not _under(k, prefix)}, **new}
+
+
+def _path_items(tree: dict):
+    """The dotted key of each path a config tree states (:data:`PATH_KEYS`, ``data.sources[i].path``,
+    ``tracking.uri``), as far as its shape goes (a bad shape is the validation's to report)."""
+    for section, key in PATH_KEYS:
+        node = tree.get(section)
+        if isinstance(node, dict) and isinstance(node.get(key), str) and node[key]:
+            yield f"{section}.{key}"
+    data = tree.get("data")
+    if isinstance(data, dict) and isinstance(data.get("sources"), list):
+        for i, src in enumerate(data["sources"]):
+            if isinstance(src, dict) and isinstance(src.get("path"), str) and src["path"]:
+                yield f"data.sources[{i}].path"
+    node = tree.get("tracking")
+    if isinstance(node, dict) and isinstance(node.get("uri"), str) and _local_store(node["uri"]):
+        yield "tracking.uri"
+
+
+def _local_store(uri: str) -> bool:
+    """A tracking URI that names a local store (a path, ``sqlite:///``, ``file:``), not a server."""
+    return bool(uri) and (uri.startswith(("sqlite:///", "file:")) or "://" not in uri)
+
+
+def _anchor(tree: dict, folder: Path) -> list[str]:
+    """Make the relative paths ``tree`` states absolute against ``folder`` (in place); the keys it states."""
+    keys = list(_path_items(tree))
+    for key in keys:
+        if key == "tracking.uri":
+            tree["tracking"]["uri"] = _local_uri(tree["tracking"]["uri"], folder)
+        elif key.startswith("data.sources["):
+            src = tree["data"]["sources"][int(key[len("data.sources["):].split("]")[0])]
+            src["path"] = _absolute(src["path"], folder)
+        else:
+            section, name = key.split(".")
+            tree[section][name] = _absolute(tree[section][name], folder)
+    return keys
+
+
+def _absolute(path: str, folder: str | Path) -> str:
+    """``path`` (``~`` expanded) against ``folder`` when relative, normalised (``conf/../assets`` -> ``assets``)."""
+    return os.path.normpath(os.path.join(folder, os.path.expanduser(path)))
 
 
 #: Where named compositions live: the user presets, then the benchmark's arms (experimental variants).
@@ -126,6 +209,7 @@ def preset_overrides(name: str) -> list[str]:
     while path is not None:
         tree = yaml.safe_load(path.read_text()) or {}
         base = tree.pop("base", None)
+        _anchor(tree, Path(os.path.abspath(path)).parent)  # its paths relative to itself, as in load_config
         merged = _merge(tree, merged)
         nxt = (path.parent / base).resolve() if base else None
         path = nxt if nxt is not None and nxt != base_file else None
@@ -167,7 +251,10 @@ def validate(tree: dict) -> Config:
         raise ConfigError(_explain(err)) from None
 
 
-def _read_yaml(path: Path) -> dict:
+def _read_yaml(path: Path, section: str | None = None) -> tuple[dict, dict[str, str]]:
+    """A config file's tree, with the file it names as ``base:`` under it and its relative paths made absolute
+    against its own folder, and the origin of each path (:func:`path_origins`). ``section``: the file is that one
+    section (a config group, ``conf/data/*.yaml``); the tree then holds it under its name."""
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
@@ -179,9 +266,17 @@ def _read_yaml(path: Path) -> dict:
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     base = tree.pop("base", None)
+    if section is not None:
+        tree = {section: tree}
+    where = os.path.abspath(path)
+    own = {k: where for k in _anchor(tree, Path(where).parent)}
+    origins: dict[str, str] = {}
     if base:
-        tree = _merge(_read_yaml(path.parent / base), tree)
-    return tree
+        below, origins = _read_yaml(path.parent / base, section)
+        if isinstance(tree.get("data"), dict) and "sources" in tree["data"]:  # a list is set whole
+            origins = _replace_origins(origins, "data.sources", {})
+        tree = _merge(below, tree)
+    return tree, {**origins, **own}
 
 
 def resolve_paths(cfg: Config, folder: str | Path) -> Config:

@@ -16,9 +16,17 @@ class PathsConfig(_Frozen):
 
     root: str = Field("./rlsift-runs", description=(
         "Folder for the ledger (ledger.duckdb), the MLflow store (mlflow.db), runs/<run_id>/ and the warm-start "
-        "cache (tasks/run.py open_run)."))
+        "cache (tasks/run.py open_run). Like every path: relative to the config file that sets it, or given on the "
+        "command line or in RLSIFT_ROOT, to the current folder. null: ./rlsift-runs in the current folder."))
     cache: str | None = Field(None, description=(
         "Warm-start cache folder, keyed by fingerprint (tasks/model/warmstart.py); None: <root>/cache."))
+
+    @field_validator("root", mode="before")
+    @classmethod
+    def _root_default(cls, value: Any) -> Any:
+        """null (conf/base.yaml's value): the default, ``./rlsift-runs`` in the folder the command runs in; a path
+        written in a config file would be relative to the file (tasks/config/load.py), so base.yaml names none."""
+        return "./rlsift-runs" if value is None else value
 
 
 class ScaleConfig(_Frozen):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from tasks.records.commands import command
 from tasks.records.ledger import SkippedUpdateRow
 from tasks.update.nan_locator import SkippedUpdate
 
@@ -86,7 +87,8 @@ class SkipGuard:
                 f"the update was skipped at {self.in_row} steps in a row (steps {first}-{last}; "
                 f"train.max_skipped_steps={self.limit}): no weight has moved since step {first}. Cause: "
                 f"{self.cause()}. The ledger's skipped_updates table lists every skipped minibatch "
-                "(`rlsift ledger sql`); docs/operations.md says how to read the site.")
+                f"(`{command('ledger', 'sql', '--help')}` says how to ask it); docs/operations.md says how to read "
+                "the site.")
 
 
 def skipped_rows(stats: dict[str, float], skipped: Sequence[SkippedUpdate]) -> list[SkippedUpdateRow]:

@@ -119,6 +119,7 @@ def test_pipeline_flow_records_everything(tmp_path, prefect_harness, caplog):
     train = [r for r in runs if r.name.startswith("train-")]
     rounds = {r.name: r for r in runs if r.name.startswith("round-")}
     assert len(train) == 1 and set(rounds) == {"round-0", "round-1"}
+    assert sorted(r.name for r in runs if r.name.startswith("evaluate")) == ["evaluate-end", "evaluate-start"]
     for r in rounds.values():
         assert r.state_name == "Completed" and [p.id for p in r.task_inputs["__parents__"]] == [train[0].id]
 

@@ -2,6 +2,7 @@
 committed with checkpoints, and (slow) a real ``mlflow server`` stopped and restarted under a logging run."""
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -336,3 +337,29 @@ def test_a_description_without_an_outage_is_sent_as_written(tmp_path, sqlite_uri
     said = run_info(sqlite_uri, t.run_id)["tags"][DESCRIPTION]
     assert said == "**run**: completed\n- model: registered m version 3\n"
     assert not (tmp_path / "run" / "outbox-outages.json").exists()
+
+
+def test_the_end_of_a_run_says_it_waits_for_mlflow_and_prints_a_sync_that_runs(tmp_path, sqlite_uri, caplog,
+                                                                                 monkeypatch):
+    """MLflow gone at the end of a run: a line says the run waits for it (the terminal was silent for 30 s), then the
+    `rlsift sync` line, with the full path of this environment's rlsift (printed bare, it failed with exit 127 where
+    the venv was not activated; tests/test_printed_commands.py runs it)."""
+    import logging
+    import os
+    import shlex
+
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    t = MlflowTracker(sqlite_uri, "ends-in-an-outage", tmp_path / "run", background=False, final_wait_s=1.0)
+    t.uri, t.client = "http://127.0.0.1:9", MlflowClient(tracking_uri="http://127.0.0.1:9")  # nothing listens there
+    t.log_metrics({"loss": 1.0}, 0)
+    with caplog.at_level(logging.WARNING, logger="rlsift"):
+        t.finish()
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("rlsift")]
+    waits = next(i for i, m in enumerate(said) if "waiting up to 1 s more for MLflow at http://127.0.0.1:9" in m)
+    gives_up = next(i for i, m in enumerate(said) if m.startswith("MLflow still unreachable"))
+    assert waits < gives_up, said
+    printed = shlex.split(re.search(r"`([^`]+)` sends them", said[gives_up]).group(1))
+    assert os.path.isabs(printed[0]) and printed[1:] == ["sync", str(tmp_path / "run"), "http://127.0.0.1:9", t.run_id]

@@ -74,6 +74,17 @@ CREATE TABLE IF NOT EXISTS skipped_updates (
 STEP_TABLES = ("reference", "selections", "groups", "skipped_updates")
 
 
+class QueryError(ValueError):
+    """SQL the ledger could not run (:meth:`Ledger.ask`), with duckdb's message in one line."""
+
+
+def _one_line(err: Exception) -> str:
+    """duckdb's message without the echo of the query and its caret (``LINE 1: ...``), on one line."""
+    lines = [ln.strip() for ln in str(err).splitlines()]
+    kept = [ln for ln in lines[:next((i for i, ln in enumerate(lines) if ln.startswith("LINE ")), len(lines))] if ln]
+    return " ".join(kept) or type(err).__name__
+
+
 class _Closed:
     """The connection of a closed :class:`Ledger`: any use says so."""
 
@@ -264,10 +275,18 @@ class Ledger:
         return recs
 
     def query(self, sql: str, args: Sequence[Any] = ()) -> list[dict[str, Any]]:
-        """Rows of any SQL as dicts: for ``rlsift ledger sql --sql`` and tests; code asks the named methods."""
+        """Rows of any SQL as dicts: for tests and :meth:`ask`; code asks the named methods."""
         cur = self.con.execute(sql, list(args))
-        cols = [d[0] for d in cur.description]
-        return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+        cols = [d[0] for d in cur.description or ()]
+        return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()] if cols else []
+
+    def ask(self, sql: str) -> list[dict[str, Any]]:
+        """Rows of a person's SQL (``rlsift ledger sql``). Raises :class:`QueryError` with duckdb's message in one
+        line (what is wrong and, for a misspelt name, what it may have meant) for SQL that does not run."""
+        try:
+            return self.query(sql)
+        except duckdb.Error as err:
+            raise QueryError(_one_line(err)) from None
 
     def has_features(self, run_id: str) -> bool:
         return bool(self.query("SELECT 1 FROM features WHERE run_id = ? LIMIT 1", [run_id]))

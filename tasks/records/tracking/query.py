@@ -10,13 +10,11 @@ every link rlsift gives names the model-training side (:data:`TRAINING_SIDE`).
 
 from __future__ import annotations
 
-import shutil
-import sys
-from pathlib import Path
 from typing import Any
 
 from mlflow.tracking import MlflowClient
 
+from tasks.records.commands import command, program
 from tasks.records.layout import mlflow_key
 
 #: The query that opens a page of MLflow 3.17's UI on its model-training side (runs, not traces).
@@ -36,13 +34,9 @@ def experiment_page(uri: str, experiment_id: str) -> str:
 
 
 def mlflow_command() -> str:
-    """``mlflow`` where the PATH finds this Python's own, else the full path of this Python's (its environment not
-    activated)."""
-    here = Path(sys.executable).parent / "mlflow"
-    if not here.exists():
-        return "mlflow"
-    found = shutil.which("mlflow")
-    return "mlflow" if found and Path(found).resolve() == here.resolve() else str(here)
+    """This Python's own ``mlflow`` by its full path (tasks/records/commands.py ``program``): a command printed with
+    it runs in a shell whose ``PATH`` has no venv."""
+    return program("mlflow")
 
 
 def ui_hint(uri: str, experiment_id: str | None, run_id: str) -> str:
@@ -51,7 +45,7 @@ def ui_hint(uri: str, experiment_id: str | None, run_id: str) -> str:
     if uri.startswith(("http://", "https://")):
         return run_page(uri, experiment_id, run_id) if experiment_id else f"{uri} (run {run_id})"
     page = f", then {run_page(MLFLOW_UI, experiment_id, run_id)}" if experiment_id else ""
-    return f"`{mlflow_command()} ui --backend-store-uri {uri}`{page}"
+    return f"`{command('ui', '--backend-store-uri', uri, tool='mlflow')}`{page}"
 
 
 def run_url(uri: str, run_id: str) -> str | None:

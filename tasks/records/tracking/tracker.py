@@ -44,6 +44,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from tasks.records.commands import command
 from tasks.records.files import write_text
 from tasks.records.layout import mlflow_key, mlflow_layout
 from tasks.records.tracking.describe import DESCRIPTION, PARENT_RUN, RUN_NAME, settled, source_tags
@@ -354,19 +355,28 @@ class MlflowTracker:
         return self.registered.get(name)
 
     def finish(self, status: str = "FINISHED") -> None:
-        """Queue the final status, stop the background thread and send everything (waits up to final_wait_s)."""
+        """Queue the final status, stop the background thread and send everything (waits up to final_wait_s,
+        saying so first: the terminal is not silent while it waits on an MLflow that does not answer)."""
         if self._monitor is not None:
             self._monitor.finish()
             self._monitor = None
         self._put({"kind": "status", "status": status})
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=2)
+            if self._thread.is_alive():  # its send is still waiting on MLflow
+                log.warning("waiting up to 30 s for MLflow at %s to take what the run sent", self.uri)
+                self._thread.join(timeout=28)
         deadline = time.time() + self.final_wait_s
+        told = False
         while not self.flush():
+            if not told:
+                log.warning("waiting up to %.0f s more for MLflow at %s before the run ends", self.final_wait_s,
+                            self.uri)
+                told = True
             if time.time() > deadline:
-                log.warning("MLflow still unreachable: %s keeps the unsent items; `rlsift sync %s %s %s` sends "
-                            "them", self.outbox.path, self.run_dir, self.uri, self.run_id)
+                log.warning("MLflow still unreachable: %s keeps the unsent items; `%s` sends them", self.outbox.path,
+                            command("sync", self.run_dir, self.uri, self.run_id))
                 return
             time.sleep(min(2.0, max(0.0, deadline - time.time())))
 
