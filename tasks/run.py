@@ -18,9 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shlex
 import shutil
-import sys
 import time
 import traceback
 import uuid
@@ -42,6 +40,7 @@ from tasks.records.label import run_label
 from tasks.records.ledger import Ledger, StageRow
 from tasks.records.memory import PeakMemory
 from tasks.records.progress import quiet_libraries
+from tasks.records.resume import launcher, note_stopped, resume_command  # noqa: F401 - launcher: also named here
 from tasks.records.stopping import CANCELLED, TRACKER_STATUS, held_signals
 from tasks.records.tracking import MlflowTracker, NullTracker, Tracker, default_uri
 from tasks.update.precision import Precision, resolve_precision
@@ -54,28 +53,6 @@ COST_TABLE = "cost_by_stage.json"
 TEMP_RECORD = "temp.json"
 #: The run's log file in its folder: its ``rlsift`` log lines and the traceback of a failure (:meth:`Run.failed`).
 RUN_LOG = "run.log"
-
-
-def launcher() -> list[str]:
-    """How this process was started, as the start of a command that runs rlsift the same way from any folder:
-    ``/abs/.venv/bin/rlsift`` when it runs the ``rlsift`` script (by its absolute path, not the one the shell's
-    ``PATH`` may find: a venv that was never activated has none; symbolic links kept, a venv's own), ``/abs/python -m
-    flows.cli`` when Python ran the module, else ``rlsift`` (a Prefect worker's flow run, a test, a script)."""
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    if spec is not None and spec.name == "flows.cli":
-        return [sys.executable, "-m", "flows.cli"]
-    script = sys.argv[0] if sys.argv else ""
-    if Path(script).name == "rlsift" and Path(script).is_file():
-        return [os.path.abspath(script)]
-    return ["rlsift"]
-
-
-def resume_command(run_id: str, root: str | os.PathLike) -> str:
-    """The command that finishes a stopped or failed run, pasted as printed from any folder: ``LAUNCHER run --resume
-    ID paths.root=/abs/root`` (:func:`launcher`). The root is all a resume needs to find the run: it takes the rest
-    from the run's stored config.json, whose paths are absolute (tasks/preflight.py ``resume_config``)."""
-    return shlex.join([*launcher(), "run", "--resume", run_id, f"paths.root={os.path.abspath(root)}"])
 
 
 def resolve_device(name: str) -> torch.device:
@@ -97,6 +74,8 @@ class RunInfo:
         parent_version: the registered model version a retrain continues ("" when there was none yet).
         parent_path: that version's local folder.
         flow_run_id: the Prefect flow run that last ran this run (a resume ends a killed one's, flows/pipeline.py).
+        prefect_api: the Prefect API that flow run reports to (``PREFECT_API_URL``); None: a temporary server that
+            ended with its process. A resume reports to it (flows/prefect_server.py ``resume_api``).
         started: when the run was first opened (seconds since the epoch; None in a run opened before rlsift kept
             it): a resumed run's Description gives its time from start to end, which MLflow's Duration shows.
         config, overrides: the YAML file and the dotted overrides the run was started with (``rlsift run -c CONFIG
@@ -115,6 +94,7 @@ class RunInfo:
     parent_version: str | None = None
     parent_path: str | None = None
     flow_run_id: str | None = None
+    prefect_api: str | None = None
     started: float | None = None
     config: str | None = None
     overrides: tuple[str, ...] = ()
@@ -337,6 +317,7 @@ def open_run(cfg: Config, *, run_id: str | None = None, track: bool = True, pare
         tracker = (MlflowTracker(uri, cfg.tracking.experiment, run_dir, run_name=run_name or run_label(cfg),
                                  run_id=mlflow_id, parent_run_id=parent_run_id,
                                  system_metrics_s=cfg.tracking.system_metrics_s) if track else NullTracker())
+        note_stopped(ledger, root, but=run_id)  # runs killed before: said, with their resume commands
         ledger.start_run(run_id, cfg.model_dump(mode="json"), tracker.run_id)
         (run_dir / "config.json").write_text(to_json(cfg))
         if not resume:

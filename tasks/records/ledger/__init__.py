@@ -17,7 +17,7 @@ from tasks.records.ledger.rows import (
     StageRow,
     used_signals,
 )
-from tasks.records.ledger.store import SCHEMA, STEP_TABLES, Ledger
+from tasks.records.ledger.store import SCHEMA, STEP_TABLES, STOPPED, Ledger
 
-__all__ = ["SCHEMA", "SIGNALS", "STEP_TABLES", "EvalRow", "FeatureRow", "GroupRow", "Ledger", "ReferenceRow",
+__all__ = ["SCHEMA", "SIGNALS", "STEP_TABLES", "STOPPED", "EvalRow", "FeatureRow", "GroupRow", "Ledger", "ReferenceRow",
            "SelectionRow", "SkippedUpdateRow", "StageRow", "used_signals"]
