@@ -44,7 +44,7 @@ def test_a_child_armed_to_die_with_its_parent_dies_on_the_parents_kill_9():
     Without the arming the sleep would run on for ten minutes."""
     code = ("import os, subprocess, sys, time\n"
             "from tasks.records.process import die_with_parent\n"
-            f"child = subprocess.Popen(['sleep', '600'], preexec_fn=die_with_parent(os.getpid()))\n"
+            "child = subprocess.Popen(['sleep', '600'], preexec_fn=die_with_parent(os.getpid()))\n"
             "print(child.pid, flush=True)\n"
             "time.sleep(600)\n")
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True,
