@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import psutil
 import pytest
@@ -147,3 +148,59 @@ def test_kill_9_of_the_process_that_started_the_temporary_server_takes_the_serve
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("server", ["prefect-server", "temporary"])
+def test_kill_9_then_the_printed_resume_in_a_fresh_shell_ends_on_the_same_prefect_server(tmp_path, server):
+    """The issue's path end to end: ``rlsift run`` (reporting to a Prefect server, or to its own temporary one) is
+    killed with SIGKILL during training. Within 5 s nothing of it runs; ``rlsift ledger runs`` says ``stopped`` and
+    prints the resume command; that command, run from a shell that exports no PREFECT_API_URL, finishes the run on
+    the server the run used: the killed flow run Crashed, the resumed one Completed, no task run left Running."""
+    from tests.flows.conftest import rlsift
+    from tests.flows.test_resume import signal_during_training
+    from tests.flows.test_signals import FAST, TINY, leftovers, prefect_states
+    from tests.servers import start, stop, wait_http
+
+    fresh = cli_env(tmp_path)  # no PREFECT_API_URL
+    proc_server, api = None, None
+    if server == "prefect-server":
+        port = free_port()
+        api = f"http://127.0.0.1:{port}/api"
+        proc_server = start([str(Path(sys.executable).with_name("prefect")), "server", "start", "--host", "127.0.0.1",
+                             "--port", str(port)], fresh, tmp_path / "server.log")
+    try:
+        if proc_server is not None:
+            wait_http(f"{api}/health", proc_server, tmp_path / "server.log")
+        root = tmp_path / "root"
+        env = cli_env(tmp_path, **({"PREFECT_API_URL": api} if api else {}))
+        proc, run_id, _, err = signal_during_training(root, ["-c", str(TINY), *FAST, f"paths.root={root}"], env, 3,
+                                                      signal.SIGKILL, group=False)
+        assert proc.returncode == -signal.SIGKILL, err[-3000:]
+        deadline = time.monotonic() + 5
+        while leftovers(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert leftovers(proc.pid) == []  # the temporary server, the generator process: gone with it
+
+        p = rlsift("ledger", "runs", "--root", str(root), "--json", env=fresh, timeout=300)
+        (row,) = json.loads(p.stdout)
+        assert row["status"] == "stopped" and row["resume"], p.stdout
+        resumed = subprocess.run(row["resume"], shell=True, cwd=tmp_path, env=fresh, capture_output=True, text=True,
+                                 timeout=900)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert "could not mark the killed flow run" not in resumed.stderr, resumed.stderr[-3000:]
+        if api is None:
+            states = prefect_states(tmp_path / "prefect-home")
+            flows, tasks = sorted(states["flow_run"]), states["task_run"]
+        else:
+            from prefect.client.orchestration import get_client
+            from prefect.settings import PREFECT_API_URL, temporary_settings
+
+            with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+                flows = sorted(r.state_type.value for r in client.read_flow_runs())
+                tasks = [r.state_type.value for r in client.read_task_runs()]
+        assert flows == ["COMPLETED", "CRASHED"], flows
+        assert not {"RUNNING", "PENDING"} & set(tasks), tasks
+    finally:
+        if proc_server is not None:
+            stop(proc_server)
