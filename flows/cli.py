@@ -271,8 +271,9 @@ def parser() -> argparse.ArgumentParser:
     common(r)
     r.add_argument("--resume", metavar="RUN_ID", help=(
         "continue a stopped or crashed run from its last checkpoint, with its stored config; give the run's root as "
-        "it ran (paths.root=..., or the -c config or RLSIFT_ROOT that set it): the run is looked up under it. A "
-        "stopped run's message prints the whole command"))
+        "it ran (paths.root=..., or the -c config or RLSIFT_ROOT that set it): the run is looked up under it. It "
+        "reports to the Prefect server the run used (kept in the run; PREFECT_API_URL, when set, wins). A stopped "
+        "run's message, and `rlsift ledger runs` for a run whose process is gone, print the whole command"))
     r.set_defaults(fn=cmd_run)
 
     pl = sub.add_parser("plan", help=("measure the pool and what a token costs, predict each composition's clock "

@@ -96,8 +96,8 @@ def bound_server():
     Prefect looks it up by port, None for "any free one"), made one that dies with this process: its uvicorn
     process (a single process: no workers, no children) gets the parent-death signal SIGKILL
     (tasks/records/process.py ``die_with_parent``), so a ``kill -9`` of rlsift leaves no server listening. Prefect
-    keeps starting and stopping it as before. Returns the server object (already started ones are left as they
-    are)."""
+    keeps starting and stopping it as before; started from another thread than the main one it is Prefect's plain
+    server. Returns the server object (one already made is left as it is)."""
     from prefect.server.api.server import SubprocessASGIServer
 
     class BoundServer(SubprocessASGIServer):
@@ -110,10 +110,13 @@ def bound_server():
 
             from tasks.records.process import die_with_parent
 
-            popen, arm, here = subprocess.Popen, die_with_parent(os.getpid()), threading.get_ident()
+            popen, arm = subprocess.Popen, die_with_parent(os.getpid())
 
-            def spawn(*args, **kwargs):  # Prefect's call, with one argument more (only this thread's call)
-                return popen(*args, **kwargs, **({"preexec_fn": arm} if threading.get_ident() == here else {}))
+            def spawn(*args, **kwargs):  # Prefect's call, with one argument more; only from the main thread (the
+                # signal follows the thread that forks: another thread's end would kill the server), and no other
+                # thread's call in the meantime
+                main = threading.current_thread() is threading.main_thread()
+                return popen(*args, **kwargs, **({"preexec_fn": arm} if main else {}))
 
             subprocess.Popen = spawn
             try:
