@@ -14,7 +14,7 @@ import os
 import sys
 
 from flows.ledger_cli import add_ledger_parser
-from flows.prefect_server import prefect_server
+from flows.prefect_server import prefect_server, reporting_to, resume_api
 
 ENV_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -87,18 +87,20 @@ def cmd_run(args) -> int:
     from tasks.config import ConfigError
 
     try:
-        run_config(args)
+        cfg = run_config(args)
     except ConfigError as err:
         print(f"rlsift run: {err}", file=sys.stderr)
         if args.json:
             sys.stdout.write(json.dumps({"status": "error", "error": str(err)}) + "\n")
         return 2
     _accelerator()
-    from flows.pipeline import pipeline
-
-    prefect_server()
+    api = resume_api(cfg.paths.root, args.resume) if args.resume else None  # the Prefect server the run used
     try:
-        summary = pipeline(config=args.config, overrides=list(args.overrides), resume=args.resume)
+        with reporting_to(api):
+            from flows.pipeline import pipeline
+
+            prefect_server()
+            summary = pipeline(config=args.config, overrides=list(args.overrides), resume=args.resume)
     except BaseException as err:
         from tasks.records.stopping import stop_signal, stopping
 
@@ -197,6 +199,9 @@ def cmd_ingest(args) -> int:
 
     root = Path(cfg.paths.root)
     with Ledger(root / "ledger.duckdb") as ledger:
+        from tasks.records.resume import note_stopped
+
+        note_stopped(ledger, root)
         try:
             result = ingest(ledger, "ingest", sources)
         except FileNotFoundError as err:
@@ -266,8 +271,9 @@ def parser() -> argparse.ArgumentParser:
     common(r)
     r.add_argument("--resume", metavar="RUN_ID", help=(
         "continue a stopped or crashed run from its last checkpoint, with its stored config; give the run's root as "
-        "it ran (paths.root=..., or the -c config or RLSIFT_ROOT that set it): the run is looked up under it. A "
-        "stopped run's message prints the whole command"))
+        "it ran (paths.root=..., or the -c config or RLSIFT_ROOT that set it): the run is looked up under it. It "
+        "reports to the Prefect server the run used (kept in the run; PREFECT_API_URL, when set, wins). A stopped "
+        "run's message, and `rlsift ledger runs` for a run whose process is gone, print the whole command"))
     r.set_defaults(fn=cmd_run)
 
     pl = sub.add_parser("plan", help=("measure the pool and what a token costs, predict each composition's clock "

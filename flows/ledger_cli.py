@@ -38,7 +38,9 @@ def cmd_ledger(args) -> int:
         if args.what in ("why", "round") and ledger.run_status(args.run) is None:
             error = _unknown_run(args.run, ledger.run_ids(), ledger.path)
         elif args.what == "runs":
-            rows = [_run_row(r) for r in ledger.runs()]
+            rows = [_run_row(r, root) for r in ledger.runs()]
+            note = "\n".join(f"run {r['run']} {r['status']}: `{r['resume']}` finishes it"
+                             for r in rows if r["status"] == RESUMABLE[0]) or None
         elif args.what == "why":
             rows = ledger.why(args.run, args.prompt, args.step)
             if not rows:
@@ -61,7 +63,7 @@ def cmd_ledger(args) -> int:
     if args.json:
         sys.stdout.write(json.dumps(rows, default=str) + "\n")
     elif rows:
-        _print_table(rows, drop=("question",) if args.what == "round" else ())
+        _print_table(rows, drop=("question",) if args.what == "round" else ("resume",))
     elif error is None:
         print(empty)
     if note is not None:
@@ -107,11 +109,18 @@ def _unknown_run(run_id: str, known: list[str], path, shown: int = 10) -> str:
     return f"no run {run_id!r} in {path}; its runs, newest first: {', '.join(known[:shown])}{more}"
 
 
-def _run_row(r: dict) -> dict:
-    """``rlsift ledger runs``: what a user compares, one row per run."""
+#: The statuses of a run that ``rlsift run --resume`` continues (``stopped``: its process is gone, tasks/records/ledger
+#: ``STOPPED``; a literal here: the command line imports this module before it needs duckdb).
+RESUMABLE = ("stopped", "cancelled", "failed")
+
+
+def _run_row(r: dict, root) -> dict:
+    """``rlsift ledger runs``: what a user compares, one row per run; ``resume``: the command that finishes a
+    stopped, cancelled or failed run (the table leaves it out and prints a stopped run's below it)."""
     from tasks.config import ConfigError
     from tasks.config.load import validate
     from tasks.records.label import run_label
+    from tasks.records.resume import resume_command
 
     cfg, s = (json.loads(v) if isinstance(v, str) else (v or {}) for v in (r["config"], r["summary"]))
     try:
@@ -122,7 +131,8 @@ def _run_row(r: dict) -> dict:
            if s.get("eval_accuracy_end") is not None else None)
     return {"run": r["run_id"], "status": r["status"], "started": str(r["started_at"])[:16], "what": what,
             "steps": s.get("steps"), "accuracy": acc, "usd": None if s.get("cost_usd") is None else
-            round(s["cost_usd"], 4), "version": s.get("model_version"), "parent": s.get("parent_version") or None}
+            round(s["cost_usd"], 4), "version": s.get("model_version"), "parent": s.get("parent_version") or None,
+            "resume": resume_command(r["run_id"], root) if r["status"] in RESUMABLE else None}
 
 
 def _print_table(rows: list[dict], drop: tuple[str, ...] = ()) -> None:

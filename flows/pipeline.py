@@ -96,29 +96,61 @@ def show_parameters(parameters: dict[str, Any] | None) -> None:
 
 
 def claim_flow_run(run: Run) -> None:
-    """Record the calling Prefect flow run in the run's info and link it with the MLflow run (:func:`link_flow_run`);
-    on a resume, end the killed process's flow run as Crashed (a SIGKILL leaves it Running for ever: no process is
-    left to report its end)."""
-    from prefect.client.orchestration import get_client
+    """Record the calling Prefect flow run and the Prefect API it reports to in the run's info (``flow_run_id``,
+    ``prefect_api``: a resume from any shell reports to the same server, flows/prefect_server.py ``resume_api``) and
+    link it with the MLflow run (:func:`link_flow_run`); on a resume, end the killed process's flow run and its task
+    runs as Crashed (:func:`crash_flow_run`: a SIGKILL leaves them Running for ever, no process is left to report
+    their end)."""
     from prefect.runtime import flow_run
-    from prefect.states import Crashed
+    from prefect.settings import PREFECT_API_URL
 
     current = flow_run.get_id()
     killed = run.info.flow_run_id
     if killed and killed != current:
         try:
-            with get_client(sync_client=True) as client:
-                state = client.read_flow_run(killed).state
-                if state is not None and not state.is_final():
-                    client.set_flow_run_state(killed, Crashed(message=f"its process died; run {run.run_id} resumed "
-                                                                      f"in flow run {current}"), force=True)
-                    log.info("flow run %s of run %s marked Crashed (resumed in %s)", killed, run.run_id, current)
+            crash_flow_run(killed, f"its process died; run {run.run_id} resumed in flow run {current}")
         except Exception as err:  # noqa: BLE001 - another API server, or a flow run it no longer has
-            log.warning("could not mark the killed flow run %s as crashed: %s", killed, err)
+            where = run.info.prefect_api or "a temporary Prefect server"
+            log.warning("could not mark the killed flow run %s (on %s) as crashed: %s", killed, where,
+                        f"{type(err).__name__}: {err}")
     if current:
-        run.info = replace(run.info, flow_run_id=str(current))
+        run.info = replace(run.info, flow_run_id=str(current), prefect_api=PREFECT_API_URL.value() or None)
         run.save_info()
     link_flow_run(run)
+
+
+def crash_flow_run(flow_run_id: str, message: str) -> int:
+    """End a flow run whose process died (``kill -9``) as Crashed with ``message``, and with it every task run of it
+    still unfinished (Running, Pending: ``train``, ``round-2``, ...), whose bars in the UI would otherwise grow for
+    ever. Forced: the API's orchestration rules refuse a Crashed state from outside the run. A flow run already
+    final keeps its state (its unfinished task runs still end). Returns how many runs it ended (flow and task
+    runs); raises what the API raises (no such flow run on this server, an unreachable server)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        TaskRunFilter,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Crashed
+
+    unfinished = TaskRunFilter(state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[
+        StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED, StateType.PAUSED, StateType.CANCELLING])))
+    ended = 0
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(flow_run_id).state
+        if state is not None and not state.is_final():
+            client.set_flow_run_state(flow_run_id, Crashed(message=message), force=True)
+            ended += 1
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
+                                      task_run_filter=unfinished)
+        for task_run in tasks:
+            client.set_task_run_state(task_run.id, Crashed(message=message), force=True)
+    log.info("flow run %s%s marked Crashed, and its %d unfinished task run(s) (%s)", flow_run_id,
+             "" if ended else " (already final)", len(tasks), message)
+    return ended + len(tasks)
 
 
 def link_flow_run(run: Run) -> None:

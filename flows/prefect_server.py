@@ -1,4 +1,6 @@
-"""Prefect's temporary API server as ``rlsift`` starts it (flows/cli.py), and what its logging shows on the terminal.
+"""Prefect's temporary API server as ``rlsift`` starts it (flows/cli.py): one that dies with rlsift, ``kill -9``
+included (:func:`bound_server`); what its logging shows on the terminal; and which Prefect API a resume reports to
+(:func:`resume_api`: the one the run reported to).
 
 Light at import (the logging module only): the command line imports it before it has checked its input.
 """
@@ -7,6 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+log = logging.getLogger("rlsift")
 
 
 class _RunFailures(logging.Filter):
@@ -65,7 +71,8 @@ def prefect_server() -> None:
     """Start Prefect's temporary API server now, when no server is configured, with SIGINT blocked: the server
     inherits the blocked signal, so a Ctrl-C at the terminal (which reaches the whole process group) stops the run
     but not the server, which then records the flow run's end. Prefect stops the server when rlsift exits (atexit,
-    with SIGTERM)."""
+    with SIGTERM); when rlsift is killed (``kill -9``: no atexit), the kernel kills the server with it
+    (:func:`bound_server`). Call from the main thread."""
     import signal
 
     from prefect.client.orchestration import get_client
@@ -76,8 +83,114 @@ def prefect_server() -> None:
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return
     server_logging()
+    bound_server()
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         get_client(sync_client=True)  # starts the server (once per process)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def bound_server():
+    """The temporary API server this process's Prefect client starts (``SubprocessASGIServer()``: one per process,
+    Prefect looks it up by port, None for "any free one"), made one that dies with this process: its uvicorn
+    process (a single process: no workers, no children) gets the parent-death signal SIGKILL
+    (tasks/records/process.py ``die_with_parent``), so a ``kill -9`` of rlsift leaves no server listening. Prefect
+    keeps starting and stopping it as before; started from another thread than the main one it is Prefect's plain
+    server. Returns the server object (one already made is left as it is)."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    class BoundServer(SubprocessASGIServer):
+        """Prefect's temporary server process started with ``preexec_fn``: Prefect's own command and environment
+        (``SubprocessASGIServer._run_uvicorn_command``), passed on unchanged."""
+
+        def _run_uvicorn_command(self):
+            import subprocess
+            import threading
+
+            from tasks.records.process import die_with_parent
+
+            popen, arm = subprocess.Popen, die_with_parent(os.getpid())
+
+            def spawn(*args, **kwargs):  # Prefect's call, with one argument more; only from the main thread (the
+                # signal follows the thread that forks: another thread's end would kill the server), and no other
+                # thread's call in the meantime
+                main = threading.current_thread() is threading.main_thread()
+                return popen(*args, **kwargs, **({"preexec_fn": arm} if main else {}))
+
+            subprocess.Popen = spawn
+            try:
+                return super()._run_uvicorn_command()
+            finally:
+                subprocess.Popen = popen
+
+    known = SubprocessASGIServer._instances.get(None)
+    if known is not None:
+        return known
+    return BoundServer(None)  # registered under port None, where get_client looks (SubprocessASGIServer.__new__)
+
+
+def stored_api(root: str | os.PathLike, run_id: str) -> str | None:
+    """The Prefect API a run reported to, as its ``info.json`` keeps it (tasks/run.py ``RunInfo.prefect_api``, set
+    by flows/pipeline.py ``claim_flow_run``); None for a temporary server, an unknown run or one that predates it."""
+    import json
+    from pathlib import Path
+
+    info = Path(root).resolve() / "runs" / run_id / "info.json"
+    return json.loads(info.read_text()).get("prefect_api") if info.is_file() else None
+
+
+def answers(api: str, timeout_s: float = 3.0) -> bool:
+    """Whether the Prefect API at ``api`` (``.../api``) answers its health check now."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{api.rstrip('/')}/health", timeout=timeout_s) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def resume_api(root: str | os.PathLike, run_id: str) -> str | None:
+    """The Prefect API a resume of run ``run_id`` (under ``root``) reports to: the one the run reported to
+    (:func:`stored_api`), so its flow runs, the killed one marked Crashed and the resumed one, are on one server
+    whatever the resuming shell exports; None (Prefect as configured: ``PREFECT_API_URL``, or a temporary server)
+    when the run used a temporary server, when ``PREFECT_API_URL`` is set (it wins: said when it differs), or when
+    the run's server does not answer now (said: the resume then reports to a temporary server)."""
+    stored = stored_api(root, run_id)
+    here = os.environ.get("PREFECT_API_URL")
+    if stored is None:
+        return None
+    if here:
+        if here.rstrip("/") != stored.rstrip("/"):
+            log.warning("run %s reported to the Prefect server at %s; this resume reports to PREFECT_API_URL=%s, "
+                        "where its earlier flow runs are not", run_id, stored, here)
+        return None
+    if not answers(stored):
+        log.warning("run %s reported to the Prefect server at %s, which does not answer now: this resume reports to "
+                    "a temporary server (start that server first to keep the run's flow runs in one place)",
+                    run_id, stored)
+        return None
+    log.info("run %s: reporting to the Prefect server it ran under, %s", run_id, stored)
+    return stored
+
+
+@contextmanager
+def reporting_to(api: str | None) -> Iterator[None]:
+    """Within the block Prefect reports to ``api`` (``PREFECT_API_URL`` in this process's settings and
+    environment, which its child processes inherit); None: as configured."""
+    if api is None:
+        yield
+        return
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    before = os.environ.get("PREFECT_API_URL")
+    os.environ["PREFECT_API_URL"] = api
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: api}):
+            yield
+    finally:
+        if before is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = before

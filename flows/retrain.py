@@ -1,10 +1,12 @@
-"""The ``retrain`` flow: continue the latest registered model on the prompts that arrived since the last run.
+"""The ``retrain`` flow: continue the champion model on the prompts that arrived since the last run.
 
 One retrain (scheduled nightly by the ``retrain`` deployment, infra/prefect.yaml):
 
-1. **Parent.** The newest version of ``tracking.model_name`` in the MLflow model registry is downloaded
-   to ``<paths.root>/models/<name>/v<version>`` and becomes the run's starting policy (``model.path``).
-   With no registered version yet, the run starts like the pipeline (the configured policy).
+1. **Parent.** The champion of ``tracking.model_name`` in the MLflow model registry (``models:/<name>@champion``:
+   the version with the best held-out accuracy on a like evaluation, never a short run;
+   tasks/records/tracking/champion.py) is downloaded to ``<paths.root>/models/<name>/v<version>`` and becomes the
+   run's starting policy (``model.path``). With no champion yet (no version, or only short runs), the run starts
+   like the pipeline (the configured policy), and says so.
 2. **Ingest.** Every configured source is read; the ledger keeps prompts by content id, so only prompts
    it did not know are new (``IngestResult.new_ids``). With ``pool="new"`` (default) training uses only
    those; with ``pool="all"`` every train prompt of the sources. No new train prompt: the run is recorded
@@ -34,18 +36,19 @@ from flows.summary import RunSummary
 from tasks.config import Config
 from tasks.config.load import load_config, validate
 from tasks.records.label import run_label
-from tasks.records.tracking import default_uri, latest_model
+from tasks.records.tracking import CHAMPION, champion_model, default_uri
 from tasks.run import open_run
 
 log = logging.getLogger("rlsift")
 
 
 def parent_model(cfg: Config) -> tuple[str, str] | None:
-    """(version, local folder) of the newest registered version of ``cfg.tracking.model_name``, or None."""
+    """(version, local folder) of the champion of ``cfg.tracking.model_name`` (``models:/<name>@champion``), or
+    None when it has none."""
     root = Path(cfg.paths.root).resolve()
     uri = cfg.tracking.uri or default_uri(root)
     name = cfg.tracking.model_name
-    return latest_model(uri, name, dst=root / "models" / name)
+    return champion_model(uri, name, dst=root / "models" / name)
 
 
 def run_retrain(cfg: Config, pool: Literal["new", "all"] = "new") -> RunSummary:
@@ -66,14 +69,16 @@ def run_retrain(cfg: Config, pool: Literal["new", "all"] = "new") -> RunSummary:
     run.tracker.set_tags({"rlsift.flow": "retrain", "rlsift.parent_version": run.info.parent_version})
     claim_flow_run(run)
     log.info("retrain %s: starting from %s", run.run_id,
-             f"{cfg.tracking.model_name} v{parent[0]}" if parent else "the configured policy (no registered model)")
+             f"models:/{cfg.tracking.model_name}@{CHAMPION} (version {parent[0]})" if parent else
+             f"the configured policy ({cfg.model.path or 'the built-in tiny policy'}): {cfg.tracking.model_name} has "
+             f"no {CHAMPION} yet (no version, or only short runs and versions not comparable)")
     return execute(run, only_new=pool == "new")
 
 
 @flow(name="retrain", log_prints=True)
 def retrain(config: str | None = None, overrides: list[str] | None = None,
             pool: Literal["new", "all"] = "new") -> dict:
-    """Continue the latest registered model on the new prompts of the configured sources. Returns
+    """Continue the champion model (``models:/<name>@champion``) on the new prompts of the configured sources. Returns
     :meth:`~flows.summary.RunSummary.to_dict`."""
     cfg = load_config(config, list(overrides or []))
     summary = run_retrain(cfg, pool=pool)

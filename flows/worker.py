@@ -30,6 +30,8 @@ from pathlib import Path
 
 import psutil
 
+from tasks.records.process import die_with_parent
+
 log = logging.getLogger("rlsift.worker")
 
 #: The signals that stop ``rlsift worker`` (SIGHUP: its terminal closed).
@@ -48,30 +50,14 @@ def flow_processes(worker_pid: int) -> list[psutil.Process]:
     return out
 
 
-def _die_with_parent(parent: int):
-    """For ``preexec_fn``: the child is killed when its parent dies (Linux ``PR_SET_PDEATHSIG``; elsewhere nothing).
-    SIGKILL, not SIGTERM: Prefect's worker, stopped by a signal, kills its flow runs at once; killed, it leaves them
-    to stop themselves."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def arm() -> None:
-        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before the death signal was armed
-            os._exit(1)
-
-    return arm
-
-
 def serve(pool: str, grace: float = 60.0) -> int:
     """Run a process worker on ``pool`` until it stops or a stop signal comes (then as the module docstring says).
     Returns the worker's exit code. Call from the main thread."""
     prefect = str(Path(sys.executable).with_name("prefect"))
+    # killed with rlsift worker (SIGKILL, not SIGTERM: Prefect's worker, stopped by a signal, kills its flow runs at
+    # once; killed, it leaves them to stop themselves, tasks/records/stopping.py ``watch_worker``)
     worker = subprocess.Popen([prefect, "worker", "start", "--pool", pool, "--type", "process"],
-                              start_new_session=True, preexec_fn=_die_with_parent(os.getpid()))
+                              start_new_session=True, preexec_fn=die_with_parent(os.getpid()))
     stops: list[int] = []
     asked = threading.Event()
 

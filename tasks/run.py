@@ -34,13 +34,13 @@ from tasks.config import Config
 from tasks.config.load import resolve_paths, to_json
 from tasks.model.attention import guard_attention
 from tasks.overlap.concurrent import SamplerHandover
-from tasks.records.commands import command, launcher  # noqa: F401 -- launcher: tasks.run's name for it too
 from tasks.records.cost import CostMeter
 from tasks.records.files import write_json
 from tasks.records.label import run_label
 from tasks.records.ledger import Ledger, StageRow
 from tasks.records.memory import PeakMemory
 from tasks.records.progress import quiet_libraries
+from tasks.records.resume import launcher, note_stopped, resume_command  # noqa: F401 - launcher: also named here
 from tasks.records.stopping import CANCELLED, TRACKER_STATUS, held_signals
 from tasks.records.tracking import MlflowTracker, NullTracker, Tracker, default_uri
 from tasks.update.precision import Precision, resolve_precision
@@ -53,13 +53,6 @@ COST_TABLE = "cost_by_stage.json"
 TEMP_RECORD = "temp.json"
 #: The run's log file in its folder: its ``rlsift`` log lines and the traceback of a failure (:meth:`Run.failed`).
 RUN_LOG = "run.log"
-
-
-def resume_command(run_id: str, root: str | os.PathLike) -> str:
-    """The command that finishes a stopped or failed run, pasted as printed from any folder: ``LAUNCHER run --resume
-    ID paths.root=/abs/root`` (:func:`launcher`). The root is all a resume needs to find the run: it takes the rest
-    from the run's stored config.json, whose paths are absolute (tasks/preflight.py ``resume_config``)."""
-    return command("run", "--resume", run_id, f"paths.root={os.path.abspath(root)}")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -81,6 +74,8 @@ class RunInfo:
         parent_version: the registered model version a retrain continues ("" when there was none yet).
         parent_path: that version's local folder.
         flow_run_id: the Prefect flow run that last ran this run (a resume ends a killed one's, flows/pipeline.py).
+        prefect_api: the Prefect API that flow run reports to (``PREFECT_API_URL``); None: a temporary server that
+            ended with its process. A resume reports to it (flows/prefect_server.py ``resume_api``).
         started: when the run was first opened (seconds since the epoch; None in a run opened before rlsift kept
             it): a resumed run's Description gives its time from start to end, which MLflow's Duration shows.
         config, overrides: the YAML file and the dotted overrides the run was started with (``rlsift run -c CONFIG
@@ -99,6 +94,7 @@ class RunInfo:
     parent_version: str | None = None
     parent_path: str | None = None
     flow_run_id: str | None = None
+    prefect_api: str | None = None
     started: float | None = None
     config: str | None = None
     overrides: tuple[str, ...] = ()
@@ -321,6 +317,7 @@ def open_run(cfg: Config, *, run_id: str | None = None, track: bool = True, pare
         tracker = (MlflowTracker(uri, cfg.tracking.experiment, run_dir, run_name=run_name or run_label(cfg),
                                  run_id=mlflow_id, parent_run_id=parent_run_id,
                                  system_metrics_s=cfg.tracking.system_metrics_s) if track else NullTracker())
+        note_stopped(ledger, root, but=run_id)  # runs killed before: said, with their resume commands
         ledger.start_run(run_id, cfg.model_dump(mode="json"), tracker.run_id)
         (run_dir / "config.json").write_text(to_json(cfg))
         if not resume:

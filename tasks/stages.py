@@ -45,7 +45,13 @@ from tasks.records.files import write_json
 from tasks.records.label import run_label
 from tasks.records.ledger import ReferenceRow
 from tasks.records.progress import pulse
-from tasks.report.registration import refusal, registration, version_description, version_tags
+from tasks.report.registration import (
+    champion_tags,
+    refusal,
+    registration,
+    version_description,
+    version_tags,
+)
 from tasks.run import Run
 from tasks.selection.features import Features, compute_features
 from tasks.training.entry import training
@@ -369,7 +375,8 @@ def report_stage(run: Run, policy: Policy, start: EvalResult, end: EvalResult, s
             log.warning("run %s: not registered: %s", run.run_id, why)
             run.tracker.set_tags({"rlsift.not_registered": why})
         elif tc.register_model:
-            version = run.tracker.register_model(final, tc.model_name, version_tags(run, end, summary),
+            tags = version_tags(run, end, summary) | champion_tags(run, start, end, summary)  # candidate or champion
+            version = run.tracker.register_model(final, tc.model_name, tags,
                                                  version_description(run, start, end, summary), adapter=adapter)
     log.info("report: held-out accuracy %.3f -> %.3f after %d steps; %s", start.overall.greedy_acc,
              end.overall.greedy_acc, summary.steps, registration(tc.model_name, tc.register_model, version, why))

@@ -96,6 +96,10 @@ class TrackingConfig(_Frozen):
         "Quality gate: register only when held-out greedy accuracy after training is at least the starting "
         "model's (for a retrain: the parent version's, on the same test prompts) minus this; otherwise the run "
         "records why (tag rlsift.not_registered). None: register whatever was trained."))
+    champion_min_steps: int = Field(100, ge=0, description=(
+        "A registered version trained fewer steps than this is a short run (conf/smoke.yaml's 20 steps): its tags "
+        "say so (rlsift.short_run=true) and it is never made champion, the alias retrain continues "
+        "(docs/operations.md \"Champion\")."))
 
 
 class CostConfig(_Frozen):

@@ -8,8 +8,9 @@ command line). The run's cleanup (tasks/run.py ``Run.close``, flows/pipeline.py 
 from outside) or ``Cancelled`` (a cancellation asked of Prefect, delivered by the worker as SIGTERM).
 
 Prefect's handler, once its flow run has been reported, sends the signal again to the handler that was installed
-before it: Python's default one kills the process on the spot (no ``atexit``: Prefect's temporary API server
-would outlive it); :func:`sigterm_raises`' raises again, so the process ends through its ``atexit`` handlers.
+before it: Python's default one kills the process on the spot (no ``atexit``: Prefect's temporary API server is
+then killed by its parent-death signal, flows/prefect_server.py, not stopped cleanly); :func:`sigterm_raises`'
+raises again, so the process ends through its ``atexit`` handlers.
 
 A flow-run process whose Prefect worker dies without stopping it (a SIGKILL) would train on, orphaned:
 :func:`watch_worker` sends it SIGTERM then, so it ends as above.

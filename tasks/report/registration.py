@@ -1,5 +1,6 @@
 """The final model's registration in MLflow's model registry: whether the quality gate lets it register
-(:func:`refusal`), the registered version's tags and description, and what became of it in words
+(:func:`refusal`), the registered version's tags (with those the champion rule reads: :func:`champion_tags`) and
+description, and what became of it in words
 (:func:`registration`). The report stage (tasks/stages.py) registers through the run's tracker
 (tasks/records/tracking/); this module computes what it sends, without MLflow.
 """
@@ -60,3 +61,21 @@ def version_description(run: Run, start: EvalResult, end: EvalResult, summary: T
     return (f"Trained by rlsift run {run.run_id}{name}, {summary.steps} steps{'; ' + origin if origin else ''}. "
             f"Held-out greedy accuracy {start.overall.greedy_acc:.3f} -> {end.overall.greedy_acc:.3f} "
             f"on {end.overall.n} prompts.")
+
+
+def eval_fingerprint(end: EvalResult, cfg) -> str:
+    """sha256 of what a held-out greedy accuracy depends on besides the model: the evaluated prompts (sorted ids),
+    the longest completion and the system prompt. Two versions with equal fingerprints were evaluated alike."""
+    what = {"prompts": sorted(end.prompt_ids), "max_new_tokens": cfg.rollout.max_new_tokens,
+            "system_prompt": cfg.model.system_prompt}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def champion_tags(run: Run, start: EvalResult, end: EvalResult, summary: TrainSummary) -> dict[str, str]:
+    """The tags the champion rule reads (tasks/records/tracking/champion.py): the evaluation's fingerprint
+    (:func:`eval_fingerprint`) and size, the held-out accuracy at the run's start (a retrain's: its parent's on the
+    same prompts), and ``rlsift.short_run``: ``true`` for fewer than ``tracking.champion_min_steps`` steps (a short
+    run is never champion)."""
+    short = summary.steps < run.cfg.tracking.champion_min_steps
+    return {"eval_fingerprint": eval_fingerprint(end, run.cfg), "eval_n": str(end.overall.n),
+            "heldout_accuracy_start": f"{start.overall.greedy_acc:.4f}", "rlsift.short_run": str(short).lower()}

@@ -39,7 +39,8 @@ def test_plan_flow_measures_predicts_and_records_without_training(tmp_path, pref
         assert led.query("SELECT count(*) AS c FROM groups WHERE run_id = ?", [out["run_id"]])[0]["c"] == 0
     info = run_info(out["tracking_uri"], out["mlflow_run_id"])
     assert info["tags"]["rlsift.plan.choice"] == plan.choice and "plan.json" in info["artifacts"]
-    assert info["name"] == "plan-grpo bundled:default s0" and info["tags"]["rlsift.kind"] == "plan"  # not a training run
+    assert info["name"] == "plan-grpo bundled:default s0"  # not a training run
+    assert info["tags"]["rlsift.kind"] == "plan"
     assert info["tags"]["rlsift.plan.clock"] == plan.clock.text()
     assert f"- clock: {plan.clock.text()}" in info["tags"]["mlflow.note.content"]
     assert float(info["tags"]["plan/pool_mixed"]) == round(plan.shares["mixed"], 4)  # one value, not a chart

@@ -1,8 +1,8 @@
-"""The retrain flow: ingest only what is new, continue from the latest registered model, register its child.
+"""The retrain flow: ingest only what is new, continue from the champion model, register its child.
 
 Three retrains in one temporary root with a tiny smoke config: the first has no registered model and trains
-on every prompt (version 1); the second sees a second source and trains only on its prompts, starting from
-version 1 (version 2, parent 1); the third finds nothing new and skips.
+on every prompt (version 1, champion: the first full run's); the second sees a second source and trains only on its
+prompts, starting from the champion, version 1 (version 2, parent 1); the third finds nothing new and skips.
 """
 
 import json
@@ -17,7 +17,8 @@ from tasks.records.tracking import default_uri, model_version_tags, run_info
 
 TINY = ["model.warmstart.steps=2", "model.hidden=64", "model.heads=2", "model.layers=1", "rollout.n=2",
         "rollout.max_new_tokens=6", "train.steps=1", "train.prompts_per_step=4", "train.round_steps=1",
-        "calibrate.k=4", "calibrate.g=2", "eval.samples=0"]
+        "calibrate.k=4", "calibrate.g=2", "eval.samples=0",
+        "tracking.champion_min_steps=1"]  # one step is a full run here: its version may be champion
 FIRST = "data.sources=[{kind: bundled, n_train: 12, n_test: 4, seed: 0}]"
 SECOND = ("data.sources=[{kind: bundled, n_train: 12, n_test: 4, seed: 0}, "
           "{kind: bundled, n_train: 6, n_test: 2, seed: 1}]")
@@ -30,6 +31,11 @@ def test_retrain_continues_from_the_registered_model_on_new_prompts(smoke_cfg, p
     assert first.parent_version == ""
     assert first.ingest["new"] == 16 and first.ingest["train"] == 12  # 12 train + 4 test prompts, all new
 
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=default_uri(smoke_cfg().paths.root))
+    assert str(client.get_model_version_by_alias("rlsift-policy", "champion").version) == "1"
+    assert model_version_tags(default_uri(smoke_cfg().paths.root), "rlsift-policy", "1")["rlsift.short_run"] == "false"
     cfg = smoke_cfg(*TINY, SECOND)
     second = run_retrain(cfg)
     assert second.status == "completed", second.to_dict()
@@ -39,9 +45,9 @@ def test_retrain_continues_from_the_registered_model_on_new_prompts(smoke_cfg, p
     uri = default_uri(cfg.paths.root)
     tags = model_version_tags(uri, cfg.tracking.model_name, "2")
     assert tags["parent_version"] == "1" and "parent_version" not in model_version_tags(uri, "rlsift-policy", "1")
+    assert tags["heldout_accuracy_start"] == f"{second.eval_accuracy_start:.4f}"  # v1 on this run's prompts
+    assert tags["rlsift.champion"].startswith(("champion: held-out accuracy", "candidate: held-out accuracy"))
     assert tags["heldout_accuracy"] == f"{second.eval_accuracy_end:.4f}"
-    from mlflow import MlflowClient
-
     described = MlflowClient(tracking_uri=uri).get_model_version("rlsift-policy", "2").description
     assert f"Trained by rlsift run {second.run_id} (retrain from v1 grpo " in described
     assert "continues version 1" in described and f"{second.eval_accuracy_end:.3f} on 6 prompts" in described

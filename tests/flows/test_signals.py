@@ -199,14 +199,15 @@ def test_a_resume_removes_the_temporary_folder_a_killed_generator_left(smoke_cfg
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["ctrl-c-to-rlsift-worker", "sigkill-to-prefect-worker"])
+@pytest.mark.parametrize("how", ["ctrl-c-to-rlsift-worker", "sigkill-to-prefect-worker", "sigkill-to-rlsift-worker"])
 def test_a_stopped_or_killed_worker_ends_its_run_in_flight_cancelled(tmp_path, how):
     """A Prefect server, the deployments, a worker running the pipeline deployment; during training either a Ctrl-C
     at the terminal of ``rlsift worker`` (SIGINT to its process group; flows/worker.py sends the flow-run process
     SIGTERM, waits for it, then stops the worker) or a SIGKILL to Prefect's own worker (its flow-run process,
     orphaned, sends itself SIGTERM: tasks/records/stopping.py ``watch_worker``). Either way the run ends: flow run
     ``CRASHED``, ledger ``cancelled``, MLflow ``KILLED``, and no process of the worker, the flow run or its
-    generator is left."""
+    generator is left. A SIGKILL to ``rlsift worker`` (what ``infra/worker.sh`` runs) takes Prefect's worker with it
+    (the parent-death signal), and its flow run then ends as in the case before."""
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -229,7 +230,8 @@ def test_a_stopped_or_killed_worker_ends_its_run_in_flight_cancelled(tmp_path, h
         with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
             flow_run = client.create_flow_run_from_deployment(
                 client.read_deployment_by_name("pipeline/pipeline").id, parameters=params)
-            command = ([sys.executable, "-m", "flows.cli", "worker"] if how == "ctrl-c-to-rlsift-worker" else
+            ours = how.endswith("rlsift-worker")
+            command = ([sys.executable, "-m", "flows.cli", "worker"] if ours else
                        [prefect, "worker", "start", "--type", "process"])
             worker = start([*command, "--pool", "rlsift-process"], env, tmp_path / "worker.log", cwd=ROOT)
             deadline = time.time() + 600
@@ -237,8 +239,7 @@ def test_a_stopped_or_killed_worker_ends_its_run_in_flight_cancelled(tmp_path, h
                     len(f.read_text().splitlines()) >= 3 for f in (root / "runs").glob("*/metrics.jsonl"))):
                 assert worker.poll() is None and time.time() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
                 time.sleep(0.2)
-            prefect_worker = psutil.Process(worker.pid).children()[0] if how == "ctrl-c-to-rlsift-worker" else \
-                psutil.Process(worker.pid)
+            prefect_worker = psutil.Process(worker.pid).children()[0] if ours else psutil.Process(worker.pid)
             (flow_process,) = flow_processes(prefect_worker.pid)
             sessions = sorted({os.getsid(p) for p in (worker.pid, prefect_worker.pid, flow_process.pid)})
             if how == "ctrl-c-to-rlsift-worker":
@@ -247,6 +248,7 @@ def test_a_stopped_or_killed_worker_ends_its_run_in_flight_cancelled(tmp_path, h
             else:
                 worker.kill()
                 flow_process.wait(180)
+                assert not prefect_worker.is_running() or prefect_worker.status() == psutil.STATUS_ZOMBIE
             state = client.read_flow_run(flow_run.id).state
         log = (tmp_path / "worker.log").read_text()
         assert state.is_crashed() and "termination signal" in state.message, log[-3000:]

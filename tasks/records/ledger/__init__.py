@@ -17,7 +17,8 @@ from tasks.records.ledger.rows import (
     StageRow,
     used_signals,
 )
-from tasks.records.ledger.store import SCHEMA, STEP_TABLES, Ledger, QueryError
+from tasks.records.ledger.store import SCHEMA, STEP_TABLES, STOPPED, Ledger, QueryError
 
-__all__ = ["SCHEMA", "SIGNALS", "STEP_TABLES", "EvalRow", "FeatureRow", "GroupRow", "Ledger", "QueryError", "ReferenceRow",
+__all__ = ["SCHEMA", "SIGNALS", "STEP_TABLES", "STOPPED", "EvalRow", "FeatureRow", "GroupRow", "Ledger", "QueryError",
+           "ReferenceRow",
            "SelectionRow", "SkippedUpdateRow", "StageRow", "used_signals"]

@@ -30,6 +30,7 @@ from tasks.records.ledger.rows import (
     StageRow,
     used_signals,
 )
+from tasks.records.process import ProcessMark
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -68,7 +69,14 @@ ALTER TABLE groups ADD COLUMN IF NOT EXISTS policy_version INTEGER;
 ALTER TABLE groups ADD COLUMN IF NOT EXISTS lag INTEGER;
 CREATE TABLE IF NOT EXISTS skipped_updates (
     run_id VARCHAR, step INTEGER, minibatch INTEGER, cause VARCHAR, detail VARCHAR, site VARCHAR);
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS pid INTEGER;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS host VARCHAR;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS process_started DOUBLE;
 """
+
+#: The status of a run whose row says ``running`` but whose process is gone (``kill -9``, an out-of-memory kill, a
+#: lost machine): it never closed its stores; ``rlsift run --resume`` finishes it (:meth:`Ledger.stopped_runs`).
+STOPPED = "stopped"
 
 #: Tables whose rows belong to a training step (removed past a checkpoint on resume).
 STEP_TABLES = ("reference", "selections", "groups", "skipped_updates")
@@ -173,12 +181,31 @@ class Ledger:
         """Insert row records (dataclasses whose fields are columns), each with the ``stamp`` columns."""
         self._insert(table, [stamp | {f.name: getattr(r, f.name) for f in fields(r)} for r in rows])
 
-    def start_run(self, run_id: str, config: dict, mlflow_run_id: str | None) -> None:
+    def start_run(self, run_id: str, config: dict, mlflow_run_id: str | None,
+                  process: ProcessMark | None = None) -> None:
+        """Mark a run (new, or resumed: its row exists) ``running`` in ``process`` (default: this one), so a reader
+        can tell when that process is gone without closing it (:meth:`stopped_runs`)."""
+        p = process or ProcessMark.current()
         self.con.execute(
-            "INSERT INTO runs (run_id, status, mlflow_run_id, config) VALUES (?, 'running', ?, ?) "
-            "ON CONFLICT (run_id) DO UPDATE SET status = 'running'",
-            [run_id, mlflow_run_id, json.dumps(config)],
+            "INSERT INTO runs (run_id, status, mlflow_run_id, config, pid, host, process_started) "
+            "VALUES (?, 'running', ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO UPDATE SET status = 'running', "
+            "pid = excluded.pid, host = excluded.host, process_started = excluded.process_started",
+            [run_id, mlflow_run_id, json.dumps(config), p.pid, p.host, p.started],
         )
+
+    def stopped_runs(self) -> list[str]:
+        """The runs whose row says ``running`` but whose process is gone (its pid free or another process's, on this
+        host; tasks/records/process.py ``ProcessMark.gone``): they show as :data:`STOPPED`. A writer records them
+        so (:meth:`mark_stopped`); rows written before rlsift kept the process, and runs of another host, stay
+        ``running``."""
+        return [r["run_id"] for r in self.query("SELECT * FROM runs WHERE status = 'running' ORDER BY started_at")
+                if _gone(r)]
+
+    def mark_stopped(self, run_ids: Sequence[str]) -> None:
+        """Record runs found :meth:`stopped_runs` as :data:`STOPPED` (a row no longer ``running`` is left as it
+        is: its process, or a resume, closed it meanwhile)."""
+        for run_id in run_ids:
+            self.con.execute("UPDATE runs SET status = ? WHERE run_id = ? AND status = 'running'", [STOPPED, run_id])
 
     def finish_run(self, run_id: str, status: str, summary: dict) -> None:
         self.con.execute(
@@ -297,9 +324,11 @@ class Ledger:
         return rows[0]["mlflow_run_id"] if rows else None
 
     def runs(self) -> list[dict[str, Any]]:
-        """Every run, oldest first: id, status, start and finish times, MLflow run id, config and summary."""
-        return self.query("SELECT run_id, status, started_at, finished_at, mlflow_run_id, config, summary FROM runs "
-                          "ORDER BY started_at")
+        """Every run, oldest first: id, status (:data:`STOPPED` for a ``running`` one whose process is gone), start
+        and finish times, MLflow run id, config and summary."""
+        rows = self.query("SELECT * FROM runs ORDER BY started_at")
+        keep = ("run_id", "status", "started_at", "finished_at", "mlflow_run_id", "config", "summary")
+        return [{k: r[k] for k in keep} | {"status": _status(r)} for r in rows]
 
     def prompts_like(self, prefix: str) -> list[dict[str, Any]]:
         """Prompts whose id starts with ``prefix`` (id, split, level)."""
@@ -311,9 +340,10 @@ class Ledger:
         return [r["run_id"] for r in self.query("SELECT run_id FROM runs ORDER BY started_at DESC, run_id")]
 
     def run_status(self, run_id: str) -> str | None:
-        """A run's status (running, completed, failed, skipped), or None when the ledger has no such run."""
-        rows = self.query("SELECT status FROM runs WHERE run_id = ?", [run_id])
-        return rows[0]["status"] if rows else None
+        """A run's status (running, completed, failed, cancelled, skipped, planned; :data:`STOPPED` for a
+        ``running`` one whose process is gone), or None when the ledger has no such run."""
+        rows = self.query("SELECT * FROM runs WHERE run_id = ?", [run_id])
+        return _status(rows[0]) if rows else None
 
     def progress(self, run_id: str) -> dict[str, Any] | None:
         """Where a run is: its ``status``, its ``config`` (a dict) and ``last_step``, the last training step with
@@ -322,7 +352,7 @@ class Ledger:
                           "AS last_step FROM runs r WHERE r.run_id = ?", [run_id])
         if not rows:
             return None
-        row = rows[0]
+        row = rows[0] | {"status": self.run_status(run_id)}
         return {**row, "config": json.loads(row["config"]) if isinstance(row["config"], str) else row["config"] or {}}
 
     def last_run(self, status: str | None = None) -> dict[str, Any] | None:
@@ -355,6 +385,19 @@ class Ledger:
         return used_signals(self.query(
             "SELECT s.*, p.level, p.question FROM selections s LEFT JOIN prompts p USING (prompt_id) "
             "WHERE s.run_id = ? AND s.round = ? ORDER BY s.step, s.weight DESC", [run_id, round_]))
+
+
+def _gone(row: dict[str, Any]) -> bool:
+    """Whether the process of a ``running`` run's row is gone (False for a row without one: written before rlsift
+    kept it)."""
+    if row.get("pid") is None or row.get("host") is None or row.get("process_started") is None:
+        return False
+    return ProcessMark(int(row["pid"]), row["host"], float(row["process_started"])).gone()
+
+
+def _status(row: dict[str, Any]) -> str:
+    """A run row's status as it stands: :data:`STOPPED` for a ``running`` one whose process is gone."""
+    return STOPPED if row["status"] == "running" and _gone(row) else row["status"]
 
 
 def _cell(v: Any) -> Any:

@@ -6,16 +6,19 @@ in / string out signature), saved from the run's final checkpoint folder with
 models" list), whose registry version points at that logged model's artifacts. So
 ``mlflow.pyfunc.load_model("models:/rlsift-policy/<version>")``, ``mlflow.transformers.load_model`` and
 ``mlflow models serve`` work, and the folder's ``model/`` subfolder is a plain transformers checkpoint
-(weights and tokenizer: ``from_pretrained`` loads it; :func:`latest_model` returns it for retraining). A LoRA
+(weights and tokenizer: ``from_pretrained`` loads it; :func:`champion_model` returns it for retraining). A LoRA
 run's version also holds its adapter folder as ``adapter/`` (:func:`add_adapter`).
 
 A version carries what the registry's pages show of it: a description (what the run did) and tags (lineage,
-held-out accuracy); the tracker (tasks/records/tracking/tracker.py) queues the registration through its outbox
-and calls :func:`register_version` when it sends it.
+held-out accuracy, whether it is a short run); once registered, the champion rule decides whether the ``champion``
+alias moves to it (:func:`crown`; tasks/records/tracking/champion.py), and retrain continues
+``models:/<name>@champion`` (:func:`champion_model`). The tracker (tasks/records/tracking/tracker.py) queues the
+registration through its outbox and calls :func:`register_version` when it sends it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -24,6 +27,10 @@ import mlflow
 from mlflow.entities import LoggedModelOutput
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+
+from tasks.records.tracking.champion import CHAMPION, VERDICT_TAG, Verdict, verdict
+
+log = logging.getLogger("rlsift")
 
 
 def register_version(client: MlflowClient, run_id: str, name: str, path: str | Path, tags: dict[str, str],
@@ -34,7 +41,9 @@ def register_version(client: MlflowClient, run_id: str, name: str, path: str | P
     Idempotent: a resend after a kill finds the version this run already registered and returns it."""
     mine = client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
     if mine:
-        return str(max(int(v.version) for v in mine))
+        version = str(max(int(v.version) for v in mine))
+        crown(client, name, version)  # a kill may have come between the registration and the alias
+        return version
     try:
         client.get_registered_model(name)
     except MlflowException:
@@ -48,7 +57,27 @@ def register_version(client: MlflowClient, run_id: str, name: str, path: str | P
     version = client.create_model_version(name, model.artifact_location, run_id=run_id, tags=tags,
                                           description=description, model_id=model.model_id).version
     shutil.rmtree(path, ignore_errors=True)  # sent: the server holds it now
+    crown(client, name, str(version))
     return str(version)
+
+
+def crown(client: MlflowClient, name: str, version: str) -> Verdict:
+    """Apply the champion rule (tasks/records/tracking/champion.py) to ``version`` of ``name``: move the
+    ``champion`` alias to it when it wins, and tag it with the verdict in words (``rlsift.champion``). Idempotent.
+    Returns the verdict (also logged)."""
+    tags = dict(client.get_model_version(name, version).tags)
+    try:
+        held = client.get_model_version_by_alias(name, CHAMPION)
+        champion, champion_tags = str(held.version), dict(held.tags)
+    except MlflowException:  # no champion yet
+        champion, champion_tags = None, {}
+    said = verdict(version, tags, champion, champion_tags)
+    if said.crown and champion != version:
+        client.set_registered_model_alias(name, CHAMPION, version)
+    if tags.get(VERDICT_TAG) != said.reason:
+        client.set_model_version_tag(name, version, VERDICT_TAG, said.reason)
+    log.info("%s version %s: %s", name, version, said.reason)
+    return said
 
 
 def save_mlflow_model(checkpoint: str | Path, path: str | Path) -> Path:
@@ -106,17 +135,33 @@ def checkpoint_folder(folder: str | Path) -> Path:
 
 
 def latest_model(uri: str, name: str, dst: str | Path | None = None) -> tuple[str, str] | None:
-    """(version, local checkpoint folder) of the newest registered version of ``name``, or None.
-
-    The folder is the transformers checkpoint (:func:`checkpoint_folder`) of the downloaded MLflow Model.
-    With ``dst``, the files are downloaded to ``dst/v<version>`` (reused when already there: a version's
-    files never change); otherwise to a temporary folder.
+    """(version, local checkpoint folder) of the newest registered version of ``name``, or None (:func:`download`).
     """
     client = MlflowClient(tracking_uri=uri)
     versions = client.search_model_versions(f"name = '{name}'")
     if not versions:
         return None
-    mv = max(versions, key=lambda v: int(v.version))
+    return download(uri, max(versions, key=lambda v: int(v.version)), dst)
+
+
+def champion_model(uri: str, name: str, dst: str | Path | None = None) -> tuple[str, str] | None:
+    """(version, local checkpoint folder) of ``models:/<name>@champion`` (:func:`crown`), or None when ``name`` has
+    no champion (no version yet, or only short runs and versions without an evaluation) (:func:`download`)."""
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        mv = client.get_model_version_by_alias(name, CHAMPION)
+    except MlflowException:
+        return None
+    return download(uri, mv, dst)
+
+
+def download(uri: str, mv, dst: str | Path | None = None) -> tuple[str, str]:
+    """(version, local checkpoint folder) of the registered version ``mv``.
+
+    The folder is the transformers checkpoint (:func:`checkpoint_folder`) of the downloaded MLflow Model.
+    With ``dst``, the files are downloaded to ``dst/v<version>`` (reused when already there: a version's
+    files never change); otherwise to a temporary folder.
+    """
     if dst is None:
         folder = mlflow.artifacts.download_artifacts(artifact_uri=mv.source, tracking_uri=uri)
         return str(mv.version), str(checkpoint_folder(folder))
