@@ -109,7 +109,13 @@ def test_plan_prints_the_choice_and_trains_nothing(tmp_path):
     assert [x["name"] for x in out["plan"]["predictions"]] == ["grpo_n4"]
     assert Path(out["run_dir"], "plan.md").is_file()
     text = rlsift("plan", "-c", "tests/fixtures/tiny.yaml", f"paths.root={tmp_path}", "plan.candidates=[grpo_n4]")
-    assert text.returncode == 0 and "| composition | chosen |" in text.stdout and "**Plan: " in text.stdout
+    assert text.returncode == 0, text.stderr[-3000:]
+    lines = text.stdout.splitlines()  # plain on a terminal: no Markdown, the table's columns aligned
+    assert lines[0].startswith("plan: ") and "|" not in text.stdout and "**" not in text.stdout, text.stdout
+    header = next(i for i, line in enumerate(lines) if line.startswith("composition  chosen  "))
+    names = [line[:len("composition  ")] for line in lines[header + 1:header + 3]]
+    assert names == ["grpo".ljust(13), "grpo_n4".ljust(13)], lines
+    assert (Path(json.loads(p.stdout)["run_dir"]) / "plan.md").read_text().startswith("**Plan: ")  # files keep it
     bad = rlsift("plan", "-c", "tests/fixtures/tiny.yaml", f"paths.root={tmp_path}", "plan.min_signal=2")
     assert bad.returncode == 2 and "plan.min_signal" in bad.stderr
 
