@@ -336,3 +336,24 @@ def test_a_description_without_an_outage_is_sent_as_written(tmp_path, sqlite_uri
     said = run_info(sqlite_uri, t.run_id)["tags"][DESCRIPTION]
     assert said == "**run**: completed\n- model: registered m version 3\n"
     assert not (tmp_path / "run" / "outbox-outages.json").exists()
+
+
+def test_the_final_wait_for_an_unreachable_server_says_so_first(tmp_path, sqlite_uri, caplog):
+    """A run whose MLflow server is away at its end waits ``final_wait_s`` for it: it says so when the wait starts
+    (the terminal was silent for 30 s after MLflow's "Stopping system metrics monitoring"), then, the time up, where
+    the unsent items are and the `rlsift sync` command."""
+    import logging
+
+    from mlflow.tracking import MlflowClient
+
+    from tests.servers import free_port
+
+    t = MlflowTracker(sqlite_uri, "away-at-the-end", tmp_path / "run", flush_s=3600, final_wait_s=0.5)
+    t.client = MlflowClient(tracking_uri=f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    t.log_params({"lr": 0.1})
+    with caplog.at_level(logging.INFO, logger="rlsift.tracking"):
+        t.finish()
+    said = [r.getMessage() for r in caplog.records if r.name == "rlsift.tracking"]
+    waits = [i for i, m in enumerate(said) if "does not answer; sending the run's last items again for up to" in m]
+    assert len(waits) == 1 and waits[0] < len(said) - 1, said  # once, before the wait's end
+    assert "MLflow still unreachable" in said[-1] and "rlsift sync" in said[-1], said

@@ -360,7 +360,12 @@ class MlflowTracker:
         if self._thread is not None:
             self._thread.join(timeout=30)
         deadline = time.time() + self.final_wait_s
+        told = False
         while not self.flush():
+            if not told:  # not 30 s of silence before the run's summary
+                log.info("MLflow at %s does not answer; sending the run's last items again for up to %.0f s "
+                         "(the outbox keeps them)", self.uri, self.final_wait_s)
+                told = True
             if time.time() > deadline:
                 log.warning("MLflow still unreachable: %s keeps the unsent items; `rlsift sync %s %s %s` sends "
                             "them", self.outbox.path, self.run_dir, self.uri, self.run_id)
