@@ -465,3 +465,46 @@ def test_the_temporary_servers_shutdown_noise_is_dropped_and_its_errors_kept(tmp
     assert p.returncode == 0, p.stderr[-3000:]
     assert "Exception during reset" not in p.stderr and "CancelledError" not in p.stderr, p.stderr
     assert "a real server error" in p.stderr and "OSError: disk full" in p.stderr
+
+
+#: ``rlsift ARGS`` in a fresh interpreter that notes, at rlsift's first log line, its text and the heavy modules
+#: imported by then; its last stdout line: those and the exit code.
+FIRST_LINE = f"""
+import json, logging, sys
+seen = {{}}
+class First(logging.Handler):
+    def emit(self, record):
+        if not seen:
+            seen.update(first=record.getMessage(), heavy=sorted(m for m in {HEAVY!r} if m in sys.modules))
+logging.getLogger("rlsift").addHandler(First())
+from flows.cli import main
+rc = main(sys.argv[1:])
+print(json.dumps({{"rc": rc, **seen}}))
+"""
+#: A line of the terminal's log (flows/cli.py ``setup_logging``) from one of rlsift's own loggers.
+OWN_LINE = re.compile(r"\d\d:\d\d:\d\d (rlsift|tasks|flows|rlcore)(\.\w+)* \S")
+
+
+def test_a_run_says_what_it_loads_first_and_prints_only_its_own_lines_once(tmp_path):
+    """A successful `rlsift run` (an auto run whose candidates include the baseline): its first line is rlsift's,
+    naming what it loads, before torch, Prefect or MLflow is imported; every line on the terminal is rlsift's own
+    (no MLflow "Creating initial MLflow database tables...", "Stopping system metrics monitoring", Prefect or
+    DeepSpeed line, no Python warning: those only with -v), and none is printed twice (`plan: candidate grpo` was)."""
+    p = subprocess.run([sys.executable, "-c", FIRST_LINE, "run", "-c", "tests/fixtures/tiny.yaml",
+                        f"paths.root={tmp_path}", "train.steps=2", "eval.samples=0", "plan.auto=true",
+                        "plan.candidates=[grpo,grpo_n4]"], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "CI": "true"})
+    *summary, last = p.stdout.splitlines()
+    seen = json.loads(last)
+    assert seen["rc"] == 0, p.stderr[-3000:]
+    assert seen["first"] == "loading torch, Prefect and MLflow ..." and seen["heavy"] == [], seen
+    logged = p.stderr.splitlines()
+    assert logged[0].endswith(" rlsift loading torch, Prefect and MLflow ..."), logged[:3]
+    foreign = [line for line in logged if not OWN_LINE.match(line)]
+    assert not foreign, foreign
+    said = [line[len("00:00:00 "):] for line in logged] + [line.strip() for line in summary]
+    twice = sorted({line for line in said if said.count(line) > 1})
+    assert not twice, twice
+    assert any(line.startswith("plan: grpo") for line in said)  # the plan said once in the summary, one line
+    assert not any(line.startswith("plan clock:") for line in said)
+    assert sum("candidate grpo:" in line for line in said) == 1
