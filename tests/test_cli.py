@@ -508,3 +508,57 @@ def test_a_run_says_what_it_loads_first_and_prints_only_its_own_lines_once(tmp_p
     assert any(line.startswith("plan: grpo") for line in said)  # the plan said once in the summary, one line
     assert not any(line.startswith("plan clock:") for line in said)
     assert sum("candidate grpo:" in line for line in said) == 1
+
+
+LOG_LINES = """
+import logging, sys, warnings
+from flows.cli import setup_logging
+setup_logging(verbose=sys.argv[1] == "-v", as_json=False)
+logging.getLogger("rlsift.train").info("own info")
+logging.getLogger("tasks.model.attention").warning("own warning")
+logging.getLogger("mlflow.store.db.utils").info("Creating initial MLflow database tables...")
+logging.getLogger("prefect.flow_runs").warning("a Prefect warning")
+warnings.warn("a library's warning", UserWarning)
+logging.getLogger("prefect.server").error("a Prefect error")
+"""
+
+
+@pytest.mark.parametrize("flag", ["", "-v"])
+def test_other_libraries_lines_only_with_v(flag):
+    """Without -v the terminal shows rlsift's lines at any level and other libraries' errors only; with -v their INFO
+    and WARNING lines (and Python warnings) too."""
+    p = subprocess.run([sys.executable, "-c", LOG_LINES, flag], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr
+    said = [line.split(" ", 2)[-1] for line in p.stderr.splitlines()]  # HH:MM:SS logger message
+    mine, errors = ["own info", "own warning"], ["a Prefect error"]
+    foreign = ["Creating initial MLflow database tables...", "a Prefect warning"]
+    assert [s for s in said if s in mine + errors + foreign] == (mine + foreign + errors if flag else mine + errors)
+    assert ("a library's warning" in p.stderr) == bool(flag), p.stderr
+
+
+def test_v_goes_before_or_after_the_command():
+    from flows.cli import parser
+
+    for argv in (["-v", "run"], ["run", "-v"], ["run", "--verbose", "train.steps=2"], ["-v", "ledger", "runs"]):
+        assert parser().parse_known_args(argv)[0].verbose is True, argv
+    assert parser().parse_known_args(["run"])[0].verbose is False
+
+
+def test_deploy_prints_each_deployment_its_schedule_and_the_worker_to_start():
+    """`rlsift deploy` (not 42 lines of JSON): a line per deployment with its schedule, then the next step, the worker
+    command as pasted in a new shell (the server's URL and rlsift's full path with it)."""
+    from flows.cli import _deploy_text
+
+    out = {"api_url": "http://127.0.0.1:4200/api", "work_pools": {"rlsift-process": "created"}, "skipped": {},
+           "deployments": {
+               "pipeline/pipeline": {"id": "1", "entrypoint": "flows/pipeline.py:pipeline",
+                                     "work_pool": "rlsift-process", "schedules": [], "parameters": {}},
+               "retrain/retrain": {"id": "2", "entrypoint": "flows/retrain.py:retrain", "work_pool": "rlsift-process",
+                                   "schedules": [{"cron": "0 3 * * *", "active": True}], "parameters": {}}}}
+    assert _deploy_text(out, ["/abs/.venv/bin/rlsift"]).splitlines() == [
+        "deployments on http://127.0.0.1:4200/api, work pool rlsift-process (created):",
+        "  pipeline/pipeline  on demand",
+        "  retrain/retrain    cron 0 3 * * *",
+        "next: start the worker that runs them (Ctrl-C stops it): env PREFECT_API_URL=http://127.0.0.1:4200/api "
+        "/abs/.venv/bin/rlsift worker --pool rlsift-process"]
