@@ -191,12 +191,17 @@ class Plan:
                 "tokens a rollout")
 
     def line(self) -> str:
-        """The choice, why and its predicted clock in one line (what the terminal shows): the reason of a chosen
-        candidate states its predicted clock already; the baseline's says why nothing else was chosen, and gets its
-        clock added."""
-        if self.choice != self.baseline.name:
+        """The choice, why and its predicted clock in one line (what the terminal shows), each figure once: the
+        reason of a chosen candidate states its training clock (and, when the choice weighed it, the clock with the
+        plan's own cost: else that is added); the baseline's says why nothing else was chosen, and gets its clock
+        added."""
+        clock = self.clock
+        if self.choice == self.baseline.name:
+            return f"{self.reason}; {clock.text().removeprefix(f'{self.choice}: ')}"
+        if f"{clock.with_plan:.2f}x" in self.reason:
             return self.reason
-        return f"{self.reason}; {self.clock.text().removeprefix(f'{self.choice}: ')}"
+        return (f"{self.reason}; {clock.with_plan:.2f}x with the plan's own cost ({clock.upfront_s:.0f} s before the "
+                "first step)")
 
     def text(self) -> str:
         """The plan for a terminal (``rlsift plan``): :meth:`line`, the pool and the costs, the overlap, and the

@@ -67,7 +67,8 @@ def test_one_predicted_clock_in_every_place(smoke_cfg):
         summary = plan_summary(plan)
         assert (summary["clock"], summary["predicted_training_clock"], summary["predicted_clock_with_plan"],
                 summary["upfront_s"]) == (text, plan.clock.training, plan.clock.with_plan, 12)
-        assert _plan_text(summary) == f"  plan: {plan.reason}\n"  # one line: the reason states the clock
+        assert _plan_text(summary) == (  # one line: the reason's training clock, the clock with the plan's cost
+            f"  plan: {plan.reason}; 0.73x with the plan's own cost (12 s before the first step)\n")
         chose_grpo = replace(plan, choice="grpo", reason="grpo: no candidate is predicted cheaper")
         assert _plan_text(plan_summary(chose_grpo)) == (  # the baseline's reason says why; its clock is added
             "  plan: grpo: no candidate is predicted cheaper; training clock predicted 1.00x plain GRPO's (its "
