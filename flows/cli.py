@@ -1,7 +1,9 @@
 """The ``rlsift`` command line: run, ingest, bench, ledger, deploy, sync.
 
 Config problems are reported before any work starts. ``--json`` prints exactly one JSON object on stdout;
-logs and progress go to stderr (progress bars only on a terminal). A run that fails says so in one log line (its
+logs and progress go to stderr (progress bars only on a terminal). The terminal shows rlsift's own lines and other
+libraries' errors; their INFO and WARNING lines (MLflow's, Prefect's, transformers', DeepSpeed's, Python warnings)
+only with ``-v`` (:func:`setup_logging`). A run that fails says so in one log line (its
 cause, what is kept and the command that continues it); its traceback goes to the run's ``run.log``.
 """
 
@@ -14,7 +16,7 @@ import os
 import sys
 
 from flows.ledger_cli import add_ledger_parser
-from flows.prefect_server import prefect_server, reporting_to, resume_api
+from flows.prefect_server import reporting_to, resume_api
 
 ENV_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -28,12 +30,54 @@ ENV_DEFAULTS = {
     "PREFECT_LOGGING_EXTRA_LOGGERS": "rlsift",  # stage summaries in the Prefect UI's flow-run logs
     "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",  # rlsift lines outside a flow run stay local
 }
+#: Other libraries' own handlers, quiet below errors without ``-v`` (a variable already set wins): MLflow's (its
+#: "Creating initial MLflow database tables...", system-metrics lines), transformers', the temporary Prefect server's
+#: (its process writes to this terminal). The worker's flow runs inherit them.
+QUIET_ENV = {"MLFLOW_LOGGING_LEVEL": "ERROR", "TRANSFORMERS_VERBOSITY": "error",
+             "PREFECT_SERVER_LOGGING_LEVEL": "ERROR"}
+#: The same with ``-v``: each library's INFO lines.
+VERBOSE_ENV = {"MLFLOW_LOGGING_LEVEL": "INFO", "TRANSFORMERS_VERBOSITY": "info", "PREFECT_LOGGING_LEVEL": "INFO"}
+#: rlsift's own loggers (``rlsift.*`` and the modules of its packages): all their lines reach the terminal.
+OWN_LOGGERS = ("rlsift", "tasks", "flows", "rlcore", "__main__")
 
 
-def _env() -> None:
+def _env(verbose: bool = False) -> None:
     """Process-wide defaults (a variable already set wins)."""
-    for k, v in ENV_DEFAULTS.items():
+    for k, v in {**ENV_DEFAULTS, **(VERBOSE_ENV if verbose else QUIET_ENV)}.items():
         os.environ.setdefault(k, v)
+
+
+class OwnLines(logging.Filter):
+    """On the terminal's handler without ``-v``: rlsift's own lines at any level, another library's only from ERROR
+    up (its INFO and WARNING lines stay off a successful run's terminal; the Prefect UI's handlers, on the loggers
+    themselves, still get them)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR or record.name.split(".")[0] in OWN_LOGGERS
+
+
+def setup_logging(verbose: bool, as_json: bool) -> None:
+    """The terminal's log lines (stderr): ``HH:MM:SS logger message``; rlsift's INFO lines and up, other libraries'
+    errors (:class:`OwnLines`); with ``verbose``, every library's INFO lines too. Python warnings become log lines
+    (``py.warnings``: another library's). ``as_json``: warnings and errors only (a run's log file still gets it
+    all)."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s",
+                        datefmt="%H:%M:%S")
+    logging.captureWarnings(True)
+    for noisy in ("httpx", "httpcore", "urllib3"):  # a line per HTTP request (Prefect's API) otherwise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:
+        if not verbose:
+            handler.addFilter(OwnLines())
+        if as_json:  # the terminal gets warnings and errors; a run's log file still gets it all
+            handler.setLevel(logging.WARNING)
+    if as_json:
+        logging.getLogger().setLevel(logging.WARNING)
+
+
+def _loading(what: str) -> None:
+    """rlsift's first line of a command that imports heavy libraries: what it loads, before it does."""
+    logging.getLogger("rlsift").info("loading %s ...", what)
 
 
 def _accelerator() -> None:
@@ -44,6 +88,25 @@ def _accelerator() -> None:
 
         if not torch.cuda.is_available():
             os.environ["DS_ACCELERATOR"] = "cpu"
+
+
+def _start(flow_module: str, cfg=None) -> None:
+    """Before a pipeline command's flow, in the least time (flows/startup.py): rlsift's first line (what it loads), then
+    Prefect's temporary server started in a thread while torch, MLflow and ``flow_module`` load here, and the local
+    MLflow store of ``cfg`` (its ``tracking.uri``, or the one under ``paths.root``) created meanwhile when new."""
+    import importlib
+
+    _loading("torch, Prefect and MLflow")
+    from flows.startup import ServerStart, create_local_store
+
+    server = ServerStart()
+    _accelerator()
+    importlib.import_module(flow_module)
+    if cfg is not None:
+        from tasks.records.tracking import default_uri
+
+        create_local_store(cfg.tracking.uri or default_uri(cfg.paths.root))
+    server.wait()
 
 
 def _config(args):
@@ -93,13 +156,12 @@ def cmd_run(args) -> int:
         if args.json:
             sys.stdout.write(json.dumps({"status": "error", "error": str(err)}) + "\n")
         return 2
-    _accelerator()
     api = resume_api(cfg.paths.root, args.resume) if args.resume else None  # the Prefect server the run used
     try:
         with reporting_to(api):
+            _start("flows.pipeline", cfg)
             from flows.pipeline import pipeline
 
-            prefect_server()
             summary = pipeline(config=args.config, overrides=list(args.overrides), resume=args.resume)
     except BaseException as err:
         from tasks.records.stopping import stop_signal, stopping
@@ -137,27 +199,28 @@ def _run_text(summary: dict) -> str:
 
 
 def _plan_text(p: dict | None) -> str:
-    """What a ``plan.auto`` run chose and why, and its predicted clock (flows/summary.py ``plan_summary``; empty
-    otherwise)."""
+    """What a ``plan.auto`` run chose, why and its predicted clock, in one line (flows/summary.py ``plan_summary``;
+    empty otherwise)."""
     if not p:
         return ""
-    return f"  plan: {p['reason']}\n" + (f"  plan clock: {p['clock']}\n" if p.get("clock") else "")
+    return f"  plan: {p.get('line') or p['reason']}\n"
 
 
 def cmd_plan(args) -> int:
     from tasks.config import ConfigError
 
     try:
-        run_config(args)
+        cfg = run_config(args)
     except ConfigError as err:
         print(f"rlsift plan: {err}", file=sys.stderr)
         return 2
-    _accelerator()
+    _start("flows.pipeline", cfg)
     from flows.pipeline import plan_flow
+    from tasks.plan.planner import Plan
 
-    prefect_server()
     out = plan_flow(config=args.config, overrides=list(args.overrides))
-    _emit(out, args.json, f"{out['table']}\nrun {out['run_id']}: {out['run_dir']}/plan.json; MLflow run "
+    text = Plan.from_json(out["plan"]).text()  # plain for the terminal; plan.md and MLflow keep the Markdown
+    _emit(out, args.json, f"{text}\n\nrun {out['run_id']}: {out['run_dir']}/plan.json; MLflow run "
           f"{out['mlflow_run_id']}: {out.get('mlflow_ui') or out['tracking_uri']}")
     return 0
 
@@ -225,10 +288,9 @@ def cmd_bench(args) -> int:
     except ConfigError as err:
         print(f"rlsift bench: {err}", file=sys.stderr)
         return 2
-    _accelerator()
+    _start("flows.benchmark")
     from flows.benchmark import benchmark
 
-    prefect_server()
     result = benchmark(config=args.config, overrides=list(args.overrides), quick=args.quick, seeds=args.seeds,
                        presets=args.presets.split(",") if args.presets else None, trl=not args.no_trl,
                        jobs=args.jobs)
@@ -237,19 +299,51 @@ def cmd_bench(args) -> int:
 
 
 def cmd_deploy(args) -> int:
+    _loading("Prefect")
     from flows.deploy import deploy
 
-    print(json.dumps(deploy(), indent=2))
+    out = deploy()
+    if args.json:
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    else:
+        from tasks.run import launcher
+
+        print(_deploy_text(out, launcher()))
     return 0
 
 
+def _deploy_text(out: dict, rlsift: list[str]) -> str:
+    """``rlsift deploy``'s summary (its ``--json`` object, flows/deploy.py ``deploy``): each deployment with its work
+    pool and schedule, what was skipped, and the next step: the worker that runs them, as a command that works pasted
+    in a new shell (``rlsift`` as this process was started, tasks/run.py ``launcher``; the server's URL with it)."""
+    import shlex
+
+    pools = ", ".join(f"{name} ({how})" for name, how in out["work_pools"].items())
+    lines = [f"deployments on {out['api_url']}" + (f", work pool {pools}" if pools else "") + ":"]
+    width = max((len(k) for k in out["deployments"]), default=0)
+    for key, dep in out["deployments"].items():
+        when = "; ".join(f"cron {s['cron']}{'' if s['active'] else ' (paused)'}" for s in dep["schedules"]
+                         if s.get("cron")) or "on demand"
+        lines.append(f"  {key:<{width}}  {when}")
+    lines += [f"  {name} skipped: {why}" for name, why in out["skipped"].items()]
+    if out["deployments"]:
+        pool = next(iter(out["deployments"].values()))["work_pool"]
+        worker = shlex.join(["env", f"PREFECT_API_URL={out['api_url']}", *rlsift, "worker", "--pool", pool])
+        lines.append(f"next: start the worker that runs them (Ctrl-C stops it): {worker}")
+    return "\n".join(lines)
+
+
 def cmd_worker(args) -> int:
+    logging.getLogger("rlsift").info("starting a Prefect process worker on pool %s (Ctrl-C lets its runs in flight "
+                                     "end first)", args.pool)
+    _accelerator()  # its flow runs inherit DS_ACCELERATOR: no DeepSpeed warning in their logs
     from flows.worker import serve
 
     return serve(args.pool, args.grace)
 
 
 def cmd_sync(args) -> int:
+    _loading("MLflow")
     from tasks.records.tracking import sync
 
     ok = sync(args.run_dir, args.uri, args.mlflow_run_id)
@@ -257,8 +351,13 @@ def cmd_sync(args) -> int:
     return 0 if ok else 1
 
 
+VERBOSE_HELP = ("also other libraries' INFO and WARNING lines (MLflow, Prefect, transformers, DeepSpeed, Python "
+                "warnings); without it the terminal shows rlsift's lines and other libraries' errors")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlsift", description="Data-efficient RL fine-tuning of language models.")
+    p.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     sub = p.add_subparsers(dest="cmd", required=True)
 
     def common(sp, overrides=True):
@@ -313,6 +412,7 @@ def parser() -> argparse.ArgumentParser:
         "Register rlsift's flows (pipeline, retrain, benchmark) as Prefect deployments with the Prefect server of "
         "PREFECT_API_URL, as infra/prefect.yaml describes them; `rlsift worker` then runs what they schedule. "
         "docs/operations.md says more."))
+    d.add_argument("--json", action="store_true", help="print the registered deployments as one JSON object")
     d.set_defaults(fn=cmd_deploy)
 
     w = sub.add_parser("worker", help=("a Prefect process worker (prefect worker start) whose Ctrl-C or SIGTERM "
@@ -332,6 +432,8 @@ def parser() -> argparse.ArgumentParser:
     for listed in sub._choices_actions:  # `rlsift CMD --help` says at least what `rlsift --help` says of CMD
         sp = sub.choices[listed.dest]
         sp.description = sp.description or f"{listed.help[0].upper()}{listed.help[1:]}."
+    for command in sub.choices.values():  # `rlsift run -v` as well as `rlsift -v run`
+        command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP)
     return p
 
 
@@ -341,18 +443,13 @@ def main(argv: list[str] | None = None) -> int:
     if extra and (not hasattr(args, "overrides") or not all(_is_override(e) for e in extra)):
         p.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.cmd != "worker":  # a worker's flow runs get their environment from the deployments (infra/prefect.yaml)
-        _env()
+        _env(args.verbose)
+    else:
+        for k, v in (VERBOSE_ENV if args.verbose else QUIET_ENV).items():
+            os.environ.setdefault(k, v)
     if extra:
         args.overrides = [*args.overrides, *extra]
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s",
-                        datefmt="%H:%M:%S")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Prefect API request otherwise
-    for noisy in ("httpx", "httpcore", "urllib3", "alembic", "mlflow"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    if getattr(args, "json", False):  # the terminal gets warnings and errors; a run's log file still gets it all
-        logging.getLogger().setLevel(logging.WARNING)
-        for handler in logging.getLogger().handlers:
-            handler.setLevel(logging.WARNING)
+    setup_logging(args.verbose, getattr(args, "json", False))
     from tasks.records.stopping import sigterm_raises, stop_signal
 
     try:

@@ -135,9 +135,6 @@ def deploy(prefect_file: str | Path = PREFECT_FILE, names: list[str] | None = No
                     "schedules": [{"cron": getattr(s.schedule, "cron", None), "active": s.active}
                                   for s in dep.schedules],
                     "parameters": dep.parameters}
-    for key, dep in out["deployments"].items():
-        log.info("deploy: %s registered (work pool %s%s)", key, dep["work_pool"], "".join(
-            f"; schedule {s['cron']}" for s in dep["schedules"] if s["cron"]))
     missing = set(chosen) - {k.split("/", 1)[1] for k in out["deployments"]}
     if missing:
         raise RuntimeError(f"prefect deploy succeeded but {', '.join(sorted(missing))} is not on {url}")

@@ -67,13 +67,16 @@ def server_logging() -> None:
     os.environ["PREFECT_LOGGING_SETTINGS_PATH"] = str(path)
 
 
-def prefect_server() -> None:
+def prefect_server(lifelong_thread: bool = False) -> None:
     """Start Prefect's temporary API server now, when no server is configured, with SIGINT blocked: the server
     inherits the blocked signal, so a Ctrl-C at the terminal (which reaches the whole process group) stops the run
     but not the server, which then records the flow run's end. Prefect stops the server when rlsift exits (atexit,
     with SIGTERM); when rlsift is killed (``kill -9``: no atexit), the kernel kills the server with it
-    (:func:`bound_server`). Call from the main thread."""
+    (:func:`bound_server`). Call from the main thread, or from a thread that lives as long as the process
+    (``lifelong_thread``: flows/startup.py): the kernel sends the parent-death signal when the thread that forked
+    the server ends."""
     import signal
+    import threading
 
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
@@ -83,7 +86,7 @@ def prefect_server() -> None:
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return
     server_logging()
-    bound_server()
+    bound_server(armed=lifelong_thread or threading.current_thread() is threading.main_thread())
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         get_client(sync_client=True)  # starts the server (once per process)
@@ -91,13 +94,14 @@ def prefect_server() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
-def bound_server():
+def bound_server(armed: bool = True):
     """The temporary API server this process's Prefect client starts (``SubprocessASGIServer()``: one per process,
     Prefect looks it up by port, None for "any free one"), made one that dies with this process: its uvicorn
     process (a single process: no workers, no children) gets the parent-death signal SIGKILL
     (tasks/records/process.py ``die_with_parent``), so a ``kill -9`` of rlsift leaves no server listening. Prefect
-    keeps starting and stopping it as before; started from another thread than the main one it is Prefect's plain
-    server. Returns the server object (one already made is left as it is)."""
+    keeps starting and stopping it as before. ``armed`` False (a thread that ends before the process: the signal
+    follows the thread that forks, so its end would kill the server) gives Prefect's plain server. Returns the server
+    object (one already made is left as it is)."""
     from prefect.server.api.server import SubprocessASGIServer
 
     class BoundServer(SubprocessASGIServer):
@@ -106,17 +110,13 @@ def bound_server():
 
         def _run_uvicorn_command(self):
             import subprocess
-            import threading
 
             from tasks.records.process import die_with_parent
 
             popen, arm = subprocess.Popen, die_with_parent(os.getpid())
 
-            def spawn(*args, **kwargs):  # Prefect's call, with one argument more; only from the main thread (the
-                # signal follows the thread that forks: another thread's end would kill the server), and no other
-                # thread's call in the meantime
-                main = threading.current_thread() is threading.main_thread()
-                return popen(*args, **kwargs, **({"preexec_fn": arm} if main else {}))
+            def spawn(*args, **kwargs):  # Prefect's call, with one argument more (no other thread's call meanwhile)
+                return popen(*args, **kwargs, **({"preexec_fn": arm} if armed else {}))
 
             subprocess.Popen = spawn
             try:

@@ -150,12 +150,13 @@ def _duration(seconds: float) -> str:
 
 
 def plan_summary(plan: Plan) -> dict[str, Any]:
-    """A plan in the run summary: the choice, why, the predicted clock against plain GRPO's (rlcore/plan.py
+    """A plan in the run summary: the choice, why (``line``: both and the predicted clock in one line, what the
+    terminal shows), the predicted clock against plain GRPO's (rlcore/plan.py
     ``RunClock``: ``clock`` its text, ``predicted_training_clock`` the chosen candidate's steps, calibration and
     scoring, ``predicted_clock_with_plan`` with this run's ``upfront_s`` seconds before its first step, the plan's
     own included) and the predicted effective ratio."""
     clock = plan.clock
-    return {"choice": plan.choice, "reason": plan.reason, "clock": clock.text(),
+    return {"choice": plan.choice, "reason": plan.reason, "line": plan.line(), "clock": clock.text(),
             "predicted_training_clock": clock.training, "predicted_clock_with_plan": clock.with_plan,
             "upfront_s": clock.upfront_s, "predicted_effective_ratio": plan.chosen.effective_ratio,
             "pool": plan.shares}

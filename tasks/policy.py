@@ -9,14 +9,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from tasks.data.prompts import PromptRecord
 from tasks.generation.rollout import RolloutEngine
 from tasks.model import lora
 from tasks.model.loading import format_prompt, save_policy
+
+if TYPE_CHECKING:  # annotations only: transformers loads with the first model, not at import
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass

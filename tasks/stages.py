@@ -199,8 +199,7 @@ def plan_stage(run: Run, policy: Policy, pool: list[PromptRecord], calibration: 
     for f in (cache, run.dir / "plan.md"):
         run.tracker.log_artifact(f)
     log.info("plan: %s", result.summary())
-    log.info("plan: %s", result.reason)
-    log.info("plan: %s", result.clock.text())
+    log.info("plan: %s", result.line())
     name_the_choice(run, result)
     plan_table(title(run), result)
     stage_done(run, "plan")

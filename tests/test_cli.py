@@ -109,7 +109,13 @@ def test_plan_prints_the_choice_and_trains_nothing(tmp_path):
     assert [x["name"] for x in out["plan"]["predictions"]] == ["grpo_n4"]
     assert Path(out["run_dir"], "plan.md").is_file()
     text = rlsift("plan", "-c", "tests/fixtures/tiny.yaml", f"paths.root={tmp_path}", "plan.candidates=[grpo_n4]")
-    assert text.returncode == 0 and "| composition | chosen |" in text.stdout and "**Plan: " in text.stdout
+    assert text.returncode == 0, text.stderr[-3000:]
+    lines = text.stdout.splitlines()  # plain on a terminal: no Markdown, the table's columns aligned
+    assert lines[0].startswith("plan: ") and "|" not in text.stdout and "**" not in text.stdout, text.stdout
+    header = next(i for i, line in enumerate(lines) if line.startswith("composition  chosen  "))
+    names = [line[:len("composition  ")] for line in lines[header + 1:header + 3]]
+    assert names == ["grpo".ljust(13), "grpo_n4".ljust(13)], lines
+    assert (Path(json.loads(p.stdout)["run_dir"]) / "plan.md").read_text().startswith("**Plan: ")  # files keep it
     bad = rlsift("plan", "-c", "tests/fixtures/tiny.yaml", f"paths.root={tmp_path}", "plan.min_signal=2")
     assert bad.returncode == 2 and "plan.min_signal" in bad.stderr
 
@@ -474,3 +480,100 @@ def test_the_temporary_servers_shutdown_noise_is_dropped_and_its_errors_kept(tmp
     assert p.returncode == 0, p.stderr[-3000:]
     assert "Exception during reset" not in p.stderr and "CancelledError" not in p.stderr, p.stderr
     assert "a real server error" in p.stderr and "OSError: disk full" in p.stderr
+
+
+#: ``rlsift ARGS`` in a fresh interpreter that notes, at rlsift's first log line, its text and the heavy modules
+#: imported by then; its last stdout line: those and the exit code.
+FIRST_LINE = f"""
+import json, logging, sys
+seen = {{}}
+class First(logging.Handler):
+    def emit(self, record):
+        if not seen:
+            seen.update(first=record.getMessage(), heavy=sorted(m for m in {HEAVY!r} if m in sys.modules))
+logging.getLogger("rlsift").addHandler(First())
+from flows.cli import main
+rc = main(sys.argv[1:])
+print(json.dumps({{"rc": rc, **seen}}))
+"""
+#: A line of the terminal's log (flows/cli.py ``setup_logging``) from one of rlsift's own loggers.
+OWN_LINE = re.compile(r"\d\d:\d\d:\d\d (rlsift|tasks|flows|rlcore)(\.\w+)* \S")
+
+
+def test_a_run_says_what_it_loads_first_and_prints_only_its_own_lines_once(tmp_path):
+    """A successful `rlsift run` (an auto run whose candidates include the baseline): its first line is rlsift's,
+    naming what it loads, before torch, Prefect or MLflow is imported; every line on the terminal is rlsift's own
+    (no MLflow "Creating initial MLflow database tables...", "Stopping system metrics monitoring", Prefect or
+    DeepSpeed line, no Python warning: those only with -v), and none is printed twice (`plan: candidate grpo` was)."""
+    p = subprocess.run([sys.executable, "-c", FIRST_LINE, "run", "-c", "tests/fixtures/tiny.yaml",
+                        f"paths.root={tmp_path}", "train.steps=2", "eval.samples=0", "plan.auto=true",
+                        "plan.candidates=[grpo,grpo_n4]"], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "CI": "true"})
+    *summary, last = p.stdout.splitlines()
+    seen = json.loads(last)
+    assert seen["rc"] == 0, p.stderr[-3000:]
+    assert seen["first"] == "loading torch, Prefect and MLflow ..." and seen["heavy"] == [], seen
+    logged = p.stderr.splitlines()
+    assert logged[0].endswith(" rlsift loading torch, Prefect and MLflow ..."), logged[:3]
+    foreign = [line for line in logged if not OWN_LINE.match(line)]
+    assert not foreign, foreign
+    said = [line[len("00:00:00 "):] for line in logged] + [line.strip() for line in summary]
+    twice = sorted({line for line in said if said.count(line) > 1})
+    assert not twice, twice
+    assert any(line.startswith("plan: grpo") for line in said)  # the plan said once in the summary, one line
+    assert not any(line.startswith("plan clock:") for line in said)
+    assert sum("candidate grpo:" in line for line in said) == 1
+
+
+LOG_LINES = """
+import logging, sys, warnings
+from flows.cli import setup_logging
+setup_logging(verbose=sys.argv[1] == "-v", as_json=False)
+logging.getLogger("rlsift.train").info("own info")
+logging.getLogger("tasks.model.attention").warning("own warning")
+logging.getLogger("mlflow.store.db.utils").info("Creating initial MLflow database tables...")
+logging.getLogger("prefect.flow_runs").warning("a Prefect warning")
+warnings.warn("a library's warning", UserWarning)
+logging.getLogger("prefect.server").error("a Prefect error")
+"""
+
+
+@pytest.mark.parametrize("flag", ["", "-v"])
+def test_other_libraries_lines_only_with_v(flag):
+    """Without -v the terminal shows rlsift's lines at any level and other libraries' errors only; with -v their INFO
+    and WARNING lines (and Python warnings) too."""
+    p = subprocess.run([sys.executable, "-c", LOG_LINES, flag], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr
+    said = [line.split(" ", 2)[-1] for line in p.stderr.splitlines()]  # HH:MM:SS logger message
+    mine, errors = ["own info", "own warning"], ["a Prefect error"]
+    foreign = ["Creating initial MLflow database tables...", "a Prefect warning"]
+    assert [s for s in said if s in mine + errors + foreign] == (mine + foreign + errors if flag else mine + errors)
+    assert ("a library's warning" in p.stderr) == bool(flag), p.stderr
+
+
+def test_v_goes_before_or_after_the_command():
+    from flows.cli import parser
+
+    for argv in (["-v", "run"], ["run", "-v"], ["run", "--verbose", "train.steps=2"], ["-v", "ledger", "runs"]):
+        assert parser().parse_known_args(argv)[0].verbose is True, argv
+    assert parser().parse_known_args(["run"])[0].verbose is False
+
+
+def test_deploy_prints_each_deployment_its_schedule_and_the_worker_to_start():
+    """`rlsift deploy` (not 42 lines of JSON): a line per deployment with its schedule, then the next step, the worker
+    command as pasted in a new shell (the server's URL and rlsift's full path with it)."""
+    from flows.cli import _deploy_text
+
+    out = {"api_url": "http://127.0.0.1:4200/api", "work_pools": {"rlsift-process": "created"}, "skipped": {},
+           "deployments": {
+               "pipeline/pipeline": {"id": "1", "entrypoint": "flows/pipeline.py:pipeline",
+                                     "work_pool": "rlsift-process", "schedules": [], "parameters": {}},
+               "retrain/retrain": {"id": "2", "entrypoint": "flows/retrain.py:retrain", "work_pool": "rlsift-process",
+                                   "schedules": [{"cron": "0 3 * * *", "active": True}], "parameters": {}}}}
+    assert _deploy_text(out, ["/abs/.venv/bin/rlsift"]).splitlines() == [
+        "deployments on http://127.0.0.1:4200/api, work pool rlsift-process (created):",
+        "  pipeline/pipeline  on demand",
+        "  retrain/retrain    cron 0 3 * * *",
+        "next: start the worker that runs them (Ctrl-C stops it): env PREFECT_API_URL=http://127.0.0.1:4200/api "
+        "/abs/.venv/bin/rlsift worker --pool rlsift-process"]

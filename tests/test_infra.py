@@ -60,3 +60,24 @@ def test_server_scripts_keep_their_state_in_the_root(tmp_path):
     assert f"PREFECT_HOME={tmp_path / 'own'} " in said
     said = _script_says("mlflow-server.sh", tmp_path / "c", tmp_path / "here", RLSIFT_ROOT="rel")
     assert f"--backend-store-uri sqlite:///{tmp_path / 'here' / 'rel' / 'mlflow.db'} " in said
+
+
+def test_the_package_builds_without_setuptools_warnings(tmp_path):
+    """infra/setup.sh installs the project (``pip install -e .``) on every call: its metadata builds without a
+    warning (``project.license`` as a TOML table printed 52 lines of setuptools' deprecation notice a call). Built
+    from a copy, with the venv's setuptools, so nothing is written into the checkout and nothing is downloaded."""
+    import shutil
+
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    for package in ("rlcore", "tasks", "flows"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    code = ("import setuptools.build_meta as b, sys; sys.stdout.write(b.prepare_metadata_for_build_editable('meta'))")
+    (tmp_path / "meta").mkdir()
+    p = subprocess.run([sys.executable, "-W", "default", "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "Warning" not in p.stderr and "deprecated" not in p.stderr, p.stderr[-3000:]
+    meta = (tmp_path / "meta" / p.stdout.strip().splitlines()[-1] / "METADATA").read_text()
+    assert "License-Expression: MIT" in meta

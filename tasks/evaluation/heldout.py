@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from scipy.stats import binomtest
 
 from rlcore.seeding import derive_seed
 from tasks.data.prompts import PromptRecord
@@ -159,6 +158,8 @@ def paired_counts(before: Sequence[int], after: Sequence[int]) -> PairedChange:
         raise ValueError(f"paired evaluations differ in length: {len(before)} vs {len(after)}")
     right = sum(1 for a, b in zip(before, after, strict=True) if not a and b)
     wrong = sum(1 for a, b in zip(before, after, strict=True) if a and not b)
+    from scipy.stats import binomtest  # here: scipy.stats takes seconds to import, at the run's end
+
     p = binomtest(right, right + wrong, 0.5).pvalue if right + wrong else 1.0
     return PairedChange(turned_right=right, turned_wrong=wrong, mcnemar_p=float(p))
 

@@ -15,16 +15,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from rlcore.seeding import derive_seed
 from tasks.config.rollout import RolloutConfig
 from tasks.generation.decode import Decoder, decode
 from tasks.generation.sampling import Sampling
 from tasks.model.loading import add_special
+
+if TYPE_CHECKING:  # annotations only: transformers loads with the first model, not at import
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["Generation", "HFEngine", "RolloutEngine", "completion_mask", "decode", "end_of_turn_ids",
            "prompt_seed", "to_generation"]

@@ -48,9 +48,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
+
+if TYPE_CHECKING:  # annotations only: transformers loads with the first model, not at import
+    from transformers import LogitsProcessorList
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +230,8 @@ class Sampling:
 
     def warpers(self) -> LogitsProcessorList:
         """The warpers after the temperature, in ``generate``'s order; empty when neither cut is on."""
+        from transformers import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
+
         out = LogitsProcessorList()
         if self.top_k > 0:
             out.append(TopKLogitsWarper(self.top_k))

@@ -20,20 +20,15 @@ from __future__ import annotations
 
 import string
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tokenizers import Tokenizer, decoders, models, processors
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    LlamaConfig,
-    LlamaForCausalLM,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    PreTrainedTokenizerFast,
-)
 
 from tasks.model import lora
+
+if TYPE_CHECKING:  # transformers loads with the first model or tokenizer, not at import (seconds at every start)
+    from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
@@ -50,6 +45,8 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         A fast tokenizer whose ``encode`` prepends ``<s>``, pads on the left, and decodes (with
         ``skip_special_tokens=True``) back to exactly the input text for any printable-ASCII text.
     """
+    from transformers import PreTrainedTokenizerFast
+
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for c in CHARS:
         vocab[c] = len(vocab)
@@ -105,6 +102,8 @@ def build_tiny_model(
     if hidden % heads or (hidden // heads) < 32 or (hidden // heads) % 2:
         raise ValueError(f"hidden/heads must be an even integer >= 32 (head size), got hidden={hidden} heads={heads}")
     tok = tokenizer if tokenizer is not None else build_tokenizer()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     config = LlamaConfig(
         vocab_size=vocab_size or len(tok),
         hidden_size=hidden,
@@ -154,6 +153,8 @@ def load_policy(
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"policy path {str(path)!r} is not a folder with a saved model and tokenizer")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.utils.checkpoint
-from transformers import PreTrainedModel
 
 from tasks.model.lora import BaseModelView
+
+if TYPE_CHECKING:  # annotations only: transformers loads with the first model, not at import
+    from transformers import PreTrainedModel
 
 #: Float32 logits of one chunk of the LM head in :func:`chunked_head` (2^26 elements, 256 MiB: 441 tokens at a
 #: 151,936 vocabulary). Smaller chunks lower the head's peak (one chunk's logits, their float32 copy, exponentials
@@ -30,6 +33,8 @@ HEAD_POSTPROCESSING = ("final_logit_softcapping", "logit_scale")
 def causal_lm(model) -> PreTrainedModel:
     """The transformers model inside ``model``: itself, or under a DDP wrapper, a DeepSpeed engine, PEFT's adapters
     or a :class:`~tasks.model.lora.BaseModelView` (the first :class:`PreTrainedModel` among its modules)."""
+    from transformers import PreTrainedModel  # here: loaded with the model, not at import
+
     root = model.model if isinstance(model, BaseModelView) else model
     for module in root.modules():
         if isinstance(module, PreTrainedModel):

@@ -50,14 +50,17 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tasks.data import arith, arith_grade
 from tasks.data.prompts import PromptRecord
 from tasks.model.loading import build_tiny_model, build_tokenizer, format_prompt, save_policy
 from tasks.records.progress import progress_bar
+
+if TYPE_CHECKING:  # annotations only: transformers loads with the first model, not at import
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 

@@ -190,6 +190,30 @@ class Plan:
                 f"{1e3 * fx.fit_s:.0f} ms; {c.completion_tokens:.0f} completion and {c.prompt_tokens:.0f} prompt "
                 "tokens a rollout")
 
+    def line(self) -> str:
+        """The choice, why and its predicted clock in one line (what the terminal shows), each figure once: the
+        reason of a chosen candidate states its training clock (and, when the choice weighed it, the clock with the
+        plan's own cost: else that is added); the baseline's says why nothing else was chosen, and gets its clock
+        added."""
+        clock = self.clock
+        if self.choice == self.baseline.name:
+            return f"{self.reason}; {clock.text().removeprefix(f'{self.choice}: ')}"
+        if f"{clock.with_plan:.2f}x" in self.reason:
+            return self.reason
+        return (f"{self.reason}; {clock.with_plan:.2f}x with the plan's own cost ({clock.upfront_s:.0f} s before the "
+                "first step)")
+
+    def text(self) -> str:
+        """The plan for a terminal (``rlsift plan``): :meth:`line`, the pool and the costs, the overlap, and the
+        predictions as a plain table with aligned columns (:meth:`markdown` is the same for files and MLflow)."""
+        rows = self.rows()
+        cols = [k for k in rows[0] if any(r.get(k) is not None for r in rows)]
+        cells = [cols] + [["" if r.get(k) is None else str(r[k]) for k in cols] for r in rows]
+        widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
+        table = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+        return "\n".join([f"plan: {self.line()}", self.summary(),
+                          *([f"overlap: {self.overlap.reason}"] if self.overlap is not None else []), "", *table])
+
     def markdown(self) -> str:
         rows = self.rows()
         cols = list(rows[0])
@@ -287,7 +311,7 @@ def _make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibratio
                                                  comps=[base, *comps], stats=stats, dots=dots, scratch=scratch),
                         derive_seed(cfg.seed, "plan-probe"), device, say)
     baseline, predictions = predict(comps, base, stats, costs)
-    for p in (baseline, *predictions):
+    for p in (baseline, *(p for p in predictions if p.name != baseline.name)):  # the baseline once
         say(f"candidate {p.name}: effective ratio {p.effective_ratio:.2f}, training clock (its steps and what it "
             f"pays before them) predicted at {p.clock:.2f}x {baseline.name}'s")
     for name, why in unavailable.items():

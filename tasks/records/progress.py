@@ -140,7 +140,8 @@ def quiet_libraries() -> None:
     """No third-party progress bars (transformers' weight loading/saving) off a terminal or in CI."""
     if show_progress():
         return
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read when huggingface_hub loads (transformers' too)
+    if "huggingface_hub" in sys.modules:  # loaded already (not imported here: seconds before the first stage)
+        sys.modules["huggingface_hub"].utils.disable_progress_bars()
+    if "transformers.utils.logging" in sys.modules:
+        sys.modules["transformers.utils.logging"].disable_progress_bar()

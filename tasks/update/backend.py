@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from transformers import PreTrainedModel
 
 from tasks.config import Config
 from tasks.generation.rollout import HFEngine, RolloutEngine
@@ -71,6 +70,8 @@ def build_updater(cfg: Config, policy: Policy, *, device: torch.device | str, pr
         raise ValueError(f"model.precision={cfg.model.precision} ({precision.name}) computes in {precision.compute}, "
                          f"but the policy's weights are {model_dtype(lm)}: load it in the compute dtype "
                          "(tasks/stages.py prepare_stage does)")
+    from transformers import PreTrainedModel  # here: loaded with the model, not at import
+
     if isinstance(lm, PreTrainedModel):  # the estimate reads a transformers decoder's shape
         world = dist.get_world_size() if dist.is_initialized() else 1
         check_update_fits(cfg, model, lm.config, device, precision=precision,

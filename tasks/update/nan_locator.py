@@ -28,7 +28,6 @@ from typing import Literal
 
 import torch
 from torch.overrides import TorchFunctionMode
-from transformers import PreTrainedModel
 
 #: How many non-finite (row, position) cells a site lists.
 CELLS = 4
@@ -128,6 +127,8 @@ class SkippedUpdate:
 
 def attention_info(model: torch.nn.Module) -> AttentionInfo:
     """The model's attention implementation and the SDPA backends enabled now (no SDPA call: no kernel)."""
+    from transformers import PreTrainedModel  # here: loaded with the model, not at import
+
     lm = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None)  # under any wrapper
     config = lm.config if lm is not None else None
     cuda = torch.backends.cuda

@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from typing import get_args
 
 import torch
-from transformers import PreTrainedModel
 
 from rlcore.angle import online_angle_signal
 from rlcore.types import RolloutGroup
@@ -326,6 +325,8 @@ def gradient_checkpointing(model: torch.nn.Module, enabled: bool) -> None:
     "LoRA and activation checkpointing")."""
     if not enabled:
         return
+    from transformers import PreTrainedModel  # here: loaded with the model, not at import
+
     if not (isinstance(model, PreTrainedModel) and model.supports_gradient_checkpointing):
         raise ValueError(f"train.gradient_checkpointing: {type(model).__name__} does not support it")
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})

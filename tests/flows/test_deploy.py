@@ -42,19 +42,24 @@ def test_deploy_and_run_the_pipeline_through_a_worker(tmp_path):
         t0 = time.time()
         done = rlsift("deploy", env=env)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        registered = json.loads(done.stdout)
         deploy_s = time.time() - t0
-        for says in ("deploy: checking the Prefect server at", "deploy: work pool rlsift-process (created)",
-                     "deploy: registering pipeline, retrain", "deploy: pipeline/pipeline registered"):
+        for says in ("loading Prefect", "deploy: checking the Prefect server at",
+                     "deploy: work pool rlsift-process (created)", "deploy: registering pipeline, retrain"):
             assert says in done.stderr, done.stderr[-3000:]  # a line per step, not 46 s of silence
+        # a person's summary: each deployment and its schedule, and the worker to start next (JSON with --json)
+        assert "retrain/retrain" in done.stdout and "cron 0 3 * * *" in done.stdout, done.stdout
+        assert f"next: start the worker that runs them (Ctrl-C stops it): env PREFECT_API_URL={api} " in done.stdout
+        assert len(done.stdout.splitlines()) < 10 and "{" not in done.stdout, done.stdout
+        assert "work pool rlsift-process (created)" in done.stdout.splitlines()[0], done.stdout
+        # a second deploy updates in place and keeps the pool
+        again = rlsift("deploy", "--json", env=env)
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+        registered = json.loads(again.stdout)
         assert set(registered["deployments"]) >= {"pipeline/pipeline", "retrain/retrain"}
-        assert registered["work_pools"] == {"rlsift-process": "created"}
+        assert registered["work_pools"] == {"rlsift-process": "existing"}
         nightly = registered["deployments"]["retrain/retrain"]["schedules"]
         assert nightly == [{"cron": "0 3 * * *", "active": True}]
         assert registered["deployments"]["pipeline/pipeline"]["schedules"] == []
-        # a second deploy updates in place and keeps the pool
-        again = rlsift("deploy", env=env)
-        assert again.returncode == 0 and json.loads(again.stdout)["work_pools"] == {"rlsift-process": "existing"}
 
         from prefect.client.orchestration import get_client
         from prefect.settings import PREFECT_API_URL, temporary_settings

@@ -72,7 +72,10 @@ def test_auto_trains_the_plans_choice(tmp_path, prefect_harness):
         s["plan"]["predicted_training_clock"] and plan.upfront_s > 0 and s["plan"]["clock"] == clock.text()
     from flows.cli import _plan_text
 
-    assert f"  plan clock: {clock.text()}\n" in _plan_text(s["plan"])
+    said = _plan_text(s["plan"])  # one line, each figure once (this choice did not weigh the plan's own cost)
+    assert said.startswith(f"  plan: {plan.reason}; ") and said.count(f"{clock.training:.2f}x") == 1
+    assert said.endswith(f"; {clock.with_plan:.2f}x with the plan's own cost ({plan.upfront_s:.0f} s before the first "
+                         "step)\n"), said
     tags = run_info(s["tracking_uri"], s["mlflow_run_id"])["tags"]
     assert tags["rlsift.plan.clock"] == clock.text() and f"- plan: {clock.text()}; " in tags["mlflow.note.content"]
     assert (float(tags["plan/predicted_training_clock"]), float(tags["plan/predicted_clock_with_plan"])) == (

@@ -119,12 +119,15 @@ def test_a_run_records_the_prefect_api_of_its_flow_run(prefect_harness, smoke_cf
 
 
 @pytest.mark.slow
-def test_kill_9_of_the_process_that_started_the_temporary_server_takes_the_server_with_it(tmp_path):
+@pytest.mark.parametrize("start", ["from flows.prefect_server import prefect_server\nprefect_server()\n",
+                                   "from flows.startup import ServerStart\nServerStart().wait()\n"],
+                         ids=["main-thread", "startup-thread"])
+def test_kill_9_of_the_process_that_started_the_temporary_server_takes_the_server_with_it(tmp_path, start):
     """The temporary API server was still listening 14 minutes after a ``kill -9`` of its run (Prefect stops it at
-    exit, and a SIGKILL runs no exit handler)."""
+    exit, and a SIGKILL runs no exit handler). Started in the main thread or, as `rlsift run` does, from the
+    startup's thread (flows/startup.py)."""
     env = cli_env(tmp_path)
-    code = ("from flows.cli import _env\n_env()\n"
-            "from flows.prefect_server import prefect_server\nprefect_server()\n"
+    code = ("from flows.cli import _env\n_env()\n" + start +
             "from prefect.server.api.server import SubprocessASGIServer\n"
             "s = SubprocessASGIServer._instances[None]\n"
             "print(s.server_process.pid, s.port, flush=True)\n"

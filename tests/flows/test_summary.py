@@ -67,7 +67,13 @@ def test_one_predicted_clock_in_every_place(smoke_cfg):
         summary = plan_summary(plan)
         assert (summary["clock"], summary["predicted_training_clock"], summary["predicted_clock_with_plan"],
                 summary["upfront_s"]) == (text, plan.clock.training, plan.clock.with_plan, 12)
-        assert _plan_text(summary) == f"  plan: {plan.reason}\n  plan clock: {text}\n"
+        assert _plan_text(summary) == (  # one line: the reason's training clock, the clock with the plan's cost
+            f"  plan: {plan.reason}; 0.73x with the plan's own cost (12 s before the first step)\n")
+        chose_grpo = replace(plan, choice="grpo", reason="grpo: no candidate is predicted cheaper")
+        assert _plan_text(plan_summary(chose_grpo)) == (  # the baseline's reason says why; its clock is added
+            "  plan: grpo: no candidate is predicted cheaper; training clock predicted 1.00x plain GRPO's (its "
+            "steps); 1.40x with the plan's own cost (12 s before the first step: calibration and plan measured, "
+            "scoring predicted)\n")
         note = describe(run, replace(base(), run_id=run.run_id, status="cancelled", reason="by SIGINT"))
         assert f"- plan: {text}; effective ratio 0.50" in note.splitlines()
     finally:

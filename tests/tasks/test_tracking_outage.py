@@ -355,11 +355,32 @@ def test_the_end_of_a_run_says_it_waits_for_mlflow_and_prints_a_sync_that_runs(t
     t = MlflowTracker(sqlite_uri, "ends-in-an-outage", tmp_path / "run", background=False, final_wait_s=1.0)
     t.uri, t.client = "http://127.0.0.1:9", MlflowClient(tracking_uri="http://127.0.0.1:9")  # nothing listens there
     t.log_metrics({"loss": 1.0}, 0)
-    with caplog.at_level(logging.WARNING, logger="rlsift"):
+    with caplog.at_level(logging.INFO, logger="rlsift"):
         t.finish()
     said = [r.getMessage() for r in caplog.records if r.name.startswith("rlsift")]
-    waits = next(i for i, m in enumerate(said) if "waiting up to 1 s more for MLflow at http://127.0.0.1:9" in m)
+    waits = next(i for i, m in enumerate(said) if "MLflow at http://127.0.0.1:9 does not answer; sending" in m)
     gives_up = next(i for i, m in enumerate(said) if m.startswith("MLflow still unreachable"))
     assert waits < gives_up, said
     printed = shlex.split(re.search(r"`([^`]+)` sends them", said[gives_up]).group(1))
     assert os.path.isabs(printed[0]) and printed[1:] == ["sync", str(tmp_path / "run"), "http://127.0.0.1:9", t.run_id]
+
+
+def test_the_final_wait_for_an_unreachable_server_says_so_first(tmp_path, sqlite_uri, caplog):
+    """A run whose MLflow server is away at its end waits ``final_wait_s`` for it: it says so when the wait starts
+    (the terminal was silent for 30 s after MLflow's "Stopping system metrics monitoring"), then, the time up, where
+    the unsent items are and the `rlsift sync` command."""
+    import logging
+
+    from mlflow.tracking import MlflowClient
+
+    from tests.servers import free_port
+
+    t = MlflowTracker(sqlite_uri, "away-at-the-end", tmp_path / "run", flush_s=3600, final_wait_s=0.5)
+    t.client = MlflowClient(tracking_uri=f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    t.log_params({"lr": 0.1})
+    with caplog.at_level(logging.INFO, logger="rlsift.tracking"):
+        t.finish()
+    said = [r.getMessage() for r in caplog.records if r.name == "rlsift.tracking"]
+    waits = [i for i, m in enumerate(said) if "does not answer; sending the run's last items again for up to" in m]
+    assert len(waits) == 1 and waits[0] < len(said) - 1, said  # once, before the wait's end
+    assert "MLflow still unreachable" in said[-1] and "rlsift sync" in said[-1], said

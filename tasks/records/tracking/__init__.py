@@ -10,6 +10,7 @@
 * ``describe``: the run's tags beyond metrics: name, Description, source commit, Prefect flow run (no MLflow).
 * ``query``: reading runs back (:func:`run_info`, :func:`metric_history`, :func:`run_url`); the UI's pages on its
   model-training side (:func:`experiment_page`) and how to open a UI on a local store (:func:`ui_hint`).
+* ``store``: a new local store's tables created ahead of its run (``create_local_store``, flows/startup.py).
 
 See docs/operations.md "What MLflow shows" and "Tracking outages".
 """

@@ -370,9 +370,9 @@ class MlflowTracker:
         deadline = time.time() + self.final_wait_s
         told = False
         while not self.flush():
-            if not told:
-                log.warning("waiting up to %.0f s more for MLflow at %s before the run ends", self.final_wait_s,
-                            self.uri)
+            if not told:  # not 30 s of silence before the run's summary
+                log.info("MLflow at %s does not answer; sending the run's last items again for up to %.0f s "
+                         "(the outbox keeps them)", self.uri, self.final_wait_s)
                 told = True
             if time.time() > deadline:
                 log.warning("MLflow still unreachable: %s keeps the unsent items; `%s` sends them", self.outbox.path,
