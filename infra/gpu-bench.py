@@ -361,6 +361,18 @@ def table_row(r: dict) -> str:
             f"{r['peak_gib']:.3f} | {reserved} | {est} | {r['estimate_gib'] / max(r['peak_gib'], 1e-9):.2f} |")
 
 
+def verdict(results: list[dict]) -> str:
+    """One line: how many arms ran, were skipped or ran out of memory, and each finished arm's time and MFU."""
+    done = [r for r in results if "step_s" in r]
+    skipped, oom = sum(1 for r in results if r.get("skipped")), sum(1 for r in results if r.get("oom"))
+    arms = "; ".join(f"{r['arm'].model} {r['arm'].mode} {r['arm'].precision} {r['arm'].rows} rows "
+                     f"{r['step_s']:.2f} s a step" + ("" if math.isnan(r["mfu"]) else f", MFU {r['mfu']:.1%}")
+                     for r in done)
+    return (f"verdict: {'FAILS: ' if skipped else ''}{len(done)} of {len(results)} arms finite"
+            + (f", {skipped} skipped" if skipped else "") + (f", {oom} out of memory" if oom else "")
+            + (f" ({arms})" if arms else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--toy", action="store_true", help="tiny shapes on the CPU (the default test tier's check)")
@@ -412,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(run_arm(arm, args, device))
         print(table_row(results[-1]), flush=True)  # as the arm ends: a later arm that overruns loses nothing
     failed = [r["arm"] for r in results if r.get("skipped")]
+    print(verdict(results), flush=True)
     for arm in failed:
         print(bisect(arm, args, device), flush=True)
     if not args.no_generation:

@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlcore.types import RolloutGroup
 from tasks.config import LoraConfig
 from tasks.model.forward import length_buckets, selective_log_softmax, token_logprobs
 from tasks.model.logprob_head import chunked_head
@@ -205,9 +206,7 @@ def test_no_rank_micro_batch_exceeds_the_budget_on_8_ranks(n, budget):
     assert worst <= 1.1, f"a rank's micro-batch pads to {worst:.2f}x the budget"
 
 
-def _group(k: int, prompt: int, lengths: list[int], width: int) -> "RolloutGroup":
-    from rlcore.types import RolloutGroup
-
+def _group(k: int, prompt: int, lengths: list[int], width: int) -> RolloutGroup:
     mask = torch.arange(width) < torch.tensor(lengths)[:, None]
     rewards = torch.tensor([1.0, 0.0])
     return RolloutGroup(prompt_id=f"p{k}", prompt_ids=torch.arange(4, 4 + prompt),
