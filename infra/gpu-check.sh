@@ -63,7 +63,7 @@ else
   LEARNING=(--toy --rows 8 --compare-rows 8 --steps 5)
   LORA=(--model toy --rows 8 --completion 64 --micro-batch-tokens 1024)
   DECODE=(--rows 4 8 --new 4)
-  PIPELINE=(--device cpu train.steps=8 eval.every=4)
+  PIPELINE=(--device cpu train.steps=8 eval.every=4 eval.limit=100)
 fi
 "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'transformers', transformers.__version__)" | tee -a "$OUT/card.txt"
