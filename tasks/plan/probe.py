@@ -118,8 +118,11 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, dev
     say(f"probe: generation, calls of {small} and {large} prompts x {rc.n} rollouts")
     rollout_rewards(policy, records[:1], rc.n, seed)  # warm-up: first-call costs are not a token's
     batches = [_cycle(records, k) for k in (small, large)]
-    draws = [_swap(untrusted.timed(lambda b=b: rollout_rewards(policy, b, rc.n, seed)[0], COSTLY,
-                                   f"a generate call of {len(b)} prompts")) for b in batches]
+    draws = []  # (the call's rollouts, its seconds)
+    for b in batches:
+        seconds, gen = untrusted.timed(lambda b=b: rollout_rewards(policy, b, rc.n, seed)[0], COSTLY,
+                                       f"a generate call of {len(b)} prompts")
+        draws.append((gen, seconds))
     generate = CallCost.fit([g.tokens for g, _ in draws], [s for _, s in draws],
                             steps=[int(g.completion_mask.sum(1).max()) for g, _ in draws])
     if generate.step_s <= 0:
@@ -145,10 +148,6 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, dev
     return UnitCosts(generate=generate, update=update, forward=forward, completion_tokens=completion,
                      prompt_tokens=prompt, solution_tokens=solution_tokens, fixed=fixed, score_s=score_s,
                      levels=by_level, completion_lengths=lengths, untrusted=tuple(untrusted))
-
-
-def _swap(pair: tuple[float, object]) -> tuple[object, float]:
-    return pair[1], pair[0]
 
 
 def _lengths(draws: list[tuple[list[PromptRecord], Generation]]
