@@ -29,6 +29,7 @@ import torch  # noqa: E402
 from infra.decode_reference import generate_reference  # noqa: E402
 from tasks.data import arith  # noqa: E402
 from tasks.generation.rollout import HFEngine  # noqa: E402
+from tasks.model.attention import guard_attention  # noqa: E402
 from tasks.model.loading import build_tiny_model, build_tokenizer, format_prompt, load_policy  # noqa: E402
 
 
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(None, args.overrides)
     model, tok = policy(cfg, args.random)
     model.eval()
+    guard_attention(next(model.parameters()).device)  # the run's kernel choice (cuDNN SDPA off on CUDA)
     rc = cfg.rollout
     engine = HFEngine(model, tok, max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
                       top_k=rc.top_k, chunk=rc.chunk)

@@ -4,12 +4,15 @@ For each model shape (Qwen2.5-0.5B, 1.5B and 7B's configs, built with random wei
 weights and LoRA (rank 16 on every linear layer), with and without activation checkpointing, and three step sizes,
 it runs ``tasks.update.policy_update.policy_update`` (every check it does: the micro-batches, the chunked LM head, the
 NaN guard, the mismatch metrics) on a batch of groups of 8 rollouts of 128 prompt and 1,024 completion tokens, and
-prints one row an arm: the step's tokens, its micro-batches, seconds a step, tokens a second, model-FLOPs
-utilisation and the peak memory measured against tasks/update/memory_check.py's estimate.
+prints one row an arm as the arm ends: the step's tokens (real, and padded beside them), its micro-batches, seconds a
+step, tokens a second, model-FLOPs utilisation and the peak memory measured against tasks/update/memory_check.py's
+estimate.
 
 - Model FLOPs: 6 N a token with full weights (forward 2N, backward 4N), 4 N under LoRA (the frozen weights get no
   gradient), N the parameters; attention's own FLOPs and checkpointing's recompute are not counted (the usual MFU
-  convention). The peak is the card's dense bf16 rate (``--peak-tflops``; H100 SXM 989, H200 989).
+  convention). The tokens are those the update's passes computed (``UpdateResult.tokens``: each row's real prompt and
+  completion tokens; the padded ones, each micro-batch's rows times its longest row, beside them with their own
+  MFU). The peak is the card's dense bf16 rate (``--peak-tflops``; H100 SXM 989, H200 989).
 - Rows of varied length (prompts of half to all of ``--prompt`` tokens, completions of half to all of
   ``--completion``), so attention takes the padded path real batches take (a mask: keys and values repeated).
 - Precision (``--precisions``, tasks/update/precision.py): ``bf16-mixed`` (bf16 passes, float32 master weights
@@ -25,7 +28,9 @@ utilisation and the peak memory measured against tasks/update/memory_check.py's 
   bisects such an arm by itself (:func:`bisect`): from the simplest variant (no checkpointing, rows cut to
   ``--bisect-positions`` positions, one micro-batch of 8 rows, cuDNN SDPA off) it turns on one factor at a time
   towards the arm (cuDNN SDPA, the arm's rows in its micro-batches, rows past that length, checkpointing) and
-  prints each variant's result and which first goes non-finite, then the arm with cuDNN SDPA off.
+  prints each variant's result and which first goes non-finite, then the arm with cuDNN SDPA off. One model serves
+  every variant (AdamW at learning rate 0 keeps its weights as built) and no variant starts after
+  ``--bisect-seconds``; the locator re-runs at most a few micro-batches (tasks/update/skips.py).
   ``--inject-nan MODULE@POSITION[:backward]`` writes a NaN into that module's output (or its gradient) at that
   position of row 0, in every pass long enough: the failure path checked on purpose (the CPU test does).
 
@@ -172,8 +177,7 @@ def run_arm(arm: Arm, args, device: torch.device) -> dict:
     so is a skipped update (``row["skipped"]``: its :class:`SkippedUpdate`), which ends the arm at once."""
     precision = resolve_precision(arm.precision, device)
     groups = batch(arm.rows, args.prompt, args.completion, SHAPES[arm.model]["vocab_size"])
-    row = {"arm": arm, "tokens": sum(g.size * (g.prompt_ids.numel() + int(g.completion_mask.sum(1).max()))
-                                     for g in groups)}
+    row = {"arm": arm}
     settings = LossSettings(clip_eps=0.2, aggregation="token", grad_clip=1.0, temperature=1.0, pad_id=0,
                             minibatches=1, kl_coef=0.0, micro_batch_tokens=args.micro_batch_tokens,
                             skip_zero_advantage=True)
@@ -198,6 +202,7 @@ def run_arm(arm: Arm, args, device: torch.device) -> dict:
             sync(device)
         stats = result.metrics
         step_s = (time.perf_counter() - t0) / args.steps
+        row["tokens"], row["padded"] = result.tokens.real, result.tokens.padded  # what the passes computed
         if skips:  # the optimizer never stepped: no time, peak or estimate stands for this arm
             row["skipped"] = skips[0]
             return row
@@ -212,12 +217,17 @@ def run_arm(arm: Arm, args, device: torch.device) -> dict:
     if not all(math.isfinite(v) for v in stats.values()):
         raise RuntimeError(f"{arm}: non-finite metrics {stats}")
     flops_per_token = (6 if arm.mode.startswith("full") else 4) * n_params
-    tokens = row["tokens"]
     reserved = torch.cuda.max_memory_reserved(device) / 2**30 if device.type == "cuda" else float("nan")
-    row.update(micro=int(stats["train/micro_batches"]), step_s=step_s, tokens_per_s=tokens / step_s,
-               mfu=flops_per_token * tokens / step_s / (args.peak_tflops * 1e12) if args.peak_tflops else float("nan"),
+    row.update(micro=int(stats["train/micro_batches"]), step_s=step_s, tokens_per_s=row["tokens"] / step_s,
+               mfu=mfu(flops_per_token, row["tokens"], step_s, args.peak_tflops),
+               mfu_padded=mfu(flops_per_token, row["padded"], step_s, args.peak_tflops),
                peak_gib=(own_peak_mb(device) - base_mb) / 1024, reserved_gib=reserved)
     return row
+
+
+def mfu(flops_per_token: float, tokens: int, step_s: float, peak_tflops: float | None) -> float:
+    """Model-FLOPs utilisation of a step of ``tokens`` in ``step_s`` against ``peak_tflops`` (NaN without one)."""
+    return flops_per_token * tokens / step_s / (peak_tflops * 1e12) if peak_tflops else float("nan")
 
 
 @dataclass(frozen=True)
@@ -255,23 +265,18 @@ def variants(arm: Arm, args) -> list[Variant]:
     return out
 
 
-def run_variant(arm: Arm, v: Variant, args, device: torch.device) -> str:
-    """One update of variant ``v`` of ``arm``: ``finite``, ``skipped: <site>`` or ``out of memory (...)``."""
-    precision = resolve_precision(arm.precision, device)
+def run_variant(model, optimizer, arm: Arm, v: Variant, args, device: torch.device) -> str:
+    """One update of variant ``v`` of ``arm`` on ``model`` (the bisection's one model, its checkpointing set to the
+    variant's): ``finite``, ``skipped: <site>`` or ``out of memory (...)``."""
     completion = max(v.positions - args.prompt, 1)
     groups = batch(GROUP if v.one else arm.rows, args.prompt, completion, SHAPES[arm.model]["vocab_size"])
     settings = LossSettings(clip_eps=0.2, aggregation="token", grad_clip=1.0, temperature=1.0, pad_id=0,
                             minibatches=1, kl_coef=0.0, micro_batch_tokens=0 if v.one else args.micro_batch_tokens,
                             skip_zero_advantage=True)
-    mode = arm.mode.removesuffix("+ckpt") + ("+ckpt" if v.checkpointing else "")
     cudnn = torch.backends.cuda.cudnn_sdp_enabled()
-    release(device)
-    model = optimizer = None
     try:
         torch.backends.cuda.enable_cudnn_sdp(v.cudnn)
-        model, _ = build(arm.model, mode, device, precision.compute)
-        adamw = functools.partial(torch.optim.AdamW, lr=1e-6, foreach=device.type == "cuda")
-        optimizer = build_optimizer(trainable_parameters(model), adamw, precision)
+        gradient_checkpointing(base_model(model), v.checkpointing)
         with injected(model, args):
             skips = policy_update(model, optimizer, groups, settings, device=device).skipped
         return f"skipped: {skips[0].describe()}" if skips else "finite"
@@ -281,22 +286,44 @@ def run_variant(arm: Arm, v: Variant, args, device: torch.device) -> str:
         return f"out of memory ({str(err).splitlines()[0][:120]})"
     finally:
         torch.backends.cuda.enable_cudnn_sdp(cudnn)
-        del model, optimizer
+        optimizer.zero_grad(set_to_none=True)
         release(device)
 
 
 def bisect(arm: Arm, args, device: torch.device) -> str:
-    """Which variant of a skipped ``arm`` first goes non-finite (:func:`variants`), as a table and a line."""
+    """Which variant of a skipped ``arm`` first goes non-finite (:func:`variants`), as a table and a line.
+
+    One model serves every variant (built once with the arm's weights; checkpointing switched per variant) and its
+    AdamW has learning rate 0, which leaves the weights exactly as built (weight decay is scaled by it too), so each
+    variant sees the arm's own weights. Variants not started within ``--bisect-seconds`` are listed as not run."""
     out = [f"\nbisection of {arm.model} {arm.mode} {arm.precision} {arm.rows} rows (its update was skipped)",
            "| variant | checkpointing | longest row | micro-batches | cuDNN SDPA | result |", "|---" * 6 + "|"]
     first = None
-    for v in variants(arm, args):
-        print(f"  bisect: {v.label}", file=sys.stderr, flush=True)
-        result = run_variant(arm, v, args, device)
-        out.append(f"| {v.label} | {'on' if v.checkpointing else 'off'} | {v.positions} | "
-                   f"{'one' if v.one else 'many'} | {'on' if v.cudnn else 'off'} | {result} |")
-        if first is None and result.startswith("skipped"):
-            first = f"first non-finite: {v.label} -> {result}"
+    precision = resolve_precision(arm.precision, device)
+    release(device)
+    model = optimizer = None
+    t0 = time.perf_counter()
+    try:
+        model, _ = build(arm.model, arm.mode, device, precision.compute)
+        optimizer = build_optimizer(trainable_parameters(model), functools.partial(
+            torch.optim.AdamW, lr=0.0, foreach=device.type == "cuda"), precision)
+        for v in variants(arm, args):
+            if time.perf_counter() - t0 > args.bisect_seconds:
+                result = f"not run (the bisection's cap of {args.bisect_seconds:.0f} s)"
+            else:
+                print(f"  bisect: {v.label}", file=sys.stderr, flush=True)
+                result = run_variant(model, optimizer, arm, v, args, device)
+            out.append(f"| {v.label} | {'on' if v.checkpointing else 'off'} | {v.positions} | "
+                       f"{'one' if v.one else 'many'} | {'on' if v.cudnn else 'off'} | {result} |")
+            if first is None and result.startswith("skipped"):
+                first = f"first non-finite: {v.label} -> {result}"
+    except Exception as err:
+        if not is_alloc_failure(err):
+            raise
+        out.append(f"the bisection's model: out of memory ({str(err).splitlines()[0][:120]})")
+    finally:
+        del model, optimizer
+        release(device)
     out.append(first or "first non-finite: none of the variants (the arm's own batch or seed matters)")
     return "\n".join(out)
 
@@ -306,29 +333,44 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def table(rows: list[dict], device_name: str) -> str:
-    """One row an arm. Tokens a step: the rows' real prompt tokens and their padded completions' (what the passes
-    compute, padding between micro-batches aside). Status: ``ok``, ``out of memory (...)`` or ``skipped: <site>``;
-    a skipped arm shows no time, MFU, peak or estimate."""
-    out = [f"update on {device_name}: policy_update, groups of {GROUP} rollouts of varied length",
-           "| model | weights | precision | rows | tokens a step | status | micro-batches | s / step | tokens / s | "
-           "MFU | peak GiB | reserved GiB | estimate GiB | estimate / peak |", "|---" * 14 + "|"]
-    for r in rows:
-        a = r["arm"]
-        est = f"{r['estimate_gib']:.2f}" if "estimate_gib" in r else ""
-        head = f"| {a.model} | {a.mode} | {a.precision} | {a.rows} | {r['tokens']:,} |"
-        if r.get("oom"):
-            out.append(f"{head} out of memory ({r['oom']}) | | | | | | | {est} | |")
-            continue
-        if r.get("skipped"):
-            out.append(f"{head} skipped: {r['skipped'].describe()} | | | | | | | | |")
-            continue
-        mfu = "" if math.isnan(r["mfu"]) else f"{r['mfu']:.1%}"
-        reserved = "" if math.isnan(r["reserved_gib"]) else f"{r['reserved_gib']:.2f}"
-        out.append(f"{head} ok | {r['micro']} | "
-                   f"{r['step_s']:.2f} | {r['tokens_per_s']:,.0f} | {mfu} | {r['peak_gib']:.3f} | {reserved} | {est} | "
-                   f"{r['estimate_gib'] / max(r['peak_gib'], 1e-9):.2f} |")
-    return "\n".join(out)
+def table_head(device_name: str) -> str:
+    """The update table's title and header (:func:`table_row` prints its rows, one as each arm ends)."""
+    return "\n".join([
+        f"update on {device_name}: policy_update, groups of {GROUP} rollouts of varied length",
+        "| model | weights | precision | rows | tokens a step | padded tokens | status | micro-batches | s / step | "
+        "tokens / s | MFU | MFU on padded | peak GiB | reserved GiB | estimate GiB | estimate / peak |",
+        "|---" * 16 + "|"])
+
+
+def table_row(r: dict) -> str:
+    """One arm's row. Tokens a step: the real prompt and completion tokens the update's passes computed, and the
+    padded tokens beside them (each micro-batch's rows times its longest row: tasks/update/minibatch.py
+    ``PassTokens``); MFU counts the real ones (the padded ones beside it). Status: ``ok``, ``out of memory (...)``
+    or ``skipped: <site>``; a skipped arm shows no time, MFU, peak or estimate."""
+    a = r["arm"]
+    est = f"{r['estimate_gib']:.2f}" if "estimate_gib" in r else ""
+    tokens = f"{r['tokens']:,} | {r['padded']:,}" if "tokens" in r else " | "
+    head = f"| {a.model} | {a.mode} | {a.precision} | {a.rows} | {tokens} |"
+    if r.get("oom"):
+        return f"{head} out of memory ({r['oom']}) | | | | | | | | {est} | |"
+    if r.get("skipped"):
+        return f"{head} skipped: {r['skipped'].describe()} | | | | | | | | | |"
+    pct = ["" if math.isnan(r[k]) else f"{r[k]:.1%}" for k in ("mfu", "mfu_padded")]
+    reserved = "" if math.isnan(r["reserved_gib"]) else f"{r['reserved_gib']:.2f}"
+    return (f"{head} ok | {r['micro']} | {r['step_s']:.2f} | {r['tokens_per_s']:,.0f} | {pct[0]} | {pct[1]} | "
+            f"{r['peak_gib']:.3f} | {reserved} | {est} | {r['estimate_gib'] / max(r['peak_gib'], 1e-9):.2f} |")
+
+
+def verdict(results: list[dict]) -> str:
+    """One line: how many arms ran, were skipped or ran out of memory, and each finished arm's time and MFU."""
+    done = [r for r in results if "step_s" in r]
+    skipped, oom = sum(1 for r in results if r.get("skipped")), sum(1 for r in results if r.get("oom"))
+    arms = "; ".join(f"{r['arm'].model} {r['arm'].mode} {r['arm'].precision} {r['arm'].rows} rows "
+                     f"{r['step_s']:.2f} s a step" + ("" if math.isnan(r["mfu"]) else f", MFU {r['mfu']:.1%}")
+                     for r in done)
+    return (f"verdict: {'FAILS: ' if skipped else ''}{len(done)} of {len(results)} arms finite"
+            + (f", {skipped} skipped" if skipped else "") + (f", {oom} out of memory" if oom else "")
+            + (f" ({arms})" if arms else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-generation", action="store_true", help="only the update's table")
     p.add_argument("--bisect-positions", type=int, default=1024, help="a skipped arm's bisection cuts rows to this "
                    "many positions (prompt + completion) against the arm's own (default 1024)")
+    p.add_argument("--bisect-seconds", type=float, default=90.0, help="a skipped arm's bisection starts no variant "
+                   "after this many seconds (default 90)")
     p.add_argument("--inject-nan", default=None, metavar="MODULE@POSITION[:backward]",
                    help="a NaN in that module's output (or its gradient) at that position of row 0, e.g. "
                    "model.layers.1.mlp@40: the skipped-arm path and its bisection, on purpose")
@@ -372,12 +416,15 @@ def main(argv: list[str] | None = None) -> int:
             if not (m == "7b" and (r > 64 or not mode.endswith("+ckpt")
                                    or (mode.startswith("full") and prec != "bf16-true")))]
     results = []
+    print(table_head(f"{name}, torch {torch.__version__}, micro-batches of {args.micro_batch_tokens} tokens"),
+          flush=True)
     for i, arm in enumerate(arms, 1):
         print(f"[{i}/{len(arms)}] {arm.model} {arm.mode} {arm.precision} {arm.rows} rows", file=sys.stderr,
               flush=True)
         results.append(run_arm(arm, args, device))
-    print(table(results, f"{name}, torch {torch.__version__}, micro-batches of {args.micro_batch_tokens} tokens"))
+        print(table_row(results[-1]), flush=True)  # as the arm ends: a later arm that overruns loses nothing
     failed = [r["arm"] for r in results if r.get("skipped")]
+    print(verdict(results), flush=True)
     for arm in failed:
         print(bisect(arm, args, device), flush=True)
     if not args.no_generation:

@@ -1,29 +1,41 @@
 #!/usr/bin/env bash
-# Every GPU check of the update and the decoder in one call, each part under its own time limit, its output in
-# $OUT (default ./gpu-check) and a one-line verdict per part at the end. Prepared and run on the CPU first
-# (`CHECK_DEVICE=cpu bash infra/gpu-check.sh` runs each part's CPU twin), so that a GPU call spends its time on
-# what only a GPU shows:
+# Every GPU check of rlsift in one call that keeps its limits: each part under its own budget, killed (with every
+# process it started) a grace period after it, its output in $OUT/<part>.log (default ./gpu-check) and its verdict
+# line appended to $OUT/verdicts.txt the moment it ends, so what was measured survives whatever comes after.
+# Prepared and run on the CPU first (`CHECK_DEVICE=cpu bash infra/gpu-check.sh` runs each part's CPU twin at small
+# shapes), so that a GPU call spends its time on what only a GPU shows. Budgets on one H200 (s; the CPU twin's on
+# 2 cores in brackets); limits sum to 450 s, 480 s with every part's grace:
 #
-#   attention   infra/attention-check.py: does the cuDNN SDPA backward return NaN at the training layout of
-#               earlier releases (explicit mask, padded length 64 mod 128), and is the mask-free layout clean?
-#   update      infra/gpu-bench.py at the shape users train (random Qwen2.5-1.5B, 64 prompts x 8 rollouts,
-#               completions to 1,024 tokens, 8,192-token micro-batches, bf16-mixed), full weights and LoRA, both
-#               with activation checkpointing: s / step, MFU, peak against the memory check's estimate; an arm
-#               whose update is skipped fails and is bisected by itself.
-#   lora        infra/lora-speed.py --target 1.3: LoRA against full weights on the same batch, steps interleaved.
-#   decode      infra/gpu_bench_generation.py: the decoder's first call at 256 rows, a profile of one decode step
-#               by part, and 512 rows x 256 new tokens against the card's floor.
-#   smoke       `flows.cli run -c conf/smoke.yaml model.device=cuda`: the tiny default's stages, timed.
+#   attention  30 (60)  infra/attention-check.py: does the cuDNN SDPA backward return NaN at the training layout of
+#                       earlier releases (explicit mask, padded length 64 mod 128), and is the mask-free layout clean?
+#   update    140 (150) infra/gpu-bench.py at the shape users train (random Qwen2.5-1.5B, 64 prompts x 8 rollouts,
+#                       completions to 1,024 tokens, 8,192-token micro-batches, bf16-mixed), full weights and LoRA,
+#                       both with activation checkpointing: s / step, MFU on the tokens the passes computed (real,
+#                       padded beside), peak against the memory check's estimate; each arm's row printed as it ends;
+#                       an arm whose update is skipped fails and is bisected (one model, at most 30 s).
+#   learning   80 (200) infra/learning-check.py: 6 steps at lr 3e-5 on a fixed batch (64 rows to 1,152 tokens),
+#                       random weights and weights with Qwen2.5-like massive activations: loss and gradient norm each
+#                       step, finite, the loss falling; bf16 against float32 gradients beside plain transformers'.
+#   lora       50 (90)  infra/lora-speed.py --target 1.2: LoRA against full weights on the same batch (128 rows),
+#                       steps interleaved; exit 1 below 1.2x.
+#   decode     60 (90)  infra/gpu_bench_generation.py: the decoder's first call at 256 rows, a profile of one decode
+#                       step by part, and 512 rows x 256 new tokens against the card's floor.
+#   pipeline   90 (240) infra/pipeline-check.py: `rlsift run -c conf/smoke.yaml model.device=cuda`, the tiny default
+#                       end to end: its stages timed, held-out accuracy required to rise.
 #
 # Usage: bash infra/gpu-check.sh [PART ...]          (default: every part, in the order above)
-#   CHECK_DEVICE=cuda|cpu   (default cuda)       OUT=./gpu-check       PY=python3
-# On the offline GPU host, pack the pure-Python packages first (../shared/tools/gpu-bundle.sh writes
-# .gpu/site.tar.xz): this script unpacks it when it is there.
+#   CHECK_DEVICE=cuda|cpu   (default cuda)    OUT=./gpu-check    PY=python3    GRACE=5 (s between SIGTERM and SIGKILL)
+#   LIMIT_<part>=S          a part's limit in seconds instead of its budget
+#   CHECK_HANG=<part>       that part hangs on purpose (ignores SIGTERM, leaves a child in a session of its own):
+#                           the check of the limits themselves (tests/test_gpu_check.py)
+# Exit status: 0 when every part passed, else 1. On the offline GPU host, pack the pure-Python packages first
+# (../shared/tools/gpu-bundle.sh writes .gpu/site.tar.xz): this script unpacks it when it is there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 OUT=${OUT:-./gpu-check}
 DEVICE=${CHECK_DEVICE:-cuda}
+GRACE=${GRACE:-5}
 mkdir -p "$OUT"
 if [ -f .gpu/site.tar.xz ] && [ ! -d /tmp/rlsift-site ]; then
   mkdir -p /tmp/rlsift-site && tar -xJf .gpu/site.tar.xz -C /tmp/rlsift-site
@@ -32,43 +44,101 @@ fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PREFECT_UI_ENABLED=false PREFECT_HOME=${PREFECT_HOME:-/tmp/rlsift-prefect} \
   HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 PARTS=("$@")
-[ ${#PARTS[@]} -eq 0 ] && PARTS=(attention update lora decode smoke)
+[ ${#PARTS[@]} -eq 0 ] && PARTS=(attention update learning lora decode pipeline)
 
+declare -A BUDGET
 if [ "$DEVICE" = cuda ]; then
+  BUDGET=([attention]=30 [update]=140 [learning]=80 [lora]=50 [decode]=60 [pipeline]=90)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/card.txt"
-  TOY=()
-  UPDATE=(--no-generation --models 1.5b --modes full+ckpt lora+ckpt --rows 512)
-  LORA=(--target 1.3)
-  SMOKE=(model.device=cuda)
+  ATTENTION=()
+  UPDATE=(--no-generation --models 1.5b --modes full+ckpt lora+ckpt --rows 512 --bisect-seconds 30)
+  LEARNING=()
+  LORA=(--rows 128 --target 1.2)
+  DECODE=()
+  PIPELINE=(--device cuda)
 else
-  TOY=(--toy)
-  UPDATE=(--toy --no-generation)
-  LORA=(--model cpu --rows 8 --completion 256 --micro-batch-tokens 4096)
-  SMOKE=(train.steps=4 eval.every=2)
+  BUDGET=([attention]=60 [update]=150 [learning]=200 [lora]=90 [decode]=90 [pipeline]=240)
+  ATTENTION=(--toy)
+  UPDATE=(--toy --no-generation --modes full+ckpt lora+ckpt --rows 16 --bisect-seconds 30)
+  LEARNING=(--toy --rows 8 --compare-rows 8 --steps 5)
+  LORA=(--model toy --rows 8 --completion 64 --micro-batch-tokens 1024)
+  DECODE=(--rows 4 8 --new 4)
+  PIPELINE=(--device cpu train.steps=8 eval.every=4 eval.limit=100)
 fi
 "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'transformers', transformers.__version__)" | tee -a "$OUT/card.txt"
 
-declare -A VERDICT
-run_part() {  # NAME LIMIT_S COMMAND...: the command's output in $OUT/NAME.log, its exit status as the verdict
-  local name=$1 limit=$2
-  shift 2
-  echo "== $name (at most ${limit} s): $*"
-  local t0=$SECONDS
-  timeout "$limit" "$@" > >(tee "$OUT/$name.log") 2>&1
-  local rc=$?
-  VERDICT[$name]="exit $rc in $((SECONDS - t0)) s$([ $rc -eq 124 ] && echo ' (timed out)')"
+# A part that hangs on purpose: it ignores SIGTERM (as Prefect's events client did, retrying a closed server) and
+# leaves a child in a session of its own, which no process-group signal reaches.
+HANG='import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(86400)"], start_new_session=True)
+print("hanging on purpose", flush=True)
+time.sleep(86400)'
+
+reap() {  # TAG: SIGKILL every process whose environment still carries the part's tag; prints how many there were
+  local pids
+  pids=$(grep -lsz "^RLSIFT_CHECK_TAG=$1\$" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | grep -vx "$$")
+  [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
+  echo "$pids" | grep -c .
 }
 
+CURRENT=""
+stop_current() {  # on Ctrl-C or SIGTERM of the check: the running part's group and its tagged processes go too
+  [ -n "$CURRENT" ] && { kill -KILL -- "-${CURRENT%%:*}" 2>/dev/null; reap "${CURRENT#*:}" >/dev/null; }
+  echo "gpu-check: interrupted" | tee -a "$OUT/verdicts.txt"
+  exit 130
+}
+trap stop_current INT TERM
+
+FAILED=0
+run_part() {  # NAME COMMAND...: the command under the part's limit, in a session of its own (timeout signals its
+              # group), SIGKILL GRACE s after SIGTERM, then whatever still carries its tag; the verdict line at once
+  local name=$1
+  shift
+  local var="LIMIT_$name"
+  local limit=${!var:-${BUDGET[$name]}}
+  local log="$OUT/$name.log" tag="rlsift-check-$$-$name"
+  [ "${CHECK_HANG:-}" = "$name" ] && set -- "$PY" -c "$HANG"
+  echo "== $name (budget ${limit} s, killed ${GRACE} s after): $*"
+  local t0=$SECONDS
+  RLSIFT_CHECK_TAG=$tag setsid -w timeout -k "$GRACE" "$limit" "$@" >"$log" 2>&1 </dev/null &
+  local pid=$!
+  CURRENT="$pid:$tag"
+  tail -n +1 -f --pid="$pid" "$log" 2>/dev/null &
+  local tailer=$!
+  wait "$pid" 2>/dev/null
+  local rc=$?
+  kill -KILL -- "-$pid" 2>/dev/null  # the part's group: what timeout's signals reached, should any remain
+  local stray
+  stray=$(reap "$tag")
+  CURRENT=""
+  wait "$tailer" 2>/dev/null
+  local took=$((SECONDS - t0)) status
+  case $rc in
+    0) status="ok" ;;
+    124 | 137) status="KILLED at its limit" ;;
+    *) status="FAILED (exit $rc)" ;;
+  esac
+  [ "$rc" -ne 0 ] && FAILED=1
+  local said
+  said=$(grep -a '^verdict:' "$log" | tail -n 1 | sed 's/^verdict: *//')
+  [ -z "$said" ] && said=$(grep -av '^\s*$' "$log" | tail -n 1 | cut -c1-300)
+  local line="$name: $status in ${took} s of ${limit} s"
+  [ "$stray" -gt 0 ] && line+=" ($stray stray process$([ "$stray" -gt 1 ] && echo es) killed)"
+  echo "$line: $said" | tee -a "$OUT/verdicts.txt"
+}
+
+echo "== gpu-check on $DEVICE, $(date -u +%FT%TZ)" | tee -a "$OUT/verdicts.txt"
 for part in "${PARTS[@]}"; do
   case $part in
-    attention) run_part attention 120 "$PY" infra/attention-check.py "${TOY[@]}" ;;
-    update) run_part update 240 "$PY" infra/gpu-bench.py "${UPDATE[@]}" ;;
-    lora) run_part lora 180 "$PY" infra/lora-speed.py "${LORA[@]}" ;;
-    decode) run_part decode 180 "$PY" infra/gpu_bench_generation.py ;;
-    smoke) run_part smoke 120 "$PY" -m flows.cli run -c conf/smoke.yaml paths.root="$OUT/runs" "${SMOKE[@]}" ;;
-    *) echo "unknown part $part (attention, update, lora, decode, smoke)" >&2; exit 2 ;;
+    attention) run_part attention "$PY" infra/attention-check.py "${ATTENTION[@]}" ;;
+    update) run_part update "$PY" infra/gpu-bench.py "${UPDATE[@]}" ;;
+    learning) run_part learning "$PY" infra/learning-check.py "${LEARNING[@]}" ;;
+    lora) run_part lora "$PY" infra/lora-speed.py "${LORA[@]}" ;;
+    decode) run_part decode "$PY" infra/gpu_bench_generation.py "${DECODE[@]}" ;;
+    pipeline) run_part pipeline "$PY" infra/pipeline-check.py --root "$OUT/runs" "${PIPELINE[@]}" ;;
+    *) echo "unknown part $part (attention, update, learning, lora, decode, pipeline)" >&2; exit 2 ;;
   esac
 done
-echo "== verdicts ($DEVICE)"
-for part in "${PARTS[@]}"; do echo "$part: ${VERDICT[$part]}"; done | tee "$OUT/verdicts.txt"
+exit $FAILED

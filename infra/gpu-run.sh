@@ -59,6 +59,7 @@ from rlcore.advantages import group_advantages
 from rlcore.types import RolloutGroup
 from tasks.model.loading import format_prompt, load_policy
 from tasks.generation.rollout import HFEngine
+from tasks.model.attention import guard_attention
 from tasks.run import resolve_device
 from tasks.update.policy_update import policy_update
 from tasks.update.updater import LossSettings
@@ -66,6 +67,7 @@ from tasks.update.precision import build_optimizer, resolve_precision
 
 summary = json.loads(Path(sys.argv[1]).read_text())
 device = resolve_device(os.environ["DEVICE"])
+guard_attention(device)  # the run's kernel choice: cuDNN SDPA off on CUDA
 precision = resolve_precision(os.environ["PRECISION"], device)
 dtype = precision.compute
 B, n, L, steps = (int(os.environ.get(k, d)) for k, d in

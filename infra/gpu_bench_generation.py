@@ -39,6 +39,7 @@ from infra.decode_reference import decode_reference
 from rlcore.types import RolloutGroup
 from tasks.generation.decode import DecodeOptions, Decoder
 from tasks.generation.sampling import Sampling
+from tasks.model.attention import guard_attention
 from tasks.model.forward import token_logprobs
 from tasks.update.loss import mismatch_metrics
 from tasks.update.policy_update import policy_update
@@ -164,6 +165,7 @@ def _sampler_worker(shape: dict, dtype, device: str, rows: int, new: int, repeat
     """The second process: its own model of the same shape on the same device, ``repeats`` draws."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    guard_attention(device)  # a process of its own: the flags are per process
     with torch.device(device):
         model = Qwen2ForCausalLM(Qwen2Config(**shape)).to(dtype).eval()
     draw(model, rows, 8, device)  # warm
@@ -435,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
+    print(guard_attention(device).line())  # the run's kernel choice: cuDNN SDPA off on CUDA
     shape = args.shape or ("1.5b" if cuda else "toy")
     first_rows, profile_rows = args.rows or ((256, 512) if cuda else (16, 32))
     new = args.new or (256 if cuda else 8)

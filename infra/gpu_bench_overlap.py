@@ -41,7 +41,10 @@ def _sampler(shape: dict, dtype, device: str, rows: int, new: int, repeats: int,
     import gpu_bench_generation as gen
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from tasks.model.attention import guard_attention
+
     try:
+        guard_attention(device)  # a process of its own: the flags are per process
         with torch.device(device):
             model = Qwen2ForCausalLM(Qwen2Config(**shape)).to(dtype).eval()
         gen.draw(model, rows, 8, device)  # warm

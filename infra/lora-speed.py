@@ -38,6 +38,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 import torch  # noqa: E402
 
+from tasks.model.attention import guard_attention  # noqa: E402
 from tasks.model.lora import trainable_parameters  # noqa: E402
 from tasks.update.policy_update import LossSettings, policy_update  # noqa: E402
 from tasks.update.precision import PRECISIONS, build_optimizer, resolve_precision  # noqa: E402
@@ -174,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     gpu = torch.cuda.is_available()
     device = torch.device("cuda" if gpu else "cpu")
+    print(guard_attention(device).line())  # the run's kernel choice: cuDNN SDPA off on CUDA
     args.model = args.model or ("1.5b" if gpu else "cpu")
     args.rows = args.rows or (512 if gpu else 16)
     args.completion = args.completion or (1024 if gpu else 512)
@@ -212,8 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {a.mode} | {tokens:,.0f} | {int(a.stats['train/micro_batches'])} | {seconds[a.mode]:.3f} | "
               f"{tokens / seconds[a.mode]:,.0f} |")
     ratio = seconds[modes[0]] / seconds[modes[1]]
-    print(f"{modes[0]} / {modes[1]} seconds a step: {ratio:.2f}x")
-    return 1 if args.target is not None and ratio < args.target else 0
+    below = args.target is not None and ratio < args.target
+    print(f"verdict: {'FAILS: ' if below else ''}{modes[0]} / {modes[1]} seconds a step: {ratio:.2f}x" +
+          (f" ({'below' if below else 'at least'} the target {args.target:.2f}x)" if args.target is not None else ""))
+    return 1 if below else 0
 
 
 if __name__ == "__main__":

@@ -14,12 +14,14 @@ import sys
 import torch
 
 from tasks.config.load import validate
+from tasks.model.attention import guard_attention
 from tasks.update.backend import build_updater
 from tests.policies import policy_of
 from tests.tasks import dist_update_helper as h
 
 
 def run(precision: str, micro: int, hook: bool = False, steps: int = 10, lr: float = 1e-6):
+    guard_attention("cpu")  # the run's kernel choice (nothing to turn off on a CPU)
     model = h.tiny_model()
     start = [p.detach().clone() for p in model.parameters()]
     batch = h.make_batch(model)

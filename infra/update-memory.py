@@ -36,11 +36,13 @@ def one(arm: str, hidden: int, layers: int) -> dict:
 
     from rlcore.types import RolloutGroup
     from tasks.config import LoraConfig
+    from tasks.model.attention import guard_attention
     from tasks.model.lora import apply_lora, base_model, trainable_parameters
     from tasks.update.policy_update import gradient_checkpointing, policy_update
     from tasks.update.updater import LossSettings
 
     torch.set_num_threads(2)
+    guard_attention("cpu")  # the run's kernel choice (nothing to turn off on a CPU)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=400, hidden_size=hidden, intermediate_size=4 * hidden,
                                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,

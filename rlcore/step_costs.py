@@ -123,7 +123,9 @@ class UnitCosts:
     (embed) one pool prompt before training; ``levels``: (level, completion tokens, prompt tokens), the mean lengths
     of a rollout of each level's prompts the probe drew (a draw that favours some levels has their lengths);
     ``completion_lengths``: (level, the completion tokens of each rollout of that level's prompts the probe drew),
-    from which :meth:`longest` predicts a call's decode steps."""
+    from which :meth:`longest` predicts a call's decode steps; ``untrusted``: the estimates the probe cannot
+    trust, one line each saying which and why (a timing whose repeats never agreed, a decode step's cost that the
+    fit could not tell from a token's), logged and shown with the plan; empty when it trusts them all."""
 
     generate: CallCost
     update: CallCost
@@ -135,8 +137,10 @@ class UnitCosts:
     score_s: float = 0.0
     levels: tuple[tuple, ...] = ()
     completion_lengths: tuple[tuple, ...] = ()
+    untrusted: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "untrusted", tuple(str(x) for x in self.untrusted))
         object.__setattr__(self, "levels", tuple((lv, float(c), float(p)) for lv, c, p in self.levels))
         object.__setattr__(self, "completion_lengths",
                            tuple((lv, tuple(int(x) for x in xs)) for lv, xs in self.completion_lengths))

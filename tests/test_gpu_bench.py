@@ -61,6 +61,9 @@ def test_the_gpu_check_runs_on_the_cpu_and_imports_only_what_a_gpu_machine_has()
     rows = [dict(zip(names, (c.strip() for c in line.strip("|").split("|")), strict=True)) for line in table]
     for r in rows:
         assert "out of memory" not in r["s / step"] and float(r["tokens / s"].replace(",", "")) > 0
+        # the tokens the passes computed: real ones, and the padded ones beside them (tests/tasks/test_micro_batch.py
+        # holds the count to a hand count)
+        assert 0 < int(r["tokens a step"].replace(",", "")) <= int(r["padded tokens"].replace(",", ""))
         # the estimate (tasks/update/memory_check.py) is not below the measured peak (the process's, less the resident
         # set before the arm). Not asserted for bf16 on a CPU: oneDNN's bf16 kernels keep reordered copies and caches
         # per shape that CUDA does not have (docs/performance.md); the default `--toy` run holds there too. The

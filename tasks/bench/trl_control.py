@@ -17,6 +17,8 @@ arm that is not our code. What it shares with our runs:
   active tokens), sequence -> ``"grpo"``; ``train.scale_std`` -> ``scale_rewards="group"`` else ``"none"``
   (Dr.-GRPO); clip ``epsilon``, ``beta`` = ``train.kl_coef``; AdamW with the same lr, betas, weight decay,
   gradient clipping and a constant learning rate (TRL's default is a linear decay; ours has no schedule).
+- **Attention kernels**: the runs' (``tasks.model.attention.guard_attention``: cuDNN SDPA off on CUDA), which
+  matters more here: TRL's passes carry a padding mask, pytorch/pytorch#196678's trigger.
 - **Evaluation**: :class:`EvalClock` runs the project's ``tasks.evaluation.heldout.evaluate`` (greedy, HFEngine) on
   the same held-out prompts at step 0, every ``eval.every`` steps and at the last step, and keeps the clock
   like our runs do: training wall-clock excludes evaluation.
@@ -46,6 +48,7 @@ from tasks.data.prompts import PromptRecord
 from tasks.data.rewards import batch_rewards
 from tasks.evaluation.heldout import EvalResult, evaluate
 from tasks.generation.rollout import HFEngine
+from tasks.model.attention import guard_attention
 from tasks.model.loading import add_special, format_prompt, load_policy
 from tasks.policy import Policy
 from tasks.records.cost import CostMeter
@@ -207,6 +210,7 @@ def run_trl_control(cfg: Config, policy_path: str | Path, train: list[PromptReco
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     device = resolve_device(cfg.model.device)
+    guard_attention(device)  # the runs' kernel choice: TRL's masked passes are pytorch#196678's trigger on CUDA
     precision = resolve_precision(cfg.model.precision, device)
     if cfg.model.threads:
         torch.set_num_threads(cfg.model.threads)

@@ -180,15 +180,19 @@ class Plan:
         return out
 
     def summary(self) -> str:
-        """The pool and the costs in one line."""
+        """The pool and the costs in one line, and the estimates the probe cannot trust, where there are any
+        (``UnitCosts.untrusted``). A cost the probe could not measure is said so, never shown as 0.0 ms."""
         c, s, fx = self.costs, self.shares, self.costs.fixed
-        return (f"pool at g={self.g}: {s['mixed']:.0%} mixed, {s['solved']:.0%} solved, {s['unsolved']:.0%} unsolved; "
-                f"a generated token {_per_token(c.generate)}, a decode step {1e3 * c.generate.step_s:.1f} ms "
-                f"whatever its rows; an updated one {_per_token(c.update)}; "
-                f"a step's fixed costs: optimizer step {1e3 * fx.optimizer_s:.1f} ms, bookkeeping "
-                f"{1e3 * fx.step_s:.1f} ms; a round's: checkpoint {1e3 * fx.round_s:.0f} ms, DOTS's predictor "
-                f"{1e3 * fx.fit_s:.0f} ms; {c.completion_tokens:.0f} completion and {c.prompt_tokens:.0f} prompt "
-                "tokens a rollout")
+        step = (f"a decode step {_ms(c.generate.step_s)} whatever its rows" if c.generate.step_s > 0 else
+                "a decode step's cost not told apart from a token's")
+        out = (f"pool at g={self.g}: {s['mixed']:.0%} mixed, {s['solved']:.0%} solved, {s['unsolved']:.0%} "
+               f"unsolved; a generated token {_per_token(c.generate)}, {step}; an updated one {_per_token(c.update)}; "
+               f"a step's fixed costs: optimizer step {_ms(fx.optimizer_s)}, bookkeeping {_ms(fx.step_s)}; a "
+               f"round's: checkpoint {_ms(fx.round_s)}, DOTS's predictor {_ms(fx.fit_s)}; "
+               f"{c.completion_tokens:.0f} completion and {c.prompt_tokens:.0f} prompt tokens a rollout")
+        if c.untrusted:
+            out += f". Estimates the probe cannot trust: {'; '.join(c.untrusted)}"
+        return out
 
     def line(self) -> str:
         """The choice, why and its predicted clock in one line (what the terminal shows), each figure once: the
@@ -269,6 +273,14 @@ def _per_token(cost: CallCost) -> str:
     trend = ("falls with the batch" if large < (1 - FLAT) * small else
              f"flat: within {FLAT:.0%} at any batch")
     return f"{1e6 * small:.0f} us in a call of {lo:.0f} tokens, {1e6 * large:.0f} us in one of {hi:.0f} ({trend})"
+
+
+def _ms(seconds: float) -> str:
+    """``seconds`` in milliseconds with the digits a small one needs (``-`` for a cost not measured: 0)."""
+    if seconds <= 0:
+        return "-"
+    ms = 1e3 * seconds
+    return f"{ms:.0f} ms" if ms >= 100 else f"{ms:.1f} ms" if ms >= 1 else f"{ms:.3g} ms"
 
 
 #: A token's cost that moves less than this between the probe's smallest and largest calls is called flat.

@@ -13,7 +13,9 @@ rlcore/plan.py predicts each candidate's clock from these measurements (:class:`
   rows, ``rlcore.plan.update_rows``), as the training step runs it: the run's ``policy_update`` through an updater
   of the probe's own at learning rate 0 (AdamW then leaves the weights exactly as they are) on the generated
   rollouts with rewards that alternate 1, 0, ... so that every row is computed. The optimizer step (gradient
-  clipping and AdamW over the trainable parameters) is timed alone and taken out of each timing; then a round's
+  clipping and AdamW over the trainable parameters) is timed alone, with a gradient on every trainable parameter
+  as after a step's backward passes (given before each timed call, untimed: under bf16-mixed the update's own step
+  has moved its gradients into the float32 masters and freed them), and taken out of each timing; then a round's
   checkpoint of the weights and that optimizer's state is written to a scratch folder.
 - **The screen's teacher-forced pass** (where a candidate screens) at its candidates' count and half of it.
 - **A step's bookkeeping**: the draw over the pool, a step's selection and group rows written to a scratch ledger
@@ -23,6 +25,10 @@ rlcore/plan.py predicts each candidate's clock from these measurements (:class:`
   calibration's pass rates on their embeddings, fitted for ``select.predictor.fit_steps`` and asked for the
   pool's predictions, as a round does.
 
+Every timing is repeated until it holds still (tasks/plan/timing.py: the median of the last few samples once they
+agree, a cap on samples and seconds); one that never agrees, and a decode step's cost that the two generate calls
+cannot tell from a token's, are listed in ``UnitCosts.untrusted``, logged, and shown with the plan (never a 0.0 ms).
+
 Deviations: the probe times the single-process update without activation checkpointing (sharded backends and
 ``train.gradient_checkpointing`` change it); the predictor is timed with the first DOTS candidate's settings.
 """
@@ -30,6 +36,7 @@ Deviations: the probe times the single-process update without activation checkpo
 from __future__ import annotations
 
 import json
+import logging
 import math
 import statistics
 import tempfile
@@ -50,6 +57,7 @@ from tasks.calibration.reference import rollout_rewards
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.generation.rollout import Generation
+from tasks.plan.timing import CHEAP, COSTLY, Timing, time_until_stable
 from tasks.policy import Policy
 from tasks.records.files import atomic_write
 from tasks.records.ledger import GroupRow, Ledger, SelectionRow
@@ -62,10 +70,24 @@ from tasks.update.policy_update import LocalUpdater
 from tasks.update.precision import resolve_precision
 from tasks.update.updater import LossSettings
 
+log = logging.getLogger(__name__)
+
 #: Values a training step logs (tasks/training/loop.py; 78-84 on the embedded task): the probe's metrics line.
 STEP_METRICS = 80
-#: Timed repeats of the small fixed costs (the optimizer step, the bookkeeping); the median is kept.
-REPEATS = 3
+
+
+class _Untrusted(list):
+    """The probe's notes on the estimates it cannot trust (``UnitCosts.untrusted``)."""
+
+    def timed(self, work, rule, what: str, **kw) -> tuple[float, object]:
+        """:func:`~tasks.plan.timing.time_until_stable`'s seconds and result; its note kept when not stable."""
+        timing, out = time_until_stable(work, rule, what, **kw)
+        self.note(timing)
+        return timing.seconds, out
+
+    def note(self, timing: Timing) -> None:
+        if not timing.stable:
+            self.append(timing.note)
 
 
 @dataclass(frozen=True)
@@ -90,32 +112,42 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, dev
     """The unit and fixed costs of a step (module docstring), timed with ``cfg``'s rollouts and update. ``say``
     hears each probe as it starts (tasks/records/progress.py: the plan's progress lines)."""
     rc = cfg.rollout
+    untrusted = _Untrusted()
     small, large = _generation_sizes(inputs.comps, rc.n)
     records = inputs.records
     say(f"probe: generation, calls of {small} and {large} prompts x {rc.n} rollouts")
     rollout_rewards(policy, records[:1], rc.n, seed)  # warm-up: first-call costs are not a token's
     batches = [_cycle(records, k) for k in (small, large)]
-    draws = [_timed(lambda b=b: rollout_rewards(policy, b, rc.n, seed)[0]) for b in batches]
+    draws = []  # (the call's rollouts, its seconds)
+    for b in batches:
+        seconds, gen = untrusted.timed(lambda b=b: rollout_rewards(policy, b, rc.n, seed)[0], COSTLY,
+                                       f"a generate call of {len(b)} prompts")
+        draws.append((gen, seconds))
     generate = CallCost.fit([g.tokens for g, _ in draws], [s for _, s in draws],
                             steps=[int(g.completion_mask.sum(1).max()) for g, _ in draws])
+    if generate.step_s <= 0:
+        untrusted.append("a decode step: the two generate calls do not tell its cost from a token's (the fit "
+                         "charges every token alike)")
     (completion, prompt), by_level, lengths = _lengths([(b, g) for b, (g, _) in zip(batches, draws, strict=True)])
     groups = [g for gen, _ in draws for g in probe_groups(gen)]
     sizes = _update_sizes(inputs.comps, inputs.stats, rc.n, len(groups))
     say(f"probe: the update of {sizes[0]} and {sizes[1]} groups, the optimizer step, a round's checkpoint")
-    update, optimizer_s, round_s = _probe_update(policy, groups, sizes, cfg, device, inputs.scratch)
+    update, optimizer_s, round_s = _probe_update(policy, groups, sizes, cfg, device, inputs.scratch, untrusted)
     if any(c.screen > 1 for c in inputs.comps):
         say("probe: the screen's teacher-forced pass")
-    forward, solution_tokens = _probe_screen(policy, records, cfg, inputs.comps, device)
+    forward, solution_tokens = _probe_screen(policy, records, cfg, inputs.comps, device, untrusted)
     if any(c.scored or c.predictor for c in inputs.comps):
         say("probe: scoring a batch of the pool" + (", DOTS's predictor" if inputs.dots is not None else ""))
-    score_s, fit_s = _probe_scoring(policy, cfg, inputs, seed, device)
+    score_s, fit_s = _probe_scoring(policy, cfg, inputs, seed, device, untrusted)
     say("probe: a step's bookkeeping (its ledger rows and metrics line)")
     fixed = FixedCosts(optimizer_s=optimizer_s, step_s=_probe_bookkeeping(records, cfg, len(inputs.pool),
-                                                                          inputs.scratch),
+                                                                          inputs.scratch, untrusted),
                        round_s=round_s, fit_s=fit_s)
+    for note in untrusted:
+        log.warning("plan probe: an estimate it cannot trust: %s", note)
     return UnitCosts(generate=generate, update=update, forward=forward, completion_tokens=completion,
                      prompt_tokens=prompt, solution_tokens=solution_tokens, fixed=fixed, score_s=score_s,
-                     levels=by_level, completion_lengths=lengths)
+                     levels=by_level, completion_lengths=lengths, untrusted=tuple(untrusted))
 
 
 def _lengths(draws: list[tuple[list[PromptRecord], Generation]]
@@ -131,12 +163,6 @@ def _lengths(draws: list[tuple[list[PromptRecord], Generation]]
     levels = dict.fromkeys(lv for lv, _, _ in rows)
     return (mean(rows), tuple((lv, *mean([r for r in rows if r[0] == lv])) for lv in levels),
             tuple((lv, tuple(c for x, c, _ in rows if x == lv)) for lv in levels))
-
-
-def _timed(work):
-    t0 = time.perf_counter()
-    out = work()
-    return out, time.perf_counter() - t0
 
 
 def _cycle(records: list[PromptRecord], k: int) -> list[PromptRecord]:
@@ -181,7 +207,8 @@ def probe_groups(gen: Generation) -> list[RolloutGroup]:
 
 
 def _probe_update(policy: Policy, groups: list[RolloutGroup], sizes: tuple[int, int], cfg: Config,
-                  device: torch.device | str, scratch: Path | None) -> tuple[CallCost, float, float]:
+                  device: torch.device | str, scratch: Path | None,
+                  untrusted: _Untrusted) -> tuple[CallCost, float, float]:
     """The update's passes as a :class:`CallCost` (an update of the first ``sizes`` of ``groups``, each timed less
     the optimizer step), the optimizer step and a round's checkpoint, in seconds (module docstring)."""
     tc, model = cfg.train, policy.model
@@ -193,16 +220,18 @@ def _probe_update(policy: Policy, groups: list[RolloutGroup], sizes: tuple[int, 
                            precision=resolve_precision(cfg.model.precision, torch.device(device)))  # the run's step
     try:
         def update(gs: list[RolloutGroup]) -> tuple[float, float]:
-            result, seconds = _timed(lambda: updater.step(gs))
+            seconds, result = untrusted.timed(lambda: updater.step(gs), COSTLY, f"an update of {len(gs)} groups")
             return result.metrics["train/update_tokens"], seconds
 
-        update(groups[:1])  # warm-up: the first backward allocates, the first AdamW step makes its state
+        updater.step(groups[:1])  # warm-up: the first backward allocates, the first AdamW step makes its state
         points = [update(groups[:k]) for k in sizes]
-        optimizer_s = statistics.median(_timed(lambda: optimizer_step(model, updater.optimizer, tc.grad_clip))[1]
-                                        for _ in range(REPEATS))  # on the gradients the last update left
+        timing = time_optimizer_step(model, updater.optimizer, policy.trainable_parameters(), tc.grad_clip)
+        untrusted.note(timing)
+        optimizer_s = timing.seconds
         with tempfile.TemporaryDirectory(prefix="rlsift-probe-", dir=scratch) as tmp:
             state = {"model": policy.checkpoint_state(), "optimizer": updater.state_dict()}
-            round_s = _timed(lambda: atomic_write(Path(tmp) / "checkpoint.pt", lambda f: torch.save(state, f)))[1]
+            round_s = untrusted.timed(lambda: atomic_write(Path(tmp) / "checkpoint.pt", lambda f: torch.save(
+                state, f)), COSTLY, "a round's checkpoint")[0]
     finally:
         model.zero_grad(set_to_none=True)
         model.train(was_training)
@@ -210,8 +239,28 @@ def _probe_update(policy: Policy, groups: list[RolloutGroup], sizes: tuple[int, 
     return passes, optimizer_s, round_s
 
 
+def time_optimizer_step(model: torch.nn.Module, optimizer, params, grad_clip: float,
+                        clock: Callable[[], float] = time.perf_counter) -> Timing:
+    """Seconds of one optimizer step (:func:`tasks.update.distributed.optimizer_step`: clipping and AdamW) with a
+    gradient on each of ``params`` that needs one, as after a step's backward passes: given before each timed call,
+    untimed, in the parameter's own dtype (bf16-mixed's step then moves it into the float32 master as a real step
+    does, and frees it). Repeated until stable on ``clock`` (tasks/plan/timing.py)."""
+    params = [p for p in params if p.requires_grad]
+
+    def gradients() -> None:
+        for p in params:
+            p.grad = torch.full_like(p, 1e-4)
+
+    try:
+        return time_until_stable(lambda: optimizer_step(model, optimizer, grad_clip), CHEAP, "the optimizer step",
+                                 clock=clock, before=gradients)[0]
+    finally:
+        for p in params:
+            p.grad = None
+
+
 def _probe_screen(policy: Policy, records: list[PromptRecord], cfg: Config, comps: Sequence[Composition],
-                  device: torch.device | str) -> tuple[CallCost, float]:
+                  device: torch.device | str, untrusted: _Untrusted) -> tuple[CallCost, float]:
     """The screen's pass at the largest candidate count a candidate screens and half of it, and the mean worked
     solution's tokens (0 where a prompt has none)."""
     if not all(r.solution for r in records):
@@ -230,11 +279,12 @@ def _probe_screen(policy: Policy, records: list[PromptRecord], cfg: Config, comp
         batch = _cycle(records, k)
         prompts = [len(ids) for ids in tok(policy.prompts(batch))["input_ids"]]
         points.append((sum(prompts) + sum(solution[i % len(records)] for i in range(k)),
-                       _timed(lambda b=batch: likelihood(b))[1]))
+                       untrusted.timed(lambda b=batch: likelihood(b), COSTLY, f"the screen's pass of {k} prompts")[0]))
     return CallCost.fit([t for t, _ in points], [s for _, s in points]), statistics.fmean(solution)
 
 
-def _probe_bookkeeping(records: list[PromptRecord], cfg: Config, pool_size: int, scratch: Path | None) -> float:
+def _probe_bookkeeping(records: list[PromptRecord], cfg: Config, pool_size: int, scratch: Path | None,
+                       untrusted: _Untrusted) -> float:
     """Seconds of a step's bookkeeping (module docstring): the draw, the ledger's rows, the metrics line."""
     b = cfg.train.prompts_per_step
     ids = [r.id for r in _cycle(records, b)]
@@ -247,22 +297,23 @@ def _probe_bookkeeping(records: list[PromptRecord], cfg: Config, pool_size: int,
             Ledger(Path(tmp) / "ledger.duckdb") as ledger:
         outbox, lines = Outbox(Path(tmp) / "outbox.jsonl"), Path(tmp) / "metrics.jsonl"
 
-        def step(s: int) -> float:
-            t0 = time.perf_counter()
+        steps = iter(range(1_000_000))
+
+        def step() -> None:
+            s = next(steps)
             sample_prompts(weights, min(b, pool_size), torch.Generator().manual_seed(s), method="weighted")
             ledger.add_selections("probe", 0, s, selections)
             ledger.add_groups("probe", s, groups)
             outbox.append({"kind": "metrics", "step": s, "ts": 0, "metrics": metrics})
             with open(lines, "a") as f:
                 f.write(json.dumps({"step": s, **metrics}) + "\n")
-            return time.perf_counter() - t0
 
-        step(0)  # warm-up: the first insert prepares what the later ones reuse
-        return statistics.median(step(s) for s in range(1, REPEATS + 1))
+        step()  # warm-up: the first insert prepares what the later ones reuse
+        return untrusted.timed(step, CHEAP, "a step's bookkeeping")[0]
 
 
 def _probe_scoring(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int,
-                   device: torch.device | str) -> tuple[float, float]:
+                   device: torch.device | str, untrusted: _Untrusted) -> tuple[float, float]:
     """Seconds to score one pool prompt (0 where no candidate reads the scores) and DOTS's predictor a round (0
     where no candidate draws with it): module docstring."""
     if not any(c.scored or c.predictor for c in inputs.comps):
@@ -271,9 +322,10 @@ def _probe_scoring(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int,
     refs = list(cal.indices)
     taken = set(refs)
     batch = (refs + [i for i in range(len(pool)) if i not in taken])[:max(cfg.eval.batch_size, len(refs))]
-    feats, seconds = _timed(lambda: compute_features(policy, [pool[i] for i in batch],
-                                                     inter_weight=cfg.gain.inter_weight,
-                                                     batch_size=cfg.eval.batch_size, device=device))
+    seconds, feats = untrusted.timed(lambda: compute_features(policy, [pool[i] for i in batch],
+                                                              inter_weight=cfg.gain.inter_weight,
+                                                              batch_size=cfg.eval.batch_size, device=device),
+                                     COSTLY, f"scoring {len(batch)} prompts")
     score_s = seconds / len(batch)
     if inputs.dots is None:
         return score_s, 0.0
@@ -283,6 +335,7 @@ def _probe_scoring(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int,
     ref_emb, labels = emb[: len(refs)], cal.success.float()
     for s in range(math.ceil(predictor.min_labels / len(refs))):  # as many labels as a round past the first has
         predictor.observe(ref_emb, labels, s)
-    fit_s = _timed(lambda: predictor.fit(sc.predictor.fit_steps, torch.Generator().manual_seed(seed)))[1]
-    predict_s = _timed(lambda: predictor.predict(emb, ref_emb, labels))[1]
+    fit_s = untrusted.timed(lambda: predictor.fit(sc.predictor.fit_steps, torch.Generator().manual_seed(seed)),
+                            COSTLY, "DOTS's predictor's fit")[0]
+    predict_s = untrusted.timed(lambda: predictor.predict(emb, ref_emb, labels), CHEAP, "DOTS's predictions")[0]
     return score_s, fit_s + predict_s * len(pool) / len(batch)

@@ -20,7 +20,13 @@ P the parameters, P_t the trained ones, c the compute dtype's bytes, m the maste
   three intermediate gradients, the attention's q, k, v and output gradients, the residual's). The chunked head
   (tasks/model/logprob_head.py, ``chunked_head``) keeps its input (cH a token) and, in its backward pass, one chunk of
   :data:`HEAD_CHUNK_ELEMENTS` logits recomputed (c), upcast (4), exponentiated (4) and their gradients (4 + c);
-  a micro-batch of one chunk or less keeps that chunk's float32 logits from the forward pass instead.
+  a micro-batch of one chunk or less keeps that chunk's float32 logits from the forward pass instead. Where the head's
+  weight is trained (full weights), its gradient [V, H] (c) is summed over the chunks in autograd's input buffer
+  before it reaches ``.grad``: the buffer and each chunk's own [V, H] weight-gradient temporary (one buffer for a
+  single chunk), a gradient the passes hold whether or not the micro-batches accumulate. With tied embeddings
+  (Qwen2.5 up to 3B) that buffer waits for the embedding's gradient until the end of the backward pass.
+- **the end of the backward pass**: the state, every gradient (P_t c) and the embedding's backward buffer, a dense
+  [V, H] gradient (c) made before it is summed into the tied weight's (or, across micro-batches, the embedding's own).
 - **the optimizer step**: the state, the gradients (under mixed precision moved into the masters' float32
   ``.grad``, P_t m, by ``MasterWeights``, which frees them after the step), one parameter-sized buffer of torch's
   foreach AdamW (P_t m; none for the fused AdamW, which runs on CUDA and the CPU: precision.py ``adamw_kernel``)
@@ -47,7 +53,7 @@ gathers up to ``stage3_max_live_parameters`` at once (DeepSpeed's defaults, whic
 prefetch bucket, and gathers every parameter at once when the new weights are copied to rank 0's policy.
 
 Checked against one H100 (random Qwen2.5-1.5B, bf16 weights and AdamW state, one forward and backward; before the
-chunked head, whose full [T, V] logits the test models as they were): 3-7 % above each of the four measured peaks
+chunked head, whose full [T, V] logits the test models as they were): 5-8 % above each of the four measured peaks
 (tests/tasks/test_fit.py, docs/performance.md). :data:`MARGIN` covers the allocator's fragmentation.
 
 The budget is what this process could use: on CUDA the device's free memory plus what PyTorch already holds
@@ -105,6 +111,8 @@ class ModelShape:
     vocab: int
     largest: int  # elements of the largest parameter (the embedding, mostly)
     root: int  # elements outside the decoder layers (embeddings, final norm, untied head)
+    head_trained: bool = True  # the LM head's weight gets a gradient (full weights; not under LoRA)
+    embedding_trained: bool = True  # the input embedding gets one (the same weight as the head's when tied)
 
     @classmethod
     def of(cls, model: torch.nn.Module, hf_config) -> ModelShape:
@@ -114,11 +122,15 @@ class ModelShape:
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         params = {id(p): p for p in model.parameters()}.values()  # tied weights once
         in_layers = {id(p) for name, p in model.named_parameters() if ".layers." in f".{name}"}
+        named = dict(model.named_parameters(remove_duplicate=False))  # a tied head under its own name too
         return cls(params=sum(p.numel() for p in params), trainable=sum(p.numel() for p in params if p.requires_grad),
                    hidden=c.hidden_size, intermediate=c.intermediate_size, heads=c.num_attention_heads,
                    kv_heads=getattr(c, "num_key_value_heads", None) or c.num_attention_heads, head_dim=head_dim,
                    layers=c.num_hidden_layers, vocab=c.vocab_size, largest=max(p.numel() for p in params),
-                   root=sum(p.numel() for p in params if id(p) not in in_layers))
+                   root=sum(p.numel() for p in params if id(p) not in in_layers),
+                   head_trained=any(p.requires_grad for n, p in named.items() if n.endswith("lm_head.weight")),
+                   embedding_trained=any(p.requires_grad for n, p in named.items()
+                                         if n.endswith("embed_tokens.weight")))
 
     def layer_kept(self, c: int, *, padded: bool, row_tokens: int) -> float:
         """Bytes a token one decoder layer keeps for its backward pass (module docstring)."""
@@ -144,6 +156,8 @@ class UpdateMemory:
     held_gradients: float  # of them, alive during the backward pass (several micro-batches, or DDP's buckets)
     activations: float
     head: float
+    head_gradient: float  # the head weight's gradient summed over chunks in autograd's buffer, and a chunk's own
+    embedding_gradient: float  # the embedding's dense [V, H] backward buffer, at the end of the backward pass
     layer: float  # the layer whose backward runs: recomputed activations and gradient buffers
     gathered: float  # sharded backends: parameters gathered and communication buckets during the passes
     step: float  # the optimizer step's own buffers and the copy to the policy
@@ -158,7 +172,13 @@ class UpdateMemory:
     @property
     def backward_peak(self) -> float:
         kv = self.kv_cache if self.kv_overlaps else 0.0
-        return self.state + self.held_gradients + self.activations + self.head + self.layer + self.gathered + kv
+        return (self.state + self.held_gradients + self.activations + self.head + self.head_gradient + self.layer
+                + self.gathered + kv)
+
+    @property
+    def backward_end_peak(self) -> float:
+        kv = self.kv_cache if self.kv_overlaps else 0.0
+        return self.state + self.gradients + self.embedding_gradient + kv
 
     @property
     def step_peak(self) -> float:
@@ -171,15 +191,16 @@ class UpdateMemory:
     @property
     def peak(self) -> float:
         """The largest moment's count, before :data:`MARGIN`."""
-        return max(self.backward_peak, self.step_peak, self.generation_peak)
+        return max(self.backward_peak, self.backward_end_peak, self.step_peak, self.generation_peak)
 
     @property
     def total(self) -> float:
         return MARGIN * self.peak
 
     def describe(self) -> str:
-        moment = max((self.backward_peak, "the backward pass"), (self.step_peak, "the optimizer step"),
-                     (self.generation_peak, "generation"))[1]
+        moment = max((self.backward_peak, "the backward pass"),
+                     (self.backward_end_peak, "the end of the backward pass"),
+                     (self.step_peak, "the optimizer step"), (self.generation_peak, "generation"))[1]
         parts = ", ".join(f"{f.name.replace('_', ' ')} {getattr(self, f.name) / GIB:.1f}" for f in fields(self)
                           if f.name not in ("tokens", "kv_overlaps") and getattr(self, f.name))
         return f"{self.total / GIB:.1f} GiB at {moment} ({parts}; micro-batches of {self.tokens:,} tokens; " \
@@ -268,9 +289,13 @@ def estimate(shape: ModelShape, precision: Precision, *, tokens: int, checkpoint
     chunk_rows = max(1, HEAD_CHUNK_ELEMENTS // shape.vocab)
     chunk = min(tokens, chunk_rows) * shape.vocab
     head = tokens * c * h + chunk * (3 * 4 + 2 * c) + (4 * chunk if tokens <= chunk_rows else 0.0)
+    weight = shape.vocab * h * c  # one [V, H] gradient of the head's or the embedding's weight
+    head_gradient = weight * (2 if tokens > chunk_rows else 1) if shape.head_trained else 0.0
+    embedding_gradient = weight if shape.embedding_trained else 0.0
     kv = 0.0 if generation is None else generation.kv_bytes(shape, c) + generation.graph_pool_bytes(shape, c)
     return UpdateMemory(weights=weights, master=master, optimizer=optimizer, copies=copies, gradients=gradients,
-                        held_gradients=held, activations=tokens * kept, head=head, layer=layer, gathered=gathered,
+                        held_gradients=held, activations=tokens * kept, head=head, head_gradient=head_gradient,
+                        embedding_gradient=embedding_gradient, layer=layer, gathered=gathered,
                         step=step, kv_cache=kv, kv_overlaps=generation is not None and generation.overlaps,
                         tokens=tokens)
 

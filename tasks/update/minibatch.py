@@ -189,6 +189,25 @@ class Minibatch:
     tokens: float
 
 
+@dataclass(frozen=True)
+class PassTokens:
+    """The tokens the update's passes with autograd compute in this process: ``real``, the rows' prompt and
+    completion tokens; ``padded``, every micro-batch's rows times its longest row (the contiguous layout of
+    :func:`tasks.model.forward.contiguous_rows` pads each row to the pass's longest), what the matrix products
+    run over. Model FLOPs and MFU count ``real``; ``padded - real`` is the padding's share of the compute."""
+
+    real: int
+    padded: int
+
+    @classmethod
+    def of(cls, rows: BatchRows, plan: Sequence[Minibatch]) -> PassTokens:
+        """The tokens of ``plan``'s micro-batches of ``rows`` (:func:`cut_minibatches`)."""
+        lengths = torch.tensor([int(p.numel()) for p in rows.prompts], dtype=torch.long) + rows.mask.sum(1)
+        parts = [part for mb in plan for part in mb.micro if part.numel()]
+        return cls(real=sum(int(lengths[part].sum()) for part in parts),
+                   padded=sum(len(part) * int(lengths[part].max()) for part in parts))
+
+
 def cut_minibatches(rows: BatchRows, *, count: int, aggregation: str, skip: bool, micro_batch_tokens: int,
                 shard: DataShard | None) -> list[Minibatch]:
     """Cut ``rows`` into ``count`` minibatches (contiguous, as ``torch.chunk``), each into micro-batches.

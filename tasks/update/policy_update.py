@@ -40,7 +40,7 @@ from tasks.update.distributed import (
     zero_grad,
 )
 from tasks.update.loss import LossTerms, MetricSums, micro_batch_loss, mismatch_metrics
-from tasks.update.minibatch import Minibatch, batch_rows, cut_minibatches
+from tasks.update.minibatch import Minibatch, PassTokens, batch_rows, cut_minibatches
 from tasks.update.nan_locator import SkippedUpdate
 from tasks.update.precision import MasterWeights, Precision, build_optimizer
 from tasks.update.skips import locate_skip, non_finite_loss
@@ -91,7 +91,8 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
         ``train/dropped_micro_batches``); ``train/update_rows`` and ``train/update_tokens``: the rows computed (all of
         them without the skip) and their real prompt + completion tokens; ``train/micro_batches``: forward and
         backward passes per process. Where the computed rows carry sampler log-probs, the sampler/trainer mismatch
-        over their tokens (:func:`~tasks.update.loss.mismatch_metrics`).
+        over their tokens (:func:`~tasks.update.loss.mismatch_metrics`). The result's ``tokens``: the real and padded
+        tokens of this process's passes with autograd (:class:`~tasks.update.minibatch.PassTokens`).
     """
     return BatchUpdate(model, optimizer, groups, settings, ref_model=ref_model, device=device, shard=shard).run()
 
@@ -258,7 +259,8 @@ class BatchUpdate:
                                       self.terms.log_cap)
         if angle_n:
             stats["gain/angle_online"] = angle_sum / angle_n
-        return UpdateResult(metrics=stats, behaviour=behaviour_of(self.groups, old_out), skipped=tuple(self.skips))
+        return UpdateResult(metrics=stats, behaviour=behaviour_of(self.groups, old_out), skipped=tuple(self.skips),
+                            tokens=PassTokens.of(rows, self.plan))
 
 
 def behaviour_of(groups: Sequence[RolloutGroup], old: torch.Tensor) -> tuple[torch.Tensor | None, ...]:

@@ -18,6 +18,7 @@ import torch
 
 from rlcore.types import RolloutGroup
 from tasks.config import Config, KlRows
+from tasks.update.minibatch import PassTokens
 from tasks.update.nan_locator import SkippedUpdate
 
 
@@ -93,6 +94,8 @@ class UpdateResult:
     behaviour: tuple[torch.Tensor | None, ...]
     #: the minibatches not applied, with their cause and, in one process, where the first non-finite value appeared
     skipped: tuple[SkippedUpdate, ...] = ()
+    #: the tokens this process's passes with autograd computed, real and padded (None: not counted, e.g. DeepSpeed)
+    tokens: PassTokens | None = None
 
     def with_behaviour(self, groups: Sequence[RolloutGroup]) -> list[RolloutGroup]:
         """``groups`` (those the update was given) with the behaviour log-probs it computed for them."""

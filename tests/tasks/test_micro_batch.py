@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlcore.types import RolloutGroup
 from tasks.config import LoraConfig
 from tasks.model.forward import length_buckets, selective_log_softmax, token_logprobs
 from tasks.model.logprob_head import chunked_head
@@ -203,3 +204,28 @@ def test_no_rank_micro_batch_exceeds_the_budget_on_8_ranks(n, budget):
             padded = part.numel() * max(rows.prompts[i].numel() + int(rows.mask[i].sum()) for i in part.tolist())
             worst = max(worst, padded / budget)
     assert worst <= 1.1, f"a rank's micro-batch pads to {worst:.2f}x the budget"
+
+
+def _group(k: int, prompt: int, lengths: list[int], width: int) -> RolloutGroup:
+    mask = torch.arange(width) < torch.tensor(lengths)[:, None]
+    rewards = torch.tensor([1.0, 0.0])
+    return RolloutGroup(prompt_id=f"p{k}", prompt_ids=torch.arange(4, 4 + prompt),
+                        completion_ids=torch.where(mask, 7, 0), completion_mask=mask, rewards=rewards,
+                        advantages=rewards - 0.5, behaviour_logp=torch.zeros(0), success_rate=0.5, n_generated=2,
+                        step=0)
+
+
+@pytest.mark.parametrize("budget, padded", [(16, 31), (0, 40)])
+def test_the_update_counts_the_tokens_its_passes_compute(budget, padded):
+    """A hand count. Rows (prompt + real completion): group A's prompt of 3 with completions of 5 and 2 (8, 5),
+    group B's prompt of 4 with 6 and 1 (10, 5): 28 real tokens. At 16 padded tokens a pass the rows go longest
+    first into [B0] (10), [A0, A1] (2 x 8) and [B1] (5): 31 padded tokens; in one pass, 4 x 10 = 40. The old
+    count, each row as its prompt plus its group's longest completion, said 2 x 8 + 2 x 10 = 36 for both."""
+    model = h.tiny_model()
+    groups = [_group(0, 3, [5, 2], 6), _group(1, 4, [6, 1], 8)]
+    result = policy_update(model, torch.optim.SGD(model.parameters(), lr=0.0), groups,
+                           LossSettings(**{**h.SETTINGS, "minibatches": 1}, aggregation="token", kl_coef=0.0,
+                                        micro_batch_tokens=budget))
+    assert result.metrics["train/micro_batches"] == (3 if budget else 1)
+    assert (result.tokens.real, result.tokens.padded) == (28, padded)
+    assert result.metrics["train/update_tokens"] == 28

@@ -111,3 +111,30 @@ def test_under_scale_out_nothing_is_re_run_and_the_record_says_why():
     skip = locate_skip(h.tiny_model(), DataShard(0, 2), rerun, SkippedUpdate(0, "gradient", "norm nan"),
                        [torch.arange(2)])
     assert skip.site is None and "not located under scale-out" in skip.describe()
+
+
+def test_the_locator_re_runs_a_bounded_number_of_micro_batches():
+    """A gradient NaN that no single micro-batch shows: the locator stops at its cap of micro-batches, and at its
+    time cap on a clock that moves 30 s a re-run (an injected clock, the locator's own loop)."""
+    from tasks.update.skips import LOCATE_MICRO_BATCHES
+
+    model, calls = h.tiny_model(), []
+    batch = h.make_batch(model)
+    g = batch[0]
+
+    def rerun(part):  # a finite loss through the model
+        calls.append(part)
+        from tasks.model.forward import token_logprobs
+
+        return token_logprobs(model, [g.prompt_ids] * len(part), g.completion_ids[part], g.completion_mask[part],
+                              h.PAD).sum()
+
+    parts = [torch.tensor([i % 4]) for i in range(10)]
+    skip = locate_skip(model, None, rerun, SkippedUpdate(0, "gradient", "norm nan"), parts)
+    assert len(calls) == LOCATE_MICRO_BATCHES and skip.site is None
+    assert f"re-running {LOCATE_MICRO_BATCHES} of its 10 micro-batches" in skip.describe()
+    calls.clear()
+    ticks = iter(range(0, 10_000, 30))
+    skip = locate_skip(model, None, rerun, SkippedUpdate(0, "gradient", "norm nan"), parts, limit=10, seconds=60,
+                       clock=lambda: float(next(ticks)))
+    assert len(calls) == 3 and "re-running 3 of its 10" in skip.describe()  # started at 0, 30 and 60 s

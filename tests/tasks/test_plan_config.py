@@ -54,7 +54,7 @@ def test_a_plan_round_trips_and_names_its_choice(tmp_path):
             "predicted).") in md
     # the costs say what a token costs at the probe's two calls (here it falls with the batch) and the fixed costs
     assert "a generated token 5000 us in a call of 100 tokens, 2000 us in one of 400 (falls with the batch)" in md
-    assert "optimizer step 2.0 ms, bookkeeping 30.0 ms; a round's: checkpoint 50 ms, DOTS's predictor 400 ms" in md
+    assert "optimizer step 2.0 ms, bookkeeping 30.0 ms; a round's: checkpoint 50.0 ms, DOTS's predictor 400 ms" in md
     flat = UnitCosts(**{**plan.costs.__dict__, "generate": CallCost.fit([100, 400], [0.1, 0.41])})
     assert "(flat: within 15% at any batch)" in Plan(**{**plan.__dict__, "costs": flat}).summary()
 
@@ -96,3 +96,17 @@ def test_what_a_run_reads_before_training():
     assert reads_upfront(candidate_config(cfg, "dots")) == {"score": True, "calibrate": True}
     assert reads_upfront(candidate_config(cfg, "gain")) == {"score": True, "calibrate": False}
     assert reads_upfront(load_config("conf/presets/auto.yaml")) == {"score": True, "calibrate": True}
+
+
+def test_a_cost_the_probe_cannot_trust_is_said_so_never_0_ms():
+    """A decode step the fit could not tell from a token's cost, and a timing whose repeats never agreed (the
+    probe's ``UnitCosts.untrusted``): the plan's line says so instead of "a decode step 0.0 ms"."""
+    plan = plan_choosing("grpo")
+    assert plan.costs.generate.step_s == 0.0  # fitted without decode steps
+    note = "a generate call of 4 prompts: samples still spread 40% (over the last 2 of 4; stable at 15%)"
+    shaky = Plan(**{**plan.__dict__, "costs": UnitCosts(**{**plan.costs.__dict__, "untrusted": (note,)})})
+    text = shaky.summary()
+    assert " 0.0 ms" not in text and "a decode step's cost not told apart from a token's" in text
+    assert text.endswith(f"Estimates the probe cannot trust: {note}") and note in shaky.markdown()
+    assert Plan.from_json(shaky.to_json()).costs.untrusted == (note,)
+    assert "cannot trust" not in plan.summary()
