@@ -13,7 +13,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from tasks.config import Config, ConfigError
-from tasks.model import gguf_source
+from tasks.config.model import is_gguf_name
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -199,7 +199,7 @@ def resolve_paths(cfg: Config, folder: str | Path) -> Config:
     tree = cfg.model_dump(mode="json")
     tree["paths"]["root"] = absolute(tree["paths"]["root"])
     tree["paths"]["cache"] = absolute(tree["paths"]["cache"])
-    if not gguf_source.is_name(tree["model"]["path"]):  # a packaged model's name is no path
+    if not is_gguf_name(tree["model"]["path"]):  # a packaged model's name is no path
         tree["model"]["path"] = absolute(tree["model"]["path"])
     for source in tree["data"]["sources"]:
         if source["kind"] == "file":

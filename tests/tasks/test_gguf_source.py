@@ -17,7 +17,7 @@ needs_gguf = pytest.mark.skipif(importlib.util.find_spec("gguf") is None,
 def test_which_model_paths_are_gguf_models(tmp_path):
     assert g.is_gguf("gguf:smollm2-135m") and g.is_gguf("smollm2-135m") and g.is_gguf("/m/x.Q4_1.GGUF")
     assert not g.is_gguf(None) and not g.is_gguf("") and not g.is_gguf("/models/qwen") and not g.is_gguf("gguf-x")
-    assert g.is_name("gguf:smollm2-135m") and g.is_name("smollm2-135m") and not g.is_name("/m/x.gguf")
+    assert g.is_gguf_name("gguf:smollm2-135m") and g.is_gguf_name("smollm2-135m") and not g.is_gguf_name("/m/x.gguf")
 
 
 def test_a_folder_named_like_a_packaged_model_stays_a_folder(tmp_path, monkeypatch):
