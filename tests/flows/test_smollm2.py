@@ -74,13 +74,14 @@ def test_one_rlsift_step_is_finite_and_moves_the_weights(tmp_path, folder):
 
     root = tmp_path / "root"
     out = rlsift("run", "-c", str(CONF), f"paths.root={root}", f"paths.cache={folder.parent}", "train.steps=1",
-                 "train.round_steps=1", "train.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=32",
-                 "calibrate.k=4", "calibrate.g=2", "eval.every=0", "eval.limit=8", "train.lr=1e-4",
-                 "tracking.register_model=false", "--json", env=cli_env(tmp_path), timeout=1800)
+                 "train.round_steps=1", "calibrate.k=4", "calibrate.g=2", "eval.every=0", "eval.limit=8",
+                 "data.sources=[{kind: bundled, mix: {1: 1.0}, n_train: 64, n_test: 8, seed: 0, reward: numeric}]",
+                 "--json", env=cli_env(tmp_path), timeout=1800)
     assert out.returncode == 0, out.stderr[-4000:]
     s = json.loads(out.stdout)
     assert s["status"] == "completed" and s["steps"] == 1
     metrics = run_info(s["tracking_uri"], s["mlflow_run_id"])["metrics"]
+    assert metrics["train/effective_ratio"] > 0, "no group of the step had unequal rewards: nothing to learn from"
     losses = {k: v for k, v in metrics.items() if k.startswith("train/") and "loss" in k}
     assert losses and all(torch.isfinite(torch.tensor(v)) for v in losses.values()), losses
     start, end = load_file(folder / "model.safetensors"), load_file(Path(s["model_path"]) / "model.safetensors")
