@@ -60,12 +60,18 @@ def table(result: dict, facts: dict[str, dict]) -> str:
         plan = f["plan"]
         if plan:
             lines += ["", f"{name}'s plan: **{plan['choice']}**: {plan['reason']}", "",
-                      "| candidate | predicted clock vs GRPO | predicted informative groups vs GRPO |", "|---|---|---|"]
-            for pr in [plan["baseline"], *plan["predictions"]]:
-                lines.append(f"| {pr.get('name')} | {pr.get('clock_ratio', pr.get('clock_vs_baseline', ''))} | "
-                             f"{pr.get('signal_ratio', pr.get('signal_vs_baseline', ''))} |")
-    for row in result.get("plan_check") or []:
-        lines.append(f"\nplan check: {json.dumps(row)}")
+                      "| candidate | effective ratio | informative groups a step | predicted training clock (s) | "
+                      "vs GRPO |", "|---|---|---|---|---|"]
+            for pr in plan["predictions"]:
+                lines.append(f"| {pr['name']} | {pr['effective_ratio']:.2f} | {pr['signal']:.2f} | "
+                             f"{pr['train_s']:.0f} | {pr['clock']:.2f}x |")
+    checks = result.get("plan_check") or []
+    if checks:
+        lines += ["", "| arm | composition | effective ratio predicted / measured | clock vs the baseline predicted / "
+                  "measured |", "|---|---|---|---|"]
+        for c in checks:
+            lines.append(f"| {c['arm']} | {c['composition']} | {c['predicted_ratio']:.2f} / {c['measured_ratio']:.2f} | "
+                         f"{c['predicted_clock']:.2f} / {c['measured_clock']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
