@@ -1,7 +1,10 @@
 """The starting greedy accuracy of a real model on the bundled arithmetic levels and on GSM8K, with the configured
 answer format (the system prompt) and completion budget: what docs/benchmarks.md, "A real model", chooses its
 pool from. Rewards are the pipeline's own (arith: the marked or boxed final integer with true worked lines; numeric,
-the final number, for GSM8K), and every set also under ``numeric``, decoding is the pipeline's engine (tasks/generation/rollout.py HFEngine, greedy).
+the final number, for GSM8K), every set also under ``numeric``; decoding is the pipeline's engine
+(tasks/generation/rollout.py HFEngine, greedy).
+
+The table in docs/benchmarks.md: --threads 1 --per-level 24 --gsm8k 24 --max-new-tokens 48 (levels 3-5: 16 each).
 
 Usage: python infra/real-model-baseline.py [--model gguf:smollm2-135m] [--per-level 64] [--gsm8k 64]
        [--max-new-tokens 96] [--system "..."] [--cache rlsift-runs/cache]

@@ -70,8 +70,8 @@ def table(result: dict, facts: dict[str, dict]) -> str:
         lines += ["", "| arm | composition | effective ratio predicted / measured | clock vs the baseline predicted / "
                   "measured |", "|---|---|---|---|"]
         for c in checks:
-            lines.append(f"| {c['arm']} | {c['composition']} | {c['predicted_ratio']:.2f} / {c['measured_ratio']:.2f} | "
-                         f"{c['predicted_clock']:.2f} / {c['measured_clock']:.2f} |")
+            lines.append(f"| {c['arm']} | {c['composition']} | {c['predicted_ratio']:.2f} / "
+                         f"{c['measured_ratio']:.2f} | {c['predicted_clock']:.2f} / {c['measured_clock']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
