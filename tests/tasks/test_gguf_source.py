@@ -116,3 +116,13 @@ def test_end_ids_are_the_eos_then_every_chat_end_token_the_vocabulary_has(tmp_pa
     tok = AutoTokenizer.from_pretrained(tiny_qwen.build(tmp_path / "q", gsm, vocab_size=300, hidden=32, layers=1))
     im_end, eot = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
     assert tok.eos_token == "<|im_end|>" and g.end_ids(tok) == [im_end, eot]
+
+
+def test_the_real_model_config_names_the_packaged_model_and_scores_the_final_number(tmp_path):
+    from pathlib import Path
+
+    conf = Path(__file__).resolve().parents[2] / "conf" / "real" / "smollm2.yaml"
+    cfg = resolve_paths(load_config(conf), tmp_path)
+    assert cfg.model.path == "gguf:smollm2-135m" and g.is_gguf(cfg.model.path)
+    assert [(s.kind, s.reward, s.mix) for s in cfg.data.sources] == [("bundled", "numeric", {1: 1.0})]
+    assert (cfg.rollout.n, cfg.train.prompts_per_step, cfg.rollout.top_k, cfg.rollout.top_p) == (4, 8, 0, 1.0)
