@@ -34,6 +34,7 @@ from tasks.data.prompts import PromptRecord
 from tasks.evaluation.heldout import EvalResult, evaluate, flat_metrics, table_rows
 from tasks.evaluation.report import eval_by_level, eval_levels, eval_table
 from tasks.generation.rollout import HFEngine, end_of_turn_ids
+from tasks.model import gguf_source
 from tasks.model.loading import load_policy
 from tasks.model.lora import apply_lora
 from tasks.model.warmstart import sft_records, warm_start
@@ -111,15 +112,19 @@ def _reuse_ingest(run: Run, cache) -> ingest.IngestResult:
 
 
 def policy_source(cfg: Config) -> str:
-    """The folder of the run's starting policy: ``model.path``, or the tiny Llama warm-started (cached by
-    fingerprint under ``paths.cache``, default ``<paths.root>/cache``)."""
+    """The folder of the run's starting policy: ``model.path`` (a GGUF file or packaged model converted once,
+    tasks/model/gguf_source.py), or the tiny Llama warm-started (both cached by fingerprint under ``paths.cache``,
+    default ``<paths.root>/cache``)."""
     mc = cfg.model
+    cache = cfg.paths.cache or str(Path(cfg.paths.root).resolve() / "cache")
+    if mc.path and gguf_source.is_gguf(mc.path):
+        return str(gguf_source.hf_folder(mc.path, cache))
     if mc.path:
         return mc.path
     ws = mc.warmstart
     sft = sft_records(WARMSTART_SEED + cfg.seed, max(ws.steps, 1) * ws.batch_size, ws.mix,
                       ws.flawed)  # one pass over fresh worked solutions
-    return str(warm_start(sft, cfg.paths.cache or str(Path(cfg.paths.root).resolve() / "cache"), hidden=mc.hidden,
+    return str(warm_start(sft, cache, hidden=mc.hidden,
                           layers=mc.layers, heads=mc.heads, steps=ws.steps, batch_size=ws.batch_size, lr=ws.lr,
                           seed=cfg.seed))
 

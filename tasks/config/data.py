@@ -30,13 +30,17 @@ class SourceConfig(_Frozen):
     fields: dict[str, str] | None = Field(None, description=(
         "File only, generic formats (jsonl, parquet, hf): field mapping {question, answer, solution, level}."))
     reward: Literal["arith", "numeric", "math", "code"] | None = Field(None, description=(
-        "File only: verifier (tasks/data/rewards.py); None: the format's own, math for generic formats."))
+        "Verifier (tasks/data/rewards.py); None: the format's own, math for generic formats. Bundled: arith (the "
+        "default: the marked or boxed final integer, every worked line true) or numeric (the final number alone, "
+        "for a real model that answers in prose; conf/real/smollm2.yaml)."))
     limit: int | None = Field(None, ge=1, description="Keep at most this many rows per split (after ingest).")
 
     @model_validator(mode="after")
     def _need_path(self) -> SourceConfig:
         if self.kind == "file" and not self.path:
             raise ValueError("a 'file' source needs 'path'")
+        if self.kind == "bundled" and self.reward not in (None, "arith", "numeric"):
+            raise ValueError(f"a 'bundled' source's reward is arith or numeric, got {self.reward!r}")
         return self
 
 

@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from tasks.config import Config, ConfigError
+from tasks.config.model import is_gguf_name
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -293,7 +294,8 @@ def resolve_paths(cfg: Config, folder: str | Path) -> Config:
     tree = cfg.model_dump(mode="json")
     tree["paths"]["root"] = absolute(tree["paths"]["root"])
     tree["paths"]["cache"] = absolute(tree["paths"]["cache"])
-    tree["model"]["path"] = absolute(tree["model"]["path"])
+    if not is_gguf_name(tree["model"]["path"]):  # a packaged model's name is no path
+        tree["model"]["path"] = absolute(tree["model"]["path"])
     for source in tree["data"]["sources"]:
         if source["kind"] == "file":
             source["path"] = absolute(source["path"])

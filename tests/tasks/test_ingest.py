@@ -69,6 +69,21 @@ def test_bundled_source_splits_disjoint(tmp_path):
     assert not {r.question for r in res.train} & {r.question for r in res.test}
 
 
+def test_a_bundled_source_scores_the_final_number_when_asked(tmp_path):
+    """reward: numeric on the bundled task: a prose answer ending in the right number earns 1 (arith gives 0)."""
+    from tasks.data.rewards import reward
+
+    with Ledger(tmp_path / "l.duckdb") as led:
+        res = ingest(led, "r1", [SourceConfig(n_train=5, n_test=0, mix={1: 1.0}, reward="numeric")])
+        plain = ingest(led, "r2", [SourceConfig(n_train=5, n_test=0, mix={1: 1.0})])
+    r = res.train[0]
+    assert {x.reward for x in res.train} == {"numeric"} and {x.reward for x in plain.train} == {"arith"}
+    prose = f"{r.question.removesuffix('=?')} = {r.answer}\n\nThe answer is {r.answer}."
+    assert reward(r.reward, prose, r) == 1.0 and reward("arith", prose, r) == 0.0
+    with pytest.raises(ValueError, match="bundled' source's reward is arith or numeric, got 'code'"):
+        SourceConfig(reward="code")
+
+
 KILLED_MID_SOURCE = """
 import os, signal, sys
 from tasks.config import SourceConfig
