@@ -27,6 +27,7 @@ from tasks.data.rewards import reward  # noqa: E402
 from tasks.data.sources import read_source  # noqa: E402
 from tasks.generation.rollout import HFEngine  # noqa: E402
 from tasks.model import gguf_source  # noqa: E402
+from tasks.model.attention import guard_attention  # noqa: E402
 from tasks.model.loading import format_prompt, load_policy  # noqa: E402
 
 
@@ -62,6 +63,7 @@ def main() -> None:
         torch.set_num_threads(a.threads)
     path = gguf_source.hf_folder(a.model, a.cache) if gguf_source.is_gguf(a.model) else a.model
     model, tok = load_policy(path)
+    print(guard_attention(next(model.parameters()).device).line())  # the run's kernel choice: cuDNN SDPA off on CUDA
     engine = HFEngine(model, tok, max_new_tokens=a.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, chunk=64)
     rows = {}
     for level in [int(x) for x in a.levels.split(",") if x]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tasks.config import Config, ConfigError
 from tasks.config.load import ENV_KEYS, load_config, parse_override, path_origins, resolve_paths, validate
+from tasks.config.model import is_gguf
 
 #: Config keys a resume may override (they do not change what is computed).
 RESUME_MAY_CHANGE = ("paths.", "tracking.uri", "model.threads", "model.device", "rollout.vllm_url",
@@ -110,7 +111,14 @@ def preflight(cfg: Config, origins: dict[str, str] | None = None) -> None:
         if not records:
             first = f"; the first, line {rejected[0].line}: {rejected[0].reason}" if rejected else ""
             raise ConfigError(f"{where} has no usable row ({len(rejected)} rejected{first}){told}")
-    if cfg.model.path is not None:
+    if cfg.model.path is not None and is_gguf(cfg.model.path):  # a GGUF file or a packaged model's name
+        from tasks.model.gguf_source import resolve
+
+        try:
+            resolve(cfg.model.path)
+        except ValueError as err:
+            raise ConfigError(f"{err}{_origin(origins, 'model.path')}") from None
+    elif cfg.model.path is not None:
         model = Path(cfg.model.path)
         if not model.is_dir():
             raise ConfigError(f"model.path: {model} {'is not a folder' if model.exists() else 'does not exist'}"

@@ -21,6 +21,7 @@ from rlcore import (
 )
 from tasks.config import Config, ConfigError
 from tasks.config.load import load_config
+from tasks.config.model import is_gguf_name
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 FILES = sorted(p for p in CONF.rglob("*.yaml") if p.parent.name != "data") + [
@@ -227,7 +228,9 @@ def test_every_path_in_a_config_file_resolves_from_any_folder(path, tmp_path, mo
     ``assets/tiny-warmstart`` against the shell's folder: a run from anywhere else failed 17 s in."""
     monkeypatch.chdir(tmp_path)
     cfg = load_config(path) if path not in DATA else load_config(None, [f"data={path.stem}"])
-    if cfg.model.path is not None:
+    if is_gguf_name(cfg.model.path):  # a packaged model's name (conf/real/smollm2.yaml) stays a name
+        assert cfg.model.path.startswith("gguf:"), cfg.model.path
+    elif cfg.model.path is not None:
         assert Path(cfg.model.path).is_absolute() and (Path(cfg.model.path) / "config.json").is_file(), cfg.model.path
     for source in cfg.data.sources:
         if source.kind == "file":

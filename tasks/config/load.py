@@ -151,6 +151,8 @@ def _path_items(tree: dict):
     for section, key in PATH_KEYS:
         node = tree.get(section)
         if isinstance(node, dict) and isinstance(node.get(key), str) and node[key]:
+            if (section, key) == ("model", "path") and is_gguf_name(node[key]):
+                continue  # a packaged model's name (gguf:smollm2-135m) is no path
             yield f"{section}.{key}"
     data = tree.get("data")
     if isinstance(data, dict) and isinstance(data.get("sources"), list):

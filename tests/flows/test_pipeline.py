@@ -17,7 +17,8 @@ SMOKE = str(ROOT / "tests" / "fixtures" / "tiny.yaml")
 
 def test_pipeline_flow_records_everything(tmp_path, prefect_harness, caplog):
     root = tmp_path / "root"
-    with caplog.at_level("INFO"), caplog.at_level("INFO", logger="rlsift"):  # an earlier --json CLI call may quiet it
+    with caplog.at_level("INFO"), caplog.at_level("INFO", logger="rlsift"), \
+            caplog.at_level("INFO", logger="prefect.flow_runs"):  # an earlier in-process CLI call may quiet them
         s = pipeline(config=SMOKE, overrides=[f"paths.root={root}", "eval.every=2"])
     assert s["status"] == "completed" and s["steps"] == 4
     assert 0 <= s["eval_accuracy_start"] <= 1 and 0 <= s["eval_accuracy_end"] <= 1
