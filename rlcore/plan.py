@@ -37,6 +37,16 @@ asks ceil(o * missing) prompts a round until the batch holds B informative group
 the informative groups a round finds are taken as binomial in the prompts it asks with chance r, and the
 expectation over the missing count is exact (:func:`dynamic_rounds`).
 
+**Per-prompt rollout budgets and the pre-rollout skip.** With waves (rlcore/rollout_budget.py) a step draws C =
+ceil(candidates x B) candidates from the draw above, each with a first wave of w rollouts; each reference prompt's
+expected outcome as a candidate (first wave mixed; agreeing and completed, its prior being the screen's likelihood,
+DOTS's level rate or none, as the run's) is exact from its s of g (``rollout_budget.wave_expectation``), and the
+step's completed, partial and informative groups follow under the budget B (``rollout_budget.step_expectation``);
+the first wave is one generate call of C x w rollouts, the second one of the completed groups' n - w each. The
+skip (rlcore/silent_skip.py) multiplies the draw weight of a reference prompt whose g rollouts agreed by 1 - its
+skip chance at evidence g / n (the run counts the calibration as a visit); later visits, which raise the chance,
+are not modelled.
+
 **A step's clock.** Each kind of work is a call whose seconds are a line in its tokens, a + b * tokens
 (:class:`CallCost`), fitted to calls of the sizes the candidates make. A generate call's line is in its tokens and
 its decode steps, d * steps + b * tokens: it decodes until its longest completion ends, and a step costs d whatever
@@ -77,10 +87,12 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from rlcore.rollout_budget import completion_chance, step_expectation, wave_expectation
+from rlcore.silent_skip import skip_probability
 from rlcore.step_costs import UnitCosts
 
 __all__ = ["Composition", "PoolStats", "Prediction", "call_rows", "draw_ratio", "dynamic_rounds",
-           "informative_chance", "predict", "update_rows"]
+           "informative_chance", "predict", "update_rows", "without_waves"]
 
 
 @dataclass(frozen=True)
@@ -141,7 +153,9 @@ class Composition:
     call); ``reference``: DOTS's fresh reference rollouts a round, (K prompts, g each), (0, 0) without;
     ``predictor``: DOTS's predictor is fitted each round; ``calibration``: the calibrate stage's (K, g) where the
     composition reads its pass rates, (0, 0) where it does not; ``scored``: pool prompts the score stage embeds
-    where the composition reads the scores, 0 where it does not."""
+    where the composition reads the scores, 0 where it does not; ``waves``: per-prompt rollout budgets (first
+    wave w, candidates a step over B, min_chance, prior_strength; rlcore/rollout_budget.py) or None; ``skip``: the
+    pre-rollout skip's (explore, cap) (rlcore/silent_skip.py) or None."""
 
     name: str
     prompts: int
@@ -162,6 +176,8 @@ class Composition:
     predictor: bool = False
     calibration: tuple[int, int] = (0, 0)
     scored: int = 0
+    waves: tuple[int, float, float, float] | None = None
+    skip: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if self.prompts < 1 or not 1 <= self.m <= self.n:
@@ -174,6 +190,9 @@ class Composition:
             raise ValueError(f"{self.name}: need steps >= 1, round_steps >= 1, chunk >= 0 and scored >= 0")
         if any(x < 0 for x in (*self.reference, *self.calibration)):
             raise ValueError(f"{self.name}: reference and calibration are (K, g) >= 0")
+        if self.waves is not None and (not 1 <= self.waves[0] < self.n or self.waves[1] < 1
+                                       or self.dynamic is not None):
+            raise ValueError(f"{self.name}: waves need 1 <= first < n, candidates >= 1 and no dynamic sampling")
 
 
 @dataclass(frozen=True)
@@ -227,18 +246,27 @@ def _binomial_informative(p: torch.Tensor, n: int) -> torch.Tensor:
     return 1 - p.pow(n) - (1 - p).pow(n)
 
 
-def _draw_weights(c: Composition, pool: PoolStats) -> torch.Tensor:
-    """[K] weights q of each reference prompt under the composition's draw: the pool share it stands for, times
-    DOTS's weighting of its level's pooled rate (module docstring)."""
-    k = len(pool.successes)
-    mass = pool.mass
-    if c.draw == "uniform":
-        return mass
+def _level_rates(pool: PoolStats) -> torch.Tensor:
+    """[K] each reference prompt's level's pooled rate (s + 1) / (g + 2): how the plan models DOTS's prediction."""
     s = torch.tensor(pool.successes, dtype=torch.float64)
-    pred = torch.empty(k, dtype=torch.float64)
+    pred = torch.empty(len(s), dtype=torch.float64)
     for lv in set(pool.levels):
         at = torch.tensor([x == lv for x in pool.levels])
         pred[at] = (s[at].sum() + 1) / (pool.g * int(at.sum()) + 2)
+    return pred
+
+
+def _draw_weights(c: Composition, pool: PoolStats) -> torch.Tensor:
+    """[K] weights q of each reference prompt under the composition's draw: the pool share it stands for, times
+    DOTS's weighting of its level's pooled rate, times the chance the skip leaves it in (module docstring)."""
+    mass = pool.mass
+    if c.skip is not None:
+        s = torch.tensor(pool.successes)
+        z = torch.where((s == 0) | (s == pool.g), pool.g / c.n, 0.0)
+        mass = mass * (1 - skip_probability(z, *c.skip))
+    if c.draw == "uniform":
+        return mass
+    pred = _level_rates(pool)
     if c.weighting == "target":
         dist = (pred - c.alpha).abs()
         return mass * torch.exp(-(dist - dist.min()) / c.tau)
@@ -319,6 +347,37 @@ def dynamic_rounds(b: int, r: float, oversample: float, max_rounds: int,
     return asked, kept, seconds
 
 
+def _waves(c: Composition, pool: PoolStats, kept: torch.Tensor, fresh: float) -> dict[str, float]:
+    """A wave step's expected candidates, rollouts, completed, partial, informative and trained groups (module
+    docstring), with ``kept`` [K] the draw's weights and ``fresh`` B; ``second_mass`` [K]: where its second wave's
+    rollouts go."""
+    first, candidates, min_chance, strength = c.waves
+    k = len(pool.successes)
+    if c.screen > 1 and pool.screen is not None:
+        prior = torch.tensor(pool.screen, dtype=torch.float64)
+    elif c.draw == "dots":
+        prior = _level_rates(pool)
+    else:
+        prior = torch.full((k,), float("nan"), dtype=torch.float64)
+    top_right = completion_chance(torch.full((k,), float(first)), first, c.n, prior, strength) >= min_chance
+    top_wrong = completion_chance(torch.zeros(k), first, c.n, prior, strength) >= min_chance
+    e = wave_expectation(torch.tensor(pool.successes), pool.g, first, c.n, top_right, top_wrong)
+    q = kept / kept.sum()
+    cands = math.ceil(candidates * round(fresh))
+    out = step_expectation(cands, fresh, float((q * e.mixed).sum()), float((q * e.agree_topped).sum()),
+                           float((q * e.agree_informative).sum()))
+    out["candidates"] = float(cands)
+    out["rollouts"] = cands * first + out["topped"] * (c.n - first)
+    out["second_mass"] = kept * (e.mixed + e.agree_topped)
+    out["rows"] = out["topped_informative"] * min(c.m, c.n) + out["partial"] * min(c.m, first)
+    return out
+
+
+def without_waves(c: Composition) -> Composition:
+    """``c`` drawing every prompt's full group in one wave: what the waves are measured against."""
+    return replace(c, name=f"{c.name} without waves", waves=None)
+
+
 def _batch(c: Composition, r: float) -> tuple[float, float, float, float, float]:
     """A step's (fresh, replayed, asked, informative, groups) at the draw's ratio r: fresh and replayed groups in
     the batch (round 0 has an empty buffer, so its steps are all fresh, rlcore.replay_buffer.mix_counts), prompts
@@ -333,7 +392,10 @@ def _batch(c: Composition, r: float) -> tuple[float, float, float, float, float]
 
 def update_rows(c: Composition, pool: PoolStats) -> float:
     """Rows a step of the composition updates: its informative groups' m rows (every group's without the skip)."""
-    _, replayed, _, informative, groups = _batch(c, draw_ratio(c, pool))
+    fresh, replayed, _, informative, groups = _batch(c, draw_ratio(c, pool))
+    if c.waves is not None:
+        w = _waves(c, pool, _kept(c, pool), fresh)
+        return w["rows"] + c.m * replayed
     return c.m * (informative + replayed if c.skip_silent else groups + replayed)
 
 
@@ -357,19 +419,34 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
 
     fresh, replayed, asked, informative, groups = _batch(c, r)
     drawn = mix(kept)
-    if c.dynamic is not None:
-        generate_s = dynamic_rounds(round(fresh), r, *c.dynamic, lambda ask: draw_s(ask, c.n, length, drawn))[2]
+    if c.waves is not None:
+        wv = _waves(c, pool, kept, fresh)
+        first, second = c.waves[0], wv["second_mass"]
+        second_length = _mean(completion, second)
+        generate_s = (draw_s(round(wv["candidates"]), first, length, drawn)
+                      + draw_s(round(wv["topped"]), c.n - first, second_length, mix(second)))
+        asked_rollouts = wv["rollouts"]
+        informative, groups = wv["informative"], wv["trained"]
+        fresh_tokens = wv["candidates"] * first * length + wv["topped"] * (c.n - first) * second_length
+        upd_fresh_rows = wv["rows"]
+        screened = wv["candidates"]
     else:
-        generate_s = draw_s(round(fresh), c.n, length, drawn)
+        if c.dynamic is not None:
+            generate_s = dynamic_rounds(round(fresh), r, *c.dynamic, lambda ask: draw_s(ask, c.n, length, drawn))[2]
+        else:
+            generate_s = draw_s(round(fresh), c.n, length, drawn)
+        asked_rollouts, fresh_tokens = asked * c.n, asked * c.n * length
+        upd_fresh_rows = informative * c.m
+        screened = fresh
     signal = informative + replayed
     k, g = c.reference  # a round's reference prompts, drawn from the whole pool
     reference_length = _mean(completion, pool.mass)
-    generated = asked * c.n + k * g / c.round_steps
+    generated = asked_rollouts + k * g / c.round_steps
     generate_s += draw_s(k, g, reference_length, mix(pool.mass)) / c.round_steps
-    gen_tokens = asked * c.n * length + k * g * reference_length / c.round_steps
-    upd_tokens = (signal * c.m * row if c.skip_silent
+    gen_tokens = fresh_tokens + k * g * reference_length / c.round_steps
+    upd_tokens = ((upd_fresh_rows + replayed * c.m) * row if c.skip_silent
                   else (groups + replayed) * c.m * _mean(completion + prompt, kept))
-    fwd_tokens = (c.screen * fresh * (_mean(prompt, _draw_weights(c, pool)) + costs.solution_tokens)
+    fwd_tokens = (c.screen * screened * (_mean(prompt, _draw_weights(c, pool)) + costs.solution_tokens)
                   if c.screen > 1 else 0.0)
     fx = costs.fixed
     update_s, forward_s = costs.update.time(upd_tokens), costs.forward.time(fwd_tokens)

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from rlcore.overlap_lag import LagChoice
-from rlcore.plan import Composition, PoolStats, Prediction, predict
+from rlcore.plan import Composition, PoolStats, Prediction, predict, without_waves
 from rlcore.plan_choice import RunClock, choose, run_clock
 from rlcore.seeding import derive_seed
 from rlcore.step_costs import CallCost, UnitCosts
@@ -56,7 +56,7 @@ def reads_upfront(cfg: Config) -> dict[str, bool]:
 def composition(name: str, cfg: Config, pool_size: int = 0) -> Composition:
     """What ``cfg`` does a step and before its first, as rlcore.plan predicts it (``pool_size``: prompts the score
     stage embeds)."""
-    sc, tc, rc, cal = cfg.select, cfg.train, cfg.rollout, cfg.calibrate
+    sc, tc, rc, cal, wc = cfg.select, cfg.train, cfg.rollout, cfg.calibrate, cfg.waves
     dots = sc.method == "dots"
     reads = reads_upfront(cfg)
     return Composition(
@@ -67,7 +67,9 @@ def composition(name: str, cfg: Config, pool_size: int = 0) -> Composition:
         skip_silent=tc.skip_zero_advantage and tc.kl_coef == 0, steps=tc.steps, round_steps=tc.round_steps,
         chunk=rc.chunk if rc.engine == "hf" else 0,
         reference=(cal.k, cal.g) if dots and cal.reference == "fresh" else (0, 0), predictor=dots,
-        calibration=(cal.k, cal.g) if reads["calibrate"] else (0, 0), scored=pool_size if reads["score"] else 0)
+        calibration=(cal.k, cal.g) if reads["calibrate"] else (0, 0), scored=pool_size if reads["score"] else 0,
+        waves=(wc.first, wc.candidates, wc.min_chance, wc.prior_strength) if wc.enabled else None,
+        skip=(cfg.skip.explore, cfg.skip.cap) if cfg.skip.enabled else None)
 
 
 def candidate_config(cfg: Config, name: str) -> Config:
@@ -112,7 +114,8 @@ class Plan:
     out and why; ``choice``, ``reason``: the chosen candidate and why in one line; ``overrides``: its keys;
     ``overlap``: the overlap's lag for the chosen candidate's config, and why (None in a plan saved before it);
     ``upfront_s``: what this run spends before its first step and plain GRPO would not: its calibration and the
-    plan (measured) and the scoring of its pool (predicted)."""
+    plan (measured) and the scoring of its pool (predicted); ``waves``: for each candidate with per-prompt rollout
+    budgets, what its waves save on this pool against drawing every group whole (:func:`waves_saving`)."""
 
     shares: dict[str, float]
     g: int
@@ -125,6 +128,7 @@ class Plan:
     overrides: tuple[str, ...]
     overlap: LagChoice | None = None
     upfront_s: float = 0.0
+    waves: tuple[str, ...] = ()
 
     @property
     def chosen(self) -> Prediction:
@@ -173,7 +177,9 @@ class Plan:
                         "effective_ratio": round(p.effective_ratio, 3),
                         "informative_groups": round(p.signal, 1), "vs_grpo_signal": round(
                             p.signal / self.baseline.signal, 2) if self.baseline.signal else None,
-                        "generated_rollouts": round(p.generated, 1), "step_s": round(p.step_s, 3),
+                        "generated_rollouts": round(p.generated, 1),
+                        "rollouts_per_informative": round(p.generated / p.signal, 2) if p.signal else None,
+                        "step_s": round(p.step_s, 3),
                         "fixed_s": round(p.fixed_s, 3), "upfront_s": round(p.upfront_s, 2),
                         "clock_vs_grpo": round(p.clock, 3)})
         out += [{"composition": name, "chosen": f"left out: {why}"} for name, why in self.unavailable.items()]
@@ -196,6 +202,7 @@ class Plan:
         run = f"This run: {self.clock.text()}."
         lines = [f"**Plan: {self.reason}**", "", self.summary(), "", run, "",
                  *([f"**Overlap: {self.overlap.reason}**", ""] if self.overlap is not None else []),
+                 *[f"**Waves: {line}**" for line in self.waves], *([""] if self.waves else []),
                  "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         lines += ["| " + " | ".join("" if r.get(k) is None else str(r[k]) for k in cols) + " |" for r in rows]
         return "\n".join(lines) + "\n"
@@ -204,7 +211,8 @@ class Plan:
         return {"shares": self.shares, "g": self.g, "costs": asdict(self.costs), "baseline": asdict(self.baseline),
                 "predictions": [asdict(p) for p in self.predictions], "unavailable": self.unavailable,
                 "choice": self.choice, "reason": self.reason, "overrides": list(self.overrides),
-                "overlap": None if self.overlap is None else lag_to_json(self.overlap), "upfront_s": self.upfront_s}
+                "overlap": None if self.overlap is None else lag_to_json(self.overlap), "upfront_s": self.upfront_s,
+                "waves": list(self.waves)}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Plan:
@@ -213,7 +221,7 @@ class Plan:
                    unavailable=d["unavailable"], choice=d["choice"], reason=d["reason"],
                    overrides=tuple(d["overrides"]),
                    overlap=lag_from_json(d["overlap"]) if d.get("overlap") is not None else None,
-                   upfront_s=d.get("upfront_s", 0.0))
+                   upfront_s=d.get("upfront_s", 0.0), waves=tuple(d.get("waves", ())))
 
     def save(self, path: Path) -> Path:
         write_json(path, self.to_json())
@@ -287,6 +295,8 @@ def _make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibratio
                                                  comps=[base, *comps], stats=stats, dots=dots, scratch=scratch),
                         derive_seed(cfg.seed, "plan-probe"), device, say)
     baseline, predictions = predict(comps, base, stats, costs)
+    savings = tuple(waves_saving(p, predict([without_waves(c)], base, stats, costs)[1][0])
+                    for c, p in zip(comps, predictions, strict=True) if c.waves is not None)
     for p in (baseline, *predictions):
         say(f"candidate {p.name}: effective ratio {p.effective_ratio:.2f}, training clock (its steps and what it "
             f"pays before them) predicted at {p.clock:.2f}x {baseline.name}'s")
@@ -302,7 +312,19 @@ def _make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibratio
     upfront = spent_s + time.perf_counter() - t0 + len(pool) * costs.score_s
     return Plan(shares=stats.shares, g=stats.g, costs=costs, baseline=baseline, predictions=tuple(predictions),
                 unavailable=unavailable, choice=best.name, reason=reason,
-                overrides=tuple(preset_overrides(best.name)), overlap=overlap, upfront_s=upfront)
+                overrides=tuple(preset_overrides(best.name)), overlap=overlap, upfront_s=upfront, waves=savings)
+
+
+def waves_saving(waves: Prediction, whole: Prediction) -> str:
+    """One line: what a candidate's per-prompt rollout budgets save on this pool against the same candidate drawing
+    every group whole (rlcore/plan.py ``without_waves``): rollouts a step and per informative group, the step."""
+    def per(p: Prediction) -> str:
+        return f"{p.generated / p.signal:.1f}" if p.signal else "-"
+
+    return (f"{waves.name} generates {waves.generated:.0f} rollouts a step for {waves.signal:.1f} informative groups "
+            f"({per(waves)} a group, effective ratio {waves.effective_ratio:.2f}) against {whole.generated:.0f} for "
+            f"{whole.signal:.1f} ({per(whole)}, {whole.effective_ratio:.2f}) drawing every group whole; its step "
+            f"{waves.step_s:.3f} s against {whole.step_s:.3f} s ({waves.step_s / whole.step_s - 1:+.0%})")
 
 
 def planned_config(cfg: Config, plan: Plan) -> Config:

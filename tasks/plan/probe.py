@@ -150,7 +150,11 @@ def _generation_sizes(comps: Sequence[Composition], n: int) -> tuple[int, int]:
     rows = []
     for c in comps:
         first = math.ceil(c.dynamic[0] * c.prompts) if c.dynamic else max(1, round(c.prompts * c.fresh_frac))
-        for prompts, each in ((first, c.n), c.reference, c.calibration):
+        calls = [(first, c.n), c.reference, c.calibration]
+        if c.waves is not None:  # a first wave of its candidates, a second of at most B groups' rest
+            calls[0] = (math.ceil(c.waves[1] * first), c.waves[0])
+            calls.append((max(1, first // 2), c.n - c.waves[0]))
+        for prompts, each in calls:
             rows += call_rows(prompts, each, c.chunk)[:1]
     large = max(1, round(max(rows) / n))
     small = max(1, round(min(rows) / n))

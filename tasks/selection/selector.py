@@ -30,7 +30,15 @@ prompt it needs from the weights above, estimates each candidate's pass rate as 
 worked solution (one forward pass) and keeps those whose groups are most likely to have unequal rewards
 (``rlcore.selection.screen``); the rest stay available to the round's later steps.
 
-Every trained group's success rate over all n rollouts also labels the predictor (free labels). With
+**Pre-rollout skip** (``skip.enabled``, rlcore/silent_skip.py; GRESO, arXiv 2506.02177): before each step's draw,
+a prompt whose last rollouts all agreed is left out of it with a chance that rises with its consecutive agreeing
+rollouts (:attr:`Selector.silent`, counted from the calibration, DOTS's reference rollouts and every group,
+first waves included). It acts on the weights above, so the screen never scores a skipped prompt, and DOTS's
+predictor still learns from every silent group (its labels); the skipped prompts stay available to the round's
+later steps. :meth:`Selector.estimate` gives each chosen prompt's best pass-rate estimate (the screen's, DOTS's,
+or its last measured rate), which the per-prompt rollout budgets read (tasks/training/waves.py).
+
+Every trained group's success rate over all its rollouts also labels the predictor (free labels). With
 ``calibrate.reference=trained`` (ours) those labels are the reference set too: a round's context is every
 prompt measured since the last round started (round 0: the calibrate stage's), so a round rolls out nothing
 for DOTS; the labels are up to mu steps old and the prompts are the ones selected, not a random draw, and
@@ -46,7 +54,6 @@ import math
 
 import torch
 
-from rlcore.advantages import effective_mask
 from rlcore.angle import angle_order
 from rlcore.curriculum import CurriculumScheduler, data_effectiveness_score, reward_adaptability
 from rlcore.difficulty import AttentionDifficultyPredictor, pearson
@@ -54,6 +61,7 @@ from rlcore.gain_sampler import GaussianWindowSampler
 from rlcore.pass_rate_posterior import fit_concentration
 from rlcore.seeding import derive_seed
 from rlcore.selection import sample_prompts, screen, uniform_weights
+from rlcore.silent_skip import skip_probability
 from tasks.calibration.record import Calibration
 from tasks.calibration.reference import Measure, random_reference, reference_rollouts
 from tasks.config import Config
@@ -101,6 +109,8 @@ class Selector:
         self.seen_groups: list[tuple[float, float, float, int, int]] = []  # weighting=posterior: each drawn group's
         # (prediction, own successes, own trials) when drawn, then (successes, n); rewards are 0 or 1
         self.concentration = float("nan")  # weighting=posterior: the round's fitted Beta concentration
+        self.silent = torch.zeros(m, dtype=torch.float64)  # [M] consecutive agreeing rollouts / rollout.n (skip)
+        self.skipped = 0  # skip.enabled: prompts with weight the skip has left out of draws (the draw reads it)
         sc, cc, gc = cfg.select, cfg.curriculum, cfg.gain
         self.predictor = dots_predictor(cfg, self.emb.shape[1], linear_recalibration=sc.predictor.linear_recalibration
                                         ) if sc.method == "dots" else None
@@ -190,7 +200,7 @@ class Selector:
         rewards = reference_rollouts(measure, self.pool, ref, cfg.calibrate.g,
                                      derive_seed(cfg.seed, round_, "ref-roll"))
         labels = rewards.float().mean(1)  # [K]
-        self._record(ref, labels, cfg.calibrate.g)
+        self._record(ref, labels, cfg.calibrate.g, rewards.amax(1) == rewards.amin(1))
         half = k // 2
         fit, hold = ref[:half], ref[half:]
         self.predictor.observe(self.emb[fit], labels[:half], step)
@@ -233,20 +243,25 @@ class Selector:
         est = attention.predict(self.emb, self.emb[known], self.last_success[known])
         return torch.where(known, self.last_success, est)
 
-    def _record(self, idx: torch.Tensor, success: torch.Tensor, n: int) -> None:
-        """Success rates over n rollouts each of the prompts ``idx``."""
-        for i, s in zip(idx.tolist(), success.tolist(), strict=True):
+    def _record(self, idx: torch.Tensor, success: torch.Tensor, n: int | torch.Tensor,
+                agree: torch.Tensor) -> None:
+        """Success rates over n rollouts each (one count, or [K] per prompt) of the prompts ``idx`` [K], and ``agree``
+        [K] bool, whether each one's rollouts all had one reward (the skip's evidence, rlcore.silent_skip)."""
+        counts = torch.as_tensor(n).expand(len(idx)).tolist()
+        group = self.cfg.rollout.n
+        for i, s, c, a in zip(idx.tolist(), success.tolist(), counts, agree.tolist(), strict=True):
             self.history[i].append(float(s))
             self.last_success[i] = s
-            self.own_successes[i] += s * n
-            self.own_trials[i] += n
+            self.own_successes[i] += s * c
+            self.own_trials[i] += c
+            self.silent[i] = self.silent[i] + c / group if a else 0.0
         self.recent += idx.tolist()
 
     def seed_labels(self, calibration: Calibration) -> None:
         """Measurements from the calibrate stage: history, and the predictor's first labels."""
         t = torch.tensor(calibration.indices, dtype=torch.long)
         success = calibration.success.float()
-        self._record(t, success, self.cfg.calibrate.g)
+        self._record(t, success, self.cfg.calibrate.g, (success == 0) | (success == 1))
         if self.predictor is not None:
             self.predictor.observe(self.emb[t], success, -1)
 
@@ -272,6 +287,8 @@ class Selector:
             self.used[:] = False
         else:
             probs = fresh
+        if cfg.skip.enabled:
+            probs = self._skip(probs, k, step, attempt)
         guard = self._guard(round(cfg.guard.share * k), step) if attempt == 0 else []
         if guard:
             probs = probs.clone()
@@ -302,6 +319,33 @@ class Selector:
                 for j, i in enumerate(idx)]
         return idx, rows
 
+    def _skip(self, probs: torch.Tensor, k: int, step: int, attempt: int) -> torch.Tensor:
+        """``probs`` with the prompts the pre-rollout skip leaves out of this draw set to 0 (each with its chance,
+        rlcore.silent_skip.skip_probability, from one uniform draw a prompt seeded by the step and the attempt); as
+        they are when fewer than ``k`` prompts with weight would remain."""
+        sc = self.cfg.skip
+        gen = torch.Generator().manual_seed(derive_seed(self.cfg.seed, step, "skip", *((attempt,) if attempt else ())))
+        out = torch.rand(len(probs), generator=gen, dtype=torch.float64) < skip_probability(self.silent, sc.explore,
+                                                                                            sc.cap)
+        kept = torch.where(out, torch.zeros_like(probs), probs)
+        if int((kept > 0).sum()) < k:
+            return probs
+        self.skipped += int(((probs > 0) & out).sum())
+        return kept
+
+    def estimate(self, idx: list[int]) -> torch.Tensor:
+        """[k] float64 the best estimate of each chosen prompt's pass rate: the screen's likelihood where this step
+        screened it, else DOTS's prediction, else its last measured success rate, else NaN."""
+        out = []
+        for i in idx:
+            if i in self.screened:
+                out.append(self.screened[i])
+            elif not math.isnan(float(self.pred[i])):
+                out.append(float(self.pred[i]))
+            else:
+                out.append(float(self.last_success[i]))
+        return torch.tensor(out, dtype=torch.float64).clamp(0, 1)
+
     def _guard(self, n: int, step: int) -> list[int]:
         """The solved-skill guard's picks (``guard.share``): up to n prompts measured solved and not yet used this
         round, uniformly at random (seeded by the step). Only in a step's first generation round: dynamic sampling's
@@ -312,16 +356,19 @@ class Selector:
         gen = torch.Generator().manual_seed(derive_seed(self.cfg.seed, step, "guard"))
         return solved[torch.randperm(len(solved), generator=gen)[:n]].tolist()
 
-    def observe(self, step: int, idx: list[int], rewards: torch.Tensor, accuracy: float,
+    def observe(self, step: int, idx: list[int], rewards: list[torch.Tensor], accuracy: float,
                 angle: float | None) -> dict[str, float]:
-        """Feed back a step's outcome (success rates over all n rollouts)."""
-        success = rewards.float().mean(1)
+        """Feed back a step's outcome: ``rewards``, each drawn prompt's rewards [n_i] of all its rollouts (the same
+        n for every prompt, or per-prompt budgets: rlcore/rollout_budget.py)."""
+        success = torch.stack([r.float().mean() for r in rewards])
+        agree = torch.tensor([bool(r.max() == r.min()) for r in rewards])
+        counts = torch.tensor([r.numel() for r in rewards])
         t = torch.tensor(idx)
         if self.predictor is not None and self.cfg.select.weighting == "posterior":
             pred, (own_s, own_t) = self.pred[t].clamp(0, 1), self.round_evidence
-            self.seen_groups += [(float(pred[j]), float(own_s[i]), float(own_t[i]), int(r.sum()), r.numel())
-                                 for j, (i, r) in enumerate(zip(idx, rewards.round().long(), strict=True))]
-        self._record(t, success, rewards.shape[1])
+            self.seen_groups += [(float(pred[j]), float(own_s[i]), float(own_t[i]), int(r.round().long().sum()),
+                                  r.numel()) for j, (i, r) in enumerate(zip(idx, rewards, strict=True))]
+        self._record(t, success, counts, agree)
         self.round_acc.append(accuracy)
         metrics: dict[str, float] = {}
         if self.predictor is not None:
@@ -329,7 +376,7 @@ class Selector:
             pred = self.pred[t]
             if self.cfg.select.weighting == "observed":
                 self.seen_pred += pred.clamp(0, 1).tolist()
-                self.seen_informative += effective_mask(rewards.float()).tolist()
+                self.seen_informative += (~agree).tolist()
             metrics["select/pred_success_mean"] = float(pred.mean())
             if len(idx) > 2:
                 metrics["select/pred_pearson_trained"] = pearson(pred, success)
@@ -347,6 +394,8 @@ class Selector:
                 metrics["select/screen_pearson"] = pearson(q, success[picked])
             self.screened, self.screen_candidates = {}, 0
         metrics["select/selected_success_mean"] = float(success.mean())
+        if self.cfg.skip.enabled:
+            metrics["skip/silent_prompts"] = float((self.silent > 0).sum())
         return metrics
 
     def set_heldout_accuracy(self, acc: float) -> None:
@@ -359,7 +408,7 @@ class Selector:
                 "recent": self.recent, "seen_pred": self.seen_pred, "seen_informative": self.seen_informative,
                 "own_successes": self.own_successes, "own_trials": self.own_trials,
                 "round_evidence": self.round_evidence, "seen_groups": self.seen_groups,
-                "concentration": self.concentration,
+                "concentration": self.concentration, "silent": self.silent,
                 "predictor": self.predictor.state_dict() if self.predictor is not None else None,
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 "window": self.window.state_dict() if self.window is not None else None}
@@ -373,6 +422,7 @@ class Selector:
             self.own_successes, self.own_trials = s["own_successes"], s["own_trials"]
             self.round_evidence, self.seen_groups = s["round_evidence"], s["seen_groups"]
             self.concentration = s["concentration"]
+        self.silent = s.get("silent", self.silent)  # checkpoints written before skip existed have none
         for name in ("predictor", "scheduler", "window"):
             obj = getattr(self, name)
             if obj is not None:

@@ -1,0 +1,48 @@
+"""A pre-rollout skip of prompts whose last groups were silent (GRESO, Zheng et al. 2025, arXiv 2506.02177).
+
+GRESO observes that a prompt whose group had zero reward variance at one visit is likely to have it again, and
+skips such prompts before any rollout, with a probability that lets them come back (the policy moves their pass
+rate). Ours: the evidence is counted in rollouts, not visits, so a first wave of a few agreeing rollouts
+(rlcore/rollout_budget.py) counts for less than a full group. A prompt's silent evidence z is the number of its
+consecutive agreeing rollouts (all right, or all wrong, since the last mixed group) over the group size n, and
+
+    P(skip) = min(cap, 1 - explore^z)                 (0 for z = 0)
+
+so one silent group of n skips it with chance 1 - explore, each further one multiplies the chance of its return
+by explore, and it always returns with chance at least 1 - cap. A mixed group resets z to 0.
+
+Deviations: GRESO tunes its exploration probability online toward a target share of silent groups, separately for
+all-right and all-wrong prompts, and counts whole epochs; ours is fixed (``skip.explore``), the same for both,
+counted in rollouts and capped (``skip.cap``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["skip_probability", "update_streak"]
+
+
+def skip_probability(silent: torch.Tensor, explore: float, cap: float) -> torch.Tensor:
+    """[M] float64 chance that each prompt is skipped before this step's draw; ``silent`` [M] is z, the prompts'
+    silent evidence in groups (>= 0)."""
+    if not 0 < explore < 1:
+        raise ValueError(f"explore must be in (0, 1), got {explore!r}")
+    if not 0 <= cap < 1:
+        raise ValueError(f"cap must be in [0, 1), got {cap!r}")
+    z = torch.as_tensor(silent, dtype=torch.float64)
+    if not (z >= 0).all():
+        raise ValueError("silent evidence must be >= 0 (NaN not allowed)")
+    return (1 - torch.pow(torch.tensor(explore, dtype=torch.float64), z)).clamp(0, cap)
+
+
+def update_streak(silent: float, rewards: torch.Tensor, n: int) -> float:
+    """A prompt's silent evidence z after a visit whose rollouts got ``rewards`` [r]: z + r / n when they all agree,
+    else 0 (``n``: the group size a full visit has)."""
+    if n < 1 or rewards.numel() == 0:
+        raise ValueError(f"need n >= 1 and at least one reward, got n={n}, {rewards.numel()} rewards")
+    if not math.isfinite(silent) or silent < 0:
+        raise ValueError(f"silent evidence must be finite and >= 0, got {silent!r}")
+    return silent + rewards.numel() / n if bool(rewards.max() == rewards.min()) else 0.0
