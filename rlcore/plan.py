@@ -423,8 +423,10 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
         wv = _waves(c, pool, kept, fresh)
         first, second = c.waves[0], wv["second_mass"]
         second_length = _mean(completion, second)
+        low, frac = divmod(wv["topped"], 1.0)  # an expected count: between the calls of its two neighbours
         generate_s = (draw_s(round(wv["candidates"]), first, length, drawn)
-                      + draw_s(round(wv["topped"]), c.n - first, second_length, mix(second)))
+                      + (1 - frac) * draw_s(int(low), c.n - first, second_length, mix(second))
+                      + frac * draw_s(int(low) + 1, c.n - first, second_length, mix(second)))
         asked_rollouts = wv["rollouts"]
         informative, groups = wv["informative"], wv["trained"]
         fresh_tokens = wv["candidates"] * first * length + wv["topped"] * (c.n - first) * second_length

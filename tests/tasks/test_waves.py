@@ -176,7 +176,7 @@ def test_a_resume_mid_run_with_waves_equals_an_uninterrupted_run(smoke_cfg, pool
             return trainer.finish()
 
     def record(run, policy):
-        groups = run.ledger.query("SELECT * EXCLUDE (run_id, logged_at) FROM groups WHERE run_id = ? "
+        groups = run.ledger.query("SELECT * EXCLUDE (run_id) FROM groups WHERE run_id = ? "
                                   "ORDER BY step, prompt_id", [run.run_id])
         logged = [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "cost/", "perf/",
                                                                                      "overlap/", "memory/",
