@@ -37,15 +37,13 @@ asks ceil(o * missing) prompts a round until the batch holds B informative group
 the informative groups a round finds are taken as binomial in the prompts it asks with chance r, and the
 expectation over the missing count is exact (:func:`dynamic_rounds`).
 
-**Per-prompt rollout budgets and the pre-rollout skip.** With waves (rlcore/rollout_budget.py) a step draws C =
-ceil(candidates x B) candidates from the draw above, each with a first wave of w rollouts; each reference prompt's
-expected outcome as a candidate (first wave mixed; agreeing and completed, its prior being the screen's likelihood,
-DOTS's level rate or none, as the run's) is exact from its s of g (``rollout_budget.wave_expectation``), and the
-step's completed, partial and informative groups follow under the budget B (``rollout_budget.step_expectation``);
-the first wave is one generate call of C x w rollouts, the second one of the completed groups' n - w each. The
-skip (rlcore/silent_skip.py) multiplies the draw weight of a reference prompt whose g rollouts agreed by 1 - its
-skip chance at evidence g / n (the run counts the calibration as a visit); later visits, which raise the chance,
-are not modelled.
+**Techniques inside a step** (``Composition.rules``, rlcore/step_rules.py: the seam). Each rule may reweigh the draw
+(the pre-rollout skip, rlcore/silent_skip.py ``SkipRule``) and may replace the draw of B groups of n with its own
+(per-prompt rollout budgets, rlcore/rollout_budget.py ``WaveRule``: first waves of C candidates, then the
+completions), given each reference prompt's s of g, the run's estimate of its pass rate before any rollout (the
+screen's likelihood, DOTS's level rate, or none) and the draw's weights; its generate calls, rollouts, informative
+and trained groups and update rows then stand in the step's clock for the default draw's. A call of an expected
+number of prompts costs between the calls of its two whole neighbours, in proportion.
 
 **A step's clock.** Each kind of work is a call whose seconds are a line in its tokens, a + b * tokens
 (:class:`CallCost`), fitted to calls of the sizes the candidates make. A generate call's line is in its tokens and
@@ -87,12 +85,11 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from rlcore.rollout_budget import completion_chance, step_expectation, wave_expectation
-from rlcore.silent_skip import skip_probability
 from rlcore.step_costs import UnitCosts
+from rlcore.step_rules import DrawOutcome, StepRule, StepView
 
-__all__ = ["Composition", "PoolStats", "Prediction", "call_rows", "draw_ratio", "dynamic_rounds",
-           "informative_chance", "predict", "update_rows", "without_waves"]
+__all__ = ["Composition", "PoolStats", "Prediction", "call_rows", "draw_calls", "draw_ratio", "dynamic_rounds",
+           "informative_chance", "predict", "update_rows", "without_rule"]
 
 
 @dataclass(frozen=True)
@@ -153,9 +150,8 @@ class Composition:
     call); ``reference``: DOTS's fresh reference rollouts a round, (K prompts, g each), (0, 0) without;
     ``predictor``: DOTS's predictor is fitted each round; ``calibration``: the calibrate stage's (K, g) where the
     composition reads its pass rates, (0, 0) where it does not; ``scored``: pool prompts the score stage embeds
-    where the composition reads the scores, 0 where it does not; ``waves``: per-prompt rollout budgets (first
-    wave w, candidates a step over B, min_chance, prior_strength; rlcore/rollout_budget.py) or None; ``skip``: the
-    pre-rollout skip's (explore, cap) (rlcore/silent_skip.py) or None."""
+    where the composition reads the scores, 0 where it does not; ``rules``: the techniques acting inside its step
+    (rlcore/step_rules.py; at most one replaces the draw)."""
 
     name: str
     prompts: int
@@ -176,8 +172,7 @@ class Composition:
     predictor: bool = False
     calibration: tuple[int, int] = (0, 0)
     scored: int = 0
-    waves: tuple[int, float, float, float] | None = None
-    skip: tuple[float, float] | None = None
+    rules: tuple[StepRule, ...] = ()
 
     def __post_init__(self) -> None:
         if self.prompts < 1 or not 1 <= self.m <= self.n:
@@ -190,9 +185,6 @@ class Composition:
             raise ValueError(f"{self.name}: need steps >= 1, round_steps >= 1, chunk >= 0 and scored >= 0")
         if any(x < 0 for x in (*self.reference, *self.calibration)):
             raise ValueError(f"{self.name}: reference and calibration are (K, g) >= 0")
-        if self.waves is not None and (not 1 <= self.waves[0] < self.n or self.waves[1] < 1
-                                       or self.dynamic is not None):
-            raise ValueError(f"{self.name}: waves need 1 <= first < n, candidates >= 1 and no dynamic sampling")
 
 
 @dataclass(frozen=True)
@@ -260,10 +252,8 @@ def _draw_weights(c: Composition, pool: PoolStats) -> torch.Tensor:
     """[K] weights q of each reference prompt under the composition's draw: the pool share it stands for, times
     DOTS's weighting of its level's pooled rate, times the chance the skip leaves it in (module docstring)."""
     mass = pool.mass
-    if c.skip is not None:
-        s = torch.tensor(pool.successes)
-        z = torch.where((s == 0) | (s == pool.g), pool.g / c.n, 0.0)
-        mass = mass * (1 - skip_probability(z, *c.skip))
+    for rule in c.rules:
+        mass = rule.weigh(torch.tensor(pool.successes), pool.g, c.n, mass)
     if c.draw == "uniform":
         return mass
     pred = _level_rates(pool)
@@ -347,35 +337,37 @@ def dynamic_rounds(b: int, r: float, oversample: float, max_rounds: int,
     return asked, kept, seconds
 
 
-def _waves(c: Composition, pool: PoolStats, kept: torch.Tensor, fresh: float) -> dict[str, float]:
-    """A wave step's expected candidates, rollouts, completed, partial, informative and trained groups (module
-    docstring), with ``kept`` [K] the draw's weights and ``fresh`` B; ``second_mass`` [K]: where its second wave's
-    rollouts go."""
-    first, candidates, min_chance, strength = c.waves
-    k = len(pool.successes)
+def _estimate(c: Composition, pool: PoolStats) -> torch.Tensor:
+    """[K] the pass rate a run of ``c`` estimates for each reference prompt before rolling it out: the screen's
+    likelihood where it screens, else DOTS's prediction (its level's rate), else none (NaN)."""
     if c.screen > 1 and pool.screen is not None:
-        prior = torch.tensor(pool.screen, dtype=torch.float64)
-    elif c.draw == "dots":
-        prior = _level_rates(pool)
-    else:
-        prior = torch.full((k,), float("nan"), dtype=torch.float64)
-    top_right = completion_chance(torch.full((k,), float(first)), first, c.n, prior, strength) >= min_chance
-    top_wrong = completion_chance(torch.zeros(k), first, c.n, prior, strength) >= min_chance
-    e = wave_expectation(torch.tensor(pool.successes), pool.g, first, c.n, top_right, top_wrong)
-    q = kept / kept.sum()
-    cands = math.ceil(candidates * round(fresh))
-    out = step_expectation(cands, fresh, float((q * e.mixed).sum()), float((q * e.agree_topped).sum()),
-                           float((q * e.agree_informative).sum()))
-    out["candidates"] = float(cands)
-    out["rollouts"] = cands * first + out["topped"] * (c.n - first)
-    out["second_mass"] = kept * (e.mixed + e.agree_topped)
-    out["rows"] = out["topped_informative"] * min(c.m, c.n) + out["partial"] * min(c.m, first)
-    return out
+        return torch.tensor(pool.screen, dtype=torch.float64)
+    if c.draw == "dots":
+        return _level_rates(pool)
+    return torch.full((len(pool.successes),), float("nan"), dtype=torch.float64)
 
 
-def without_waves(c: Composition) -> Composition:
-    """``c`` drawing every prompt's full group in one wave: what the waves are measured against."""
-    return replace(c, name=f"{c.name} without waves", waves=None)
+def _outcome(c: Composition, pool: PoolStats, kept: torch.Tensor, fresh: float) -> DrawOutcome | None:
+    """The draw of the one rule of ``c`` that replaces B groups of n (rlcore/step_rules.py), or None."""
+    view = StepView(n=c.n, m=c.m, g=pool.g, successes=torch.tensor(pool.successes, dtype=torch.float64),
+                    estimate=_estimate(c, pool), kept=kept, fresh=fresh)
+    outs = [o for o in (rule.outcome(view) for rule in c.rules) if o is not None]
+    if len(outs) > 1 or (outs and c.dynamic is not None):
+        raise ValueError(f"{c.name}: at most one rule may replace the draw, and not with dynamic sampling")
+    return outs[0] if outs else None
+
+
+def draw_calls(c: Composition, pool: PoolStats) -> list[tuple[int, int]]:
+    """The generate calls of a step's fresh draw once replay runs: (prompts, rollouts a prompt), before cutting at
+    the chunk."""
+    first = math.ceil(c.dynamic[0] * c.prompts) if c.dynamic else max(1, round(c.prompts * c.fresh_frac))
+    out = _outcome(c, pool, _kept(c, pool), c.prompts * c.fresh_frac)
+    return [(max(1, round(p)), each) for p, each, _ in out.calls] if out is not None else [(first, c.n)]
+
+
+def without_rule(c: Composition, name: str) -> Composition:
+    """``c`` without its rule ``name`` (what that technique is measured against)."""
+    return replace(c, name=f"{c.name} without {name}", rules=tuple(r for r in c.rules if r.name != name))
 
 
 def _batch(c: Composition, r: float) -> tuple[float, float, float, float, float]:
@@ -393,9 +385,9 @@ def _batch(c: Composition, r: float) -> tuple[float, float, float, float, float]
 def update_rows(c: Composition, pool: PoolStats) -> float:
     """Rows a step of the composition updates: its informative groups' m rows (every group's without the skip)."""
     fresh, replayed, _, informative, groups = _batch(c, draw_ratio(c, pool))
-    if c.waves is not None:
-        w = _waves(c, pool, _kept(c, pool), fresh)
-        return w["rows"] + c.m * replayed
+    out = _outcome(c, pool, _kept(c, pool), fresh)
+    if out is not None:
+        return out.rows + c.m * replayed
     return c.m * (informative + replayed if c.skip_silent else groups + replayed)
 
 
@@ -419,19 +411,17 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
 
     fresh, replayed, asked, informative, groups = _batch(c, r)
     drawn = mix(kept)
-    if c.waves is not None:
-        wv = _waves(c, pool, kept, fresh)
-        first, second = c.waves[0], wv["second_mass"]
-        second_length = _mean(completion, second)
-        low, frac = divmod(wv["topped"], 1.0)  # an expected count: between the calls of its two neighbours
-        generate_s = (draw_s(round(wv["candidates"]), first, length, drawn)
-                      + (1 - frac) * draw_s(int(low), c.n - first, second_length, mix(second))
-                      + frac * draw_s(int(low) + 1, c.n - first, second_length, mix(second)))
-        asked_rollouts = wv["rollouts"]
-        informative, groups = wv["informative"], wv["trained"]
-        fresh_tokens = wv["candidates"] * first * length + wv["topped"] * (c.n - first) * second_length
-        upd_fresh_rows = wv["rows"]
-        screened = wv["candidates"]
+    out = _outcome(c, pool, kept, fresh)
+    if out is not None:
+        generate_s = fresh_tokens = 0.0
+        for prompts, each, where in out.calls:
+            tokens = _mean(completion, where)
+            low, frac = divmod(prompts, 1.0)  # an expected count: between the calls of its two neighbours
+            generate_s += ((1 - frac) * draw_s(int(low), each, tokens, mix(where))
+                           + (frac * draw_s(int(low) + 1, each, tokens, mix(where)) if frac else 0.0))
+            fresh_tokens += prompts * each * tokens
+        asked_rollouts, informative, groups = out.generated, out.informative, out.trained
+        upd_fresh_rows, screened = out.rows, out.screened
     else:
         if c.dynamic is not None:
             generate_s = dynamic_rounds(round(fresh), r, *c.dynamic, lambda ask: draw_s(ask, c.n, length, drawn))[2]

@@ -44,7 +44,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["WaveExpectation", "allocate", "completion_chance", "pass_rate_moment", "step_expectation",
+from rlcore.step_rules import DrawOutcome, StepView
+
+__all__ = ["WaveExpectation", "WaveRule", "allocate", "completion_chance", "pass_rate_moment", "step_expectation",
            "wave_expectation"]
 
 
@@ -167,3 +169,39 @@ def step_expectation(candidates: float, budget: float, mixed: float, agree_toppe
     return {"topped": topped_mixed + topped_agree, "topped_informative": topped_mixed + share * candidates *
             agree_informative, "partial": partial, "informative": informative,
             "trained": topped_mixed + topped_agree + partial}
+
+
+@dataclass(frozen=True)
+class WaveRule:
+    """The waves as the plan predicts them (an rlcore.step_rules.StepRule; rlcore/plan.py): C = ceil(candidates x B)
+    candidates from the draw, each reference prompt's expected outcome as one (:func:`wave_expectation`, its prior
+    the run's estimate of it), the step's groups under the budget B (:func:`step_expectation`); a first generate
+    call of C x w rollouts and a second of the completed groups' n - w each."""
+
+    first: int
+    candidates: float
+    min_chance: float
+    prior_strength: float
+    name: str = "waves"
+
+    def weigh(self, successes: torch.Tensor, g: int, n: int, weights: torch.Tensor) -> torch.Tensor:
+        return weights
+
+    def outcome(self, view: StepView) -> DrawOutcome:
+        w, n, k = self.first, view.n, len(view.successes)
+        if not 1 <= w < n:
+            raise ValueError(f"waves: need 1 <= first < n, got first={w}, n={n}")
+        top_right = completion_chance(torch.full((k,), float(w)), w, n, view.estimate,
+                                      self.prior_strength) >= self.min_chance
+        top_wrong = completion_chance(torch.zeros(k), w, n, view.estimate, self.prior_strength) >= self.min_chance
+        e = wave_expectation(view.successes, view.g, w, n, top_right, top_wrong)
+        q = view.kept / view.kept.sum()
+        cands = math.ceil(self.candidates * round(view.fresh))
+        out = step_expectation(cands, view.fresh, float((q * e.mixed).sum()), float((q * e.agree_topped).sum()),
+                               float((q * e.agree_informative).sum()))
+        return DrawOutcome(calls=((float(cands), w, view.kept),
+                                  (out["topped"], n - w, view.kept * (e.mixed + e.agree_topped))),
+                           generated=cands * w + out["topped"] * (n - w), informative=out["informative"],
+                           trained=out["trained"],
+                           rows=out["topped_informative"] * min(view.m, n) + out["partial"] * min(view.m, w),
+                           screened=float(cands))

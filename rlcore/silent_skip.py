@@ -19,10 +19,11 @@ counted in rollouts and capped (``skip.cap``).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["skip_probability", "update_streak"]
+__all__ = ["SilentSkip", "SkipRule", "skip_probability", "update_streak"]
 
 
 def skip_probability(silent: torch.Tensor, explore: float, cap: float) -> torch.Tensor:
@@ -46,3 +47,62 @@ def update_streak(silent: float, rewards: torch.Tensor, n: int) -> float:
     if not math.isfinite(silent) or silent < 0:
         raise ValueError(f"silent evidence must be finite and >= 0, got {silent!r}")
     return silent + rewards.numel() / n if bool(rewards.max() == rewards.min()) else 0.0
+
+
+class SilentSkip:
+    """The skip's state over a pool of M prompts (an rlcore.step_rules.PromptFilter): each prompt's silent evidence
+    z, and the draws it leaves prompts out of."""
+
+    name = "skip"
+
+    def __init__(self, num_prompts: int, n: int, *, explore: float, cap: float):
+        skip_probability(torch.zeros(1), explore, cap)  # checks both
+        if num_prompts < 1 or n < 1:
+            raise ValueError(f"need num_prompts >= 1 and n >= 1, got {num_prompts}, {n}")
+        self.n, self.explore, self.cap = n, explore, cap
+        self.silent = torch.zeros(num_prompts, dtype=torch.float64)  # [M] z
+        self.skipped = 0  # prompts with weight left out of draws since take_metrics
+
+    def record(self, idx: list[int], counts: list[int], agree: list[bool]) -> None:
+        for i, c, a in zip(idx, counts, agree, strict=True):
+            self.silent[i] = self.silent[i] + c / self.n if a else 0.0
+
+    def keep(self, probs: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+        """One uniform draw a prompt from ``generator``: a prompt is left out with its skip chance."""
+        out = torch.rand(len(probs), generator=generator, dtype=torch.float64) < skip_probability(
+            self.silent, self.explore, self.cap)
+        kept = torch.where(out, torch.zeros_like(probs), probs)
+        if int((kept > 0).sum()) < k:
+            return probs
+        self.skipped += int(((probs > 0) & out).sum())
+        return kept
+
+    def take_metrics(self) -> dict[str, float]:
+        out = {"skip/skipped": float(self.skipped), "skip/silent_prompts": float((self.silent > 0).sum())}
+        self.skipped = 0
+        return out
+
+    def state_dict(self) -> dict:
+        return {"silent": self.silent.clone(), "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.silent, self.skipped = state["silent"].clone(), int(state["skipped"])
+
+
+@dataclass(frozen=True)
+class SkipRule:
+    """The skip as the plan predicts it (an rlcore.step_rules.StepRule): a reference prompt whose g rollouts agreed
+    (evidence z = g / n, as the run counts the calibration) is drawn with 1 - its skip chance of its weight; later
+    visits, which raise the chance, are not modelled."""
+
+    explore: float
+    cap: float
+    name: str = "skip"
+
+    def weigh(self, successes: torch.Tensor, g: int, n: int, weights: torch.Tensor) -> torch.Tensor:
+        s = torch.as_tensor(successes)
+        z = torch.where((s == 0) | (s == g), g / n, 0.0)
+        return weights * (1 - skip_probability(z, self.explore, self.cap))
+
+    def outcome(self, view) -> None:
+        return None

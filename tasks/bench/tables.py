@@ -142,7 +142,8 @@ def informative_markdown(result: dict) -> list[str]:
     if not rows:
         return []
     lines = ["", f"Rollouts generated per informative group trained (seed mean), against `{result['baseline']}`'s:",
-             "", "| configuration | rollouts per informative group | vs baseline | effective ratio |", "|---|---|---|---|"]
+             "", "| configuration | rollouts per informative group | vs baseline | effective ratio |",
+             "|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['name']} | {_f(r['rollouts_per_informative']['mean'], '.2f')} | "
                      f"{_f(r.get('rollouts_per_informative_vs_baseline'), '.2f')} | "

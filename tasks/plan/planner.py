@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from rlcore.overlap_lag import LagChoice
-from rlcore.plan import Composition, PoolStats, Prediction, predict, without_waves
+from rlcore.plan import Composition, PoolStats, Prediction, predict, without_rule
 from rlcore.plan_choice import RunClock, choose, run_clock
 from rlcore.seeding import derive_seed
 from rlcore.step_costs import CallCost, UnitCosts
@@ -40,6 +40,7 @@ from tasks.policy import Policy
 from tasks.records.files import write_json
 from tasks.records.progress import pulse
 from tasks.selection.screen import policy_likelihood
+from tasks.training.techniques import step_rules
 
 log = logging.getLogger("rlsift.plan")
 
@@ -56,7 +57,7 @@ def reads_upfront(cfg: Config) -> dict[str, bool]:
 def composition(name: str, cfg: Config, pool_size: int = 0) -> Composition:
     """What ``cfg`` does a step and before its first, as rlcore.plan predicts it (``pool_size``: prompts the score
     stage embeds)."""
-    sc, tc, rc, cal, wc = cfg.select, cfg.train, cfg.rollout, cfg.calibrate, cfg.waves
+    sc, tc, rc, cal = cfg.select, cfg.train, cfg.rollout, cfg.calibrate
     dots = sc.method == "dots"
     reads = reads_upfront(cfg)
     return Composition(
@@ -68,8 +69,7 @@ def composition(name: str, cfg: Config, pool_size: int = 0) -> Composition:
         chunk=rc.chunk if rc.engine == "hf" else 0,
         reference=(cal.k, cal.g) if dots and cal.reference == "fresh" else (0, 0), predictor=dots,
         calibration=(cal.k, cal.g) if reads["calibrate"] else (0, 0), scored=pool_size if reads["score"] else 0,
-        waves=(wc.first, wc.candidates, wc.min_chance, wc.prior_strength) if wc.enabled else None,
-        skip=(cfg.skip.explore, cfg.skip.cap) if cfg.skip.enabled else None)
+        rules=step_rules(cfg))
 
 
 def candidate_config(cfg: Config, name: str) -> Config:
@@ -102,7 +102,7 @@ def pool_stats(policy: Policy, pool: list[PromptRecord], calibration: Calibratio
 
 def probe_records(pool: list[PromptRecord], calibration: Calibration, cfg: Config) -> list[PromptRecord]:
     """The probes' prompts: the first ``plan.probe_prompts`` reference prompts."""
-    return [pool[i] for i in calibration.indices[: cfg.plan.probe_prompts]]
+    return calibration.first(pool, cfg.plan.probe_prompts)
 
 
 @dataclass(frozen=True)
@@ -295,8 +295,8 @@ def _make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibratio
                                                  comps=[base, *comps], stats=stats, dots=dots, scratch=scratch),
                         derive_seed(cfg.seed, "plan-probe"), device, say)
     baseline, predictions = predict(comps, base, stats, costs)
-    savings = tuple(waves_saving(p, predict([without_waves(c)], base, stats, costs)[1][0])
-                    for c, p in zip(comps, predictions, strict=True) if c.waves is not None)
+    savings = tuple(waves_saving(p, predict([without_rule(c, "waves")], base, stats, costs)[1][0])
+                    for c, p in zip(comps, predictions, strict=True) if any(r.name == "waves" for r in c.rules))
     for p in (baseline, *predictions):
         say(f"candidate {p.name}: effective ratio {p.effective_ratio:.2f}, training clock (its steps and what it "
             f"pays before them) predicted at {p.clock:.2f}x {baseline.name}'s")
@@ -317,7 +317,7 @@ def _make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibratio
 
 def waves_saving(waves: Prediction, whole: Prediction) -> str:
     """One line: what a candidate's per-prompt rollout budgets save on this pool against the same candidate drawing
-    every group whole (rlcore/plan.py ``without_waves``): rollouts a step and per informative group, the step."""
+    every group whole (rlcore/plan.py ``without_rule``): rollouts a step and per informative group, the step."""
     def per(p: Prediction) -> str:
         return f"{p.generated / p.signal:.1f}" if p.signal else "-"
 

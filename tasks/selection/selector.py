@@ -30,13 +30,14 @@ prompt it needs from the weights above, estimates each candidate's pass rate as 
 worked solution (one forward pass) and keeps those whose groups are most likely to have unequal rewards
 (``rlcore.selection.screen``); the rest stay available to the round's later steps.
 
-**Pre-rollout skip** (``skip.enabled``, rlcore/silent_skip.py; GRESO, arXiv 2506.02177): before each step's draw,
-a prompt whose last rollouts all agreed is left out of it with a chance that rises with its consecutive agreeing
-rollouts (:attr:`Selector.silent`, counted from the calibration, DOTS's reference rollouts and every group,
-first waves included). It acts on the weights above, so the screen never scores a skipped prompt, and DOTS's
-predictor still learns from every silent group (its labels); the skipped prompts stay available to the round's
-later steps. :meth:`Selector.estimate` gives each chosen prompt's best pass-rate estimate (the screen's, DOTS's,
-or its last measured rate), which the per-prompt rollout budgets read (tasks/training/waves.py).
+**Prompt filters** (rlcore/step_rules.py ``PromptFilter``, registered in tasks/training/techniques.py; the
+pre-rollout skip, rlcore/silent_skip.py, GRESO arXiv 2506.02177): each hears every measurement of a prompt (the
+calibration, DOTS's reference rollouts, every group, first waves included) and, before each step's draw, leaves
+prompts out of it (the skip: a prompt whose last rollouts all agreed, with a chance that rises with its consecutive
+agreeing rollouts). They act on the weights above, so the screen never scores a left-out prompt, and DOTS's predictor
+still learns from every silent group (its labels); left-out prompts stay available to the round's later steps.
+:meth:`Selector.estimate` gives each chosen prompt's best pass-rate estimate (the screen's, DOTS's, or its last
+measured rate), which the per-prompt rollout budgets read (tasks/training/waves.py).
 
 Every trained group's success rate over all its rollouts also labels the predictor (free labels). With
 ``calibrate.reference=trained`` (ours) those labels are the reference set too: a round's context is every
@@ -51,6 +52,7 @@ are uniform: plain GRPO.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -61,7 +63,7 @@ from rlcore.gain_sampler import GaussianWindowSampler
 from rlcore.pass_rate_posterior import fit_concentration
 from rlcore.seeding import derive_seed
 from rlcore.selection import sample_prompts, screen, uniform_weights
-from rlcore.silent_skip import skip_probability
+from rlcore.step_rules import PromptFilter
 from tasks.calibration.record import Calibration
 from tasks.calibration.reference import Measure, random_reference, reference_rollouts
 from tasks.config import Config
@@ -76,10 +78,11 @@ class Selector:
     """Chooses each step's fresh prompts and records why. Checkpointable (``state_dict``)."""
 
     def __init__(self, cfg: Config, pool: list[PromptRecord], features: Features,
-                 likelihood: Likelihood | None = None):
+                 likelihood: Likelihood | None = None, filters: Sequence[PromptFilter] = ()):
         """``likelihood``: the current policy's :data:`~tasks.selection.screen.Likelihood`, needed when
-        ``select.screen`` > 1 (every pool prompt then needs a worked solution)."""
-        self.cfg, self.pool = cfg, pool
+        ``select.screen`` > 1 (every pool prompt then needs a worked solution); ``filters``: the prompt filters of
+        the techniques the run turns on (tasks/training/techniques.py ``prompt_filters``)."""
+        self.cfg, self.pool, self.filters = cfg, pool, list(filters)
         self.references: list[ReferenceRow] = []  # reference rows not yet in the ledger (take_references)
         m = len(pool)
         if cfg.select.screen > 1:
@@ -109,8 +112,6 @@ class Selector:
         self.seen_groups: list[tuple[float, float, float, int, int]] = []  # weighting=posterior: each drawn group's
         # (prediction, own successes, own trials) when drawn, then (successes, n); rewards are 0 or 1
         self.concentration = float("nan")  # weighting=posterior: the round's fitted Beta concentration
-        self.silent = torch.zeros(m, dtype=torch.float64)  # [M] consecutive agreeing rollouts / rollout.n (skip)
-        self.skipped = 0  # skip.enabled: prompts with weight the skip has left out of draws (the draw reads it)
         sc, cc, gc = cfg.select, cfg.curriculum, cfg.gain
         self.predictor = dots_predictor(cfg, self.emb.shape[1], linear_recalibration=sc.predictor.linear_recalibration
                                         ) if sc.method == "dots" else None
@@ -248,13 +249,13 @@ class Selector:
         """Success rates over n rollouts each (one count, or [K] per prompt) of the prompts ``idx`` [K], and ``agree``
         [K] bool, whether each one's rollouts all had one reward (the skip's evidence, rlcore.silent_skip)."""
         counts = torch.as_tensor(n).expand(len(idx)).tolist()
-        group = self.cfg.rollout.n
-        for i, s, c, a in zip(idx.tolist(), success.tolist(), counts, agree.tolist(), strict=True):
+        for i, s, c in zip(idx.tolist(), success.tolist(), counts, strict=True):
             self.history[i].append(float(s))
             self.last_success[i] = s
             self.own_successes[i] += s * c
             self.own_trials[i] += c
-            self.silent[i] = self.silent[i] + c / group if a else 0.0
+        for f in self.filters:
+            f.record(idx.tolist(), counts, agree.tolist())
         self.recent += idx.tolist()
 
     def seed_labels(self, calibration: Calibration) -> None:
@@ -287,8 +288,9 @@ class Selector:
             self.used[:] = False
         else:
             probs = fresh
-        if cfg.skip.enabled:
-            probs = self._skip(probs, k, step, attempt)
+        for f in self.filters:
+            probs = f.keep(probs, k, torch.Generator().manual_seed(
+                derive_seed(cfg.seed, step, f.name, *((attempt,) if attempt else ()))))
         guard = self._guard(round(cfg.guard.share * k), step) if attempt == 0 else []
         if guard:
             probs = probs.clone()
@@ -319,19 +321,12 @@ class Selector:
                 for j, i in enumerate(idx)]
         return idx, rows
 
-    def _skip(self, probs: torch.Tensor, k: int, step: int, attempt: int) -> torch.Tensor:
-        """``probs`` with the prompts the pre-rollout skip leaves out of this draw set to 0 (each with its chance,
-        rlcore.silent_skip.skip_probability, from one uniform draw a prompt seeded by the step and the attempt); as
-        they are when fewer than ``k`` prompts with weight would remain."""
-        sc = self.cfg.skip
-        gen = torch.Generator().manual_seed(derive_seed(self.cfg.seed, step, "skip", *((attempt,) if attempt else ())))
-        out = torch.rand(len(probs), generator=gen, dtype=torch.float64) < skip_probability(self.silent, sc.explore,
-                                                                                            sc.cap)
-        kept = torch.where(out, torch.zeros_like(probs), probs)
-        if int((kept > 0).sum()) < k:
-            return probs
-        self.skipped += int(((probs > 0) & out).sum())
-        return kept
+    def take_filter_metrics(self) -> dict[str, float]:
+        """The prompt filters' metrics since the last call (a draw reads them when it ends)."""
+        out: dict[str, float] = {}
+        for f in self.filters:
+            out |= f.take_metrics()
+        return out
 
     def estimate(self, idx: list[int]) -> torch.Tensor:
         """[k] float64 the best estimate of each chosen prompt's pass rate: the screen's likelihood where this step
@@ -394,8 +389,6 @@ class Selector:
                 metrics["select/screen_pearson"] = pearson(q, success[picked])
             self.screened, self.screen_candidates = {}, 0
         metrics["select/selected_success_mean"] = float(success.mean())
-        if self.cfg.skip.enabled:
-            metrics["skip/silent_prompts"] = float((self.silent > 0).sum())
         return metrics
 
     def set_heldout_accuracy(self, acc: float) -> None:
@@ -408,7 +401,7 @@ class Selector:
                 "recent": self.recent, "seen_pred": self.seen_pred, "seen_informative": self.seen_informative,
                 "own_successes": self.own_successes, "own_trials": self.own_trials,
                 "round_evidence": self.round_evidence, "seen_groups": self.seen_groups,
-                "concentration": self.concentration, "silent": self.silent,
+                "concentration": self.concentration, "filters": {f.name: f.state_dict() for f in self.filters},
                 "predictor": self.predictor.state_dict() if self.predictor is not None else None,
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 "window": self.window.state_dict() if self.window is not None else None}
@@ -422,7 +415,9 @@ class Selector:
             self.own_successes, self.own_trials = s["own_successes"], s["own_trials"]
             self.round_evidence, self.seen_groups = s["round_evidence"], s["seen_groups"]
             self.concentration = s["concentration"]
-        self.silent = s.get("silent", self.silent)  # checkpoints written before skip existed have none
+        for f in self.filters:  # checkpoints written before prompt filters existed have none
+            if f.name in s.get("filters", {}):
+                f.load_state_dict(s["filters"][f.name])
         for name in ("predictor", "scheduler", "window"):
             obj = getattr(self, name)
             if obj is not None:

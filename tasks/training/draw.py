@@ -114,7 +114,6 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
     """
     cfg, tc = run.cfg, run.cfg.train
     meter = meter if meter is not None else run.meter
-    skipped = selector.skipped
     ds = cfg.dynamic
     filler = BatchFiller(k, ds.oversample, ds.max_rounds) if ds.enabled else None
     idx_all, rows_all, records_all, rewards_all, pods_all = [], [], [], [], []
@@ -162,10 +161,10 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
     if filler is not None:
         stats |= filler.metrics()
     stats |= policy.engine.metrics()  # a pool's live servers, the generator process's peak memory
-    if cfg.skip.enabled:
-        stats["skip/skipped"] = float(selector.skipped - skipped)
+    stats |= selector.take_filter_metrics()  # the skip's prompts left out of this draw
     return FreshBatch(groups=groups, idx=idx_all, rows=rows_all, records=records_all,
-                      rewards=list(torch.cat(rewards_all)), generated=generated, tokens=tokens, prompt_tokens=prompt_tokens,
+                      rewards=list(torch.cat(rewards_all)), generated=generated, tokens=tokens,
+                      prompt_tokens=prompt_tokens,
                       gen_s=gen_s, stats=stats)
 
 

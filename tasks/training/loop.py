@@ -50,10 +50,10 @@ from tasks.selection.features import Features
 from tasks.selection.screen import policy_likelihood
 from tasks.selection.selector import Selector
 from tasks.training import checkpoint
-from tasks.training.draw import DRAW_PHASES, FreshBatch, StepDraw, sample_fresh, use_sampler_behaviour
+from tasks.training.draw import DRAW_PHASES, FreshBatch, StepDraw, use_sampler_behaviour
 from tasks.training.recorder import Recorder
-from tasks.training.waves import sample_waves
 from tasks.training.rounds import RoundLog
+from tasks.training.techniques import prompt_filters, step_draw
 from tasks.update.nan_locator import SkippedUpdate
 from tasks.update.skip_guard import SkipGuard, skipped_rows
 from tasks.update.updater import Updater, scheduled_lr
@@ -146,7 +146,8 @@ class Trainer:
                                        max_new_tokens=cfg.rollout.max_new_tokens,
                                        micro_batch_tokens=cfg.train.micro_batch_tokens,
                                        device=run.device) if cfg.select.screen > 1 else None
-        self.selector = Selector(cfg, pool, features, likelihood)
+        self.selector = Selector(cfg, pool, features, likelihood, filters=prompt_filters(cfg, len(pool)))
+        self.draw_fresh = step_draw(cfg)  # sample_fresh, or a registered technique's (tasks/training/techniques.py)
         if calibration is not None:
             self.selector.seed_labels(calibration)
         self.buffer = ReplayBuffer(cfg.replay.capacity, max_age=cfg.replay.max_age) if cfg.replay.enabled else None
@@ -239,8 +240,8 @@ class Trainer:
         n_fresh, n_replay = (mix_counts(tc.prompts_per_step, plan.fresh_frac, len(buffer))
                              if buffer is not None and round_ > 0 else (tc.prompts_per_step, 0))
         before = dict(meter.seconds)
-        fs = (sample_waves if cfg.waves.enabled else sample_fresh)(self.run, self.sampler, self.selector, self.pool, n_fresh, step, plan.rollouts, meter=meter,
-                          sampler_behaviour=self.sampler_behaviour, version=version)
+        fs = self.draw_fresh(self.run, self.sampler, self.selector, self.pool, n_fresh, step, plan.rollouts,
+                             meter=meter, sampler_behaviour=self.sampler_behaviour, version=version)
         phases = {k: meter.seconds.get(k, 0.0) - before.get(k, 0.0) for k in DRAW_PHASES}
         return StepDraw(step=step, fresh=fs, plan=plan, n_replay=n_replay, version=version, metrics=metrics,
                         references=tuple(self.selector.take_references()), phases=phases)

@@ -40,8 +40,8 @@ class RoundLog:
             heldout: float | None) -> None:
         """One step: its fresh draw's prompts and ledger rows, ``eff`` [groups trained] 1.0 where a group's rewards
         were unequal else 0.0, the number of its groups that were replayed, (update s, timing) when it
-        overlapped the next step's draw, ``rewards``, each drawn prompt's [rollouts] of its fresh rollouts, and the held-out
-        accuracy when the step ended on an evaluation (else None)."""
+        overlapped the next step's draw, ``rewards``, each drawn prompt's [rollouts] of its fresh rollouts, and the
+        held-out accuracy when the step ended on an evaluation (else None)."""
         self.levels.update(r.level for r in records)
         self.reward_sum += sum(float(r.sum()) for r in rewards)
         self.rollouts += sum(r.numel() for r in rewards)

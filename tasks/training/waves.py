@@ -25,7 +25,6 @@ import torch
 
 from rlcore.rollout_budget import allocate, completion_chance
 from rlcore.seeding import derive_seed
-from rlcore.types import RolloutGroup
 from tasks.calibration.reference import rollout_rewards
 from tasks.data.prompts import PromptRecord
 from tasks.generation.rollout import Generation
@@ -71,7 +70,6 @@ def sample_waves(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
     meter = meter if meter is not None else run.meter
     w = wc.first
     seed = lambda purpose: derive_seed(cfg.seed, step, purpose)  # noqa: E731
-    skipped = selector.skipped
     with meter.stage("selection"):
         idx, rows = selector.choose(math.ceil(wc.candidates * budget), step)
         prior = selector.estimate(idx)
@@ -121,8 +119,7 @@ def sample_waves(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
         total = sum(b for b, _ in pods_stats)
         stats |= {key: sum(b * st[key] for b, st in pods_stats) / total for key in pods_stats[0][1]}
     stats |= policy.engine.metrics()
-    if cfg.skip.enabled:
-        stats["skip/skipped"] = float(selector.skipped - skipped)
+    stats |= selector.take_filter_metrics()
     return FreshBatch(groups=[made[j] for j in sorted(made)], idx=idx, rows=rows, records=records, rewards=rewards,
                       generated=generated, tokens=tokens, prompt_tokens=prompt_tokens, gen_s=gen_s, stats=stats)
 

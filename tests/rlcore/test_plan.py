@@ -22,6 +22,8 @@ from rlcore.plan import (
     predict,
 )
 from rlcore.plan_choice import TIE, choose, run_clock
+from rlcore.rollout_budget import WaveRule
+from rlcore.silent_skip import SkipRule
 from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
 
 
@@ -465,12 +467,16 @@ def test_waves_and_the_skip_hand_worked():
     6 x 2 + 1.5 x 2 = 15; generation 12 x 10 x 2 + 3 x 10 x 2 s; the update 1.5 x 4 rows x 15 tokens. The skip
     (explore 0.5, cap 0.9) leaves a prompt whose 8 reference rollouts agreed (z = 8 / n = 1 at n = 8) in with chance
     1/2: GRPO's ratio 2 / 4 becomes 2 / 3."""
-    wave = Composition("w", 4, 4, 4, waves=(2, 1.5, 0.5, 2.0))
+    wave = Composition("w", 4, 4, 4, rules=(WaveRule(2, 1.5, 0.5, 2.0),))
     base, (w, whole) = predict([wave, Composition("whole", 4, 4, 4)], Composition("grpo", 4, 8, 8), POOL, COSTS)
     assert w.generated == pytest.approx(15) and w.signal == pytest.approx(1.5) and w.effective_ratio == 1.0
     assert w.step_s == pytest.approx(12 * 10 * 2 + 3 * 10 * 2 + 1.5 * 4 * 15)
     assert whole.generated == 16 and whole.signal == pytest.approx(4 * 123 / 280)
-    skip = Composition("skip", 4, 8, 8, skip=(0.5, 0.9))
+    skip = Composition("skip", 4, 8, 8, rules=(SkipRule(0.5, 0.9),))
     assert draw_ratio(skip, POOL) == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="waves"):
-        Composition("x", 4, 4, 4, waves=(4, 1.5, 0.5, 2.0))
+        predict([Composition("x", 4, 4, 4, rules=(WaveRule(4, 1.5, 0.5, 2.0),))], Composition("grpo", 4, 8, 8), POOL,
+                COSTS)
+    with pytest.raises(ValueError, match="at most one rule"):
+        predict([Composition("x", 4, 4, 4, rules=(WaveRule(2, 1.5, 0.5, 2.0),) * 2)], Composition("grpo", 4, 8, 8),
+                POOL, COSTS)

@@ -73,9 +73,11 @@ def test_unequal_groups_advantages_loss_and_gradient_hand_worked(aggregation):
                                   aggregation=aggregation, kl_coef=0.0)
     loss.backward()
     w = [1 / 11] * 8 if aggregation == "token" else [1 / (L * 8) for L in flat_len]
-    want = torch.tensor([[-a * wi if t < L else 0.0 for t in range(3)] for a, wi, L in zip(adv, w, flat_len)])
+    want = torch.tensor([[-a * wi if t < L else 0.0 for t in range(3)]
+                         for a, wi, L in zip(adv, w, flat_len, strict=True)])
     assert torch.allclose(logp.grad, want, atol=1e-7)
-    assert float(loss.detach()) == pytest.approx(-sum(a * wi * L for a, wi, L in zip(adv, w, flat_len)), abs=1e-7)
+    assert float(loss.detach()) == pytest.approx(-sum(a * wi * L for a, wi, L in zip(adv, w, flat_len, strict=True)),
+                                                abs=1e-7)
     (mb,) = cut_minibatches(rows, count=1, aggregation=aggregation, skip=True, micro_batch_tokens=0, shard=None)
     assert mb.computed.tolist() == list(range(6))
     assert mb.units == (11.0 if aggregation == "token" else 8.0)
