@@ -92,8 +92,10 @@ class SilentSkip:
 @dataclass(frozen=True)
 class SkipRule:
     """The skip as the plan predicts it (an rlcore.step_rules.StepRule): a reference prompt whose g rollouts agreed
-    (evidence z = g / n, as the run counts the calibration) is drawn with 1 - its skip chance of its weight; later
-    visits, which raise the chance, are not modelled."""
+    (evidence z = g / n, as the run counts the calibration) is drawn with 1 - its skip chance of its weight. So the
+    prediction is that of a run in which every prompt has been visited once, its reference rollouts standing for
+    that visit: optimistic for the first steps of a large pool (few prompts measured yet), pessimistic later (more
+    visits raise the chance)."""
 
     explore: float
     cap: float
