@@ -447,7 +447,9 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
     calibration_length = float(completion.mean())  # the calibrate stage's set, stratified by level
     upfront_s = (draw_s(*c.calibration, calibration_length, mix(torch.ones(len(pool.levels))))
                  + c.scored * costs.score_s)
-    return Prediction(name=c.name, effective_ratio=signal / (groups + replayed), signal=signal, generated=generated,
+    trained = groups + replayed  # 0 where no first wave is ever mixed: the step trains its silent first waves
+    return Prediction(name=c.name, effective_ratio=signal / trained if trained > 0 else 0.0, signal=signal,
+                      generated=generated,
                       generated_tokens=gen_tokens, updated_tokens=upd_tokens, forward_tokens=fwd_tokens,
                       step_s=step_s, generate_s=generate_s, update_s=update_s, forward_s=forward_s, fixed_s=fixed_s,
                       upfront_s=upfront_s, train_s=upfront_s + c.steps * step_s)

@@ -480,3 +480,12 @@ def test_waves_and_the_skip_hand_worked():
     with pytest.raises(ValueError, match="at most one rule"):
         predict([Composition("x", 4, 4, 4, rules=(WaveRule(2, 1.5, 0.5, 2.0),) * 2)], Composition("grpo", 4, 8, 8),
                 POOL, COSTS)
+
+
+def test_waves_on_a_pool_that_is_never_mixed():
+    """Every reference prompt solved or unsolved: no first pair is mixed, nothing is completed or trained but the
+    silent pairs; the prediction says so (ratio 0, no signal) instead of dividing by zero."""
+    pool = PoolStats(successes=(0, 8, 8, 0), g=8, levels=(1, 1, 2, 2))
+    _, (w,) = predict([Composition("w", 4, 4, 4, rules=(WaveRule(2, 1.5, 0.5, 2.0),))], Composition("grpo", 4, 8, 8),
+                      pool, COSTS)
+    assert (w.effective_ratio, w.signal, w.generated) == (0.0, 0.0, 12.0)
