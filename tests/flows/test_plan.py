@@ -32,9 +32,9 @@ def test_plan_flow_measures_predicts_and_records_without_training(tmp_path, pref
     assert plan.baseline.name == "grpo" and plan.baseline.clock == 1.0
     assert plan.choice in {"grpo", "grpo_n4", "dapo", "dots_screen", "dots_screen_waves"}
     assert plan.reason.startswith(plan.choice)
-    # what the waves would save on this pool: dots_screen_waves against itself drawing every group whole
-    assert len(plan.waves) == 1 and plan.waves[0].startswith("dots_screen_waves generates ")
-    assert f"**Waves: {plan.waves[0]}**" in out["table"] and "rollouts_per_informative" in out["table"]
+    # what the waves and the skip would save on this pool: dots_screen_waves against itself without each
+    assert [line.split(":")[0] for line in plan.savings] == ["waves on dots_screen_waves", "skip on dots_screen_waves"]
+    assert f"**{plan.savings[0]}**" in out["table"] and "rollouts_per_informative" in out["table"]
     dapo = next(p for p in plan.predictions if p.name == "dapo")
     assert 0 <= dapo.effective_ratio <= 1 and dapo.generated >= plan.baseline.generated  # it generates more
     assert "| composition |" in out["table"] and plan.reason in out["table"]
