@@ -92,19 +92,28 @@ class SilentSkip:
 @dataclass(frozen=True)
 class SkipRule:
     """The skip as the plan predicts it (an rlcore.step_rules.StepRule): a reference prompt whose g rollouts agreed
-    (evidence z = g / n, as the run counts the calibration) is drawn with 1 - its skip chance of its weight. So the
-    prediction is that of a run in which every prompt has been visited once, its reference rollouts standing for
-    that visit: optimistic for the first steps of a large pool (few prompts measured yet), pessimistic later (more
-    visits raise the chance)."""
+    (evidence z = g / n for a visit) is drawn with 1 - seen x its skip chance of its weight, ``seen`` being the share
+    of the pool a run has visited, averaged over its steps (:meth:`seen_share`): a prompt not yet visited is never
+    skipped. Later visits of one prompt, which raise the chance, are not modelled."""
 
     explore: float
     cap: float
+    seen: float = 1.0
     name: str = "skip"
+
+    @staticmethod
+    def seen_share(steps: int, drawn: float, pool: int) -> float:
+        """The share of a pool of ``pool`` prompts visited at least once, averaged over ``steps`` steps of ``drawn``
+        prompts each drawn uniformly: 1 - (1 - e^-x) / x with x = steps x drawn / pool (1 for an unknown pool)."""
+        if pool <= 0 or steps <= 0 or drawn <= 0:
+            return 1.0
+        x = steps * drawn / pool
+        return 1 - (1 - math.exp(-x)) / x
 
     def weigh(self, successes: torch.Tensor, g: int, n: int, weights: torch.Tensor) -> torch.Tensor:
         s = torch.as_tensor(successes)
         z = torch.where((s == 0) | (s == g), g / n, 0.0)
-        return weights * (1 - skip_probability(z, self.explore, self.cap))
+        return weights * (1 - self.seen * skip_probability(z, self.explore, self.cap))
 
     def outcome(self, view) -> None:
         return None

@@ -30,21 +30,23 @@ DrawFn = Callable[..., object]
 class Technique:
     """One technique inside a step: ``on`` (from its config section), ``rule`` (what the plan predicts with),
     ``draw`` (the step's draw in place of ``sample_fresh``, or None) and ``prompt_filter`` (its per-prompt state in
-    the selection, built for a pool of M prompts, or None)."""
+    the selection, built for a pool of M prompts, or None); ``rule`` is built for a pool of M prompts (0: unknown)."""
 
     name: str
     on: Callable[[Config], bool]
-    rule: Callable[[Config], StepRule]
+    rule: Callable[[Config, int], StepRule]
     draw: DrawFn | None = None
     prompt_filter: Callable[[Config, int], PromptFilter] | None = None
 
 
 TECHNIQUES: tuple[Technique, ...] = (
     Technique("waves", on=lambda cfg: cfg.waves.enabled,
-              rule=lambda cfg: WaveRule(cfg.waves.first, cfg.waves.candidates, cfg.waves.min_chance,
-                                        cfg.waves.prior_strength),
+              rule=lambda cfg, m: WaveRule(cfg.waves.first, cfg.waves.candidates, cfg.waves.min_chance,
+                                           cfg.waves.prior_strength),
               draw=sample_waves),
-    Technique("skip", on=lambda cfg: cfg.skip.enabled, rule=lambda cfg: SkipRule(cfg.skip.explore, cfg.skip.cap),
+    Technique("skip", on=lambda cfg: cfg.skip.enabled,
+              rule=lambda cfg, m: SkipRule(cfg.skip.explore, cfg.skip.cap, SkipRule.seen_share(
+                  cfg.train.steps, cfg.train.prompts_per_step * (cfg.waves.candidates if cfg.waves.enabled else 1), m)),
               prompt_filter=lambda cfg, m: SilentSkip(m, cfg.rollout.n, explore=cfg.skip.explore, cap=cfg.skip.cap)),
 )
 
@@ -53,9 +55,9 @@ def active(cfg: Config) -> tuple[Technique, ...]:
     return tuple(t for t in TECHNIQUES if t.on(cfg))
 
 
-def step_rules(cfg: Config) -> tuple[StepRule, ...]:
-    """The plan's rules of the techniques ``cfg`` turns on."""
-    return tuple(t.rule(cfg) for t in active(cfg))
+def step_rules(cfg: Config, pool_size: int = 0) -> tuple[StepRule, ...]:
+    """The plan's rules of the techniques ``cfg`` turns on, for a pool of ``pool_size`` prompts (0: unknown)."""
+    return tuple(t.rule(cfg, pool_size) for t in active(cfg))
 
 
 def step_draw(cfg: Config) -> DrawFn:

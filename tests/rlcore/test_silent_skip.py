@@ -1,5 +1,7 @@
 """The pre-rollout skip (rlcore/silent_skip.py): its probability hand-worked and its properties, the evidence."""
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -40,3 +42,15 @@ def test_bad_values_are_refused():
         skip_probability(torch.zeros(2), 0.5, 1.0)
     with pytest.raises(ValueError, match=">= 0"):
         skip_probability(torch.tensor([-1.0]), 0.5, 0.5)
+
+
+def test_the_plans_skip_counts_only_the_share_of_the_pool_a_run_has_seen():
+    """x = 100 steps x 20 prompts / 2000 = 1: 1 - (1 - e^-1) = e^-1 of the pool seen on average; a silent reference
+    prompt (z = 8 / 4 = 2: chance 0.75 of a skip once seen) keeps 1 - e^-1 x 0.75 of its weight; a mixed one all."""
+    from rlcore.silent_skip import SkipRule
+
+    seen = SkipRule.seen_share(100, 20, 2000)
+    assert seen == pytest.approx(math.exp(-1))
+    w = SkipRule(0.5, 0.9, seen).weigh(torch.tensor([0, 3, 8]), 8, 4, torch.ones(3, dtype=torch.float64))
+    assert w.tolist() == pytest.approx([1 - seen * 0.75, 1.0, 1 - seen * 0.75])
+    assert SkipRule.seen_share(10, 20, 0) == 1.0  # an unknown pool: every prompt counted as seen
