@@ -37,6 +37,14 @@ asks ceil(o * missing) prompts a round until the batch holds B informative group
 the informative groups a round finds are taken as binomial in the prompts it asks with chance r, and the
 expectation over the missing count is exact (:func:`dynamic_rounds`).
 
+**Techniques inside a step** (``Composition.rules``, rlcore/step_rules.py: the seam). Each rule may reweigh the draw
+(the pre-rollout skip, rlcore/silent_skip.py ``SkipRule``) and may replace the draw of B groups of n with its own
+(per-prompt rollout budgets, rlcore/rollout_budget.py ``WaveRule``: first waves of C candidates, then the
+completions), given each reference prompt's s of g, the run's estimate of its pass rate before any rollout (the
+screen's likelihood, DOTS's level rate, or none) and the draw's weights; its generate calls, rollouts, informative
+and trained groups and update rows then stand in the step's clock for the default draw's. A call of an expected
+number of prompts costs between the calls of its two whole neighbours, in proportion.
+
 **A step's clock.** Each kind of work is a call whose seconds are a line in its tokens, a + b * tokens
 (:class:`CallCost`), fitted to calls of the sizes the candidates make. A generate call's line is in its tokens and
 its decode steps, d * steps + b * tokens: it decodes until its longest completion ends, and a step costs d whatever
@@ -78,9 +86,10 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from rlcore.step_costs import UnitCosts
+from rlcore.step_rules import DrawOutcome, StepRule, StepView
 
-__all__ = ["Composition", "PoolStats", "Prediction", "call_rows", "draw_ratio", "dynamic_rounds",
-           "informative_chance", "predict", "update_rows"]
+__all__ = ["Composition", "PoolStats", "Prediction", "call_rows", "draw_calls", "draw_ratio", "dynamic_rounds",
+           "informative_chance", "predict", "update_rows", "without_rule"]
 
 
 @dataclass(frozen=True)
@@ -141,7 +150,8 @@ class Composition:
     call); ``reference``: DOTS's fresh reference rollouts a round, (K prompts, g each), (0, 0) without;
     ``predictor``: DOTS's predictor is fitted each round; ``calibration``: the calibrate stage's (K, g) where the
     composition reads its pass rates, (0, 0) where it does not; ``scored``: pool prompts the score stage embeds
-    where the composition reads the scores, 0 where it does not."""
+    where the composition reads the scores, 0 where it does not; ``rules``: the techniques acting inside its step
+    (rlcore/step_rules.py; at most one replaces the draw)."""
 
     name: str
     prompts: int
@@ -162,6 +172,7 @@ class Composition:
     predictor: bool = False
     calibration: tuple[int, int] = (0, 0)
     scored: int = 0
+    rules: tuple[StepRule, ...] = ()
 
     def __post_init__(self) -> None:
         if self.prompts < 1 or not 1 <= self.m <= self.n:
@@ -227,18 +238,25 @@ def _binomial_informative(p: torch.Tensor, n: int) -> torch.Tensor:
     return 1 - p.pow(n) - (1 - p).pow(n)
 
 
-def _draw_weights(c: Composition, pool: PoolStats) -> torch.Tensor:
-    """[K] weights q of each reference prompt under the composition's draw: the pool share it stands for, times
-    DOTS's weighting of its level's pooled rate (module docstring)."""
-    k = len(pool.successes)
-    mass = pool.mass
-    if c.draw == "uniform":
-        return mass
+def _level_rates(pool: PoolStats) -> torch.Tensor:
+    """[K] each reference prompt's level's pooled rate (s + 1) / (g + 2): how the plan models DOTS's prediction."""
     s = torch.tensor(pool.successes, dtype=torch.float64)
-    pred = torch.empty(k, dtype=torch.float64)
+    pred = torch.empty(len(s), dtype=torch.float64)
     for lv in set(pool.levels):
         at = torch.tensor([x == lv for x in pool.levels])
         pred[at] = (s[at].sum() + 1) / (pool.g * int(at.sum()) + 2)
+    return pred
+
+
+def _draw_weights(c: Composition, pool: PoolStats) -> torch.Tensor:
+    """[K] weights q of each reference prompt under the composition's draw: the pool share it stands for, times
+    DOTS's weighting of its level's pooled rate, times the chance the skip leaves it in (module docstring)."""
+    mass = pool.mass
+    for rule in c.rules:
+        mass = rule.weigh(torch.tensor(pool.successes), pool.g, c.n, mass)
+    if c.draw == "uniform":
+        return mass
+    pred = _level_rates(pool)
     if c.weighting == "target":
         dist = (pred - c.alpha).abs()
         return mass * torch.exp(-(dist - dist.min()) / c.tau)
@@ -319,6 +337,39 @@ def dynamic_rounds(b: int, r: float, oversample: float, max_rounds: int,
     return asked, kept, seconds
 
 
+def _estimate(c: Composition, pool: PoolStats) -> torch.Tensor:
+    """[K] the pass rate a run of ``c`` estimates for each reference prompt before rolling it out: the screen's
+    likelihood where it screens, else DOTS's prediction (its level's rate), else none (NaN)."""
+    if c.screen > 1 and pool.screen is not None:
+        return torch.tensor(pool.screen, dtype=torch.float64)
+    if c.draw == "dots":
+        return _level_rates(pool)
+    return torch.full((len(pool.successes),), float("nan"), dtype=torch.float64)
+
+
+def _outcome(c: Composition, pool: PoolStats, kept: torch.Tensor, fresh: float) -> DrawOutcome | None:
+    """The draw of the one rule of ``c`` that replaces B groups of n (rlcore/step_rules.py), or None."""
+    view = StepView(n=c.n, m=c.m, g=pool.g, successes=torch.tensor(pool.successes, dtype=torch.float64),
+                    estimate=_estimate(c, pool), kept=kept, fresh=fresh)
+    outs = [o for o in (rule.outcome(view) for rule in c.rules) if o is not None]
+    if len(outs) > 1 or (outs and c.dynamic is not None):
+        raise ValueError(f"{c.name}: at most one rule may replace the draw, and not with dynamic sampling")
+    return outs[0] if outs else None
+
+
+def draw_calls(c: Composition, pool: PoolStats) -> list[tuple[int, int]]:
+    """The generate calls of a step's fresh draw once replay runs: (prompts, rollouts a prompt), before cutting at
+    the chunk."""
+    first = math.ceil(c.dynamic[0] * c.prompts) if c.dynamic else max(1, round(c.prompts * c.fresh_frac))
+    out = _outcome(c, pool, _kept(c, pool), c.prompts * c.fresh_frac)
+    return [(max(1, round(p)), each) for p, each, _ in out.calls] if out is not None else [(first, c.n)]
+
+
+def without_rule(c: Composition, name: str) -> Composition:
+    """``c`` without its rule ``name`` (what that technique is measured against)."""
+    return replace(c, name=f"{c.name} without {name}", rules=tuple(r for r in c.rules if r.name != name))
+
+
 def _batch(c: Composition, r: float) -> tuple[float, float, float, float, float]:
     """A step's (fresh, replayed, asked, informative, groups) at the draw's ratio r: fresh and replayed groups in
     the batch (round 0 has an empty buffer, so its steps are all fresh, rlcore.replay_buffer.mix_counts), prompts
@@ -333,7 +384,10 @@ def _batch(c: Composition, r: float) -> tuple[float, float, float, float, float]
 
 def update_rows(c: Composition, pool: PoolStats) -> float:
     """Rows a step of the composition updates: its informative groups' m rows (every group's without the skip)."""
-    _, replayed, _, informative, groups = _batch(c, draw_ratio(c, pool))
+    fresh, replayed, _, informative, groups = _batch(c, draw_ratio(c, pool))
+    out = _outcome(c, pool, _kept(c, pool), fresh)
+    if out is not None:
+        return out.rows + c.m * replayed
     return c.m * (informative + replayed if c.skip_silent else groups + replayed)
 
 
@@ -357,19 +411,34 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
 
     fresh, replayed, asked, informative, groups = _batch(c, r)
     drawn = mix(kept)
-    if c.dynamic is not None:
-        generate_s = dynamic_rounds(round(fresh), r, *c.dynamic, lambda ask: draw_s(ask, c.n, length, drawn))[2]
+    out = _outcome(c, pool, kept, fresh)
+    if out is not None:
+        generate_s = fresh_tokens = 0.0
+        for prompts, each, where in out.calls:
+            tokens = _mean(completion, where)
+            low, frac = divmod(prompts, 1.0)  # an expected count: between the calls of its two neighbours
+            generate_s += ((1 - frac) * draw_s(int(low), each, tokens, mix(where))
+                           + (frac * draw_s(int(low) + 1, each, tokens, mix(where)) if frac else 0.0))
+            fresh_tokens += prompts * each * tokens
+        asked_rollouts, informative, groups = out.generated, out.informative, out.trained
+        upd_fresh_rows, screened = out.rows, out.screened
     else:
-        generate_s = draw_s(round(fresh), c.n, length, drawn)
+        if c.dynamic is not None:
+            generate_s = dynamic_rounds(round(fresh), r, *c.dynamic, lambda ask: draw_s(ask, c.n, length, drawn))[2]
+        else:
+            generate_s = draw_s(round(fresh), c.n, length, drawn)
+        asked_rollouts, fresh_tokens = asked * c.n, asked * c.n * length
+        upd_fresh_rows = informative * c.m
+        screened = fresh
     signal = informative + replayed
     k, g = c.reference  # a round's reference prompts, drawn from the whole pool
     reference_length = _mean(completion, pool.mass)
-    generated = asked * c.n + k * g / c.round_steps
+    generated = asked_rollouts + k * g / c.round_steps
     generate_s += draw_s(k, g, reference_length, mix(pool.mass)) / c.round_steps
-    gen_tokens = asked * c.n * length + k * g * reference_length / c.round_steps
-    upd_tokens = (signal * c.m * row if c.skip_silent
+    gen_tokens = fresh_tokens + k * g * reference_length / c.round_steps
+    upd_tokens = ((upd_fresh_rows + replayed * c.m) * row if c.skip_silent
                   else (groups + replayed) * c.m * _mean(completion + prompt, kept))
-    fwd_tokens = (c.screen * fresh * (_mean(prompt, _draw_weights(c, pool)) + costs.solution_tokens)
+    fwd_tokens = (c.screen * screened * (_mean(prompt, _draw_weights(c, pool)) + costs.solution_tokens)
                   if c.screen > 1 else 0.0)
     fx = costs.fixed
     update_s, forward_s = costs.update.time(upd_tokens), costs.forward.time(fwd_tokens)
@@ -378,7 +447,9 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
     calibration_length = float(completion.mean())  # the calibrate stage's set, stratified by level
     upfront_s = (draw_s(*c.calibration, calibration_length, mix(torch.ones(len(pool.levels))))
                  + c.scored * costs.score_s)
-    return Prediction(name=c.name, effective_ratio=signal / (groups + replayed), signal=signal, generated=generated,
+    trained = groups + replayed  # 0 where no first wave is ever mixed: the step trains its silent first waves
+    return Prediction(name=c.name, effective_ratio=signal / trained if trained > 0 else 0.0, signal=signal,
+                      generated=generated,
                       generated_tokens=gen_tokens, updated_tokens=upd_tokens, forward_tokens=fwd_tokens,
                       step_s=step_s, generate_s=generate_s, update_s=update_s, forward_s=forward_s, fixed_s=fixed_s,
                       upfront_s=upfront_s, train_s=upfront_s + c.steps * step_s)

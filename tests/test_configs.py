@@ -75,6 +75,12 @@ def test_bench_arms_switch_what_their_names_say():
     assert (g4.rollout.n, g4.select.method, get("dots_noreplay").rollout.n) == (4, "uniform", 8)
     drop = get("drop_solved")
     assert drop.select.drop_solved and drop.select.method == "uniform"
+    waves = get("dots_screen_waves")  # dots_screen's draw, its rollouts in two waves, and the skip
+    assert waves.model_copy(update={"waves": screen.waves, "skip": screen.skip}) == screen
+    assert (waves.waves.enabled, waves.waves.first, waves.skip.enabled) == (True, 2, True)
+    assert get("dots_screen_skip").model_copy(update={"skip": screen.skip}) == screen
+    gw = get("grpo_waves")
+    assert gw.model_copy(update={"waves": g4.waves, "skip": g4.skip}) == load_config(CONF / "presets" / "grpo.yaml")
 
 
 def test_plan_candidates_are_known_names():

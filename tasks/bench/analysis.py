@@ -263,6 +263,16 @@ def step_split(rows: Sequence[dict], skip: Collection[str] = ()) -> dict[str, fl
     return out
 
 
+def rollouts_per_informative(rows: Sequence[dict]) -> float | None:
+    """Rollouts generated per informative group trained over a run's steps: the sum of ``rollout/generated`` over
+    the sum of ``train/effective_ratio`` x ``train/groups`` (replayed groups count as trained; the reference and
+    calibration rollouts a round or the plan draw are not in ``rollout/generated``). None without those metrics (TRL)
+    or without an informative group."""
+    steps = [r for r in rows if "rollout/generated" in r and "train/groups" in r]
+    informative = sum(r["train/effective_ratio"] * r["train/groups"] for r in steps)
+    return sum(r["rollout/generated"] for r in steps) / informative if steps and informative > 0 else None
+
+
 def overlap_split(rows: Sequence[dict]) -> dict[str, float]:
     """An overlapped run's step against the overlap's limit (tasks/overlap/concurrent.py), in seconds per step.
 

@@ -17,6 +17,7 @@ writes the same ``metrics.jsonl`` format). Output, in the report folder:
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -106,6 +107,7 @@ def analyse(runs: list[BenchRun], baseline: str = "grpo", best_frac: float = 0.9
             "budget": m.point(len(m.steps) - 1),
             "effective_ratio": ba.spread([ba.spread([x.get("train/effective_ratio") for x in r.rows])["mean"]
                                           for r in ok]),
+            "rollouts_per_informative": ba.spread([ba.rollouts_per_informative(r.rows) for r in ok]),
             "step_split": ba.mean_dicts([ba.step_split(r.rows, r.skip) for r in ok]),
             "overlap": ba.mean_dicts([ba.overlap_split(r.rows) for r in ok]),
             "curve": ba.accuracy_band(cs),
@@ -136,6 +138,9 @@ def analyse(runs: list[BenchRun], baseline: str = "grpo", best_frac: float = 0.9
         if base and "budget" in r:
             r["usd_vs_baseline"] = _ratio(r["budget"]["usd"], base["budget"]["usd"])
             r["wall_vs_baseline"] = _ratio(r["budget"]["wall_s"], base["budget"]["wall_s"])
+            per, base_per = r["rollouts_per_informative"]["mean"], base["rollouts_per_informative"]["mean"]
+            r["rollouts_per_informative_vs_baseline"] = (_ratio(per, base_per) if math.isfinite(per)
+                                                         and math.isfinite(base_per) else None)
             t = (r.get("to_target") or {}).get("final", {}).get("mean_curve")
             bt = (base.get("to_target") or {}).get("final", {}).get("mean_curve")
             r["usd_to_target_vs_baseline"] = _ratio(t["usd"], bt["usd"]) if t and bt else None

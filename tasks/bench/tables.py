@@ -112,6 +112,7 @@ def markdown(result: dict) -> str:
                      f"{_f(r.get('usd_vs_baseline'), '.2f')} | "
                      f"{_f(r.get('usd_to_target_vs_baseline'), '.2f')} | {_f(r.get('run_usd_total'), '.6f')} |")
     lines += level_markdown(result)
+    lines += informative_markdown(result)
     parts = [*ba.STEP_STAGES, "other"]
     step_s = {r["name"]: sum(r["step_split"].get(p) or 0.0 for p in parts) for r in result["configurations"]
               if "budget" in r}
@@ -131,6 +132,23 @@ def markdown(result: dict) -> str:
     lines += overlap_markdown(result)
     lines += plan_markdown(result)
     return "\n".join(lines) + "\n"
+
+
+def informative_markdown(result: dict) -> list[str]:
+    """Rollouts generated per informative group trained (seed mean over each run's steps), and against the
+    baseline's on the same seeds: what a rollout buys (per-prompt budgets, selection and the skip all lower it)."""
+    rows = [r for r in result["configurations"]
+            if math.isfinite((r.get("rollouts_per_informative") or {}).get("mean", math.nan))]
+    if not rows:
+        return []
+    lines = ["", f"Rollouts generated per informative group trained (seed mean), against `{result['baseline']}`'s:",
+             "", "| configuration | rollouts per informative group | vs baseline | effective ratio |",
+             "|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['name']} | {_f(r['rollouts_per_informative']['mean'], '.2f')} | "
+                     f"{_f(r.get('rollouts_per_informative_vs_baseline'), '.2f')} | "
+                     f"{_f(r['effective_ratio']['mean'], '.2f')} |")
+    return lines
 
 
 def level_markdown(result: dict) -> list[str]:

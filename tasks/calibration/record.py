@@ -40,6 +40,10 @@ class Calibration:
                 "calibrate/solved": float((rates == 1).float().mean()),
                 "calibrate/unsolved": float((rates == 0).float().mean())}
 
+    def first(self, pool: list, k: int) -> list:
+        """The first k reference prompts of ``pool`` (the plan's and the overlap's probe prompts)."""
+        return [pool[i] for i in self.indices[:k]]
+
     def to_json(self) -> dict[str, Any]:
         return {"indices": list(self.indices), "success": self.success.tolist(), **self.metrics}
 

@@ -8,6 +8,7 @@ dotted key and what is allowed. Reading files, overrides and the environment: ``
 The sections, by module: ``data`` (the pool and its sources), ``model`` (policy, warm start, LoRA), ``rollout``
 (sampling), ``train`` (the GRPO update), ``select`` (selection, DOTS's predictor and reference set),
 ``techniques`` (PODS, DAPO's dynamic sampling, replay, adaptive composition, plan, guard, curriculum, GAIN-RL),
+``budgets`` (per-prompt rollout budgets in waves, the pre-rollout skip),
 ``operations`` (paths, scale, overlap, evaluation, tracking, cost) and ``base`` (the frozen base class,
 :class:`ConfigError`). Every name is importable from ``tasks.config``; this module holds :class:`Config` and the
 checks that span sections.
@@ -20,6 +21,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from tasks.config.base import ConfigError, _Frozen
+from tasks.config.budgets import SkipConfig, WavesConfig
 from tasks.config.data import DataConfig, SourceConfig
 from tasks.config.model import LoraConfig, ModelConfig, WarmStartConfig
 from tasks.config.operations import CostConfig, EvalConfig, OverlapConfig, PathsConfig, ScaleConfig, TrackingConfig
@@ -41,7 +43,8 @@ __all__ = [
     "AdaptConfig", "CalibrateConfig", "Config", "ConfigError", "CostConfig", "CurriculumConfig", "DataConfig",
     "DynamicSamplingConfig", "EvalConfig", "GainConfig", "GuardConfig", "KlRows", "LoraConfig", "ModelConfig",
     "OverlapConfig", "PathsConfig", "PlanConfig", "PodsConfig", "PredictorConfig", "ReplayConfig", "RolloutConfig",
-    "ScaleConfig", "SelectConfig", "SourceConfig", "TrackingConfig", "TrainConfig", "WarmStartConfig",
+    "ScaleConfig", "SelectConfig", "SkipConfig", "SourceConfig", "TrackingConfig", "TrainConfig", "WarmStartConfig",
+    "WavesConfig",
 ]
 
 
@@ -60,6 +63,8 @@ class Config(_Frozen):
     select: SelectConfig = Field(SelectConfig(), description="Prompt selection (uniform or DOTS).")
     pods: PodsConfig = Field(PodsConfig(), description="PODS rollout down-sampling.")
     dynamic: DynamicSamplingConfig = Field(DynamicSamplingConfig(), description="DAPO's dynamic sampling.")
+    waves: WavesConfig = Field(WavesConfig(), description="Per-prompt rollout budgets, drawn in two waves.")
+    skip: SkipConfig = Field(SkipConfig(), description="The pre-rollout skip of prompts whose last groups were silent.")
     replay: ReplayConfig = Field(ReplayConfig(), description="Rollout Replay.")
     adapt: AdaptConfig = Field(AdaptConfig(), description="Adaptive composition of PODS and replay.")
     plan: PlanConfig = Field(PlanConfig(), description="The plan: measure the pool, choose the composition.")
@@ -98,6 +103,13 @@ class Config(_Frozen):
         if self.rollout.vllm_weight_sync == "adapter" and not self.model.lora.enabled:
             raise ValueError("rollout.vllm_weight_sync=adapter sends the servers LoRA adapters: it needs "
                              "model.lora.enabled=true (or set it to merged or auto)")
+        if self.waves.enabled:
+            if self.waves.first >= self.rollout.n:
+                raise ValueError(f"waves.first ({self.waves.first}) must be below rollout.n ({self.rollout.n}): the "
+                                 "second wave completes each group to rollout.n")
+            for on, name in ((self.dynamic.enabled, "dynamic.enabled"), (self.adapt.enabled, "adapt.enabled")):
+                if on:
+                    raise ValueError(f"waves.enabled and {name} both decide a step's rollouts a prompt: set one")
         if self.guard.share > 0 and self.select.drop_solved:
             raise ValueError("guard.share keeps solved prompts in the batch and select.drop_solved removes them: "
                              "set one of them")

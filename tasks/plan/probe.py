@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 
 from rlcore.advantages import group_advantages
-from rlcore.plan import Composition, PoolStats, call_rows, update_rows
+from rlcore.plan import Composition, PoolStats, call_rows, draw_calls, update_rows
 from rlcore.selection import sample_prompts, uniform_weights
 from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
 from rlcore.types import RolloutGroup
@@ -113,7 +113,7 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, dev
     hears each probe as it starts (tasks/records/progress.py: the plan's progress lines)."""
     rc = cfg.rollout
     untrusted = _Untrusted()
-    small, large = _generation_sizes(inputs.comps, rc.n)
+    small, large = _generation_sizes(inputs.comps, rc.n, inputs.stats)
     records = inputs.records
     say(f"probe: generation, calls of {small} and {large} prompts x {rc.n} rollouts")
     rollout_rewards(policy, records[:1], rc.n, seed)  # warm-up: first-call costs are not a token's
@@ -169,14 +169,13 @@ def _cycle(records: list[PromptRecord], k: int) -> list[PromptRecord]:
     return [records[i % len(records)] for i in range(k)]
 
 
-def _generation_sizes(comps: Sequence[Composition], n: int) -> tuple[int, int]:
+def _generation_sizes(comps: Sequence[Composition], n: int, stats: PoolStats) -> tuple[int, int]:
     """Prompts (of n rollouts) of the probe's two generate calls: as many rollouts as the smallest and the largest
-    first call the candidates make (a step's draw, DOTS's reference rollouts, the calibration), the small one a
-    quarter of the large one where they all make the same."""
+    first call the candidates make (each call of a step's draw, rlcore.plan.draw_calls; DOTS's reference rollouts,
+    the calibration), the small one a quarter of the large one where they all make the same."""
     rows = []
     for c in comps:
-        first = math.ceil(c.dynamic[0] * c.prompts) if c.dynamic else max(1, round(c.prompts * c.fresh_frac))
-        for prompts, each in ((first, c.n), c.reference, c.calibration):
+        for prompts, each in (*draw_calls(c, stats), c.reference, c.calibration):
             rows += call_rows(prompts, each, c.chunk)[:1]
     large = max(1, round(max(rows) / n))
     small = max(1, round(min(rows) / n))

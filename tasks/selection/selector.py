@@ -30,7 +30,16 @@ prompt it needs from the weights above, estimates each candidate's pass rate as 
 worked solution (one forward pass) and keeps those whose groups are most likely to have unequal rewards
 (``rlcore.selection.screen``); the rest stay available to the round's later steps.
 
-Every trained group's success rate over all n rollouts also labels the predictor (free labels). With
+**Prompt filters** (rlcore/step_rules.py ``PromptFilter``, registered in tasks/training/techniques.py; the
+pre-rollout skip, rlcore/silent_skip.py, GRESO arXiv 2506.02177): each hears every measurement of a prompt (the
+calibration, DOTS's reference rollouts, every group, first waves included) and, before each step's draw, leaves
+prompts out of it (the skip: a prompt whose last rollouts all agreed, with a chance that rises with its consecutive
+agreeing rollouts). They act on the weights above, so the screen never scores a left-out prompt, and DOTS's predictor
+still learns from every silent group (its labels); left-out prompts stay available to the round's later steps.
+:meth:`Selector.estimate` gives each chosen prompt's best pass-rate estimate (the screen's, DOTS's, or its last
+measured rate), which the per-prompt rollout budgets read (tasks/training/waves.py).
+
+Every trained group's success rate over all its rollouts also labels the predictor (free labels). With
 ``calibrate.reference=trained`` (ours) those labels are the reference set too: a round's context is every
 prompt measured since the last round started (round 0: the calibrate stage's), so a round rolls out nothing
 for DOTS; the labels are up to mu steps old and the prompts are the ones selected, not a random draw, and
@@ -43,10 +52,10 @@ are uniform: plain GRPO.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
-from rlcore.advantages import effective_mask
 from rlcore.angle import angle_order
 from rlcore.curriculum import CurriculumScheduler, data_effectiveness_score, reward_adaptability
 from rlcore.difficulty import AttentionDifficultyPredictor, pearson
@@ -54,6 +63,7 @@ from rlcore.gain_sampler import GaussianWindowSampler
 from rlcore.pass_rate_posterior import fit_concentration
 from rlcore.seeding import derive_seed
 from rlcore.selection import sample_prompts, screen, uniform_weights
+from rlcore.step_rules import PromptFilter
 from tasks.calibration.record import Calibration
 from tasks.calibration.reference import Measure, random_reference, reference_rollouts
 from tasks.config import Config
@@ -68,10 +78,11 @@ class Selector:
     """Chooses each step's fresh prompts and records why. Checkpointable (``state_dict``)."""
 
     def __init__(self, cfg: Config, pool: list[PromptRecord], features: Features,
-                 likelihood: Likelihood | None = None):
+                 likelihood: Likelihood | None = None, filters: Sequence[PromptFilter] = ()):
         """``likelihood``: the current policy's :data:`~tasks.selection.screen.Likelihood`, needed when
-        ``select.screen`` > 1 (every pool prompt then needs a worked solution)."""
-        self.cfg, self.pool = cfg, pool
+        ``select.screen`` > 1 (every pool prompt then needs a worked solution); ``filters``: the prompt filters of
+        the techniques the run turns on (tasks/training/techniques.py ``prompt_filters``)."""
+        self.cfg, self.pool, self.filters = cfg, pool, list(filters)
         self.references: list[ReferenceRow] = []  # reference rows not yet in the ledger (take_references)
         m = len(pool)
         if cfg.select.screen > 1:
@@ -190,7 +201,7 @@ class Selector:
         rewards = reference_rollouts(measure, self.pool, ref, cfg.calibrate.g,
                                      derive_seed(cfg.seed, round_, "ref-roll"))
         labels = rewards.float().mean(1)  # [K]
-        self._record(ref, labels, cfg.calibrate.g)
+        self._record(ref, labels, cfg.calibrate.g, rewards.amax(1) == rewards.amin(1))
         half = k // 2
         fit, hold = ref[:half], ref[half:]
         self.predictor.observe(self.emb[fit], labels[:half], step)
@@ -233,20 +244,25 @@ class Selector:
         est = attention.predict(self.emb, self.emb[known], self.last_success[known])
         return torch.where(known, self.last_success, est)
 
-    def _record(self, idx: torch.Tensor, success: torch.Tensor, n: int) -> None:
-        """Success rates over n rollouts each of the prompts ``idx``."""
-        for i, s in zip(idx.tolist(), success.tolist(), strict=True):
+    def _record(self, idx: torch.Tensor, success: torch.Tensor, n: int | torch.Tensor,
+                agree: torch.Tensor) -> None:
+        """Success rates over n rollouts each (one count, or [K] per prompt) of the prompts ``idx`` [K], and ``agree``
+        [K] bool, whether each one's rollouts all had one reward (the skip's evidence, rlcore.silent_skip)."""
+        counts = torch.as_tensor(n).expand(len(idx)).tolist()
+        for i, s, c in zip(idx.tolist(), success.tolist(), counts, strict=True):
             self.history[i].append(float(s))
             self.last_success[i] = s
-            self.own_successes[i] += s * n
-            self.own_trials[i] += n
+            self.own_successes[i] += s * c
+            self.own_trials[i] += c
+        for f in self.filters:
+            f.record(idx.tolist(), counts, agree.tolist())
         self.recent += idx.tolist()
 
     def seed_labels(self, calibration: Calibration) -> None:
         """Measurements from the calibrate stage: history, and the predictor's first labels."""
         t = torch.tensor(calibration.indices, dtype=torch.long)
         success = calibration.success.float()
-        self._record(t, success, self.cfg.calibrate.g)
+        self._record(t, success, self.cfg.calibrate.g, (success == 0) | (success == 1))
         if self.predictor is not None:
             self.predictor.observe(self.emb[t], success, -1)
 
@@ -272,6 +288,9 @@ class Selector:
             self.used[:] = False
         else:
             probs = fresh
+        for f in self.filters:
+            probs = f.keep(probs, k, torch.Generator().manual_seed(
+                derive_seed(cfg.seed, step, f.name, *((attempt,) if attempt else ()))))
         guard = self._guard(round(cfg.guard.share * k), step) if attempt == 0 else []
         if guard:
             probs = probs.clone()
@@ -302,6 +321,26 @@ class Selector:
                 for j, i in enumerate(idx)]
         return idx, rows
 
+    def take_filter_metrics(self) -> dict[str, float]:
+        """The prompt filters' metrics since the last call (a draw reads them when it ends)."""
+        out: dict[str, float] = {}
+        for f in self.filters:
+            out |= f.take_metrics()
+        return out
+
+    def estimate(self, idx: list[int]) -> torch.Tensor:
+        """[k] float64 the best estimate of each chosen prompt's pass rate: the screen's likelihood where this step
+        screened it, else DOTS's prediction, else its last measured success rate, else NaN."""
+        out = []
+        for i in idx:
+            if i in self.screened:
+                out.append(self.screened[i])
+            elif not math.isnan(float(self.pred[i])):
+                out.append(float(self.pred[i]))
+            else:
+                out.append(float(self.last_success[i]))
+        return torch.tensor(out, dtype=torch.float64).clamp(0, 1)
+
     def _guard(self, n: int, step: int) -> list[int]:
         """The solved-skill guard's picks (``guard.share``): up to n prompts measured solved and not yet used this
         round, uniformly at random (seeded by the step). Only in a step's first generation round: dynamic sampling's
@@ -312,16 +351,19 @@ class Selector:
         gen = torch.Generator().manual_seed(derive_seed(self.cfg.seed, step, "guard"))
         return solved[torch.randperm(len(solved), generator=gen)[:n]].tolist()
 
-    def observe(self, step: int, idx: list[int], rewards: torch.Tensor, accuracy: float,
+    def observe(self, step: int, idx: list[int], rewards: list[torch.Tensor], accuracy: float,
                 angle: float | None) -> dict[str, float]:
-        """Feed back a step's outcome (success rates over all n rollouts)."""
-        success = rewards.float().mean(1)
+        """Feed back a step's outcome: ``rewards``, each drawn prompt's rewards [n_i] of all its rollouts (the same
+        n for every prompt, or per-prompt budgets: rlcore/rollout_budget.py)."""
+        success = torch.stack([r.float().mean() for r in rewards])
+        agree = torch.tensor([bool(r.max() == r.min()) for r in rewards])
+        counts = torch.tensor([r.numel() for r in rewards])
         t = torch.tensor(idx)
         if self.predictor is not None and self.cfg.select.weighting == "posterior":
             pred, (own_s, own_t) = self.pred[t].clamp(0, 1), self.round_evidence
-            self.seen_groups += [(float(pred[j]), float(own_s[i]), float(own_t[i]), int(r.sum()), r.numel())
-                                 for j, (i, r) in enumerate(zip(idx, rewards.round().long(), strict=True))]
-        self._record(t, success, rewards.shape[1])
+            self.seen_groups += [(float(pred[j]), float(own_s[i]), float(own_t[i]), int(r.round().long().sum()),
+                                  r.numel()) for j, (i, r) in enumerate(zip(idx, rewards, strict=True))]
+        self._record(t, success, counts, agree)
         self.round_acc.append(accuracy)
         metrics: dict[str, float] = {}
         if self.predictor is not None:
@@ -329,7 +371,7 @@ class Selector:
             pred = self.pred[t]
             if self.cfg.select.weighting == "observed":
                 self.seen_pred += pred.clamp(0, 1).tolist()
-                self.seen_informative += effective_mask(rewards.float()).tolist()
+                self.seen_informative += (~agree).tolist()
             metrics["select/pred_success_mean"] = float(pred.mean())
             if len(idx) > 2:
                 metrics["select/pred_pearson_trained"] = pearson(pred, success)
@@ -359,7 +401,7 @@ class Selector:
                 "recent": self.recent, "seen_pred": self.seen_pred, "seen_informative": self.seen_informative,
                 "own_successes": self.own_successes, "own_trials": self.own_trials,
                 "round_evidence": self.round_evidence, "seen_groups": self.seen_groups,
-                "concentration": self.concentration,
+                "concentration": self.concentration, "filters": {f.name: f.state_dict() for f in self.filters},
                 "predictor": self.predictor.state_dict() if self.predictor is not None else None,
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 "window": self.window.state_dict() if self.window is not None else None}
@@ -373,6 +415,9 @@ class Selector:
             self.own_successes, self.own_trials = s["own_successes"], s["own_trials"]
             self.round_evidence, self.seen_groups = s["round_evidence"], s["seen_groups"]
             self.concentration = s["concentration"]
+        for f in self.filters:  # checkpoints written before prompt filters existed have none
+            if f.name in s.get("filters", {}):
+                f.load_state_dict(s["filters"][f.name])
         for name in ("predictor", "scheduler", "window"):
             obj = getattr(self, name)
             if obj is not None:

@@ -5,7 +5,8 @@ previous update runs (lag 1, tasks/overlap/concurrent.py): the selector's prompt
 ScalingRL -> GAIN-RL -> DOTS, then the likelihood screen, tasks/selection/screen.py), n rollouts each with their
 rewards (tasks/calibration/reference.py; n from the adaptive composition's plan, rlcore.adaptive_composition), PODS's m
 of n kept and the group-relative advantages on them (rlcore.downsample, rlcore.advantages), with DAPO's dynamic
-sampling drawing again until enough groups are informative (rlcore.dynamic_sampling).
+sampling drawing again until enough groups are informative (rlcore.dynamic_sampling), or with per-prompt rollout
+budgets drawing the rollouts in two waves (tasks/training/waves.py, rlcore.rollout_budget).
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ class FreshBatch:
         idx: pool indices of every prompt selected this step (every generation round), in draw order.
         rows: a ledger row per selected prompt.
         records: the selected prompts.
-        rewards: [len(idx), n] rewards of every generated rollout (labels for the predictor).
+        rewards: each selected prompt's rewards [n_i] of every rollout generated for it (labels for the predictor;
+            n_i is n, or with per-prompt budgets its first wave or its completed group).
         generated: rollouts generated (discarded ones included); tokens: their completion tokens;
             prompt_tokens: their prompts' tokens (a prompt counted once per rollout).
         gen_s: wall seconds in generation and verification.
@@ -84,12 +86,17 @@ class FreshBatch:
     idx: list[int]
     rows: list[SelectionRow]
     records: list[PromptRecord]
-    rewards: torch.Tensor
+    rewards: list[torch.Tensor]
     generated: int
     tokens: int
     prompt_tokens: int
     gen_s: float
     stats: dict[str, float]
+
+    @property
+    def reward_mean(self) -> float:
+        """The mean reward over every generated rollout."""
+        return float(torch.cat(self.rewards).mean())
 
 
 def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[PromptRecord], k: int,
@@ -154,8 +161,10 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
     if filler is not None:
         stats |= filler.metrics()
     stats |= policy.engine.metrics()  # a pool's live servers, the generator process's peak memory
+    stats |= selector.take_filter_metrics()  # the skip's prompts left out of this draw
     return FreshBatch(groups=groups, idx=idx_all, rows=rows_all, records=records_all,
-                      rewards=torch.cat(rewards_all), generated=generated, tokens=tokens, prompt_tokens=prompt_tokens,
+                      rewards=list(torch.cat(rewards_all)), generated=generated, tokens=tokens,
+                      prompt_tokens=prompt_tokens,
                       gen_s=gen_s, stats=stats)
 
 

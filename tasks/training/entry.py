@@ -14,7 +14,6 @@ from tasks.calibration.record import Calibration
 from tasks.data.prompts import PromptRecord
 from tasks.overlap.concurrent import open_sampler
 from tasks.overlap.lag import decide_lag
-from tasks.plan.planner import probe_records
 from tasks.policy import Policy
 from tasks.run import Run
 from tasks.selection.features import Features
@@ -59,9 +58,9 @@ def training(run: Run, policy: Policy, pool: list[PromptRecord], features: Featu
 
 def decided_lag(run: Run, policy: Policy, pool: list[PromptRecord], calibration: Calibration | None) -> LagChoice:
     """The overlap's lag where no overlap stage decided it (tasks/overlap/lag.py ``decide_lag``), probing on the
-    plan's probe prompts (tasks/plan/planner.py ``probe_records``) or the pool's first ones."""
+    plan's probe prompts (the first ``plan.probe_prompts`` reference prompts) or the pool's first ones."""
     cfg = run.cfg
-    lag = decide_lag(cfg, policy, probe_records(pool, calibration, cfg) if calibration is not None
+    lag = decide_lag(cfg, policy, calibration.first(pool, cfg.plan.probe_prompts) if calibration is not None
                      else pool[: cfg.plan.probe_prompts], run.device, handover=run.handover)
     log.info("overlap: %s", lag.reason)
     return lag

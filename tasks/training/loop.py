@@ -5,7 +5,8 @@ One step (verl-style, every phase timed so the timing metrics read as a table of
 
     draw     round start (every mu steps): reference rollouts -> predictor, curriculum and window updates;
              select B_fresh prompts, generate n rollouts each, verify, keep m of n (PODS), advantages
-             (tasks/training/draw.py; n and B_fresh from the adaptive composition's plan)
+             (tasks/training/draw.py; n and B_fresh from the adaptive composition's plan; with per-prompt rollout
+             budgets in two waves, tasks/training/waves.py)
     update   mix in B - B_fresh replayed groups (rlcore.replay_buffer); a clipped policy-gradient step at the
              step's lr (the run's Updater, tasks/update/updater.py), which returns the fresh groups'
              behaviour log-probs
@@ -49,9 +50,10 @@ from tasks.selection.features import Features
 from tasks.selection.screen import policy_likelihood
 from tasks.selection.selector import Selector
 from tasks.training import checkpoint
-from tasks.training.draw import DRAW_PHASES, FreshBatch, StepDraw, sample_fresh, use_sampler_behaviour
+from tasks.training.draw import DRAW_PHASES, FreshBatch, StepDraw, use_sampler_behaviour
 from tasks.training.recorder import Recorder
 from tasks.training.rounds import RoundLog
+from tasks.training.techniques import prompt_filters, step_draw
 from tasks.update.nan_locator import SkippedUpdate
 from tasks.update.skip_guard import SkipGuard, skipped_rows
 from tasks.update.updater import Updater, scheduled_lr
@@ -144,7 +146,8 @@ class Trainer:
                                        max_new_tokens=cfg.rollout.max_new_tokens,
                                        micro_batch_tokens=cfg.train.micro_batch_tokens,
                                        device=run.device) if cfg.select.screen > 1 else None
-        self.selector = Selector(cfg, pool, features, likelihood)
+        self.selector = Selector(cfg, pool, features, likelihood, filters=prompt_filters(cfg, len(pool)))
+        self.draw_fresh = step_draw(cfg)  # sample_fresh, or a registered technique's (tasks/training/techniques.py)
         if calibration is not None:
             self.selector.seed_labels(calibration)
         self.buffer = ReplayBuffer(cfg.replay.capacity, max_age=cfg.replay.max_age) if cfg.replay.enabled else None
@@ -240,8 +243,8 @@ class Trainer:
         n_fresh, n_replay = (mix_counts(tc.prompts_per_step, plan.fresh_frac, len(buffer))
                              if buffer is not None and round_ > 0 else (tc.prompts_per_step, 0))
         before = dict(meter.seconds)
-        fs = sample_fresh(self.run, self.sampler, self.selector, self.pool, n_fresh, step, plan.rollouts, meter=meter,
-                          sampler_behaviour=self.sampler_behaviour, version=version)
+        fs = self.draw_fresh(self.run, self.sampler, self.selector, self.pool, n_fresh, step, plan.rollouts,
+                             meter=meter, sampler_behaviour=self.sampler_behaviour, version=version)
         phases = {k: meter.seconds.get(k, 0.0) - before.get(k, 0.0) for k in DRAW_PHASES}
         return StepDraw(step=step, fresh=fs, plan=plan, n_replay=n_replay, version=version, metrics=metrics,
                         references=tuple(self.selector.take_references()), phases=phases)
@@ -286,10 +289,10 @@ class Trainer:
             if self.buffer is not None:
                 for g in upd.fresh:
                     self.buffer.admit(g)
-            metrics |= self.selector.observe(sd.step, fs.idx, fs.rewards, float(fs.rewards.mean()),
+            metrics |= self.selector.observe(sd.step, fs.idx, fs.rewards, fs.reward_mean,
                                              upd.stats.get("gain/angle_online"))
             if self.composer is not None:
-                self.composer.observe(fs.rewards, self.cfg.kept_per_prompt)  # the plan this step ran
+                self.composer.observe(torch.stack(fs.rewards), self.cfg.kept_per_prompt)  # the plan this step ran
                 metrics |= sd.plan.metrics() | {"adapt/informative": self.composer.informative}
         return metrics
 
@@ -302,7 +305,7 @@ class Trainer:
                                skipped_rows(upd.stats, upd.skipped))
             metrics = upd.stats | fs.stats | self.guard.observe(step, upd.stats, upd.skipped)
             metrics |= {
-                "train/reward_mean": float(fs.rewards.mean()),
+                "train/reward_mean": fs.reward_mean,
                 "train/lr": upd.lr,
                 "train/effective_ratio": float(eff.mean()),
                 "train/effective_ratio_fresh": float(eff[:len(fs.groups)].mean()),
@@ -349,7 +352,7 @@ class Trainer:
         self.bar.update(1)
         timing = upd.timing
         idle = {"idle": f"{timing.trainer_idle_s:.2f}/{timing.generator_idle_s:.2f}"} if timing else {}
-        self.bar.set_postfix(reward=f"{float(sd.fresh.rewards.mean()):.2f}", eff=f"{float(eff.mean()):.2f}",
+        self.bar.set_postfix(reward=f"{sd.fresh.reward_mean:.2f}", eff=f"{float(eff.mean()):.2f}",
                              s=f"{metrics['time/step_s']:.1f}", **({"acc": self.bar_acc} if self.bar_acc else {}),
                              **idle, **self.guard.postfix())
         tally.add(sd.fresh.records, sd.fresh.rows, eff, upd.replayed,

@@ -36,14 +36,15 @@ class RoundLog:
     overlapped: list[tuple[float, OverlapTimes]] = field(default_factory=list)
 
     def add(self, records: list[PromptRecord], rows: list[SelectionRow], eff: torch.Tensor, replayed: int,
-            overlapped: tuple[float, OverlapTimes] | None, rewards: torch.Tensor, heldout: float | None) -> None:
+            overlapped: tuple[float, OverlapTimes] | None, rewards: list[torch.Tensor],
+            heldout: float | None) -> None:
         """One step: its fresh draw's prompts and ledger rows, ``eff`` [groups trained] 1.0 where a group's rewards
         were unequal else 0.0, the number of its groups that were replayed, (update s, timing) when it
-        overlapped the next step's draw, ``rewards`` [prompts drawn, rollouts] of its fresh rollouts, and the held-out
-        accuracy when the step ended on an evaluation (else None)."""
+        overlapped the next step's draw, ``rewards``, each drawn prompt's [rollouts] of its fresh rollouts, and the
+        held-out accuracy when the step ended on an evaluation (else None)."""
         self.levels.update(r.level for r in records)
-        self.reward_sum += float(rewards.sum())
-        self.rollouts += rewards.numel()
+        self.reward_sum += sum(float(r.sum()) for r in rewards)
+        self.rollouts += sum(r.numel() for r in rewards)
         self.heldout = heldout
         self.predicted += [r.pred_success for r in rows if r.pred_success is not None]
         self.groups += len(eff)

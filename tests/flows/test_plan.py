@@ -20,16 +20,21 @@ SMOKE = str(Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "tiny.y
 
 def test_plan_flow_measures_predicts_and_records_without_training(tmp_path, prefect_harness):
     root = tmp_path / "root"
-    out = plan_flow(config=SMOKE, overrides=[f"paths.root={root}", "plan.candidates=[grpo_n4,dapo,dots_screen]"])
+    out = plan_flow(config=SMOKE, overrides=[f"paths.root={root}",
+                                             "plan.candidates=[grpo_n4,dapo,dots_screen,dots_screen_waves]"])
     plan = Plan.load(Path(out["run_dir"]) / "plan.json")
     assert plan.to_json() == out["plan"]
     assert abs(sum(plan.shares.values()) - 1) < 1e-9 and plan.g == 4
     assert plan.costs.generate.time(1000) > 0 and plan.costs.update.time(1000) > 0 and plan.costs.completion_tokens > 0
     assert plan.costs.fixed.optimizer_s > 0 and plan.costs.fixed.step_s > 0 and plan.costs.fixed.round_s > 0
     assert plan.upfront_s > 0 and f"This run: {plan.clock.text()}." in out["table"]
-    assert [p.name for p in plan.predictions] == ["grpo_n4", "dapo", "dots_screen"]  # the bundled task has solutions
+    assert [p.name for p in plan.predictions] == ["grpo_n4", "dapo", "dots_screen", "dots_screen_waves"]
     assert plan.baseline.name == "grpo" and plan.baseline.clock == 1.0
-    assert plan.choice in {"grpo", "grpo_n4", "dapo", "dots_screen"} and plan.reason.startswith(plan.choice)
+    assert plan.choice in {"grpo", "grpo_n4", "dapo", "dots_screen", "dots_screen_waves"}
+    assert plan.reason.startswith(plan.choice)
+    # what the waves and the skip would save on this pool: dots_screen_waves against itself without each
+    assert [line.split(":")[0] for line in plan.savings] == ["waves on dots_screen_waves", "skip on dots_screen_waves"]
+    assert f"**{plan.savings[0]}**" in out["table"] and "rollouts_per_informative" in out["table"]
     dapo = next(p for p in plan.predictions if p.name == "dapo")
     assert 0 <= dapo.effective_ratio <= 1 and dapo.generated >= plan.baseline.generated  # it generates more
     assert "| composition |" in out["table"] and plan.reason in out["table"]

@@ -22,6 +22,8 @@ from rlcore.plan import (
     predict,
 )
 from rlcore.plan_choice import TIE, choose, run_clock
+from rlcore.rollout_budget import WaveRule
+from rlcore.silent_skip import SkipRule
 from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
 
 
@@ -456,3 +458,34 @@ def test_the_probe_is_skipped_where_it_cannot_pay_for_itself():
         LagChoice(0, "cost", "x", worth=many)
     with pytest.raises(ValueError, match="basis cost"):
         LagChoice(0, "cost", "x")
+
+
+def test_waves_and_the_skip_hand_worked():
+    """Waves (first 2, groups of 4, 1.5 x 4 = 6 candidates, uniform draw: no estimate, so an agreeing pair would end
+    mixed with chance 13/48 < 0.5 and is not completed): a pair of a 2-of-8 prompt is mixed with chance 12/28, of a
+    4-of-8 one 16/28, of the others 0, so 6 x 1/4 = 1.5 pairs are mixed and completed, all informative. Rollouts
+    6 x 2 + 1.5 x 2 = 15; generation 12 x 10 x 2 + 3 x 10 x 2 s; the update 1.5 x 4 rows x 15 tokens. The skip
+    (explore 0.5, cap 0.9) leaves a prompt whose 8 reference rollouts agreed (z = 8 / n = 1 at n = 8) in with chance
+    1/2: GRPO's ratio 2 / 4 becomes 2 / 3."""
+    wave = Composition("w", 4, 4, 4, rules=(WaveRule(2, 1.5, 0.5, 2.0),))
+    base, (w, whole) = predict([wave, Composition("whole", 4, 4, 4)], Composition("grpo", 4, 8, 8), POOL, COSTS)
+    assert w.generated == pytest.approx(15) and w.signal == pytest.approx(1.5) and w.effective_ratio == 1.0
+    assert w.step_s == pytest.approx(12 * 10 * 2 + 3 * 10 * 2 + 1.5 * 4 * 15)
+    assert whole.generated == 16 and whole.signal == pytest.approx(4 * 123 / 280)
+    skip = Composition("skip", 4, 8, 8, rules=(SkipRule(0.5, 0.9),))
+    assert draw_ratio(skip, POOL) == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="waves"):
+        predict([Composition("x", 4, 4, 4, rules=(WaveRule(4, 1.5, 0.5, 2.0),))], Composition("grpo", 4, 8, 8), POOL,
+                COSTS)
+    with pytest.raises(ValueError, match="at most one rule"):
+        predict([Composition("x", 4, 4, 4, rules=(WaveRule(2, 1.5, 0.5, 2.0),) * 2)], Composition("grpo", 4, 8, 8),
+                POOL, COSTS)
+
+
+def test_waves_on_a_pool_that_is_never_mixed():
+    """Every reference prompt solved or unsolved: no first pair is mixed, nothing is completed or trained but the
+    silent pairs; the prediction says so (ratio 0, no signal) instead of dividing by zero."""
+    pool = PoolStats(successes=(0, 8, 8, 0), g=8, levels=(1, 1, 2, 2))
+    _, (w,) = predict([Composition("w", 4, 4, 4, rules=(WaveRule(2, 1.5, 0.5, 2.0),))], Composition("grpo", 4, 8, 8),
+                      pool, COSTS)
+    assert (w.effective_ratio, w.signal, w.generated) == (0.0, 0.0, 12.0)

@@ -386,3 +386,25 @@ def test_overlap_split_is_the_step_against_the_slower_side_hand_worked():
     assert out["draw"] == pytest.approx(0.35) and out["update"] == pytest.approx(0.35)
     assert out["trainer_idle"] == pytest.approx(0.1) and out["generator_idle"] == pytest.approx(0.05)
     assert overlap_split([{"step": 0, "time/step_s": 0.7}]) == {}
+
+
+def test_rollouts_per_informative_group_hand_worked_and_against_the_baseline():
+    """GRPO: 256 rollouts a step for 0.4 x 32 = 12.8 informative groups (20 each); waves: 60 rollouts for 0.9 x 12
+    = 10.8 (5.56 each, 0.28x GRPO's); TRL logs neither and is left out."""
+    from tasks.bench.analysis import rollouts_per_informative
+    from tasks.bench.report import BenchRun, analyse
+    from tasks.bench.tables import markdown
+
+    def run(name, generated, ratio, groups):
+        rows = [{"step": i, "eval/accuracy": 0.3 + 0.1 * i, "time/rollout_s": 1.0 * (i + 1),
+                 "rollout/generated": generated, "rollout/tokens": 10 * generated, "train/effective_ratio": ratio,
+                 "train/groups": groups} for i in range(2)]
+        return BenchRun(name, 0, {"status": "completed", "eval_accuracy_start": 0.2, "steps": 2,
+                                  "eval_accuracy_end": 0.4}, rows, end_correct=(1, 0), end_prompts=("a", "b"))
+
+    assert rollouts_per_informative(run("grpo", 256.0, 0.4, 32.0).rows) == pytest.approx(20.0)
+    assert rollouts_per_informative([{"step": 0, "eval/accuracy": 0.1}]) is None
+    result = analyse([run("grpo", 256.0, 0.4, 32.0), run("waves", 60.0, 0.9, 12.0)])
+    waves = next(r for r in result["configurations"] if r["name"] == "waves")
+    assert waves["rollouts_per_informative_vs_baseline"] == pytest.approx(60 / 10.8 / 20)
+    assert "| waves | 5.56 | 0.28 | 0.90 |" in markdown(result)

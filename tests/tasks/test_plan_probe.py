@@ -5,7 +5,7 @@ candidate that draws with DOTS's predictor pays its fit."""
 import pytest
 import torch
 
-from rlcore.plan import PoolStats, predict, update_rows
+from rlcore.plan import PoolStats, draw_calls, predict, update_rows
 from tasks.calibration.record import Calibration
 from tasks.calibration.reference import stratified_reference
 from tasks.config.load import load_config
@@ -78,9 +78,16 @@ def test_a_probe_without_dots_or_scores_times_neither(setting, tmp_path):
 def test_the_probes_batch_sizes_come_from_the_candidates():
     cfg = load_config(None)
     comps = [composition(n, candidate_config(cfg, n), 2000) for n in ("grpo", "dots_screen", "pods", "dapo")]
+    stats = PoolStats(successes=(0, 4, 4, 8), g=8, levels=(1, 2, 3, 4), screen=(0.0, 0.5, 0.5, 1.0))
     # dots_screen draws 20 prompts x 4 = 80 rollouts, PODS 32 x 16 and DAPO 64 x 8 = 512 (the engine's chunk)
-    assert _generation_sizes(comps, 8) == (10, 64)
-    assert _generation_sizes(comps[:1], 8) == (8, 32)  # GRPO alone: 32 x 8, and a quarter of it
+    assert _generation_sizes(comps, 8, stats) == (10, 64)
+    assert _generation_sizes(comps[:1], 8, stats) == (8, 32)  # GRPO alone: 32 x 8, and a quarter of it
+    # waves: a first call of 30 candidates x 2 rollouts, a second of the completed ones' 2 each (at most 20), beside
+    # the calibration's 32 x 8
+    waves = composition("dots_screen_waves", candidate_config(cfg, "dots_screen_waves"), 2000)
+    (first, second) = draw_calls(waves, stats)
+    assert first == (30, 2) and second[1] == 2 and 1 <= second[0] <= 20
+    assert _generation_sizes([waves], 8, stats) == (round(second[0] * 2 / 8) or 1, 32)
 
 
 def test_the_probes_updates_have_the_candidates_sizes():
