@@ -105,3 +105,16 @@ def test_the_command_line_refuses_a_bad_path_in_a_second_before_any_stage(tmp_pa
         "a path in a config file is relative to that file)"], p.stderr[-2000:]
     assert not (tmp_path / "root").exists()
     assert took < 30, f"{took:.1f} s"  # about a second idle; a loaded shared machine is slower
+
+
+@pytest.mark.parametrize("path, says", [
+    ("gguf:nosuch", "unknown packaged model 'nosuch'"),
+    ("missing.gguf", "no such GGUF file"),
+])
+def test_a_gguf_model_that_is_not_there_fails_in_the_preflight(tmp_path, monkeypatch, path, says):
+    """A packaged model's name is no path (it stays a name) and a .gguf file is no folder: the preflight checks each
+    the way the model stage will load it, and names the key."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        checked_config(RunRequest.here(str(SMOKE), [f"paths.root={tmp_path}", f"model.path={path}"]))
+    assert says in str(err.value) and "model.path" in str(err.value), str(err.value)
