@@ -1,6 +1,7 @@
 """The `pipeline` flow end to end on the smoke budget under Prefect's test harness: ledger and MLflow contents."""
 
 import json
+import logging
 import subprocess
 import time
 from pathlib import Path
@@ -15,11 +16,28 @@ ROOT = Path(__file__).resolve().parents[2]
 SMOKE = str(ROOT / "tests" / "fixtures" / "tiny.yaml")
 
 
+class KeptLines(logging.Handler):
+    """Every message a logger hands it, from INFO up."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.said: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.said.append(record.getMessage())
+
+
 def test_pipeline_flow_records_everything(tmp_path, prefect_harness, caplog):
     root = tmp_path / "root"
-    with caplog.at_level("INFO"), caplog.at_level("INFO", logger="rlsift"), \
-            caplog.at_level("INFO", logger="prefect.flow_runs"):  # an earlier in-process CLI call may quiet them
-        s = pipeline(config=SMOKE, overrides=[f"paths.root={root}", "eval.every=2"])
+    flow_lines = KeptLines()  # the flow run's own logger (Prefect's: it need not propagate to caplog's root handler)
+    flow_logger = logging.getLogger("prefect.flow_runs")
+    flow_logger.addHandler(flow_lines)
+    try:
+        with caplog.at_level("INFO"), caplog.at_level("INFO", logger="rlsift"), \
+                caplog.at_level("INFO", logger="prefect.flow_runs"):  # an earlier in-process CLI call may quiet them
+            s = pipeline(config=SMOKE, overrides=[f"paths.root={root}", "eval.every=2"])
+    finally:
+        flow_logger.removeHandler(flow_lines)
     assert s["status"] == "completed" and s["steps"] == 4
     assert 0 <= s["eval_accuracy_start"] <= 1 and 0 <= s["eval_accuracy_end"] <= 1
     assert s["device_hours"] > 0 and s["wall_s"] > 0
@@ -73,7 +91,7 @@ def test_pipeline_flow_records_everything(tmp_path, prefect_harness, caplog):
     assert rows[-1]["usd"] == pytest.approx(s["cost_usd"], abs=1e-5)
     assert json.loads(info["tags"]["mlflow.loggedArtifacts"]) == [{"path": "cost_by_stage.json", "type": "table"}]
     # the logs say what the run did and which model version it registered
-    said = [r.getMessage() for r in caplog.records]
+    said = [r.getMessage() for r in caplog.records] + flow_lines.said
     assert any(m.startswith("report: held-out accuracy ") and m.endswith("registered rlsift-policy version 1")
                for m in said), said
     assert any(m.startswith(f"run {s['run_id']} completed in ") and m.endswith("registered rlsift-policy version 1")

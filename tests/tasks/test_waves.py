@@ -200,7 +200,9 @@ def test_a_resume_mid_run_with_waves_equals_an_uninterrupted_run(smoke_cfg, pool
         return HeldoutEval(0.5, {})
 
     run_b = open_run(cfg, track=False)  # the same root: every record is the run's own
-    with pytest.raises(RuntimeError, match="killed"):
+    # With lag 1 the full suite once saw the sampler's child stop first ("the generator process ... died (exit code
+    # 0)") instead of the kill: the run still fails at that step, and the resume below is what this test holds.
+    with pytest.raises(RuntimeError, match="killed|the generator process"):
         play(run_b, make_policy(), dies)
     run_b.close("failed", {})
     resumed, policy_b = open_run(cfg, run_id=run_b.run_id, track=False), make_policy()
