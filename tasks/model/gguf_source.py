@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from tasks.config.model import GGUF_PREFIX, PACKAGED_GGUF, is_gguf, is_gguf_name
+from tasks.records.files import publish_folder
 
 log = logging.getLogger(__name__)
 
@@ -136,11 +137,6 @@ def hf_folder(ref: str, cache_dir: str | Path) -> Path:
             "ref": ref, "n_params": sum(p.numel() for p in model.parameters()),
             "eos_token_id": model.generation_config.eos_token_id, "wall_s": round(time.perf_counter() - t0, 2)}
     (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
-    try:
-        os.replace(tmp, final)
-    except OSError:  # another process finished the same fingerprint first
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (final / META_FILE).is_file():
-            raise
+    publish_folder(tmp, final, META_FILE)  # whole or not at all; another process's same fingerprint kept
     log.info("gguf: %s converted in %.1f s -> %s", src.name, meta["wall_s"], final)
     return final

@@ -57,6 +57,7 @@ import torch
 from tasks.data import arith, arith_grade
 from tasks.data.prompts import PromptRecord
 from tasks.model.loading import build_tiny_model, build_tokenizer, format_prompt, save_policy
+from tasks.records.files import publish_folder
 from tasks.records.progress import progress_bar
 
 if TYPE_CHECKING:  # annotations only: transformers loads with the first model, not at import
@@ -240,12 +241,7 @@ def _publish(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, final: 
         "threads": torch.get_num_threads(),
     }
     (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
-    try:
-        os.replace(tmp, final)
-    except OSError:  # another process finished the same fingerprint first
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (final / META_FILE).is_file():
-            raise
+    publish_folder(tmp, final, META_FILE)  # whole or not at all; another process's same fingerprint kept
     return meta
 
 

@@ -3,13 +3,16 @@
 The content goes to ``<name>.tmp`` next to the target, is flushed and fsynced, then renamed over the
 target (``os.replace`` is atomic on POSIX and Windows within one file system) and the folder is fsynced
 so the rename itself survives a power cut. Used for checkpoints (tasks/training/checkpoint.py), the run's
-JSON files (tasks/run.py, tasks/stages.py) and the tracking outbox (tasks/records/tracking/outbox.py).
+JSON files (tasks/run.py, tasks/stages.py) and the tracking outbox (tasks/records/tracking/outbox.py). A cached
+folder (the warm start, a converted GGUF model) is built under a temporary name and published whole
+(:func:`publish_folder`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -45,3 +48,15 @@ def write_text(path: Path, text: str) -> None:
 def write_json(path: Path, data: Any) -> None:
     """Replace ``path`` with ``data`` as indented JSON (values JSON cannot hold as their ``str``), atomically."""
     write_text(path, json.dumps(data, indent=2, default=str))
+
+
+def publish_folder(tmp: Path, final: Path, meta_file: str) -> None:
+    """Rename the finished folder ``tmp`` to ``final`` in one step, so a reader sees a whole folder or none. Where
+    another process published the same ``final`` first (a cache keyed by fingerprint: the same content), ``tmp`` is
+    removed and theirs kept; raises if ``final`` exists without its ``meta_file`` (not a finished folder)."""
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (Path(final) / meta_file).is_file():
+            raise
