@@ -66,9 +66,9 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 import torch  # noqa: E402
 from gpu_bench_overlap import ChildDied, is_alloc_failure, overlap_rows  # noqa: E402
 from qwen_shapes import SHAPES  # noqa: E402
+from synthetic_batch import GROUP, batch  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
-from rlcore.types import RolloutGroup  # noqa: E402
 from tasks.config import LoraConfig  # noqa: E402
 from tasks.model.attention import guard_attention  # noqa: E402
 from tasks.model.lora import apply_lora, base_model, trainable_parameters  # noqa: E402
@@ -86,7 +86,6 @@ from tasks.update.precision import (  # noqa: E402  # noqa: E402
 from tasks.update.updater import LossSettings  # noqa: E402
 
 MODES = ("full", "full+ckpt", "lora", "lora+ckpt")
-GROUP = 8  # rollouts a prompt
 
 
 @dataclass(frozen=True)
@@ -108,22 +107,6 @@ def build(name: str, mode: str, device: torch.device, dtype: torch.dtype):
     return model, cfg
 
 
-def batch(rows: int, prompt: int, completion: int, vocab: int) -> list[RolloutGroup]:
-    """``rows / 8`` groups of 8 rollouts, rewards half right so every row carries a gradient; prompts of
-    ``prompt / 2`` to ``prompt`` tokens and completions of ``completion / 2`` to ``completion`` (padding, a mask)."""
-    g = torch.Generator().manual_seed(0)
-    rewards = torch.tensor([1.0, 0.0] * (GROUP // 2))
-    groups = []
-    for k in range(max(rows // GROUP, 1)):
-        p_len = int(torch.randint(max(prompt // 2, 1), prompt + 1, (1,), generator=g))
-        lens = torch.randint(max(completion // 2, 1), completion + 1, (GROUP,), generator=g)
-        lens[0] = completion  # every batch reaches its longest row
-        groups.append(RolloutGroup(prompt_id=f"p{k}", prompt_ids=torch.randint(4, vocab, (p_len,), generator=g),
-                                   completion_ids=torch.randint(4, vocab, (GROUP, completion), generator=g),
-                                   completion_mask=torch.arange(completion) < lens[:, None], rewards=rewards,
-                                   advantages=rewards - rewards.mean(), behaviour_logp=torch.zeros(0),
-                                   success_rate=0.5, n_generated=GROUP, step=0))
-    return groups
 
 
 def rss_mb() -> float:

@@ -45,6 +45,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 
 import torch  # noqa: E402
 from qwen_shapes import SHAPES  # noqa: E402
+from synthetic_batch import GROUP, batch  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb  # noqa: E402
 
@@ -54,7 +55,6 @@ from tasks.update.policy_update import gradient_checkpointing, policy_update  # 
 from tasks.update.precision import Precision, build_optimizer, resolve_precision  # noqa: E402
 from tasks.update.updater import LossSettings  # noqa: E402
 
-GROUP = 8  # rollouts a prompt
 #: The layer whose MLP writes the outlier channels and whose head gets the very negative log-sum-exp (an early one,
 #: as in Qwen2.5, where the massive activations appear in the first layers and stay in the residual stream).
 LAYER = 1
@@ -65,23 +65,6 @@ def build(shape: str, device: torch.device) -> tuple[Qwen2ForCausalLM, Qwen2Conf
     torch.manual_seed(0)
     with torch.device(device):
         return Qwen2ForCausalLM(cfg).float(), cfg
-
-
-def batch(rows: int, prompt: int, completion: int, vocab: int) -> list[RolloutGroup]:
-    """``rows / 8`` groups of 8 rollouts with rewards 1, 0, ... (advantages +-0.5: every row carries a gradient);
-    prompts of ``prompt / 2`` to ``prompt`` tokens and completions of ``completion / 2`` to ``completion``."""
-    g = torch.Generator().manual_seed(0)
-    rewards = torch.tensor([1.0, 0.0] * (GROUP // 2))
-    out = []
-    for k in range(max(rows // GROUP, 1)):
-        p_len = int(torch.randint(max(prompt // 2, 1), prompt + 1, (1,), generator=g))
-        lens = torch.randint(max(completion // 2, 1), completion + 1, (GROUP,), generator=g)
-        out.append(RolloutGroup(prompt_id=f"p{k}", prompt_ids=torch.randint(4, vocab, (p_len,), generator=g),
-                                completion_ids=torch.randint(4, vocab, (GROUP, completion), generator=g),
-                                completion_mask=torch.arange(completion) < lens[:, None], rewards=rewards,
-                                advantages=rewards - rewards.mean(), behaviour_logp=torch.zeros(0),
-                                success_rate=0.5, n_generated=GROUP, step=0))
-    return out
 
 
 def _sample(groups: list[RolloutGroup], device: torch.device, tokens: int = 256) -> torch.Tensor:

@@ -81,7 +81,7 @@ def test_the_gpu_check_runs_on_the_cpu_and_imports_only_what_a_gpu_machine_has()
     cells = [c.strip() for c in overlap.strip("|").split("|")]
     upd_alone, together = float(cells[2]), float(cells[5].split()[0])
     assert together >= upd_alone * 0.9  # one clock from a common start: "at once" is not below the update alone
-    ours = {"rlcore", "tasks", "infra", "gpu_bench_generation", "gpu_bench_overlap", "qwen_shapes"}
+    ours = {"rlcore", "tasks", "infra", "gpu_bench_generation", "gpu_bench_overlap", "qwen_shapes", "synthetic_batch"}
     imported = set(json.loads(proc.stdout.split("MODULES ", 1)[1]))
     extra = imported - ours - _closure(ALLOWED) - set(sys.stdlib_module_names) - {"_distutils_hack"}
     assert not extra, f"the GPU check imports {sorted(extra)}, which a machine with only {ALLOWED} lacks"
