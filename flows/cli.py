@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 
+from flows.cli_text import deploy_text, emit, run_text
 from flows.ledger_cli import add_ledger_parser
 from flows.prefect_server import reporting_to, resume_api
 
@@ -115,22 +116,10 @@ def _config(args):
     return load_config(args.config, args.overrides)
 
 
-def _paired_text(paired: dict | None) -> str:
-    if not paired:
-        return ""
-    return (f" ({paired['turned_right']} prompts turned right, {paired['turned_wrong']} turned wrong; "
-            f"exact McNemar p = {paired['mcnemar_p']:.2g})")
 
 
-def _levels(by_level: dict) -> str:
-    return ", ".join(f"{k}: {v:.3f}" for k, v in by_level.items())
 
 
-def _emit(obj: dict, as_json: bool, text: str) -> None:
-    if as_json:
-        sys.stdout.write(json.dumps(obj, default=str) + "\n")
-    else:
-        print(text)
 
 
 def run_config(args):
@@ -178,32 +167,12 @@ def cmd_run(args) -> int:
                                                                           "reason": f"by {sig.name}"}
             sys.stdout.write(json.dumps(stopped, default=str) + "\n")
         return 128 + sig
-    _emit(summary, args.json, _run_text(summary))
+    emit(summary, args.json, run_text(summary))
     return 0
 
 
-def _run_text(summary: dict) -> str:
-    """``rlsift run``'s summary of a completed run (its ``--json`` object, flows/summary.py ``RunSummary``): the
-    accuracy, cost, overlap and plan, and where the run lives: the MLflow run with where to see it (its page, or the
-    command that opens MLflow's UI on a local store), the ledger and the run folder."""
-    return (f"run {summary['run_id']} ({summary['name']}) {summary['status']} in {summary['wall_s']:.0f} s, "
-            f"{summary['steps']} steps\n"
-            f"  held-out greedy accuracy {summary['eval_accuracy_start']:.3f} -> {summary['eval_accuracy_end']:.3f}"
-            f"{_paired_text(summary.get('eval_paired'))}\n"
-            f"  by level: {_levels(summary['eval_by_level_start'])} -> {_levels(summary['eval_by_level_end'])}\n"
-            f"  device hours {summary['device_hours']:.4f} ({summary['device']}), ${summary['cost_usd']:.4f}\n"
-            f"{_overlap_text(summary.get('overlap'))}"
-            f"{_plan_text(summary.get('plan'))}"
-            f"  MLflow run {summary['mlflow_run_id']}: {summary.get('mlflow_ui') or summary['tracking_uri']}\n"
-            f"  ledger {summary['ledger']}\n  run folder {summary['run_dir']}")
 
 
-def _plan_text(p: dict | None) -> str:
-    """What a ``plan.auto`` run chose, why and its predicted clock, in one line (flows/summary.py ``plan_summary``;
-    empty otherwise)."""
-    if not p:
-        return ""
-    return f"  plan: {p.get('line') or p['reason']}\n"
 
 
 def cmd_plan(args) -> int:
@@ -220,21 +189,11 @@ def cmd_plan(args) -> int:
 
     out = plan_flow(config=args.config, overrides=list(args.overrides))
     text = Plan.from_json(out["plan"]).text()  # plain for the terminal; plan.md and MLflow keep the Markdown
-    _emit(out, args.json, f"{text}\n\nrun {out['run_id']}: {out['run_dir']}/plan.json; MLflow run "
+    emit(out, args.json, f"{text}\n\nrun {out['run_id']}: {out['run_dir']}/plan.json; MLflow run "
           f"{out['mlflow_run_id']}: {out.get('mlflow_ui') or out['tracking_uri']}")
     return 0
 
 
-def _overlap_text(o: dict | None) -> str:
-    """The run's overlap: the lag and why, and overlapped, its totals in one line."""
-    if not o:
-        return ""
-    out = f"  overlap {o['reason']}\n" if "reason" in o else ""
-    if "update_s" not in o:
-        return out
-    return out + (f"  overlap: update {o['update_s']:.0f} s, next step's draw {o['draw_s']:.0f} s, at once "
-                  f"{o['overlap_s']:.0f} s; idle: trainer {o['trainer_idle_s']:.0f} s, "
-                  f"generator {o['generator_idle_s']:.0f} s\n")
 
 
 def _is_override(item: str) -> bool:
@@ -274,7 +233,7 @@ def cmd_ingest(args) -> int:
     out = {k: s[k] for k in ("accepted", "duplicates", "quarantined", "new", "rows", "sources")}
     lines = [f"{name}: {c['rows']} rows, {c['accepted']} accepted, {c['duplicates']} duplicates, "
              f"{c['quarantined']} quarantined" for name, c in s["sources"].items()]
-    _emit(out, args.json, "\n".join(lines) + f"\nledger: {root / 'ledger.duckdb'}")
+    emit(out, args.json, "\n".join(lines) + f"\nledger: {root / 'ledger.duckdb'}")
     return 0
 
 
@@ -294,7 +253,7 @@ def cmd_bench(args) -> int:
     result = benchmark(config=args.config, overrides=list(args.overrides), quick=args.quick, seeds=args.seeds,
                        presets=args.presets.split(",") if args.presets else None, trl=not args.no_trl,
                        jobs=args.jobs)
-    _emit(result, args.json, result.get("table", ""))
+    emit(result, args.json, result.get("table", ""))
     return 0
 
 
@@ -308,29 +267,10 @@ def cmd_deploy(args) -> int:
     else:
         from tasks.run import launcher
 
-        print(_deploy_text(out, launcher()))
+        print(deploy_text(out, launcher()))
     return 0
 
 
-def _deploy_text(out: dict, rlsift: list[str]) -> str:
-    """``rlsift deploy``'s summary (its ``--json`` object, flows/deploy.py ``deploy``): each deployment with its work
-    pool and schedule, what was skipped, and the next step: the worker that runs them, as a command that works pasted
-    in a new shell (``rlsift`` as this process was started, tasks/run.py ``launcher``; the server's URL with it)."""
-    import shlex
-
-    pools = ", ".join(f"{name} ({how})" for name, how in out["work_pools"].items())
-    lines = [f"deployments on {out['api_url']}" + (f", work pool {pools}" if pools else "") + ":"]
-    width = max((len(k) for k in out["deployments"]), default=0)
-    for key, dep in out["deployments"].items():
-        when = "; ".join(f"cron {s['cron']}{'' if s['active'] else ' (paused)'}" for s in dep["schedules"]
-                         if s.get("cron")) or "on demand"
-        lines.append(f"  {key:<{width}}  {when}")
-    lines += [f"  {name} skipped: {why}" for name, why in out["skipped"].items()]
-    if out["deployments"]:
-        pool = next(iter(out["deployments"].values()))["work_pool"]
-        worker = shlex.join(["env", f"PREFECT_API_URL={out['api_url']}", *rlsift, "worker", "--pool", pool])
-        lines.append(f"next: start the worker that runs them (Ctrl-C stops it): {worker}")
-    return "\n".join(lines)
 
 
 def cmd_worker(args) -> int:

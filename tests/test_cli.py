@@ -563,7 +563,7 @@ def test_v_goes_before_or_after_the_command():
 def test_deploy_prints_each_deployment_its_schedule_and_the_worker_to_start():
     """`rlsift deploy` (not 42 lines of JSON): a line per deployment with its schedule, then the next step, the worker
     command as pasted in a new shell (the server's URL and rlsift's full path with it)."""
-    from flows.cli import _deploy_text
+    from flows.cli_text import deploy_text
 
     out = {"api_url": "http://127.0.0.1:4200/api", "work_pools": {"rlsift-process": "created"}, "skipped": {},
            "deployments": {
@@ -571,7 +571,7 @@ def test_deploy_prints_each_deployment_its_schedule_and_the_worker_to_start():
                                      "work_pool": "rlsift-process", "schedules": [], "parameters": {}},
                "retrain/retrain": {"id": "2", "entrypoint": "flows/retrain.py:retrain", "work_pool": "rlsift-process",
                                    "schedules": [{"cron": "0 3 * * *", "active": True}], "parameters": {}}}}
-    assert _deploy_text(out, ["/abs/.venv/bin/rlsift"]).splitlines() == [
+    assert deploy_text(out, ["/abs/.venv/bin/rlsift"]).splitlines() == [
         "deployments on http://127.0.0.1:4200/api, work pool rlsift-process (created):",
         "  pipeline/pipeline  on demand",
         "  retrain/retrain    cron 0 3 * * *",

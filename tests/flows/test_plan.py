@@ -75,9 +75,9 @@ def test_auto_trains_the_plans_choice(tmp_path, prefect_harness):
     clock = plan.clock
     assert s["plan"]["predicted_clock_with_plan"] == clock.with_plan > clock.training == plan.chosen.clock == \
         s["plan"]["predicted_training_clock"] and plan.upfront_s > 0 and s["plan"]["clock"] == clock.text()
-    from flows.cli import _plan_text
+    from flows.cli_text import plan_text
 
-    said = _plan_text(s["plan"])  # one line, each figure once (this choice did not weigh the plan's own cost)
+    said = plan_text(s["plan"])  # one line, each figure once (this choice did not weigh the plan's own cost)
     assert said.startswith(f"  plan: {plan.reason}; ") and said.count(f"{clock.training:.2f}x") == 1
     assert said.endswith(f"; {clock.with_plan:.2f}x with the plan's own cost ({plan.upfront_s:.0f} s before the first "
                          "step)\n"), said
@@ -111,9 +111,9 @@ def test_auto_trains_the_plans_choice(tmp_path, prefect_harness):
     assert "rlsift.overlap.at_once_ratio" not in tags
     assert float(tags["plan/overlap_lag"]) == 0
 
-    from flows.cli import _overlap_text
+    from flows.cli_text import overlap_text
 
-    assert _overlap_text(o) == f"  overlap {o['reason']}\n"
+    assert overlap_text(o) == f"  overlap {o['reason']}\n"
 
     # named after what it trains: in the summary, in MLflow and in the Prefect artifacts
     assert s["name"] == "auto→grpo_n4 bundled:default s0"

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from flows.cli import _plan_text, _run_text
+from flows.cli_text import plan_text, run_text
 from flows.summary import RunSummary, describe, plan_summary
 from rlcore.plan_choice import choose
 from tasks.evaluation.heldout import PairedChange
@@ -67,10 +67,10 @@ def test_one_predicted_clock_in_every_place(smoke_cfg):
         summary = plan_summary(plan)
         assert (summary["clock"], summary["predicted_training_clock"], summary["predicted_clock_with_plan"],
                 summary["upfront_s"]) == (text, plan.clock.training, plan.clock.with_plan, 12)
-        assert _plan_text(summary) == (  # one line: the reason's training clock, the clock with the plan's cost
+        assert plan_text(summary) == (  # one line: the reason's training clock, the clock with the plan's cost
             f"  plan: {plan.reason}; 0.73x with the plan's own cost (12 s before the first step)\n")
         chose_grpo = replace(plan, choice="grpo", reason="grpo: no candidate is predicted cheaper")
-        assert _plan_text(plan_summary(chose_grpo)) == (  # the baseline's reason says why; its clock is added
+        assert plan_text(plan_summary(chose_grpo)) == (  # the baseline's reason says why; its clock is added
             "  plan: grpo: no candidate is predicted cheaper; training clock predicted 1.00x plain GRPO's (its "
             "steps); 1.40x with the plan's own cost (12 s before the first step: calibration and plan measured, "
             "scoring predicted)\n")
@@ -110,5 +110,5 @@ def test_the_cli_says_how_to_open_mlflows_ui():
                    device="cpu", device_hours=0.001, cost_usd=0.0001,
                    mlflow_ui="`mlflow ui --backend-store-uri sqlite:///x`, then http://127.0.0.1:5000/#/...").to_dict()
     assert "  MLflow run m: `mlflow ui --backend-store-uri sqlite:///x`, then http://127.0.0.1:5000/#/...\n" in \
-        _run_text(done)
-    assert "  MLflow run m: sqlite:///x\n" in _run_text({**done, "mlflow_ui": None})
+        run_text(done)
+    assert "  MLflow run m: sqlite:///x\n" in run_text({**done, "mlflow_ui": None})
