@@ -14,9 +14,12 @@ end of the pipe, and the child leaves at its next read: no process is left behin
 child (terminating it if it does not answer). The child ignores SIGINT (a Ctrl-C at the terminal reaches the whole
 process group: the parent, stopping its run, closes it) and leaves cleanly on SIGTERM, removing its multiprocessing
 temporary folder (``pymp-*``, with the listener socket its replies' tensors are shared through). Its replies name
-that folder, so the run can remove it after a SIGKILL (tasks/run.py ``Run.note_temp``).
-
-child (terminating it if it does not answer).
+that folder, so the run can remove it after a SIGKILL (tasks/run.py ``Run.note_temp``). The folder is the child's
+own: a ``spawn`` child inherits the name of its parent's folder where the parent has one (CPython's
+``multiprocessing.process.BaseProcess`` copies the parent's ``_config``, ``util.get_temp_dir`` reads it), and a run
+removing it once the child is gone would remove the folder of its parent and of every later child, whose next reply
+then cannot be sent; so the child forgets the inherited name and makes its own. A reply the child cannot send (its
+tensors cannot be shared) comes back as an error that says so; a closed process is an error that says it was closed.
 
 Shutdown order on a GPU: the child's weights are the parent's CUDA memory, shared through CUDA IPC, and PyTorch
 counts the child's references (torch.multiprocessing, "Sharing CUDA tensors": the producer must outlive its
@@ -36,7 +39,9 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from multiprocessing import process as mp_process
 from multiprocessing import util as mp_util
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 import torch
@@ -92,15 +97,23 @@ def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenize
             out = ("ok", (gen, own_peak_mb(settings["device"]), mp_util.get_temp_dir()))
         except Exception as err:  # noqa: BLE001 - sent to the parent, which stops the run with it
             out = ("error", f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=5)}")
+        try:  # pickled first: the tensors are shared here (the listener in the temporary folder), before a byte is sent
+            reply = ForkingPickler.dumps(out)
+        except Exception as err:  # noqa: BLE001 - the parent stops the run with it
+            reply = ForkingPickler.dumps(("error", f"the reply could not be sent: {type(err).__name__}: {err} "
+                                                   f"(temporary folder {mp_util.get_temp_dir()})\n"
+                                                   f"{traceback.format_exc(limit=5)}"))
         try:
-            conn.send(out)
-        except (BrokenPipeError, OSError):
+            conn.send_bytes(reply)
+        except (BrokenPipeError, OSError):  # the parent is gone
             return
 
 
 def _child(*args) -> None:
-    """The child process: Ctrl-C is the parent's to handle (it closes the child), SIGTERM exits through the exit
+    """The child process: its own multiprocessing temporary folder (not the parent's, whose name ``spawn`` hands
+    down: module docstring); Ctrl-C is the parent's to handle (it closes the child), SIGTERM exits through the exit
     handlers (which remove the multiprocessing folder); then :func:`_serve`."""
+    mp_process.current_process()._config.pop("tempdir", None)  # no public way to forget it
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     _serve(*args)
@@ -133,6 +146,7 @@ class GeneratorProcess(RolloutEngine):
         self._conn, child = ctx.Pipe()
         args = (type(self.model), self.model.config, self.model.state_dict(), engine.tok, engine.settings(), child,
                 threads)
+        self._closed = False
         self._proc = ctx.Process(target=_child, args=args, name="rlsift-generator", daemon=True)
         self._proc.start()
         child.close()
@@ -143,6 +157,9 @@ class GeneratorProcess(RolloutEngine):
         return self._proc.pid
 
     def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False, *, first: int = 0) -> Generation:
+        if self._closed:
+            raise GeneratorDied(f"the generator process (pid {self._proc.pid}) was closed (by its sampler): nothing "
+                                "may generate with it any more")
         if not self._proc.is_alive():
             raise GeneratorDied(self._why())
         try:
@@ -153,6 +170,9 @@ class GeneratorProcess(RolloutEngine):
             status, out = self._conn.recv()
         except (EOFError, BrokenPipeError, ConnectionResetError) as err:
             raise GeneratorDied(self._why(err)) from None
+        except OSError as err:  # its tensors could not be fetched (from the listener in the child's folder)
+            raise GeneratorDied(f"the generator process (pid {self._proc.pid}): its reply could not be received: "
+                                f"{type(err).__name__}: {err}") from err
         if status != "ok":
             raise GeneratorDied(f"the generator process failed: {out.strip().splitlines()[0]}\n{out}")
         gen, self.peak_mb, temp_dir = out
@@ -172,7 +192,7 @@ class GeneratorProcess(RolloutEngine):
 
     @property
     def alive(self) -> bool:
-        return self._proc.is_alive()
+        return not self._closed and self._proc.is_alive()
 
     def metrics(self) -> dict[str, float]:
         """``memory/generator_peak_mb``: the child's own peak memory during its last generation."""
@@ -198,6 +218,7 @@ class GeneratorProcess(RolloutEngine):
         """Stop the child (it releases the shared weights, acknowledges, exits), then collect what it released;
         terminate it (SIGTERM: it leaves cleanly) when it does not stop within ``timeout`` seconds (0: at once, e.g.
         for a run that is stopping, whose child may be in the middle of a generation)."""
+        self._closed = True
         if self._proc.is_alive() and timeout > 0:
             try:
                 self._conn.send(("stop",))

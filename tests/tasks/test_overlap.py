@@ -101,6 +101,86 @@ def test_the_generator_process_samples_the_weights_synced_last_and_dies_loudly(t
         os.kill(pid, 0)
 
 
+def test_the_generator_has_its_own_temporary_folder_and_a_run_never_removes_its_parents(smoke_cfg, tiny):
+    """The trainer's process has a multiprocessing folder of its own (any earlier use of multiprocessing there makes
+    one, as the full test suite's did) and a ``spawn`` child inherits its name: the generator makes its own, so the
+    run that removes a noted folder once its generator is gone (tasks/run.py ``remove_leftovers``) leaves the
+    parent's, and the next generator still replies. Before: the child reported the parent's folder, the run removed
+    it, and the next generator, unable to place its reply's listener there, left with exit code 0 at its first reply
+    (the lag-1 waves resume's "died (exit code 0)", tests/tasks/test_waves.py). Then: a reply whose listener went
+    away and a closed generator are errors that say so."""
+    import shutil
+    from multiprocessing import util as mp_util
+    from pathlib import Path
+
+    from tasks.run import open_run
+
+    model, tok = tiny
+    parents = Path(mp_util.get_temp_dir())  # the trainer's process has its folder before the generator starts
+    run = open_run(smoke_cfg(), track=False)
+    try:
+        first = GeneratorProcess(engine(model, tok), threads=1, weights=plain_copy(model), on_temp_dir=run.note_temp)
+        try:
+            first.generate(PROMPTS[:1], 2, 0)
+            own = Path(first.temp_dir)
+            assert own != parents and own.is_dir() and own.parent == parents.parent
+        finally:
+            first.close()
+        assert not own.exists()  # a clean stop removes the child's own folder
+    finally:
+        run.close("failed", {})  # removes the noted folders whose process is gone
+    assert parents.is_dir()
+    second = GeneratorProcess(engine(model, tok), threads=1, weights=plain_copy(model))
+    try:
+        assert second.generate(PROMPTS[:1], 2, 0).completion_ids.shape[0] == 2
+        shutil.rmtree(second.temp_dir)  # the listener the reply's tensors come through is gone
+        with pytest.raises(GeneratorDied, match=rf"pid {second.pid}\): its reply could not be received: "
+                                                r"FileNotFoundError"):
+            second.generate(PROMPTS[:1], 2, 0)
+    finally:
+        second.close()
+    assert not second.alive
+    with pytest.raises(GeneratorDied, match=rf"generator process \(pid {second.pid}\) was closed"):
+        second.generate(PROMPTS[:1], 2, 0)
+
+
+UNSENDABLE = """
+import shutil, threading
+from multiprocessing import Pipe, util
+from tasks.generation.rollout import HFEngine
+from tasks.model.loading import build_tiny_model, build_tokenizer
+from tasks.model.lora import plain_copy
+from tasks.overlap.generator_process import _serve
+tok = build_tokenizer()
+model = build_tiny_model(hidden=64, layers=2, heads=2, tokenizer=tok, seed=0)
+settings = HFEngine(model, tok, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0, chunk=8).settings()
+shutil.rmtree(util.get_temp_dir())  # the folder the reply's listener would be placed in is gone
+parent, child = Pipe()
+serving = threading.Thread(target=_serve, args=(type(model), model.config, plain_copy(model).state_dict(), tok,
+                                                settings, child, 1), daemon=True)
+serving.start()
+parent.send(("generate", ["Q: 1+1=?\\n"], 2, 0, False, 0))
+if not parent.poll(60):
+    raise SystemExit("no reply")
+print(parent.recv()[1].splitlines()[0])
+parent.send(("stop",))
+print(parent.recv()[0])
+"""
+
+
+def test_a_reply_the_generator_cannot_send_is_an_error_that_says_why():
+    """The generator's process lost its multiprocessing folder: the reply's tensors cannot be shared, and the
+    parent hears why (before: the generator left silently, with exit code 0), and the generator still stops."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", UNSENDABLE], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    said, stopped = out.stdout.splitlines()
+    assert said.startswith("the reply could not be sent: FileNotFoundError") and "(temporary folder /" in said
+    assert stopped == "stopped"
+
+
 def _one_token_group(model, shift: float) -> RolloutGroup:
     """One group of two one-token rollouts (advantages +1/2, -1/2) whose sampler log-probs are pi_old's minus
     ``shift`` (so pi_old / mu = e^shift on every token)."""

@@ -159,10 +159,7 @@ def test_the_waves_config_is_checked():
         load_config(None, ["skip.cap=1.0"])
 
 
-@pytest.mark.parametrize("lag", [0, pytest.param(1, marks=pytest.mark.xfail(strict=False, reason=(
-    "known bug, open: in the full default run (not alone) the resumed lag-1 run's DOTS reference rollouts call a "
-    "generator process that was already stopped ('died (exit code 0)'), depending on whether the overlap probe "
-    "hands its process over")))])
+@pytest.mark.parametrize("lag", [0, 1])
 def test_a_resume_mid_run_with_waves_equals_an_uninterrupted_run(smoke_cfg, pool, lag):
     """Waves, the skip and DOTS's predictor (the estimates the waves read), killed after step 2's update (before its
     checkpoint) and resumed from step 2: the same ledger, metrics and final weights, bit for bit (CPU, one thread;
