@@ -101,7 +101,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("report", help="the bench report folder (results.json)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "img" / "real-model.png"))
-    ap.add_argument("--note", default="measured under load (other jobs sharing the 2 cores)")
+    ap.add_argument("--note", default="", help="a line under the title, e.g. \"measured under load\"")
     a = ap.parse_args()
     report = Path(a.report)
     result = json.loads((report / "results.json").read_text())
