@@ -8,6 +8,7 @@ import sys
 
 
 def paired_text(paired: dict | None) -> str:
+    """The held-out change prompt by prompt (turned right / wrong, exact McNemar p), or nothing."""
     if not paired:
         return ""
     return (f" ({paired['turned_right']} prompts turned right, {paired['turned_wrong']} turned wrong; "
@@ -15,10 +16,12 @@ def paired_text(paired: dict | None) -> str:
 
 
 def levels(by_level: dict) -> str:
+    """Accuracy by difficulty level, on one line."""
     return ", ".join(f"{k}: {v:.3f}" for k, v in by_level.items())
 
 
 def emit(obj: dict, as_json: bool, text: str) -> None:
+    """``obj`` as one JSON line on stdout with ``--json``, else ``text``."""
     if as_json:
         sys.stdout.write(json.dumps(obj, default=str) + "\n")
     else:
