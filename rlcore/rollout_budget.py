@@ -32,9 +32,11 @@ for a prompt of pass rate p, a candidate costs w + (n - w)(1 - p^w - (1 - p)^w +
 before the budget, with t1, t0 whether its prior completes an all-right, all-wrong first wave.
 
 Deviations: Reinforce-Ada samples in many rounds until a signal is seen; we draw two waves (each wave is a generate
-call, and a call's decode steps cost the same whatever its rows: docs/algorithms.md 9.1). Knapsack RL solves the
-allocation with unequal costs and values from a value model; ours has equal costs and values from a Beta posterior.
-AR3PO reuses correct responses from earlier steps; we reuse only this step's first wave.
+call, and a call's decode steps cost the same whatever its rows: docs/algorithms.md 9.1; carried, ``WaveRule.carry``,
+a step's second wave is drawn in the next step's call, so a step makes one call of both kinds of rows and trains its
+completed groups one step later). Knapsack RL solves the allocation with unequal costs and values from a value model;
+ours has equal costs and values from a Beta posterior. AR3PO reuses correct responses from earlier steps; we reuse
+only this step's first wave.
 """
 
 from __future__ import annotations
@@ -176,12 +178,14 @@ class WaveRule:
     """The waves as the plan predicts them (an rlcore.step_rules.StepRule; rlcore/plan.py): C = ceil(candidates x B)
     candidates from the draw, each reference prompt's expected outcome as one (:func:`wave_expectation`, its prior
     the run's estimate of it), the step's groups under the budget B (:func:`step_expectation`); a first generate
-    call of C x w rollouts and a second of the completed groups' n - w each."""
+    call of C x w rollouts and a second of the completed groups' n - w each, or with ``carry`` one call of both (the
+    last step's completions beside this step's first waves: in the steady state as many as this step's)."""
 
     first: int
     candidates: float
     min_chance: float
     prior_strength: float
+    carry: bool = False
     name: str = "waves"
 
     def weigh(self, successes: torch.Tensor, g: int, n: int, weights: torch.Tensor) -> torch.Tensor:
@@ -199,8 +203,14 @@ class WaveRule:
         cands = math.ceil(self.candidates * round(view.fresh))
         out = step_expectation(cands, view.fresh, float((q * e.mixed).sum()), float((q * e.agree_topped).sum()),
                                float((q * e.agree_informative).sum()))
-        return DrawOutcome(calls=((float(cands), w, view.kept),
-                                  (out["topped"], n - w, view.kept * (e.mixed + e.agree_topped))),
+        firsts = (float(cands), w, view.kept)
+        seconds = (out["topped"], n - w, view.kept * (e.mixed + e.agree_topped))
+        if self.carry:  # one call of single rollouts, whose lengths follow where each kind of row goes
+            where = sum(p * r * q / q.sum() for p, r, q in (firsts, seconds) if q.sum() > 0)
+            calls = ((cands * w + out["topped"] * (n - w), 1, where),)
+        else:
+            calls = (firsts, seconds)
+        return DrawOutcome(calls=calls,
                            generated=cands * w + out["topped"] * (n - w), informative=out["informative"],
                            trained=out["trained"],
                            rows=out["topped_informative"] * min(view.m, n) + out["partial"] * min(view.m, w),

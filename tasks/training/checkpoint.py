@@ -45,16 +45,19 @@ KEEP = 2
 class Resume:
     """Where training continues: ``step``, the rollouts already drawn for it (``overlap.lag`` 1; None when
     the checkpoint holds none: a fresh start, a sequential run, or a checkpoint at the last step) and the held MLflow
-    metrics the checkpoint kept (None without a checkpoint)."""
+    metrics the checkpoint kept (None without a checkpoint) and the rollouts the latest draw left for the next one to
+    complete (``waves.carry``; None: none)."""
 
     step: int
     draw: Any = None
     held: list | None = None
+    carry: Any = None
 
 
 def save(run, step: int, policy: Policy, updater: Updater, selector, buffer, composer=None, draw=None,
-         held: list | None = None) -> Path:
+         held: list | None = None, carry=None) -> Path:
     """Write the training state after ``step`` steps; ``draw``: the next step's rollouts, drawn and not yet trained;
+    ``carry``: the rollouts the latest draw left for the next draw to complete;
     ``held``: the MLflow metrics of the steps it covers not sent yet (tasks/training/recorder.py sends them after)."""
     folder = run.checkpoint_dir
     folder.mkdir(parents=True, exist_ok=True)
@@ -69,6 +72,7 @@ def save(run, step: int, policy: Policy, updater: Updater, selector, buffer, com
         "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
         "metrics": list(held or []),
         "draw": draw,
+        "carry": carry,
     }
     path = folder / f"step-{step:06d}.pt"
     t0 = time.perf_counter()
@@ -134,4 +138,4 @@ def restore(run, policy: Policy, updater: Updater, selector, buffer, composer=No
     torch.set_rng_state(state["rng"]["torch"])
     random.setstate(state["rng"]["python"])
     np.random.set_state(state["rng"]["numpy"])
-    return Resume(int(state["step"]), state.get("draw"), list(state.get("metrics") or []))
+    return Resume(int(state["step"]), state.get("draw"), list(state.get("metrics") or []), state.get("carry"))

@@ -66,6 +66,19 @@ def make_groups(gen: Generation, rewards: torch.Tensor, records: list[PromptReco
 
 
 @dataclass(frozen=True)
+class CarriedRollouts:
+    """Rollouts a step's draw leaves for the next draw to complete (``waves.carry``, tasks/training/waves.py): the
+    first waves of the candidates drawn at ``step`` that were given a completion, their ``records``, rows ``gen``
+    (``gen.n`` each), ``rewards`` [K, gen.n] and the sampling weights' ``version``. Kept in the checkpoint."""
+
+    step: int
+    records: list[PromptRecord]
+    gen: Generation
+    rewards: torch.Tensor
+    version: int | None
+
+
+@dataclass(frozen=True)
 class FreshBatch:
     """One step's freshly generated groups.
 
@@ -80,6 +93,7 @@ class FreshBatch:
             prompt_tokens: their prompts' tokens (a prompt counted once per rollout).
         gen_s: wall seconds in generation and verification.
         stats: PODS and dynamic-sampling metrics, and the rollout engine's own (``RolloutEngine.metrics``).
+        carry: rollouts for the next step's draw to complete (:class:`CarriedRollouts`), or None.
     """
 
     groups: list[RolloutGroup]
@@ -92,6 +106,7 @@ class FreshBatch:
     prompt_tokens: int
     gen_s: float
     stats: dict[str, float]
+    carry: CarriedRollouts | None = None
 
     @property
     def reward_mean(self) -> float:
@@ -101,7 +116,7 @@ class FreshBatch:
 
 def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[PromptRecord], k: int,
                  step: int, n: int, *, meter: CostMeter | None = None, sampler_behaviour: bool = False,
-                 version: int | None = None) -> FreshBatch:
+                 version: int | None = None, carry: CarriedRollouts | None = None) -> FreshBatch:
     """Select k prompts, generate n rollouts each (``rollout.n``, or the adaptive composition's plan), verify,
     down-sample (PODS) and build groups.
 
@@ -110,8 +125,12 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
     rollouts count. Round 0 draws with the seeds of a step without dynamic sampling.
 
     ``meter``: where the phases are timed (default ``run.meter``; an overlapped draw keeps its own);
-    ``sampler_behaviour`` and ``version``: :func:`make_groups`'.
+    ``sampler_behaviour`` and ``version``: :func:`make_groups`'; ``carry``: what the last draw left to complete
+    (this draw leaves nothing, so it is None unless the run switched to it from the waves).
     """
+    if carry is not None:
+        raise ValueError(f"step {step}: the rollouts carried from step {carry.step} need the waves' draw "
+                         "(waves.enabled and waves.carry); resume with the config that drew them")
     cfg, tc = run.cfg, run.cfg.train
     meter = meter if meter is not None else run.meter
     ds = cfg.dynamic
@@ -197,7 +216,8 @@ class StepDraw:
 
 def use_sampler_behaviour(cfg, lag: int) -> bool:
     """``train.behaviour``: whether fresh groups' mu is the sampler's log-probs (auto: whenever the sampler is not
-    the trainer's own module at the step's start: ``lag`` 1, or an engine outside this process)."""
+    the trainer's own module at the step's start: ``lag`` 1, an engine outside this process, or the waves carried
+    into the next step, whose first waves are one update older than the step)."""
     if cfg.train.behaviour != "auto":
         return cfg.train.behaviour == "sampler"
-    return lag > 0 or cfg.rollout.engine != "hf"
+    return lag > 0 or cfg.rollout.engine != "hf" or (cfg.waves.enabled and cfg.waves.carry)

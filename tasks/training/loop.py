@@ -50,7 +50,7 @@ from tasks.selection.features import Features
 from tasks.selection.screen import policy_likelihood
 from tasks.selection.selector import Selector
 from tasks.training import checkpoint
-from tasks.training.draw import DRAW_PHASES, FreshBatch, StepDraw, use_sampler_behaviour
+from tasks.training.draw import DRAW_PHASES, CarriedRollouts, FreshBatch, StepDraw, use_sampler_behaviour
 from tasks.training.recorder import Recorder
 from tasks.training.rounds import RoundLog
 from tasks.training.techniques import prompt_filters, step_draw
@@ -159,6 +159,8 @@ class Trainer:
         self.start: int = resume.step
         #: the next step's draw, made beside this step's update (lag 1) or restored from the checkpoint
         self.pending: StepDraw | None = resume.draw
+        #: what the latest draw left for the next one to complete (``waves.carry``), restored with the checkpoint
+        self.carry: CarriedRollouts | None = resume.carry
         if self.start:
             log.info("resuming at step %d%s", self.start,
                      " with its rollouts restored" if self.pending is not None else "")
@@ -244,7 +246,9 @@ class Trainer:
                              if buffer is not None and round_ > 0 else (tc.prompts_per_step, 0))
         before = dict(meter.seconds)
         fs = self.draw_fresh(self.run, self.sampler, self.selector, self.pool, n_fresh, step, plan.rollouts,
-                             meter=meter, sampler_behaviour=self.sampler_behaviour, version=version)
+                             meter=meter, sampler_behaviour=self.sampler_behaviour, version=version,
+                             carry=self.carry)
+        self.carry = fs.carry  # draws are made one after another, so the next one reads it
         phases = {k: meter.seconds.get(k, 0.0) - before.get(k, 0.0) for k in DRAW_PHASES}
         return StepDraw(step=step, fresh=fs, plan=plan, n_replay=n_replay, version=version, metrics=metrics,
                         references=tuple(self.selector.take_references()), phases=phases)
@@ -363,7 +367,7 @@ class Trainer:
             with run.meter.stage("checkpoint"):
                 self.recorder.checkpoint(step + 1, lambda held: checkpoint.save(
                     run, step + 1, self.policy, self.updater, self.selector, self.buffer, self.composer,
-                    draw=self.pending, held=held))
+                    draw=self.pending, carry=self.carry, held=held))
         self.guard.check()  # train.max_skipped_steps in a row: stop, naming the cause
 
 

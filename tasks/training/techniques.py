@@ -42,7 +42,7 @@ class Technique:
 TECHNIQUES: tuple[Technique, ...] = (
     Technique("waves", on=lambda cfg: cfg.waves.enabled,
               rule=lambda cfg, m: WaveRule(cfg.waves.first, cfg.waves.candidates, cfg.waves.min_chance,
-                                           cfg.waves.prior_strength),
+                                           cfg.waves.prior_strength, cfg.waves.carry),
               draw=sample_waves),
     Technique("skip", on=lambda cfg: cfg.skip.enabled,
               rule=lambda cfg, m: SkipRule(cfg.skip.explore, cfg.skip.cap, SkipRule.seen_share(

@@ -10,10 +10,21 @@
              the configured advantages on its own rollouts (tasks/training/draw.py ``make_groups``, one call per
              group size); first waves that agreed and were not completed are not trained
 
-Groups are in draw order. Every rollout of both waves counts in ``rollout/generated``, the tokens, the rollout time
-and the cost, and every candidate's rewards label the selection (``FreshBatch.rewards``, of unequal lengths).
-Seeds: wave 1 draws with the seed a step without waves uses (``train``), wave 2 with its own (``wave-2``); both are
-part of one draw, so a checkpoint (tasks/training/checkpoint.py) holds a lag-1 draw with both waves or neither.
+**Carried** (``waves.carry``): a step's second wave is drawn in the next step's call, beside that step's first
+waves, so a step makes one generate call, not two (a call's decode steps cost the same whatever its rows:
+docs/algorithms.md 9.1; the second call was most of what the waves cost, docs/benchmarks.md). The candidates given a
+completion leave their first waves in ``FreshBatch.carry`` (:class:`~tasks.training.draw.CarriedRollouts`); the
+next draw completes and trains them before its own groups. Their first wave was sampled one update before their
+second: each rollout keeps its sampler's log-probs as its behaviour policy (``train.behaviour`` auto), as any
+off-policy rollout. The last step (``train.steps``) completes its own groups in a second call. One call serves rows
+of n - w and of w a prompt by asking a prompt several times (:func:`rollout_parts`).
+
+Groups are in draw order (carried ones first). Every rollout of both waves counts in ``rollout/generated``, the
+tokens, the rollout time and the cost of the step whose call drew it, and every candidate's first-wave rewards (with
+its second wave's, when completed in the step) label the selection (``FreshBatch.rewards``, of unequal lengths); a
+carried group's second wave labels nothing. Seeds: wave 1 draws with the seed a step without waves uses
+(``train``), wave 2 with its own (``wave-2``); both are part of one draw, so a checkpoint
+(tasks/training/checkpoint.py) holds a lag-1 draw with both waves or neither, and the carried first waves.
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ from tasks.policy import Policy
 from tasks.records.cost import CostMeter
 from tasks.run import Run
 from tasks.selection.selector import Selector
-from tasks.training.draw import FreshBatch, make_groups
+from tasks.training.draw import CarriedRollouts, FreshBatch, make_groups
 
 
 def rows_of(gen: Generation, prompts: list[int]) -> Generation:
@@ -61,22 +72,53 @@ def join_waves(first: Generation, second: Generation) -> Generation:
                       texts=texts, n=w + r, logprobs=per_prompt(first.logprobs, second.logprobs, 0.0))
 
 
+def slice_rows(gen: Generation, start: int, prompts: int, per: int) -> Generation:
+    """Rows ``start`` .. ``start + prompts * per`` of ``gen`` as ``prompts`` groups of ``per`` (a prompt's rows
+    adjacent, as :func:`rollout_parts` asks them)."""
+    rows = slice(start, start + prompts * per)
+    return Generation(prompt_ids=[gen.prompt_ids[(start + i * per) // gen.n] for i in range(prompts)],
+                      completion_ids=gen.completion_ids[rows], completion_mask=gen.completion_mask[rows],
+                      texts=gen.texts[rows], n=per, logprobs=gen.logprobs[rows])
+
+
+def rollout_parts(policy: Policy, parts: list[tuple[list[PromptRecord], int]],
+                  seed: int) -> list[tuple[Generation, torch.Tensor]]:
+    """One generate call for several sets of prompts, each (records, rollouts a prompt), verified; returns each
+    set's rows and rewards [B_i, r_i]. A prompt of r rollouts is asked r / u times in a row, u the greatest common
+    divisor of the r_i, so each copy is seeded by its own place in the call (tasks/generation/rollout.py)."""
+    parts = [(recs, r) for recs, r in parts]
+    u = math.gcd(*(r for _, r in parts))
+    asked = [rec for recs, r in parts for rec in recs for _ in range(r // u)]
+    gen, rewards = rollout_rewards(policy, asked, u, seed)
+    flat, out, row = rewards.flatten(), [], 0
+    for recs, r in parts:
+        out.append((slice_rows(gen, row, len(recs), r), flat[row:row + len(recs) * r].view(len(recs), r)))
+        row += len(recs) * r
+    return out
+
+
 def sample_waves(run: Run, policy: Policy, selector: Selector, pool: list[PromptRecord], budget: int, step: int,
                  n: int, *, meter: CostMeter | None = None, sampler_behaviour: bool = False,
-                 version: int | None = None) -> FreshBatch:
+                 version: int | None = None, carry: CarriedRollouts | None = None) -> FreshBatch:
     """One step's fresh groups drawn in two waves (module docstring): ``budget`` B completed groups at most, ``n``
-    the full group; ``meter``, ``sampler_behaviour`` and ``version`` as tasks/training/draw.py ``sample_fresh``'s."""
+    the full group; ``meter``, ``sampler_behaviour`` and ``version`` as tasks/training/draw.py ``sample_fresh``'s;
+    ``carry``: the last step's candidates to complete in this step's call (``waves.carry``)."""
     cfg, tc, wc = run.cfg, run.cfg.train, run.cfg.waves
     meter = meter if meter is not None else run.meter
     w = wc.first
     seed = lambda purpose: derive_seed(cfg.seed, step, purpose)  # noqa: E731
+    if carry is not None and not (wc.enabled and wc.carry and carry.gen.n == w):
+        raise ValueError(f"step {step}: the rollouts carried from step {carry.step} ({carry.gen.n} a prompt) do not "
+                         f"fit waves.carry={wc.carry}, waves.first={w}; resume with the config that drew them")
     with meter.stage("selection"):
         idx, rows = selector.choose(math.ceil(wc.candidates * budget), step)
         prior = selector.estimate(idx)
     records = [pool[i] for i in idx]
+    carried = carry.records if carry is not None else []
     with meter.stage("rollout"):
         t0 = time.perf_counter()
-        gen1, r1 = rollout_rewards(policy, records, w, seed("train"))  # [C, w]
+        asked = ([(carried, n - w)] if carried else []) + [(records, w)]
+        *done, (gen1, r1) = rollout_parts(policy, asked, seed("train"))  # the carried second waves, then [C, w]
         gen_s = time.perf_counter() - t0
     mixed = r1.amax(1) > r1.amin(1)  # [C]
     with meter.stage("selection"):
@@ -84,49 +126,63 @@ def sample_waves(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
         top = allocate(chance, budget, wc.min_chance)
     topped = top.nonzero().squeeze(1).tolist()
     partial = (mixed & ~top).nonzero().squeeze(1).tolist()
+    leave = wc.carry and step + 1 < tc.steps  # the last step completes its own groups
     rewards = list(r1)
-    generated, tokens = gen1.completion_ids.shape[0], gen1.tokens
-    prompt_tokens = w * sum(int(p.numel()) for p in gen1.prompt_ids)
-    parts: list[tuple[list[int], Generation, torch.Tensor]] = []  # (candidates, their rows, rewards) per group size
-    if topped:
+    generated = sum(g.completion_ids.shape[0] for g, _ in done) + gen1.completion_ids.shape[0]
+    tokens = sum(g.tokens for g, _ in done) + gen1.tokens
+    prompt_tokens = sum(g.n * sum(int(p.numel()) for p in g.prompt_ids) for g, _ in [*done, (gen1, r1)])
+    # each part: (order keys, records, rows, rewards [B_i, r_i], sampling version), one make_groups call a part;
+    # the carried groups come first (keys below 0), then this step's candidates in draw order
+    parts: list[tuple[list[int], list[PromptRecord], Generation, torch.Tensor, int | None]] = []
+    if done:
+        (gen2, r2), = done
+        parts.append((list(range(-len(carried), 0)), carried, join_waves(carry.gen, gen2),
+                      torch.cat([carry.rewards, r2], 1), carry.version))
+    out = None
+    if topped and leave:
+        out = CarriedRollouts(step=step, records=[records[j] for j in topped], gen=rows_of(gen1, topped),
+                              rewards=r1[topped], version=version)
+    elif topped:
         with meter.stage("rollout"):
             t0 = time.perf_counter()
             gen2, r2 = rollout_rewards(policy, [records[j] for j in topped], n - w, seed("wave-2"))
             gen_s += time.perf_counter() - t0
         for k, j in enumerate(topped):
             rewards[j] = torch.cat([r1[j], r2[k]])
-        parts.append((topped, join_waves(rows_of(gen1, topped), gen2), torch.cat([r1[topped], r2], 1)))
+        parts.append((topped, [records[j] for j in topped], join_waves(rows_of(gen1, topped), gen2),
+                      torch.cat([r1[topped], r2], 1), version))
         generated, tokens = generated + gen2.completion_ids.shape[0], tokens + gen2.tokens
         prompt_tokens += (n - w) * sum(int(p.numel()) for p in gen2.prompt_ids)
     if partial:
-        parts.append((partial, rows_of(gen1, partial), r1[partial]))
+        parts.append((partial, [records[j] for j in partial], rows_of(gen1, partial), r1[partial], version))
     if not parts:  # nothing mixed and nothing completed: the first waves, all silent (no gradient; the step counts)
-        parts.append((list(range(len(idx))), gen1, r1))
+        parts.append((list(range(len(idx))), records, gen1, r1, version))
     pods_stats, made = [], {}
     with meter.stage("selection"):
-        for size_rank, (which, gen, r) in enumerate(parts):
+        for size_rank, (keys, recs, gen, r, ver) in enumerate(parts):
             m = cfg.pods.m if cfg.pods.enabled and cfg.pods.m < gen.n else None
-            groups, st = make_groups(gen, r, [records[j] for j in which], step, m=m, rule=cfg.pods.rule,
-                                     scale_std=tc.scale_std,
-                                     generator=torch.Generator().manual_seed(seed(f"pods-{size_rank}")),
-                                     negative_weight=tc.negative_weight, anchor=cfg.guard.anchor,
-                                     sampler_behaviour=sampler_behaviour, version=version)
-            made |= dict(zip(which, groups, strict=True))
+            groups, st = make_groups(gen, r, recs, step, m=m, rule=cfg.pods.rule, scale_std=tc.scale_std,
+                                   generator=torch.Generator().manual_seed(seed(f"pods-{size_rank}")),
+                                   negative_weight=tc.negative_weight, anchor=cfg.guard.anchor,
+                                   sampler_behaviour=sampler_behaviour, version=ver)
+            made |= dict(zip(keys, groups, strict=True))
             if st:
-                pods_stats.append((len(which), st))
-    stats = wave_metrics(len(idx), len(topped), len(partial), int(mixed.sum()), generated)
+                pods_stats.append((len(recs), st))
+    stats = wave_metrics(len(idx), len(topped), len(partial), int(mixed.sum()), generated, len(carried))
     if pods_stats:
         total = sum(b for b, _ in pods_stats)
         stats |= {key: sum(b * st[key] for b, st in pods_stats) / total for key in pods_stats[0][1]}
     stats |= policy.engine.metrics()
     stats |= selector.take_filter_metrics()
-    return FreshBatch(groups=[made[j] for j in sorted(made)], idx=idx, rows=rows, records=records, rewards=rewards,
-                      generated=generated, tokens=tokens, prompt_tokens=prompt_tokens, gen_s=gen_s, stats=stats)
+    return FreshBatch(groups=[made[k] for k in sorted(made)], idx=idx, rows=rows, records=records, rewards=rewards, generated=generated,
+                      tokens=tokens, prompt_tokens=prompt_tokens, gen_s=gen_s, stats=stats, carry=out)
 
 
-def wave_metrics(candidates: int, topped: int, partial: int, mixed: int, generated: int) -> dict[str, float]:
-    """``waves/*``: the step's candidates, completed groups, mixed first waves trained as they were, first waves that
-    were mixed, agreeing first waves left untrained, and rollouts a candidate."""
+def wave_metrics(candidates: int, topped: int, partial: int, mixed: int, generated: int,
+                 carried: int = 0) -> dict[str, float]:
+    """``waves/*``: the step's candidates, those given a completion (in this step, or carried into the next), mixed
+    first waves trained as they were, first waves that were mixed, agreeing first waves left untrained, rollouts a
+    candidate (the call's carried second waves included) and the last step's groups completed in this step's call."""
     return {"waves/candidates": float(candidates), "waves/completed": float(topped), "waves/partial": float(partial),
             "waves/mixed_first": float(mixed), "waves/dropped": float(candidates - topped - partial),
-            "waves/rollouts_per_candidate": generated / max(candidates, 1)}
+            "waves/rollouts_per_candidate": generated / max(candidates, 1), "waves/carried": float(carried)}

@@ -16,6 +16,7 @@ from rlcore.plan import (
     PoolStats,
     Prediction,
     call_rows,
+    draw_calls,
     draw_ratio,
     dynamic_rounds,
     informative_chance,
@@ -480,6 +481,22 @@ def test_waves_and_the_skip_hand_worked():
     with pytest.raises(ValueError, match="at most one rule"):
         predict([Composition("x", 4, 4, 4, rules=(WaveRule(2, 1.5, 0.5, 2.0),) * 2)], Composition("grpo", 4, 8, 8),
                 POOL, COSTS)
+
+
+def test_carried_waves_make_one_call_a_step_hand_worked():
+    """The waves of the hand-worked case above with every completion 10 tokens and a decode step 100 s: in two calls,
+    12 rows (12 x 10 x 2 + 10 x 100 s) and 1.5 prompts of 2 (between the calls of 1 and 2 prompts: 1040 and 1080 s);
+    carried, one call of the 15 rows (15 x 10 x 2 + 10 x 100 s): one call's decode steps less, the same rollouts,
+    signal and update."""
+    costs = UnitCosts(**{**COSTS.__dict__, "generate": CallCost(0.0, 2.0, step_s=100.0),
+                         "completion_lengths": ((1, (10, 10)), (2, (10, 10)))})
+    two, one = (Composition(name, 4, 4, 4, rules=(WaveRule(2, 1.5, 0.5, 2.0, carry=carry),))
+                for name, carry in (("two", False), ("one", True)))
+    _, (w2, w1) = predict([two, one], Composition("grpo", 4, 8, 8), POOL, costs)
+    assert w2.generate_s == pytest.approx(12 * 10 * 2 + 1000 + (1040 + 1080) / 2)
+    assert w1.generate_s == pytest.approx(15 * 10 * 2 + 1000)
+    assert (w1.generated, w1.signal, w1.update_s) == pytest.approx((w2.generated, w2.signal, w2.update_s))
+    assert draw_calls(one, POOL) == [(15, 1)] and draw_calls(two, POOL) == [(6, 2), (2, 2)]
 
 
 def test_waves_on_a_pool_that_is_never_mixed():

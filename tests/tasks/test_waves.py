@@ -122,7 +122,8 @@ def test_waves_spend_fewer_rollouts_where_prompts_are_solved(smoke_cfg, pool):
     """Would fail if the waves did nothing: on a pool whose level-1 prompts are solved, a step draws 1.5 x 6 = 9
     candidates of 2 rollouts and completes to 4 only the mixed pairs and those likely mixed, so it generates fewer
     than 9 x 4 rollouts, never trains a solved prompt's group, counts every rollout and records groups of 4 and 2."""
-    cfg = smoke_cfg(*SMALL, *WAVES, "train.steps=6", "waves.min_chance=0.6", path=PRESETS.format("grpo"))
+    cfg = smoke_cfg(*SMALL, *WAVES, "train.steps=6", "waves.min_chance=0.6", "waves.carry=false",
+                    path=PRESETS.format("grpo"))
     _, summary, groups, sel, logged = run_train(cfg, pool)
     level = {r.id: r.level for r in pool}
     assert summary.steps == 6 and len(sel) == 6 * 9
@@ -140,11 +141,75 @@ def test_waves_spend_fewer_rollouts_where_prompts_are_solved(smoke_cfg, pool):
     assert any(m["skip/skipped"] > 0 for m in logged), "solved prompts come back less often"
 
 
+def test_rollout_parts_against_a_slow_loop(pool):
+    """One call for three prompts of 4 rollouts and two of 2 (each asked 2 or 1 times for 2 rollouts): each set's
+    rows, log-probs, rewards and prompts are those of its prompts' copies in the call, in order; a single set is
+    ``rollout_rewards`` itself (the same seeds)."""
+    from tasks.calibration.reference import rollout_rewards
+    from tasks.training.waves import rollout_parts
+
+    policy = make_policy()
+    a, b = pool[:3], pool[3:5]
+    parts = rollout_parts(policy, [(a, 4), (b, 2)], 7)
+    asked = [a[0], a[0], a[1], a[1], a[2], a[2], b[0], b[1]]
+    whole, rewards = rollout_rewards(policy, asked, 2, 7)
+    row = 0
+    for (recs, r), (gen, rr) in zip([(a, 4), (b, 2)], parts, strict=True):
+        assert gen.n == r and rr.shape == (len(recs), r) and len(gen.prompt_ids) == len(recs)
+        for i in range(len(recs)):
+            assert torch.equal(gen.prompt_ids[i], whole.prompt_ids[row // 2])
+            for j in range(r):
+                for field in ("completion_ids", "completion_mask", "logprobs"):
+                    assert torch.equal(getattr(gen, field)[i * r + j], getattr(whole, field)[row]), field
+                assert gen.texts[i * r + j] == whole.texts[row] and rr[i, j] == rewards.flatten()[row]
+                row += 1
+    assert row == 16
+    (single, r1), = rollout_parts(policy, [(a, 4)], 7)
+    ref, r_ref = rollout_rewards(policy, a, 4, 7)
+    assert torch.equal(single.completion_ids, ref.completion_ids) and torch.equal(r1, r_ref)
+
+
+def test_carried_waves_complete_the_last_steps_groups_in_one_call_a_step(smoke_cfg, pool, monkeypatch):
+    """Would fail if carrying did nothing: each step makes one generate call, its 9 first pairs beside the pairs that
+    complete the last step's groups, which it trains (groups of 4 of prompts selected a step earlier) with its own
+    mixed pairs; the last step completes its own in a second call. Every rollout counts in the step that drew it."""
+    import tasks.training.waves as waves_module
+    from tasks.training.draw import use_sampler_behaviour
+
+    calls = []
+    real = waves_module.rollout_rewards
+
+    def counted(policy, records, n, seed, *args, **kwargs):
+        calls.append(len(records) * n)
+        return real(policy, records, n, seed, *args, **kwargs)
+
+    monkeypatch.setattr(waves_module, "rollout_rewards", counted)
+    cfg = smoke_cfg(*SMALL, *WAVES, "train.steps=6", "waves.min_chance=0.6", "overlap.lag=0",
+                    path=PRESETS.format("grpo"))
+    assert cfg.waves.carry and use_sampler_behaviour(cfg, 0), "a carried first wave is one update old"
+    _, summary, groups, sel, logged = run_train(cfg, pool)
+    steps = [m for m in logged if "waves/carried" in m]
+    assert summary.steps == 6 and len(steps) == 6
+    last = steps[-1]["waves/completed"]
+    assert len(calls) == 6 + (last > 0)
+    for t, m in enumerate(steps):
+        carried = steps[t - 1]["waves/completed"] if t else 0
+        own = last if t == 5 else 0
+        assert m["waves/carried"] == carried
+        assert m["rollout/generated"] == 9 * 2 + 2 * carried + 2 * own
+        trained = carried + m["waves/partial"] + own
+        assert m["train/groups"] == (trained if trained else 9)
+    assert sum(m["waves/carried"] for m in steps) > 0
+    selected = {(s["step"], s["prompt_id"]) for s in sel}
+    fours = [g for g in groups if g["n"] == 4]
+    assert fours and all((g["step"] - 1, g["prompt_id"]) in selected for g in fours if g["step"] < 5)
+
+
 def test_waves_and_skip_off_are_plain_grpo_bit_for_bit(smoke_cfg, pool):
     """The sections off (their defaults) and their other knobs moved: the run is plain GRPO's."""
     base, *_ = run_train(smoke_cfg(*SMALL, path=PRESETS.format("grpo")), pool)
     moved, *_ = run_train(smoke_cfg(*SMALL, "waves.first=3", "waves.min_chance=0.1", "skip.explore=0.2",
-                                    path=PRESETS.format("grpo")), pool)
+                                    "waves.carry=false", path=PRESETS.format("grpo")), pool)
     assert all(torch.equal(base[k], moved[k]) for k in base)
 
 
@@ -159,16 +224,18 @@ def test_the_waves_config_is_checked():
         load_config(None, ["skip.cap=1.0"])
 
 
-@pytest.mark.parametrize("lag", [0, 1])
-def test_a_resume_mid_run_with_waves_equals_an_uninterrupted_run(smoke_cfg, pool, lag):
+@pytest.mark.parametrize(("lag", "carry"), [(0, False), (1, False), (0, True), (1, True)])
+def test_a_resume_mid_run_with_waves_equals_an_uninterrupted_run(smoke_cfg, pool, lag, carry):
     """Waves, the skip and DOTS's predictor (the estimates the waves read), killed after step 2's update (before its
     checkpoint) and resumed from step 2: the same ledger, metrics and final weights, bit for bit (CPU, one thread;
-    with lag 1 the checkpoint holds step 2's draw, both waves, made beside step 1's update)."""
+    with lag 1 the checkpoint holds step 2's draw, both waves, made beside step 1's update; carried, it also holds
+    the first waves the latest draw left for the next one to complete)."""
     from tasks.training.entry import decided_lag, training
     from tasks.training.loop import HeldoutEval
 
     cfg = smoke_cfg(*SMALL, *WAVES, "select.method=dots", "train.steps=5", "train.checkpoint_every=1",
-                    "eval.every=1", f"overlap.lag={lag}", path=PRESETS.format("grpo"))
+                    "eval.every=1", f"overlap.lag={lag}", f"waves.carry={str(carry).lower()}",
+                    path=PRESETS.format("grpo"))
 
     def play(run, policy, evaluate):
         feats = compute_features(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
@@ -213,4 +280,5 @@ def test_a_resume_mid_run_with_waves_equals_an_uninterrupted_run(smoke_cfg, pool
     assert got[1] == want[1]
     assert all(torch.equal(got[2][k], want[2][k]) for k in want[2])
     assert any(g["n"] == 2 for g in got[0]) or any(m["waves/dropped"] > 0 for m in got[1]), "the waves acted"
+    assert any(m["waves/carried"] > 0 for m in got[1]) == carry
     assert math.isfinite(got[1][-1]["train/reward_mean"])
