@@ -174,8 +174,9 @@ def sample_waves(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
         stats |= {key: sum(b * st[key] for b, st in pods_stats) / total for key in pods_stats[0][1]}
     stats |= policy.engine.metrics()
     stats |= selector.take_filter_metrics()
-    return FreshBatch(groups=[made[k] for k in sorted(made)], idx=idx, rows=rows, records=records, rewards=rewards, generated=generated,
-                      tokens=tokens, prompt_tokens=prompt_tokens, gen_s=gen_s, stats=stats, carry=out)
+    return FreshBatch(groups=[made[k] for k in sorted(made)], idx=idx, rows=rows, records=records, rewards=rewards,
+                      generated=generated, tokens=tokens, prompt_tokens=prompt_tokens, gen_s=gen_s, stats=stats,
+                      carry=out)
 
 
 def wave_metrics(candidates: int, topped: int, partial: int, mixed: int, generated: int,
