@@ -68,8 +68,7 @@ class PlanConfig(_Frozen):
         "Train the plan's choice: the chosen candidate's keys replace the run's (conf/presets/auto.yaml; "
         "`rlsift plan` shows the choice without training)."))
     candidates: tuple[str, ...] = Field(
-        ("grpo", "dapo", "dots", "pods", "dots_n4", "dots_screen", "dots_screen_waves", "dots_screen_waves_1x"),
-        min_length=1, description=(
+        ("grpo", "dapo", "dots", "pods", "dots_n4", "dots_screen", "dots_screen_waves"), min_length=1, description=(
             "Compositions the plan predicts and chooses from: names of conf/presets or conf/bench files. "
             "Candidates with the screen are left out where a prompt has no worked solution; for each technique inside "
             "a candidate's step (the waves, the skip) the plan also says what it saves (rollouts a step and per "

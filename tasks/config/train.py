@@ -85,7 +85,8 @@ class TrainConfig(_Frozen):
         "Whose log-probs are a fresh rollout's behaviour policy mu in the loss. sampler: the rollout engine's own "
         "(the in-process generator computes them while sampling, vLLM returns them); trainer: the update's "
         "recomputed pi_old (mu = pi_old, plain PPO-clip). auto: sampler whenever the sampler is not the trainer's "
-        "own module at the step's start (overlap.lag > 0, or rollout.engine=vllm), else trainer "
+        "own module at the step's start (overlap.lag > 0, rollout.engine=vllm, or waves.carry with waves.enabled), "
+        "else trainer "
         "(docs/algorithms.md section 8)."))
     behaviour_cap: float | None = Field(2.0, ge=1, description=(
         "Truncated importance sampling (arXiv 2505.24298 section 5 uses the uncapped form): a fresh token's weight "
