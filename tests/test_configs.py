@@ -77,8 +77,10 @@ def test_bench_arms_switch_what_their_names_say():
     assert drop.select.drop_solved and drop.select.method == "uniform"
     waves = get("dots_screen_waves")  # dots_screen's draw, its rollouts in two waves, and the skip
     assert waves.model_copy(update={"waves": screen.waves, "skip": screen.skip}) == screen
-    assert (waves.waves.enabled, waves.waves.first, waves.waves.carry, waves.skip.enabled) == (True, 2, True, True)
-    assert get("dots_screen_waves_1x") == waves.model_copy(update={"waves": waves.waves.model_copy(
+    assert (waves.waves.enabled, waves.waves.first, waves.waves.carry, waves.skip.enabled) == (True, 2, False, True)
+    carried = get("dots_screen_waves_carry")
+    assert carried == waves.model_copy(update={"waves": waves.waves.model_copy(update={"carry": True})})
+    assert get("dots_screen_waves_1x") == carried.model_copy(update={"waves": carried.waves.model_copy(
         update={"candidates": 1.0})}), "one candidate a budgeted group is the lean arm's one change"
     assert get("dots_screen_skip").model_copy(update={"skip": screen.skip}) == screen
     gw = get("grpo_waves")

@@ -25,7 +25,7 @@ class WavesConfig(_Frozen):
     min_chance: float = Field(0.5, ge=0, le=1, description=(
         "A candidate whose first wave agrees is completed only when the chance that its full group is mixed "
         "(Beta posterior of its pass rate given the first wave) is at least this (1: only mixed first waves)."))
-    carry: bool = Field(True, description=(
+    carry: bool = Field(False, description=(
         "Draw a step's second wave in the next step's generate call, beside that step's first waves: one call a "
         "step instead of two. The completed groups are trained one step later, their first wave one update older "
         "than their second (both corrected as off-policy rollouts: train.behaviour auto uses the sampler's "

@@ -126,7 +126,7 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
 
     ``meter``: where the phases are timed (default ``run.meter``; an overlapped draw keeps its own);
     ``sampler_behaviour`` and ``version``: :func:`make_groups`'; ``carry``: what the last draw left to complete
-    (this draw leaves nothing, so it is None unless the run switched to it from the waves).
+    (None here: a run resumed with the carried waves turned off is an error).
     """
     if carry is not None:
         raise ValueError(f"step {step}: the rollouts carried from step {carry.step} need the waves' draw "

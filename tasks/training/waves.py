@@ -86,7 +86,6 @@ def rollout_parts(policy: Policy, parts: list[tuple[list[PromptRecord], int]],
     """One generate call for several sets of prompts, each (records, rollouts a prompt), verified; returns each
     set's rows and rewards [B_i, r_i]. A prompt of r rollouts is asked r / u times in a row, u the greatest common
     divisor of the r_i, so each copy is seeded by its own place in the call (tasks/generation/rollout.py)."""
-    parts = [(recs, r) for recs, r in parts]
     u = math.gcd(*(r for _, r in parts))
     asked = [rec for recs, r in parts for rec in recs for _ in range(r // u)]
     gen, rewards = rollout_rewards(policy, asked, u, seed)

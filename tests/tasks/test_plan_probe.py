@@ -82,18 +82,17 @@ def test_the_probes_batch_sizes_come_from_the_candidates():
     # dots_screen draws 20 prompts x 4 = 80 rollouts, PODS 32 x 16 and DAPO 64 x 8 = 512 (the engine's chunk)
     assert _generation_sizes(comps, 8, stats) == (10, 64)
     assert _generation_sizes(comps[:1], 8, stats) == (8, 32)  # GRPO alone: 32 x 8, and a quarter of it
-    # waves in two calls: a first of 30 candidates x 2 rollouts, a second of the completed ones' 2 each (at most 20),
-    # beside the calibration's 32 x 8
-    two = composition("two", candidate_config(cfg, "dots_screen_waves").model_copy(update={"waves": load_config(
-        None, ["waves.enabled=true", "waves.carry=false"]).waves}), 2000)
-    (first, second) = draw_calls(two, stats)
-    assert first == (30, 2) and second[1] == 2 and 1 <= second[0] <= 20
-    assert _generation_sizes([two], 8, stats) == (round(second[0] * 2 / 8) or 1, 32)
-    # carried (the default): one call a step of the 30 x 2 first rollouts and the last step's completions
+    # waves: a first call of 30 candidates x 2 rollouts, a second of the completed ones' 2 each (at most 20), beside
+    # the calibration's 32 x 8
     waves = composition("dots_screen_waves", candidate_config(cfg, "dots_screen_waves"), 2000)
-    (call,) = draw_calls(waves, stats)
+    (first, second) = draw_calls(waves, stats)
+    assert first == (30, 2) and second[1] == 2 and 1 <= second[0] <= 20
+    assert _generation_sizes([waves], 8, stats) == (round(second[0] * 2 / 8) or 1, 32)
+    # carried: one call a step of the 30 x 2 first rollouts and the last step's completions
+    carried = composition("carried", candidate_config(cfg, "dots_screen_waves_carry"), 2000)
+    (call,) = draw_calls(carried, stats)
     assert call[1] == 1 and abs(call[0] - (60 + 2 * second[0])) <= 1  # each rounded from the expected count
-    assert _generation_sizes([waves], 8, stats) == (round(call[0] / 8), 32)
+    assert _generation_sizes([carried], 8, stats) == (round(call[0] / 8), 32)
 
 
 def test_the_probes_updates_have_the_candidates_sizes():

@@ -184,7 +184,7 @@ def test_carried_waves_complete_the_last_steps_groups_in_one_call_a_step(smoke_c
         return real(policy, records, n, seed, *args, **kwargs)
 
     monkeypatch.setattr(waves_module, "rollout_rewards", counted)
-    cfg = smoke_cfg(*SMALL, *WAVES, "train.steps=6", "waves.min_chance=0.6", "overlap.lag=0",
+    cfg = smoke_cfg(*SMALL, *WAVES, "train.steps=6", "waves.min_chance=0.6", "overlap.lag=0", "waves.carry=true",
                     path=PRESETS.format("grpo"))
     assert cfg.waves.carry and use_sampler_behaviour(cfg, 0), "a carried first wave is one update old"
     _, summary, groups, sel, logged = run_train(cfg, pool)
@@ -209,7 +209,7 @@ def test_waves_and_skip_off_are_plain_grpo_bit_for_bit(smoke_cfg, pool):
     """The sections off (their defaults) and their other knobs moved: the run is plain GRPO's."""
     base, *_ = run_train(smoke_cfg(*SMALL, path=PRESETS.format("grpo")), pool)
     moved, *_ = run_train(smoke_cfg(*SMALL, "waves.first=3", "waves.min_chance=0.1", "skip.explore=0.2",
-                                    "waves.carry=false", path=PRESETS.format("grpo")), pool)
+                                    "waves.carry=true", path=PRESETS.format("grpo")), pool)
     assert all(torch.equal(base[k], moved[k]) for k in base)
 
 
