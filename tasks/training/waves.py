@@ -16,7 +16,9 @@ docs/algorithms.md 9.1; the second call was most of what the waves cost, docs/be
 completion leave their first waves in ``FreshBatch.carry`` (:class:`~tasks.training.draw.CarriedRollouts`); the
 next draw completes and trains them before its own groups. Their first wave was sampled one update before their
 second: each rollout keeps its sampler's log-probs as its behaviour policy (``train.behaviour`` auto), as any
-off-policy rollout. The last step (``train.steps``) completes its own groups in a second call. One call serves rows
+off-policy rollout. The first step has nothing carried in, so it trains only its mixed first waves past the budget
+(or its silent ones); the last step (``train.steps``), or a step that would otherwise train nothing with a gradient,
+completes its own groups in a second call. One call serves rows
 of n - w and of w a prompt by asking a prompt several times (:func:`rollout_parts`).
 
 Groups are in draw order (carried ones first). Every rollout of both waves counts in ``rollout/generated``, the
@@ -125,7 +127,9 @@ def sample_waves(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
         top = allocate(chance, budget, wc.min_chance)
     topped = top.nonzero().squeeze(1).tolist()
     partial = (mixed & ~top).nonzero().squeeze(1).tolist()
-    leave = wc.carry and step + 1 < tc.steps  # the last step completes its own groups
+    # carried into the next step's call, unless this is the last step or nothing else would train (every first wave
+    # mixed and completed, and nothing carried in: then their silent first waves could not stand in)
+    leave = wc.carry and step + 1 < tc.steps and bool(done or partial or not mixed.all())
     rewards = list(r1)
     generated = sum(g.completion_ids.shape[0] for g, _ in done) + gen1.completion_ids.shape[0]
     tokens = sum(g.tokens for g, _ in done) + gen1.tokens
@@ -154,8 +158,9 @@ def sample_waves(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
         prompt_tokens += (n - w) * sum(int(p.numel()) for p in gen2.prompt_ids)
     if partial:
         parts.append((partial, [records[j] for j in partial], rows_of(gen1, partial), r1[partial], version))
-    if not parts:  # nothing mixed and nothing completed: the first waves, all silent (no gradient; the step counts)
-        parts.append((list(range(len(idx))), records, gen1, r1, version))
+    if not parts:  # nothing completed or mixed to train: the silent first waves (no gradient; the step counts)
+        silent = (~mixed).nonzero().squeeze(1).tolist()
+        parts.append((silent, [records[j] for j in silent], rows_of(gen1, silent), r1[silent], version))
     pods_stats, made = [], {}
     with meter.stage("selection"):
         for size_rank, (keys, recs, gen, r, ver) in enumerate(parts):
