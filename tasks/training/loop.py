@@ -44,14 +44,14 @@ from tasks.overlap.concurrent import Overlap, OverlapTimes, Sampler
 from tasks.policy import Policy
 from tasks.records.cost import CostMeter
 from tasks.records.progress import progress_bar
-from tasks.records.throughput import FlopModel, Peak, peak, rates
+from tasks.records.throughput import FlopModel, peak
 from tasks.run import Run
 from tasks.selection.features import Features
 from tasks.selection.screen import policy_likelihood
 from tasks.selection.selector import Selector
 from tasks.training import checkpoint
-from tasks.training.draw import DRAW_PHASES, CarriedRollouts, FreshBatch, StepDraw, use_sampler_behaviour
-from tasks.training.recorder import Recorder
+from tasks.training.draw import DRAW_PHASES, CarriedRollouts, StepDraw, use_sampler_behaviour
+from tasks.training.recorder import Recorder, throughput
 from tasks.training.rounds import RoundLog
 from tasks.training.techniques import prompt_filters, step_draw
 from tasks.update.nan_locator import SkippedUpdate
@@ -376,25 +376,6 @@ def effective(batch: list[RolloutGroup]) -> torch.Tensor:
     kept = torch.stack([g.rewards for g in batch]) if len({g.size for g in batch}) == 1 else None
     return effective_mask(kept).float() if kept is not None else torch.tensor(
         [float(g.rewards.max() > g.rewards.min()) for g in batch])
-
-
-def throughput(shape: FlopModel, machine: Peak, fs: FreshBatch, upd_stats: dict[str, float],
-               upd_s: float) -> dict[str, float]:
-    """Tokens per second and MFU (tasks/records/throughput.py) of this step's rollout and update phases.
-
-    The rollout phase's FLOPs are forward passes over every generated rollout's prompt and completion (the prompt
-    is prefilled once per rollout, as ``generate`` does with ``num_return_sequences``), its time includes the
-    verifiers; the update's are forward + backward over the real tokens of the rows it computed
-    (``upd_stats``: the updater's ``train/update_tokens`` and ``train/update_rows``; rows of groups without a
-    gradient are not computed, ``train.skip_zero_advantage``; the reference and pi_old passes of
-    ``train.kl_coef`` / ``train.minibatches`` are not counted).
-    """
-    upd_tps, upd_mfu = rates(shape, machine, tokens=int(upd_stats["train/update_tokens"]),
-                             sequences=int(upd_stats["train/update_rows"]), seconds=upd_s, backward=True)
-    gen_tps, gen_mfu = rates(shape, machine, tokens=fs.prompt_tokens + fs.tokens, sequences=fs.generated,
-                             seconds=fs.gen_s, backward=False)
-    return {"perf/update_tokens_per_s": upd_tps, "perf/update_mfu": upd_mfu, "perf/rollout_tokens_per_s": gen_tps,
-            "perf/rollout_mfu": gen_mfu, "perf/peak_tflops": machine.flops / 1e12}
 
 
 def sync_rollout_weights(run: Run, policy: Policy) -> None:

@@ -1,5 +1,6 @@
 """What the training stage records a step, in one place: the ledger's step rows (reference, selections, groups), the
-step's metrics (to MLflow, held until a checkpoint covers them, tasks/run.py) and its line in ``metrics.jsonl``.
+step's metrics (to MLflow, held until a checkpoint covers them, tasks/run.py) and its line in ``metrics.jsonl``, with
+its rollout and update throughput (:func:`throughput`).
 
 A resumed run continues from its checkpoint at step s (tasks/training/checkpoint.py ``restore``);
 :meth:`Recorder.resume` then drops what the crashed process recorded past it, once for each record: the ledger's step
@@ -17,7 +18,9 @@ from pathlib import Path
 
 from rlcore.types import RolloutGroup
 from tasks.records.ledger import GroupRow, ReferenceRow, SelectionRow, SkippedUpdateRow
+from tasks.records.throughput import FlopModel, Peak, rates
 from tasks.run import Run
+from tasks.training.draw import FreshBatch
 
 #: One held MLflow metric row as a checkpoint keeps it: (metrics, step, timestamp in ms).
 HeldMetrics = list[tuple[dict[str, float], int, int]]
@@ -97,3 +100,22 @@ def _step_of(line: str) -> float:
         return json.loads(line)["step"]
     except (json.JSONDecodeError, KeyError, TypeError):
         return float("inf")
+
+
+def throughput(shape: FlopModel, machine: Peak, fs: FreshBatch, upd_stats: dict[str, float],
+               upd_s: float) -> dict[str, float]:
+    """Tokens per second and MFU (tasks/records/throughput.py) of this step's rollout and update phases.
+
+    The rollout phase's FLOPs are forward passes over every generated rollout's prompt and completion (the prompt
+    is prefilled once per rollout, as ``generate`` does with ``num_return_sequences``), its time includes the
+    verifiers; the update's are forward + backward over the real tokens of the rows it computed
+    (``upd_stats``: the updater's ``train/update_tokens`` and ``train/update_rows``; rows of groups without a
+    gradient are not computed, ``train.skip_zero_advantage``; the reference and pi_old passes of
+    ``train.kl_coef`` / ``train.minibatches`` are not counted).
+    """
+    upd_tps, upd_mfu = rates(shape, machine, tokens=int(upd_stats["train/update_tokens"]),
+                             sequences=int(upd_stats["train/update_rows"]), seconds=upd_s, backward=True)
+    gen_tps, gen_mfu = rates(shape, machine, tokens=fs.prompt_tokens + fs.tokens, sequences=fs.generated,
+                             seconds=fs.gen_s, backward=False)
+    return {"perf/update_tokens_per_s": upd_tps, "perf/update_mfu": upd_mfu, "perf/rollout_tokens_per_s": gen_tps,
+            "perf/rollout_mfu": gen_mfu, "perf/peak_tflops": machine.flops / 1e12}

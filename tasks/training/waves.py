@@ -33,12 +33,16 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
 from rlcore.rollout_budget import allocate, completion_chance
 from rlcore.seeding import derive_seed
+from rlcore.types import RolloutGroup
 from tasks.calibration.reference import rollout_rewards
+from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.generation.rollout import Generation
 from tasks.policy import Policy
@@ -98,6 +102,37 @@ def rollout_parts(policy: Policy, parts: list[tuple[list[PromptRecord], int]],
     return out
 
 
+class WavePart(NamedTuple):
+    """Groups of one size that a draw trains: their order ``keys`` in the batch, ``records``, rows ``gen``
+    (``gen.n`` each), ``rewards`` [B_i, gen.n] and the sampling weights' ``version`` (a carried group's first
+    wave's)."""
+
+    keys: list[int]
+    records: list[PromptRecord]
+    gen: Generation
+    rewards: torch.Tensor
+    version: int | None
+
+
+def part_groups(cfg: Config, parts: list[WavePart], step: int, seed: Callable[[str], int], sampler_behaviour: bool
+                ) -> tuple[list[RolloutGroup], dict[str, float]]:
+    """Each part's groups (tasks/training/draw.py ``make_groups``: PODS where it keeps fewer than a part's groups
+    have, the configured advantages), in key order, and the PODS metrics weighted by each part's groups."""
+    tc, made, pods = cfg.train, {}, []
+    for rank, part in enumerate(parts):
+        m = cfg.pods.m if cfg.pods.enabled and cfg.pods.m < part.gen.n else None
+        groups, st = make_groups(part.gen, part.rewards, part.records, step, m=m, rule=cfg.pods.rule,
+                                 scale_std=tc.scale_std, generator=torch.Generator().manual_seed(seed(f"pods-{rank}")),
+                                 negative_weight=tc.negative_weight, anchor=cfg.guard.anchor,
+                                 sampler_behaviour=sampler_behaviour, version=part.version)
+        made |= dict(zip(part.keys, groups, strict=True))
+        if st:
+            pods.append((len(part.records), st))
+    total = sum(b for b, _ in pods)
+    stats = {key: sum(b * st[key] for b, st in pods) / total for key in pods[0][1]} if pods else {}
+    return [made[k] for k in sorted(made)], stats
+
+
 def sample_waves(run: Run, policy: Policy, selector: Selector, pool: list[PromptRecord], budget: int, step: int,
                  n: int, *, meter: CostMeter | None = None, sampler_behaviour: bool = False,
                  version: int | None = None, carry: CarriedRollouts | None = None) -> FreshBatch:
@@ -134,13 +169,11 @@ def sample_waves(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
     generated = sum(g.completion_ids.shape[0] for g, _ in done) + gen1.completion_ids.shape[0]
     tokens = sum(g.tokens for g, _ in done) + gen1.tokens
     prompt_tokens = sum(g.n * sum(int(p.numel()) for p in g.prompt_ids) for g, _ in [*done, (gen1, r1)])
-    # each part: (order keys, records, rows, rewards [B_i, r_i], sampling version), one make_groups call a part;
-    # the carried groups come first (keys below 0), then this step's candidates in draw order
-    parts: list[tuple[list[int], list[PromptRecord], Generation, torch.Tensor, int | None]] = []
+    parts: list[WavePart] = []  # the carried groups first (keys below 0), then this step's candidates in draw order
     if done:
         (gen2, r2), = done
-        parts.append((list(range(-len(carried), 0)), carried, join_waves(carry.gen, gen2),
-                      torch.cat([carry.rewards, r2], 1), carry.version))
+        parts.append(WavePart(list(range(-len(carried), 0)), carried, join_waves(carry.gen, gen2),
+                              torch.cat([carry.rewards, r2], 1), carry.version))
     out = None
     if topped and leave:
         out = CarriedRollouts(step=step, records=[records[j] for j in topped], gen=rows_of(gen1, topped),
@@ -152,33 +185,21 @@ def sample_waves(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
             gen_s += time.perf_counter() - t0
         for k, j in enumerate(topped):
             rewards[j] = torch.cat([r1[j], r2[k]])
-        parts.append((topped, [records[j] for j in topped], join_waves(rows_of(gen1, topped), gen2),
-                      torch.cat([r1[topped], r2], 1), version))
+        parts.append(WavePart(topped, [records[j] for j in topped], join_waves(rows_of(gen1, topped), gen2),
+                              torch.cat([r1[topped], r2], 1), version))
         generated, tokens = generated + gen2.completion_ids.shape[0], tokens + gen2.tokens
         prompt_tokens += (n - w) * sum(int(p.numel()) for p in gen2.prompt_ids)
     if partial:
-        parts.append((partial, [records[j] for j in partial], rows_of(gen1, partial), r1[partial], version))
+        parts.append(WavePart(partial, [records[j] for j in partial], rows_of(gen1, partial), r1[partial], version))
     if not parts:  # nothing completed or mixed to train: the silent first waves (no gradient; the step counts)
         silent = (~mixed).nonzero().squeeze(1).tolist()
-        parts.append((silent, [records[j] for j in silent], rows_of(gen1, silent), r1[silent], version))
-    pods_stats, made = [], {}
+        parts.append(WavePart(silent, [records[j] for j in silent], rows_of(gen1, silent), r1[silent], version))
     with meter.stage("selection"):
-        for size_rank, (keys, recs, gen, r, ver) in enumerate(parts):
-            m = cfg.pods.m if cfg.pods.enabled and cfg.pods.m < gen.n else None
-            groups, st = make_groups(gen, r, recs, step, m=m, rule=cfg.pods.rule, scale_std=tc.scale_std,
-                                   generator=torch.Generator().manual_seed(seed(f"pods-{size_rank}")),
-                                   negative_weight=tc.negative_weight, anchor=cfg.guard.anchor,
-                                   sampler_behaviour=sampler_behaviour, version=ver)
-            made |= dict(zip(keys, groups, strict=True))
-            if st:
-                pods_stats.append((len(recs), st))
-    stats = wave_metrics(len(idx), len(topped), len(partial), int(mixed.sum()), generated, len(carried))
-    if pods_stats:
-        total = sum(b for b, _ in pods_stats)
-        stats |= {key: sum(b * st[key] for b, st in pods_stats) / total for key in pods_stats[0][1]}
+        groups, pods = part_groups(cfg, parts, step, seed, sampler_behaviour)
+    stats = wave_metrics(len(idx), len(topped), len(partial), int(mixed.sum()), generated, len(carried)) | pods
     stats |= policy.engine.metrics()
     stats |= selector.take_filter_metrics()
-    return FreshBatch(groups=[made[k] for k in sorted(made)], idx=idx, rows=rows, records=records, rewards=rewards,
+    return FreshBatch(groups=groups, idx=idx, rows=rows, records=records, rewards=rewards,
                       generated=generated, tokens=tokens, prompt_tokens=prompt_tokens, gen_s=gen_s, stats=stats,
                       carry=out)
 

@@ -7,7 +7,7 @@ from rlcore.types import RolloutGroup
 from tasks.model.loading import build_tiny_model
 from tasks.records.throughput import DATASHEET_TFLOPS, FlopModel, Peak, measured_peak_flops, peak
 from tasks.training.draw import FreshBatch
-from tasks.training.loop import throughput
+from tasks.training.recorder import throughput
 
 
 def test_flops_by_hand():
