@@ -75,4 +75,11 @@ class SelectConfig(_Frozen):
         "tasks/selection/screen.py) and the prompts whose groups of rollout.n are most likely to have unequal "
         "rewards are kept; the rest go back to the round's pool. Needs a worked solution for every pool prompt; "
         "the forward passes count in the selection time (ours)."))
+    screen_ahead: bool = Field(True, description=(
+        "With the screen, where the rollouts are generated apart from the trainer (overlap.lag 1's generator "
+        "process, or an engine outside this process): score the next step's candidates beside this step's generate "
+        "call, with this step's sampling weights (one update older than the next step's), instead of before the "
+        "next generate call. The next step reads the scores of the candidates it does draw and scores any others "
+        "itself; a step that starts a round scores its own. false: every step scores its candidates before its "
+        "own generate call (ours)."))
     predictor: PredictorConfig = Field(PredictorConfig(), description="The DOTS difficulty predictor.")

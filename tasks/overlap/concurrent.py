@@ -107,6 +107,12 @@ class Sampler:
         return self.lag > 0
 
     @property
+    def apart(self) -> bool:
+        """Whether the rollouts are generated apart from the trainer's threads (a generator process, or an engine
+        outside this process), so that work of the trainer's process can run beside a generate call."""
+        return self._process is not None or not isinstance(self.trainer.engine, HFEngine)
+
+    @property
     def process(self) -> GeneratorProcess | None:
         """The generator process the draws run in (None: lag 0, or a server)."""
         return self._process

@@ -52,7 +52,7 @@ are uniform: plain GRPO.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -78,10 +78,13 @@ class Selector:
     """Chooses each step's fresh prompts and records why. Checkpointable (``state_dict``)."""
 
     def __init__(self, cfg: Config, pool: list[PromptRecord], features: Features,
-                 likelihood: Likelihood | None = None, filters: Sequence[PromptFilter] = ()):
+                 likelihood: Likelihood | None = None, filters: Sequence[PromptFilter] = (),
+                 screen_ahead: bool = False):
         """``likelihood``: the current policy's :data:`~tasks.selection.screen.Likelihood`, needed when
         ``select.screen`` > 1 (every pool prompt then needs a worked solution); ``filters``: the prompt filters of
-        the techniques the run turns on (tasks/training/techniques.py ``prompt_filters``)."""
+        the techniques the run turns on (tasks/training/techniques.py ``prompt_filters``); ``screen_ahead``: whether
+        the rollouts are generated apart from the trainer (tasks/overlap/concurrent.py ``Sampler.apart``), so that
+        the screen may run beside them where ``select.screen_ahead`` says so (:meth:`screen_ahead`)."""
         self.cfg, self.pool, self.filters = cfg, pool, list(filters)
         self.references: list[ReferenceRow] = []  # reference rows not yet in the ledger (take_references)
         m = len(pool)
@@ -92,6 +95,10 @@ class Selector:
         self.likelihood = likelihood
         self.screened: dict[int, float] = {}  # select.screen: pool index -> screened pass rate, this step's picks
         self.screen_candidates = 0  # ... and the candidates scored for them
+        self.screened_ahead = 0  # ... of which scored ahead, beside the last step's generate call
+        self.run_ahead = screen_ahead and cfg.select.screen > 1 and cfg.select.screen_ahead
+        self.ahead: dict[int, dict[int, float]] = {}  # step -> {pool index: likelihood} scored ahead for it
+        self.asked: tuple[int, int] | None = None  # the last choose's (prompts, step), its first generation round
         self.emb = features.emb.float()  # [M, D]
         self.angle = features.angle.float()  # [M]
         self.cot = features.cot.float()  # [M]
@@ -271,27 +278,27 @@ class Selector:
         """[M] bool: prompts whose last measured pass rate is 1 (``select.drop_solved`` keeps them out)."""
         return self.last_success == 1.0
 
-    def choose(self, k: int, step: int, attempt: int = 0) -> tuple[list[int], list[SelectionRow]]:
-        """k distinct prompts for this step, and a ledger row per prompt saying why.
-
-        ``attempt``: the generation round within the step (dynamic sampling asks again); 0 draws exactly as a
-        step without dynamic sampling does.
-        """
+    def _candidates(self, k: int, step: int, attempt: int, used: torch.Tensor
+                    ) -> tuple[list[int], torch.Tensor, int, bool]:
+        """A draw of k prompts from the state as it is: the guard's picks, the candidates drawn [C] (f per prompt
+        still needed with the screen), how many of them the step keeps, and whether the round was exhausted (its
+        ``used`` to clear). Changes nothing but the prompt filters' metrics."""
         cfg = self.cfg
         probs = self.probs
         if cfg.select.drop_solved:
             unsolved = torch.where(self.solved(), torch.zeros_like(probs), probs)
             if int((unsolved > 0).sum()) >= k:  # solved prompts come back only when too few unsolved remain
                 probs = unsolved
-        fresh = torch.where(self.used, torch.zeros_like(probs), probs)
-        if int((fresh > 0).sum()) < k:  # round exhausted: allow repeats within the round
-            self.used[:] = False
+        fresh = torch.where(used, torch.zeros_like(probs), probs)
+        exhausted = int((fresh > 0).sum()) < k  # round exhausted: allow repeats within the round
+        if exhausted:
+            used = torch.zeros_like(used)
         else:
             probs = fresh
         for f in self.filters:
             probs = f.keep(probs, k, torch.Generator().manual_seed(
                 derive_seed(cfg.seed, step, f.name, *((attempt,) if attempt else ()))))
-        guard = self._guard(round(cfg.guard.share * k), step) if attempt == 0 else []
+        guard = self._guard(round(cfg.guard.share * k), step, used) if attempt == 0 else []
         if guard:
             probs = probs.clone()
             probs[guard] = 0.0
@@ -299,12 +306,25 @@ class Selector:
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "select", *((attempt,) if attempt else ())))
         positive = int((probs > 0).sum())
         need = min(k - len(guard), positive)
-        drawn = sample_prompts(probs, min(cfg.select.screen * need, positive), gen, method=method)
+        return guard, sample_prompts(probs, min(cfg.select.screen * need, positive), gen, method=method), need, \
+            exhausted
+
+    def choose(self, k: int, step: int, attempt: int = 0) -> tuple[list[int], list[SelectionRow]]:
+        """k distinct prompts for this step, and a ledger row per prompt saying why.
+
+        ``attempt``: the generation round within the step (dynamic sampling asks again); 0 draws exactly as a
+        step without dynamic sampling does.
+        """
+        cfg = self.cfg
+        guard, drawn, need, exhausted = self._candidates(k, step, attempt, self.used)
+        if exhausted:
+            self.used[:] = False
+        if attempt == 0:
+            self.asked = (k, step)
         if cfg.select.screen > 1:
-            q = self.likelihood([self.pool[i] for i in drawn.tolist()])  # [C]
+            q = self._likelihood(drawn.tolist(), self.ahead.pop(step, {}) if attempt == 0 else {})  # [C]
             keep = screen(q, cfg.rollout.n, need)
             self.screened |= dict(zip(drawn[keep].tolist(), q[keep].tolist(), strict=True))
-            self.screen_candidates += len(drawn)
             drawn = drawn[keep]
         idx = guard + drawn.tolist()
         self.used[idx] = True
@@ -320,6 +340,41 @@ class Selector:
                                 for key in ("des", "des_difficulty", "des_cot", "des_adaptability")})
                 for j, i in enumerate(idx)]
         return idx, rows
+
+    def _likelihood(self, idx: list[int], known: dict[int, float]) -> torch.Tensor:
+        """[C] float64 the screen's likelihood of the candidates ``idx``: ``known``'s (scored ahead) where it has
+        them, the rest scored now."""
+        todo = [i for i in idx if i not in known]
+        now = dict(zip(todo, self.likelihood([self.pool[i] for i in todo]).tolist(), strict=True)) if todo else {}
+        self.screen_candidates += len(idx)
+        self.screened_ahead += len(idx) - len(todo)
+        return torch.tensor([known[i] if i in known else now[i] for i in idx], dtype=torch.float64)
+
+    def screen_ahead(self) -> Callable[[], None] | None:
+        """The screen's pass for the next step, to run beside this step's generate call (``select.screen_ahead``):
+        the candidates the next step's draw would take if nothing changed before it (as many prompts as the last
+        :meth:`choose` asked for), scored with the sampling weights of now, which are one update older than the
+        next step's. That draw reads the scores of the candidates it does take and scores the others itself. None
+        where the screen does not run ahead: off, or the next step starts a round (whose weights are new) or is
+        past the last."""
+        cfg = self.cfg
+        if not self.run_ahead or self.asked is None:
+            return None
+        k, step = self.asked[0], self.asked[1] + 1
+        if step >= cfg.train.steps or step % cfg.train.round_steps == 0:
+            return None
+
+        def score() -> None:
+            kept = [f.state_dict() for f in self.filters]  # a look ahead: the filters' metrics stay as they are
+            try:
+                _, drawn, _, _ = self._candidates(k, step, 0, self.used)
+            finally:
+                for f, state in zip(self.filters, kept, strict=True):
+                    f.load_state_dict(state)
+            idx = drawn.tolist()
+            self.ahead = {step: dict(zip(idx, self.likelihood([self.pool[i] for i in idx]).tolist(), strict=True))}
+
+        return score
 
     def take_filter_metrics(self) -> dict[str, float]:
         """The prompt filters' metrics since the last call (a draw reads them when it ends)."""
@@ -341,11 +396,11 @@ class Selector:
                 out.append(float(self.last_success[i]))
         return torch.tensor(out, dtype=torch.float64).clamp(0, 1)
 
-    def _guard(self, n: int, step: int) -> list[int]:
-        """The solved-skill guard's picks (``guard.share``): up to n prompts measured solved and not yet used this
+    def _guard(self, n: int, step: int, used: torch.Tensor) -> list[int]:
+        """The solved-skill guard's picks (``guard.share``): up to n prompts measured solved and not yet ``used`` this
         round, uniformly at random (seeded by the step). Only in a step's first generation round: dynamic sampling's
         later rounds look for informative groups, which solved prompts are not."""
-        solved = (self.solved() & ~self.used).nonzero().squeeze(1)
+        solved = (self.solved() & ~used).nonzero().squeeze(1)
         if n <= 0 or not len(solved):
             return []
         gen = torch.Generator().manual_seed(derive_seed(self.cfg.seed, step, "guard"))
@@ -384,10 +439,11 @@ class Selector:
             picked = [j for j, i in enumerate(idx) if i in self.screened]
             q = torch.tensor([self.screened[idx[j]] for j in picked])
             metrics |= {"select/screen_success_mean": float(q.mean()),
-                        "select/screen_candidates": float(self.screen_candidates)}
+                        "select/screen_candidates": float(self.screen_candidates),
+                        "select/screen_ahead_share": self.screened_ahead / max(self.screen_candidates, 1)}
             if len(picked) > 2:
                 metrics["select/screen_pearson"] = pearson(q, success[picked])
-            self.screened, self.screen_candidates = {}, 0
+            self.screened, self.screen_candidates, self.screened_ahead = {}, 0, 0
         metrics["select/selected_success_mean"] = float(success.mean())
         return metrics
 
@@ -402,6 +458,7 @@ class Selector:
                 "own_successes": self.own_successes, "own_trials": self.own_trials,
                 "round_evidence": self.round_evidence, "seen_groups": self.seen_groups,
                 "concentration": self.concentration, "filters": {f.name: f.state_dict() for f in self.filters},
+                "ahead": self.ahead,
                 "predictor": self.predictor.state_dict() if self.predictor is not None else None,
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 "window": self.window.state_dict() if self.window is not None else None}
@@ -415,6 +472,7 @@ class Selector:
             self.own_successes, self.own_trials = s["own_successes"], s["own_trials"]
             self.round_evidence, self.seen_groups = s["round_evidence"], s["seen_groups"]
             self.concentration = s["concentration"]
+        self.ahead = s.get("ahead", {})  # checkpoints written before select.screen_ahead existed have none
         for f in self.filters:  # checkpoints written before prompt filters existed have none
             if f.name in s.get("filters", {}):
                 f.load_state_dict(s["filters"][f.name])

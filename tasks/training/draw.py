@@ -12,7 +12,10 @@ budgets drawing the rollouts in two waves (tasks/training/waves.py, rlcore.rollo
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -33,6 +36,21 @@ from tasks.selection.selector import Selector
 
 #: The phases of a step's draw (``StepDraw.phases``; overlapped, its ``overlap/draw_<phase>_s`` metrics).
 DRAW_PHASES = ("reference", "selection", "rollout")
+
+T = TypeVar("T")
+
+
+def beside(work: Callable[[], T], other: Callable[[], None] | None) -> T:
+    """``work()``'s result, with ``other`` (where given) run at the same time on a second thread, both finished on
+    return; an error in either is raised. The draws run the next step's screen (``Selector.screen_ahead``) beside
+    a generate call, which waits on a generator process or a server."""
+    if other is None:
+        return work()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlsift-screen") as pool:
+        done = pool.submit(other)
+        out = work()
+        done.result()
+    return out
 
 
 def make_groups(gen: Generation, rewards: torch.Tensor, records: list[PromptRecord], step: int, *, m: int | None,
@@ -151,7 +169,8 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
         records = [pool[i] for i in idx]
         with meter.stage("rollout"):
             t_gen = time.perf_counter()
-            gen, rewards = rollout_rewards(policy, records, n, seed("train"))
+            gen, rewards = beside(lambda: rollout_rewards(policy, records, n, seed("train")),
+                                  selector.screen_ahead() if attempt == 0 else None)
             gen_s += time.perf_counter() - t_gen
         gen_rng = torch.Generator().manual_seed(seed("pods"))
         with meter.stage("selection"):

@@ -49,7 +49,7 @@ from tasks.policy import Policy
 from tasks.records.cost import CostMeter
 from tasks.run import Run
 from tasks.selection.selector import Selector
-from tasks.training.draw import CarriedRollouts, FreshBatch, make_groups
+from tasks.training.draw import CarriedRollouts, FreshBatch, beside, make_groups
 
 
 def rows_of(gen: Generation, prompts: list[int]) -> Generation:
@@ -154,7 +154,8 @@ def sample_waves(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
     with meter.stage("rollout"):
         t0 = time.perf_counter()
         asked = ([(carried, n - w)] if carried else []) + [(records, w)]
-        *done, (gen1, r1) = rollout_parts(policy, asked, seed("train"))  # the carried second waves, then [C, w]
+        *done, (gen1, r1) = beside(lambda: rollout_parts(policy, asked, seed("train")),  # carried, then [C, w]
+                                   selector.screen_ahead())
         gen_s = time.perf_counter() - t0
     mixed = r1.amax(1) > r1.amin(1)  # [C]
     with meter.stage("selection"):

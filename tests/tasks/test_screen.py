@@ -109,3 +109,61 @@ def test_selector_refuses_a_screen_it_cannot_run(smoke_cfg, pool):
     bare = [dataclasses.replace(r, solution="") if i == 5 else r for i, r in enumerate(pool)]
     with pytest.raises(ValueError, match=f"1 of 40 prompts have none \\(first: {bare[5].id}"):
         Selector(cfg, bare, feats, scripted({}, []))
+
+
+def test_the_screen_scores_the_next_steps_candidates_ahead_and_that_step_reads_them(smoke_cfg, pool):
+    """select.screen_ahead: beside step 1's generate call the selector scores the candidates step 2 will draw, with
+    the weights of then (version 0); step 2 then draws exactly those candidates and reads their scores without
+    scoring again, where a selector that does not run ahead scores the same candidates at step 2 with the weights
+    of step 2 (version 1). A candidate the look-ahead did not score is scored at the step; the look-ahead leaves the
+    skip's state as it was; a step that starts a round, or is past the last, is not scored ahead."""
+    from tasks.training.techniques import prompt_filters
+    feats = compute_features(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
+    rates = {r.id: [0.1, 0.8, 0.5, 0.3, 0.9][i % 5] for i, r in enumerate(pool)}
+    version, calls = [0], []
+
+    def likelihood(records):  # the pass rates of weights of version v: each rate times (1 - v / 10)
+        calls.append((version[0], [r.id for r in records]))
+        return torch.tensor([rates[r.id] * (1 - version[0] / 10) for r in records], dtype=torch.float64)
+
+    cfg = smoke_cfg(*SMALL, "select.screen=2", "train.round_steps=4", "train.steps=7", "skip.enabled=true")
+    made = {}
+    for name, apart in (("ahead", True), ("inline", False)):
+        made[name] = s = Selector(cfg, pool, feats, likelihood, filters=prompt_filters(cfg, len(pool)),
+                                  screen_ahead=apart)
+        s.begin_round(0, 0, None)
+        s.filters[0].record(list(range(20)), [4] * 20, [True] * 20)  # half the pool silent: the skip draws
+        version[0] = 0
+        s.observe(1, s.choose(6, 1)[0], [torch.tensor([1.0, 0, 0, 0])] * 6, 0.4, None)
+    ahead, inline = made["ahead"], made["inline"]
+    assert inline.screen_ahead() is None, "a sampler that shares the trainer's threads never screens ahead"
+    skip_state = ahead.filters[0].state_dict()
+    calls.clear()
+    ahead.screen_ahead()()
+    ahead_scored = list(ahead.ahead[2])
+    assert [v for v, _ in calls] == [0] and len(ahead_scored) == 12
+    assert torch.equal(ahead.filters[0].state_dict()["silent"], skip_state["silent"])
+    assert ahead.filters[0].state_dict()["skipped"] == skip_state["skipped"], "the look-ahead's skips do not count"
+    version[0] = 1
+    calls.clear()
+    idx, rows = ahead.choose(6, 2)
+    assert calls == [], "every candidate of step 2 was scored ahead"
+    inline_idx, inline_rows = inline.choose(6, 2)
+    (v, candidates), = calls
+    assert v == 1 and candidates == [pool[i].id for i in ahead_scored], "the same candidates, in draw order"
+    assert [r.screen_success for r in rows] == [rates[pool[i].id] for i in idx], "read from version 0"
+    assert [r.screen_success for r in inline_rows] == [rates[pool[i].id] * 0.9 for i in inline_idx]
+    share = {n: s.observe(2, i, [torch.tensor([1.0, 0, 0, 0])] * 6, 0.4, None)["select/screen_ahead_share"]
+             for n, s, i in (("ahead", ahead, idx), ("inline", inline, inline_idx))}
+    assert share == {"ahead": 1.0, "inline": 0.0}
+    # a candidate of step 3 the look-ahead did not score (the draw changed after it) is scored at step 3
+    ahead.screen_ahead()()
+    scored = list(ahead.ahead[3])
+    ahead.used[scored[0]] = True  # taken before step 3 draws: that draw takes another prompt instead
+    calls.clear()
+    ahead.choose(6, 3)
+    (_, now), = calls
+    assert 0 < len(now) < 12 and pool[scored[0]].id not in now, "scored now: only what was not scored ahead"
+    assert ahead.ahead == {} and ahead.screen_ahead() is None, "step 4 starts a round: it scores its own"
+    ahead.asked = (6, 6)
+    assert ahead.screen_ahead() is None, "step 7 is past the last"

@@ -427,6 +427,7 @@ def test_the_likelihood_screen_runs_in_the_loop_and_is_recorded(smoke_cfg, pool)
     assert all(s["screen_success"] is not None and 0 <= s["screen_success"] <= 1 for s in sel)
     assert all(m["select/screen_candidates"] == 12 for m in logged)
     assert all(0 <= m["select/screen_success_mean"] <= 1 for m in logged)
+    assert all(m["select/screen_ahead_share"] == 0 for m in logged), "sampling in the trainer's threads: no look-ahead"
 
 
 def test_kl_on_the_screened_draw_anchors_every_rollout_to_the_starting_policy(smoke_cfg, pool):
