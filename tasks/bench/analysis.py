@@ -276,11 +276,13 @@ def rollouts_per_informative(rows: Sequence[dict]) -> float | None:
 def overlap_split(rows: Sequence[dict]) -> dict[str, float]:
     """An overlapped run's step against the overlap's limit (tasks/overlap/concurrent.py), in seconds per step.
 
-    Over the steps that overlapped a draw and held no evaluation: ``step`` (``time/step_s``), ``draw`` (the next
-    step's draw, ``overlap/draw_s``), ``update`` (``overlap/update_s``), ``limit``: the mean of the slower of the
-    two, ``step_vs_limit``: step / limit, and each side's idle time. Empty for a run that did not overlap.
+    Over the steps that overlapped a draw, held no evaluation and do not follow one (that step's draw starts only
+    after the evaluation, which its generator's idle time would count): ``step`` (``time/step_s``), ``draw`` (the
+    next step's draw, ``overlap/draw_s``), ``update`` (``overlap/update_s``), ``limit``: the mean of the slower of
+    the two, ``step_vs_limit``: step / limit, and each side's idle time. Empty for a run that did not overlap.
     """
-    steps = [r for r in rows if r.get("overlap/draw_s") is not None and "eval/accuracy" not in r]
+    steps = [r for before, r in zip([{}, *rows], rows, strict=False)
+             if r.get("overlap/draw_s") is not None and "eval/accuracy" not in r and "eval/accuracy" not in before]
     if not steps:
         return {}
     mean = statistics.fmean

@@ -177,8 +177,9 @@ def overlap_markdown(result: dict) -> list[str]:
     rows = [r for r in result["configurations"] if r.get("overlap")]
     if not rows:
         return []
-    lines = ["", "Overlapped arms (steps without an evaluation, seed mean, seconds): the step against its limit, the "
-             "slower of the next step's draw and this step's update, and each side's idle time:", "",
+    lines = ["", "Overlapped arms (steps without an evaluation or one just before, seed mean, seconds): the step "
+             "against its limit, the slower of the next step's draw and this step's update, and each side's idle "
+             "time:", "",
              "| configuration | step | draw | update | limit | step / limit | trainer idle | generator idle |",
              "|" + "---|" * 8]
     for r in rows:

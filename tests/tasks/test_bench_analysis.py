@@ -371,15 +371,18 @@ def test_write_report_writes_every_file_and_plots_the_completed_runs_ratio(tmp_p
 
 
 def test_overlap_split_is_the_step_against_the_slower_side_hand_worked():
-    """Two overlapped steps (the evaluation step and a sequential run's rows are left out): limit = mean of
-    max(draw, update) = (0.5 + 0.4) / 2, step / limit = 0.55 / 0.45."""
+    """Two overlapped steps (the evaluation step, the step after it, whose generator waited for the evaluation, and
+    a sequential run's rows are left out): limit = mean of max(draw, update) = (0.5 + 0.4) / 2, step / limit =
+    0.55 / 0.45."""
     rows = [{"step": 0, "time/step_s": 0.6, "overlap/draw_s": 0.5, "overlap/update_s": 0.3,
              "overlap/trainer_idle_s": 0.2, "overlap/generator_idle_s": 0.0},
             {"step": 1, "time/step_s": 0.5, "overlap/draw_s": 0.2, "overlap/update_s": 0.4,
              "overlap/trainer_idle_s": 0.0, "overlap/generator_idle_s": 0.1},
             {"step": 2, "time/step_s": 9.0, "overlap/draw_s": 0.2, "overlap/update_s": 0.4, "eval/accuracy": 0.5,
              "overlap/trainer_idle_s": 0.0, "overlap/generator_idle_s": 0.1},
-            {"step": 3, "time/step_s": 0.7}]
+            {"step": 3, "time/step_s": 0.6, "overlap/draw_s": 0.2, "overlap/update_s": 0.4,
+             "overlap/trainer_idle_s": 0.0, "overlap/generator_idle_s": 4.0},
+            {"step": 4, "time/step_s": 0.7}]
     out = overlap_split(rows)
     assert out["limit"] == pytest.approx(0.45) and out["step"] == pytest.approx(0.55)
     assert out["step_vs_limit"] == pytest.approx(0.55 / 0.45)
