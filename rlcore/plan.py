@@ -54,7 +54,8 @@ rollouts, from each level's completion lengths in the probe mixed by the draw's 
 (:meth:`UnitCosts.longest`). A step makes generate-and-verify calls of at most ``chunk // n`` prompts of n rollouts
 (the in-process engine's chunks), one update over the rows it computes (an informative group's m rows of prompt and
 completion: silent groups are left out, ``train.skip_zero_advantage``) and, with the screen, one teacher-forced pass
-over f candidates a slot. It also pays fixed seconds whatever its tokens (:class:`FixedCosts`): the optimizer step
+over f candidates a slot (run ahead, beside the generate calls, it costs only what outlasts them, but at a round's
+first step). It also pays fixed seconds whatever its tokens (:class:`FixedCosts`): the optimizer step
 and the step's bookkeeping (the draw, the ledger's rows, the metrics line); each round a checkpoint and, for DOTS,
 the predictor's fit and its predictions over the pool and the fresh reference rollouts
 (``calibrate.reference=fresh``: K x g). **The training clock** is ``train.steps`` such steps plus what the
@@ -151,7 +152,9 @@ class Composition:
     ``predictor``: DOTS's predictor is fitted each round; ``calibration``: the calibrate stage's (K, g) where the
     composition reads its pass rates, (0, 0) where it does not; ``scored``: pool prompts the score stage embeds
     where the composition reads the scores, 0 where it does not; ``rules``: the techniques acting inside its step
-    (rlcore/step_rules.py; at most one replaces the draw)."""
+    (rlcore/step_rules.py; at most one replaces the draw); ``screen_ahead``: the screen's pass for the next step runs
+    beside the generate call, at every step but a round's first (``select.screen_ahead`` with the sampler apart from
+    the trainer)."""
 
     name: str
     prompts: int
@@ -173,6 +176,7 @@ class Composition:
     calibration: tuple[int, int] = (0, 0)
     scored: int = 0
     rules: tuple[StepRule, ...] = ()
+    screen_ahead: bool = False
 
     def __post_init__(self) -> None:
         if self.prompts < 1 or not 1 <= self.m <= self.n:
@@ -431,6 +435,7 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
         upd_fresh_rows = informative * c.m
         screened = fresh
     signal = informative + replayed
+    fresh_s = generate_s  # the draw's own generate calls, before a round's reference rollouts
     k, g = c.reference  # a round's reference prompts, drawn from the whole pool
     reference_length = _mean(completion, pool.mass)
     generated = asked_rollouts + k * g / c.round_steps
@@ -442,6 +447,8 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
                   if c.screen > 1 else 0.0)
     fx = costs.fixed
     update_s, forward_s = costs.update.time(upd_tokens), costs.forward.time(fwd_tokens)
+    if c.screen_ahead:  # beside the draw's generate calls it costs what outlasts them, but at a round's first step
+        forward_s = (forward_s + (c.round_steps - 1) * max(0.0, forward_s - fresh_s)) / c.round_steps
     fixed_s = fx.optimizer_s + fx.step_s + (fx.round_s + (fx.fit_s if c.predictor else 0.0)) / c.round_steps
     step_s = generate_s + update_s + forward_s + fixed_s
     calibration_length = float(completion.mean())  # the calibrate stage's set, stratified by level

@@ -71,6 +71,8 @@ def test_bench_arms_switch_what_their_names_say():
     screen = get("dots_screen")
     assert (screen.select.screen, screen.rollout.n, screen.train.prompts_per_step, screen.select.method) == \
         (2, 4, 20, "dots") and n4.select.screen == 1, "the screen is dots_screen's one addition"
+    assert get("dots_screen_24") == screen.model_copy(update={"train": screen.train.model_copy(
+        update={"prompts_per_step": 24})}), "a bigger screened batch is its one change"
     assert screen.select.screen_ahead and get("dots_screen_inline") == screen.model_copy(
         update={"select": screen.select.model_copy(update={"screen_ahead": False})}), "the look-ahead's control"
     g4 = get("grpo_n4")

@@ -68,15 +68,17 @@ class PlanConfig(_Frozen):
         "Train the plan's choice: the chosen candidate's keys replace the run's (conf/presets/auto.yaml; "
         "`rlsift plan` shows the choice without training)."))
     candidates: tuple[str, ...] = Field(
-        ("grpo", "dapo", "dots", "pods", "dots_n4", "dots_screen", "dots_screen_waves"), min_length=1, description=(
+        ("grpo", "dapo", "dots", "pods", "dots_n4", "dots_screen", "dots_screen_24", "dots_screen_waves"), min_length=1,
+        description=(
             "Compositions the plan predicts and chooses from: names of conf/presets or conf/bench files. "
             "Candidates with the screen are left out where a prompt has no worked solution; for each technique inside "
             "a candidate's step (the waves, the skip) the plan also says what it saves (rollouts a step and per "
             "informative group, the step) against the candidate without it."))
     baseline: str = Field("grpo", description="The composition predictions are relative to (plain GRPO).")
-    min_signal: float = Field(0.8, ge=0, le=1, description=(
+    min_signal: float = Field(1.0, ge=0, le=1, description=(
         "A candidate qualifies when its predicted informative groups a step are at least this share of the "
-        "baseline's; the cheapest qualifying one is chosen."))
+        "baseline's; the cheapest qualifying one is chosen. 1: GRPO's signal; candidates the plan predicted at 0.8 "
+        "to 0.9 of it ended a point below GRPO (docs/benchmarks.md, S26 and S27)."))
     probe_prompts: int = Field(16, ge=1, description=(
         "Reference prompts the probe generates rollout.n rollouts for and updates on (timed, no weight change)."))
 

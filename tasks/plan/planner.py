@@ -69,7 +69,15 @@ def composition(name: str, cfg: Config, pool_size: int = 0) -> Composition:
         chunk=rc.chunk if rc.engine == "hf" else 0,
         reference=(cal.k, cal.g) if dots and cal.reference == "fresh" else (0, 0), predictor=dots,
         calibration=(cal.k, cal.g) if reads["calibrate"] else (0, 0), scored=pool_size if reads["score"] else 0,
-        rules=step_rules(cfg, pool_size))
+        rules=step_rules(cfg, pool_size), screen_ahead=sc.screen > 1 and sc.screen_ahead and sampler_apart(cfg))
+
+
+def sampler_apart(cfg: Config) -> bool:
+    """Whether a run of ``cfg`` generates apart from its trainer (tasks/overlap/concurrent.py ``Sampler.apart``), as
+    far as its config says before training: a server, or lag 1. ``overlap.lag=auto`` counts as apart: on a CPU whose
+    cores fit both sides it is lag 1, and on a shared device the overlap's probe decides after the plan (lag 0 there
+    makes the plan's screen the cheaper by the pass it hides)."""
+    return cfg.rollout.engine != "hf" or cfg.overlap.lag != 0
 
 
 def candidate_config(cfg: Config, name: str) -> Config:

@@ -241,6 +241,24 @@ def test_a_step_hand_worked():
     assert screen.clock == pytest.approx(screen.step_s / grpo.step_s)
 
 
+def test_the_screen_run_ahead_costs_what_outlasts_the_generate_call_hand_worked():
+    """The screen's pass beside the draw's generate call (select.screen_ahead): in rounds of 4 steps, the first step
+    of each pays it whole and the other three pay only what outlasts the call; a pass longer than the call (a slow
+    forward) shows through."""
+    grpo = Composition("grpo", 4, 8, 8)
+    _, (inline, ahead) = predict([Composition("screen", 4, 8, 8, screen=2, round_steps=4),
+                                  Composition("ahead", 4, 8, 8, screen=2, round_steps=4, screen_ahead=True)],
+                                 grpo, POOL, COSTS)
+    generate, forward = 4 * 8 * 10 * 2, 2 * 4 * 12 * 0.5  # 640 s of generation beside a 48 s pass
+    assert inline.forward_s == pytest.approx(forward) and ahead.forward_s == pytest.approx(forward / 4)
+    assert ahead.step_s == pytest.approx(inline.step_s - 3 / 4 * forward)
+    assert ahead.forward_tokens == inline.forward_tokens and ahead.signal == inline.signal
+    slow = UnitCosts(**{**COSTS.__dict__, "forward": CallCost(0.0, 20.0)})  # a pass of 1920 s
+    _, (slow_ahead,) = predict([Composition("ahead", 4, 8, 8, screen=2, round_steps=4, screen_ahead=True)],
+                               grpo, POOL, slow)
+    assert slow_ahead.forward_s == pytest.approx((1920 + 3 * (1920 - generate)) / 4)
+
+
 def test_a_training_clock_with_its_fixed_costs_hand_worked():
     costs = UnitCosts(generate=CallCost(0.5, 0.01), update=CallCost(0.2, 0.001), forward=CallCost(0.0, 0.0),
                       completion_tokens=10, prompt_tokens=5,

@@ -8,7 +8,7 @@ import torch
 from rlcore.plan import PoolStats, draw_calls, predict, update_rows
 from tasks.calibration.record import Calibration
 from tasks.calibration.reference import stratified_reference
-from tasks.config.load import load_config
+from tasks.config.load import load_config, with_overrides
 from tasks.data.arith import generate
 from tasks.plan.planner import candidate_config, composition, pool_stats
 from tasks.plan.probe import ProbeInputs, _generation_sizes, _update_sizes, probe_costs, probe_groups
@@ -93,6 +93,20 @@ def test_the_probes_batch_sizes_come_from_the_candidates():
     (call,) = draw_calls(carried, stats)
     assert call[1] == 1 and abs(call[0] - (60 + 2 * second[0])) <= 1  # each rounded from the expected count
     assert _generation_sizes([carried], 8, stats) == (round(call[0] / 8), 32)
+
+
+def test_the_plan_screens_ahead_where_a_run_would():
+    """A candidate with the screen runs it ahead where select.screen_ahead is on and the sampler is apart from the
+    trainer (a server, lag 1, or lag auto); not at lag 0 with the in-process engine, nor with the option off, nor
+    without a screen."""
+    cfg = load_config(None)
+    ahead = {lag: composition("s", candidate_config(with_overrides(cfg, [f"overlap.lag={lag}"]), "dots_screen"))
+             .screen_ahead for lag in ("auto", 0, 1)}
+    assert ahead == {"auto": True, 0: False, 1: True}
+    assert not composition("s", candidate_config(cfg, "dots_screen_inline")).screen_ahead
+    assert not composition("g", candidate_config(cfg, "grpo")).screen_ahead
+    server = with_overrides(cfg, ["overlap.lag=0", "rollout.engine=vllm"])
+    assert composition("s", candidate_config(server, "dots_screen")).screen_ahead
 
 
 def test_the_probes_updates_have_the_candidates_sizes():
