@@ -149,6 +149,7 @@ def test_leave_one_out_arms_switch_off_exactly_one_technique(tmp_path):
         assert changed == switch, (name, changed)
 
 
+@pytest.mark.slow  # 41 s; the default run keeps the suite under 15 minutes on 2 cores
 def test_bench_jobs_run_side_by_side_in_lanes(tmp_path, capsys, prefect_harness):
     """``--jobs 2``: two lane processes, each with its own ledger, runs nested under the benchmark's MLflow run."""
     from flows.cli import main
