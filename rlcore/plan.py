@@ -154,7 +154,9 @@ class Composition:
     where the composition reads the scores, 0 where it does not; ``rules``: the techniques acting inside its step
     (rlcore/step_rules.py; at most one replaces the draw); ``screen_ahead``: the screen's pass for the next step runs
     beside the generate call, at every step but a round's first (``select.screen_ahead`` with the sampler apart from
-    the trainer)."""
+    the trainer); ``round_ahead``: a round's start (the predictor's fit) runs beside the generate call of the round's
+    last step, and with ``screen_ahead`` the screen of the round's first step after it (``select.round_ahead`` with
+    the sampler apart, where a round start takes no reference rollouts)."""
 
     name: str
     prompts: int
@@ -177,6 +179,7 @@ class Composition:
     scored: int = 0
     rules: tuple[StepRule, ...] = ()
     screen_ahead: bool = False
+    round_ahead: bool = False
 
     def __post_init__(self) -> None:
         if self.prompts < 1 or not 1 <= self.m <= self.n:
@@ -447,9 +450,13 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
                   if c.screen > 1 else 0.0)
     fx = costs.fixed
     update_s, forward_s = costs.update.time(upd_tokens), costs.forward.time(fwd_tokens)
-    if c.screen_ahead:  # beside the draw's generate calls it costs what outlasts them, but at a round's first step
-        forward_s = (forward_s + (c.round_steps - 1) * max(0.0, forward_s - fresh_s)) / c.round_steps
-    fixed_s = fx.optimizer_s + fx.step_s + (fx.round_s + (fx.fit_s if c.predictor else 0.0)) / c.round_steps
+    fit_s, start_s = (fx.fit_s if c.predictor else 0.0), forward_s  # a round's fit and its first step's screen
+    if c.round_ahead:  # beside the generate call of the round's last step: what outlasts it, the fit first
+        fit_s, hidden = max(0.0, fit_s - fresh_s), max(0.0, fresh_s - fit_s)
+        start_s = max(0.0, forward_s - hidden) if c.screen_ahead else forward_s
+    if c.screen_ahead:  # beside the draw's generate calls it costs what outlasts them
+        forward_s = (start_s + (c.round_steps - 1) * max(0.0, forward_s - fresh_s)) / c.round_steps
+    fixed_s = fx.optimizer_s + fx.step_s + (fx.round_s + fit_s) / c.round_steps
     step_s = generate_s + update_s + forward_s + fixed_s
     calibration_length = float(completion.mean())  # the calibrate stage's set, stratified by level
     upfront_s = (draw_s(*c.calibration, calibration_length, mix(torch.ones(len(pool.levels))))

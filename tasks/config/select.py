@@ -82,4 +82,11 @@ class SelectConfig(_Frozen):
         "next generate call. The next step reads the scores of the candidates it does draw and scores any others "
         "itself; a step that starts a round scores its own. false: every step scores its candidates before its "
         "own generate call (ours)."))
+    round_ahead: bool = Field(True, description=(
+        "Where the rollouts are generated apart from the trainer (overlap.lag 1's generator process, or an engine "
+        "outside this process) and a round's start takes no reference rollouts (calibrate.reference trained, or "
+        "no DOTS): start the next round (DOTS's predictor fitted, its predictions and the round's weights; with "
+        "screen_ahead, also the screen of the round's first candidates) beside the generate call of the round's "
+        "last step, on the labels observed until then (one step's fewer than at the round's first draw). false: "
+        "the round starts in its first step's draw, before that step's generate call (ours)."))
     predictor: PredictorConfig = Field(PredictorConfig(), description="The DOTS difficulty predictor.")

@@ -69,7 +69,8 @@ def composition(name: str, cfg: Config, pool_size: int = 0) -> Composition:
         chunk=rc.chunk if rc.engine == "hf" else 0,
         reference=(cal.k, cal.g) if dots and cal.reference == "fresh" else (0, 0), predictor=dots,
         calibration=(cal.k, cal.g) if reads["calibrate"] else (0, 0), scored=pool_size if reads["score"] else 0,
-        rules=step_rules(cfg, pool_size), screen_ahead=sc.screen > 1 and sc.screen_ahead and sampler_apart(cfg))
+        rules=step_rules(cfg, pool_size), screen_ahead=sc.screen > 1 and sc.screen_ahead and sampler_apart(cfg),
+        round_ahead=sc.round_ahead and sampler_apart(cfg) and not (dots and cal.reference == "fresh"))
 
 
 def sampler_apart(cfg: Config) -> bool:

@@ -79,12 +79,13 @@ class Selector:
 
     def __init__(self, cfg: Config, pool: list[PromptRecord], features: Features,
                  likelihood: Likelihood | None = None, filters: Sequence[PromptFilter] = (),
-                 screen_ahead: bool = False):
+                 apart: bool = False):
         """``likelihood``: the current policy's :data:`~tasks.selection.screen.Likelihood`, needed when
         ``select.screen`` > 1 (every pool prompt then needs a worked solution); ``filters``: the prompt filters of
-        the techniques the run turns on (tasks/training/techniques.py ``prompt_filters``); ``screen_ahead``: whether
-        the rollouts are generated apart from the trainer (tasks/overlap/concurrent.py ``Sampler.apart``), so that
-        the screen may run beside them where ``select.screen_ahead`` says so (:meth:`screen_ahead`)."""
+        the techniques the run turns on (tasks/training/techniques.py ``prompt_filters``); ``apart``: whether the
+        rollouts are generated apart from the trainer (tasks/overlap/concurrent.py ``Sampler.apart``), so that the
+        next step's selection work may run beside them where ``select.screen_ahead`` and ``select.round_ahead`` say
+        so (:meth:`lookahead`)."""
         self.cfg, self.pool, self.filters = cfg, pool, list(filters)
         self.references: list[ReferenceRow] = []  # reference rows not yet in the ledger (take_references)
         m = len(pool)
@@ -96,8 +97,10 @@ class Selector:
         self.screened: dict[int, float] = {}  # select.screen: pool index -> screened pass rate, this step's picks
         self.screen_candidates = 0  # ... and the candidates scored for them
         self.screened_ahead = 0  # ... of which scored ahead, beside the last step's generate call
-        self.run_ahead = screen_ahead and cfg.select.screen > 1 and cfg.select.screen_ahead
+        self.screens_ahead = apart and cfg.select.screen > 1 and cfg.select.screen_ahead
+        self.starts_ahead = apart and cfg.select.round_ahead
         self.ahead: dict[int, dict[int, float]] = {}  # step -> {pool index: likelihood} scored ahead for it
+        self.started: tuple[int, dict[str, float]] | None = None  # a round started ahead: its index, its metrics
         self.asked: tuple[int, int] | None = None  # the last choose's (prompts, step), its first generation round
         self.emb = features.emb.float()  # [M, D]
         self.angle = features.angle.float()  # [M]
@@ -136,7 +139,16 @@ class Selector:
     # ---- round ------------------------------------------------------------------------------------
     def begin_round(self, round_: int, step: int, measure: Measure) -> dict[str, float]:
         """Refresh predictions and pools for a new round; ``measure`` takes DOTS's reference rollouts, whose ledger
-        rows wait in :meth:`take_references` (the loop writes them with the round's first step)."""
+        rows wait in :meth:`take_references` (the loop writes them with the round's first step). A round already
+        started ahead (:meth:`lookahead`) returns the metrics of its start."""
+        started, self.started = self.started, None
+        if started is not None and started[0] == round_:
+            return started[1] | {"select/round_ahead": 1.0}
+        return self._start_round(round_, step, measure) | {"select/round_ahead": 0.0}
+
+    def _start_round(self, round_: int, step: int, measure: Measure | None) -> dict[str, float]:
+        """:meth:`begin_round`'s work (``measure`` None: the round takes no reference rollouts,
+        :meth:`_needs_rollouts`)."""
         cfg, m = self.cfg, len(self.pool)
         metrics: dict[str, float] = {}
         active = torch.ones(m, dtype=torch.bool)
@@ -198,11 +210,22 @@ class Selector:
         out, self.references = self.references, []
         return out
 
-    def _dots_round(self, round_: int, step: int, measure: Measure, active: torch.Tensor) -> dict[str, float]:
+    def _needs_rollouts(self) -> bool:
+        """Whether a round started now takes DOTS's reference rollouts (``calibrate.reference`` fresh, or trained
+        with fewer than two prompts measured since the last round start)."""
+        return self.predictor is not None and not (self.cfg.calibrate.reference == "trained"
+                                                   and len(set(self.recent)) >= 2)
+
+    def _dots_round(self, round_: int, step: int, measure: Measure | None, active: torch.Tensor
+                    ) -> dict[str, float]:
         cfg = self.cfg
+        trained = not self._needs_rollouts()
         recent, self.recent = list(dict.fromkeys(reversed(self.recent))), []  # latest measurement of each first
-        if cfg.calibrate.reference == "trained" and len(recent) >= 2:
+        if trained:
             return self._trained_reference(round_, torch.tensor(recent))
+        if measure is None:
+            raise RuntimeError(f"round {round_}: DOTS's reference rollouts need a measure; a round started ahead "
+                               "takes none")
         ref = random_reference(active.nonzero().squeeze(1), cfg.calibrate.k, derive_seed(cfg.seed, round_, "reference"))
         k = len(ref)
         rewards = reference_rollouts(measure, self.pool, ref, cfg.calibrate.g,
@@ -350,31 +373,49 @@ class Selector:
         self.screened_ahead += len(idx) - len(todo)
         return torch.tensor([known[i] if i in known else now[i] for i in idx], dtype=torch.float64)
 
-    def screen_ahead(self) -> Callable[[], None] | None:
-        """The screen's pass for the next step, to run beside this step's generate call (``select.screen_ahead``):
-        the candidates the next step's draw would take if nothing changed before it (as many prompts as the last
-        :meth:`choose` asked for), scored with the sampling weights of now, which are one update older than the
-        next step's. That draw reads the scores of the candidates it does take and scores the others itself. None
-        where the screen does not run ahead: off, or the next step starts a round (whose weights are new) or is
-        past the last."""
+    def lookahead(self) -> Callable[[], None] | None:
+        """The next step's selection work, to run beside this step's generate call (the sampler apart from the
+        trainer; docs/algorithms.md 7.8):
+
+        - ``select.round_ahead``, where the next step starts a round that takes no reference rollouts: the round's
+          start (DOTS's predictor fitted on the labels observed so far, its predictions and the round's weights;
+          ScalingRL's pool, GAIN-RL's window), one step's labels earlier than in the round's own first draw. That
+          draw then reads the start's metrics (:meth:`begin_round`).
+        - ``select.screen_ahead``: the screen's pass over the candidates the next step's draw would take if nothing
+          changed before it (as many prompts as the last :meth:`choose` asked for), scored with the sampling
+          weights of now, one update older than the next step's; at a round's first step only after its start ran
+          ahead. That draw reads the scores of the candidates it does take and scores the others itself.
+
+        None where there is nothing to run ahead: both off, the next step past the last, or it starts a round
+        that cannot start ahead."""
         cfg = self.cfg
-        if not self.run_ahead or self.asked is None:
+        if self.asked is None:
             return None
         k, step = self.asked[0], self.asked[1] + 1
-        if step >= cfg.train.steps or step % cfg.train.round_steps == 0:
+        if step >= cfg.train.steps:
+            return None
+        starts = step % cfg.train.round_steps == 0
+        start = starts and self.starts_ahead and not self._needs_rollouts()
+        screen = self.screens_ahead and (start or not starts)
+        if not (start or screen):
             return None
 
-        def score() -> None:
-            kept = [f.state_dict() for f in self.filters]  # a look ahead: the filters' metrics stay as they are
-            try:
-                _, drawn, _, _ = self._candidates(k, step, 0, self.used)
-            finally:
-                for f, state in zip(self.filters, kept, strict=True):
-                    f.load_state_dict(state)
-            idx = drawn.tolist()
-            self.ahead = {step: dict(zip(idx, self.likelihood([self.pool[i] for i in idx]).tolist(), strict=True))}
+        def work() -> None:
+            if start:
+                self.started = (step // cfg.train.round_steps,
+                                self._start_round(step // cfg.train.round_steps, step, None))
+            if screen:
+                kept = [f.state_dict() for f in self.filters]  # a look ahead: the filters' metrics stay as they are
+                try:
+                    _, drawn, _, _ = self._candidates(k, step, 0, self.used)
+                finally:
+                    for f, state in zip(self.filters, kept, strict=True):
+                        f.load_state_dict(state)
+                idx = drawn.tolist()
+                self.ahead = {step: dict(zip(idx, self.likelihood([self.pool[i] for i in idx]).tolist(),
+                                             strict=True))}
 
-        return score
+        return work
 
     def take_filter_metrics(self) -> dict[str, float]:
         """The prompt filters' metrics since the last call (a draw reads them when it ends)."""
@@ -458,7 +499,7 @@ class Selector:
                 "own_successes": self.own_successes, "own_trials": self.own_trials,
                 "round_evidence": self.round_evidence, "seen_groups": self.seen_groups,
                 "concentration": self.concentration, "filters": {f.name: f.state_dict() for f in self.filters},
-                "ahead": self.ahead,
+                "ahead": self.ahead, "started": self.started,
                 "predictor": self.predictor.state_dict() if self.predictor is not None else None,
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 "window": self.window.state_dict() if self.window is not None else None}
@@ -473,6 +514,7 @@ class Selector:
             self.round_evidence, self.seen_groups = s["round_evidence"], s["seen_groups"]
             self.concentration = s["concentration"]
         self.ahead = s.get("ahead", {})  # checkpoints written before select.screen_ahead existed have none
+        self.started = s.get("started")  # ... and before select.round_ahead
         for f in self.filters:  # checkpoints written before prompt filters existed have none
             if f.name in s.get("filters", {}):
                 f.load_state_dict(s["filters"][f.name])

@@ -42,7 +42,7 @@ T = TypeVar("T")
 
 def beside(work: Callable[[], T], other: Callable[[], None] | None) -> T:
     """``work()``'s result, with ``other`` (where given) run at the same time on a second thread, both finished on
-    return; an error in either is raised. The draws run the next step's screen (``Selector.screen_ahead``) beside
+    return; an error in either is raised. The draws run the next step's selection work (``Selector.lookahead``) beside
     a generate call, which waits on a generator process or a server."""
     if other is None:
         return work()
@@ -170,7 +170,7 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
         with meter.stage("rollout"):
             t_gen = time.perf_counter()
             gen, rewards = beside(lambda: rollout_rewards(policy, records, n, seed("train")),
-                                  selector.screen_ahead() if attempt == 0 else None)
+                                  selector.lookahead() if attempt == 0 else None)
             gen_s += time.perf_counter() - t_gen
         gen_rng = torch.Generator().manual_seed(seed("pods"))
         with meter.stage("selection"):

@@ -147,7 +147,7 @@ class Trainer:
                                        micro_batch_tokens=cfg.train.micro_batch_tokens,
                                        device=run.device) if cfg.select.screen > 1 else None
         self.selector = Selector(cfg, pool, features, likelihood, filters=prompt_filters(cfg, len(pool)),
-                                 screen_ahead=sampling.apart)
+                                 apart=sampling.apart)
         self.draw_fresh = step_draw(cfg)  # sample_fresh, or a registered technique's (tasks/training/techniques.py)
         if calibration is not None:
             self.selector.seed_labels(calibration)

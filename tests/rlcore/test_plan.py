@@ -259,6 +259,30 @@ def test_the_screen_run_ahead_costs_what_outlasts_the_generate_call_hand_worked(
     assert slow_ahead.forward_s == pytest.approx((1920 + 3 * (1920 - generate)) / 4)
 
 
+def test_a_round_started_ahead_costs_what_outlasts_the_generate_call_hand_worked():
+    """select.round_ahead: the round's predictor fit, then (with the screen run ahead) the screen of its first step,
+    beside the generate call of the round's last step; each pays only what outlasts the call, the fit first."""
+    grpo = Composition("grpo", 4, 8, 8)
+    gen = 4 * 8 * 10 * 2  # a step's 640 s generate call
+    forward = 2 * 4 * 12 * 0.5  # its 48 s screen
+
+    def pair(fit_s: float, **kw):
+        costs = UnitCosts(**{**COSTS.__dict__, "fixed": FixedCosts(0.0, 0.0, 0.0, fit_s)})
+        _, got = predict([Composition(n, 4, 8, 8, screen=2, round_steps=4, predictor=True, screen_ahead=True,
+                                      round_ahead=ahead, **kw) for n, ahead in (("inline", False), ("ahead", True))],
+                         grpo, POOL, costs)
+        return got
+
+    inline, ahead = pair(100.0)  # a 100 s fit: it and the 48 s screen both fit in the 640 s call
+    assert inline.fixed_s == pytest.approx(100 / 4) and inline.forward_s == pytest.approx(forward / 4)
+    assert ahead.fixed_s == pytest.approx(0.0) and ahead.forward_s == pytest.approx(0.0)
+    assert ahead.step_s == pytest.approx(inline.step_s - (100 + forward) / 4)
+    inline, ahead = pair(620.0)  # a 620 s fit leaves 20 s of the call for the screen: 28 s of it show through
+    assert ahead.fixed_s == pytest.approx(0.0) and ahead.forward_s == pytest.approx(28 / 4)
+    _, ahead = pair(700.0)  # a fit longer than the call: 60 s of it and the whole screen show through
+    assert ahead.fixed_s == pytest.approx(60 / 4) and ahead.forward_s == pytest.approx(forward / 4)
+
+
 def test_a_training_clock_with_its_fixed_costs_hand_worked():
     costs = UnitCosts(generate=CallCost(0.5, 0.01), update=CallCost(0.2, 0.001), forward=CallCost(0.0, 0.0),
                       completion_tokens=10, prompt_tokens=5,

@@ -1,6 +1,7 @@
 """The likelihood screen (select.screen): the policy's chance of writing each worked solution, checked against a
 one-sequence-at-a-time loop, and the selector keeping exactly the candidates whose groups are most likely mixed."""
 
+import copy
 import dataclasses
 
 import pytest
@@ -126,20 +127,21 @@ def test_the_screen_scores_the_next_steps_candidates_ahead_and_that_step_reads_t
         calls.append((version[0], [r.id for r in records]))
         return torch.tensor([rates[r.id] * (1 - version[0] / 10) for r in records], dtype=torch.float64)
 
-    cfg = smoke_cfg(*SMALL, "select.screen=2", "train.round_steps=4", "train.steps=7", "skip.enabled=true")
+    cfg = smoke_cfg(*SMALL, "select.screen=2", "train.round_steps=4", "train.steps=7", "skip.enabled=true",
+                    "select.round_ahead=false")
     made = {}
     for name, apart in (("ahead", True), ("inline", False)):
         made[name] = s = Selector(cfg, pool, feats, likelihood, filters=prompt_filters(cfg, len(pool)),
-                                  screen_ahead=apart)
+                                  apart=apart)
         s.begin_round(0, 0, None)
         s.filters[0].record(list(range(20)), [4] * 20, [True] * 20)  # half the pool silent: the skip draws
         version[0] = 0
         s.observe(1, s.choose(6, 1)[0], [torch.tensor([1.0, 0, 0, 0])] * 6, 0.4, None)
     ahead, inline = made["ahead"], made["inline"]
-    assert inline.screen_ahead() is None, "a sampler that shares the trainer's threads never screens ahead"
+    assert inline.lookahead() is None, "a sampler that shares the trainer's threads never screens ahead"
     skip_state = ahead.filters[0].state_dict()
     calls.clear()
-    ahead.screen_ahead()()
+    ahead.lookahead()()
     ahead_scored = list(ahead.ahead[2])
     assert [v for v, _ in calls] == [0] and len(ahead_scored) == 12
     assert torch.equal(ahead.filters[0].state_dict()["silent"], skip_state["silent"])
@@ -157,13 +159,77 @@ def test_the_screen_scores_the_next_steps_candidates_ahead_and_that_step_reads_t
              for n, s, i in (("ahead", ahead, idx), ("inline", inline, inline_idx))}
     assert share == {"ahead": 1.0, "inline": 0.0}
     # a candidate of step 3 the look-ahead did not score (the draw changed after it) is scored at step 3
-    ahead.screen_ahead()()
+    ahead.lookahead()()
     scored = list(ahead.ahead[3])
     ahead.used[scored[0]] = True  # taken before step 3 draws: that draw takes another prompt instead
     calls.clear()
     ahead.choose(6, 3)
     (_, now), = calls
     assert 0 < len(now) < 12 and pool[scored[0]].id not in now, "scored now: only what was not scored ahead"
-    assert ahead.ahead == {} and ahead.screen_ahead() is None, "step 4 starts a round: it scores its own"
+    assert ahead.ahead == {} and ahead.lookahead() is None, "step 4 starts a round: it scores its own"
     ahead.asked = (6, 6)
-    assert ahead.screen_ahead() is None, "step 7 is past the last"
+    assert ahead.lookahead() is None, "step 7 is past the last"
+
+
+def test_a_round_starts_ahead_beside_the_last_steps_generate_call_and_its_first_draw_reads_it(smoke_cfg, pool):
+    """select.round_ahead: beside the generate call of a round's last step (step 3 of rounds of 4) the selector
+    starts the next round (DOTS's predictor fitted on the labels observed so far, the round's weights) and screens
+    step 4's candidates with them; step 4's begin_round returns that start's metrics without fitting again, and its
+    draw reads the scores. The start is exactly the one an inline selector makes at that moment (before step 3's
+    labels), not the one it makes at step 4 (after them). A round whose start takes reference rollouts
+    (calibrate.reference=fresh) does not start ahead; the start survives a state_dict round trip."""
+    from tasks.calibration.record import Calibration
+    feats = compute_features(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
+    rates = {r.id: [0.1, 0.8, 0.5, 0.3, 0.9][i % 5] for i, r in enumerate(pool)}
+    calls = []
+
+    def likelihood(records):
+        calls.append([r.id for r in records])
+        return torch.tensor([rates[r.id] for r in records], dtype=torch.float64)
+
+    cal = Calibration(indices=tuple(range(0, 40, 5)), success=torch.tensor([0.0, 0.25, 0.5, 1.0] * 2))
+    base = (*SMALL, "select.screen=2", "select.method=dots", "train.round_steps=4", "train.steps=9",
+            "calibrate.reference=trained", "select.predictor.min_labels=4")
+
+    def selector(*extra, apart=True):
+        s = Selector(smoke_cfg(*base, *extra), pool, feats, likelihood, apart=apart)
+        s.seed_labels(cal)
+        s.begin_round(0, 0, lambda records, g, seed: torch.tensor([[1.0, 0.0] * (g // 2)] * len(records)))
+        for step in range(3):  # steps 0-2 chosen and observed; step 3 chosen, its rewards not yet observed
+            s.observe(step, s.choose(6, step)[0], [torch.tensor([1.0, 0, 0, 0])] * 6, 0.4, None)
+        return s, s.choose(6, 3)[0]
+
+    rewards = [torch.tensor([1.0, 1, 0, 0])] * 6
+    ahead, idx3 = selector()
+    work = ahead.lookahead()
+    assert work is not None and ahead.started is None
+    calls.clear()
+    work()
+    assert ahead.started is not None and ahead.started[0] == 1 and list(ahead.ahead) == [4]
+    assert len(calls) == 1 and len(calls[0]) == 12, "step 4's candidates screened with the new round's weights"
+    early, early_idx3 = selector("select.round_ahead=false")  # the same round start, made at that moment inline
+    assert early_idx3 == idx3
+    early.begin_round(1, 4, None)
+    late, _ = selector("select.round_ahead=false")  # the round's own first draw: after step 3's labels
+    for s in (ahead, early, late):
+        s.observe(3, idx3, rewards, 0.4, None)
+    late.begin_round(1, 4, None)
+    assert torch.equal(ahead.probs, early.probs) and not torch.equal(ahead.probs, late.probs)
+
+    restored, _ = selector()
+    restored.load_state_dict(copy.deepcopy(ahead.state_dict()))  # as a checkpoint holds it: a copy
+    for s in (ahead, restored):
+        fits = s.predictor.fit
+        s.predictor.fit = lambda *a, **k: pytest.fail("the round started ahead fits again")
+        metrics = s.begin_round(1, 4, None)
+        s.predictor.fit = fits
+        assert metrics["select/round_ahead"] == 1.0 and s.started is None
+        calls.clear()
+        s.choose(6, 4)
+        assert calls == [], "step 4's candidates were scored ahead"
+    assert early.begin_round(2, 8, None)["select/round_ahead"] == 0.0
+
+    fresh, _ = selector("calibrate.reference=fresh")
+    assert fresh.lookahead() is None, "a start that takes reference rollouts waits for its own draw"
+    inline, _ = selector(apart=False)
+    assert inline.lookahead() is None, "a sampler in the trainer's threads: nothing runs ahead"

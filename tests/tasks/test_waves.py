@@ -224,21 +224,26 @@ def test_the_waves_config_is_checked():
         load_config(None, ["skip.cap=1.0"])
 
 
-@pytest.mark.parametrize(("lag", "carry", "screen"),
-                         [(0, False, 1), (1, False, 1), (0, True, 1), (1, True, 1), (1, False, 2)])
-def test_a_resume_mid_run_with_waves_equals_an_uninterrupted_run(smoke_cfg, pool, lag, carry, screen):
+SCREEN = ("select.screen=2", "train.round_steps=5")  # one round: the screen runs ahead at every step but the first
+ROUNDS = ("select.screen=2", "train.round_steps=3", "calibrate.reference=trained")  # round 1 starts ahead at step 2
+
+
+@pytest.mark.parametrize(("lag", "carry", "extra"),
+                         [(0, False, ()), (1, False, ()), (0, True, ()), (1, True, ()), (1, False, SCREEN),
+                          (1, False, ROUNDS)])
+def test_a_resume_mid_run_with_waves_equals_an_uninterrupted_run(smoke_cfg, pool, lag, carry, extra):
     """Waves, the skip and DOTS's predictor (the estimates the waves read), killed after step 2's update (before its
     checkpoint) and resumed from step 2: the same ledger, metrics and final weights, bit for bit (CPU, one thread;
     with lag 1 the checkpoint holds step 2's draw, both waves, made beside step 1's update; carried, it also holds
     the first waves the latest draw left for the next one to complete; with the screen, one round, it also holds the
-    likelihoods that draw scored ahead for the next step, select.screen_ahead)."""
+    likelihoods that draw scored ahead for the next step, select.screen_ahead; in rounds of 3 steps with a trained
+    reference, the start of round 1 made beside step 2's generate call, select.round_ahead)."""
     from tasks.training.entry import decided_lag, training
     from tasks.training.loop import HeldoutEval
 
     cfg = smoke_cfg(*SMALL, *WAVES, "select.method=dots", "train.steps=5", "train.checkpoint_every=1",
                     "eval.every=1", f"overlap.lag={lag}", f"waves.carry={str(carry).lower()}",
-                    *(("select.screen=2", "train.round_steps=5") if screen > 1 else ()),
-                    path=PRESETS.format("grpo"))
+                    *extra, path=PRESETS.format("grpo"))
 
     def play(run, policy, evaluate):
         feats = compute_features(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
@@ -284,5 +289,6 @@ def test_a_resume_mid_run_with_waves_equals_an_uninterrupted_run(smoke_cfg, pool
     assert all(torch.equal(got[2][k], want[2][k]) for k in want[2])
     assert any(g["n"] == 2 for g in got[0]) or any(m["waves/dropped"] > 0 for m in got[1]), "the waves acted"
     assert any(m["waves/carried"] > 0 for m in got[1]) == carry
-    assert any(m.get("select/screen_ahead_share", 0) > 0 for m in got[1]) == (screen > 1), "the screen ran ahead"
+    assert any(m.get("select/screen_ahead_share", 0) > 0 for m in got[1]) == bool(extra), "the screen ran ahead"
+    assert any(m.get("select/round_ahead", 0) == 1 for m in got[1]) == (extra == ROUNDS), "a round started ahead"
     assert math.isfinite(got[1][-1]["train/reward_mean"])
