@@ -169,7 +169,7 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
         records = [pool[i] for i in idx]
         with meter.stage("rollout"):
             t_gen = time.perf_counter()
-            gen, rewards = beside(lambda: rollout_rewards(policy, records, n, seed("train")),
+            gen, rewards = beside(lambda records=records: rollout_rewards(policy, records, n, seed("train")),
                                   selector.lookahead() if attempt == 0 else None)
             gen_s += time.perf_counter() - t_gen
         gen_rng = torch.Generator().manual_seed(seed("pods"))

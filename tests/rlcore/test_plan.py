@@ -263,8 +263,7 @@ def test_a_round_started_ahead_costs_what_outlasts_the_generate_call_hand_worked
     """select.round_ahead: the round's predictor fit, then (with the screen run ahead) the screen of its first step,
     beside the generate call of the round's last step; each pays only what outlasts the call, the fit first."""
     grpo = Composition("grpo", 4, 8, 8)
-    gen = 4 * 8 * 10 * 2  # a step's 640 s generate call
-    forward = 2 * 4 * 12 * 0.5  # its 48 s screen
+    forward = 2 * 4 * 12 * 0.5  # a step's 48 s screen, beside its 640 s generate call (4 x 8 x 10 x 2)
 
     def pair(fit_s: float, **kw):
         costs = UnitCosts(**{**COSTS.__dict__, "fixed": FixedCosts(0.0, 0.0, 0.0, fit_s)})
