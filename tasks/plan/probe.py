@@ -4,15 +4,18 @@ rlcore/plan.py predicts each candidate's clock from these measurements (:class:`
 
 - **Generation at the candidates' batch sizes.** Rollouts are generated and verified (the training step's rollout
   phase, tasks/calibration/reference.py) in a call as small as the smallest first call a candidate makes and one as
-  large as the largest (a step's draw, DOTS's reference rollouts, the calibrate stage's, each cut at
-  ``rollout.chunk``), after a one-prompt warm-up, from the first ``plan.probe_prompts`` reference prompts (repeated
-  where a call needs more); ``CallCost.fit`` splits the two timings into a decode step's cost (a call decodes until
-  its longest completion ends) and a token's. The same calls give the completion and prompt tokens of a rollout of
-  each level's prompts (a draw that favours some levels has their lengths, and its calls their longest).
-- **The update** at the smallest and the largest batch a candidate updates (its predicted informative groups'
-  rows, ``rlcore.plan.update_rows``), as the training step runs it: the run's ``policy_update`` through an updater
-  of the probe's own at learning rate 0 (AdamW then leaves the weights exactly as they are) on the generated
-  rollouts with rewards that alternate 1, 0, ... so that every row is computed. The optimizer step (gradient
+  large as the baseline's largest (a step's draw, DOTS's reference rollouts, each cut at ``rollout.chunk``), after a
+  one-prompt warm-up, from the first ``plan.probe_prompts`` reference prompts (repeated where a call needs more);
+  ``CallCost.fit`` splits the two timings into a decode step's cost (a call decodes until its longest completion
+  ends) and a token's. Larger calls (DAPO's, PODS's, the calibrate stage's, which the run has measured already)
+  are predicted on that line, not timed: the probe spends its time at the sizes of the steps the plan may choose.
+  The same calls give the completion and prompt tokens of a rollout of each level's prompts (a draw that favours
+  some levels has their lengths, and its calls their longest).
+- **The update** at the smallest batch a candidate updates and the baseline's (its predicted informative groups'
+  rows, ``rlcore.plan.update_rows``; larger ones are predicted on the line through the two), as the training step
+  runs it: the run's ``policy_update`` through an updater of the probe's own at learning rate 0 (AdamW then leaves
+  the weights exactly as they are) on the generated rollouts with rewards that alternate 1, 0, ... so that every
+  row is computed. The optimizer step (gradient
   clipping and AdamW over the trainable parameters) is timed alone, with a gradient on every trainable parameter
   as after a step's backward passes (given before each timed call, untimed: under bf16-mixed the update's own step
   has moved its gradients into the float32 masters and freed them), and taken out of each timing; then a round's
@@ -170,25 +173,28 @@ def _cycle(records: list[PromptRecord], k: int) -> list[PromptRecord]:
 
 
 def _generation_sizes(comps: Sequence[Composition], n: int, stats: PoolStats) -> tuple[int, int]:
-    """Prompts (of n rollouts) of the probe's two generate calls: as many rollouts as the smallest and the largest
-    first call the candidates make (each call of a step's draw, rlcore.plan.draw_calls; DOTS's reference rollouts,
-    the calibration), the small one a quarter of the large one where they all make the same."""
-    rows = []
-    for c in comps:
-        for prompts, each in (*draw_calls(c, stats), c.reference, c.calibration):
-            rows += call_rows(prompts, each, c.chunk)[:1]
-    large = max(1, round(max(rows) / n))
-    small = max(1, round(min(rows) / n))
+    """Prompts (of n rollouts) of the probe's two generate calls: as many rollouts as the smallest first call a
+    candidate makes (each call of a step's draw, rlcore.plan.draw_calls, and DOTS's reference rollouts) and as the
+    baseline's (``comps[0]``) largest, the small one a quarter of the large one where they are the same. Larger
+    calls (DAPO's, PODS's, the calibrate stage's, which the run has measured before the plan) are predicted on the
+    line through the two, not timed."""
+
+    def firsts(c: Composition) -> list[int]:
+        return [rows for prompts, each in (*draw_calls(c, stats), c.reference)
+                for rows in call_rows(prompts, each, c.chunk)[:1]]
+
+    large = max(1, round(max(firsts(comps[0])) / n))
+    small = max(1, min(large, round(min(r for c in comps for r in firsts(c)) / n)))
     return (small if small < large else max(1, large // 4)), large
 
 
 def _update_sizes(comps: Sequence[Composition], stats: PoolStats, n: int, available: int) -> tuple[int, int]:
-    """Groups (of n rows) of the probe's two updates: as many rows as the smallest and the largest update a
-    candidate is predicted to make, at most ``available`` groups; the small one a quarter of the large one where
-    they are the same."""
-    rows = [update_rows(c, stats) for c in comps]
-    large = min(available, max(1, round(max(rows) / n)))
-    small = min(large, max(1, round(min(rows) / n)))
+    """Groups (of n rows) of the probe's two updates: as many rows as the smallest update a candidate is predicted
+    to make and as the baseline's (``comps[0]``), at most ``available`` groups; the small one a quarter of the large
+    one where they are the same. Larger updates (DAPO's full batches, PODS's, replay's) are predicted on the line
+    through the two, as larger generate calls are (:func:`_generation_sizes`)."""
+    large = min(available, max(1, round(update_rows(comps[0], stats) / n)))
+    small = min(large, max(1, round(min(update_rows(c, stats) for c in comps) / n)))
     return (small if small < large else max(1, large // 4)), large
 
 

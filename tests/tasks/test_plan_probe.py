@@ -38,8 +38,8 @@ def test_the_probe_times_each_cost_and_only_dots_pays_the_predictor_fit(setting,
                                                  scratch=tmp_path), seed=0)
     fx = costs.fixed
     assert fx.optimizer_s > 0 and fx.step_s > 0 and fx.round_s > 0 and fx.fit_s > 0 and costs.score_s > 0
-    # generation at the smallest and the largest first call (GRPO's 8 prompts x 4, dots_n4's calibration of 32 x 8);
-    # the update at the smallest and the largest batch a candidate is predicted to update
+    # generation at the smallest first call a candidate makes and the baseline's (GRPO's); the update at the
+    # smallest batch a candidate is predicted to update and the baseline's
     assert len(costs.generate.tokens) == 2 and costs.generate.tokens[0] < costs.generate.tokens[1]
     assert len(costs.update.tokens) == 2 and costs.update.tokens[0] < costs.update.tokens[1]
     assert costs.generate.time(1000) > 0 and costs.update.time(1000) > 0
@@ -84,20 +84,22 @@ def test_the_probes_batch_sizes_come_from_the_candidates():
     cfg = load_config(None)
     comps = [composition(n, candidate_config(cfg, n), 2000) for n in ("grpo", "dots_screen", "pods", "dapo")]
     stats = PoolStats(successes=(0, 4, 4, 8), g=8, levels=(1, 2, 3, 4), screen=(0.0, 0.5, 0.5, 1.0))
-    # dots_screen draws 20 prompts x 4 = 80 rollouts, PODS 32 x 16 and DAPO 64 x 8 = 512 (the engine's chunk)
-    assert _generation_sizes(comps, 8, stats) == (10, 64)
+    # dots_screen draws 20 prompts x 4 = 80 rollouts and GRPO, the baseline, 32 x 8; PODS's 32 x 16 and DAPO's
+    # 64 x 8 = 512 (the engine's chunk), and the calibrate stage's call, are predicted on the line, not timed
+    assert draw_calls(comps[3], stats)[0] == (64, 8) and draw_calls(comps[2], stats)[0] == (32, 16)
+    assert _generation_sizes(comps, 8, stats) == (10, 32)
     assert _generation_sizes(comps[:1], 8, stats) == (8, 32)  # GRPO alone: 32 x 8, and a quarter of it
-    # waves: a first call of 30 candidates x 2 rollouts, a second of the completed ones' 2 each (at most 20), beside
-    # the calibration's 32 x 8
+    # waves as the baseline: a first call of 30 candidates x 2 rollouts, a second of the completed ones' 2 each (at
+    # most 20); its calibration's 32 x 8 is not timed
     waves = composition("dots_screen_waves", candidate_config(cfg, "dots_screen_waves"), 2000)
     (first, second) = draw_calls(waves, stats)
     assert first == (30, 2) and second[1] == 2 and 1 <= second[0] <= 20
-    assert _generation_sizes([waves], 8, stats) == (round(second[0] * 2 / 8) or 1, 32)
+    assert _generation_sizes([waves], 8, stats) == (round(second[0] * 2 / 8) or 1, round(30 * 2 / 8))
     # carried: one call a step of the 30 x 2 first rollouts and the last step's completions
     carried = composition("carried", candidate_config(cfg, "dots_screen_waves_carry"), 2000)
     (call,) = draw_calls(carried, stats)
     assert call[1] == 1 and abs(call[0] - (60 + 2 * second[0])) <= 1  # each rounded from the expected count
-    assert _generation_sizes([carried], 8, stats) == (round(call[0] / 8), 32)
+    assert _generation_sizes([carried], 8, stats) == (round(call[0] / 8) // 4, round(call[0] / 8))  # one size
 
 
 def test_the_plan_screens_ahead_where_a_run_would():
@@ -126,15 +128,18 @@ def test_the_plan_starts_rounds_ahead_where_a_run_would():
     assert not composition("d", candidate_config(cfg, "dots")).round_ahead, "fresh reference rollouts a round"
 
 
-def test_the_probes_updates_have_the_candidates_sizes():
+def test_the_probes_sizes_span_the_candidates_up_to_the_baselines():
+    """The probe times the smallest call and update a candidate makes and the baseline's (the first); DAPO's larger
+    ones are predicted on the line through the two, not timed."""
     cfg = load_config(None)
     comps = [composition(n, candidate_config(cfg, n)) for n in ("grpo", "dots_screen", "dapo")]
     stats = PoolStats(successes=(0, 4, 4, 8), g=8, levels=(1, 2, 3, 4), screen=(0.0, 0.5, 0.5, 1.0))
     # GRPO: half of 32 groups of 8 informative, 128 rows; dots_screen: nearly all of its 20 groups of 4, about 78
     # rows; DAPO: a full batch of 32 x 8 = 256 rows (nearly: three rounds of yield 1/2 leave a few missing)
+    assert round(update_rows(comps[2], stats) / 8) == 32
     small, large = _update_sizes(comps, stats, 8, available=100)
-    assert small == round(update_rows(comps[1], stats) / 8) and large == round(update_rows(comps[2], stats) / 8) == 32
-    assert _update_sizes(comps, stats, 8, available=20) == (min(20, small), 20)  # no more than the probe drew
+    assert small == round(update_rows(comps[1], stats) / 8) and large == round(update_rows(comps[0], stats) / 8) == 16
+    assert _update_sizes(comps, stats, 8, available=12) == (min(12, small), 12)  # no more than the probe drew
     assert _update_sizes(comps[:1], stats, 8, available=100) == (4, 16)  # one size: a quarter of it too
 
 
