@@ -47,7 +47,7 @@ log = logging.getLogger("rlsift.bench")
 #: The user presets (conf/presets) and the benchmark's arms (conf/bench: experimental variants), in report order.
 PRESETS = ("grpo", "auto", "dapo", "dots", "pods", "scalingrl", "gain", "all")
 ARMS = ("grpo_n4", "drop_solved", "dots_noreplay", "dots_informative", "dots_n4", "dots_screen", "dots_screen_24",
-        "dots_screen_inline", "dots_screen_round_inline", "grpo_waves", "dots_screen_skip", "dots_screen_waves",
+        "dots_screen_inline", "dots_screen_round_ahead", "grpo_waves", "dots_screen_skip", "dots_screen_waves",
         "dots_screen_waves_carry", "dots_screen_waves_1x")
 #: Arms ``<preset>-sync``: the preset with generation and update one after the other (``overlap.lag=0``).
 SYNC = "-sync"
@@ -109,6 +109,14 @@ def composition_of(arm: str) -> str | None:
     return name if name in (*PRESETS, *ARMS) and name != "auto" else None
 
 
+def plan_base(names: list[str]) -> str:
+    """The preset whose keys the plan of the arms ``names`` runs over: plain GRPO as the arms run it
+    (``overlap.lag=auto``, so that the screen run ahead and the rounds started ahead count as in the overlapped
+    arms), or ``grpo-sync`` where an arm besides the baseline is a ``-sync`` arm (the plan predicts every candidate
+    at one lag; plain GRPO's own prediction is the same at either)."""
+    return BASELINE if any(n.endswith(SYNC) and n != BASELINE for n in names) else "grpo"
+
+
 def plan_arms(config: str | None, overrides: list[str], names: list[str], seed: int, quick: bool,
               policy_path: str) -> dict | None:
     """``rlsift plan`` on the benchmark's pool and budget with every predictable arm as a candidate (setup, on no
@@ -118,7 +126,7 @@ def plan_arms(config: str | None, overrides: list[str], names: list[str], seed: 
     candidates = sorted({c for c in map(composition_of, names) if c is not None})
     if not candidates:
         return None
-    items = configuration_items(overrides, BASELINE, seed, quick, policy_path)
+    items = configuration_items(overrides, plan_base(names), seed, quick, policy_path)
     return plan_flow(config=config, overrides=[*items, f"plan.candidates={json.dumps(candidates)}",
                                                "tracking.register_model=false"])["plan"]
 

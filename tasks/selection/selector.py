@@ -71,7 +71,7 @@ from tasks.data.prompts import PromptRecord
 from tasks.records.ledger import ReferenceRow, SelectionRow
 from tasks.selection.dots import pool_weights, reference_metrics
 from tasks.selection.features import Features
-from tasks.selection.screen import Likelihood, require_solutions
+from tasks.selection.screen import Likelihood, ScreenScores, require_solutions
 
 
 class Selector:
@@ -93,13 +93,9 @@ class Selector:
             if likelihood is None:
                 raise ValueError(f"select.screen={cfg.select.screen} needs the policy's likelihood; none was given")
             require_solutions(pool)  # at start, not at the first step that draws such a prompt
-        self.likelihood = likelihood
-        self.screened: dict[int, float] = {}  # select.screen: pool index -> screened pass rate, this step's picks
-        self.screen_candidates = 0  # ... and the candidates scored for them
-        self.screened_ahead = 0  # ... of which scored ahead, beside the last step's generate call
+        self.scores = ScreenScores(likelihood, pool) if cfg.select.screen > 1 else None  # the screen's, by step
         self.screens_ahead = apart and cfg.select.screen > 1 and cfg.select.screen_ahead
         self.starts_ahead = apart and cfg.select.round_ahead
-        self.ahead: dict[int, dict[int, float]] = {}  # step -> {pool index: likelihood} scored ahead for it
         self.started: tuple[int, dict[str, float]] | None = None  # a round started ahead: its index, its metrics
         self.asked: tuple[int, int] | None = None  # the last choose's (prompts, step), its first generation round
         self.emb = features.emb.float()  # [M, D]
@@ -144,7 +140,7 @@ class Selector:
         started, self.started = self.started, None
         if started is not None and started[0] == round_:
             return started[1] | {"select/round_ahead": 1.0}
-        return self._start_round(round_, step, measure) | {"select/round_ahead": 0.0}
+        return self._start_round(round_, step, measure) | ({"select/round_ahead": 0.0} if self.starts_ahead else {})
 
     def _start_round(self, round_: int, step: int, measure: Measure | None) -> dict[str, float]:
         """:meth:`begin_round`'s work (``measure`` None: the round takes no reference rollouts,
@@ -344,10 +340,10 @@ class Selector:
             self.used[:] = False
         if attempt == 0:
             self.asked = (k, step)
-        if cfg.select.screen > 1:
-            q = self._likelihood(drawn.tolist(), self.ahead.pop(step, {}) if attempt == 0 else {})  # [C]
+        if self.scores is not None:
+            q = self.scores.score(drawn.tolist(), step if attempt == 0 else None)  # [C]
             keep = screen(q, cfg.rollout.n, need)
-            self.screened |= dict(zip(drawn[keep].tolist(), q[keep].tolist(), strict=True))
+            self.scores.keep(drawn[keep].tolist(), q[keep])
             drawn = drawn[keep]
         idx = guard + drawn.tolist()
         self.used[idx] = True
@@ -358,20 +354,11 @@ class Selector:
                              weight=float(self.probs[i]),
                              pred_success=_num(self.pred[i]), angle_score=float(self.angle[i]),
                              gain_rank=int(self.rank[i]),
-                             screen_success=self.screened.get(i),
+                             screen_success=self.scores.kept.get(i) if self.scores is not None else None,
                              **{key: _num(self.info[key][i]) if key in self.info else None
                                 for key in ("des", "des_difficulty", "des_cot", "des_adaptability")})
                 for j, i in enumerate(idx)]
         return idx, rows
-
-    def _likelihood(self, idx: list[int], known: dict[int, float]) -> torch.Tensor:
-        """[C] float64 the screen's likelihood of the candidates ``idx``: ``known``'s (scored ahead) where it has
-        them, the rest scored now."""
-        todo = [i for i in idx if i not in known]
-        now = dict(zip(todo, self.likelihood([self.pool[i] for i in todo]).tolist(), strict=True)) if todo else {}
-        self.screen_candidates += len(idx)
-        self.screened_ahead += len(idx) - len(todo)
-        return torch.tensor([known[i] if i in known else now[i] for i in idx], dtype=torch.float64)
 
     def lookahead(self) -> Callable[[], None] | None:
         """The next step's selection work, to run beside this step's generate call (the sampler apart from the
@@ -411,9 +398,7 @@ class Selector:
                 finally:
                     for f, state in zip(self.filters, kept, strict=True):
                         f.load_state_dict(state)
-                idx = drawn.tolist()
-                self.ahead = {step: dict(zip(idx, self.likelihood([self.pool[i] for i in idx]).tolist(),
-                                             strict=True))}
+                self.scores.score_ahead(step, drawn.tolist())
 
         return work
 
@@ -429,8 +414,8 @@ class Selector:
         screened it, else DOTS's prediction, else its last measured success rate, else NaN."""
         out = []
         for i in idx:
-            if i in self.screened:
-                out.append(self.screened[i])
+            if self.scores is not None and i in self.scores.kept:
+                out.append(self.scores.kept[i])
             elif not math.isnan(float(self.pred[i])):
                 out.append(float(self.pred[i]))
             else:
@@ -476,15 +461,8 @@ class Selector:
             metrics |= self.window.metrics()
         if self.scheduler is not None:
             metrics |= self.scheduler.metrics()
-        if self.screened:  # the screen's estimates against the pass rates its picks then showed
-            picked = [j for j, i in enumerate(idx) if i in self.screened]
-            q = torch.tensor([self.screened[idx[j]] for j in picked])
-            metrics |= {"select/screen_success_mean": float(q.mean()),
-                        "select/screen_candidates": float(self.screen_candidates),
-                        "select/screen_ahead_share": self.screened_ahead / max(self.screen_candidates, 1)}
-            if len(picked) > 2:
-                metrics["select/screen_pearson"] = pearson(q, success[picked])
-            self.screened, self.screen_candidates, self.screened_ahead = {}, 0, 0
+        if self.scores is not None:  # the screen's estimates against the pass rates its picks then showed
+            metrics |= self.scores.metrics(idx, success)
         metrics["select/selected_success_mean"] = float(success.mean())
         return metrics
 
@@ -499,7 +477,7 @@ class Selector:
                 "own_successes": self.own_successes, "own_trials": self.own_trials,
                 "round_evidence": self.round_evidence, "seen_groups": self.seen_groups,
                 "concentration": self.concentration, "filters": {f.name: f.state_dict() for f in self.filters},
-                "ahead": self.ahead, "started": self.started,
+                "ahead": self.scores.ahead if self.scores is not None else {}, "started": self.started,
                 "predictor": self.predictor.state_dict() if self.predictor is not None else None,
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 "window": self.window.state_dict() if self.window is not None else None}
@@ -513,7 +491,8 @@ class Selector:
             self.own_successes, self.own_trials = s["own_successes"], s["own_trials"]
             self.round_evidence, self.seen_groups = s["round_evidence"], s["seen_groups"]
             self.concentration = s["concentration"]
-        self.ahead = s.get("ahead", {})  # checkpoints written before select.screen_ahead existed have none
+        if self.scores is not None:  # checkpoints written before select.screen_ahead existed have none
+            self.scores.ahead = s.get("ahead", {})
         self.started = s.get("started")  # ... and before select.round_ahead
         for f in self.filters:  # checkpoints written before prompt filters existed have none
             if f.name in s.get("filters", {}):

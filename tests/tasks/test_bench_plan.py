@@ -3,7 +3,7 @@ predicts."""
 
 from types import SimpleNamespace
 
-from flows.benchmark import composition_of
+from flows.benchmark import composition_of, plan_base, preset_overrides
 from tasks.bench.report import plan_check
 from tasks.bench.tables import plain_markdown, plan_markdown
 
@@ -12,6 +12,21 @@ def test_which_composition_predicts_an_arm():
     assert composition_of("grpo-sync") == "grpo" and composition_of("dots_screen") == "dots_screen"
     assert composition_of("dapo-sync") == "dapo"
     assert composition_of("auto") is None and composition_of("trl") is None and composition_of("all-pods") is None
+
+
+def test_the_arms_are_predicted_at_the_lag_they_run():
+    """Overlapped arms are predicted overlapped (the screen ahead, the rounds started ahead); with a -sync arm
+    besides the baseline every arm is predicted sequentially."""
+    from tasks.config.load import load_config, with_overrides
+    from tasks.plan.planner import candidate_config, composition
+
+    assert plan_base(["grpo-sync", "auto", "dots_screen"]) == "grpo"
+    assert plan_base(["grpo-sync", "dots_screen", "dots_screen-sync"]) == "grpo-sync"
+    cfg = load_config(None)
+    ahead = {base: composition("s", candidate_config(with_overrides(cfg, preset_overrides(base)),
+                                                     "dots_screen_round_ahead")) for base in ("grpo", "grpo-sync")}
+    assert (ahead["grpo"].screen_ahead, ahead["grpo"].round_ahead) == (True, True)
+    assert (ahead["grpo-sync"].screen_ahead, ahead["grpo-sync"].round_ahead) == (False, False)
 
 
 def row(name, ratio, wall, paired_p=0.5, diff=-0.004, verdict="faster", speedup=2.0):

@@ -55,16 +55,17 @@ def test_the_probe_times_each_cost_and_only_dots_pays_the_predictor_fit(setting,
     assert all(torch.equal(before[k], v) for k, v in policy.model.state_dict().items())  # learning rate 0
     assert all(p.grad is None for p in policy.model.parameters())
     assert list(tmp_path.iterdir()) == []  # the scratch ledger and checkpoint are gone
-    # the fixed costs in each candidate's clock: the fit only where the predictor is; started ahead (lag auto, the
-    # reference trained), what of it outlasts the generate call of the round's last step
+    # the fixed costs in each candidate's clock: the fit only where the predictor is; started ahead
+    # (select.round_ahead, lag auto, the reference trained), what of it outlasts the round's last generate call
     base, (fit,) = predict([dots], grpo, stats, costs)
     per_round = cfg.train.round_steps
     assert base.fixed_s == pytest.approx(fx.optimizer_s + fx.step_s + fx.round_s / per_round)
-    assert dots.round_ahead and fit.fixed_s == pytest.approx(
-        base.fixed_s + max(0.0, fx.fit_s - fit.generate_s) / per_round)
-    sync = composition("dots_n4", candidate_config(with_overrides(cfg, ["overlap.lag=0"]), "dots_n4"), len(pool))
-    _, (whole,) = predict([sync], grpo, stats, costs)
-    assert not sync.round_ahead and whole.fixed_s == pytest.approx(base.fixed_s + fx.fit_s / per_round)
+    assert not dots.round_ahead and fit.fixed_s == pytest.approx(base.fixed_s + fx.fit_s / per_round)
+    ahead = composition("dots_n4", candidate_config(with_overrides(cfg, ["select.round_ahead=true"]), "dots_n4"),
+                        len(pool))
+    _, (hidden,) = predict([ahead], grpo, stats, costs)
+    assert ahead.round_ahead and hidden.fixed_s == pytest.approx(
+        base.fixed_s + max(0.0, fx.fit_s - hidden.generate_s) / per_round)
     assert base.upfront_s == 0 and fit.upfront_s > len(pool) * costs.score_s  # calibration and scores
 
 
@@ -121,11 +122,12 @@ def test_the_plan_starts_rounds_ahead_where_a_run_would():
     """A candidate's rounds start ahead where select.round_ahead is on, the sampler is apart and a round's start
     takes no reference rollouts (DOTS with calibrate.reference=trained, or no DOTS)."""
     cfg = load_config(None)
-    ahead = {lag: composition("s", candidate_config(with_overrides(cfg, [f"overlap.lag={lag}"]), "dots_screen"))
-             .round_ahead for lag in ("auto", 0, 1)}
+    ahead = {lag: composition("s", candidate_config(with_overrides(cfg, [f"overlap.lag={lag}"]),
+                                                    "dots_screen_round_ahead")).round_ahead for lag in ("auto", 0, 1)}
     assert ahead == {"auto": True, 0: False, 1: True}
-    assert not composition("s", candidate_config(cfg, "dots_screen_round_inline")).round_ahead
-    assert not composition("d", candidate_config(cfg, "dots")).round_ahead, "fresh reference rollouts a round"
+    assert not composition("s", candidate_config(cfg, "dots_screen")).round_ahead, "off by default"
+    on = with_overrides(cfg, ["select.round_ahead=true"])
+    assert not composition("d", candidate_config(on, "dots")).round_ahead, "fresh reference rollouts a round"
 
 
 def test_the_probes_sizes_span_the_candidates_up_to_the_baselines():

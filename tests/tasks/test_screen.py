@@ -99,7 +99,7 @@ def test_selector_keeps_the_candidates_most_likely_to_be_mixed(smoke_cfg, pool):
     m = on.observe(3, idx, torch.tensor([[1.0, 0, 0, 0]] * 3 + [[1.0, 1, 0, 0]] * 3), 0.4, None)
     assert m["select/screen_candidates"] == 12 and m["select/screen_success_mean"] == pytest.approx(
         sum(rates[pool[i].id] for i in idx) / 6)
-    assert "select/screen_pearson" in m and on.screened == {}
+    assert "select/screen_pearson" in m and on.scores.kept == {}
 
 
 def test_selector_refuses_a_screen_it_cannot_run(smoke_cfg, pool):
@@ -127,8 +127,7 @@ def test_the_screen_scores_the_next_steps_candidates_ahead_and_that_step_reads_t
         calls.append((version[0], [r.id for r in records]))
         return torch.tensor([rates[r.id] * (1 - version[0] / 10) for r in records], dtype=torch.float64)
 
-    cfg = smoke_cfg(*SMALL, "select.screen=2", "train.round_steps=4", "train.steps=7", "skip.enabled=true",
-                    "select.round_ahead=false")
+    cfg = smoke_cfg(*SMALL, "select.screen=2", "train.round_steps=4", "train.steps=7", "skip.enabled=true")
     made = {}
     for name, apart in (("ahead", True), ("inline", False)):
         made[name] = s = Selector(cfg, pool, feats, likelihood, filters=prompt_filters(cfg, len(pool)),
@@ -142,7 +141,7 @@ def test_the_screen_scores_the_next_steps_candidates_ahead_and_that_step_reads_t
     skip_state = ahead.filters[0].state_dict()
     calls.clear()
     ahead.lookahead()()
-    ahead_scored = list(ahead.ahead[2])
+    ahead_scored = list(ahead.scores.ahead[2])
     assert [v for v, _ in calls] == [0] and len(ahead_scored) == 12
     assert torch.equal(ahead.filters[0].state_dict()["silent"], skip_state["silent"])
     assert ahead.filters[0].state_dict()["skipped"] == skip_state["skipped"], "the look-ahead's skips do not count"
@@ -160,13 +159,13 @@ def test_the_screen_scores_the_next_steps_candidates_ahead_and_that_step_reads_t
     assert share == {"ahead": 1.0, "inline": 0.0}
     # a candidate of step 3 the look-ahead did not score (the draw changed after it) is scored at step 3
     ahead.lookahead()()
-    scored = list(ahead.ahead[3])
+    scored = list(ahead.scores.ahead[3])
     ahead.used[scored[0]] = True  # taken before step 3 draws: that draw takes another prompt instead
     calls.clear()
     ahead.choose(6, 3)
     (_, now), = calls
     assert 0 < len(now) < 12 and pool[scored[0]].id not in now, "scored now: only what was not scored ahead"
-    assert ahead.ahead == {} and ahead.lookahead() is None, "step 4 starts a round: it scores its own"
+    assert ahead.scores.ahead == {} and ahead.lookahead() is None, "step 4 starts a round: it scores its own"
     ahead.asked = (6, 6)
     assert ahead.lookahead() is None, "step 7 is past the last"
 
@@ -189,7 +188,7 @@ def test_a_round_starts_ahead_beside_the_last_steps_generate_call_and_its_first_
 
     cal = Calibration(indices=tuple(range(0, 40, 5)), success=torch.tensor([0.0, 0.25, 0.5, 1.0] * 2))
     base = (*SMALL, "select.screen=2", "select.method=dots", "train.round_steps=4", "train.steps=9",
-            "calibrate.reference=trained", "select.predictor.min_labels=4")
+            "calibrate.reference=trained", "select.predictor.min_labels=4", "select.round_ahead=true")
 
     def selector(*extra, apart=True):
         s = Selector(smoke_cfg(*base, *extra), pool, feats, likelihood, apart=apart)
@@ -205,7 +204,7 @@ def test_a_round_starts_ahead_beside_the_last_steps_generate_call_and_its_first_
     assert work is not None and ahead.started is None
     calls.clear()
     work()
-    assert ahead.started is not None and ahead.started[0] == 1 and list(ahead.ahead) == [4]
+    assert ahead.started is not None and ahead.started[0] == 1 and list(ahead.scores.ahead) == [4]
     assert len(calls) == 1 and len(calls[0]) == 12, "step 4's candidates screened with the new round's weights"
     early, early_idx3 = selector("select.round_ahead=false")  # the same round start, made at that moment inline
     assert early_idx3 == idx3
@@ -227,7 +226,8 @@ def test_a_round_starts_ahead_beside_the_last_steps_generate_call_and_its_first_
         calls.clear()
         s.choose(6, 4)
         assert calls == [], "step 4's candidates were scored ahead"
-    assert early.begin_round(2, 8, None)["select/round_ahead"] == 0.0
+    assert ahead.begin_round(2, 8, None)["select/round_ahead"] == 0.0, "a round that did not start ahead says so"
+    assert "select/round_ahead" not in early.begin_round(2, 8, None), "the option off: no such metric"
 
     fresh, _ = selector("calibrate.reference=fresh")
     assert fresh.lookahead() is None, "a start that takes reference rollouts waits for its own draw"

@@ -225,7 +225,8 @@ def test_the_waves_config_is_checked():
 
 
 SCREEN = ("select.screen=2", "train.round_steps=5")  # one round: the screen runs ahead at every step but the first
-ROUNDS = ("select.screen=2", "train.round_steps=3", "calibrate.reference=trained")  # round 1 starts ahead at step 2
+ROUNDS = ("select.screen=2", "train.round_steps=3", "calibrate.reference=trained",  # round 1 starts ahead at step 2
+          "select.round_ahead=true")
 
 
 @pytest.mark.parametrize(("lag", "carry", "extra"),
