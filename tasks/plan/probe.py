@@ -15,11 +15,11 @@ rlcore/plan.py predicts each candidate's clock from these measurements (:class:`
   rows, ``rlcore.plan.update_rows``; larger ones are predicted on the line through the two), as the training step
   runs it: the run's ``policy_update`` through an updater of the probe's own at learning rate 0 (AdamW then leaves
   the weights exactly as they are) on the generated rollouts with rewards that alternate 1, 0, ... so that every
-  row is computed. The optimizer step (gradient
-  clipping and AdamW over the trainable parameters) is timed alone, with a gradient on every trainable parameter
-  as after a step's backward passes (given before each timed call, untimed: under bf16-mixed the update's own step
-  has moved its gradients into the float32 masters and freed them), and taken out of each timing; then a round's
-  checkpoint of the weights and that optimizer's state is written to a scratch folder.
+  row is computed. The optimizer step (gradient clipping and AdamW over the trainable parameters) is timed alone,
+  with a gradient on every trainable parameter as after a step's backward passes (given before each timed call,
+  untimed: under bf16-mixed the update's own step has moved its gradients into the float32 masters and freed them),
+  and taken out of each timing; then a round's checkpoint of the weights and that optimizer's state is written to a
+  scratch folder.
 - **The screen's teacher-forced pass** (where a candidate screens) at its candidates' count and half of it.
 - **A step's bookkeeping**: the draw over the pool, a step's selection and group rows written to a scratch ledger
   (tasks/records/ledger/, the same code), and a step's metrics line to a scratch outbox and ``metrics.jsonl``.
