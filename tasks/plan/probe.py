@@ -184,8 +184,7 @@ def _generation_sizes(comps: Sequence[Composition], n: int, stats: PoolStats) ->
                 for rows in call_rows(prompts, each, c.chunk)[:1]]
 
     large = max(1, round(max(firsts(comps[0])) / n))
-    small = max(1, min(large, round(min(r for c in comps for r in firsts(c)) / n)))
-    return (small if small < large else max(1, large // 4)), large
+    return _span(round(min(r for c in comps for r in firsts(c)) / n), large)
 
 
 def _update_sizes(comps: Sequence[Composition], stats: PoolStats, n: int, available: int) -> tuple[int, int]:
@@ -194,7 +193,13 @@ def _update_sizes(comps: Sequence[Composition], stats: PoolStats, n: int, availa
     one where they are the same. Larger updates (DAPO's full batches, PODS's, replay's) are predicted on the line
     through the two, as larger generate calls are (:func:`_generation_sizes`)."""
     large = min(available, max(1, round(update_rows(comps[0], stats) / n)))
-    small = min(large, max(1, round(min(update_rows(c, stats) for c in comps) / n)))
+    return _span(round(min(update_rows(c, stats) for c in comps) / n), large)
+
+
+def _span(small: int, large: int) -> tuple[int, int]:
+    """The probe's two sizes: ``small`` (at least 1, at most ``large``) and ``large``, or a quarter of ``large`` and
+    ``large`` where they would be the same."""
+    small = max(1, min(large, small))
     return (small if small < large else max(1, large // 4)), large
 
 
