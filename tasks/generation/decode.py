@@ -30,7 +30,8 @@ What a step costs is what the GPU must do (the layout of nano-vllm, gpt-fast and
   model's parameters were replaced (their storage is checked). A failed capture: out of memory retries at a
   later call, anything else runs eagerly from then on (:mod:`tasks.generation.capture`).
   On the CPU the same step function runs eagerly, every finished row leaves at once (``exact_rows``) and the
-  host checks every step, which is what the CPU's time is spent on.
+  host checks every step, which is what the CPU's time is spent on; its one-token attention is two matrix
+  products, not PyTorch's flash kernel (tasks/generation/step_attention.py: 15-24 % of a call on the tiny policy).
 
 KV cache bytes (what ``tasks/update/memory_check.py`` counts for generation):
 ``rows x (prompt + max_new_tokens) x layers x 2 x kv_heads x head_dim x dtype bytes`` bounds it up to the
@@ -60,6 +61,7 @@ import torch
 from tasks.generation.capture import CapturePolicy, capture, capture_mode, world_size
 from tasks.generation.sampling import Sampling, row_keys, sample_next, step_keys
 from tasks.generation.slot_cache import SlotCache
+from tasks.generation.step_attention import one_token_attention
 
 
 @dataclass(frozen=True)
@@ -264,7 +266,7 @@ class Decoder:
                  sampling: Sampling | None, stop_ids: Sequence[int], pad_id: int,
                  seeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """n completions of each of the B prompts (see :func:`decode`)."""
-        with self._lock:
+        with self._lock, one_token_attention(self.model):
             return self._call(input_ids, attention_mask, n, max_new_tokens, sampling, stop_ids, pad_id, seeds)
 
     def _call(self, input_ids, attention_mask, n, max_new_tokens, sampling, stop_ids, pad_id, seeds):
