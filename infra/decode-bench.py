@@ -1,5 +1,6 @@
 """Rollout tokens a second of the embedded task's in-process sampler: today's decode loop (tasks/generation/decode.py)
-against the one before it (infra/decode_reference.py), arms interleaved in one process.
+against the one before it (infra/decode_reference.py) and against itself with PyTorch's SDPA in the one-token steps
+(``DecodeOptions.step_attention`` off; tasks/generation/step_attention.py), arms interleaved in one process.
 
 The policy is the embedded default's (``model.*`` defaults: the warm-started tiny Llama, trained and cached under
 ``paths.cache`` on first use, about 4 minutes), or with ``--random`` the same shape with random weights (rows then
@@ -20,6 +21,7 @@ import argparse
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
@@ -28,6 +30,7 @@ import torch  # noqa: E402
 
 from infra.decode_reference import generate_reference  # noqa: E402
 from tasks.data import arith  # noqa: E402
+from tasks.generation.decode import DecodeOptions, Decoder  # noqa: E402
 from tasks.generation.rollout import HFEngine  # noqa: E402
 from tasks.model.attention import guard_attention  # noqa: E402
 from tasks.model.loading import build_tiny_model, build_tokenizer, format_prompt, load_policy  # noqa: E402
@@ -61,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     rc = cfg.rollout
     engine = HFEngine(model, tok, max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
                       top_k=rc.top_k, chunk=rc.chunk)
+    sdpa = HFEngine(model, tok, max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
+                    top_k=rc.top_k, chunk=rc.chunk)
+    sdpa.decoder = Decoder(model, replace(DecodeOptions.for_device("cpu"), step_attention=False))
     arms = {"old": lambda prompts, seed: generate_reference(engine, prompts, rc.n, seed),
+            "new, SDPA steps": lambda prompts, seed: sdpa.generate(prompts, rc.n, seed),
             "new": lambda prompts, seed: engine.generate(prompts, rc.n, seed)}
     b = args.prompts or cfg.train.prompts_per_step
     records = arith.generate(cfg.seed, b * (args.repeats + 1), "train", "default", unique=False)
@@ -80,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     print("| arm | median tokens/s | min | max |\n|---|---|---|---|")
     for name, xs in rates.items():
         print(f"| {name} | {statistics.median(xs):,.0f} | {min(xs):,.0f} | {max(xs):,.0f} |")
-    print(f"new / old: {statistics.median(rates['new']) / statistics.median(rates['old']):.2f}x")
+    for name in ("old", "new, SDPA steps"):
+        print(f"new / {name}: {statistics.median(rates['new']) / statistics.median(rates[name]):.2f}x")
     return 0
 
 

@@ -54,6 +54,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -80,6 +81,8 @@ class DecodeOptions:
             is a graph of its own, so a larger multiple means fewer graphs and aligned masks. None: every step reads
             the whole width (the masked columns add exact zeros, but a shorter row changes the attention's
             reductions in the last bits, so the CPU keeps the draws it always made).
+        step_attention: the one-token steps of a model that attends with SDPA on the CPU attend with two matrix
+            products instead (tasks/generation/step_attention.py); the prefill is SDPA's either way.
     """
 
     graphs: bool
@@ -87,6 +90,7 @@ class DecodeOptions:
     check_every: int
     prompt_multiple: int = 1
     width_multiple: int | None = None
+    step_attention: bool = False
 
     def __post_init__(self):
         if min(self.check_every, self.prompt_multiple, self.width_multiple or 1) < 1:
@@ -97,10 +101,10 @@ class DecodeOptions:
     def for_device(cls, device: torch.device | str) -> DecodeOptions:
         """CUDA: graphs, buckets, a check every 8 steps, prompts padded to 64 columns, attention widths in steps of
         128 columns; elsewhere eager, exact rows, a check every step, attention over the whole width (a CPU step
-        costs what its rows cost; a check costs nothing there)."""
+        costs what its rows cost; a check costs nothing there) and, on the CPU, the one-token steps' own attention."""
         if torch.device(device).type == "cuda":
             return cls(graphs=True, exact_rows=False, check_every=8, prompt_multiple=64, width_multiple=128)
-        return cls(graphs=False, exact_rows=True, check_every=1)
+        return cls(graphs=False, exact_rows=True, check_every=1, step_attention=torch.device(device).type == "cpu")
 
 
 def buckets(rows: int) -> list[int]:
@@ -266,12 +270,12 @@ class Decoder:
                  sampling: Sampling | None, stop_ids: Sequence[int], pad_id: int,
                  seeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """n completions of each of the B prompts (see :func:`decode`)."""
-        with self._lock, one_token_attention(self.model):
-            return self._call(input_ids, attention_mask, n, max_new_tokens, sampling, stop_ids, pad_id, seeds)
+        opts = self.options or DecodeOptions.for_device(input_ids.device)
+        with self._lock, one_token_attention(self.model) if opts.step_attention else nullcontext():
+            return self._call(opts, input_ids, attention_mask, n, max_new_tokens, sampling, stop_ids, pad_id, seeds)
 
-    def _call(self, input_ids, attention_mask, n, max_new_tokens, sampling, stop_ids, pad_id, seeds):
+    def _call(self, opts, input_ids, attention_mask, n, max_new_tokens, sampling, stop_ids, pad_id, seeds):
         device = input_ids.device
-        opts = self.options or DecodeOptions.for_device(device)
         graphs = opts.graphs and device.type == "cuda"
         b, p = input_ids.shape
         r, t_max = b * n, max_new_tokens

@@ -32,7 +32,9 @@ copy. A child killed by a signal releases nothing, and PyTorch then keeps the bl
 
 from __future__ import annotations
 
+import copy
 import gc
+import itertools
 import logging
 import signal
 import sys
@@ -54,13 +56,21 @@ from tasks.records.memory import own_peak_mb, reset_own_peak
 log = logging.getLogger(__name__)
 
 
+def _twin(model: torch.nn.Module) -> torch.nn.Module:
+    """``model``'s module tree copied over the very same parameters and buffers (no tensor copied): what one
+    caller patches on its modules (a hook, the chunked head) the other does not see, and a sync reaches both."""
+    shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    return copy.deepcopy(model, memo=shared)
+
+
 class GeneratorDied(RuntimeError):
     """The generator process stopped or failed; the run stops at its last checkpoint."""
 
 
 def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenizer, settings: dict, conn,
            threads: int) -> None:
-    """The child's loop: ``("generate", prompts, n, seed, greedy)`` -> ``("ok", (Generation, peak MiB, temporary
+    """The child's loop, after a ``("ready",)`` once its model and engine are built: ``("generate", prompts, n,
+    seed, greedy)`` -> ``("ok", (Generation, peak MiB, temporary
     folder))`` or ``("error", text)`` (the peak: the child's own memory during that generation,
     tasks/records/memory.py; the folder: multiprocessing's, made for the reply's tensors); ``("stop",)`` or a closed
     pipe (the parent is gone) ends it.
@@ -75,6 +85,10 @@ def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenize
     weights.clear()  # the process's own arguments hold this dict until exit: the model is the one reference left
     model.to(settings["device"]).eval().requires_grad_(False)
     engine = HFEngine(model, tokenizer, **settings)
+    try:
+        conn.send(("ready",))  # started: the parent stops drawing in its own process (GeneratorProcess.generate)
+    except (BrokenPipeError, OSError):
+        return
     while True:
         try:
             msg = conn.recv()
@@ -133,7 +147,7 @@ class GeneratorProcess(RolloutEngine):
 
     def __init__(self, engine: HFEngine, threads: int, weights: torch.nn.Module, poll_s: float = 0.5,
                  on_temp_dir: Callable[[str, int], None] | None = None):
-        self.model = weights
+        self.model = weights.requires_grad_(False)  # frozen, as the child's: a parameter's flag changes a pass's bits
         if next(self.model.parameters()).device.type == "cpu":
             self.model.share_memory()
         self.poll_s = poll_s
@@ -147,6 +161,13 @@ class GeneratorProcess(RolloutEngine):
         args = (type(self.model), self.model.config, self.model.state_dict(), engine.tok, engine.settings(), child,
                 threads)
         self._closed = False
+        self._threads, self._ready, self._started = threads, False, time.perf_counter()
+        #: the same sampling on the same shared weights in this process, for the draws asked for while the child
+        #: starts: a module tree of its own (:func:`_twin`), as the screen patches ``self.model``'s head meanwhile,
+        #: and a tokenizer of its own, as a fast tokenizer's padding state is not safe across threads
+        self._here = HFEngine(_twin(self.model), copy.deepcopy(engine.tok), **engine.settings())
+        #: generate calls made here, in this process, while the child was starting; whether the last one was
+        self.drawn_here, self._last_here = 0, False
         self._proc = ctx.Process(target=_child, args=args, name="rlsift-generator", daemon=True)
         self._proc.start()
         child.close()
@@ -157,17 +178,20 @@ class GeneratorProcess(RolloutEngine):
         return self._proc.pid
 
     def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False, *, first: int = 0) -> Generation:
+        """The child's generation; while it is still starting (importing torch and transformers, about 3 s on a CPU),
+        this process's own, where that computes the same bits (:meth:`_here_alike`)."""
         if self._closed:
             raise GeneratorDied(f"the generator process (pid {self._proc.pid}) was closed (by its sampler): nothing "
                                 "may generate with it any more")
         if not self._proc.is_alive():
             raise GeneratorDied(self._why())
         try:
+            self._last_here = not self.ready(wait=not self._here_alike())
+            if self._last_here:
+                self.drawn_here += 1
+                return self._here.generate(prompts, n, seed, greedy, first=first)
             self._conn.send(("generate", prompts, n, seed, greedy, first))
-            while not self._conn.poll(self.poll_s):
-                if not self._proc.is_alive():
-                    raise GeneratorDied(self._why())
-            status, out = self._conn.recv()
+            status, out = self._receive()
         except (EOFError, BrokenPipeError, ConnectionResetError) as err:
             raise GeneratorDied(self._why(err)) from None
         except OSError as err:  # its tensors could not be fetched (from the listener in the child's folder)
@@ -182,6 +206,31 @@ class GeneratorProcess(RolloutEngine):
                 self._on_temp_dir(temp_dir, self.pid)
         return gen
 
+    def _here_alike(self) -> bool:
+        """Whether a generate call in this process computes the child's bits: the same engine on the same shared
+        copy, on a CPU, with as many torch threads as the child (the sums' split follows the threads)."""
+        return torch.device(self._here.device).type == "cpu" and torch.get_num_threads() == self._threads
+
+    def ready(self, wait: bool = False) -> bool:
+        """Whether the child has started and said so (``wait``: until it has)."""
+        if not self._ready and (wait or self._conn.poll()):
+            status = self._receive()[0]
+            if status != "ready":
+                raise GeneratorDied(f"the generator process (pid {self._proc.pid}) said {status!r} before it was "
+                                    "ready")
+            self._ready = True
+            log.info("generator process %d ready %.1f s after its start; %d generate call%s made here meanwhile",
+                     self._proc.pid, time.perf_counter() - self._started, self.drawn_here,
+                     "s"[:self.drawn_here != 1])
+        return self._ready
+
+    def _receive(self):
+        """The child's next message, checking every ``poll_s`` that it is alive."""
+        while not self._conn.poll(self.poll_s):
+            if not self._proc.is_alive():
+                raise GeneratorDied(self._why())
+        return self._conn.recv()
+
     def watch_temp(self, on_temp_dir: Callable[[str, int], None]) -> None:
         """Call ``on_temp_dir`` with the child's temporary folder and pid from now on, and at once where a reply has
         named it already (a process started by the overlap probe, handed to the training: tasks/overlap/concurrent.py
@@ -195,7 +244,10 @@ class GeneratorProcess(RolloutEngine):
         return not self._closed and self._proc.is_alive()
 
     def metrics(self) -> dict[str, float]:
-        """``memory/generator_peak_mb``: the child's own peak memory during its last generation."""
+        """``memory/generator_peak_mb``: the child's own peak memory during its last generation; instead
+        ``overlap/drawn_here`` 1.0 where that generation was made here while the child started."""
+        if self._last_here:
+            return {"overlap/drawn_here": 1.0}
         return {"memory/generator_peak_mb": self.peak_mb} if self.peak_mb is not None else {}
 
     def _why(self, err: BaseException | None = None) -> str:

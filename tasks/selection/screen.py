@@ -86,33 +86,35 @@ def policy_likelihood(policy: Policy, *, temperature: float, max_new_tokens: int
 class ScreenScores:
     """The screen's scores over a run (``select.screen`` f > 1; :class:`~tasks.selection.selector.Selector`): each
     step's candidates scored now or ahead (beside the last step's generate call, ``select.screen_ahead``), and the
-    estimates of the candidates a step kept, until its outcome is observed (:meth:`metrics`).
+    estimates of the candidates a step kept, until its outcome is observed (:meth:`metrics`). Everything is kept
+    by step: overlapped (lag 1), step t + 1 is drawn before step t's outcome comes back.
 
     Attributes:
         ahead: step -> {pool index: q} scored ahead for that step (kept in the checkpoint).
-        kept: pool index -> q of this step's kept candidates.
-        scored: candidates this step scored, ``from_ahead`` of them read from ``ahead``.
+        kept: step -> {pool index: q} of the candidates that step kept.
+        counts: step -> [candidates it scored, of them read from ``ahead``].
     """
 
     def __init__(self, likelihood: Likelihood, pool: list[PromptRecord]):
         self.likelihood, self.pool = likelihood, pool
         self.ahead: dict[int, dict[int, float]] = {}
-        self.kept: dict[int, float] = {}
-        self.scored = 0
-        self.from_ahead = 0
+        self.kept: dict[int, dict[int, float]] = {}
+        self.counts: dict[int, list[int]] = {}
 
     def __call__(self, idx: list[int]) -> torch.Tensor:
         """[C] the likelihood of the candidates ``idx`` with the policy as it is."""
         return self.likelihood([self.pool[i] for i in idx])
 
-    def score(self, idx: list[int], step: int | None) -> torch.Tensor:
-        """[C] float64 q of the candidates ``idx``: those scored ahead for ``step`` read from there (None: none are,
-        a later generation round of the step), the rest scored now; the step's scores ahead are then dropped."""
-        known = self.ahead.pop(step, {}) if step is not None else {}
+    def score(self, idx: list[int], step: int, read_ahead: bool = True) -> torch.Tensor:
+        """[C] float64 q of step ``step``'s candidates ``idx``: those scored ahead for it read from there (not for a
+        later generation round of the step, ``read_ahead`` False), the rest scored now; the step's scores ahead are
+        then dropped."""
+        known = self.ahead.pop(step, {}) if read_ahead else {}
         todo = [i for i in idx if i not in known]
         now = dict(zip(todo, self(todo).tolist(), strict=True)) if todo else {}
-        self.scored += len(idx)
-        self.from_ahead += len(idx) - len(todo)
+        count = self.counts.setdefault(step, [0, 0])
+        count[0] += len(idx)
+        count[1] += len(idx) - len(todo)
         return torch.tensor([known[i] if i in known else now[i] for i in idx], dtype=torch.float64)
 
     def score_ahead(self, step: int, idx: list[int]) -> None:
@@ -120,20 +122,24 @@ class ScreenScores:
         dropped)."""
         self.ahead = {step: dict(zip(idx, self(idx).tolist(), strict=True))}
 
-    def keep(self, idx: list[int], q: torch.Tensor) -> None:
-        """The step keeps the candidates ``idx`` [K] whose q is ``q`` [K]."""
-        self.kept |= dict(zip(idx, q.tolist(), strict=True))
+    def keep(self, step: int, idx: list[int], q: torch.Tensor) -> None:
+        """Step ``step`` keeps the candidates ``idx`` [K] whose q is ``q`` [K]."""
+        self.kept.setdefault(step, {}).update(zip(idx, q.tolist(), strict=True))
 
-    def metrics(self, idx: list[int], success: torch.Tensor) -> dict[str, float]:
-        """The step's estimates against the pass rates ``success`` [B] its prompts ``idx`` then showed (empty when it
-        kept nothing by the screen); the step's record is then cleared."""
-        if not self.kept:
+    def estimate(self, step: int, i: int) -> float | None:
+        """q of pool prompt ``i`` where step ``step`` kept it, else None."""
+        return self.kept.get(step, {}).get(i)
+
+    def metrics(self, step: int, idx: list[int], success: torch.Tensor) -> dict[str, float]:
+        """Step ``step``'s estimates against the pass rates ``success`` [B] its prompts ``idx`` then showed (empty
+        when it kept nothing by the screen); the step's record is then dropped."""
+        kept, (scored, from_ahead) = self.kept.pop(step, {}), self.counts.pop(step, [0, 0])
+        picked = [j for j, i in enumerate(idx) if i in kept]
+        if not picked:
             return {}
-        picked = [j for j, i in enumerate(idx) if i in self.kept]
-        q = torch.tensor([self.kept[idx[j]] for j in picked])
-        out = {"select/screen_success_mean": float(q.mean()), "select/screen_candidates": float(self.scored),
-               "select/screen_ahead_share": self.from_ahead / max(self.scored, 1)}
+        q = torch.tensor([kept[idx[j]] for j in picked])
+        out = {"select/screen_success_mean": float(q.mean()), "select/screen_candidates": float(scored),
+               "select/screen_ahead_share": from_ahead / max(scored, 1)}
         if len(picked) > 2:
             out["select/screen_pearson"] = pearson(q, success[picked])
-        self.kept, self.scored, self.from_ahead = {}, 0, 0
         return out

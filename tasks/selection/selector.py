@@ -341,9 +341,9 @@ class Selector:
         if attempt == 0:
             self.asked = (k, step)
         if self.scores is not None:
-            q = self.scores.score(drawn.tolist(), step if attempt == 0 else None)  # [C]
+            q = self.scores.score(drawn.tolist(), step, read_ahead=attempt == 0)  # [C]
             keep = screen(q, cfg.rollout.n, need)
-            self.scores.keep(drawn[keep].tolist(), q[keep])
+            self.scores.keep(step, drawn[keep].tolist(), q[keep])
             drawn = drawn[keep]
         idx = guard + drawn.tolist()
         self.used[idx] = True
@@ -354,7 +354,7 @@ class Selector:
                              weight=float(self.probs[i]),
                              pred_success=_num(self.pred[i]), angle_score=float(self.angle[i]),
                              gain_rank=int(self.rank[i]),
-                             screen_success=self.scores.kept.get(i) if self.scores is not None else None,
+                             screen_success=self.scores.estimate(step, i) if self.scores is not None else None,
                              **{key: _num(self.info[key][i]) if key in self.info else None
                                 for key in ("des", "des_difficulty", "des_cot", "des_adaptability")})
                 for j, i in enumerate(idx)]
@@ -409,13 +409,13 @@ class Selector:
             out |= f.take_metrics()
         return out
 
-    def estimate(self, idx: list[int]) -> torch.Tensor:
-        """[k] float64 the best estimate of each chosen prompt's pass rate: the screen's likelihood where this step
-        screened it, else DOTS's prediction, else its last measured success rate, else NaN."""
+    def estimate(self, idx: list[int], step: int) -> torch.Tensor:
+        """[k] float64 the best estimate of each prompt ``idx`` step ``step`` chose: the screen's likelihood where the
+        step screened it, else DOTS's prediction, else its last measured success rate, else NaN."""
         out = []
         for i in idx:
-            if self.scores is not None and i in self.scores.kept:
-                out.append(self.scores.kept[i])
+            if self.scores is not None and (q := self.scores.estimate(step, i)) is not None:
+                out.append(q)
             elif not math.isnan(float(self.pred[i])):
                 out.append(float(self.pred[i]))
             else:
@@ -462,7 +462,7 @@ class Selector:
         if self.scheduler is not None:
             metrics |= self.scheduler.metrics()
         if self.scores is not None:  # the screen's estimates against the pass rates its picks then showed
-            metrics |= self.scores.metrics(idx, success)
+            metrics |= self.scores.metrics(step, idx, success)
         metrics["select/selected_success_mean"] = float(success.mean())
         return metrics
 
@@ -478,6 +478,8 @@ class Selector:
                 "round_evidence": self.round_evidence, "seen_groups": self.seen_groups,
                 "concentration": self.concentration, "filters": {f.name: f.state_dict() for f in self.filters},
                 "ahead": self.scores.ahead if self.scores is not None else {}, "started": self.started,
+                "screen_kept": self.scores.kept if self.scores is not None else {},
+                "screen_counts": self.scores.counts if self.scores is not None else {},
                 "predictor": self.predictor.state_dict() if self.predictor is not None else None,
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 "window": self.window.state_dict() if self.window is not None else None}
@@ -493,6 +495,8 @@ class Selector:
             self.concentration = s["concentration"]
         if self.scores is not None:  # checkpoints written before select.screen_ahead existed have none
             self.scores.ahead = s.get("ahead", {})
+            # ... and before the screen kept its picks by step: a drawn step's estimates, until its outcome
+            self.scores.kept, self.scores.counts = s.get("screen_kept", {}), s.get("screen_counts", {})
         self.started = s.get("started")  # ... and before select.round_ahead
         for f in self.filters:  # checkpoints written before prompt filters existed have none
             if f.name in s.get("filters", {}):

@@ -148,7 +148,7 @@ def sample_waves(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
                          f"fit waves.carry={wc.carry}, waves.first={w}; resume with the config that drew them")
     with meter.stage("selection"):
         idx, rows = selector.choose(math.ceil(wc.candidates * budget), step)
-        prior = selector.estimate(idx)
+        prior = selector.estimate(idx, step)
     records = [pool[i] for i in idx]
     carried = carry.records if carry is not None else []
     with meter.stage("rollout"):

@@ -176,6 +176,7 @@ def test_a_resume_removes_the_temporary_folder_a_killed_generator_left(smoke_cfg
     gp = GeneratorProcess(HFEngine(model, tok, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0, chunk=8), 1,
                           plain_copy(model),
                           on_temp_dir=run.note_temp)
+    gp.ready(wait=True)  # a call asked while it starts is made here, and leaves no folder of the child's
     gp.generate(["Q: 1+1=?\n"], 2, 0)
     left = Path(gp.temp_dir)
     assert [p.name[:9] for p in left.iterdir()] == ["listener-"]

@@ -92,6 +92,7 @@ def test_the_generator_process_samples_the_weights_synced_last_and_dies_loudly(t
         assert torch.equal(fresh.completion_ids, want.completion_ids)
         torch.testing.assert_close(fresh.logprobs, want.logprobs, rtol=0, atol=1e-5)
         assert not torch.equal(fresh.logprobs, a.logprobs)
+        assert gp.ready(wait=True)  # the calls so far may have been made here while it started
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(GeneratorDied, match=rf"generator process \(pid {pid}\) died \(signal 9"):
             gp.generate(PROMPTS, 3, 5)
@@ -99,6 +100,34 @@ def test_the_generator_process_samples_the_weights_synced_last_and_dies_loudly(t
         gp.close()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_draws_asked_while_the_generator_starts_are_made_here_with_its_bits(tiny):
+    """The child takes seconds to start (torch and transformers to import): a call asked meanwhile is made in this
+    process on the same shared weights, bit for bit what the child then draws; with another thread count than the
+    child's (other sums), the call waits for the child instead."""
+    model, tok = tiny
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    gp = GeneratorProcess(engine(model, tok), threads=1, weights=plain_copy(model))
+    try:
+        early = gp.generate(PROMPTS, 3, 5)
+        assert gp.drawn_here == 1 and not gp.ready()
+        assert gp.ready(wait=True)
+        late = gp.generate(PROMPTS, 3, 5)
+        assert gp.drawn_here == 1
+        assert torch.equal(early.completion_ids, late.completion_ids) and torch.equal(early.logprobs, late.logprobs)
+    finally:
+        gp.close()
+        torch.set_num_threads(threads)
+    other = GeneratorProcess(engine(model, tok), threads=2, weights=plain_copy(model))
+    torch.set_num_threads(1)
+    try:
+        other.generate(PROMPTS, 3, 5)
+        assert other.drawn_here == 0 and other.ready()
+    finally:
+        other.close()
+        torch.set_num_threads(threads)
 
 
 def test_the_generator_has_its_own_temporary_folder_and_a_run_never_removes_its_parents(smoke_cfg, tiny):
@@ -121,6 +150,7 @@ def test_the_generator_has_its_own_temporary_folder_and_a_run_never_removes_its_
     try:
         first = GeneratorProcess(engine(model, tok), threads=1, weights=plain_copy(model), on_temp_dir=run.note_temp)
         try:
+            first.ready(wait=True)  # a call asked while it starts is made here, with no reply from it
             first.generate(PROMPTS[:1], 2, 0)
             own = Path(first.temp_dir)
             assert own != parents and own.is_dir() and own.parent == parents.parent
@@ -132,6 +162,7 @@ def test_the_generator_has_its_own_temporary_folder_and_a_run_never_removes_its_
     assert parents.is_dir()
     second = GeneratorProcess(engine(model, tok), threads=1, weights=plain_copy(model))
     try:
+        second.ready(wait=True)
         assert second.generate(PROMPTS[:1], 2, 0).completion_ids.shape[0] == 2
         shutil.rmtree(second.temp_dir)  # the listener the reply's tensors come through is gone
         with pytest.raises(GeneratorDied, match=rf"pid {second.pid}\): its reply could not be received: "
@@ -159,6 +190,7 @@ parent, child = Pipe()
 serving = threading.Thread(target=_serve, args=(type(model), model.config, plain_copy(model).state_dict(), tok,
                                                 settings, child, 1), daemon=True)
 serving.start()
+assert parent.recv() == ("ready",)
 parent.send(("generate", ["Q: 1+1=?\\n"], 2, 0, False, 0))
 if not parent.poll(60):
     raise SystemExit("no reply")
@@ -409,6 +441,7 @@ def test_a_generator_that_dies_stops_the_run_at_its_checkpoint_and_a_resume_fini
         calls[0] += 1
         pids.append(self.pid)
         if calls[0] == 4:
+            self.ready(wait=True)  # started: the draw is the child's, not one made here while it starts
             os.kill(self.pid, signal.SIGKILL)
         return real(self, *a, **k)
 

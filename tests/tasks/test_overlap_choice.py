@@ -276,6 +276,7 @@ def test_the_generator_drops_the_shared_weights_before_it_says_it_stopped():
     threads = torch.get_num_threads()
     serve.start()
     try:
+        assert ours.recv() == ("ready",)
         ours.send(("generate", ["Q: 1+2=?\n"], 2, 0, False, 0))
         status, (gen, *_) = ours.recv()
         assert status == "ok" and gen.completion_ids.shape[0] == 2

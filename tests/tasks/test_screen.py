@@ -102,6 +102,26 @@ def test_selector_keeps_the_candidates_most_likely_to_be_mixed(smoke_cfg, pool):
     assert "select/screen_pearson" in m and on.scores.kept == {}
 
 
+def test_overlapped_steps_score_their_own_picks(smoke_cfg, pool):
+    """Overlapped, step 4 is drawn before step 3's outcome comes back: each step's metrics are its own picks' rates
+    and candidate counts (a selector that kept one record for every step gave step 3 nothing and step 4 nothing),
+    and the waves' prior reads the step's own estimates."""
+    feats = compute_features(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
+    rates = {r.id: [0.1, 0.8, 0.5, 0.3, 0.9][i % 5] for i, r in enumerate(pool)}
+    sel = Selector(smoke_cfg(*SMALL, "select.screen=2"), pool, feats, scripted(rates, []))
+    sel.begin_round(0, 0, None)
+    idx3, _ = sel.choose(6, 3)
+    idx4, _ = sel.choose(4, 4)
+    assert sel.estimate(idx3, 3).tolist() == [rates[pool[i].id] for i in idx3]
+    rewards = lambda k: torch.tensor([[1.0, 0, 0, 0]] * k)  # noqa: E731
+    m3 = sel.observe(3, idx3, rewards(6), 0.4, None)
+    m4 = sel.observe(4, idx4, rewards(4), 0.4, None)
+    for m, idx, k in ((m3, idx3, 6), (m4, idx4, 4)):
+        assert m["select/screen_candidates"] == 2 * k
+        assert m["select/screen_success_mean"] == pytest.approx(sum(rates[pool[i].id] for i in idx) / k)
+    assert sel.scores.kept == {} and sel.scores.counts == {}
+
+
 def test_selector_refuses_a_screen_it_cannot_run(smoke_cfg, pool):
     feats = compute_features(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
     cfg = smoke_cfg(*SMALL, "select.screen=3")

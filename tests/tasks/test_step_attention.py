@@ -1,12 +1,14 @@
 """The one-token attention of a CPU decode step (tasks/generation/step_attention.py): what a slow loop over rows and
 heads computes, SDPA's result to float rounding, used by the decode loop's steps and by nothing else."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from tasks.generation.decode import Decoder
+from tasks.generation.decode import DecodeOptions, Decoder
 from tasks.generation.sampling import Sampling
 from tasks.generation.step_attention import NAME, one_token_attention, step_attention
 
@@ -87,8 +89,8 @@ def test_the_decode_loop_steps_with_it_and_restores_sdpa(model):
         hook.remove()
     assert seen[0] == (NAME, 6) and all(s == (NAME, 1) for s in seen[1:]) and len(seen) == 12
     assert model.config._attn_implementation == "sdpa"
-    with torch.inference_mode():  # the loop without the switch (`_call`): the same call under SDPA throughout
-        theirs = Decoder(model)._call(ids, am, 2, 12, Sampling(), [], 0, torch.arange(3))
+    sdpa = Decoder(model, replace(DecodeOptions.for_device("cpu"), step_attention=False))
+    theirs = sdpa(ids, am, **call)  # the same call under SDPA throughout
     assert torch.equal(ours[0], theirs[0])
     torch.testing.assert_close(ours[1], theirs[1], rtol=0, atol=1e-5)
     with pytest.raises(RuntimeError, match="boom"), one_token_attention(model):
