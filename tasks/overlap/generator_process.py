@@ -8,6 +8,11 @@ step's rollouts came back, before the next ones are asked for), so every request
 weights synced last: the lag is exact, and a seed gives one result. On a GPU the copy lives on the same device
 and the sync is a device copy.
 
+The child takes seconds to start (a spawned Python importing torch and transformers: about 3 s on a CPU). The
+calls asked meanwhile are made in this process (:meth:`GeneratorProcess.generate`) with the child's engine settings
+on the same shared weights, where that computes the child's bits (a CPU, the child's thread count), so the trainer's
+first steps do not wait for it and a run is the same whichever calls were made where.
+
 Failure handling: a child that dies (killed, out of memory, an exception) is reported as :class:`GeneratorDied`,
 one line naming its exit code or error, and the run stops at its last checkpoint. A parent that dies closes its
 end of the pipe, and the child leaves at its next read: no process is left behind. :meth:`close` stops the
@@ -162,10 +167,11 @@ class GeneratorProcess(RolloutEngine):
                 threads)
         self._closed = False
         self._threads, self._ready, self._started = threads, False, time.perf_counter()
-        #: the same sampling on the same shared weights in this process, for the draws asked for while the child
-        #: starts: a module tree of its own (:func:`_twin`), as the screen patches ``self.model``'s head meanwhile,
-        #: and a tokenizer of its own, as a fast tokenizer's padding state is not safe across threads
-        self._here = HFEngine(_twin(self.model), copy.deepcopy(engine.tok), **engine.settings())
+        #: on a CPU, the same sampling on the same shared weights in this process, for the draws asked for while the
+        #: child starts: a module tree of its own (:func:`_twin`), as the screen patches ``self.model``'s head
+        #: meanwhile, and a tokenizer of its own, as a fast tokenizer's padding state is not safe across threads
+        self._here = (HFEngine(_twin(self.model), copy.deepcopy(engine.tok), **engine.settings())
+                      if next(self.model.parameters()).device.type == "cpu" else None)
         #: generate calls made here, in this process, while the child was starting; whether the last one was
         self.drawn_here, self._last_here = 0, False
         self._proc = ctx.Process(target=_child, args=args, name="rlsift-generator", daemon=True)
@@ -209,7 +215,7 @@ class GeneratorProcess(RolloutEngine):
     def _here_alike(self) -> bool:
         """Whether a generate call in this process computes the child's bits: the same engine on the same shared
         copy, on a CPU, with as many torch threads as the child (the sums' split follows the threads)."""
-        return torch.device(self._here.device).type == "cpu" and torch.get_num_threads() == self._threads
+        return self._here is not None and torch.get_num_threads() == self._threads
 
     def ready(self, wait: bool = False) -> bool:
         """Whether the child has started and said so (``wait``: until it has)."""

@@ -103,6 +103,7 @@ def probe_overlap(policy: Policy, records: list[PromptRecord], cfg: Config, seed
     kept = False
     try:
         engine = sampling.policy.engine
+        sampling.process.ready(wait=True)  # the draws at once are the child's, not ones made here while it starts
         engine.generate(prompts[:1], n=rc.n, seed=seed)
         start_s = time.perf_counter() - t0
         times: list[tuple[float, float, float]] = []  # (draw, update, at once) of each repeat
