@@ -31,7 +31,8 @@ What a step costs is what the GPU must do (the layout of nano-vllm, gpt-fast and
   later call, anything else runs eagerly from then on (:mod:`tasks.generation.capture`).
   On the CPU the same step function runs eagerly, every finished row leaves at once (``exact_rows``) and the
   host checks every step, which is what the CPU's time is spent on; its one-token attention is two matrix
-  products, not PyTorch's flash kernel (tasks/generation/step_attention.py: 15-24 % of a call on the tiny policy).
+  products, not PyTorch's flash kernel (tasks/generation/step_attention.py; docs/performance.md: 1.06-1.16x the
+  tokens a second on the tiny policy).
 
 KV cache bytes (what ``tasks/update/memory_check.py`` counts for generation):
 ``rows x (prompt + max_new_tokens) x layers x 2 x kv_heads x head_dim x dtype bytes`` bounds it up to the
