@@ -131,6 +131,27 @@ def test_auto_on_a_shared_device_probes_a_draw_and_an_update_alone_and_at_once(s
     assert all(p.grad is None for p in policy.model.parameters())
 
 
+def test_the_probe_times_the_childs_draws_not_those_made_while_it_starts(smoke_cfg, pool, starts, monkeypatch):
+    """One core, one thread each: the generator and the trainer share the core, so auto probes. The child's draws
+    and one made here while it starts have the same bits, but not the same cost: the probe waits for the child
+    before it times anything, so none of its draws is made in the trainer's process."""
+    monkeypatch.setattr("tasks.overlap.concurrent.os.sched_getaffinity", lambda pid: {0})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    handover = SamplerHandover()
+    try:
+        c = decide_lag(smoke_cfg("overlap.generator_threads=1", MANY), tiny_policy(), pool[:4], "cpu",
+                       handover=handover)
+        assert c.basis == "probe" and len(starts) == 1
+        process = handover.kept.process if handover.kept is not None else None
+        if process is not None:  # lag 1: the process is kept; else the probe closed it
+            assert process.drawn_here == 0
+        assert c.probe.start_s > 0.5, "the child's start (imports) is the probe's first cost"
+    finally:
+        handover.close()
+        torch.set_num_threads(threads)
+
+
 def test_the_probe_is_skipped_where_it_cannot_pay_for_itself(smoke_cfg, pool, starts):
     """Two planned steps of the tiny model cannot earn back a process's start: lag 0, no process started, and the
     reason says why (the summary, overlap.json and the MLflow tags carry it). With the plan's prediction of a step
@@ -178,6 +199,7 @@ def test_a_lag_1_run_starts_one_generator_process(smoke_cfg, pool, starts, monke
         assert (choice.lag, choice.basis) == (1, "probe") and len(starts) == 1, choice.reason
         kept = run.handover.kept.process
         assert kept.pid == starts[0] and kept.alive
+        assert kept.drawn_here == 0, "the probe timed draws made in the trainer's process while the child started"
         assert torch.get_num_threads() == threads  # the stages before the training keep every thread
         run.cfg = smoke_cfg(*small, CROWDED, "train.steps=3", path=PRESETS.format("grpo"))
         feats = compute_features(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
