@@ -2,8 +2,9 @@
 
 On the CPU ``scaled_dot_product_attention`` runs its flash kernel (``_scaled_dot_product_flash_attention_for_cpu``),
 tiled for long queries. A decode step has one query a row, so the tiling is all overhead: on the tiny policy
-(4 heads of 32) at 80 rows and about 55 cached columns it took 430 us a layer, 31 % of the step, where the products
-take a tenth of that (torch profiler, one thread). :func:`step_attention` computes the same attention directly:
+(4 heads of 32) at 80 rows and about 55 cached columns it took 430 us a layer, 31 % of the step (torch profiler,
+one thread). :func:`step_attention` computes the same attention directly (a generate call 1.06-1.16x the tokens a
+second, docs/performance.md):
 
     scores [R, H_kv, G, S] = q [R, H_kv, G, D] @ k^T [R, H_kv, D, S] * scale + mask,
     out [R, H_kv, G, D] = softmax_float32(scores) @ v [R, H_kv, S, D]
@@ -14,7 +15,7 @@ passes, the screen, anything on a GPU) goes to transformers' SDPA function uncha
 
 The decode loop (tasks/generation/decode.py) switches the model to it for the length of a call with
 :func:`one_token_attention` and back after, so the update's passes never see it. The difference from SDPA is float
-rounding (tests/tasks/test_decode.py: the same greedy tokens, log-probs to 1e-5).
+rounding (tests/tasks/test_step_attention.py: the same tokens drawn, log-probs to 1e-5).
 """
 
 from __future__ import annotations
