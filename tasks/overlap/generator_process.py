@@ -192,7 +192,7 @@ class GeneratorProcess(RolloutEngine):
         if not self._proc.is_alive():
             raise GeneratorDied(self._why())
         try:
-            self._last_here = not self.ready(wait=not self._here_alike())
+            self._last_here = not (self._ready or self.ready(wait=not self._here_alike()))
             if self._last_here:
                 self.drawn_here += 1
                 return self._here.generate(prompts, n, seed, greedy, first=first)

@@ -130,6 +130,14 @@ class ScreenScores:
         """q of pool prompt ``i`` where step ``step`` kept it, else None."""
         return self.kept.get(step, {}).get(i)
 
+    def state_dict(self) -> dict:
+        return {"ahead": self.ahead, "kept": self.kept, "counts": self.counts}
+
+    def load_state_dict(self, s: dict) -> None:
+        """``s`` as :meth:`state_dict` gives it; from a checkpoint written before the screen kept its picks by step,
+        ``{"ahead": ...}`` alone."""
+        self.ahead, self.kept, self.counts = s.get("ahead", {}), s.get("kept", {}), s.get("counts", {})
+
     def metrics(self, step: int, idx: list[int], success: torch.Tensor) -> dict[str, float]:
         """Step ``step``'s estimates against the pass rates ``success`` [B] its prompts ``idx`` then showed (empty
         when it kept nothing by the screen); the step's record is then dropped."""

@@ -477,9 +477,7 @@ class Selector:
                 "own_successes": self.own_successes, "own_trials": self.own_trials,
                 "round_evidence": self.round_evidence, "seen_groups": self.seen_groups,
                 "concentration": self.concentration, "filters": {f.name: f.state_dict() for f in self.filters},
-                "ahead": self.scores.ahead if self.scores is not None else {}, "started": self.started,
-                "screen_kept": self.scores.kept if self.scores is not None else {},
-                "screen_counts": self.scores.counts if self.scores is not None else {},
+                "screen": self.scores.state_dict() if self.scores is not None else None, "started": self.started,
                 "predictor": self.predictor.state_dict() if self.predictor is not None else None,
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 "window": self.window.state_dict() if self.window is not None else None}
@@ -493,10 +491,8 @@ class Selector:
             self.own_successes, self.own_trials = s["own_successes"], s["own_trials"]
             self.round_evidence, self.seen_groups = s["round_evidence"], s["seen_groups"]
             self.concentration = s["concentration"]
-        if self.scores is not None:  # checkpoints written before select.screen_ahead existed have none
-            self.scores.ahead = s.get("ahead", {})
-            # ... and before the screen kept its picks by step: a drawn step's estimates, until its outcome
-            self.scores.kept, self.scores.counts = s.get("screen_kept", {}), s.get("screen_counts", {})
+        if self.scores is not None:  # older checkpoints: only the scores ahead, or (before select.screen_ahead) none
+            self.scores.load_state_dict(s.get("screen") or {"ahead": s.get("ahead", {})})
         self.started = s.get("started")  # ... and before select.round_ahead
         for f in self.filters:  # checkpoints written before prompt filters existed have none
             if f.name in s.get("filters", {}):

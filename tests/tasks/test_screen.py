@@ -253,3 +253,17 @@ def test_a_round_starts_ahead_beside_the_last_steps_generate_call_and_its_first_
     assert fresh.lookahead() is None, "a start that takes reference rollouts waits for its own draw"
     inline, _ = selector(apart=False)
     assert inline.lookahead() is None, "a sampler in the trainer's threads: nothing runs ahead"
+
+
+def test_the_screens_state_round_trips_and_reads_older_checkpoints():
+    """The scores ahead, the picks and the counts by step come back from state_dict; a checkpoint written before the
+    picks were kept by step holds the scores ahead alone, and loads with no picks."""
+    from tasks.selection.screen import ScreenScores
+
+    a = ScreenScores(lambda records: torch.zeros(len(records)), [])
+    a.ahead, a.kept, a.counts = {4: {1: 0.5}}, {3: {2: 0.25}}, {3: [6, 2]}
+    b = ScreenScores(lambda records: torch.zeros(len(records)), [])
+    b.load_state_dict(a.state_dict())
+    assert (b.ahead, b.kept, b.counts) == (a.ahead, a.kept, a.counts)
+    b.load_state_dict({"ahead": {4: {1: 0.5}}})
+    assert (b.ahead, b.kept, b.counts) == ({4: {1: 0.5}}, {}, {})
