@@ -4,27 +4,29 @@
 # line appended to $OUT/verdicts.txt the moment it ends, so what was measured survives whatever comes after.
 # Prepared and run on the CPU first (`CHECK_DEVICE=cpu bash infra/gpu-check.sh` runs each part's CPU twin at small
 # shapes), so that a GPU call spends its time on what only a GPU shows. Budgets on one H200 (s; the CPU twin's on
-# 2 cores in brackets); limits sum to 450 s, 480 s with every part's grace:
+# 2 cores in brackets), each about 1.25x what the part took on an H200 (2026-11-29, docs/performance.md); limits sum
+# to 480 s, 510 s with every part's grace, so one lent call of 10 minutes holds the whole check:
 #
-#   attention  30 (60)  infra/attention-check.py: does the cuDNN SDPA backward return NaN at the training layout of
+#   attention  40 (60)  infra/attention-check.py: does the cuDNN SDPA backward return NaN at the training layout of
 #                       earlier releases (explicit mask, padded length 64 mod 128), and is the mask-free layout clean?
-#   update    140 (150) infra/gpu-bench.py at the shape users train (random Qwen2.5-1.5B, 64 prompts x 8 rollouts,
+#   update    110 (150) infra/gpu-bench.py at the shape users train (random Qwen2.5-1.5B, 64 prompts x 8 rollouts,
 #                       completions to 1,024 tokens, 8,192-token micro-batches, bf16-mixed), full weights and LoRA,
 #                       both with activation checkpointing: s / step, MFU on the tokens the passes computed (real,
 #                       padded beside), peak against the memory check's estimate; each arm's row printed as it ends;
 #                       an arm whose update is skipped fails and is bisected (one model, at most 30 s).
-#   learning   80 (200) infra/learning-check.py: 6 steps at lr 3e-5 on a fixed batch (64 rows to 1,152 tokens),
+#   learning  120 (200) infra/learning-check.py: 6 steps at lr 3e-5 on a fixed batch (64 rows to 1,152 tokens),
 #                       random weights and weights with Qwen2.5-like massive activations: loss and gradient norm each
 #                       step, finite, the loss falling; bf16 against float32 gradients beside plain transformers'.
-#   lora       50 (90)  infra/lora-speed.py --target 1.2: LoRA against full weights on the same batch (128 rows),
+#   lora       60 (90)  infra/lora-speed.py --target 1.2: LoRA against full weights on the same batch (128 rows),
 #                       steps interleaved; exit 1 below 1.2x.
-#   decode     60 (90)  infra/gpu_bench_generation.py: the decoder's first call at 256 rows, a profile of one decode
+#   decode     80 (90)  infra/gpu_bench_generation.py: the decoder's first call at 256 rows, a profile of one decode
 #                       step by part, and 512 rows x 256 new tokens against the card's floor.
-#   pipeline   90 (240) infra/pipeline-check.py: `rlsift run -c conf/smoke.yaml model.device=cuda`, the tiny default
+#   pipeline   70 (240) infra/pipeline-check.py: `rlsift run -c conf/smoke.yaml model.device=cuda`, the tiny default
 #                       end to end: its stages timed, held-out accuracy required to rise.
 #
 # Usage: bash infra/gpu-check.sh [PART ...]          (default: every part, in the order above)
 #   CHECK_DEVICE=cuda|cpu   (default cuda)    OUT=./gpu-check    PY=python3    GRACE=5 (s between SIGTERM and SIGKILL)
+#   RUNS=DIR                the pipeline's run root (default $OUT/runs; elsewhere, $OUT holds only the logs and verdicts)
 #   LIMIT_<part>=S          a part's limit in seconds instead of its budget
 #   CHECK_HANG=<part>       that part hangs on purpose (ignores SIGTERM, leaves a child in a session of its own):
 #                           the check of the limits themselves (tests/test_gpu_check.py)
@@ -37,10 +39,10 @@ OUT=${OUT:-./gpu-check}
 DEVICE=${CHECK_DEVICE:-cuda}
 GRACE=${GRACE:-5}
 mkdir -p "$OUT"
-if [ -f .gpu/site.tar.xz ] && [ ! -d /tmp/rlsift-site ]; then
-  mkdir -p /tmp/rlsift-site && tar -xJf .gpu/site.tar.xz -C /tmp/rlsift-site
+if [ "$DEVICE" = cuda ] && [ -f .gpu/site.tar.xz ]; then  # the GPU host's packages (the CPU twin uses its venv)
+  [ -d /tmp/rlsift-site ] || { mkdir -p /tmp/rlsift-site && tar -xJf .gpu/site.tar.xz -C /tmp/rlsift-site; }
+  export PYTHONPATH=/tmp/rlsift-site:${PYTHONPATH:-}
 fi
-[ -d /tmp/rlsift-site ] && export PYTHONPATH=/tmp/rlsift-site:${PYTHONPATH:-}
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PREFECT_UI_ENABLED=false PREFECT_HOME=${PREFECT_HOME:-/tmp/rlsift-prefect} \
   HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 PARTS=("$@")
@@ -48,7 +50,7 @@ PARTS=("$@")
 
 declare -A BUDGET
 if [ "$DEVICE" = cuda ]; then
-  BUDGET=([attention]=30 [update]=140 [learning]=80 [lora]=50 [decode]=60 [pipeline]=90)
+  BUDGET=([attention]=40 [update]=110 [learning]=120 [lora]=60 [decode]=80 [pipeline]=70)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/card.txt"
   ATTENTION=()
   UPDATE=(--no-generation --models 1.5b --modes full+ckpt lora+ckpt --rows 512 --bisect-seconds 30)
@@ -137,7 +139,7 @@ for part in "${PARTS[@]}"; do
     learning) run_part learning "$PY" infra/learning-check.py "${LEARNING[@]}" ;;
     lora) run_part lora "$PY" infra/lora-speed.py "${LORA[@]}" ;;
     decode) run_part decode "$PY" infra/gpu_bench_generation.py "${DECODE[@]}" ;;
-    pipeline) run_part pipeline "$PY" infra/pipeline-check.py --root "$OUT/runs" "${PIPELINE[@]}" ;;
+    pipeline) run_part pipeline "$PY" infra/pipeline-check.py --root "${RUNS:-$OUT/runs}" "${PIPELINE[@]}" ;;
     *) echo "unknown part $part (attention, update, learning, lora, decode, pipeline)" >&2; exit 2 ;;
   esac
 done

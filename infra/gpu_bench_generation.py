@@ -414,6 +414,7 @@ def capture_check(device) -> list[str]:
     except RuntimeError as err:
         raised = str(err)
     restored = torch.cuda.current_stream() == before
+    pool = torch.cuda.graph_pool_handle()  # as the decoder does: the failed capture's pool is not reused
     graph = torch.cuda.CUDAGraph()
     capture(graph, lambda: x.add_(1), pool=pool, stream=stream, mode="global")
     graph.replay()

@@ -8,6 +8,10 @@
   and retries the same graph at a later call (other graphs, smaller buckets among them, are captured meanwhile), up
   to ``oom_retries`` times; any other error means the model cannot be captured, and the steps run eagerly from then
   on, with one warning. It holds no CUDA state: tests/tasks/test_capture.py feeds it exceptions on the CPU.
+- A failed capture leaves its memory pool unusable once its graph is gone: the next ``capture_begin`` into it fails
+  PyTorch's internal assertion ``use_count > 0`` (in the device allocator, and in the pinned host allocator even
+  with the pool held by a ``torch.cuda.MemPool``; seen on an H200 with torch 2.11, docs/performance.md). The
+  decoder takes a new pool after a failure.
 - :func:`capture_mode`: under several ranks ``"thread_local"``, so the NCCL watchdog's calls in its own thread do
   not invalidate the capture (``cudaStreamCaptureModeThreadLocal``); ``"global"`` for one process.
 """

@@ -257,6 +257,7 @@ class Decoder:
                     mode=capture_mode(world_size()))
         except Exception as err:  # noqa: BLE001 - the policy decides; the step runs eagerly either way
             del graph
+            self._pool = None  # a failed capture leaves its pool unusable: the next capture takes a new one
             if self.policy.failed(key, err) == "retry":
                 torch.cuda.empty_cache()
             self._step_body(m, width, sampling)

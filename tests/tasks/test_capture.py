@@ -58,3 +58,42 @@ def test_several_ranks_capture_thread_local():
         capture_mode(0)
     with pytest.raises(ValueError, match="oom_retries -1"):
         CapturePolicy(oom_retries=-1)
+
+
+def test_the_decoder_takes_a_new_pool_after_a_failed_capture(monkeypatch):
+    """A capture that fails leaves its pool unusable (PyTorch's ``use_count > 0`` assertion at the next
+    ``capture_begin``, seen on an H200): the decoder's next capture must go to a new pool, and a capture that
+    succeeds keeps the pool for the graphs after it. The CUDA calls are replaced by recorders; the decision is the
+    decoder's own (``Decoder._step``)."""
+    import tasks.generation.decode as decode
+
+    handles = iter(range(1, 100))
+    used: list[int] = []
+
+    class Graph:
+        def replay(self):
+            pass
+
+    def fake_capture(graph, fn, *, pool, stream, mode):
+        used.append(pool)
+        if len(used) == 1:
+            raise OOM
+        return fn()
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (next(handles), 0))
+    monkeypatch.setattr(torch.cuda, "Stream", object)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(decode, "capture", fake_capture)
+    dec = decode.Decoder(torch.nn.Linear(1, 1))
+    ran: list[tuple] = []
+    monkeypatch.setattr(dec, "_step_body", lambda m, width, sampling: ran.append((m, width)))
+    for key in (KEY, SMALLER):
+        dec._step(*key, graphs=True)  # the warm-up run of each key: eager, no capture
+    dec._step(*KEY, graphs=True)  # out of memory: eager, a new pool for the next capture
+    dec._step(*SMALLER, graphs=True)  # captured
+    dec.policy.new_call()
+    dec._step(*KEY, graphs=True)  # retried at a later call: captured in the same pool as SMALLER's graph
+    assert used == [(1, 0), (2, 0), (2, 0)], used
+    assert dec.graphs == 2 and len(ran) == 5
