@@ -334,7 +334,7 @@ class Decoder:
                     break
                 smaller = next(x for x in sizes if x >= live)
                 if smaller < m:
-                    self._compact(m, smaller)
+                    self._compact(m, smaller, big_p + t - 1)
                     m = smaller
             w = opts.width_multiple
             width = s if w is None else min(s, -(-(big_p + t) // w) * w)
@@ -358,12 +358,19 @@ class Decoder:
                             use_cache=True, logits_to_keep=1).logits[:, -1]
         return logits, pre
 
-    def _compact(self, m: int, smaller: int) -> None:
-        """Gather the live rows (and finished ones to fill the bucket) to the front of every buffer."""
+    def _compact(self, m: int, smaller: int, written: int) -> None:
+        """Gather the live rows (and finished ones to fill the bucket) to the front of every buffer. Of the cache and
+        the mask only the first ``written`` columns move (the prompt and the steps so far): a later column is closed
+        in every row's mask until the step that writes it, so what it held never reaches a softmax's output, and
+        copying it only cost time. The gather is ``index_select`` into a new tensor, then one copy back: on the CPU
+        about 6x faster than assigning an advanced index (``buf[:k] = buf[order]``), which went through
+        ``index_put_`` and took 13 % of a draw where every finished row leaves at once."""
         order = torch.argsort(self._done[:m].to(torch.int8), stable=True)[:smaller]  # live rows first, in row order
-        for buf in self.cache.keys + self.cache.values + [self._mask, self._tok, self._pos, self._row_of, self._done,
-                                                          self._keys]:
-            buf[:smaller] = buf[order]
+        for buf in self.cache.keys + self.cache.values:  # [rows, kv_heads, S, head_dim]
+            buf[:smaller, :, :written].copy_(buf[:, :, :written].index_select(0, order))
+        self._mask[:smaller, ..., :written].copy_(self._mask[..., :written].index_select(0, order))
+        for buf in (self._tok, self._pos, self._row_of, self._done, self._keys):
+            buf[:smaller].copy_(buf.index_select(0, order))
 
 
 def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, n: int = 1,
