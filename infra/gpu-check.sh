@@ -4,8 +4,10 @@
 # line appended to $OUT/verdicts.txt the moment it ends, so what was measured survives whatever comes after.
 # Prepared and run on the CPU first (`CHECK_DEVICE=cpu bash infra/gpu-check.sh` runs each part's CPU twin at small
 # shapes), so that a GPU call spends its time on what only a GPU shows. Budgets on one H200 (s; the CPU twin's on
-# 2 cores in brackets), each about 1.25x what the part took on an H200 (2026-11-29, docs/performance.md); limits sum
-# to 480 s, 510 s with every part's grace, so one lent call of 10 minutes holds the whole check:
+# 2 cores in brackets), each about 1.25x what the part took on an H200 (2026-11-29, docs/performance.md; the LoRA
+# profile's a guess, not yet run there); limits sum to 525 s, 560 s with every part's grace, so one lent call of
+# 10 minutes holds the whole check, and $OUT holds 8 files (7 logs and verdicts.txt, which starts with the card and
+# the versions), what one call brings back:
 #
 #   attention  40 (60)  infra/attention-check.py: does the cuDNN SDPA backward return NaN at the training layout of
 #                       earlier releases (explicit mask, padded length 64 mod 128), and is the mask-free layout clean?
@@ -19,6 +21,8 @@
 #                       step, finite, the loss falling; bf16 against float32 gradients beside plain transformers'.
 #   lora       60 (90)  infra/lora-speed.py --target 1.2: LoRA against full weights on the same batch (128 rows),
 #                       steps interleaved; exit 1 below 1.2x.
+#   lora_profile 45 (60) infra/lora-speed.py --profile: where each arm's step goes, by op category and costliest
+#                       ops, on one micro-batch of 8 rows (why LoRA was 0.88x full weights on the H200).
 #   decode     80 (90)  infra/gpu_bench_generation.py: the decoder's first call at 256 rows, a profile of one decode
 #                       step by part, and 512 rows x 256 new tokens against the card's floor.
 #   pipeline   70 (240) infra/pipeline-check.py: `rlsift run -c conf/smoke.yaml model.device=cuda`, the tiny default
@@ -46,29 +50,31 @@ fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PREFECT_UI_ENABLED=false PREFECT_HOME=${PREFECT_HOME:-/tmp/rlsift-prefect} \
   HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 PARTS=("$@")
-[ ${#PARTS[@]} -eq 0 ] && PARTS=(attention update learning lora decode pipeline)
+[ ${#PARTS[@]} -eq 0 ] && PARTS=(attention update learning lora lora_profile decode pipeline)
 
 declare -A BUDGET
 if [ "$DEVICE" = cuda ]; then
-  BUDGET=([attention]=40 [update]=110 [learning]=120 [lora]=60 [decode]=80 [pipeline]=70)
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/card.txt"
+  BUDGET=([attention]=40 [update]=110 [learning]=120 [lora]=60 [lora_profile]=45 [decode]=80 [pipeline]=70)
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/verdicts.txt"
   ATTENTION=()
   UPDATE=(--no-generation --models 1.5b --modes full+ckpt lora+ckpt --rows 512 --bisect-seconds 30)
   LEARNING=()
   LORA=(--rows 128 --target 1.2)
+  LORA_PROFILE=(--profile --rows 8 --micro-batch-tokens 16384 --top 12)
   DECODE=()
   PIPELINE=(--device cuda)
 else
-  BUDGET=([attention]=60 [update]=150 [learning]=200 [lora]=90 [decode]=90 [pipeline]=240)
+  BUDGET=([attention]=60 [update]=150 [learning]=200 [lora]=90 [lora_profile]=60 [decode]=90 [pipeline]=240)
   ATTENTION=(--toy)
   UPDATE=(--toy --no-generation --modes full+ckpt lora+ckpt --rows 16 --bisect-seconds 30)
   LEARNING=(--toy --rows 8 --compare-rows 8 --steps 5)
   LORA=(--model toy --rows 8 --completion 64 --micro-batch-tokens 1024)
+  LORA_PROFILE=(--model toy --profile --rows 8 --completion 64 --micro-batch-tokens 4096 --top 8)
   DECODE=(--rows 4 8 --new 4)
   PIPELINE=(--device cpu train.steps=8 eval.every=4 eval.limit=100)
 fi
 "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
-'transformers', transformers.__version__)" | tee -a "$OUT/card.txt"
+'transformers', transformers.__version__)" | tee -a "$OUT/verdicts.txt"
 
 # A part that hangs on purpose: it ignores SIGTERM (as Prefect's events client did, retrying a closed server) and
 # leaves a child in a session of its own, which no process-group signal reaches.
@@ -138,9 +144,10 @@ for part in "${PARTS[@]}"; do
     update) run_part update "$PY" infra/gpu-bench.py "${UPDATE[@]}" ;;
     learning) run_part learning "$PY" infra/learning-check.py "${LEARNING[@]}" ;;
     lora) run_part lora "$PY" infra/lora-speed.py "${LORA[@]}" ;;
+    lora_profile) run_part lora_profile "$PY" infra/lora-speed.py "${LORA_PROFILE[@]}" ;;
     decode) run_part decode "$PY" infra/gpu_bench_generation.py "${DECODE[@]}" ;;
     pipeline) run_part pipeline "$PY" infra/pipeline-check.py --root "${RUNS:-$OUT/runs}" "${PIPELINE[@]}" ;;
-    *) echo "unknown part $part (attention, update, learning, lora, decode, pipeline)" >&2; exit 2 ;;
+    *) echo "unknown part $part (attention, update, learning, lora, lora_profile, decode, pipeline)" >&2; exit 2 ;;
   esac
 done
 exit $FAILED

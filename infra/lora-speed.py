@@ -201,6 +201,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {c} | " + " | ".join(f"{best[m].get(c, 0.0):.1f}" for m in modes) + " |")
         for a in arms[:len(arms) if args.top else 0]:
             print(f"{a.mode}: " + ", ".join(f"{k} {v:.0f}" for k, v in a.top[:args.top]))
+        first, second = (best[m] for m in modes)
+        excess = sorted(((second.get(c, 0.0) - first.get(c, 0.0), c) for c in cats[:-1]), reverse=True)[:2]
+        print(f"verdict: {modes[0]} {first['total']:.1f} ms, {modes[1]} {second['total']:.1f} ms a micro-batch's step "
+              f"({first['total'] / second['total']:.2f}x); {modes[1]}'s largest excess: "
+              + ", ".join(f"{c} {d:+.1f} ms" for d, c in excess))
         return 0
     seconds = {m: math.inf for m in modes}
     for _ in range(args.steps):
