@@ -6,8 +6,8 @@
 # shapes), so that a GPU call spends its time on what only a GPU shows. Budgets on one H200 (s; the CPU twin's on
 # 2 cores in brackets), each about 1.25x what the part took on an H200 (2026-11-29, docs/performance.md; the LoRA
 # profile's a guess, not yet run there); limits sum to 525 s, 560 s with every part's grace, so one lent call of
-# 10 minutes holds the whole check, and $OUT holds 8 files (7 logs and verdicts.txt, which starts with the card and
-# the versions), what one call brings back:
+# 10 minutes holds the whole check, and $OUT holds 8 files (7 logs and verdicts.txt, whose first line names the card
+# and the versions), what one call brings back:
 #
 #   attention  40 (60)  infra/attention-check.py: does the cuDNN SDPA backward return NaN at the training layout of
 #                       earlier releases (explicit mask, padded length 64 mod 128), and is the mask-free layout clean?
@@ -55,7 +55,7 @@ PARTS=("$@")
 declare -A BUDGET
 if [ "$DEVICE" = cuda ]; then
   BUDGET=([attention]=40 [update]=110 [learning]=120 [lora]=60 [lora_profile]=45 [decode]=80 [pipeline]=70)
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/verdicts.txt"
+  CARD="$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader); "
   ATTENTION=()
   UPDATE=(--no-generation --models 1.5b --modes full+ckpt lora+ckpt --rows 512 --bisect-seconds 30)
   LEARNING=()
@@ -73,8 +73,8 @@ else
   DECODE=(--rows 4 8 --new 4)
   PIPELINE=(--device cpu train.steps=8 eval.every=4 eval.limit=100)
 fi
-"$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
-'transformers', transformers.__version__)" | tee -a "$OUT/verdicts.txt"
+VERSIONS=$("$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'transformers', transformers.__version__)" 2>&1 | tail -n 1)
 
 # A part that hangs on purpose: it ignores SIGTERM (as Prefect's events client did, retrying a closed server) and
 # leaves a child in a session of its own, which no process-group signal reaches.
@@ -137,7 +137,7 @@ run_part() {  # NAME COMMAND...: the command under the part's limit, in a sessio
   echo "$line: $said" | tee -a "$OUT/verdicts.txt"
 }
 
-echo "== gpu-check on $DEVICE, $(date -u +%FT%TZ)" | tee -a "$OUT/verdicts.txt"
+echo "== gpu-check on $DEVICE, $(date -u +%FT%TZ): ${CARD:-}$VERSIONS" | tee -a "$OUT/verdicts.txt"
 for part in "${PARTS[@]}"; do
   case $part in
     attention) run_part attention "$PY" infra/attention-check.py "${ATTENTION[@]}" ;;
