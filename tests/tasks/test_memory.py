@@ -2,42 +2,66 @@
 metrics, and the generator process's own."""
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
 
-from tasks.records.cost import CostMeter
-from tasks.records.memory import PeakMemory, own_peak_mb
+from tests.conftest import ROOT
+
+
+def _in_a_fresh_process(body: str) -> dict:
+    """``body`` run by a new Python process, which prints one JSON object: a process's resident set moves with
+    whatever else it runs, so the pytest process (threads and freed arenas that earlier tests left) cannot time a
+    phase's peak to the megabyte; a process of its own can."""
+    code = ("import json, torch\nfrom tasks.records.cost import CostMeter\n"
+            "from tasks.records.memory import PeakMemory, own_peak_mb\n" + textwrap.dedent(body))
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_each_phase_gets_its_own_peak_and_take_forgets_them():
-    mem = PeakMemory("cpu")
-    meter = CostMeter(prices={"cpu": 0.1}, device="cpu", devices=1, memory=mem)
-    with meter.stage("big"):
-        block = torch.ones(256 * 2**20 // 4)  # 256 MiB, touched: well above what earlier tests left resident
-        del block
-    with meter.stage("small"):
-        torch.ones(16)
-    got = mem.take()
-    assert set(got) == {"memory/big_peak_mb", "memory/small_peak_mb"} and meter.seconds.keys() == {"big", "small"}
-    assert mem.resettable
-    assert got["memory/big_peak_mb"] >= got["memory/small_peak_mb"] + 128  # the small phase does not inherit it
-    assert got["memory/small_peak_mb"] <= own_peak_mb("cpu") + 1
-    assert mem.take() == {}
+    got = _in_a_fresh_process("""
+        mem = PeakMemory("cpu")
+        meter = CostMeter(prices={"cpu": 0.1}, device="cpu", devices=1, memory=mem)
+        with meter.stage("big"):
+            block = torch.ones(256 * 2**20 // 4)  # 256 MiB, touched
+            del block
+        with meter.stage("small"):
+            torch.ones(16)
+        got = mem.take()
+        print(json.dumps({"got": got, "stages": sorted(meter.seconds), "resettable": mem.resettable,
+                          "now": own_peak_mb("cpu"), "again": mem.take()}))
+    """)
+    peaks = got["got"]
+    assert set(peaks) == {"memory/big_peak_mb", "memory/small_peak_mb"} and got["stages"] == ["big", "small"]
+    assert got["resettable"]
+    assert peaks["memory/big_peak_mb"] >= peaks["memory/small_peak_mb"] + 128  # the small phase does not inherit it
+    assert peaks["memory/small_peak_mb"] <= got["now"] + 1
+    assert got["again"] == {}
 
 
 def test_a_phase_run_twice_in_a_step_reports_its_larger_peak():
-    mem = PeakMemory("cpu")
-    with mem.phase("update"):
-        block = torch.ones(192 * 2**20 // 4)
-        del block
-    first = mem.take()["memory/update_peak_mb"]
-    with mem.phase("update"):
-        block = torch.ones(192 * 2**20 // 4)
-        del block
-    with mem.phase("update"):
-        torch.ones(16)
-    assert mem.take()["memory/update_peak_mb"] == pytest.approx(first, abs=16)
+    got = _in_a_fresh_process("""
+        mem = PeakMemory("cpu")
+        with mem.phase("update"):
+            block = torch.ones(192 * 2**20 // 4)
+            del block
+        first = mem.take()["memory/update_peak_mb"]
+        with mem.phase("update"):
+            block = torch.ones(192 * 2**20 // 4)
+            del block
+        with mem.phase("update"):
+            torch.ones(16)
+        print(json.dumps({"first": first, "twice": mem.take()["memory/update_peak_mb"], "small": own_peak_mb("cpu")}))
+    """)
+    assert got["twice"] == pytest.approx(got["first"], abs=16)
+    assert got["first"] >= got["small"] + 128  # the 192 MiB phase's peak was seen at all
 
 
 @pytest.mark.parametrize("lag", [0, 1])
