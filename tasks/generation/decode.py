@@ -359,12 +359,10 @@ class Decoder:
         return logits, pre
 
     def _compact(self, m: int, smaller: int, written: int) -> None:
-        """Gather the live rows (and finished ones to fill the bucket) to the front of every buffer. Of the cache and
-        the mask only the first ``written`` columns move (the prompt and the steps so far): a later column is closed
-        in every row's mask until the step that writes it, so what it held never reaches a softmax's output, and
-        copying it only cost time. The gather is ``index_select`` into a new tensor, then one copy back: on the CPU
-        about 6x faster than assigning an advanced index (``buf[:k] = buf[order]``), which went through
-        ``index_put_`` and took 13 % of a draw where every finished row leaves at once."""
+        """Gather the live rows (and finished ones to fill the bucket) to the front of every buffer: of the cache and
+        the mask only the ``written`` columns (a later one stays closed in every row's mask until its step writes
+        it), by ``index_select`` and a copy (an advanced-index assignment took 13 % of a CPU draw: docs/performance.md,
+        "The decode loop")."""
         order = torch.argsort(self._done[:m].to(torch.int8), stable=True)[:smaller]  # live rows first, in row order
         for buf in self.cache.keys + self.cache.values:  # [rows, kv_heads, S, head_dim]
             buf[:smaller, :, :written].copy_(buf[:, :, :written].index_select(0, order))
