@@ -192,7 +192,7 @@ class GeneratorProcess(RolloutEngine):
         if not self._proc.is_alive():
             raise GeneratorDied(self._why())
         try:
-            self._last_here = not (self._ready or self.ready(wait=not self._here_alike()))
+            self._last_here = not self.ready(wait=not self._here_alike())  # drawn here: the child is starting
             if self._last_here:
                 self.drawn_here += 1
                 return self._here.generate(prompts, n, seed, greedy, first=first)
@@ -224,7 +224,7 @@ class GeneratorProcess(RolloutEngine):
             if status != "ready":
                 raise GeneratorDied(f"the generator process (pid {self._proc.pid}) said {status!r} before it was "
                                     "ready")
-            self._ready = True
+            self._ready, self._here = True, None  # the child draws from now on: this process's engine goes
             log.info("generator process %d ready %.1f s after its start; %d generate call%s made here meanwhile",
                      self._proc.pid, time.perf_counter() - self._started, self.drawn_here,
                      "s"[:self.drawn_here != 1])
