@@ -128,7 +128,7 @@ def plan_arms(config: str | None, overrides: list[str], names: list[str], seed: 
         return None
     items = configuration_items(overrides, plan_base(names), seed, quick, policy_path)
     return plan_flow(config=config, overrides=[*items, f"plan.candidates={json.dumps(candidates)}",
-                                               "tracking.register_model=false"])["plan"]
+                                               "plan.prune=false", "tracking.register_model=false"])["plan"]
 
 
 def clock_skips(cfg: Config) -> tuple[str, ...]:

@@ -12,7 +12,7 @@ from rlcore.plan import Prediction
 #: Predicted step times within this share of the cheapest count as a tie, broken by the larger signal.
 TIE = 0.05
 
-__all__ = ["TIE", "RunClock", "choose", "run_clock"]
+__all__ = ["TIE", "RunClock", "choose", "out_of_reach", "run_clock"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,35 @@ def run_clock(chosen: Prediction, base: Prediction, upfront_s: float) -> RunCloc
                     chosen.upfront_s)
 
 
+def _keeps_signal(p: Prediction, base: Prediction, min_signal: float) -> bool:
+    return p.signal >= min_signal * base.signal - 1e-9
+
+
+def _earns_back(p: Prediction, base: Prediction, plan_s: float) -> bool:
+    """Whether ``p``'s clock with what the run spent before its first step is at most the baseline's (a prediction
+    saved without a training clock has nothing to earn back with)."""
+    return base.train_s <= 0 or run_clock(p, base, plan_s).with_plan <= 1
+
+
+def out_of_reach(p: Prediction, base: Prediction, min_signal: float, plan_s: float) -> str | None:
+    """Why :func:`choose` could not choose ``p`` over ``base`` whatever the costs not yet measured, or None.
+
+    ``p`` is predicted with those costs at 0 and ``plan_s`` is what the run has spent so far: every cost enters a
+    prediction with a weight >= 0 (rlcore/plan.py) and the run only spends more, so ``p``'s step and clock can only
+    grow, and its signal does not depend on costs. ``base`` must need none of the costs not yet measured (its
+    prediction is then exact). The plan's probe stops measuring for a candidate out of reach
+    (tasks/plan/probe.py)."""
+    if not _keeps_signal(p, base, min_signal):
+        return (f"{p.signal / base.signal if base.signal else 0:.2f}x {base.name}'s informative groups a step, under "
+                f"{min_signal:.0%}")
+    if p.step_s >= base.step_s:
+        return f"its step at least {p.step_s:.3g} s against {base.name}'s {base.step_s:.3g} s"
+    if not _earns_back(p, base, plan_s):
+        return (f"at least {run_clock(p, base, plan_s).with_plan:.2f}x {base.name}'s clock with the {plan_s:.0f} s "
+                "spent before its first step")
+    return None
+
+
 def choose(base: Prediction, predictions: list[Prediction], min_signal: float,
            plan_s: float = 0.0) -> tuple[Prediction, str]:
     """The prediction with the cheapest step whose signal is at least ``min_signal`` times the baseline's and whose
@@ -65,11 +94,8 @@ def choose(base: Prediction, predictions: list[Prediction], min_signal: float,
         raise ValueError(f"min_signal must be in [0, 1], got {min_signal!r}")
     if not math.isfinite(plan_s) or plan_s < 0:
         raise ValueError(f"plan_s must be finite and >= 0, got {plan_s!r}")
-    qualify = [p for p in predictions if p.signal >= min_signal * base.signal - 1e-9 and p.step_s < base.step_s]
-    if base.train_s > 0:  # a saved prediction without a training clock has nothing to earn back with
-        earns = [p for p in qualify if run_clock(p, base, plan_s).with_plan <= 1]
-    else:
-        earns = qualify
+    qualify = [p for p in predictions if _keeps_signal(p, base, min_signal) and p.step_s < base.step_s]
+    earns = [p for p in qualify if _earns_back(p, base, plan_s)]
     cheapest = min((p.step_s for p in earns), default=base.step_s)
     best = max((p for p in earns if p.step_s <= (1 + TIE) * cheapest), key=lambda p: p.signal, default=base)
     if best.step_s >= base.step_s:

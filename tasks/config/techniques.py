@@ -79,6 +79,11 @@ class PlanConfig(_Frozen):
         "A candidate qualifies when its predicted informative groups a step are at least this share of the "
         "baseline's; the cheapest qualifying one is chosen. 1: GRPO's signal; candidates the plan predicted at 0.8 "
         "to 0.9 of it ended a point below GRPO (docs/benchmarks.md, S26 and S27)."))
+    prune: bool = Field(True, description=(
+        "Once the probe has timed what every step pays (generation, the update, the optimizer step, a checkpoint, "
+        "the bookkeeping), stop measuring for the candidates that could not be chosen even if what they alone pay "
+        "(the screen's pass, the scoring, DOTS's predictor) cost nothing; their predictions are then lower bounds. "
+        "false: measure for every candidate (`rlsift bench` sets it, to compare every prediction)."))
     probe_prompts: int = Field(16, ge=1, description=(
         "Reference prompts the probe generates rollout.n rollouts for and updates on (timed, no weight change)."))
 

@@ -18,7 +18,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import torch
 
 from rlcore.overlap_lag import LagChoice
 from rlcore.plan import Composition, PoolStats, Prediction, predict, without_rule
-from rlcore.plan_choice import RunClock, choose, run_clock
+from rlcore.plan_choice import RunClock, choose, out_of_reach, run_clock
 from rlcore.seeding import derive_seed
 from rlcore.step_costs import CallCost, UnitCosts
 from tasks.calibration.record import Calibration
@@ -125,7 +125,9 @@ class Plan:
     ``upfront_s``: what this run spends before its first step and plain GRPO would not: its calibration and the
     plan (measured) and the scoring of its pool (predicted); ``savings``: for each technique inside a candidate's step
     (rlcore/step_rules.py: the waves, the skip), what it saves on this pool against the candidate without it
-    (:func:`saving`)."""
+    (:func:`saving`); ``out_of_reach``: candidates the probe stopped measuring for once what every step pays was
+    timed, and why (tasks/plan/probe.py): their predictions leave out what they alone pay and was not timed, so
+    their steps and clocks are lower bounds (their savings say so)."""
 
     shares: dict[str, float]
     g: int
@@ -139,6 +141,7 @@ class Plan:
     overlap: LagChoice | None = None
     upfront_s: float = 0.0
     savings: tuple[str, ...] = ()
+    out_of_reach: dict[str, str] = field(default_factory=dict)
 
     @property
     def chosen(self) -> Prediction:
@@ -183,7 +186,11 @@ class Plan:
         for p in (self.baseline, *self.predictions):
             if p.name == self.baseline.name and p is not self.baseline:
                 continue
-            out.append({"composition": p.name, "chosen": "yes" if p.name == self.choice else "",
+            chosen = ("yes" if p.name == self.choice else
+                      f"out of reach ({self.out_of_reach[p.name]}): its figures are lower bounds"
+                      if p.name in self.out_of_reach
+                      else "")
+            out.append({"composition": p.name, "chosen": chosen,
                         "effective_ratio": round(p.effective_ratio, 3),
                         "informative_groups": round(p.signal, 1), "vs_grpo_signal": round(
                             p.signal / self.baseline.signal, 2) if self.baseline.signal else None,
@@ -250,7 +257,7 @@ class Plan:
                 "predictions": [asdict(p) for p in self.predictions], "unavailable": self.unavailable,
                 "choice": self.choice, "reason": self.reason, "overrides": list(self.overrides),
                 "overlap": None if self.overlap is None else lag_to_json(self.overlap), "upfront_s": self.upfront_s,
-                "savings": list(self.savings)}
+                "savings": list(self.savings), "out_of_reach": self.out_of_reach}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Plan:
@@ -259,7 +266,8 @@ class Plan:
                    unavailable=d["unavailable"], choice=d["choice"], reason=d["reason"],
                    overrides=tuple(d["overrides"]),
                    overlap=lag_from_json(d["overlap"]) if d.get("overlap") is not None else None,
-                   upfront_s=d.get("upfront_s", 0.0), savings=tuple(d.get("savings", ())))
+                   upfront_s=d.get("upfront_s", 0.0), savings=tuple(d.get("savings", ())),
+                   out_of_reach=d.get("out_of_reach", {}))
 
     def save(self, path: Path) -> Path:
         write_json(path, self.to_json())
@@ -336,12 +344,30 @@ def _make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibratio
             continue
         comps.append(c)
     base = composition(pc.baseline, candidate_config(cfg, pc.baseline), len(pool))
-    dots = next((configs[c.name] for c in comps if c.predictor), None)
+    out: dict[str, str] = {}  # candidates out of reach once what every step pays is timed, and why
+
+    def live(step_costs: UnitCosts) -> list[Composition]:
+        """The baseline and the candidates still in reach (rlcore/plan_choice.py ``out_of_reach``): predicted with
+        the costs only some candidates pay at 0, against the baseline, which pays none of them."""
+        if not pc.prune or base.screen > 1 or base.predictor or base.scored:
+            return [base, *comps]
+        lower_base, lower = predict(comps, base, stats, step_costs)
+        spent = spent_s + time.perf_counter() - t0
+        out.update((c.name, why) for c, p in zip(comps, lower, strict=True) if c.name != base.name
+                   and (why := out_of_reach(p, lower_base, pc.min_signal, spent)) is not None)
+        if out:
+            say(f"probe: {', '.join(out)} out of reach (each predicted with what it alone pays at 0), so not probed "
+                "further")
+        return [base, *(c for c in comps if c.name not in out)]
+
+    dots = {c.name: configs[c.name] for c in comps if c.predictor}
     costs = probe_costs(policy, cfg, ProbeInputs(records=refs, pool=pool, calibration=calibration,
-                                                 comps=[base, *comps], stats=stats, dots=dots, scratch=scratch),
+                                                 comps=[base, *comps], stats=stats, dots=dots, scratch=scratch,
+                                                 live=live),
                         derive_seed(cfg.seed, "plan-probe"), device, say)
     baseline, predictions = predict(comps, base, stats, costs)
     savings = tuple(saving(rule.name, p, predict([without_rule(c, rule.name)], base, stats, costs)[1][0])
+                    + (" (out of reach: steps without what it alone pays, not timed)" if c.name in out else "")
                     for c, p in zip(comps, predictions, strict=True) for rule in c.rules)
     for p in (baseline, *(p for p in predictions if p.name != baseline.name)):  # the baseline once
         say(f"candidate {p.name}: effective ratio {p.effective_ratio:.2f}, training clock (its steps and what it "
@@ -358,7 +384,8 @@ def _make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibratio
     upfront = spent_s + time.perf_counter() - t0 + len(pool) * costs.score_s
     return Plan(shares=stats.shares, g=stats.g, costs=costs, baseline=baseline, predictions=tuple(predictions),
                 unavailable=unavailable, choice=best.name, reason=reason,
-                overrides=tuple(preset_overrides(best.name)), overlap=overlap, upfront_s=upfront, savings=savings)
+                overrides=tuple(preset_overrides(best.name)), overlap=overlap, upfront_s=upfront, savings=savings,
+                out_of_reach=out)
 
 
 def saving(technique: str, with_it: Prediction, without: Prediction) -> str:

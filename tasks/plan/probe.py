@@ -23,14 +23,22 @@ rlcore/plan.py predicts each candidate's clock from these measurements (:class:`
 - **The screen's teacher-forced pass** (where a candidate screens) at its candidates' count and half of it.
 - **A step's bookkeeping**: the draw over the pool, a step's selection and group rows written to a scratch ledger
   (tasks/records/ledger/, the same code), and a step's metrics line to a scratch outbox and ``metrics.jsonl``.
-- **Scoring and DOTS's predictor** (where a candidate reads them): one batch of the pool scored (the reference
-  prompts first), and DOTS's predictor (tasks/selection/selector.py ``dots_predictor``) labelled with the
+- **Scoring and DOTS's predictor**: one batch of the pool scored (the reference prompts first: a run that plans
+  scores its pool whatever it then trains, tasks/stages.py ``score_stage``, so the plan counts it before the first
+  step), and, where a candidate draws with it, DOTS's predictor (tasks/selection/selector.py ``dots_predictor``) labelled with the
   calibration's pass rates on their embeddings, fitted for ``select.predictor.fit_steps`` and asked for the
   pool's predictions, as a round does.
 
 Every timing is repeated until it holds still (tasks/plan/timing.py: the median of the last few samples once they
 agree, a cap on samples and seconds); one that never agrees, and a decode step's cost that the two generate calls
 cannot tell from a token's, are listed in ``UnitCosts.untrusted``, logged, and shown with the plan (never a 0.0 ms).
+
+**Only for a candidate in reach.** Generation, the update, the optimizer step, the checkpoint and the bookkeeping
+are what every step pays, the baseline's too; the screen's pass and DOTS's predictor only some candidates'. Once
+the first are timed, the plan may name the candidates still in reach (``ProbeInputs.live``; rlcore/plan_choice.py
+``out_of_reach``: predicted with the rest at 0, a lower bound, they could still be chosen), and the rest is timed
+for those only, or not at all (docs/algorithms.md 9.1: the real model's screen pass took 22 s of a 112 s probe, for
+candidates that could not win).
 
 Deviations: the probe times the single-process update without activation checkpointing (sharded backends and
 ``train.gradient_checkpointing`` change it); the predictor is timed with the first DOTS candidate's settings.
@@ -45,7 +53,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -96,18 +104,20 @@ class _Untrusted(list):
 @dataclass(frozen=True)
 class ProbeInputs:
     """What the probe reads: ``records`` (the probe's prompts, cycled where a call needs more), ``pool`` and its
-    ``calibration`` (scoring and the predictor), ``comps`` (the candidates and the baseline: their call sizes and
-    what they read) and ``stats`` (their batch sizes), ``dots`` (the first candidate config that draws with DOTS,
-    None where none does) and ``scratch`` (a folder for the scratch ledger and checkpoint; None: the system's
-    temporary folder)."""
+    ``calibration`` (scoring and the predictor), ``comps`` (the baseline first, then the candidates: their call
+    sizes and what they read) and ``stats`` (their batch sizes), ``dots`` (the configs of the candidates that draw
+    with DOTS, by name: the first one still in reach has its predictor timed), ``scratch`` (a folder for the
+    scratch ledger and checkpoint; None: the system's temporary folder) and ``live`` (given the costs every step
+    pays, timed, and the rest at 0, the candidates still in reach, the baseline first; None: every candidate)."""
 
     records: list[PromptRecord]
     pool: list[PromptRecord]
     calibration: Calibration
     comps: list[Composition]
     stats: PoolStats
-    dots: Config | None = None
+    dots: dict[str, Config] = field(default_factory=dict)
     scratch: Path | None = None
+    live: Callable[[UnitCosts], list[Composition]] | None = None
 
 
 def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, device: torch.device | str = "cpu",
@@ -136,21 +146,22 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, dev
     sizes = _update_sizes(inputs.comps, inputs.stats, rc.n, len(groups))
     say(f"probe: the update of {sizes[0]} and {sizes[1]} groups, the optimizer step, a round's checkpoint")
     update, optimizer_s, round_s = _probe_update(policy, groups, sizes, cfg, device, inputs.scratch, untrusted)
-    if any(c.screen > 1 for c in inputs.comps):
-        say("probe: the screen's teacher-forced pass")
-    forward, solution_tokens = _probe_screen(policy, records, cfg, inputs.comps, device, untrusted)
-    if any(c.scored or c.predictor for c in inputs.comps):
-        say("probe: scoring a batch of the pool" + (", DOTS's predictor" if inputs.dots is not None else ""))
-    score_s, fit_s = _probe_scoring(policy, cfg, inputs, seed, device, untrusted)
     say("probe: a step's bookkeeping (its ledger rows and metrics line)")
-    fixed = FixedCosts(optimizer_s=optimizer_s, step_s=_probe_bookkeeping(records, cfg, len(inputs.pool),
-                                                                          inputs.scratch, untrusted),
-                       round_s=round_s, fit_s=fit_s)
+    step_s = _probe_bookkeeping(records, cfg, len(inputs.pool), inputs.scratch, untrusted)
+    costs = UnitCosts(generate=generate, update=update, forward=CallCost(0.0, 0.0), completion_tokens=completion,
+                      prompt_tokens=prompt, fixed=FixedCosts(optimizer_s=optimizer_s, step_s=step_s, round_s=round_s),
+                      levels=by_level, completion_lengths=lengths, untrusted=tuple(untrusted))
+    comps = inputs.comps if inputs.live is None else inputs.live(costs)
+    if any(c.screen > 1 for c in comps):
+        say("probe: the screen's teacher-forced pass")
+    forward, solution_tokens = _probe_screen(policy, records, cfg, comps, device, untrusted)
+    dots = next((inputs.dots[c.name] for c in comps if c.name in inputs.dots), None)
+    say("probe: scoring a batch of the pool" + (", DOTS's predictor" if dots is not None else ""))
+    score_s, fit_s = _probe_scoring(policy, cfg, inputs, dots, seed, device, untrusted)
     for note in untrusted:
         log.warning("plan probe: an estimate it cannot trust: %s", note)
-    return UnitCosts(generate=generate, update=update, forward=forward, completion_tokens=completion,
-                     prompt_tokens=prompt, solution_tokens=solution_tokens, fixed=fixed, score_s=score_s,
-                     levels=by_level, completion_lengths=lengths, untrusted=tuple(untrusted))
+    return replace(costs, forward=forward, solution_tokens=solution_tokens, fixed=replace(costs.fixed, fit_s=fit_s),
+                   score_s=score_s, untrusted=tuple(untrusted))
 
 
 def _lengths(draws: list[tuple[list[PromptRecord], Generation]]
@@ -322,12 +333,10 @@ def _probe_bookkeeping(records: list[PromptRecord], cfg: Config, pool_size: int,
         return untrusted.timed(step, CHEAP, "a step's bookkeeping")[0]
 
 
-def _probe_scoring(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int,
+def _probe_scoring(policy: Policy, cfg: Config, inputs: ProbeInputs, dots: Config | None, seed: int,
                    device: torch.device | str, untrusted: _Untrusted) -> tuple[float, float]:
-    """Seconds to score one pool prompt (0 where no candidate reads the scores) and DOTS's predictor a round (0
-    where no candidate draws with it): module docstring."""
-    if not any(c.scored or c.predictor for c in inputs.comps):
-        return 0.0, 0.0
+    """Seconds to score one pool prompt and DOTS's predictor a round, with ``dots``'s settings (0 where None):
+    module docstring."""
     pool, cal = inputs.pool, inputs.calibration
     refs = list(cal.indices)
     taken = set(refs)
@@ -337,10 +346,10 @@ def _probe_scoring(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int,
                                                               batch_size=cfg.eval.batch_size, device=device),
                                      COSTLY, f"scoring {len(batch)} prompts")
     score_s = seconds / len(batch)
-    if inputs.dots is None:
+    if dots is None:
         return score_s, 0.0
-    sc = inputs.dots.select
-    predictor = dots_predictor(inputs.dots, feats.emb.shape[1], linear_recalibration=sc.predictor.linear_recalibration)
+    sc = dots.select
+    predictor = dots_predictor(dots, feats.emb.shape[1], linear_recalibration=sc.predictor.linear_recalibration)
     emb = feats.emb.float()
     ref_emb, labels = emb[: len(refs)], cal.success.float()
     for s in range(math.ceil(predictor.min_labels / len(refs))):  # as many labels as a round past the first has

@@ -22,7 +22,7 @@ from rlcore.plan import (
     informative_chance,
     predict,
 )
-from rlcore.plan_choice import TIE, choose, run_clock
+from rlcore.plan_choice import TIE, choose, out_of_reach, run_clock
 from rlcore.rollout_budget import WaveRule
 from rlcore.silent_skip import SkipRule
 from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
@@ -386,6 +386,34 @@ def test_a_chosen_candidate_is_never_predicted_slower_than_plain_grpo_with_the_p
         assert run_clock(cand, base, plan_s).with_plan <= 1 + 1e-12 and step_s < 1.0
     else:
         assert step_s >= 1.0 or run_clock(cand, base, plan_s).with_plan > 1, why
+
+
+def test_out_of_reach_hand_worked():
+    """Plain GRPO: 10 steps of 1 s. A candidate short of the signal, one whose step is already 1 s, and one at 0.9 s
+    whose (9 + 1.5) / 10 = 1.05x with the 1.5 s spent are out of reach, each for its reason; at 0.9 s with 0.5 s
+    spent ((9 + 0.5) / 10 = 0.95x) it is in reach."""
+    base = clocked("grpo", 10, 1.0)
+    assert out_of_reach(clocked("weak", 7, 0.5), base, 0.8, 0.0) == (
+        "0.70x grpo's informative groups a step, under 80%")
+    assert out_of_reach(clocked("slow", 10, 1.0), base, 0.8, 0.0) == "its step at least 1 s against grpo's 1 s"
+    assert out_of_reach(clocked("late", 10, 0.9), base, 0.8, 1.5) == (
+        "at least 1.05x grpo's clock with the 2 s spent before its first step")
+    assert out_of_reach(clocked("near", 10, 0.9), base, 0.8, 0.5) is None
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.floats(0.1, 2.0), st.floats(0.0, 1.0), st.floats(0.0, 3.0), st.floats(0.0, 3.0), st.floats(0.0, 20.0),
+       st.floats(0.0, 20.0), st.integers(6, 14))
+def test_a_candidate_out_of_reach_is_never_chosen_once_its_costs_are_known(step_s, extra_s, upfront, more_upfront,
+                                                                             spent, more_spent, signal):
+    """Pruning is safe: a candidate out of reach with the costs it alone pays at 0 (``step_s``, ``upfront``, the run's
+    ``spent`` so far) is not chosen with any of them larger (``extra_s`` more a step, ``more_upfront``, the probe's
+    ``more_spent``)."""
+    base = clocked("grpo", 10, 1.0)
+    lower = clocked("c", signal, step_s, upfront_s=upfront)
+    full = clocked("c", signal, step_s + extra_s, upfront_s=upfront + more_upfront)
+    if out_of_reach(lower, base, 0.8, spent) is not None:
+        assert choose(base, [full], 0.8, plan_s=spent + more_spent)[0] is base
 
 
 @settings(max_examples=60, deadline=None)

@@ -34,7 +34,7 @@ def test_the_probe_times_each_cost_and_only_dots_pays_the_predictor_fit(setting,
     records = [pool[i] for i in calibration.indices[:4]]
     stats = pool_stats(policy, pool, calibration, cfg)
     costs = probe_costs(policy, cfg, ProbeInputs(records=records, pool=pool, calibration=calibration,
-                                                 comps=[grpo, dots], stats=stats, dots=candidate_config(cfg, "dots_n4"),
+                                                 comps=[grpo, dots], stats=stats, dots={"dots_n4": candidate_config(cfg, "dots_n4")},
                                                  scratch=tmp_path), seed=0)
     fx = costs.fixed
     assert fx.optimizer_s > 0 and fx.step_s > 0 and fx.round_s > 0 and fx.fit_s > 0 and costs.score_s > 0
@@ -69,7 +69,7 @@ def test_the_probe_times_each_cost_and_only_dots_pays_the_predictor_fit(setting,
     assert base.upfront_s == 0 and fit.upfront_s > len(pool) * costs.score_s  # calibration and scores
 
 
-def test_a_probe_without_dots_or_scores_times_neither(setting, tmp_path):
+def test_a_probe_without_dots_times_no_predictor_but_the_scoring_every_run_does(setting, tmp_path):
     cfg, pool, calibration = setting
     grpo = composition("grpo", candidate_config(cfg, "grpo"), len(pool))
     dapo = composition("dapo", candidate_config(cfg, "dapo"), len(pool))
@@ -78,7 +78,7 @@ def test_a_probe_without_dots_or_scores_times_neither(setting, tmp_path):
                                                  calibration=calibration, comps=[grpo, dapo],
                                                  stats=pool_stats(policy, pool, calibration, cfg), scratch=tmp_path),
                         seed=0)
-    assert costs.fixed.fit_s == 0.0 and costs.score_s == 0.0 and costs.fixed.optimizer_s > 0
+    assert costs.fixed.fit_s == 0.0 and costs.score_s > 0 and costs.fixed.optimizer_s > 0
 
 
 def test_the_probes_batch_sizes_come_from_the_candidates():
@@ -161,6 +161,7 @@ def test_the_plan_says_what_it_measures_as_it_goes(setting, tmp_path, caplog):
     from tasks.plan.planner import make_plan
 
     cfg, pool, calibration = setting
+    cfg = with_overrides(cfg, ["plan.prune=false"])  # every probe, whatever the candidates' reach
     with caplog.at_level(logging.INFO, logger="rlsift"):
         plan = make_plan(cfg, tiny_policy(), pool, calibration, candidates=("grpo_n4", "dots_n4"), scratch=tmp_path)
     lines = [r.getMessage() for r in caplog.records if r.name == "rlsift.plan"]
@@ -214,3 +215,26 @@ def test_the_probes_optimizer_step_under_bf16_mixed_takes_a_real_steps_time():
         torch.set_num_threads(threads)
     assert all(p.grad is None for p in model.parameters())  # the probe leaves no gradient behind
     assert min(probed) == pytest.approx(min(measured), rel=0.2), (measured, probed)
+
+
+def test_the_probe_stops_measuring_for_a_candidate_out_of_reach(setting, tmp_path):
+    """``plan.prune``: once generation, the update and the fixed costs every step pays are timed, a candidate that
+    could not be chosen with the rest at 0 is not probed further. PODS (32 prompts x 16 rollouts) never has a
+    cheaper step than GRPO (32 x 8): with it the only other candidate, the screen's pass and DOTS's predictor are
+    timed for no one; its row says why, and a saved plan keeps it. ``dots_screen``, in reach, gets both timed."""
+    from tasks.plan.planner import Plan, make_plan
+
+    cfg, pool, calibration = setting
+    plan = make_plan(cfg, tiny_policy(), pool, calibration, candidates=("pods",), scratch=tmp_path)
+    assert plan.choice == "grpo" and list(plan.out_of_reach) == ["pods"]
+    assert plan.out_of_reach["pods"].startswith("its step at least ")
+    assert plan.costs.forward.tokens == () and plan.costs.fixed.fit_s == 0
+    assert plan.costs.score_s > 0  # the run scores its pool whatever it trains: counted before its first step
+    assert next(r for r in plan.rows() if r["composition"] == "pods")["chosen"].startswith("out of reach")
+    assert Plan.from_json(plan.to_json()).out_of_reach == plan.out_of_reach
+    # dots_screen (the screen, the scores, the predictor) in reach: GRPO at 64 x 8, dots_screen at 20 x 4, any signal,
+    # steps enough to earn back the plan
+    cfg = with_overrides(cfg, ["train.prompts_per_step=64", "plan.min_signal=0", "train.steps=1000"])
+    plan = make_plan(cfg, tiny_policy(), pool, calibration, candidates=("pods", "dots_screen"), scratch=tmp_path)
+    assert "dots_screen" not in plan.out_of_reach, plan.out_of_reach
+    assert len(plan.costs.forward.tokens) > 0 and plan.costs.score_s > 0 and plan.costs.fixed.fit_s > 0
