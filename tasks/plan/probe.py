@@ -25,9 +25,9 @@ rlcore/plan.py predicts each candidate's clock from these measurements (:class:`
   (tasks/records/ledger/, the same code), and a step's metrics line to a scratch outbox and ``metrics.jsonl``.
 - **Scoring and DOTS's predictor**: one batch of the pool scored (the reference prompts first: a run that plans
   scores its pool whatever it then trains, tasks/stages.py ``score_stage``, so the plan counts it before the first
-  step), and, where a candidate draws with it, DOTS's predictor (tasks/selection/selector.py ``dots_predictor``) labelled with the
-  calibration's pass rates on their embeddings, fitted for ``select.predictor.fit_steps`` and asked for the
-  pool's predictions, as a round does.
+  step), and, where a candidate draws with it, DOTS's predictor (tasks/selection/selector.py ``dots_predictor``)
+  labelled with the calibration's pass rates on their embeddings, fitted for ``select.predictor.fit_steps`` and
+  asked for the pool's predictions, as a round does.
 
 Every timing is repeated until it holds still (tasks/plan/timing.py: the median of the last few samples once they
 agree, a cap on samples and seconds); one that never agrees, and a decode step's cost that the two generate calls

@@ -34,8 +34,9 @@ def test_the_probe_times_each_cost_and_only_dots_pays_the_predictor_fit(setting,
     records = [pool[i] for i in calibration.indices[:4]]
     stats = pool_stats(policy, pool, calibration, cfg)
     costs = probe_costs(policy, cfg, ProbeInputs(records=records, pool=pool, calibration=calibration,
-                                                 comps=[grpo, dots], stats=stats, dots={"dots_n4": candidate_config(cfg, "dots_n4")},
-                                                 scratch=tmp_path), seed=0)
+                                                 comps=[grpo, dots], stats=stats,
+                                                 dots={"dots_n4": candidate_config(cfg, "dots_n4")}, scratch=tmp_path),
+                        seed=0)
     fx = costs.fixed
     assert fx.optimizer_s > 0 and fx.step_s > 0 and fx.round_s > 0 and fx.fit_s > 0 and costs.score_s > 0
     # generation at the smallest first call a candidate makes and the baseline's (GRPO's); the update at the
