@@ -19,7 +19,7 @@ rlcore/plan.py predicts each candidate's clock from these measurements (:class:`
   with a gradient on every trainable parameter as after a step's backward passes (given before each timed call,
   untimed: under bf16-mixed the update's own step has moved its gradients into the float32 masters and freed them),
   and taken out of each timing; then a round's checkpoint of the weights and that optimizer's state is written to a
-  scratch folder.
+  scratch folder, once (tasks/plan/timing.py ``ONCE``).
 - **The screen's teacher-forced pass** (where a candidate screens) at its candidates' count and half of it.
 - **A step's bookkeeping**: the draw over the pool, a step's selection and group rows written to a scratch ledger
   (tasks/records/ledger/, the same code), and a step's metrics line to a scratch outbox and ``metrics.jsonl``.
@@ -68,7 +68,7 @@ from tasks.calibration.reference import rollout_rewards
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.generation.rollout import Generation
-from tasks.plan.timing import CHEAP, COSTLY, Timing, time_until_stable
+from tasks.plan.timing import CHEAP, COSTLY, ONCE, Timing, time_until_stable
 from tasks.policy import Policy
 from tasks.records.files import atomic_write
 from tasks.records.ledger import GroupRow, Ledger, SelectionRow
@@ -252,7 +252,7 @@ def _probe_update(policy: Policy, groups: list[RolloutGroup], sizes: tuple[int, 
         with tempfile.TemporaryDirectory(prefix="rlsift-probe-", dir=scratch) as tmp:
             state = {"model": policy.checkpoint_state(), "optimizer": updater.state_dict()}
             round_s = untrusted.timed(lambda: atomic_write(Path(tmp) / "checkpoint.pt", lambda f: torch.save(
-                state, f)), COSTLY, "a round's checkpoint")[0]
+                state, f)), ONCE, "a round's checkpoint")[0]
     finally:
         model.zero_grad(set_to_none=True)
         model.train(was_training)

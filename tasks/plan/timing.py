@@ -46,6 +46,10 @@ CHEAP = RepeatRule()
 #: Its calls of real work (a generate call, an update, a screen pass: seconds each on a CPU): two samples that agree
 #: within 15 %, at most four.
 COSTLY = RepeatRule(window=2, spread=0.15, max_samples=4, max_seconds=120.0)
+#: A round's checkpoint (a disk write): timed once. Its repeats do not agree whatever their count (the page cache
+#: and the disk's queue: SmolLM2-135M's 1.6 GB checkpoint took 3.3 s a write, spread 45-79 % over four), it is a
+#: few per cent of a step's cost, and on a large model each repeat costs seconds.
+ONCE = RepeatRule(window=1, max_samples=1)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ clock's resolution over more calls, and never returns 0."""
 
 import pytest
 
-from tasks.plan.timing import CHEAP, COSTLY, RepeatRule, time_until_stable
+from tasks.plan.timing import CHEAP, COSTLY, ONCE, RepeatRule, time_until_stable
 
 
 class ScriptedClock:
@@ -65,3 +65,11 @@ def test_what_runs_before_each_call_is_not_timed():
     clock = ScriptedClock([0.05], before_s=3.0)
     timing, _ = time_until_stable(clock.work, CHEAP, clock=clock, before=clock.before)
     assert timing.stable and timing.seconds == pytest.approx(0.05)
+
+
+def test_a_checkpoint_is_timed_once():
+    """``ONCE`` (a round's checkpoint, a disk write whose repeats do not agree): one call, one sample."""
+    clock = ScriptedClock([3.3, 1.2, 5.0])
+    timing, out = time_until_stable(clock.work, ONCE, "a round's checkpoint", clock=clock)
+    assert timing.seconds == pytest.approx(3.3) and timing.samples == pytest.approx((3.3,)) and out == 1
+    assert clock.calls == 1
