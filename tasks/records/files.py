@@ -10,6 +10,7 @@ folder (the warm start, a converted GGUF model) is built under a temporary name 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -29,14 +30,31 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
-        raise
+        full = _disk_full(err)  # torch.save reports it as "unexpected pos ...", raised while handling it
+        if full is None:
+            raise
+        kept = f"the old {path.name} is kept" if path.exists() else "nothing was written"
+        free = shutil.disk_usage(path.parent).free / 2**30
+        raise OSError(full.errno, f"no space left on the device of {path.parent} to write {path.name} ({free:.1f} "
+                                  f"GiB free now; {kept}): free some, or set paths.root to a larger disk") from err
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _disk_full(err: BaseException) -> OSError | None:
+    """The out-of-space error (ENOSPC, EDQUOT) among ``err`` and the errors it was raised from or during, or None."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def write_text(path: Path, text: str) -> None:

@@ -88,6 +88,31 @@ def test_atomic_write_replaces_whole_or_not_at_all(tmp_path):
     assert json.loads(path.read_text()) == {"b": [1, 2]}
 
 
+def test_a_full_disk_is_named_and_the_old_file_kept(tmp_path):
+    """A write that runs out of space (torch.save raises "unexpected pos ..." while handling the OSError ENOSPC, as
+    when the plan's probe filled a disk) raises an OSError that says so, where, and what is left; no .tmp stays."""
+    import errno
+
+    path = tmp_path / "checkpoint.pt"
+    path.write_bytes(b"old")
+
+    def full(f):
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1600269888") from None
+
+    with pytest.raises(OSError, match=r"no space left on the device of .* to write checkpoint.pt \(.* GiB free now; "
+                                      r"the old checkpoint.pt is kept\): free some, or set paths.root") as err:
+        atomic_write(path, full)
+    assert err.value.errno == errno.ENOSPC and isinstance(err.value.__cause__, RuntimeError)
+    assert path.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+    with pytest.raises(OSError, match="nothing was written"):
+        atomic_write(tmp_path / "new.pt", full)
+    with pytest.raises(ValueError, match="other"):  # any other error passes as it is
+        atomic_write(path, lambda f: (_ for _ in ()).throw(ValueError("other")))
+
+
 def test_run_label_names_techniques_data_and_seed():
     from tasks.config.load import conf_dir, load_config
     from tasks.records.label import run_label
