@@ -21,7 +21,9 @@ from typing import IO, Any
 
 def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
     """Replace ``path`` with what ``write(f)`` puts into a binary file object, atomically. If ``write``
-    raises, ``path`` keeps its old content and the temporary file is removed."""
+    raises, ``path`` keeps its old content and the temporary file is removed; where the disk is full (which
+    ``torch.save`` reports as ``unexpected pos ...``), the error is an ``OSError`` (ENOSPC) that names the folder,
+    the space left and what was kept."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
