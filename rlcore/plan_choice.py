@@ -1,6 +1,7 @@
 """The plan's choice (ours; docs/algorithms.md section 9.3): among the candidates rlcore/plan.py predicts, the
 cheapest step that keeps plain GRPO's signal and earns back what the run spent before its first step, and the
-run's predicted clock (:class:`RunClock`) that every place shows."""
+run's predicted clock (:class:`RunClock`) that every place shows. The same rule, on a lower bound, says which
+candidates the probe need not measure further (:func:`out_of_reach`, docs/algorithms.md 9.1)."""
 
 from __future__ import annotations
 
