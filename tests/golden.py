@@ -88,13 +88,16 @@ def run_case(case: str, root: Path) -> dict[str, Any]:
 
 @contextmanager
 def plan_off_the_clock():
-    """The plan chooses as if it had cost nothing (rlcore/plan_choice.py ``choose`` with ``plan_s`` 0): what a short run
-    spent before its first step is measured on the clock, so whether a candidate earns it back would hang on the
-    machine's load; the rule itself is tested in tests/rlcore/test_plan.py."""
-    from rlcore.plan_choice import choose
+    """The plan chooses, and prunes its probe, as if it had cost nothing (rlcore/plan_choice.py ``choose`` and
+    ``out_of_reach`` with ``plan_s`` 0): what a short run spent before its first step is measured on the clock, so
+    whether a candidate earns it back would hang on the machine's load; the rule itself is tested in
+    tests/rlcore/test_plan.py."""
+    from rlcore.plan_choice import choose, out_of_reach
 
     with mock.patch("tasks.plan.planner.choose", lambda base, preds, min_signal, plan_s=0.0: choose(
-            base, preds, min_signal, 0.0)):
+            base, preds, min_signal, 0.0)), \
+            mock.patch("tasks.plan.planner.out_of_reach", lambda p, base, min_signal, plan_s: out_of_reach(
+                p, base, min_signal, 0.0)):
         yield
 
 
