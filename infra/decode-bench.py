@@ -1,6 +1,8 @@
 """Rollout tokens a second of the embedded task's in-process sampler: today's decode loop (tasks/generation/decode.py)
-against the one before it (infra/decode_reference.py) and against itself with PyTorch's SDPA in the one-token steps
-(``DecodeOptions.step_attention`` off; tasks/generation/step_attention.py), arms interleaved in one process.
+against the one before it (infra/decode_reference.py), against itself with PyTorch's SDPA in the one-token steps
+(``DecodeOptions.step_attention`` off; tasks/generation/step_attention.py) and against itself with the model's own
+forward in the steps (``DecodeOptions.step_forward`` off; tasks/generation/step_forward.py), arms interleaved in one
+process.
 
 The policy is the embedded default's (``model.*`` defaults: the warm-started tiny Llama, trained and cached under
 ``paths.cache`` on first use, about 4 minutes), or with ``--random`` the same shape with random weights (rows then
@@ -67,8 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     sdpa = HFEngine(model, tok, max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
                     top_k=rc.top_k, chunk=rc.chunk)
     sdpa.decoder = Decoder(model, replace(DecodeOptions.for_device("cpu"), step_attention=False))
+    own = HFEngine(model, tok, max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
+                   top_k=rc.top_k, chunk=rc.chunk)
+    own.decoder = Decoder(model, replace(DecodeOptions.for_device("cpu"), step_forward=False))
     arms = {"old": lambda prompts, seed: generate_reference(engine, prompts, rc.n, seed),
             "new, SDPA steps": lambda prompts, seed: sdpa.generate(prompts, rc.n, seed),
+            "new, the model's forward in steps": lambda prompts, seed: own.generate(prompts, rc.n, seed),
             "new": lambda prompts, seed: engine.generate(prompts, rc.n, seed)}
     b = args.prompts or cfg.train.prompts_per_step
     records = arith.generate(cfg.seed, b * (args.repeats + 1), "train", "default", unique=False)
@@ -87,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| arm | median tokens/s | min | max |\n|---|---|---|---|")
     for name, xs in rates.items():
         print(f"| {name} | {statistics.median(xs):,.0f} | {min(xs):,.0f} | {max(xs):,.0f} |")
-    for name in ("old", "new, SDPA steps"):
+    for name in ("old", "new, SDPA steps", "new, the model's forward in steps"):
         print(f"new / {name}: {statistics.median(rates['new']) / statistics.median(rates[name]):.2f}x")
     return 0
 

@@ -64,6 +64,7 @@ from tasks.generation.capture import CapturePolicy, capture, capture_mode, world
 from tasks.generation.sampling import Sampling, row_keys, sample_next, step_keys
 from tasks.generation.slot_cache import SlotCache
 from tasks.generation.step_attention import one_token_attention
+from tasks.generation.step_forward import StepForward, step_forward
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,8 @@ class DecodeOptions:
             reductions in the last bits, so the CPU keeps the draws it always made).
         step_attention: the one-token steps of a model that attends with SDPA on the CPU attend with two matrix
             products instead (tasks/generation/step_attention.py); the prefill is SDPA's either way.
+        step_forward: with ``step_attention``, the one-token steps of a Llama-family model run its forward without
+            transformers' per-call machinery (tasks/generation/step_forward.py: the same logits bit for bit).
     """
 
     graphs: bool
@@ -92,6 +95,7 @@ class DecodeOptions:
     prompt_multiple: int = 1
     width_multiple: int | None = None
     step_attention: bool = False
+    step_forward: bool = False
 
     def __post_init__(self):
         if min(self.check_every, self.prompt_multiple, self.width_multiple or 1) < 1:
@@ -102,10 +106,12 @@ class DecodeOptions:
     def for_device(cls, device: torch.device | str) -> DecodeOptions:
         """CUDA: graphs, buckets, a check every 8 steps, prompts padded to 64 columns, attention widths in steps of
         128 columns; elsewhere eager, exact rows, a check every step, attention over the whole width (a CPU step
-        costs what its rows cost; a check costs nothing there) and, on the CPU, the one-token steps' own attention."""
+        costs what its rows cost; a check costs nothing there) and, on the CPU, the one-token steps' own attention
+        and forward."""
         if torch.device(device).type == "cuda":
             return cls(graphs=True, exact_rows=False, check_every=8, prompt_multiple=64, width_multiple=128)
-        return cls(graphs=False, exact_rows=True, check_every=1, step_attention=torch.device(device).type == "cpu")
+        cpu = torch.device(device).type == "cpu"
+        return cls(graphs=False, exact_rows=True, check_every=1, step_attention=cpu, step_forward=cpu)
 
 
 def buckets(rows: int) -> list[int]:
@@ -143,6 +149,7 @@ class Decoder:
         self._stream = None
         self._params: tuple[int, ...] = ()
         self._lock = threading.Lock()  # one call at a time: the buffers are shared (a draw in a thread, say)
+        self._forward: StepForward | None = None  # the call's one-token forward where not the model's own
 
     @property
     def kv_bytes(self) -> int:
@@ -233,8 +240,12 @@ class Decoder:
         1``, attention reads the first ``width`` columns (at least ``P + t``), then :meth:`_advance`."""
         self._open_column(m)
         self.cache.rows, self.cache.width = m, width
-        logits = self.model(input_ids=self._tok[:m], attention_mask=self._mask[:m, :, :, :width],
-                            position_ids=self._pos[:m], past_key_values=self.cache, use_cache=True).logits[:, -1]
+        tok, mask, pos = self._tok[:m], self._mask[:m, :, :, :width], self._pos[:m]
+        if self._forward is not None:
+            logits = self._forward(tok, mask, pos, self.cache)
+        else:
+            logits = self.model(input_ids=tok, attention_mask=mask, position_ids=pos, past_key_values=self.cache,
+                                use_cache=True).logits[:, -1]
         self._advance(logits, m, sampling)
 
     def _step(self, m: int, width: int, sampling: Sampling | None, graphs: bool) -> None:
@@ -291,6 +302,7 @@ class Decoder:
         if params != self._params:  # replaced weights: graphs would read the old storage
             self._graphs, self._seen, self._params = {}, set(), params
         self.policy.new_call()
+        self._forward = step_forward(self.model) if opts.step_forward and opts.step_attention else None
         am = attention_mask.bool()
         pos = (am.long().cumsum(-1) - 1).clamp(min=0)
 

@@ -83,8 +83,8 @@ def test_the_decode_loop_steps_with_it_and_restores_sdpa(model):
     am[0, :2] = 0
     call = {"n": 2, "max_new_tokens": 12, "sampling": Sampling(), "stop_ids": [], "pad_id": 0,
             "seeds": torch.arange(3)}
-    try:
-        ours = Decoder(model)(ids, am, **call)
+    try:  # the model's own forward in the steps (tests/tasks/test_step_forward.py: the loop's forward, the same bits)
+        ours = Decoder(model, replace(DecodeOptions.for_device("cpu"), step_forward=False))(ids, am, **call)
     finally:
         hook.remove()
     assert seen[0] == (NAME, 6) and all(s == (NAME, 1) for s in seen[1:]) and len(seen) == 12
