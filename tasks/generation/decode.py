@@ -32,7 +32,8 @@ What a step costs is what the GPU must do (the layout of nano-vllm, gpt-fast and
   On the CPU the same step function runs eagerly, every finished row leaves at once (``exact_rows``) and the
   host checks every step, which is what the CPU's time is spent on; its one-token attention is two matrix
   products, not PyTorch's flash kernel (tasks/generation/step_attention.py; docs/performance.md: 1.06-1.16x the
-  tokens a second on the tiny policy).
+  tokens a second on the tiny policy), and a Llama-family model's one-token forward runs without transformers'
+  per-call machinery (tasks/generation/step_forward.py: the same logits, 1.08-1.13x).
 
 KV cache bytes (what ``tasks/update/memory_check.py`` counts for generation):
 ``rows x (prompt + max_new_tokens) x layers x 2 x kv_heads x head_dim x dtype bytes`` bounds it up to the
