@@ -185,7 +185,7 @@ def cmd_plan(args) -> int:
         return 2
     _start("flows.pipeline", cfg)
     from flows.pipeline import plan_flow
-    from tasks.plan.planner import Plan
+    from tasks.plan.record import Plan
 
     out = plan_flow(config=args.config, overrides=list(args.overrides))
     text = Plan.from_json(out["plan"]).text()  # plain for the terminal; plan.md and MLflow keep the Markdown

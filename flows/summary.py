@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tasks.evaluation.heldout import PairedChange
-from tasks.plan.planner import Plan
+from tasks.plan.record import Plan
 from tasks.records.stopping import CANCELLED
 from tasks.run import Run
 from tasks.stages import refusal, registration

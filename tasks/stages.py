@@ -38,8 +38,10 @@ from tasks.model import gguf_source
 from tasks.model.loading import load_policy
 from tasks.model.lora import apply_lora
 from tasks.model.warmstart import sft_records, warm_start
+from tasks.overlap.lag import decide_lag, lag_from_json, lag_to_json
 from tasks.plan.artifact import plan_table
-from tasks.plan.planner import Plan, decide_lag, lag_from_json, lag_to_json, make_plan, probe_records
+from tasks.plan.planner import make_plan, probe_records
+from tasks.plan.record import Plan
 from tasks.policy import Policy
 from tasks.records import artifacts, plots
 from tasks.records.files import write_json

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.plan.planner import Plan
+from tasks.plan.record import Plan
 from tasks.records.artifacts import publish
 
 
@@ -16,6 +16,6 @@ def plan_table(run: str, plan: Plan) -> None:
 
 def plan_description(run: str, plan: Plan) -> str:
     """The ``plan`` artifact's description: the choice and why, the run's predicted clock (the text every place
-    shows, tasks/plan/planner.py ``Plan.clock``), the pool and costs, the overlap."""
+    shows, tasks/plan/record.py ``Plan.clock``), the pool and costs, the overlap."""
     overlap = f"; overlap {plan.overlap.reason}" if plan.overlap is not None else ""
     return f"Plan of {run}: **{plan.reason}**. This run: {plan.clock.text()}. ({plan.summary()}{overlap})"

@@ -12,7 +12,7 @@ HEADLINE = {"eval/accuracy": "0_progress/heldout_accuracy", "train/reward_mean":
             "train/effective_ratio": "0_progress/effective_ratio"}
 #: Single figures per run, sent as run tags (the run page's Tags; a column in the runs table), not as one-bar
 #: charts: the calibration shares (tasks/calibration/record.py ``Calibration.metrics``) and the plan's pool shares,
-#: unit costs and predictions (tasks/plan/planner.py ``Plan.metrics``).
+#: unit costs and predictions (tasks/plan/record.py ``Plan.metrics``).
 RUN_VALUES = ("calibrate/", "plan/")
 #: The run's cost totals: the only ``cost/*`` step series. Per-stage cost is the ``cost_by_stage.json`` table
 #: (tasks/run.py ``Run.log_cost_table``), not a chart per stage.

@@ -9,7 +9,7 @@ import torch
 
 from flows.pipeline import pipeline, plan_flow
 from tasks.overlap.lag import lag_from_json
-from tasks.plan.planner import Plan
+from tasks.plan.record import Plan
 from tasks.records.ledger import Ledger
 from tasks.records.tracking import run_info
 from tests.flows.test_pipeline import flow_run_artifacts

@@ -21,7 +21,7 @@ import torch
 from tasks.config.load import validate
 from tasks.generation.rollout import HFEngine
 from tasks.model.loading import build_tiny_model, build_tokenizer
-from tasks.plan.planner import decide_lag
+from tasks.overlap.lag import decide_lag
 from tasks.policy import Policy
 from tasks.update.backend import share_generation
 from tasks.update.distributed import init_distributed, is_rank0

@@ -26,7 +26,7 @@ from tasks.generation.server_pool import ServerPool
 from tasks.model.loading import build_tiny_model, build_tokenizer
 from tasks.overlap.concurrent import SamplerHandover, separate_devices, thread_split
 from tasks.overlap.generator_process import GeneratorProcess, _serve
-from tasks.plan.planner import decide_lag, lag_from_json, lag_to_json
+from tasks.overlap.lag import decide_lag, lag_from_json, lag_to_json
 from tasks.policy import Policy
 from tests.conftest import ROOT
 from tests.tasks.test_train import PRESETS, SMALL, run_train, text_reward

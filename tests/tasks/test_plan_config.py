@@ -6,7 +6,8 @@ from rlcore.plan import Prediction
 from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
 from tasks.config import ConfigError
 from tasks.config.load import load_config, with_overrides
-from tasks.plan.planner import Plan, candidate_config, composition, costs_from_json, planned_config, reads_upfront
+from tasks.plan.planner import candidate_config, composition, planned_config, reads_upfront
+from tasks.plan.record import Plan, costs_from_json
 
 
 def plan_choosing(name: str) -> Plan:

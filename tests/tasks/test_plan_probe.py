@@ -223,7 +223,8 @@ def test_the_probe_stops_measuring_for_a_candidate_out_of_reach(setting, tmp_pat
     could not be chosen with the rest at 0 is not probed further. PODS (32 prompts x 16 rollouts) never has a
     cheaper step than GRPO (32 x 8): with it the only other candidate, the screen's pass and DOTS's predictor are
     timed for no one; its row says why, and a saved plan keeps it. ``dots_screen``, in reach, gets both timed."""
-    from tasks.plan.planner import Plan, make_plan
+    from tasks.plan.planner import make_plan
+    from tasks.plan.record import Plan
 
     cfg, pool, calibration = setting
     plan = make_plan(cfg, tiny_policy(), pool, calibration, candidates=("pods",), scratch=tmp_path)
