@@ -62,17 +62,18 @@ def step_forward(model: torch.nn.Module) -> StepForward | None:
                 or not all(hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm"))):
             return None
 
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # Qwen2's and Mistral's are the same
+
     def forward(tokens: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: SlotCache) -> torch.Tensor:
         x = inner.embed_tokens(tokens)  # [R, 1, E]
         cos, sin = inner.rotary_emb(x, positions)  # [R, 1, D] each
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         r = x.shape[0]
         for layer in layers:
             attn, mlp = layer.self_attn, layer.mlp
             h = layer.input_layernorm.forward(x)
             q, k, v = (F.linear(h, p.weight, p.bias).view(r, 1, -1, attn.head_dim).transpose(1, 2)
                        for p in (attn.q_proj, attn.k_proj, attn.v_proj))  # [R, H or H_kv, 1, D]
-            q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
             k, v = cache.update(k, v, attn.layer_idx)
             out, _ = step_attention(attn, q, k, v, mask, scaling=attn.scaling)
             x = x + F.linear(out.reshape(r, 1, -1).contiguous(), attn.o_proj.weight, attn.o_proj.bias)
@@ -84,8 +85,3 @@ def step_forward(model: torch.nn.Module) -> StepForward | None:
 
     return forward
 
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """transformers' ``rotate_half``: the last dimension's halves swapped, the second negated."""
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
