@@ -15,7 +15,8 @@ and log-probs.
 Only where every part is the plain one, else None (the loop calls the model): a ``llama``, ``qwen2`` or ``mistral``
 model (RMS norms, rotary positions, a gated MLP), its projections plain ``torch.nn.Linear`` (not under adapters), no
 sliding window, no tensor-parallel split of the projections, on the CPU, and no forward hook on any of its modules
-(a hook must see every step, as a test's or an inspection's does).
+(a hook must see every step, as a test's or an inspection's does) but transformers' own output capturing, which its
+models install at their first forward and which records nothing outside it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ _MLP = ("gate_proj", "up_proj", "down_proj", "act_fn")
 
 StepForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, SlotCache], torch.Tensor]
 
+#: Where transformers' own output-capturing hooks live: its models' first forward installs one on every layer and
+#: attention module (``output_hidden_states`` and ``output_attentions`` read them), and each returns at once unless
+#: that forward set a collector, which the step forward never does. They do not turn it off.
+_TRANSFORMERS_CAPTURE = "transformers.utils.output_capturing"
+
 
 def step_forward(model: torch.nn.Module) -> StepForward | None:
     """The one-token forward of ``model`` (module docstring): ``(tokens [R, 1], mask [R, 1, 1, W] additive,
@@ -49,7 +55,7 @@ def step_forward(model: torch.nn.Module) -> StepForward | None:
             or type(head) is not torch.nn.Linear or inner is None
             or not all(hasattr(inner, a) for a in ("embed_tokens", "rotary_emb", "norm", "layers"))
             or next(model.parameters()).device.type != "cpu"
-            or any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())):
+            or any(_foreign_hooks(m) for m in model.modules())):
         return None
     layers = list(inner.layers)
     for layer in layers:
@@ -85,3 +91,10 @@ def step_forward(model: torch.nn.Module) -> StepForward | None:
 
     return forward
 
+
+
+def _foreign_hooks(module: torch.nn.Module) -> bool:
+    """Whether ``module`` has a forward (pre-)hook other than transformers' own output capturing (which is idle
+    outside the model's forward: :data:`_TRANSFORMERS_CAPTURE`)."""
+    hooks = (*module._forward_hooks.values(), *module._forward_pre_hooks.values())
+    return any(getattr(h, "__module__", None) != _TRANSFORMERS_CAPTURE for h in hooks)

@@ -83,12 +83,18 @@ def test_the_decode_loop_draws_the_same_with_it_and_calls_the_model_only_for_the
             "seeds": torch.arange(3)}
     try:
         assert DecodeOptions.for_device("cpu").step_forward
-        ours = Decoder(model)(ids, am, **call)
+        decoder = Decoder(model)
+        ours = decoder(ids, am, **call)
         assert calls == [6]  # the prefill; every step ran the loop's forward
+        # a pass for hidden states (the scoring's and the screen's) installs transformers' output-capturing hooks:
+        # idle outside its forward, they do not turn the loop's forward off for the next call
+        own(input_ids=ids, output_hidden_states=True)
+        assert any(m._forward_hooks for m in model.modules())
+        assert torch.equal(decoder(ids, am, **call)[0], ours[0]) and calls == [6, 6]  # prefill only
         theirs = Decoder(model, replace(DecodeOptions.for_device("cpu"), step_forward=False))(ids, am, **call)
     finally:
         del model.forward
-    assert len(calls) > 2 and calls[1] == 6 and set(calls[2:]) == {1}  # the model's forward for every step
+    assert len(calls) > 3 and calls[2] == 6 and set(calls[3:]) == {1}  # the model's forward for every step
     assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
 
 
