@@ -15,8 +15,8 @@ and log-probs.
 Only where every part is the plain one, else None (the loop calls the model): a ``llama``, ``qwen2`` or ``mistral``
 model (RMS norms, rotary positions, a gated MLP), its projections plain ``torch.nn.Linear`` (not under adapters), no
 sliding window, no tensor-parallel split of the projections, on the CPU, and no forward hook on any of its modules
-(a hook must see every step, as a test's or an inspection's does) but transformers' own output capturing, which its
-models install at their first forward and which records nothing outside it.
+(a hook must see every step, as a test's or an inspection's does) but transformers' own output capturing, which a
+model's first pass for hidden states installs and which records nothing outside the model's forward.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ _MLP = ("gate_proj", "up_proj", "down_proj", "act_fn")
 
 StepForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, SlotCache], torch.Tensor]
 
-#: Where transformers' own output-capturing hooks live: its models' first forward installs one on every layer and
-#: attention module (``output_hidden_states`` and ``output_attentions`` read them), and each returns at once unless
-#: that forward set a collector, which the step forward never does. They do not turn it off.
+#: Where transformers' own output-capturing hooks live: a model's first pass that asks for hidden states or attentions
+#: (the scoring's) installs one on every layer and attention module, and each returns at once unless the model's own
+#: forward set a collector, which the step forward never does. They do not turn it off.
 _TRANSFORMERS_CAPTURE = "transformers.utils.output_capturing"
 
 
