@@ -40,8 +40,9 @@ _MLP = ("gate_proj", "up_proj", "down_proj", "act_fn")
 StepForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, SlotCache], torch.Tensor]
 
 #: Where transformers' own output-capturing hooks live: a model's first pass that asks for hidden states or attentions
-#: (the scoring's) installs one on every layer and attention module, and each returns at once unless the model's own
-#: forward set a collector, which the step forward never does. They do not turn it off.
+#: (the scoring's: the pool's embeddings and angles) installs one on every layer and attention module, and each
+#: returns at once unless the model's own forward set a collector, which the step forward never does. They do not
+#: turn it off.
 _TRANSFORMERS_CAPTURE = "transformers.utils.output_capturing"
 
 
@@ -90,7 +91,6 @@ def step_forward(model: torch.nn.Module) -> StepForward | None:
         return F.linear(inner.norm.forward(x)[:, -1], head.weight, head.bias)
 
     return forward
-
 
 
 def _foreign_hooks(module: torch.nn.Module) -> bool:

@@ -86,7 +86,7 @@ def test_the_decode_loop_draws_the_same_with_it_and_calls_the_model_only_for_the
         decoder = Decoder(model)
         ours = decoder(ids, am, **call)
         assert calls == [6]  # the prefill; every step ran the loop's forward
-        # a pass for hidden states (the scoring's and the screen's) installs transformers' output-capturing hooks:
+        # a pass for hidden states (the scoring's) installs transformers' output-capturing hooks:
         # idle outside its forward, they do not turn the loop's forward off for the next call
         own(input_ids=ids, output_hidden_states=True)
         assert any(m._forward_hooks for m in model.modules())
