@@ -25,7 +25,7 @@ rlcore/plan.py predicts each candidate's clock from these measurements (:class:`
   (tasks/records/ledger/, the same code), and a step's metrics line to a scratch outbox and ``metrics.jsonl``.
 - **Scoring and DOTS's predictor**: one batch of the pool scored (the reference prompts first: a run that plans
   scores its pool whatever it then trains, tasks/stages.py ``score_stage``, so the plan counts it before the first
-  step), and, where a candidate draws with it, DOTS's predictor (tasks/selection/selector.py ``dots_predictor``)
+  step), and, where a candidate draws with it, DOTS's predictor (tasks/selection/dots.py ``dots_predictor``)
   labelled with the calibration's pass rates on their embeddings, fitted for ``select.predictor.fit_steps`` and
   asked for the pool's predictions, as a round does.
 
@@ -73,9 +73,9 @@ from tasks.policy import Policy
 from tasks.records.files import atomic_write
 from tasks.records.ledger import GroupRow, Ledger, SelectionRow
 from tasks.records.tracking.outbox import Outbox
+from tasks.selection.dots import dots_predictor
 from tasks.selection.features import compute_features
 from tasks.selection.screen import policy_likelihood
-from tasks.selection.selector import dots_predictor
 from tasks.update.distributed import optimizer_step
 from tasks.update.policy_update import LocalUpdater
 from tasks.update.precision import resolve_precision

@@ -58,18 +58,18 @@ import torch
 
 from rlcore.angle import angle_order
 from rlcore.curriculum import CurriculumScheduler, data_effectiveness_score, reward_adaptability
-from rlcore.difficulty import AttentionDifficultyPredictor, pearson
+from rlcore.difficulty import pearson
 from rlcore.gain_sampler import GaussianWindowSampler
 from rlcore.pass_rate_posterior import fit_concentration
 from rlcore.seeding import derive_seed
 from rlcore.selection import sample_prompts, screen, uniform_weights
 from rlcore.step_rules import PromptFilter
 from tasks.calibration.record import Calibration
-from tasks.calibration.reference import Measure, random_reference, reference_rollouts
+from tasks.calibration.reference import Measure
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.records.ledger import ReferenceRow, SelectionRow
-from tasks.selection.dots import pool_weights, reference_metrics
+from tasks.selection.dots import dots_predictor, fresh_reference_round, pool_weights, trained_reference_round
 from tasks.selection.features import Features
 from tasks.selection.screen import Likelihood, ScreenScores, require_solutions
 
@@ -214,51 +214,22 @@ class Selector:
 
     def _dots_round(self, round_: int, step: int, measure: Measure | None, active: torch.Tensor
                     ) -> dict[str, float]:
-        cfg = self.cfg
+        """DOTS's side of the round start (tasks/selection/dots.py): the predictions ``pred`` of every pool prompt,
+        from fresh reference rollouts or from the prompts measured since the last round."""
         trained = not self._needs_rollouts()
         recent, self.recent = list(dict.fromkeys(reversed(self.recent))), []  # latest measurement of each first
         if trained:
-            return self._trained_reference(round_, torch.tensor(recent))
+            ref = torch.tensor(recent)
+            self.pred, metrics = trained_reference_round(self.predictor, self.cfg, self.emb, ref,
+                                                         self.last_success[ref].float(), round_)
+            return metrics
         if measure is None:
             raise RuntimeError(f"round {round_}: DOTS's reference rollouts need a measure; a round started ahead "
                                "takes none")
-        ref = random_reference(active.nonzero().squeeze(1), cfg.calibrate.k, derive_seed(cfg.seed, round_, "reference"))
-        k = len(ref)
-        rewards = reference_rollouts(measure, self.pool, ref, cfg.calibrate.g,
-                                     derive_seed(cfg.seed, round_, "ref-roll"))
-        labels = rewards.float().mean(1)  # [K]
-        self._record(ref, labels, cfg.calibrate.g, rewards.amax(1) == rewards.amin(1))
-        half = k // 2
-        fit, hold = ref[:half], ref[half:]
-        self.predictor.observe(self.emb[fit], labels[:half], step)
-        fit_stats = self._fit(round_)
-        held_pred = self.predictor.predict(self.emb[hold], self.emb[fit], labels[:half])
-        r = pearson(held_pred, labels[half:]) if len(hold) > 2 else float("nan")
-        self.predictor.observe(self.emb[hold], labels[half:], step)
-        self.pred = self.predictor.predict(self.emb, self.emb[ref], labels)
-        self.references.extend([
-            ReferenceRow(round=round_, step=step, prompt_id=self.pool[int(i)].id, n=cfg.calibrate.g,
-                         successes=int(round(float(y) * cfg.calibrate.g)), success_rate=float(y),
-                         predicted=float(held_pred[j - half]) if j >= half else None)
-            for j, (i, y) in enumerate(zip(ref.tolist(), labels.tolist(), strict=True))])
-        mae = float((held_pred - labels[half:]).abs().mean()) if len(hold) else float("nan")
-        return {"select/pred_pearson": r, "select/pred_mae": mae,
-                **reference_metrics(self.predictor, labels, k * cfg.calibrate.g, fit_stats)}
-
-    def _fit(self, round_: int) -> dict[str, float]:
-        """Train the predictor's towers on every label so far, once it has ``select.predictor.min_labels``."""
-        if self.predictor.num_labels < self.predictor.min_labels:
-            return {}
-        return self.predictor.fit(self.cfg.select.predictor.fit_steps,
-                                  torch.Generator().manual_seed(derive_seed(self.cfg.seed, round_, "fit")))
-
-    def _trained_reference(self, round_: int, ref: torch.Tensor) -> dict[str, float]:
-        """A round whose reference set is the prompts measured since the last round (already labelled): [K] pool
-        indices, the latest measured first."""
-        labels = self.last_success[ref].float()  # [K]
-        fit_stats = self._fit(round_)
-        self.pred = self.predictor.predict(self.emb, self.emb[ref], labels)
-        return {"select/reference_size": float(len(ref)), **reference_metrics(self.predictor, labels, 0, fit_stats)}
+        self.pred, metrics, rows = fresh_reference_round(self.predictor, self.cfg, self.pool, self.emb, active,
+                                                         measure, self._record, round_, step)
+        self.references.extend(rows)
+        return metrics
 
     def _estimate(self) -> torch.Tensor:
         """Success rates of every prompt without DOTS: measured where known, else DOTS's off-the-shelf attention
@@ -501,14 +472,6 @@ class Selector:
             obj = getattr(self, name)
             if obj is not None:
                 obj.load_state_dict(s[name])
-
-
-def dots_predictor(cfg: Config, dim: int, *, linear_recalibration: bool) -> AttentionDifficultyPredictor:
-    """DOTS's predictor with the run's ``select.predictor`` settings (``_estimate`` uses only its attention)."""
-    pc = cfg.select.predictor
-    return AttentionDifficultyPredictor(
-        dim, hidden=pc.hidden, layers=pc.layers, dropout=pc.dropout, tau_att=pc.tau_att, calibration=pc.calibration,
-        linear_recalibration=linear_recalibration, min_labels=max(2, pc.min_labels), lr=pc.lr, seed=cfg.seed)
 
 
 def _num(x: torch.Tensor) -> float | None:
