@@ -313,6 +313,7 @@ def test_the_generator_drops_the_shared_weights_before_it_says_it_stopped():
 
 
 SHUTDOWN = """
+import sys
 import warnings
 warnings.simplefilter("always")
 from tasks.model.loading import build_tiny_model, build_tokenizer
@@ -327,24 +328,34 @@ if __name__ == "__main__":
                                                                top_p=1.0, top_k=0, chunk=8))
     sampling = Sampler(policy, 1, threads=1)
     process = sampling._process
-    sampling.policy.engine.generate(["Q: 1+1=?\\n"], 1, 0)
+    if sys.argv[1] == "ready":
+        process.ready(wait=True)
+        sampling.policy.engine.generate(["Q: 1+1=?\\n"], 1, 0)  # made by the child
     sampling.close()
-    print(process.pid, process._proc.exitcode, flush=True)
+    print(process.pid, process._proc.exitcode, int(process._ready), flush=True)
 """
 
 
-def test_shutdown_leaves_no_process_and_no_warning(tmp_path):
-    """The trainer closes its sampler and exits: the child stopped on request (exit code 0, not terminated), is
-    gone, and neither process wrote a warning (on a GPU, PyTorch's "Producer process has been terminated before
-    all shared CUDA tensors released" would be one)."""
+@pytest.mark.parametrize("when", ["ready", "starting"])
+def test_shutdown_leaves_no_process_and_no_warning(tmp_path, when):
+    """The trainer closes its sampler and exits: a child that has started stopped on request (exit code 0, not
+    terminated); one still starting (a run of a few steps ends before its imports do) was terminated at once,
+    never said ready, and left no temporary folder. Either is gone, and neither process wrote a warning (on a GPU,
+    PyTorch's "Producer process has been terminated before all shared CUDA tensors released" would be one)."""
     script = tmp_path / "shutdown.py"
     script.write_text(SHUTDOWN)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="always")
-    out = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True,
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="always", TMPDIR=str(temp))
+    out = subprocess.run([sys.executable, str(script), when], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    pid, code = (int(x) for x in out.stdout.split())
-    assert code == 0
+    pid, code, ready = (int(x) for x in out.stdout.split())
+    if when == "ready":
+        assert code == 0 and ready == 1
+    else:
+        assert code != 0 and ready == 0
+        assert not any(temp.glob("pymp-*")), list(temp.iterdir())
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     assert not any(w in out.stderr.lower() for w in ("warn", "leaked", "producer process")), out.stderr[-3000:]

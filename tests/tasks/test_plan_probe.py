@@ -178,9 +178,11 @@ def test_the_plan_says_what_it_measures_as_it_goes(setting, tmp_path, caplog):
 def test_the_probes_optimizer_step_under_bf16_mixed_takes_a_real_steps_time():
     """Under bf16-mixed the update's own step moves its gradients into the float32 masters and frees them, so the
     probe once timed an empty step (0.9 ms against 1,055 ms on a GPU). It now gives every trainable parameter a
-    gradient before each timed step: its time is within 20 % of an optimizer step timed right after a real
-    backward pass. Both on the process's CPU time with one thread (a shared machine's load moves wall time by
-    several times; the probe's clock is injected for it), the fastest of each after a warm-up step."""
+    gradient before each timed step: its time is within a factor of two of an optimizer step timed right after a
+    real backward pass (the empty step was over 1,000 times off). Not tighter: the probe's gradients are warm in the
+    cache where a backward pass's are not, which made it 0.72x on one CI machine and 0.9-1.1x on others. Both on the
+    process's CPU time with one thread (a shared machine's load moves wall time by several times; the probe's clock
+    is injected for it), the fastest of each after a warm-up step."""
     import functools
     import time
 
@@ -215,7 +217,7 @@ def test_the_probes_optimizer_step_under_bf16_mixed_takes_a_real_steps_time():
     finally:
         torch.set_num_threads(threads)
     assert all(p.grad is None for p in model.parameters())  # the probe leaves no gradient behind
-    assert min(probed) == pytest.approx(min(measured), rel=0.2), (measured, probed)
+    assert 0.5 < min(probed) / min(measured) < 2.0, (measured, probed)
 
 
 def test_the_probe_stops_measuring_for_a_candidate_out_of_reach(setting, tmp_path):
