@@ -251,6 +251,7 @@ def _train(run: Run, data: IngestResult, summary: RunSummary) -> RunSummary:
     if run.cfg.plan.auto:  # train the plan's choice (conf/presets/auto.yaml)
         plan = plan_stage(run, policy, data.train, calibration)
         run.cfg = planned_config(run.cfg, plan)
+    calibration = replace(calibration, draw=None)  # its rollouts served the plan's probe; training reads the rates
     features = score_stage(run, policy, data.train)
     lag = overlap_stage(run, policy, data.train, calibration, plan)
     trained = train_stage(run, policy, data.train, features, data.test, calibration, lag)

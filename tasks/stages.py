@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -26,8 +27,8 @@ from prefect.cache_policies import NO_CACHE
 
 from rlcore.overlap_lag import LagChoice
 from rlcore.seeding import derive_seed
-from tasks.calibration.record import Calibration
-from tasks.calibration.reference import policy_measure, reference_rollouts, stratified_reference
+from tasks.calibration.record import Calibration, CalibrationDraw
+from tasks.calibration.reference import rollout_rewards, stratified_reference
 from tasks.config import Config
 from tasks.data import ingest
 from tasks.data.prompts import PromptRecord
@@ -170,11 +171,14 @@ def calibrate_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> Calib
     if cache.exists():
         return Calibration.load(cache)
     picked = stratified_reference(pool, cfg.calibrate.k, derive_seed(cfg.seed, "calibrate"))
+    records = tuple(pool[i] for i in picked)
     with run.meter.stage("calibrate"), pulse("calibrate", log) as say:  # a line every 10 s while it runs
         say(f"{len(picked)} reference prompts x {cfg.calibrate.g} rollouts")
-        rewards = reference_rollouts(policy_measure(policy), pool, picked, cfg.calibrate.g,
-                                     derive_seed(cfg.seed, "calibrate-roll"))
-    calibration = Calibration(indices=tuple(picked), success=rewards.mean(1))
+        t0 = time.perf_counter()
+        gen, rewards = rollout_rewards(policy, list(records), cfg.calibrate.g, derive_seed(cfg.seed, "calibrate-roll"))
+        seconds = time.perf_counter() - t0
+    calibration = Calibration(indices=tuple(picked), success=rewards.mean(1),
+                              draw=CalibrationDraw(records, gen, seconds))  # the plan's probe reads it
     rates = calibration.success
     run.ledger.add_reference(run.run_id, [
         ReferenceRow(round=-1, step=-1, prompt_id=pool[i].id, n=cfg.calibrate.g, successes=int(rewards[j].sum()),

@@ -1,9 +1,11 @@
-"""What the calibrate stage (tasks/stages.py ``calibrate_stage``) hands the training stage.
+"""What the calibrate stage (tasks/stages.py ``calibrate_stage``) hands the plan and the training stage.
 
 K reference prompts of the pool, stratified by level, each rolled out G times with the starting policy:
 their measured success rates are DOTS's first predictor labels (arXiv 2506.05316) and the
 pool's first difficulty measurements (tasks/selection/selector.py ``Selector.seed_labels``). Saved as the
-run's ``calibrate.json`` so a resumed run reuses it.
+run's ``calibrate.json`` so a resumed run reuses it. The rollouts themselves and their seconds
+(:class:`CalibrationDraw`) go to the plan's probe in memory only (tasks/plan/probe.py: its largest generate call,
+already made and timed); a loaded calibration has none, and the pipeline drops them once the plan is made.
 """
 
 from __future__ import annotations
@@ -15,15 +17,36 @@ from typing import Any
 
 import torch
 
+from tasks.data.prompts import PromptRecord
+from tasks.generation.rollout import Generation
 from tasks.records.files import write_json
 
 
 @dataclass(frozen=True, eq=False)
+class CalibrationDraw:
+    """The calibrate stage's rollouts as drawn: ``records`` [K] (the reference prompts, in order), their
+    ``generation`` (K x G rollouts in the engine's calls of at most ``rollout.chunk`` rows) and its ``seconds``
+    (generation and verification, as the probe times a call: tasks/calibration/reference.py ``rollout_rewards``),
+    timed once."""
+
+    records: tuple[PromptRecord, ...]
+    generation: Generation
+    seconds: float
+
+    def __post_init__(self) -> None:
+        if len(self.records) != len(self.generation.prompt_ids) or not self.seconds > 0:
+            raise ValueError(f"CalibrationDraw: {len(self.records)} records for {len(self.generation.prompt_ids)} "
+                             f"prompts generated in {self.seconds!r} s")
+
+
+@dataclass(frozen=True, eq=False)
 class Calibration:
-    """``indices``: the K reference prompts' positions in the pool; ``success``: [K] float32 success rates."""
+    """``indices``: the K reference prompts' positions in the pool; ``success``: [K] float32 success rates;
+    ``draw``: their rollouts and seconds where this process drew them (None once loaded or dropped)."""
 
     indices: tuple[int, ...]
     success: torch.Tensor
+    draw: CalibrationDraw | None = None
 
     def __post_init__(self) -> None:
         if self.success.shape != (len(self.indices),):

@@ -7,8 +7,10 @@ rlcore/plan.py predicts each candidate's clock from these measurements (:class:`
   large as the baseline's largest (a step's draw, DOTS's reference rollouts, each cut at ``rollout.chunk``), after a
   one-prompt warm-up, from the first ``plan.probe_prompts`` reference prompts (repeated where a call needs more);
   ``CallCost.fit`` splits the two timings into a decode step's cost (a call decodes until its longest completion
-  ends) and a token's. Larger calls (DAPO's, PODS's, the calibrate stage's, which the run has measured already)
-  are predicted on that line, not timed: the probe spends its time at the sizes of the steps the plan may choose.
+  ends) and a token's. Where the calibrate stage drew its rollouts in this process in calls at least as large as the
+  large one (``Calibration.draw``), they are the large call, as drawn and timed (once): only the small one is timed,
+  and without a warm-up. Larger calls (DAPO's, PODS's) are predicted on that line, not timed: the probe spends its
+  time at the sizes of the steps the plan may choose.
   The same calls give the completion and prompt tokens of a rollout of each level's prompts (a draw that favours
   some levels has their lengths, and its calls their longest).
 - **The update** at the smallest batch a candidate updates and the baseline's (its predicted informative groups'
@@ -41,7 +43,8 @@ for those only, or not at all (docs/algorithms.md 9.1: the real model's screen p
 candidates that could not win).
 
 Deviations: the probe times the single-process update without activation checkpointing (sharded backends and
-``train.gradient_checkpointing`` change it); the predictor is timed with the first DOTS candidate's settings.
+``train.gradient_checkpointing`` change it); the predictor is timed with the first DOTS candidate's settings; the
+calibration's call, where it is the large one, is timed once, not until stable.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from rlcore.plan import Composition, PoolStats, call_rows, draw_calls, update_ro
 from rlcore.selection import sample_prompts, uniform_weights
 from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
 from rlcore.types import RolloutGroup
-from tasks.calibration.record import Calibration
+from tasks.calibration.record import Calibration, CalibrationDraw
 from tasks.calibration.reference import rollout_rewards
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
@@ -128,21 +131,29 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, dev
     untrusted = _Untrusted()
     small, large = _generation_sizes(inputs.comps, rc.n, inputs.stats)
     records = inputs.records
-    say(f"probe: generation, calls of {small} and {large} prompts x {rc.n} rollouts")
-    rollout_rewards(policy, records[:1], rc.n, seed)  # warm-up: first-call costs are not a token's
-    batches = [_cycle(records, k) for k in (small, large)]
-    draws = []  # (the call's rollouts, its seconds)
+    drawn = _calibration_call(inputs.calibration.draw, large * rc.n, rc.chunk if rc.engine == "hf" else 0)
+    sizes = (small,) if drawn is not None else (small, large)
+    say(f"probe: generation, calls of {' and '.join(map(str, sizes))} prompts x {rc.n} rollouts" + (
+        f" (the calibration's {len(drawn[0])} x {drawn[1].n}, drawn and timed already, as the largest)"
+        if drawn is not None else ""))
+    if drawn is None:  # warm-up: first-call costs are not a token's (the calibration's call warmed the engine)
+        rollout_rewards(policy, records[:1], rc.n, seed)
+    batches = [_cycle(records, k) for k in sizes]
+    draws = []  # (the call's rollouts, its seconds, its decode steps)
     for b in batches:
         seconds, gen = untrusted.timed(lambda b=b: rollout_rewards(policy, b, rc.n, seed)[0], COSTLY,
                                        f"a generate call of {len(b)} prompts")
-        draws.append((gen, seconds))
-    generate = CallCost.fit([g.tokens for g, _ in draws], [s for _, s in draws],
-                            steps=[int(g.completion_mask.sum(1).max()) for g, _ in draws])
+        draws.append((gen, seconds, int(gen.completion_mask.sum(1).max())))
+    if drawn is not None:
+        batches.append(drawn[0])
+        draws.append(drawn[1:])
+    generate = CallCost.fit([g.tokens for g, _, _ in draws], [s for _, s, _ in draws],
+                            steps=[d for _, _, d in draws])
     if generate.step_s <= 0:
         untrusted.append("a decode step: the two generate calls do not tell its cost from a token's (the fit "
                          "charges every token alike)")
-    (completion, prompt), by_level, lengths = _lengths([(b, g) for b, (g, _) in zip(batches, draws, strict=True)])
-    groups = [g for gen, _ in draws for g in probe_groups(gen)]
+    (completion, prompt), by_level, lengths = _lengths([(b, g) for b, (g, _, _) in zip(batches, draws, strict=True)])
+    groups = [g for gen, _, _ in draws for g in probe_groups(gen)]
     sizes = _update_sizes(inputs.comps, inputs.stats, rc.n, len(groups))
     say(f"probe: the update of {sizes[0]} and {sizes[1]} groups, the optimizer step, a round's checkpoint")
     update, optimizer_s, round_s = _probe_update(policy, groups, sizes, cfg, device, inputs.scratch, untrusted)
@@ -179,6 +190,24 @@ def _lengths(draws: list[tuple[list[PromptRecord], Generation]]
             tuple((lv, tuple(c for x, c, _ in rows if x == lv)) for lv in levels))
 
 
+def _calibration_call(draw: CalibrationDraw | None, rows: int, chunk: int
+                      ) -> tuple[list[PromptRecord], Generation, float, int] | None:
+    """The calibrate stage's rollouts as the probe's largest generate call (its records, rollouts, seconds and
+    decode steps: each of its calls, at most ``chunk`` rows, rlcore.plan.call_rows, decodes to its longest
+    completion), where this process drew them and its largest call has at least ``rows`` rollouts (the size the
+    probe would time: the line through the two calls then spans every call a candidate makes); else None."""
+    if draw is None:
+        return None
+    gen = draw.generation
+    calls = call_rows(len(draw.records), gen.n, chunk)
+    if max(calls) < rows:
+        return None
+    lengths = gen.completion_mask.sum(1)
+    starts = [sum(calls[:i]) for i in range(len(calls))]
+    steps = sum(int(lengths[a:a + r].max()) for a, r in zip(starts, calls, strict=True))
+    return list(draw.records), gen, draw.seconds, steps
+
+
 def _cycle(records: list[PromptRecord], k: int) -> list[PromptRecord]:
     return [records[i % len(records)] for i in range(k)]
 
@@ -187,8 +216,7 @@ def _generation_sizes(comps: Sequence[Composition], n: int, stats: PoolStats) ->
     """Prompts (of n rollouts) of the probe's two generate calls: as many rollouts as the smallest first call a
     candidate makes (each call of a step's draw, rlcore.plan.draw_calls, and DOTS's reference rollouts) and as the
     baseline's (``comps[0]``) largest, the small one a quarter of the large one where they are the same. Larger
-    calls (DAPO's, PODS's, the calibrate stage's, which the run has measured before the plan) are predicted on the
-    line through the two, not timed."""
+    calls (DAPO's, PODS's) are predicted on the line through the two, not timed."""
 
     def firsts(c: Composition) -> list[int]:
         return [rows for prompts, each in (*draw_calls(c, stats), c.reference)

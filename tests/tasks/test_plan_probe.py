@@ -242,3 +242,50 @@ def test_the_probe_stops_measuring_for_a_candidate_out_of_reach(setting, tmp_pat
     plan = make_plan(cfg, tiny_policy(), pool, calibration, candidates=("pods", "dots_screen"), scratch=tmp_path)
     assert "dots_screen" not in plan.out_of_reach, plan.out_of_reach
     assert len(plan.costs.forward.tokens) > 0 and plan.costs.score_s > 0 and plan.costs.fixed.fit_s > 0
+
+
+def test_the_calibrations_rollouts_are_the_probes_largest_generate_call(setting, tmp_path):
+    """Where the calibrate stage drew its rollouts in this process (``Calibration.draw``) in calls at least as
+    large as the baseline's, the probe times only the small call and takes the calibration's as its largest: its
+    tokens, seconds and decode steps (each engine call to its longest completion) as they were, one generate call
+    fewer, and its rollouts for the lengths by level and the update's groups. Without the draw (a loaded
+    calibration), or with a draw smaller than the baseline's call, the probe times the large call itself."""
+    from tasks.calibration.record import CalibrationDraw
+    from tasks.calibration.reference import rollout_rewards
+
+    cfg, pool, calibration = setting
+    cfg = with_overrides(cfg, ["rollout.chunk=16"])  # the calibration's 8 x 4 rollouts in two calls of 16
+    policy = tiny_policy()
+    grpo = composition("grpo", candidate_config(cfg, "grpo"), len(pool))
+    records = [pool[i] for i in calibration.indices]
+    gen, _ = rollout_rewards(policy, records, cfg.calibrate.g, 5)
+    stats = pool_stats(policy, pool, calibration, cfg)
+    calls = []
+    engine_generate = policy.engine.generate
+
+    def counted(prompts, n, seed, *args, **kw):
+        calls.append(len(prompts) * n)
+        return engine_generate(prompts, n, seed, *args, **kw)
+
+    policy.engine.generate = counted
+
+    def probe(draw):
+        calls.clear()
+        inputs = ProbeInputs(records=records[:4], pool=pool, calibration=Calibration(
+            calibration.indices, calibration.success, draw), comps=[grpo], stats=stats, scratch=tmp_path)
+        return probe_costs(policy, cfg, inputs, seed=0), list(calls)
+
+    small, large = _generation_sizes([grpo], cfg.rollout.n, stats)
+    assert large * cfg.rollout.n <= 16  # the calibration's calls are at least the baseline's
+    costs, made = probe(CalibrationDraw(tuple(records), gen, 1.25))
+    assert set(made) == {small * cfg.rollout.n}  # only the small call, repeated until stable; no warm-up
+    lengths = gen.completion_mask.sum(1)
+    assert costs.generate.tokens[-1] == gen.tokens and costs.generate.seconds[-1] == 1.25
+    assert costs.generate.steps[-1] == int(lengths[:16].max()) + int(lengths[16:].max())
+    assert [lv for lv, _, _ in costs.levels] == list(dict.fromkeys(r.level for r in records))  # every level's
+    timed, made = probe(None)
+    assert set(made) == {cfg.rollout.n, small * cfg.rollout.n, large * cfg.rollout.n}  # warm-up, small, large
+    assert len(timed.generate.tokens) == 2 and timed.generate.seconds[-1] != 1.25
+    few = CalibrationDraw(tuple(records[:1]), rollout_rewards(policy, records[:1], 2, 5)[0], 1.25)
+    _, made = probe(few)  # 2 rollouts: smaller than the baseline's call
+    assert large * cfg.rollout.n in made
