@@ -11,8 +11,9 @@ times with the current policy) are taken in two places, each with its own choice
 - every DOTS round (tasks/selection/selector.py): :func:`random_reference`, K prompts drawn uniformly from
   the round's active pool.
 
-Both then call :func:`reference_rollouts` with a :data:`Measure` (``policy_measure(policy)``), which gives
-rewards [K, G]; their success rates label the difficulty predictor.
+A round calls :func:`reference_rollouts` with a :data:`Measure` (``policy_measure(policy)``), which gives rewards
+[K, G]; the calibrate stage calls :func:`rollout_rewards` itself, as it keeps the rollouts and their seconds for the
+plan's probe (tasks/calibration/record.py ``CalibrationDraw``). Their success rates label the difficulty predictor.
 """
 
 from __future__ import annotations
