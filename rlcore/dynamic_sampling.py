@@ -5,7 +5,8 @@ section 3.2 ("Dynamic Sampling"). A group whose rewards are all equal (every rol
 wrong) has zero group-relative advantage and contributes nothing but noise to the update. DAPO
 over-samples prompts, drops such groups, and keeps generating until the batch is full; the discarded
 rollouts are still paid for. This module holds the bookkeeping (pure, no generation): which groups are
-kept, how many prompts the next generation round asks for, when to stop.
+kept, how many prompts the next generation round asks for, when to stop; and what its rounds cost in expectation
+(:func:`dynamic_rounds`, for the plan: rlcore/plan.py).
 
 Our choices and deviations (verl's ``algorithm.filter_groups`` is the reference implementation we read):
 
@@ -25,8 +26,10 @@ Shape notation as in ``rlcore/__init__.py`` (B groups of G kept rollouts).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+import torch
 
 from rlcore.types import RolloutGroup
 
@@ -97,3 +100,37 @@ class BatchFiller:
                 "dynamic/kept_groups": float(len(self.kept)), "dynamic/discard_ratio": self.discarded_groups / gen,
                 "dynamic/filled": float(len(self.kept) >= self.target)}
 
+
+def _binomial_pmf(k: int, p: float) -> torch.Tensor:
+    """[k + 1] float64: P(y successes of k, each with chance p)."""
+    y = torch.arange(k + 1, dtype=torch.float64)
+    if p <= 0 or p >= 1:
+        return (y == (k if p >= 1 else 0)).to(torch.float64)
+    log_c = torch.lgamma(torch.tensor(k + 1.0, dtype=torch.float64)) - torch.lgamma(y + 1) - torch.lgamma(k - y + 1)
+    return torch.exp(log_c + y * math.log(p) + (k - y) * math.log1p(-p))
+
+
+def dynamic_rounds(b: int, r: float, oversample: float, max_rounds: int,
+                   round_s: Callable[[int], float] = lambda ask: 0.0) -> tuple[float, float, float]:
+    """DAPO's filling of a batch of ``b`` informative groups (``rlcore.dynamic_sampling.BatchFiller``: each round
+    asks ceil(oversample * missing) prompts, at most ``max_rounds`` rounds) when each prompt asked gives an
+    informative group with chance ``r``, independently. Returns the expected prompts asked, informative groups
+    kept and seconds (``round_s(ask)``: one round of ``ask`` prompts), exact over the binomial yields."""
+    missing = torch.zeros(b + 1, dtype=torch.float64)  # P(missing = j)
+    missing[b] = 1.0
+    asked = seconds = 0.0
+    for _ in range(max_rounds):
+        nxt = torch.zeros_like(missing)
+        nxt[0] = missing[0]
+        for j in range(1, b + 1):
+            p = float(missing[j])
+            if p == 0.0:
+                continue
+            ask = math.ceil(oversample * j - 1e-9)
+            asked += p * ask
+            seconds += p * round_s(ask)
+            left = (j - torch.arange(ask + 1)).clamp(min=0)  # missing after y informative groups
+            nxt.index_add_(0, left, p * _binomial_pmf(ask, r))
+        missing = nxt
+    kept = b - float((torch.arange(b + 1, dtype=torch.float64) * missing).sum())
+    return asked, kept, seconds

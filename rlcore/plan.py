@@ -35,7 +35,7 @@ top 1/f of the q-mass ranked by the screen (the limit of many candidates). Rollo
 1 - delta of the batch with stored informative groups. DAPO's dynamic sampling (``rlcore.dynamic_sampling``)
 asks ceil(o * missing) prompts a round until the batch holds B informative groups or ``max_rounds`` is reached:
 the informative groups a round finds are taken as binomial in the prompts it asks with chance r, and the
-expectation over the missing count is exact (:func:`dynamic_rounds`).
+expectation over the missing count is exact (rlcore/dynamic_sampling.py ``dynamic_rounds``).
 
 **Techniques inside a step** (``Composition.rules``, rlcore/step_rules.py: the seam). Each rule may reweigh the draw
 (the pre-rollout skip, rlcore/silent_skip.py ``SkipRule``) and may replace the draw of B groups of n with its own
@@ -81,15 +81,15 @@ Shape letters as in ``rlcore/__init__.py``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
 
+from rlcore.dynamic_sampling import dynamic_rounds
 from rlcore.step_costs import UnitCosts
 from rlcore.step_rules import DrawOutcome, StepRule, StepView
 
-__all__ = ["Composition", "PoolStats", "Prediction", "call_rows", "draw_calls", "draw_ratio", "dynamic_rounds",
+__all__ = ["Composition", "PoolStats", "Prediction", "call_rows", "draw_calls", "draw_ratio",
            "informative_chance", "predict", "update_rows", "without_rule"]
 
 
@@ -307,41 +307,6 @@ def call_rows(prompts: int, n: int, chunk: int) -> list[int]:
     per = max(1, chunk // n) if chunk else prompts
     full, rest = divmod(prompts, per)
     return [per * n] * full + ([rest * n] if rest else [])
-
-
-def _binomial_pmf(k: int, p: float) -> torch.Tensor:
-    """[k + 1] float64: P(y successes of k, each with chance p)."""
-    y = torch.arange(k + 1, dtype=torch.float64)
-    if p <= 0 or p >= 1:
-        return (y == (k if p >= 1 else 0)).to(torch.float64)
-    log_c = torch.lgamma(torch.tensor(k + 1.0, dtype=torch.float64)) - torch.lgamma(y + 1) - torch.lgamma(k - y + 1)
-    return torch.exp(log_c + y * math.log(p) + (k - y) * math.log1p(-p))
-
-
-def dynamic_rounds(b: int, r: float, oversample: float, max_rounds: int,
-                   round_s: Callable[[int], float] = lambda ask: 0.0) -> tuple[float, float, float]:
-    """DAPO's filling of a batch of ``b`` informative groups (``rlcore.dynamic_sampling.BatchFiller``: each round
-    asks ceil(oversample * missing) prompts, at most ``max_rounds`` rounds) when each prompt asked gives an
-    informative group with chance ``r``, independently. Returns the expected prompts asked, informative groups
-    kept and seconds (``round_s(ask)``: one round of ``ask`` prompts), exact over the binomial yields."""
-    missing = torch.zeros(b + 1, dtype=torch.float64)  # P(missing = j)
-    missing[b] = 1.0
-    asked = seconds = 0.0
-    for _ in range(max_rounds):
-        nxt = torch.zeros_like(missing)
-        nxt[0] = missing[0]
-        for j in range(1, b + 1):
-            p = float(missing[j])
-            if p == 0.0:
-                continue
-            ask = math.ceil(oversample * j - 1e-9)
-            asked += p * ask
-            seconds += p * round_s(ask)
-            left = (j - torch.arange(ask + 1)).clamp(min=0)  # missing after y informative groups
-            nxt.index_add_(0, left, p * _binomial_pmf(ask, r))
-        missing = nxt
-    kept = b - float((torch.arange(b + 1, dtype=torch.float64) * missing).sum())
-    return asked, kept, seconds
 
 
 def _estimate(c: Composition, pool: PoolStats) -> torch.Tensor:

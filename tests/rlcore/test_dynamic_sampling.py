@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlcore.advantages import effective_mask
-from rlcore.dynamic_sampling import BatchFiller, is_informative
+from rlcore.dynamic_sampling import BatchFiller, dynamic_rounds, is_informative
 from rlcore.types import RolloutGroup
 
 
@@ -73,3 +73,30 @@ def test_filler_matches_a_slow_loop(target, oversample, max_rounds, outcomes):
     assert len(f.kept) <= target and all(is_informative(g) for g in f.kept)
     assert f.rounds <= max_rounds and (len(f.kept) == target or f.rounds == max_rounds)
     assert f.generated_groups == len(f.kept) + f.discarded_groups
+
+
+def slow_rounds(missing: int, r: float, oversample: float, rounds: int) -> tuple[float, float]:
+    """(prompts asked, groups still missing) expected, every yield of every round enumerated."""
+    if missing == 0 or rounds == 0:
+        return 0.0, float(missing)
+    ask = math.ceil(oversample * missing - 1e-9)
+    asked, left = float(ask), 0.0
+    for y in range(ask + 1):
+        p = math.comb(ask, y) * r ** y * (1 - r) ** (ask - y)
+        a, m = slow_rounds(max(missing - y, 0), r, oversample, rounds - 1)
+        asked, left = asked + p * a, left + p * m
+    return asked, left
+
+
+def test_dapo_rounds_hand_worked_and_against_every_yield():
+    # one group wanted, a coin a prompt, one prompt a round, two rounds: 1 + 1/2 asked, 3/4 found
+    assert dynamic_rounds(1, 0.5, 1.0, 2) == pytest.approx((1.5, 0.75, 0.0))
+    # two prompts a round, three rounds: 2 + 2/4 + 2/16 asked; each round misses with 1/4
+    asked, kept, seconds = dynamic_rounds(1, 0.5, 2.0, 3, round_s=lambda ask: 10.0 + ask)
+    assert (asked, kept) == pytest.approx((2.625, 1 - 0.25 ** 3))
+    assert seconds == pytest.approx(12.0 + 0.25 * 12.0 + 0.0625 * 12.0)  # a round's seconds as often as it runs
+    assert dynamic_rounds(4, 1.0, 2.0, 3) == pytest.approx((8.0, 4.0, 0.0))  # every group informative: one round
+    assert dynamic_rounds(4, 0.0, 2.0, 3) == pytest.approx((24.0, 0.0, 0.0))  # none: every round in vain
+    for b, r, o, rounds in ((4, 0.3, 2.0, 3), (6, 0.7, 1.5, 2), (3, 0.45, 1.0, 4)):
+        asked, left = slow_rounds(b, r, o, rounds)
+        assert dynamic_rounds(b, r, o, rounds)[:2] == pytest.approx((asked, b - left), rel=1e-12)
