@@ -134,7 +134,7 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, dev
     drawn = _calibration_call(inputs.calibration.draw, large * rc.n, rc.chunk if rc.engine == "hf" else 0)
     sizes = (small,) if drawn is not None else (small, large)
     say(f"probe: generation, calls of {' and '.join(map(str, sizes))} prompts x {rc.n} rollouts" + (
-        f" (the calibration's {len(drawn[0])} x {drawn[1].n}, drawn and timed already, as the largest)"
+        f" (the calibration's {len(drawn[0])} x {drawn[1][0].n}, drawn and timed already, as the largest)"
         if drawn is not None else ""))
     if drawn is None:  # warm-up: first-call costs are not a token's (the calibration's call warmed the engine)
         rollout_rewards(policy, records[:1], rc.n, seed)
@@ -146,7 +146,7 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, dev
         draws.append((gen, seconds, int(gen.completion_mask.sum(1).max())))
     if drawn is not None:
         batches.append(drawn[0])
-        draws.append(drawn[1:])
+        draws.append(drawn[1])
     generate = CallCost.fit([g.tokens for g, _, _ in draws], [s for _, s, _ in draws],
                             steps=[d for _, _, d in draws])
     if generate.step_s <= 0:
@@ -191,9 +191,9 @@ def _lengths(draws: list[tuple[list[PromptRecord], Generation]]
 
 
 def _calibration_call(draw: CalibrationDraw | None, rows: int, chunk: int
-                      ) -> tuple[list[PromptRecord], Generation, float, int] | None:
-    """The calibrate stage's rollouts as the probe's largest generate call (its records, rollouts, seconds and
-    decode steps: each of its calls, at most ``chunk`` rows, rlcore.plan.call_rows, decodes to its longest
+                      ) -> tuple[list[PromptRecord], tuple[Generation, float, int]] | None:
+    """The calibrate stage's rollouts as the probe's largest generate call (its records, and its rollouts, seconds
+    and decode steps: each of its calls, at most ``chunk`` rows, rlcore.plan.call_rows, decodes to its longest
     completion), where this process drew them and its largest call has at least ``rows`` rollouts (the size the
     probe would time: the line through the two calls then spans every call a candidate makes); else None."""
     if draw is None:
@@ -205,7 +205,7 @@ def _calibration_call(draw: CalibrationDraw | None, rows: int, chunk: int
     lengths = gen.completion_mask.sum(1)
     starts = [sum(calls[:i]) for i in range(len(calls))]
     steps = sum(int(lengths[a:a + r].max()) for a, r in zip(starts, calls, strict=True))
-    return list(draw.records), gen, draw.seconds, steps
+    return list(draw.records), (gen, draw.seconds, steps)
 
 
 def _cycle(records: list[PromptRecord], k: int) -> list[PromptRecord]:
