@@ -80,6 +80,10 @@ def test_bench_arms_switch_what_their_names_say():
         update={"round_ahead": True})}), "rounds started ahead are its one change"
     g4 = get("grpo_n4")
     assert (g4.rollout.n, g4.select.method, get("dots_noreplay").rollout.n) == (4, "uniform", 8)
+    uniform_screen = get("grpo_screen")  # the screen on grpo_n4's uniform draw: no DOTS, 4 candidates a prompt
+    assert uniform_screen.model_copy(update={"select": g4.select, "train": g4.train}) == g4
+    assert (uniform_screen.select.method, uniform_screen.select.screen, uniform_screen.select.screen_ahead,
+            uniform_screen.train.prompts_per_step) == ("uniform", 4, True, 20)
     drop = get("drop_solved")
     assert drop.select.drop_solved and drop.select.method == "uniform"
     waves = get("dots_screen_waves")  # dots_screen's draw, its rollouts in two waves, and the skip
