@@ -104,6 +104,17 @@ def test_the_probes_batch_sizes_come_from_the_candidates():
     assert _generation_sizes([carried], 8, stats) == (round(call[0] / 8) // 4, round(call[0] / 8))  # one size
 
 
+def test_the_screened_uniform_draw_pays_neither_the_scoring_nor_the_predictor():
+    """grpo_screen is the screen without DOTS: the plan charges it the screen's pass over its 4 x 20 candidates and
+    nothing DOTS pays (the pool's embeddings before training, a predictor fit a round), where dots_screen pays both."""
+    cfg = load_config(None)
+    uniform, dots = (composition(n, candidate_config(cfg, n), 2000) for n in ("grpo_screen", "dots_screen"))
+    assert (uniform.draw, uniform.screen, uniform.prompts, uniform.n) == ("uniform", 4, 20, 4)
+    assert (uniform.predictor, uniform.scored, uniform.reference) == (False, 0, (0, 0))
+    assert (dots.draw, dots.screen, dots.predictor, dots.scored) == ("dots", 2, True, 2000)
+    assert "grpo_screen" in cfg.plan.candidates
+
+
 def test_the_plan_screens_ahead_where_a_run_would():
     """A candidate with the screen runs it ahead where select.screen_ahead is on and the sampler is apart from the
     trainer (a server, lag 1, or lag auto); not at lag 0 with the in-process engine, nor with the option off, nor
