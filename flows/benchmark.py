@@ -48,7 +48,7 @@ log = logging.getLogger("rlsift.bench")
 PRESETS = ("grpo", "auto", "dapo", "dots", "pods", "scalingrl", "gain", "all")
 ARMS = ("grpo_n4", "drop_solved", "dots_noreplay", "dots_informative", "dots_n4", "dots_screen", "dots_screen_24",
         "dots_screen_inline", "dots_screen_round_ahead", "grpo_waves", "dots_screen_skip", "dots_screen_waves",
-        "dots_screen_waves_carry", "dots_screen_waves_1x", "grpo_screen")
+        "dots_screen_waves_carry", "dots_screen_waves_1x", "grpo_screen", "grpo_screen_waves")
 #: Arms ``<preset>-sync``: the preset with generation and update one after the other (``overlap.lag=0``).
 SYNC = "-sync"
 #: The baseline every arm is measured against: plain GRPO, generation then update (what TRL's GRPOTrainer does).
@@ -132,9 +132,9 @@ def plan_arms(config: str | None, overrides: list[str], names: list[str], seed: 
 
 
 def clock_skips(cfg: Config) -> tuple[str, ...]:
-    """Upfront stages a configuration does not use, left off its clock: the pipeline always scores the pool and
-    calibrates, but only some configurations read them (tasks/plan/planner.py ``reads_upfront``, which the plan's
-    prediction of each clock reads too)."""
+    """Upfront stages a configuration does not use, left off its clock: the pipeline always calibrates (and scores
+    the pool where the run reads the scores), but only some configurations read them (tasks/plan/planner.py
+    ``reads_upfront``, which the plan's prediction of each clock reads too)."""
     return tuple(s for s, used in reads_upfront(cfg).items() if not used)
 
 

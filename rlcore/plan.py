@@ -66,7 +66,8 @@ clock over plain GRPO's.
 **Choice.** The signal of a step is its informative groups (fresh plus replayed). A candidate qualifies when its
 signal is at least ``min_signal`` times plain GRPO's and its step is cheaper; the cheapest step among those is
 chosen (plain GRPO always qualifies), and among those within ``TIE`` of the cheapest, the one with the most signal.
-Steps, not clocks, are compared: a run that plans has calibrated and scores its pool whatever it then trains. But a
+Steps, and the pool's scoring of a candidate that reads the scores, are compared, not clocks: a run that plans has
+calibrated whatever it then trains, and scores its pool only for a choice that reads the scores. But a
 candidate is chosen only where it earns back what the run spent before its first step: its steps plus that time
 (rlcore/plan_choice.py :class:`RunClock` ``with_plan``) at most plain GRPO's clock, else plain GRPO, and the reason
 says so.
@@ -202,7 +203,8 @@ class Prediction:
     ``generated`` rollouts, ``generated_tokens``, ``updated_tokens``, ``forward_tokens`` and ``step_s`` seconds,
     all a step; ``step_s`` is ``generate_s`` + ``update_s`` + ``forward_s`` + ``fixed_s`` (the optimizer step,
     the bookkeeping, and a round's checkpoint and predictor fit over its steps); ``upfront_s``: what it pays
-    before its first step and plain GRPO does not (calibration, scoring); ``train_s``: its training clock,
+    before its first step and plain GRPO does not (calibration, scoring), ``scoring_s`` of it the pool's scoring (a
+    run scores its pool only for a composition that reads the scores); ``train_s``: its training clock,
     ``upfront_s`` plus ``train.steps`` steps; ``clock``: ``train_s`` over plain GRPO's (set by :func:`predict`)."""
 
     name: str
@@ -218,6 +220,7 @@ class Prediction:
     forward_s: float = 0.0
     fixed_s: float = 0.0
     upfront_s: float = 0.0
+    scoring_s: float = 0.0
     train_s: float = 0.0
     clock: float = field(default=float("nan"))
 
@@ -424,14 +427,14 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
     fixed_s = fx.optimizer_s + fx.step_s + (fx.round_s + fit_s) / c.round_steps
     step_s = generate_s + update_s + forward_s + fixed_s
     calibration_length = float(completion.mean())  # the calibrate stage's set, stratified by level
-    upfront_s = (draw_s(*c.calibration, calibration_length, mix(torch.ones(len(pool.levels))))
-                 + c.scored * costs.score_s)
+    scoring_s = c.scored * costs.score_s
+    upfront_s = draw_s(*c.calibration, calibration_length, mix(torch.ones(len(pool.levels)))) + scoring_s
     trained = groups + replayed  # 0 where no first wave is ever mixed: the step trains its silent first waves
     return Prediction(name=c.name, effective_ratio=signal / trained if trained > 0 else 0.0, signal=signal,
                       generated=generated,
                       generated_tokens=gen_tokens, updated_tokens=upd_tokens, forward_tokens=fwd_tokens,
                       step_s=step_s, generate_s=generate_s, update_s=update_s, forward_s=forward_s, fixed_s=fixed_s,
-                      upfront_s=upfront_s, train_s=upfront_s + c.steps * step_s)
+                      upfront_s=upfront_s, scoring_s=scoring_s, train_s=upfront_s + c.steps * step_s)
 
 
 def predict(candidates: list[Composition], baseline: Composition, pool: PoolStats,

@@ -25,9 +25,9 @@ class RunClock:
     ``training``: the chosen candidate's training clock over plain GRPO's (:attr:`Prediction.clock`, the figure
     :func:`choose`'s reason gives): its ``train.steps`` steps and the calibration and scoring it reads before
     them (``training_upfront_s`` seconds; 0 for one that reads none, as plain GRPO), predicted; ``with_plan``: the
-    same steps with what this run spent before its first step in place of that prediction: ``upfront_s`` seconds of
-    calibration and plan, measured, and scoring, predicted (what the run's own clock is compared with). Plain GRPO's
-    clock is its steps alone."""
+    same steps with what this run spends before its first step in place of that prediction: ``upfront_s`` seconds of
+    calibration and plan, measured, and the pool's scoring where the choice reads it, predicted (what the run's own
+    clock is compared with). Plain GRPO's clock is its steps alone."""
 
     choice: str
     training: float
@@ -45,10 +45,12 @@ class RunClock:
                 "calibration and plan measured, scoring predicted)")
 
 
-def run_clock(chosen: Prediction, base: Prediction, upfront_s: float) -> RunClock:
+def run_clock(chosen: Prediction, base: Prediction, spent_s: float) -> RunClock:
     """The :class:`RunClock` of a run that trains ``chosen`` against plain GRPO's ``base`` after spending
-    ``upfront_s`` seconds before its first step. A prediction saved without a training clock (``base.train_s`` 0)
-    gives the chosen candidate's own ``clock`` for both figures."""
+    ``spent_s`` seconds on its calibration and plan, and then scoring its pool if ``chosen`` reads the scores
+    (``chosen.scoring_s``, predicted). A prediction saved without a training clock (``base.train_s`` 0) gives the
+    chosen candidate's own ``clock`` for both figures."""
+    upfront_s = spent_s + chosen.scoring_s
     if base.train_s <= 0:
         return RunClock(chosen.name, chosen.clock, chosen.clock, upfront_s, chosen.upfront_s)
     steps_s = chosen.train_s - chosen.upfront_s
@@ -80,39 +82,48 @@ def out_of_reach(p: Prediction, base: Prediction, min_signal: float, plan_s: flo
     if p.step_s >= base.step_s:
         return f"its step at least {p.step_s:.3g} s against {base.name}'s {base.step_s:.3g} s"
     if not _earns_back(p, base, plan_s):
-        return (f"at least {run_clock(p, base, plan_s).with_plan:.2f}x {base.name}'s clock with the {plan_s:.0f} s "
+        clock = run_clock(p, base, plan_s)
+        return (f"at least {clock.with_plan:.2f}x {base.name}'s clock with the {clock.upfront_s:.0f} s "
                 "spent before its first step")
     return None
 
 
+def _cost(p: Prediction) -> float:
+    """What choosing ``p`` costs from here on: its steps, and the pool's scoring where it reads the scores (the
+    calibration and the plan are spent whatever is chosen); a step's seconds for a prediction saved without a
+    training clock."""
+    return p.train_s - p.upfront_s + p.scoring_s if p.train_s > 0 else p.step_s
+
+
 def choose(base: Prediction, predictions: list[Prediction], min_signal: float,
            plan_s: float = 0.0) -> tuple[Prediction, str]:
-    """The prediction with the cheapest step whose signal is at least ``min_signal`` times the baseline's and whose
-    clock earns back ``plan_s``, what the run spent before its first step (its calibration and plan, measured, and
-    the scoring of its pool, predicted: :class:`RunClock`'s ``with_plan`` at most 1); the baseline when none is, and
-    why in one line."""
+    """The prediction with the cheapest steps (and scoring, where it reads the scores: :func:`_cost`) whose signal
+    is at least ``min_signal`` times the baseline's and whose clock earns back ``plan_s``, what the run spent on its
+    calibration and plan, and the scoring of its pool where it reads the scores (predicted: :class:`RunClock`'s
+    ``with_plan`` at most 1); the baseline when none is, and why in one line."""
     if not 0 <= min_signal <= 1:
         raise ValueError(f"min_signal must be in [0, 1], got {min_signal!r}")
     if not math.isfinite(plan_s) or plan_s < 0:
         raise ValueError(f"plan_s must be finite and >= 0, got {plan_s!r}")
     qualify = [p for p in predictions if _keeps_signal(p, base, min_signal) and p.step_s < base.step_s]
     earns = [p for p in qualify if _earns_back(p, base, plan_s)]
-    cheapest = min((p.step_s for p in earns), default=base.step_s)
-    best = max((p for p in earns if p.step_s <= (1 + TIE) * cheapest), key=lambda p: p.signal, default=base)
+    cheapest = min(map(_cost, earns), default=_cost(base))
+    best = max((p for p in earns if _cost(p) <= (1 + TIE) * cheapest), key=lambda p: p.signal, default=base)
     if best.step_s >= base.step_s:
         if qualify:
-            first = min(qualify, key=lambda p: p.step_s)
+            first = min(qualify, key=_cost)
             clock = run_clock(first, base, plan_s)
             return base, (f"{base.name}: no candidate earns back the plan's own cost: the cheapest with at least "
                           f"{min_signal:.0%} of plain GRPO's informative groups a step, {first.name}, is predicted "
                           f"at {clock.training:.2f}x plain GRPO's training clock but {clock.with_plan:.2f}x with the "
-                          f"{plan_s:.0f} s this run spent before its first step")
+                          f"{clock.upfront_s:.0f} s this run spends before its first step")
         return base, (f"{base.name}: no candidate is predicted cheaper than plain GRPO with at least "
                       f"{min_signal:.0%} of its informative groups a step")
-    slower = sorted((p for p in earns if p is not best), key=lambda p: p.step_s)
+    slower = sorted((p for p in earns if p is not best), key=_cost)
     runner = f"; next {slower[0].name} at {slower[0].clock:.2f}x" if slower else ""
-    paid = (f", {run_clock(best, base, plan_s).with_plan:.2f}x with the plan's own {plan_s:.0f} s"
-            if plan_s > 0 and base.train_s > 0 else "")
+    clock = run_clock(best, base, plan_s)
+    paid = (f", {clock.with_plan:.2f}x with the plan's own {clock.upfront_s:.0f} s"
+            if clock.upfront_s > 0 and base.train_s > 0 else "")
     return best, (f"{best.name}: predicted {best.clock:.2f}x plain GRPO's training clock{paid} with "
                   f"{best.signal / base.signal:.2f}x its informative groups a step (effective ratio "
                   f"{best.effective_ratio:.2f} against {base.effective_ratio:.2f}){runner}")

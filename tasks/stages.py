@@ -41,7 +41,7 @@ from tasks.model.lora import apply_lora
 from tasks.model.warmstart import sft_records, warm_start
 from tasks.overlap.lag import decide_lag, lag_from_json, lag_to_json
 from tasks.plan.artifact import plan_table
-from tasks.plan.planner import make_plan, probe_records
+from tasks.plan.planner import make_plan, probe_records, reads_upfront
 from tasks.plan.record import Plan
 from tasks.policy import Policy
 from tasks.records import artifacts, plots
@@ -57,7 +57,7 @@ from tasks.report.registration import (
     version_tags,
 )
 from tasks.run import Run
-from tasks.selection.features import Features, compute_features
+from tasks.selection.features import Features, compute_features, static_features
 from tasks.training.entry import training
 from tasks.training.loop import TRAIN_PHASES, HeldoutEval, TrainSummary
 
@@ -256,11 +256,16 @@ def overlap_stage(run: Run, policy: Policy, pool: list[PromptRecord], calibratio
 
 @stage(name="score")
 def score_stage(run: Run, policy: Policy, pool: list[PromptRecord]) -> Features:
+    """The pool's features (tasks/selection/features.py): scored with a forward pass where the run's techniques
+    read them (tasks/plan/planner.py ``reads_upfront``: DOTS, ScalingRL, GAIN-RL), else the tokenizer's alone."""
     saved = run.dir / "features.pt"
     if saved.exists():
         feats = Features.load(saved)
         if feats.ids == [r.id for r in pool]:
             return feats
+    if not reads_upfront(run.cfg)["score"]:
+        log.info("score: not run (%d prompts): this run's techniques read no embedding or angle", len(pool))
+        return static_features(policy, pool)
     with run.meter.stage("score"):
         feats = compute_features(policy, pool, inter_weight=run.cfg.gain.inter_weight,
                                  batch_size=run.cfg.eval.batch_size, device=run.device, progress=True)

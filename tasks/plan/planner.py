@@ -45,7 +45,8 @@ def reads_upfront(cfg: Config) -> dict[str, bool]:
     """Whether a run of ``cfg`` reads what the score and calibrate stages measure before training: DOTS
     (embeddings, labels), ScalingRL (CoT complexity, measured difficulty) and GAIN-RL (angle) do, and ``plan.auto``
     (the plan reads the calibration, and its choice is not known beforehand); plain GRPO and PODS do not. The
-    pipeline runs both stages always; the benchmark's clock counts them only where they are read."""
+    pipeline calibrates always and scores only where a run reads the scores (a ``plan.auto`` run: where its choice
+    does, tasks/stages.py ``score_stage``); the benchmark's clock counts either only where it is read."""
     dots, cc = cfg.select.method == "dots", cfg.curriculum.enabled
     return {"score": dots or cc or cfg.gain.enabled or cfg.plan.auto, "calibrate": dots or cc or cfg.plan.auto}
 
@@ -171,14 +172,14 @@ def _make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibratio
             f"pays before them) predicted at {p.clock:.2f}x {baseline.name}'s")
     for name, why in unavailable.items():
         say(f"candidate {name}: left out ({why})")
-    so_far = spent_s + time.perf_counter() - t0 + len(pool) * costs.score_s  # before the first step, without the lag
+    so_far = spent_s + time.perf_counter() - t0  # before the first step, without the lag and the pool's scoring
     best, reason = choose(baseline, predictions, pc.min_signal, so_far)
     chosen = candidate_config(cfg, best.name)
     say(f"chose {best.name}; the overlap's lag for it" + (
         " (the draw and the update timed alone and at once where that pays)" if chosen.overlap.lag == "auto" else ""))
     overlap = decide_lag(chosen, policy, refs, device, handover=handover,
                          expected=(best.generate_s + best.forward_s, best.update_s + best.fixed_s))
-    upfront = spent_s + time.perf_counter() - t0 + len(pool) * costs.score_s
+    upfront = spent_s + time.perf_counter() - t0
     return Plan(shares=stats.shares, g=stats.g, costs=costs, baseline=baseline, predictions=tuple(predictions),
                 unavailable=unavailable, choice=best.name, reason=reason,
                 overrides=tuple(preset_overrides(best.name)), overlap=overlap, upfront_s=upfront, savings=savings,

@@ -25,9 +25,10 @@ rlcore/plan.py predicts each candidate's clock from these measurements (:class:`
 - **The screen's teacher-forced pass** (where a candidate screens) at its candidates' count and half of it.
 - **A step's bookkeeping**: the draw over the pool, a step's selection and group rows written to a scratch ledger
   (tasks/records/ledger/, the same code), and a step's metrics line to a scratch outbox and ``metrics.jsonl``.
-- **Scoring and DOTS's predictor**: one batch of the pool scored (the reference prompts first: a run that plans
-  scores its pool whatever it then trains, tasks/stages.py ``score_stage``, so the plan counts it before the first
-  step), and, where a candidate draws with it, DOTS's predictor (tasks/selection/dots.py ``dots_predictor``)
+- **Scoring and DOTS's predictor**, where a candidate reads the scores: one batch of the pool scored (the
+  reference prompts first; a run scores its pool only for a choice that reads the scores, tasks/stages.py
+  ``score_stage``, and the plan counts it before such a choice's first step), and, where a candidate draws with
+  it, DOTS's predictor (tasks/selection/dots.py ``dots_predictor``)
   labelled with the calibration's pass rates on their embeddings, fitted for ``select.predictor.fit_steps`` and
   asked for the pool's predictions, as a round does.
 
@@ -167,8 +168,10 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, dev
         say("probe: the screen's teacher-forced pass")
     forward, solution_tokens = _probe_screen(policy, records, cfg, comps, device, untrusted)
     dots = next((inputs.dots[c.name] for c in comps if c.name in inputs.dots), None)
-    say("probe: scoring a batch of the pool" + (", DOTS's predictor" if dots is not None else ""))
-    score_s, fit_s = _probe_scoring(policy, cfg, inputs, dots, seed, device, untrusted)
+    score_s = fit_s = 0.0
+    if any(c.scored for c in comps):  # a run scores its pool only for a choice that reads the scores
+        say("probe: scoring a batch of the pool" + (", DOTS's predictor" if dots is not None else ""))
+        score_s, fit_s = _probe_scoring(policy, cfg, inputs, dots, seed, device, untrusted)
     for note in untrusted:
         log.warning("plan probe: an estimate it cannot trust: %s", note)
     return replace(costs, forward=forward, solution_tokens=solution_tokens, fixed=replace(costs.fixed, fit_s=fit_s),

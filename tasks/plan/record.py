@@ -24,9 +24,11 @@ class Plan:
     ``baseline``: plain GRPO's prediction; ``predictions``: each candidate's; ``unavailable``: candidates left
     out and why; ``choice``, ``reason``: the chosen candidate and why in one line; ``overrides``: its keys;
     ``overlap``: the overlap's lag for the chosen candidate's config, and why (None in a plan saved before it);
-    ``upfront_s``: what this run spends before its first step and plain GRPO would not: its calibration and the
-    plan (measured) and the scoring of its pool (predicted); ``savings``: for each technique inside a candidate's step
-    (rlcore/step_rules.py: the waves, the skip), what it saves on this pool against the candidate without it
+    ``upfront_s``: what this run spent before its first step and plain GRPO would not: its calibration and the
+    plan, measured (the pool's scoring, which a run does only for a choice that reads the scores, is the chosen
+    prediction's ``scoring_s``; :attr:`clock` adds it; a plan saved before held it here); ``savings``: for each
+    technique inside a candidate's step (rlcore/step_rules.py: the waves, the skip), what it saves on this pool
+    against the candidate without it
     (:func:`saving`); ``out_of_reach``: candidates the probe stopped measuring for once what every step pays was
     timed, and why (tasks/plan/probe.py): their predictions leave out what they alone pay and was not timed, so
     their steps and clocks are lower bounds (their savings say so)."""
@@ -52,9 +54,9 @@ class Plan:
     @property
     def clock(self) -> RunClock:
         """This run's predicted clock over plain GRPO's (rlcore/plan_choice.py :class:`RunClock`): the chosen
-        candidate's training clock, and with what the run spends before its first step (``upfront_s``) in place of
-        its predicted calibration and scoring. Every place that shows a plan's clock shows this record's
-        :meth:`~RunClock.text` or its two figures."""
+        candidate's training clock, and with what the run spends before its first step (``upfront_s`` and the
+        choice's scoring) in place of its predicted calibration and scoring. Every place that shows a plan's clock
+        shows this record's :meth:`~RunClock.text` or its two figures."""
         return run_clock(self.chosen, self.baseline, self.upfront_s)
 
     def metrics(self) -> dict[str, float]:
@@ -66,7 +68,7 @@ class Plan:
                 "plan/update_us_per_token": 1e6 * c.update.per_token(base.updated_tokens),
                 "plan/optimizer_ms": 1e3 * fx.optimizer_s, "plan/bookkeeping_ms": 1e3 * fx.step_s,
                 "plan/checkpoint_ms": 1e3 * fx.round_s, "plan/predictor_fit_ms": 1e3 * fx.fit_s,
-                "plan/upfront_s": self.upfront_s, "plan/predicted_training_clock": self.clock.training,
+                "plan/upfront_s": self.clock.upfront_s, "plan/predicted_training_clock": self.clock.training,
                 "plan/predicted_clock_with_plan": self.clock.with_plan,
                 "plan/predicted_effective_ratio": self.chosen.effective_ratio} | self._overlap_metrics()
 

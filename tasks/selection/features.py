@@ -4,6 +4,10 @@ Per prompt: the mean-pooled last hidden state (DOTS's embedding), GAIN-RL's C_in
 last layer's MLP inputs, with the fixed prefix (system prompt, template head) and tail measured from the
 tokenizer rather than hard-coded, the prompt's token count, its level, and the reference solution's token
 count (ScalingRL's chain-of-thought complexity). Saved to ``<run>/features.pt`` and the ledger.
+
+A run whose techniques read none of the hidden-state features (plain GRPO, PODS, the screen on a uniform draw:
+tasks/plan/planner.py ``reads_upfront``) gets :func:`static_features` instead: the token counts and levels from
+the tokenizer alone, no forward pass over the pool.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ class Features:
         cot: [M] float, tokens of the reference solution (0 without one): ScalingRL's CoT complexity.
         level: [M] int, difficulty level (0 without one).
 
+    Without the forward pass (:func:`static_features`) ``emb`` is [M, 0] and the angles NaN (:attr:`scored` False).
+
     Saved as ``features.pt``: a plain dict of these fields (:meth:`save`, :meth:`load`).
     """
 
@@ -53,6 +59,11 @@ class Features:
             t = getattr(self, f.name)
             if t.shape[0] != m:
                 raise ValueError(f"Features.{f.name} has {t.shape[0]} rows for {m} prompts")
+
+    @property
+    def scored(self) -> bool:
+        """Whether the hidden-state features were computed (the score stage's forward pass)."""
+        return self.emb.shape[1] > 0
 
     def save(self, path: Path) -> Path:
         state = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -73,6 +84,27 @@ class Features:
                            cot_tokens=int(self.cot[i]), angle_intra=float(self.angle_intra[i]),
                            angle_inter=float(self.angle_inter[i]), angle_score=float(self.angle[i]))
                 for i, pid in enumerate(self.ids)]
+
+
+def _solution_tokens(tok, records: list[PromptRecord]) -> torch.Tensor:
+    """[M] float tokens of each record's reference solution (0 without one)."""
+    return torch.tensor([len(tok(r.solution, add_special_tokens=False)["input_ids"]) if r.solution else 0
+                         for r in records], dtype=torch.float32)
+
+
+def _levels(records: list[PromptRecord]) -> torch.Tensor:
+    return torch.tensor([r.level or 0 for r in records])
+
+
+def static_features(policy, records: list[PromptRecord]) -> Features:
+    """The features the tokenizer alone gives (token counts, levels), in record order; no embedding (``emb``
+    [M, 0]) and NaN angles: for a run whose techniques read no hidden-state feature (module docstring)."""
+    tok, m = policy.tokenizer, len(records)
+    lengths = [len(tok(p, add_special_tokens=add_special(tok))["input_ids"]) for p in policy.prompts(records)]
+    nan = torch.full((m,), float("nan"))
+    return Features(ids=[r.id for r in records], emb=torch.zeros(m, 0), angle_intra=nan, angle_inter=nan.clone(),
+                    angle=nan.clone(), prompt_tokens=torch.tensor(lengths, dtype=torch.long),
+                    cot=_solution_tokens(tok, records), level=_levels(records))
 
 
 def prefix_suffix(tokenizer, prompt: str, question: str) -> tuple[int, int]:
@@ -104,8 +136,6 @@ def compute_features(policy, records: list[PromptRecord], *, inter_weight: float
         inter.append(s.inter.float())
         angle.append(s.score.float())
         lengths.append(mask.sum(1))
-    cot = torch.tensor([len(tok(r.solution, add_special_tokens=False)["input_ids"]) if r.solution else 0
-                        for r in records], dtype=torch.float32)
     return Features(ids=[r.id for r in records], emb=torch.cat(embs), angle_intra=torch.cat(intra),
                     angle_inter=torch.cat(inter), angle=torch.cat(angle), prompt_tokens=torch.cat(lengths),
-                    cot=cot, level=torch.tensor([r.level or 0 for r in records]))
+                    cot=_solution_tokens(tok, records), level=_levels(records))

@@ -98,6 +98,10 @@ class Selector:
         self.starts_ahead = apart and cfg.select.round_ahead
         self.started: tuple[int, dict[str, float]] | None = None  # a round started ahead: its index, its metrics
         self.asked: tuple[int, int] | None = None  # the last choose's (prompts, step), its first generation round
+        if not features.scored and (cfg.select.method == "dots" or cfg.curriculum.enabled or cfg.gain.enabled):
+            raise ValueError("DOTS, ScalingRL and GAIN-RL read the score stage's embeddings and angles; these "
+                             "features are the tokenizer's alone (tasks/selection/features.py static_features)")
+        self.scored = features.scored
         self.emb = features.emb.float()  # [M, D]
         self.angle = features.angle.float()  # [M]
         self.cot = features.cot.float()  # [M]
@@ -126,7 +130,7 @@ class Selector:
             m, s_min=max(floor, cc.s_min * m), s_max=max(floor, cc.s_max * m), scale0=max(floor, cc.scale0 * m),
             kappa=cc.kappa, theta_lo=cc.theta_lo, theta_hi=cc.theta_hi, theta_learned=cc.theta_learned,
             rho0=cc.rho0, rho_step=cc.rho_step) if cc.enabled else None
-        self.order = angle_order(self.angle)  # rank -> pool index
+        self.order = angle_order(self.angle) if self.scored else torch.arange(m)  # rank -> pool index
         self.rank = torch.empty(m, dtype=torch.long)
         self.rank[self.order] = torch.arange(m)
         self.window = GaussianWindowSampler(m, sigma_frac=gc.sigma_frac, step_frac=gc.step_frac, alpha=gc.alpha,
@@ -323,8 +327,8 @@ class Selector:
                         if on) or "uniform"
         rows = [SelectionRow(prompt_id=self.pool[i].id, selector="guard" if j < len(guard) else name,
                              weight=float(self.probs[i]),
-                             pred_success=_num(self.pred[i]), angle_score=float(self.angle[i]),
-                             gain_rank=int(self.rank[i]),
+                             pred_success=_num(self.pred[i]), angle_score=_num(self.angle[i]),
+                             gain_rank=int(self.rank[i]) if self.scored else None,
                              screen_success=self.scores.estimate(step, i) if self.scores is not None else None,
                              **{key: _num(self.info[key][i]) if key in self.info else None
                                 for key in ("des", "des_difficulty", "des_cot", "des_adaptability")})

@@ -55,11 +55,15 @@ def test_pipeline_flow_records_everything(tmp_path, prefect_harness, caplog):
         steps = led.query("SELECT step, count(*) AS c FROM groups WHERE run_id = ? GROUP BY step ORDER BY step",
                           [s["run_id"]])
         assert [(r["step"], r["c"]) for r in steps] == [(0, 8), (1, 8), (2, 8), (3, 8)]
-        assert len(led.query("SELECT * FROM features WHERE run_id = ?", [s["run_id"]])) == 120
+        # plain GRPO reads no embedding or angle: the pool is not scored (no forward pass, no features rows)
+        assert not led.query("SELECT * FROM features WHERE run_id = ?", [s["run_id"]])
+        chosen = led.query("SELECT angle_score, gain_rank FROM selections WHERE run_id = ?", [s["run_id"]])
+        assert chosen and all(r["angle_score"] is None and r["gain_rank"] is None for r in chosen)
         phases = {r["phase"] for r in led.query("SELECT phase FROM evals WHERE run_id = ?", [s["run_id"]])}
         assert phases == {"start", "during", "end"}
         stages = {r["stage"] for r in led.query("SELECT stage FROM stages WHERE run_id = ?", [s["run_id"]])}
-        assert {"ingest", "prepare", "calibrate", "score", "train", "eval_start", "eval_end"} <= stages
+        assert {"ingest", "prepare", "calibrate", "train", "eval_start", "eval_end"} <= stages
+        assert "score" not in stages
 
     info = run_info(s["tracking_uri"], s["mlflow_run_id"])
     assert info["status"] == "FINISHED"

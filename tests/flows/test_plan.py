@@ -79,7 +79,7 @@ def test_auto_trains_the_plans_choice(tmp_path, prefect_harness):
 
     said = plan_text(s["plan"])  # one line, each figure once (this choice did not weigh the plan's own cost)
     assert said.startswith(f"  plan: {plan.reason}; ") and said.count(f"{clock.training:.2f}x") == 1
-    assert said.endswith(f"; {clock.with_plan:.2f}x with the plan's own cost ({plan.upfront_s:.0f} s before the first "
+    assert said.endswith(f"; {clock.with_plan:.2f}x with the plan's own cost ({clock.upfront_s:.0f} s before the first "
                          "step)\n"), said
     tags = run_info(s["tracking_uri"], s["mlflow_run_id"])["tags"]
     assert tags["rlsift.plan.clock"] == clock.text() and f"- plan: {clock.text()}; " in tags["mlflow.note.content"]
@@ -88,7 +88,9 @@ def test_auto_trains_the_plans_choice(tmp_path, prefect_harness):
     with Ledger(root / "ledger.duckdb", read_only=True) as led:
         ns = {r["n"] for r in led.query("SELECT n FROM groups WHERE run_id = ?", [s["run_id"]])}
         stored = json.loads(led.query("SELECT config FROM runs WHERE run_id = ?", [s["run_id"]])[0]["config"])
+        stages = {r["stage"] for r in led.query("SELECT stage FROM stages WHERE run_id = ?", [s["run_id"]])}
     assert ns == {4}  # trained with the choice's groups of 4, not the config's 8
+    assert "score" not in stages and clock.upfront_s == plan.upfront_s  # grpo_n4 reads no score: none paid
     assert stored["plan"]["auto"] is True and stored["rollout"]["n"] == 8  # the run's own config is kept
     assert torch.tensor(s["plan"]["predicted_effective_ratio"]).isfinite()
     assert (Path(s["run_dir"]) / "plan.md").is_file()

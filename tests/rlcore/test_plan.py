@@ -3,6 +3,7 @@ steps and clocks (fixed costs included), the choice rule, and the overlap's lag 
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -328,7 +329,7 @@ def test_a_candidate_that_cannot_earn_back_the_plans_own_cost_is_not_chosen():
     assert best is base
     assert why == ("grpo: no candidate earns back the plan's own cost: the cheapest with at least 80% of plain GRPO's "
                    "informative groups a step, dots, is predicted at 0.95x plain GRPO's training clock but 1.20x "
-                   "with the 3 s this run spent before its first step")
+                   "with the 3 s this run spends before its first step")
     best, why = choose(base, [dots], 0.8, plan_s=0.8)
     assert best is dots and why.startswith("dots: predicted 0.95x plain GRPO's training clock, 0.98x with the plan's "
                                            "own 1 s with 1.00x its informative groups")
@@ -336,6 +337,28 @@ def test_a_candidate_that_cannot_earn_back_the_plans_own_cost_is_not_chosen():
     assert choose(base, [dots], 0.8, plan_s=1.0)[0] is dots  # exactly earned back: (9 + 1) / 10 = 1.0
     assert choose(base, [dots], 0.8, plan_s=1.01)[0] is base
     assert choose(base, [dots], 0.8)[0] is dots  # nothing spent: the cheaper step wins, as before
+
+
+def test_only_a_choice_that_reads_the_scores_pays_the_pools_scoring():
+    """A run scores its pool only for a choice that reads the scores (tasks/stages.py ``score_stage``). Plain GRPO:
+    10 steps of 1 s. ``dots``: 10 steps of 0.8 s after 0.5 s of calibration and 0.4 s of scoring (8.9 s); ``screen``:
+    10 steps of 0.85 s after the same calibration, no scoring (9.0 s). Spent 1.5 s on the calibration and the plan:
+    dots (8 + 1.5 + 0.4) / 10 = 0.99x, screen (8.5 + 1.5) / 10 = 1.00x; spent 1.6 s, dots 1.00x earns it back no
+    more, screen 1.01x neither. The clock's seconds before the first step count the choice's scoring."""
+    base = clocked("grpo", 10, 1.0)
+    dots = replace(clocked("dots", 10, 0.8, upfront_s=0.9), scoring_s=0.4)
+    screen = clocked("screen", 10, 0.85, upfront_s=0.5)
+    assert run_clock(dots, base, 1.5).with_plan == pytest.approx(0.99)
+    assert run_clock(dots, base, 1.5).upfront_s == pytest.approx(1.9)
+    assert run_clock(screen, base, 1.5).with_plan == pytest.approx(1.0)
+    assert run_clock(screen, base, 1.5).upfront_s == pytest.approx(1.5)
+    assert choose(base, [dots, screen], 0.8, plan_s=1.5)[0] is dots
+    assert choose(base, [screen], 0.8, plan_s=1.5)[0] is screen  # exactly earned back
+    assert choose(base, [dots, screen], 0.8, plan_s=1.61)[0] is base
+    # the choice weighs the scoring too: dots's cheaper steps (8 s) and 1 s of scoring against the screen's 8.4 s
+    dots, screen = replace(dots, scoring_s=1.0), replace(screen, step_s=0.84, train_s=8.9)
+    assert choose(base, [dots, screen], 0.8)[0] is screen
+    assert choose(base, [replace(dots, scoring_s=0.3), screen], 0.8)[0].name == "dots"  # 8.3 s against 8.4 s
 
 
 def test_the_tie_break_gives_way_to_a_candidate_that_earns_the_plan_back():

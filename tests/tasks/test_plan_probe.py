@@ -70,16 +70,24 @@ def test_the_probe_times_each_cost_and_only_dots_pays_the_predictor_fit(setting,
     assert base.upfront_s == 0 and fit.upfront_s > len(pool) * costs.score_s  # calibration and scores
 
 
-def test_a_probe_without_dots_times_no_predictor_but_the_scoring_every_run_does(setting, tmp_path):
+def test_a_probe_without_dots_times_neither_the_predictor_nor_the_scoring(setting, tmp_path):
+    """No candidate reads the score stage's embeddings or angles (plain GRPO, DAPO): a run of any of them scores no
+    pool (tasks/stages.py ``score_stage``), so the probe times neither the scoring nor DOTS's predictor; with
+    ScalingRL's curriculum among them it times the scoring, not the predictor."""
     cfg, pool, calibration = setting
-    grpo = composition("grpo", candidate_config(cfg, "grpo"), len(pool))
-    dapo = composition("dapo", candidate_config(cfg, "dapo"), len(pool))
     policy = tiny_policy()
-    costs = probe_costs(policy, cfg, ProbeInputs(records=[pool[i] for i in calibration.indices[:4]], pool=pool,
-                                                 calibration=calibration, comps=[grpo, dapo],
-                                                 stats=pool_stats(policy, pool, calibration, cfg), scratch=tmp_path),
-                        seed=0)
-    assert costs.fixed.fit_s == 0.0 and costs.score_s > 0 and costs.fixed.optimizer_s > 0
+
+    def costs_of(*names):
+        comps = [composition(n, candidate_config(cfg, n), len(pool)) for n in names]
+        return probe_costs(policy, cfg, ProbeInputs(records=[pool[i] for i in calibration.indices[:4]], pool=pool,
+                                                    calibration=calibration, comps=comps,
+                                                    stats=pool_stats(policy, pool, calibration, cfg),
+                                                    scratch=tmp_path), seed=0)
+
+    costs = costs_of("grpo", "dapo")
+    assert costs.fixed.fit_s == 0.0 and costs.score_s == 0.0 and costs.fixed.optimizer_s > 0
+    costs = costs_of("grpo", "scalingrl")
+    assert costs.fixed.fit_s == 0.0 and costs.score_s > 0
 
 
 def test_the_probes_batch_sizes_come_from_the_candidates():
@@ -244,7 +252,7 @@ def test_the_probe_stops_measuring_for_a_candidate_out_of_reach(setting, tmp_pat
     assert plan.choice == "grpo" and list(plan.out_of_reach) == ["pods"]
     assert plan.out_of_reach["pods"].startswith("its step at least ")
     assert plan.costs.forward.tokens == () and plan.costs.fixed.fit_s == 0
-    assert plan.costs.score_s > 0  # the run scores its pool whatever it trains: counted before its first step
+    assert plan.costs.score_s == 0  # nothing in reach reads the scores: the run will not score its pool
     assert next(r for r in plan.rows() if r["composition"] == "pods")["chosen"].startswith("out of reach")
     assert Plan.from_json(plan.to_json()).out_of_reach == plan.out_of_reach
     # dots_screen (the screen, the scores, the predictor) in reach: GRPO at 64 x 8, dots_screen at 20 x 4, any signal,

@@ -12,7 +12,7 @@ from tasks.data import arith
 from tasks.generation.rollout import HFEngine
 from tasks.model.loading import build_tiny_model, build_tokenizer, format_prompt
 from tasks.policy import Policy
-from tasks.selection.features import compute_features
+from tasks.selection.features import compute_features, static_features
 from tasks.selection.screen import policy_likelihood
 from tasks.selection.selector import Selector
 
@@ -71,6 +71,32 @@ def scripted(rates: dict[str, float], calls: list):
         calls.append([r.id for r in records])
         return torch.tensor([rates[r.id] for r in records], dtype=torch.float64)
     return likelihood
+
+
+def test_the_screen_on_a_uniform_draw_needs_no_scored_pool(smoke_cfg, pool):
+    """A run whose techniques read no embedding or angle (plain GRPO, the screen on a uniform draw) is not scored
+    (tasks/stages.py ``score_stage``): the tokenizer's features alone give the scored ones' token counts, solution
+    lengths and levels, the screened draw keeps the same prompts with the same rates, its rows record no angle, and
+    DOTS, which reads the embeddings, refuses them."""
+    policy = make_policy()
+    scored, static = (compute_features(policy, pool, inter_weight=1.0, batch_size=64, device="cpu"),
+                      static_features(policy, pool))
+    assert scored.scored and not static.scored and static.emb.shape == (len(pool), 0)
+    for name in ("prompt_tokens", "cot", "level"):
+        assert torch.equal(getattr(static, name), getattr(scored, name)), name
+    rates = {r.id: [0.0, 1.0, 0.5, 0.3, 0.9][i % 5] for i, r in enumerate(pool)}
+    cfg = smoke_cfg(*SMALL, "select.screen=2")
+    picks = []
+    for feats in (scored, static):
+        sel = Selector(cfg, pool, feats, scripted(rates, []))
+        sel.begin_round(0, 0, None)
+        picks.append(sel.choose(6, 3))
+    assert picks[0][0] == picks[1][0] and [r.screen_success for r in picks[1][1]] == [
+        r.screen_success for r in picks[0][1]]
+    assert all(r.angle_score is None and r.gain_rank is None for r in picks[1][1])
+    assert all(r.angle_score is not None and r.gain_rank is not None for r in picks[0][1])
+    with pytest.raises(ValueError, match="DOTS, ScalingRL and GAIN-RL read the score stage's embeddings"):
+        Selector(smoke_cfg(*SMALL, "select.method=dots"), pool, static, None)
 
 
 def test_selector_keeps_the_candidates_most_likely_to_be_mixed(smoke_cfg, pool):
