@@ -9,8 +9,9 @@ rlcore/plan.py predicts each candidate's clock from these measurements (:class:`
   ``CallCost.fit`` splits the two timings into a decode step's cost (a call decodes until its longest completion
   ends) and a token's. Where the calibrate stage drew its rollouts in this process in calls at least as large as the
   large one (``Calibration.draw``), they are the large call, as drawn and timed (once): only the small one is timed,
-  and without a warm-up. Larger calls (DAPO's, PODS's) are predicted on that line, not timed: the probe spends its
-  time at the sizes of the steps the plan may choose.
+  and without a warm-up, unless that one sample cost a token almost as much as the small call (``CHEAPER_A_TOKEN``:
+  a cold first call, a busy moment), when the large call is timed as without it. Larger calls (DAPO's, PODS's) are
+  predicted on that line, not timed: the probe spends its time at the sizes of the steps the plan may choose.
   The same calls give the completion and prompt tokens of a rollout of each level's prompts (a draw that favours
   some levels has their lengths, and its calls their longest).
 - **The update** at the smallest batch a candidate updates and the baseline's (its predicted informative groups'
@@ -89,6 +90,10 @@ log = logging.getLogger(__name__)
 
 #: Values a training step logs (tasks/training/loop.py; 78-84 on the embedded task): the probe's metrics line.
 STEP_METRICS = 80
+#: The calibration's call stands for the probe's large call only where it cost at most this share of the small
+#: call's seconds a token (a larger call costs less a token: 0.53-0.83 measured on 2 CPU cores, 1.0 for a first
+#: call in a cold process that took twice as long as the same call later).
+CHEAPER_A_TOKEN = 0.95
 
 
 class _Untrusted(list):
@@ -139,12 +144,25 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, dev
         if drawn is not None else ""))
     if drawn is None:  # warm-up: first-call costs are not a token's (the calibration's call warmed the engine)
         rollout_rewards(policy, records[:1], rc.n, seed)
-    batches = [_cycle(records, k) for k in sizes]
-    draws = []  # (the call's rollouts, its seconds, its decode steps)
-    for b in batches:
-        seconds, gen = untrusted.timed(lambda b=b: rollout_rewards(policy, b, rc.n, seed)[0], COSTLY,
-                                       f"a generate call of {len(b)} prompts")
-        draws.append((gen, seconds, int(gen.completion_mask.sum(1).max())))
+    batches, draws = [], []  # the calls' prompts; (the call's rollouts, its seconds, its decode steps)
+
+    def time_calls(ks: tuple[int, ...]) -> None:
+        for k in ks:
+            batches.append(_cycle(records, k))
+            seconds, gen = untrusted.timed(lambda b=batches[-1]: rollout_rewards(policy, b, rc.n, seed)[0], COSTLY,
+                                           f"a generate call of {k} prompts")
+            draws.append((gen, seconds, int(gen.completion_mask.sum(1).max())))
+
+    time_calls(sizes)
+
+    if drawn is not None and _per_token(drawn[1]) > CHEAPER_A_TOKEN * _per_token(draws[0]):
+        # one sample, not repeated until it held still, and hardly cheaper a token than the small call (a cold first
+        # call in this process, a busy moment): it would charge its slowness to every token of the larger calls and
+        # hide a decode step's cost, so the large call is timed as without it
+        say(f"probe: the calibration's call took {_per_token(drawn[1]) * 1e6:.0f} us a token against the small "
+            f"call's {_per_token(draws[0]) * 1e6:.0f} us: timing a call of {large} prompts instead")
+        drawn = None
+        time_calls((large,))
     if drawn is not None:
         batches.append(drawn[0])
         draws.append(drawn[1])
@@ -209,6 +227,11 @@ def _calibration_call(draw: CalibrationDraw | None, rows: int, chunk: int
     starts = [sum(calls[:i]) for i in range(len(calls))]
     steps = sum(int(lengths[a:a + r].max()) for a, r in zip(starts, calls, strict=True))
     return list(draw.records), (gen, draw.seconds, steps)
+
+
+def _per_token(call: tuple[Generation, float, int]) -> float:
+    """Seconds a generated token of one timed call (its rollouts, seconds and decode steps)."""
+    return call[1] / max(float(call[0].tokens), 1.0)
 
 
 def _cycle(records: list[PromptRecord], k: int) -> list[PromptRecord]:

@@ -268,7 +268,9 @@ def test_the_calibrations_rollouts_are_the_probes_largest_generate_call(setting,
     large as the baseline's, the probe times only the small call and takes the calibration's as its largest: its
     tokens, seconds and decode steps (each engine call to its longest completion) as they were, one generate call
     fewer, and its rollouts for the lengths by level and the update's groups. Without the draw (a loaded
-    calibration), or with a draw smaller than the baseline's call, the probe times the large call itself."""
+    calibration), with a draw smaller than the baseline's call, or with one no cheaper a token than the small call
+    (a cold first call, a busy moment: the fit cannot then tell a decode step's cost from a token's), the probe
+    times the large call itself."""
     from tasks.calibration.record import CalibrationDraw
     from tasks.calibration.reference import rollout_rewards
 
@@ -296,15 +298,18 @@ def test_the_calibrations_rollouts_are_the_probes_largest_generate_call(setting,
 
     small, large = _generation_sizes([grpo], cfg.rollout.n, stats)
     assert large * cfg.rollout.n <= 16  # the calibration's calls are at least the baseline's
-    costs, made = probe(CalibrationDraw(tuple(records), gen, 1.25))
+    quick = 1e-4  # seconds: cheaper a token than any timed call of this model
+    costs, made = probe(CalibrationDraw(tuple(records), gen, quick))
     assert set(made) == {small * cfg.rollout.n}  # only the small call, repeated until stable; no warm-up
     lengths = gen.completion_mask.sum(1)
-    assert costs.generate.tokens[-1] == gen.tokens and costs.generate.seconds[-1] == 1.25
+    assert costs.generate.tokens[-1] == gen.tokens and costs.generate.seconds[-1] == quick
     assert costs.generate.steps[-1] == int(lengths[:16].max()) + int(lengths[16:].max())
     assert [lv for lv, _, _ in costs.levels] == list(dict.fromkeys(r.level for r in records))  # every level's
     timed, made = probe(None)
     assert set(made) == {cfg.rollout.n, small * cfg.rollout.n, large * cfg.rollout.n}  # warm-up, small, large
-    assert len(timed.generate.tokens) == 2 and timed.generate.seconds[-1] != 1.25
+    assert len(timed.generate.tokens) == 2 and timed.generate.seconds[-1] != quick
+    slow, made = probe(CalibrationDraw(tuple(records), gen, 1.25))  # 4 ms a token: far slower than the small call
+    assert set(made) == {small * cfg.rollout.n, large * cfg.rollout.n} and 1.25 not in slow.generate.seconds
     few = CalibrationDraw(tuple(records[:1]), rollout_rewards(policy, records[:1], 2, 5)[0], 1.25)
     _, made = probe(few)  # 2 rollouts: smaller than the baseline's call
     assert large * cfg.rollout.n in made
