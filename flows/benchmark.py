@@ -8,10 +8,9 @@ table in Markdown and JSON, plots) goes to ``<paths.root>/reports/bench-<timesta
 run. The arithmetic of time to target is in tasks/bench/analysis.py, the report in tasks/bench/report.py,
 the control in tasks/bench/trl_control.py; docs/benchmarks.md explains the conventions and the commands.
 
-Configuration of one run, later items winning: ``-c CONFIG`` (shared settings: model, data, budget) <
-the benchmark's defaults (:data:`DEFAULTS`, and :data:`QUICK` with ``--quick``) < the preset's own keys
-(``conf/presets/<name>.yaml`` and the presets it builds on, not ``base.yaml``) < the command line's
-``key=value`` overrides < ``seed`` and, after the first run, ``model.path`` (the shared warm start).
+The arms, the benchmark's defaults and the config of one run (which settings win over which) are in
+flows/bench_arms.py. Here: the TRL control, the lanes that run the arms side by side in worker processes
+(``--jobs``), and the flow that runs them all and writes the report.
 """
 
 from __future__ import annotations
@@ -29,12 +28,22 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from flows.bench_arms import (
+    ABLATION,
+    BASELINE,
+    PRESETS,
+    QUICK_PRESETS,
+    QUICK_SEEDS,
+    SEEDS,
+    composition_of,
+    configuration,
+    plan_arms,
+)
 from flows.pipeline import run_pipeline
 from tasks.bench import report as bench_report
 from tasks.bench.report import BenchRun
 from tasks.config import Config, ConfigError
 from tasks.config.load import load_config
-from tasks.config.load import preset_overrides as named_overrides
 from tasks.plan.planner import reads_upfront
 from tasks.records.cost import describe_machine
 from tasks.records.ledger import Ledger
@@ -43,92 +52,6 @@ from tasks.run import RunInfo
 from tasks.stages import policy_source
 
 log = logging.getLogger("rlsift.bench")
-
-#: The user presets (conf/presets) and the benchmark's arms (conf/bench: experimental variants), in report order.
-PRESETS = ("grpo", "auto", "dapo", "dots", "pods", "scalingrl", "gain", "all")
-ARMS = ("grpo_n4", "drop_solved", "dots_noreplay", "dots_informative", "dots_n4", "dots_screen", "dots_screen_24",
-        "dots_screen_inline", "dots_screen_round_ahead", "grpo_waves", "dots_screen_skip", "dots_screen_waves",
-        "dots_screen_waves_carry", "dots_screen_waves_1x", "grpo_screen", "grpo_screen_waves")
-#: Arms ``<preset>-sync``: the preset with generation and update one after the other (``overlap.lag=0``).
-SYNC = "-sync"
-#: The baseline every arm is measured against: plain GRPO, generation then update (what TRL's GRPOTrainer does).
-BASELINE = f"grpo{SYNC}"
-#: Leave-one-out arms: the ``all`` preset without one technique each (``--presets ablation`` runs them all).
-#: Without PODS every generated rollout enters the update, so ``rollout.n`` drops to ``all``'s ``pods.m``
-#: (added by :func:`preset_overrides`).
-LEAVE_ONE_OUT: dict[str, tuple[str, ...]] = {
-    "all-dots": ("select.method=uniform",), "all-replay": ("replay.enabled=false",),
-    "all-pods": ("pods.enabled=false",), "all-scalingrl": ("curriculum.enabled=false",),
-    "all-gain": ("gain.enabled=false",), "all-adapt": ("adapt.enabled=false",),
-}
-#: ``--presets ablation``: every preset and every leave-one-out arm.
-ABLATION = (*PRESETS, *ARMS, *LEAVE_ONE_OUT)
-#: Benchmark settings under every configuration: evaluate on a fixed schedule; don't register models.
-DEFAULTS = ("eval.every=10", "tracking.register_model=false")
-#: ``--quick``: two seeds of a short budget on 300 held-out prompts (about 6 minutes on 2 cores with the warm start
-#: cached): enough steps that GRPO's gain is far above one seed's noise, and two seeds for an interval on the clock.
-QUICK = ("train.steps=30", "train.round_steps=5", "eval.every=10", "eval.limit=300", "eval.samples=0")
-QUICK_SEEDS = 2
-#: ``--quick`` without ``--presets``: what a user chooses between (with the baseline and TRL).
-QUICK_PRESETS = ("auto", "dapo")
-SEEDS = 3
-
-
-def preset_overrides(name: str) -> list[str]:
-    """The keys a preset sets itself (with the presets it builds on, not ``base.yaml``) as dotted overrides.
-
-    A leave-one-out arm (:data:`LEAVE_ONE_OUT`) is ``all``'s keys followed by the switch that turns one off; a
-    ``<preset>-sync`` arm (:data:`SYNC`) is the preset's keys and ``overlap.lag=0``.
-    """
-    if name.endswith(SYNC):
-        return [*preset_overrides(name[:-len(SYNC)]), "overlap.lag=0"]
-    if name in LEAVE_ONE_OUT:
-        full = preset_overrides("all")
-        n = [f"rollout.n={o.split('=', 1)[1]}" for o in full if o.startswith("pods.m=")] if name == "all-pods" else []
-        return [*full, *LEAVE_ONE_OUT[name], *n]
-    return named_overrides(name)
-
-
-def configuration(config: str | None, overrides: list[str], preset: str, seed: int, quick: bool,
-                  policy_path: str | None) -> Config:
-    """The validated config of one benchmark run (see the module docstring for the order)."""
-    return load_config(config, configuration_items(overrides, preset, seed, quick, policy_path))
-
-
-def configuration_items(overrides: list[str], preset: str, seed: int, quick: bool, policy_path: str | None,
-                        ) -> list[str]:
-    """The dotted overrides of one benchmark run over ``-c CONFIG`` (:func:`configuration`)."""
-    items = [*DEFAULTS, *(QUICK if quick else ()), *preset_overrides(preset), *overrides, f"seed={seed}"]
-    return [*items, f"model.path={json.dumps(policy_path)}"] if policy_path else items
-
-
-def composition_of(arm: str) -> str | None:
-    """The preset or bench-arm file whose composition an arm runs (``-sync`` arms run their preset's), or None for
-    arms the plan cannot predict: TRL, the leave-one-out arms and ``auto`` (its own plan chooses)."""
-    name = arm[:-len(SYNC)] if arm.endswith(SYNC) else arm
-    return name if name in (*PRESETS, *ARMS) and name != "auto" else None
-
-
-def plan_base(names: list[str]) -> str:
-    """The preset whose keys the plan of the arms ``names`` runs over: plain GRPO as the arms run it
-    (``overlap.lag=auto``, so that the screen run ahead and the rounds started ahead count as in the overlapped
-    arms), or ``grpo-sync`` where an arm besides the baseline is a ``-sync`` arm (the plan predicts every candidate
-    at one lag; plain GRPO's own prediction is the same at either)."""
-    return BASELINE if any(n.endswith(SYNC) and n != BASELINE for n in names) else "grpo"
-
-
-def plan_arms(config: str | None, overrides: list[str], names: list[str], seed: int, quick: bool,
-              policy_path: str) -> dict | None:
-    """``rlsift plan`` on the benchmark's pool and budget with every predictable arm as a candidate (setup, on no
-    arm's clock): the predictions the report sets against the measurements. None when no arm is predictable."""
-    from flows.pipeline import plan_flow
-
-    candidates = sorted({c for c in map(composition_of, names) if c is not None})
-    if not candidates:
-        return None
-    items = configuration_items(overrides, plan_base(names), seed, quick, policy_path)
-    return plan_flow(config=config, overrides=[*items, f"plan.candidates={json.dumps(candidates)}",
-                                               "plan.prune=false", "tracking.register_model=false"])["plan"]
 
 
 def clock_skips(cfg: Config) -> tuple[str, ...]:

@@ -1,6 +1,6 @@
-"""Prefect's temporary API server as ``rlsift`` starts it (flows/cli.py): one that dies with rlsift, ``kill -9``
-included (:func:`bound_server`); what its logging shows on the terminal; and which Prefect API a resume reports to
-(:func:`resume_api`: the one the run reported to).
+"""Prefect's temporary API server as ``rlsift`` starts it (flows/cli_commands.py): one that dies with rlsift,
+``kill -9`` included (:func:`bound_server`); what its logging shows on the terminal; and which Prefect API a resume
+reports to (:func:`resume_api`: the one the run reported to).
 
 Light at import (the logging module only): the command line imports it before it has checked its input.
 """

@@ -151,7 +151,7 @@ def _duration(seconds: float) -> str:
 
 def plan_summary(plan: Plan) -> dict[str, Any]:
     """A plan in the run summary: the choice, why (``line``: both and the predicted clock in one line, what the
-    terminal shows), the predicted clock against plain GRPO's (rlcore/plan.py
+    terminal shows), the predicted clock against plain GRPO's (rlcore/plan_choice.py
     ``RunClock``: ``clock`` its text, ``predicted_training_clock`` the chosen candidate's steps, calibration and
     scoring, ``predicted_clock_with_plan`` with this run's ``upfront_s`` seconds before its first step, the plan's
     own included) and the predicted effective ratio."""

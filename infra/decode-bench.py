@@ -32,7 +32,8 @@ import torch  # noqa: E402
 
 from infra.decode_reference import generate_reference  # noqa: E402
 from tasks.data import arith  # noqa: E402
-from tasks.generation.decode import DecodeOptions, Decoder  # noqa: E402
+from tasks.generation.decode import Decoder  # noqa: E402
+from tasks.generation.decode_options import DecodeOptions  # noqa: E402
 from tasks.generation.rollout import HFEngine  # noqa: E402
 from tasks.model.attention import guard_attention  # noqa: E402
 from tasks.model.loading import build_tiny_model, build_tokenizer, format_prompt, load_policy  # noqa: E402

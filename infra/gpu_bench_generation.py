@@ -37,7 +37,8 @@ import torch
 
 from infra.decode_reference import decode_reference
 from rlcore.types import RolloutGroup
-from tasks.generation.decode import DecodeOptions, Decoder
+from tasks.generation.decode import Decoder
+from tasks.generation.decode_options import DecodeOptions
 from tasks.generation.sampling import Sampling
 from tasks.model.attention import guard_attention
 from tasks.model.forward import token_logprobs

@@ -25,9 +25,9 @@ PORT=8000
 if [ $# -gt 0 ] && [[ $1 =~ ^[0-9]+$ ]]; then PORT=$1; shift; fi
 [ -x "$VENV/bin/python" ] || { echo "no $VENV: run bash infra/vllm-env.sh first" >&2; exit 2; }
 # A tied LM head is served from an untied copy (vLLM 0.32's in-place reload breaks the tie; see
-# tasks/generation/vllm_engine.py); the project's venv writes it under .cache/vllm-serve/.
+# tasks/generation/vllm_export.py); the project's venv writes it under .cache/vllm-serve/.
 PY=${RLSIFT_PYTHON:-.venv/bin/python}
-SERVE=$("$PY" -m tasks.generation.vllm_engine serve-dir "$MODEL" ".cache/vllm-serve/$(basename "$(realpath "$MODEL")")-$PORT" | tail -n 1)
+SERVE=$("$PY" -m tasks.generation.vllm_export serve-dir "$MODEL" ".cache/vllm-serve/$(basename "$(realpath "$MODEL")")-$PORT" | tail -n 1)
 export VLLM_SERVER_DEV_MODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 LORA=()
 if [ -n "${VLLM_LORA_RANK:-}" ]; then

@@ -10,32 +10,17 @@ Ours (docs/algorithms.md section 9). Whether a technique pays depends on three m
   use, of the screen's forward pass, and of what a step pays whatever its tokens (the optimizer step, the
   bookkeeping, a round's checkpoint, DOTS's predictor fit).
 
-From them this module predicts, for each candidate composition (:class:`Composition`, read from a config), the
-effective-group ratio (share of a step's groups with unequal rewards) and the training clock, and
-rlcore/plan_choice.py :func:`choose` picks the cheapest composition that keeps plain GRPO's learning signal.
+From them this module predicts, for each candidate composition (rlcore/plan_draw.py ``Composition``, read from a
+config), the effective-group ratio (share of a step's groups with unequal rewards) and the training clock, and
+rlcore/plan_choice.py :func:`choose` picks the cheapest composition that keeps plain GRPO's learning signal. The
+plan's inputs (``PoolStats``, ``Composition``) and its model of the draw (the informative chance of a reference
+prompt's group, and the draw's ratio under uniform, DOTS and the screen) are rlcore/plan_draw.py's.
 
-**Informative chance.** A group of n rollouts of a prompt whose g reference rollouts had s successes is
-informative (unequal rewards) with chance
-
-    w(n) = 1 - C(s, n) / C(g, n) - C(g - s, n) / C(g, n)               for n <= g (exact, hypergeometric)
-    w(n) = 1 - E[p^n] - E[(1 - p)^n],  p ~ Beta(s + 1/2, g - s + 1/2)   for n > g (Jeffreys posterior)
-
-the first an unbiased estimate of 1 - p^n - (1 - p)^n (DAPO, arXiv 2503.14476 section 3.2: such groups carry
-the gradient); ``rlcore.adaptive_composition.subset_informative`` is the same count for one group.
-
-**A draw's ratio.** A selection draws reference prompt j with weight q_j; the predicted ratio of its fresh
-groups is r = sum_j q_j w_j / sum_j q_j. Each reference prompt stands for its share of the pool
-(``PoolStats.weights``: the calibrate stage draws the same number of prompts from every level, so a level that
-is a tenth of the pool and a quarter of the reference set weighs 0.4 a prompt). Uniform: q is that weight. DOTS
-(arXiv 2506.05316): that weight times the configured weighting of the predicted pass rate, with the predictor
-modelled by each level's pooled pass rate (s + 1) / (g + 2) (on the bundled task the prompt embedding DOTS reads
-predicts no better than the level; docs/algorithms.md 7.8). The screen (``select.screen`` = f) keeps, of f
-candidates a slot, those whose screened pass rate gives the highest informative chance: its ratio is that of the
-top 1/f of the q-mass ranked by the screen (the limit of many candidates). Rollout Replay fills a share
-1 - delta of the batch with stored informative groups. DAPO's dynamic sampling (``rlcore.dynamic_sampling``)
-asks ceil(o * missing) prompts a round until the batch holds B informative groups or ``max_rounds`` is reached:
-the informative groups a round finds are taken as binomial in the prompts it asks with chance r, and the
-expectation over the missing count is exact (rlcore/dynamic_sampling.py ``dynamic_rounds``).
+**The batch.** Rollout Replay fills a share 1 - delta of the batch with stored informative groups. DAPO's dynamic
+sampling (``rlcore.dynamic_sampling``) asks ceil(o * missing) prompts a round until the batch holds B informative
+groups or ``max_rounds`` is reached: the informative groups a round finds are taken as binomial in the prompts it
+asks with chance r (the draw's ratio), and the expectation over the missing count is exact
+(rlcore/dynamic_sampling.py ``dynamic_rounds``).
 
 **Techniques inside a step** (``Composition.rules``, rlcore/step_rules.py: the seam). Each rule may reweigh the draw
 (the pre-rollout skip, rlcore/silent_skip.py ``SkipRule``) and may replace the draw of B groups of n with its own
@@ -87,112 +72,19 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from rlcore.dynamic_sampling import dynamic_rounds
+from rlcore.plan_draw import (
+    Composition,
+    PoolStats,
+    draw_ratio,
+    draw_weights,
+    informative_chance,
+    kept_mass,
+    level_rates,
+)
 from rlcore.step_costs import UnitCosts
-from rlcore.step_rules import DrawOutcome, StepRule, StepView
+from rlcore.step_rules import DrawOutcome, StepView
 
-__all__ = ["Composition", "PoolStats", "Prediction", "call_rows", "draw_calls", "draw_ratio",
-           "informative_chance", "predict", "update_rows", "without_rule"]
-
-
-@dataclass(frozen=True)
-class PoolStats:
-    """The reference set: each of K prompts' ``successes`` of ``g`` rollouts, its ``levels`` (None where a prompt
-    has none), ``screen``, the policy's likelihood of its worked solution (None when prompts have none), and
-    ``weights``, the share of the pool each reference prompt stands for (None: equal shares, a plain random
-    sample; the calibrate stage's reference set is stratified by level, so a level's prompts stand for its share of
-    the pool over its count in the set)."""
-
-    successes: tuple[int, ...]
-    g: int
-    levels: tuple
-    screen: tuple[float, ...] | None = None
-    weights: tuple[float, ...] | None = None
-
-    def __post_init__(self) -> None:
-        k = len(self.successes)
-        if k == 0:
-            raise ValueError("PoolStats needs at least one reference prompt")
-        if self.g < 1 or any(not 0 <= s <= self.g for s in self.successes):
-            raise ValueError(f"successes must lie in [0, g={self.g}], got {self.successes}")
-        if len(self.levels) != k or any(len(x) != k for x in (self.screen, self.weights) if x is not None):
-            raise ValueError(f"levels ({len(self.levels)}), screen and weights must have one entry per reference "
-                             f"prompt ({k})")
-        if self.screen is not None and any(not (0 <= q <= 1) for q in self.screen):
-            raise ValueError("screen likelihoods must lie in [0, 1]")
-        if self.weights is not None and (any(not (math.isfinite(w) and w >= 0) for w in self.weights)
-                                         or sum(self.weights) <= 0):
-            raise ValueError(f"weights must be finite, >= 0 and not all 0, got {self.weights}")
-
-    @property
-    def mass(self) -> torch.Tensor:
-        """[K] float64: the share of the pool each reference prompt stands for (sums to 1)."""
-        k = len(self.successes)
-        w = torch.ones(k, dtype=torch.float64) if self.weights is None else torch.tensor(self.weights,
-                                                                                          dtype=torch.float64)
-        return w / w.sum()
-
-    @property
-    def shares(self) -> dict[str, float]:
-        """Shares of the pool with every reference rollout right, none right, and mixed."""
-        mass, s = self.mass, torch.tensor(self.successes)
-        solved = float(mass[s == self.g].sum())
-        unsolved = float(mass[s == 0].sum())
-        return {"solved": solved, "unsolved": unsolved, "mixed": max(0.0, 1 - solved - unsolved)}
-
-
-@dataclass(frozen=True)
-class Composition:
-    """What a candidate does a step, as the prediction needs it.
-
-    ``prompts`` B a step; ``n`` rollouts generated and ``m`` kept a prompt (PODS: m < n); ``draw`` uniform or
-    dots, with DOTS's ``weighting`` (target, informative, observed, posterior), ``alpha`` and ``tau``;
-    ``screen`` f (1: off); ``fresh_frac`` delta (1 without replay); ``dynamic`` (oversample, max_rounds) or
-    None; ``skip_silent``: silent groups left out of the update; ``steps`` and ``round_steps``: the budget and
-    a round; ``chunk``: the rollouts a generate call holds (max(1, chunk // n) prompts of n; 0: a draw in one
-    call); ``reference``: DOTS's fresh reference rollouts a round, (K prompts, g each), (0, 0) without;
-    ``predictor``: DOTS's predictor is fitted each round; ``calibration``: the calibrate stage's (K, g) where the
-    composition reads its pass rates, (0, 0) where it does not; ``scored``: pool prompts the score stage embeds
-    where the composition reads the scores, 0 where it does not; ``rules``: the techniques acting inside its step
-    (rlcore/step_rules.py; at most one replaces the draw); ``screen_ahead``: the screen's pass for the next step runs
-    beside the generate call, at every step but a round's first (``select.screen_ahead`` with the sampler apart from
-    the trainer); ``round_ahead``: a round's start (the predictor's fit) runs beside the generate call of the round's
-    last step, and with ``screen_ahead`` the screen of the round's first step after it (``select.round_ahead`` with
-    the sampler apart, where a round start takes no reference rollouts)."""
-
-    name: str
-    prompts: int
-    n: int
-    m: int
-    draw: str = "uniform"
-    weighting: str = "target"
-    alpha: float = 0.5
-    tau: float = 1e-3
-    screen: int = 1
-    fresh_frac: float = 1.0
-    dynamic: tuple[float, int] | None = None
-    skip_silent: bool = True
-    steps: int = 1
-    round_steps: int = 1
-    chunk: int = 0
-    reference: tuple[int, int] = (0, 0)
-    predictor: bool = False
-    calibration: tuple[int, int] = (0, 0)
-    scored: int = 0
-    rules: tuple[StepRule, ...] = ()
-    screen_ahead: bool = False
-    round_ahead: bool = False
-
-    def __post_init__(self) -> None:
-        if self.prompts < 1 or not 1 <= self.m <= self.n:
-            raise ValueError(f"{self.name}: need prompts >= 1 and 1 <= m <= n, got {self.prompts}, {self.m}, {self.n}")
-        if self.draw not in ("uniform", "dots"):
-            raise ValueError(f"{self.name}: draw must be uniform or dots, got {self.draw!r}")
-        if not 0 < self.fresh_frac <= 1 or self.screen < 1:
-            raise ValueError(f"{self.name}: need 0 < fresh_frac <= 1 and screen >= 1")
-        if self.steps < 1 or self.round_steps < 1 or self.chunk < 0 or self.scored < 0:
-            raise ValueError(f"{self.name}: need steps >= 1, round_steps >= 1, chunk >= 0 and scored >= 0")
-        if any(x < 0 for x in (*self.reference, *self.calibration)):
-            raise ValueError(f"{self.name}: reference and calibration are (K, g) >= 0")
+__all__ = ["Prediction", "call_rows", "draw_calls", "predict", "update_rows", "without_rule"]
 
 
 @dataclass(frozen=True)
@@ -225,78 +117,6 @@ class Prediction:
     clock: float = field(default=float("nan"))
 
 
-def informative_chance(successes: torch.Tensor, g: int, n: int) -> torch.Tensor:
-    """[K] chance that a group of n rollouts is informative, for prompts with ``successes`` [K] of g (module
-    docstring: exact for n <= g, Jeffreys-posterior expectation above)."""
-    if n < 1 or g < 1:
-        raise ValueError(f"need n >= 1 and g >= 1, got n={n}, g={g}")
-    s = successes.to(torch.float64)
-    if n == 1:
-        return torch.zeros_like(s)
-    if n <= g:
-        comb = torch.tensor([math.comb(c, n) for c in range(g + 1)], dtype=torch.float64)
-        k = successes.long()
-        return (1 - (comb[k] + comb[g - k]) / math.comb(g, n)).clamp(0, 1)
-    a, b = s + 0.5, g - s + 0.5
-    i = torch.arange(n, dtype=torch.float64).unsqueeze(0)  # E[p^n] = prod_i (a + i) / (a + b + i)
-    moment_p = ((a.unsqueeze(1) + i) / (a + b).unsqueeze(1).add(i)).prod(1)
-    moment_q = ((b.unsqueeze(1) + i) / (a + b).unsqueeze(1).add(i)).prod(1)
-    return (1 - moment_p - moment_q).clamp(0, 1)
-
-
-def _binomial_informative(p: torch.Tensor, n: int) -> torch.Tensor:
-    return 1 - p.pow(n) - (1 - p).pow(n)
-
-
-def _level_rates(pool: PoolStats) -> torch.Tensor:
-    """[K] each reference prompt's level's pooled rate (s + 1) / (g + 2): how the plan models DOTS's prediction."""
-    s = torch.tensor(pool.successes, dtype=torch.float64)
-    pred = torch.empty(len(s), dtype=torch.float64)
-    for lv in set(pool.levels):
-        at = torch.tensor([x == lv for x in pool.levels])
-        pred[at] = (s[at].sum() + 1) / (pool.g * int(at.sum()) + 2)
-    return pred
-
-
-def _draw_weights(c: Composition, pool: PoolStats) -> torch.Tensor:
-    """[K] weights q of each reference prompt under the composition's draw: the pool share it stands for, times
-    DOTS's weighting of its level's pooled rate, times the chance the skip leaves it in (module docstring)."""
-    mass = pool.mass
-    for rule in c.rules:
-        mass = rule.weigh(torch.tensor(pool.successes), pool.g, c.n, mass)
-    if c.draw == "uniform":
-        return mass
-    pred = _level_rates(pool)
-    if c.weighting == "target":
-        dist = (pred - c.alpha).abs()
-        return mass * torch.exp(-(dist - dist.min()) / c.tau)
-    return mass * _binomial_informative(pred, c.n).clamp_min(1e-12)
-
-
-def _kept(c: Composition, pool: PoolStats) -> torch.Tensor:
-    """[K] the q-mass of each reference prompt the composition's fresh groups come from: the draw's weights, and
-    with the screen the top 1/f of them ranked by the screen (the boundary prompt in part)."""
-    q = _draw_weights(c, pool)
-    if c.screen == 1:
-        return q
-    if pool.screen is None:
-        raise ValueError(f"{c.name}: the screen needs worked solutions, and the pool has none")
-    score = _binomial_informative(torch.tensor(pool.screen, dtype=torch.float64), c.n)
-    order = torch.argsort(score, descending=True, stable=True)
-    q_sorted = q[order]
-    before = torch.cumsum(q_sorted, 0) - q_sorted  # q-mass ranked above each prompt
-    kept = torch.zeros_like(q)
-    kept[order] = (float(q.sum()) / c.screen - before).clamp(0).minimum(q_sorted)
-    return kept
-
-
-def draw_ratio(c: Composition, pool: PoolStats) -> float:
-    """The predicted share of the composition's fresh groups that are informative (module docstring)."""
-    w = informative_chance(torch.tensor(pool.successes), pool.g, c.n)
-    q = _kept(c, pool)
-    return float((q * w).sum() / q.sum())
-
-
 def _mean(x: torch.Tensor, weights: torch.Tensor) -> float:
     total = float(weights.sum())
     return float((x * weights).sum() / total) if total > 0 else float(x.mean())
@@ -318,7 +138,7 @@ def _estimate(c: Composition, pool: PoolStats) -> torch.Tensor:
     if c.screen > 1 and pool.screen is not None:
         return torch.tensor(pool.screen, dtype=torch.float64)
     if c.draw == "dots":
-        return _level_rates(pool)
+        return level_rates(pool)
     return torch.full((len(pool.successes),), float("nan"), dtype=torch.float64)
 
 
@@ -336,7 +156,7 @@ def draw_calls(c: Composition, pool: PoolStats) -> list[tuple[int, int]]:
     """The generate calls of a step's fresh draw once replay runs: (prompts, rollouts a prompt), before cutting at
     the chunk."""
     first = math.ceil(c.dynamic[0] * c.prompts) if c.dynamic else max(1, round(c.prompts * c.fresh_frac))
-    out = _outcome(c, pool, _kept(c, pool), c.prompts * c.fresh_frac)
+    out = _outcome(c, pool, kept_mass(c, pool), c.prompts * c.fresh_frac)
     return [(max(1, round(p)), each) for p, each, _ in out.calls] if out is not None else [(first, c.n)]
 
 
@@ -360,14 +180,14 @@ def _batch(c: Composition, r: float) -> tuple[float, float, float, float, float]
 def update_rows(c: Composition, pool: PoolStats) -> float:
     """Rows a step of the composition updates: its informative groups' m rows (every group's without the skip)."""
     fresh, replayed, _, informative, groups = _batch(c, draw_ratio(c, pool))
-    out = _outcome(c, pool, _kept(c, pool), fresh)
+    out = _outcome(c, pool, kept_mass(c, pool), fresh)
     if out is not None:
         return out.rows + c.m * replayed
     return c.m * (informative + replayed if c.skip_silent else groups + replayed)
 
 
 def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
-    kept = _kept(c, pool)
+    kept = kept_mass(c, pool)
     w = informative_chance(torch.tensor(pool.successes), pool.g, c.n)
     r = float((kept * w).sum() / kept.sum())
     completion, prompt = costs.lengths(pool.levels)
@@ -414,7 +234,7 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
     gen_tokens = fresh_tokens + k * g * reference_length / c.round_steps
     upd_tokens = ((upd_fresh_rows + replayed * c.m) * row if c.skip_silent
                   else (groups + replayed) * c.m * _mean(completion + prompt, kept))
-    fwd_tokens = (c.screen * screened * (_mean(prompt, _draw_weights(c, pool)) + costs.solution_tokens)
+    fwd_tokens = (c.screen * screened * (_mean(prompt, draw_weights(c, pool)) + costs.solution_tokens)
                   if c.screen > 1 else 0.0)
     fx = costs.fixed
     update_s, forward_s = costs.update.time(upd_tokens), costs.forward.time(fwd_tokens)

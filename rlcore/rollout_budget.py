@@ -113,7 +113,7 @@ def allocate(chance: torch.Tensor, budget: int, min_chance: float) -> torch.Tens
 def pass_rate_moment(successes: torch.Tensor, g: int, j: int) -> torch.Tensor:
     """[K] unbiased estimates of E[p^j] for prompts with ``successes`` [K] of g rollouts: the chance that j of the g
     rollouts drawn without replacement are all right, C(s, j) / C(g, j), for j <= g; above g, the moment under the
-    Jeffreys posterior Beta(s + 1/2, g - s + 1/2) (as rlcore.plan.informative_chance)."""
+    Jeffreys posterior Beta(s + 1/2, g - s + 1/2) (as rlcore.plan_draw.informative_chance)."""
     if g < 1 or j < 0:
         raise ValueError(f"need g >= 1 and j >= 0, got g={g}, j={j}")
     s = torch.as_tensor(successes, dtype=torch.float64)

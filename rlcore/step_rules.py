@@ -2,10 +2,11 @@
 
 A technique of this kind changes which prompts a step draws (a weight on the draw: the pre-rollout skip,
 rlcore/silent_skip.py) or how a step spends its rollouts on them (the draw itself: per-prompt rollout budgets,
-rlcore/rollout_budget.py). It describes itself to the plan (rlcore/plan.py) with a :class:`StepRule`, built from
-its config section by its one registration (tasks/training/techniques.py), which the training reads too. rlcore/plan.py
-then needs no field and no branch of its own for it: it hands each rule a :class:`StepView` of the reference set
-under the candidate's draw and reads back weights and a :class:`DrawOutcome`.
+rlcore/rollout_budget.py). It describes itself to the plan (rlcore/plan_draw.py, rlcore/plan.py) with a
+:class:`StepRule`, built from its config section by its one registration (tasks/training/techniques.py), which the
+training reads too. The plan then needs no field and no branch of its own for it: it reads back the rule's weights
+on the draw (rlcore/plan_draw.py) and, handing each rule a :class:`StepView` of the reference set under the
+candidate's draw, a :class:`DrawOutcome` (rlcore/plan.py).
 
 Shape letters: K reference prompts.
 """

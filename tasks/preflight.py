@@ -2,7 +2,7 @@
 continues (:func:`resume_config`), once per process for what a run asks (:func:`checked_config`).
 
 Light on purpose: the ``rlsift`` command line runs these before it imports torch, transformers, Prefect or MLflow
-(flows/cli.py), so bad input is refused in about a second, not after the seconds those imports and Prefect's
+(flows/cli_commands.py), so bad input is refused in about a second, not after the seconds those imports and Prefect's
 server take. Keep module-level imports to the config, the data readers and the ledger.
 """
 
@@ -50,8 +50,8 @@ def checked_config(request: RunRequest) -> Config:
     in a config file against that file's folder (tasks/config/load.py ``load_config``), one on the command line or in
     the environment against the folder it was asked in (``resolve_paths``); a resume's is its stored one, absolute
     (:func:`resume_config`). Once a process: the command line checks the request before its heavy imports
-    (flows/cli.py), and the flow it then starts gets the same config back without reading the files again. Raises
-    :class:`ConfigError`."""
+    (flows/cli_commands.py), and the flow it then starts gets the same config back without reading the files again.
+    Raises :class:`ConfigError`."""
     if request not in _CHECKED:
         if request.resume:
             cfg = resume_config(request.config, list(request.overrides), request.resume, folder=request.folder)

@@ -155,15 +155,15 @@ def test_ingest_missing_file(tmp_path):
 def test_deepspeed_goes_to_the_cpu_only_without_a_gpu(monkeypatch):
     import torch
 
-    from flows import cli
+    from flows import cli_commands
 
     for cuda, expected in ((False, "cpu"), (True, None)):
         monkeypatch.delenv("DS_ACCELERATOR", raising=False)
         monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
-        cli._accelerator()
+        cli_commands._accelerator()
         assert __import__("os").environ.get("DS_ACCELERATOR") == expected
     monkeypatch.setenv("DS_ACCELERATOR", "xpu")  # the user's choice wins
-    cli._accelerator()
+    cli_commands._accelerator()
     assert __import__("os").environ["DS_ACCELERATOR"] == "xpu"
 
 
@@ -356,7 +356,7 @@ def test_the_resume_command_of_a_stop_message_resumes_the_run(tmp_path, monkeypa
     ``paths.root=``, a deployment's flow run (run in the repository, its root from RLSIFT_ROOT), a run whose override
     names a data file by a relative path (the run stored it resolved against the folder it ran in: no ``cd``), a run
     of a config file in another folder that names its data file relative to itself (stored resolved against it)."""
-    from flows import cli
+    from flows import cli, cli_commands
     from flows.pipeline import stopped_note
     from tasks.preflight import RunRequest, checked_config
     from tasks.run import open_run
@@ -392,7 +392,7 @@ def test_the_resume_command_of_a_stop_message_resumes_the_run(tmp_path, monkeypa
     monkeypatch.delenv("RLSIFT_ROOT", raising=False)
     argv = shlex.split(command)
     assert argv[1:4] == ["run", "--resume", run.run_id] and os.path.isabs(argv[0]), command  # the venv's rlsift
-    cfg = cli.run_config(cli.parser().parse_args(argv[1:]))
+    cfg = cli_commands.run_config(cli.parser().parse_args(argv[1:]))
     assert Path(cfg.paths.root) == run.root and cfg.train.steps == 3  # the stored config, not auto.yaml's
     if case == "relative data file":
         assert cfg.data.sources[0].path == str(ran_in / "data" / "train.jsonl")
@@ -400,7 +400,7 @@ def test_the_resume_command_of_a_stop_message_resumes_the_run(tmp_path, monkeypa
         assert cfg.data.sources[0].path == str(ran_in / "mine" / "data" / "train.jsonl")
     os.chdir(elsewhere)
     with pytest.raises(ConfigError, match=f"no run {run.run_id} under"):  # the hint without the root did not
-        cli.run_config(cli.parser().parse_args(["run", "--resume", run.run_id]))
+        cli_commands.run_config(cli.parser().parse_args(["run", "--resume", run.run_id]))
 
 
 #: A stand-in for the console script pip writes into a venv's bin/ (pyproject.toml ``[project.scripts]``).

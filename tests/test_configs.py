@@ -84,6 +84,10 @@ def test_bench_arms_switch_what_their_names_say():
     assert uniform_screen.model_copy(update={"select": g4.select, "train": g4.train}) == g4
     assert (uniform_screen.select.method, uniform_screen.select.screen, uniform_screen.select.screen_ahead,
             uniform_screen.train.prompts_per_step) == ("uniform", 4, True, 20)
+    screen_waves = get("grpo_screen_waves")  # grpo_screen's draw with carried waves, no skip
+    assert screen_waves.model_copy(update={"waves": uniform_screen.waves}) == uniform_screen
+    assert (screen_waves.waves.enabled, screen_waves.waves.first, screen_waves.waves.candidates,
+            screen_waves.waves.carry, screen_waves.skip.enabled) == (True, 2, 1.5, True, False)
     drop = get("drop_solved")
     assert drop.select.drop_solved and drop.select.method == "uniform"
     waves = get("dots_screen_waves")  # dots_screen's draw, its rollouts in two waves, and the skip

@@ -49,7 +49,8 @@ def sharp_model(seed: int):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from tasks.generation.vllm_engine import VLLMEngine, export_for_vllm
+    from tasks.generation.vllm_engine import VLLMEngine
+    from tasks.generation.vllm_export import export_for_vllm
 
     tmp = tmp_path_factory.mktemp("vllm")
     tok = build_tokenizer()
@@ -188,7 +189,8 @@ def test_an_adapter_sync_makes_the_logprobs_follow_the_adapted_policy(tmp_path):
     loads the policy's LoRA adapter by name (``/v1/load_lora_adapter``), and the server's log-probs are the
     adapted policy's (ATOL) and no longer the base's; a second sync replaces it."""
     from tasks.config import LoraConfig
-    from tasks.generation.vllm_engine import VLLMEngine, export_for_vllm
+    from tasks.generation.vllm_engine import VLLMEngine
+    from tasks.generation.vllm_export import export_for_vllm
     from tasks.model.lora import apply_lora
 
     tok = build_tokenizer()
@@ -232,7 +234,8 @@ def _stop(proc: subprocess.Popen) -> None:
 def two_served(tmp_path_factory):
     """Two vLLM servers on the tiny training policy (tests/tasks/test_train.py ``make_policy``), started at once:
     [(process, URL, log)] and the tokenizer."""
-    from tasks.generation.vllm_engine import VLLMEngine, export_for_vllm
+    from tasks.generation.vllm_engine import VLLMEngine
+    from tasks.generation.vllm_export import export_for_vllm
     from tests.tasks.test_train import make_policy
 
     tmp = tmp_path_factory.mktemp("vllm-pool")

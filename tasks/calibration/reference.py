@@ -8,7 +8,7 @@ times with the current policy) are taken in two places, each with its own choice
 
 - the calibrate stage (tasks/stages.py), once before training: :func:`stratified_reference`, K prompts
   round-robin over difficulty levels, the first labels of the run;
-- every DOTS round (tasks/selection/selector.py): :func:`random_reference`, K prompts drawn uniformly from
+- every DOTS round (tasks/selection/rounds.py): :func:`random_reference`, K prompts drawn uniformly from
   the round's active pool.
 
 A round calls :func:`reference_rollouts` with a :data:`Measure` (``policy_measure(policy)``), which gives rewards

@@ -20,7 +20,7 @@ class CalibrateConfig(_Frozen):
         "fresh: each round rolls out K new reference prompts, drawn at random, with the current policy (the "
         "paper's); trained: a round's reference set is every prompt rolled out since the last round started "
         "(the calibrate stage's prompts for round 0, then the trained groups, all n rollouts of each), no rollouts "
-        "of its own; its labels are up to train.round_steps steps old (tasks/selection/selector.py)."))
+        "of its own; its labels are up to train.round_steps steps old (tasks/selection/rounds.py)."))
 
 
 class PredictorConfig(_Frozen):

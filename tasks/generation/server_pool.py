@@ -44,12 +44,10 @@ from tasks.generation.vllm_engine import (
     VLLMEngine,
     VLLMError,
     choices_to_generation,
-    export_adapter,
-    export_for_vllm,
     prompt_seed,
     prompt_token_ids,
-    prune_adapters,
 )
+from tasks.generation.vllm_export import export_adapter, export_for_vllm, prune_adapters
 
 log = logging.getLogger("rlsift.rollout")
 

@@ -21,8 +21,8 @@ to it with the standard library's ``urllib``:
   in-place reload, ``Worker.reload_weights(weights_path=)``,
   called through the dev endpoint ``POST /collective_rpc`` (the server runs with ``VLLM_SERVER_DEV_MODE=1``),
   then ``POST /reset_prefix_cache`` so no KV block computed with the old weights is reused. The folder must
-  hold the same architecture (written by :func:`export_for_vllm`; :meth:`VLLMEngine.sync_weights` exports, then
-  :meth:`VLLMEngine.reload_weights` loads).
+  hold the same architecture (written by :func:`tasks.generation.vllm_export.export_for_vllm`;
+  :meth:`VLLMEngine.sync_weights` exports, then :meth:`VLLMEngine.reload_weights` loads).
   Choices: this disk round trip over the NCCL weight-transfer endpoints (``/init_weight_transfer_engine``,
   ``/update_weights``) because it works on CPU and across machines without a shared process group. Where
   dev mode is not allowed, the manual fallback is restarting the server on the new folder (about 30-50 s
@@ -30,19 +30,15 @@ to it with the standard library's ``urllib``:
 - LoRA adapters instead of merged weights (``weight_sync="adapter"``: ``rollout.vllm_weight_sync``, by default under
   ``model.lora``): the server runs the frozen base model with ``--enable-lora --max-lora-rank R`` and
   ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (``VLLM_LORA_RANK=R bash infra/vllm-serve.sh BASE_DIR``); each sync writes
-  the adapter folder (:func:`export_adapter`: PEFT's files, the adapters the trainer computes with) and
-  ``POST /v1/load_lora_adapter`` ``{"lora_name", "lora_path"}`` loads it under a new name, which the completion
-  requests then give as ``model``; the adapter it replaces is unloaded (``POST /v1/unload_lora_adapter``)
+  the adapter folder (:func:`tasks.generation.vllm_export.export_adapter`: PEFT's files, the adapters the trainer
+  computes with) and ``POST /v1/load_lora_adapter`` ``{"lora_name", "lora_path"}`` loads it under a new name, which
+  the completion requests then give as ``model``; the adapter it replaces is unloaded (``POST /v1/unload_lora_adapter``)
   (:meth:`VLLMEngine.load_adapter`). A new name each sync, not ``load_inplace``: vLLM keys its prefix cache by the
   adapter, so no KV block computed with the old one is reused, and no dev endpoint is needed. A sync then moves
   the adapters (r (in + out) numbers a target layer: about 1 % of a 1.5B model's weights at rank 16) instead of
   every weight; the price is vLLM's LoRA kernels in each decode step (docs/scale-out.md, "LoRA adapters").
-- Tied embeddings: vLLM 0.32's in-place reload rebuilds ``embed_tokens`` but puts the *old* tensor back into
-  a tied ``lm_head`` ("ParallelLMHead: Failed to load weights" in the server log), so the served model
-  would mix old and new weights (measured: log-prob errors up to 4 nats). :func:`export_for_vllm` therefore
-  writes serving copies with the head untied (``tie_word_embeddings: false`` plus an explicit
-  ``lm_head.weight`` equal to the embedding): the same function, and reloads become exact (measured 1e-6).
-  ``infra/vllm-serve.sh`` starts the server from such a copy (``python -m tasks.generation.vllm_engine serve-dir``).
+- Tied embeddings: served and reloaded from copies with the head untied, since vLLM 0.32's in-place reload breaks
+  the tie (tasks/generation/vllm_export.py, which writes the folders this engine loads).
 
 The returned log-probs are the behaviour policy of the loss (``train.behaviour``, docs/algorithms.md section 8.2):
 rollouts from weights synced at a round boundary (``overlap.lag=0``) or one step behind (``overlap.lag=1``) are
@@ -55,13 +51,9 @@ a timeout, an HTTP 5xx answer, an answer cut short), which a pool of servers ans
 
 from __future__ import annotations
 
-import argparse
 import http.client
-import itertools
 import json
 import logging
-import os
-import shutil
 import time
 import urllib.error
 import urllib.request
@@ -72,18 +64,16 @@ from pathlib import Path
 import torch
 
 from tasks.generation.rollout import Generation, RolloutEngine, prompt_seed
+from tasks.generation.vllm_export import export_adapter, export_for_vllm, prune_adapters
 from tasks.model.forward import right_pad
 from tasks.model.loading import add_special
 
-__all__ = ["WEIGHT_SYNCS", "ServerDown", "VLLMEngine", "VLLMError", "export_adapter", "export_for_vllm", "prompt_seed",
-           "serve_dir"]
+__all__ = ["WEIGHT_SYNCS", "ServerDown", "VLLMEngine", "VLLMError", "prompt_seed"]
 
 log = logging.getLogger("rlsift.rollout")
 
 #: what a weight sync sends the server (``rollout.vllm_weight_sync`` resolved): every weight, or the LoRA adapter
 WEIGHT_SYNCS = ("merged", "adapter")
-#: counts this process's adapter exports (their names on the servers: :func:`export_adapter`)
-_ADAPTER_EXPORTS = itertools.count(1)
 NO_RUNTIME_LORA = ("start the server with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora --max-lora-rank R "
                    "(VLLM_LORA_RANK=R bash infra/vllm-serve.sh BASE_DIR), or set rollout.vllm_weight_sync=merged")
 
@@ -247,8 +237,9 @@ class VLLMEngine(RolloutEngine):
         return time.perf_counter() - t0
 
     def load_adapter(self, folder: str | Path, name: str) -> float:
-        """Load the LoRA adapter folder ``folder`` (:func:`export_adapter`) into the running server as ``name``
-        and name it in every request from now on; the adapter it replaces is unloaded. Returns seconds.
+        """Load the LoRA adapter folder ``folder`` (:func:`tasks.generation.vllm_export.export_adapter`) into the
+        running server as ``name`` and name it in every request from now on; the adapter it replaces is unloaded.
+        Returns seconds.
 
         Needs the server started on the adapters' base model with ``--enable-lora``, ``--max-lora-rank`` at least
         their rank and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (``VLLM_LORA_RANK=R bash infra/vllm-serve.sh``),
@@ -259,7 +250,7 @@ class VLLMEngine(RolloutEngine):
         path = Path(folder).resolve()
         if not (path / ADAPTER_CONFIG).is_file():
             raise ValueError(f"{path} is not a LoRA adapter folder (no {ADAPTER_CONFIG}); use "
-                             "tasks.generation.vllm_engine.export_adapter")
+                             "tasks.generation.vllm_export.export_adapter")
         t0 = time.perf_counter()
         try:
             self._request("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, text=True)
@@ -282,8 +273,8 @@ class VLLMEngine(RolloutEngine):
 
     def sync_weights(self, model: torch.nn.Module, tokenizer, folder: str | Path) -> float:
         """Bring the server to ``model``'s weights through ``folder``; seconds. ``merged``: export the full model
-        (:func:`export_for_vllm`) and :meth:`reload_weights`; ``adapter``: export the LoRA adapter
-        (:func:`export_adapter`) and :meth:`load_adapter` it."""
+        (:func:`tasks.generation.vllm_export.export_for_vllm`) and :meth:`reload_weights`; ``adapter``: export the
+        LoRA adapter (:func:`tasks.generation.vllm_export.export_adapter`) and :meth:`load_adapter` it."""
         t0 = time.perf_counter()
         if self.weight_sync == "adapter":
             path = export_adapter(model, folder)
@@ -292,110 +283,3 @@ class VLLMEngine(RolloutEngine):
         else:
             self.reload_weights(export_for_vllm(model, tokenizer, folder))
         return time.perf_counter() - t0
-
-
-def export_adapter(model: torch.nn.Module, folder: str | Path) -> Path:
-    """Write ``model``'s LoRA adapter (tasks/model/lora.py ``save_adapter``: PEFT's files, the adapters in the
-    dtype the trainer computes with, widened to float32) to a new subfolder of ``folder`` named as the servers
-    will know it (``policy-lora-<pid>-<k>``, k counting this process's exports); returns it.
-
-    Raises:
-        ValueError: ``model`` has no LoRA adapters (``rollout.vllm_weight_sync=adapter`` needs ``model.lora``).
-    """
-    from tasks.model.lora import base_model, is_lora, save_adapter
-
-    if not is_lora(model):
-        raise ValueError("rollout.vllm_weight_sync=adapter: the policy has no LoRA adapters (model.lora.enabled="
-                         "false); set rollout.vllm_weight_sync=merged")
-    name = f"policy-lora-{os.getpid()}-{next(_ADAPTER_EXPORTS)}"  # unique in this process and across processes
-    return save_adapter(model, Path(folder) / name, base_model(model).name_or_path)
-
-
-def prune_adapters(folder: str | Path, keep: Path) -> None:
-    """Remove what ``folder`` holds besides the adapter folder ``keep`` (the adapters the servers have unloaded, a
-    merged export of an earlier sync mode)."""
-    for entry in Path(folder).iterdir():
-        if entry.name == keep.name:
-            continue
-        if entry.is_dir():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
-
-
-def _tied(config) -> bool:
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return bool(getattr(text, "tie_word_embeddings", False))
-
-
-def export_for_vllm(model, tokenizer, path: str | Path) -> Path:
-    """Save ``model`` for the vLLM server: ``save_pretrained`` plus, for a tied LM head, an untied copy.
-
-    The untied copy sets ``tie_word_embeddings: false`` in ``config.json`` and adds a safetensors shard
-    holding the head's weight (= the embedding), listed in ``model.safetensors.index.json`` (a single-file
-    save becomes two shards), so both transformers and vLLM load it. A LoRA policy is exported with its adapters
-    merged (``weight_sync="merged"``; ``adapter`` sends the adapter alone, :func:`export_adapter`).
-    Returns the folder (for :meth:`VLLMEngine.reload_weights` or ``vllm serve``).
-    """
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    from tasks.model.loading import save_policy
-    from tasks.model.lora import base_model
-
-    path = Path(path)
-    if path.exists():
-        shutil.rmtree(path)
-    save_policy(model, tokenizer, path)  # under LoRA: the merged weights
-    model = base_model(model)
-    if not _tied(model.config):
-        return path
-    head = model.get_output_embeddings().weight
-    name = next(n for n, p in model.named_parameters(remove_duplicate=False) if p is head and "embed" not in n)
-    index = path / "model.safetensors.index.json"
-    if index.exists():  # already sharded: one more shard, listed in the index
-        head_file = "lm_head.safetensors"
-        data = json.loads(index.read_text())
-    else:  # one file: make it shard 1 of 2 (transformers reads model.safetensors alone when it exists)
-        head_file = "model-00002-of-00002.safetensors"
-        (path / "model.safetensors").rename(path / "model-00001-of-00002.safetensors")
-        with safe_open(str(path / "model-00001-of-00002.safetensors"), "pt") as f:
-            data = {"metadata": {}, "weight_map": dict.fromkeys(f.keys(), "model-00001-of-00002.safetensors")}
-    save_file({name: head.detach().to("cpu").contiguous().clone()}, str(path / head_file), metadata={"format": "pt"})
-    data["weight_map"][name] = head_file
-    data.setdefault("metadata", {})["total_size"] = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-    index.write_text(json.dumps(data, indent=2))
-    cfg_file = path / "config.json"
-    cfg = json.loads(cfg_file.read_text())
-    if "text_config" in cfg and "tie_word_embeddings" in cfg["text_config"]:
-        cfg["text_config"]["tie_word_embeddings"] = False
-    cfg["tie_word_embeddings"] = False
-    cfg_file.write_text(json.dumps(cfg, indent=2))
-    return path
-
-
-def serve_dir(model_dir: str | Path, out: str | Path) -> Path:
-    """The folder to start ``vllm serve`` on: ``model_dir`` itself, or an untied export when its head is tied."""
-    from transformers import AutoConfig
-
-    if not _tied(AutoConfig.from_pretrained(model_dir, local_files_only=True)):
-        return Path(model_dir)
-    from tasks.model.loading import load_policy
-
-    model, tok = load_policy(model_dir)
-    return export_for_vllm(model, tok, out)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tasks.generation.vllm_engine", description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("serve-dir", help="print the folder to serve (an untied export when the head is tied)")
-    s.add_argument("model_dir")
-    s.add_argument("out", help="where an untied export goes")
-    args = p.parse_args(argv)
-    print(serve_dir(args.model_dir, args.out))  # noqa: T201 - the shell script reads this line
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

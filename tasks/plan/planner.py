@@ -21,8 +21,9 @@ from pathlib import Path
 
 import torch
 
-from rlcore.plan import Composition, PoolStats, Prediction, predict, without_rule
+from rlcore.plan import Prediction, predict, without_rule
 from rlcore.plan_choice import choose, out_of_reach
+from rlcore.plan_draw import Composition, PoolStats
 from rlcore.seeding import derive_seed
 from rlcore.step_costs import UnitCosts
 from tasks.calibration.record import Calibration

@@ -64,7 +64,8 @@ from pathlib import Path
 import torch
 
 from rlcore.advantages import group_advantages
-from rlcore.plan import Composition, PoolStats, call_rows, draw_calls, update_rows
+from rlcore.plan import call_rows, draw_calls, update_rows
+from rlcore.plan_draw import Composition, PoolStats
 from rlcore.selection import sample_prompts, uniform_weights
 from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
 from rlcore.types import RolloutGroup

@@ -5,7 +5,7 @@ selection weights from its success-rate predictions (``select.weighting``), and 
 reference set and fit.
 
 The :class:`~tasks.selection.selector.Selector` keeps the state these read (the predictions, the labels, the groups
-drawn so far, each prompt's own evidence) and calls them each round.
+drawn so far, each prompt's own evidence) and calls them each round (through tasks/selection/rounds.py).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ Record = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], None]
 
 
 def dots_predictor(cfg: Config, dim: int, *, linear_recalibration: bool) -> AttentionDifficultyPredictor:
-    """DOTS's predictor with the run's ``select.predictor`` settings (the selector's estimate without DOTS uses only
-    its attention)."""
+    """DOTS's predictor with the run's ``select.predictor`` settings (the estimate without DOTS,
+    tasks/selection/rounds.py ``estimate_success``, uses only its attention)."""
     pc = cfg.select.predictor
     return AttentionDifficultyPredictor(
         dim, hidden=pc.hidden, layers=pc.layers, dropout=pc.dropout, tau_att=pc.tau_att, calibration=pc.calibration,

@@ -1,29 +1,9 @@
 """Prompt selection, composed as docs/algorithms.md section 6 lays out: pool (ScalingRL) -> prompt (GAIN-RL, DOTS).
 
-Each round (every ``train.round_steps`` = mu steps):
-
-1. **ScalingRL** (``curriculum.enabled``; a labelled reconstruction, rlcore/curriculum.py): the scheduler
-   moves the active pool's size with the train accuracy and the explore/exploit mix rho with the held-out
-   accuracy (the training loop's ``eval.every`` evaluations, :meth:`Selector.set_heldout_accuracy`; without
-   them rho stays at ``curriculum.rho0``), and the pool is the top
-   prompts by Data Effectiveness Score (difficulty from DOTS's predictions when on, else the last measured
-   success rate) plus still-unlearned prompts seen before.
-2. **GAIN-RL** (``gain.enabled``, rlcore/angle.py + rlcore/gain_sampler.py): a Gaussian window over the
-   angle-concentration order. ``mode=gate`` keeps the ``gate_width`` share of the active pool with the
-   highest window probability (DOTS then chooses inside the gate); ``mode=prior`` multiplies the selection
-   weights by ``window_prob ** prior_lambda``. Without DOTS, prompts are drawn from the window itself.
-3. **DOTS** (``select.method=dots``, rlcore/difficulty.py + rlcore/selection.py, tasks/selection/dots.py): K
-   reference prompts drawn from the active pool are rolled out G times with the current policy; the predictor is
-   labelled with half of them, fitted, scored on the other half (``select/pred_pearson``: held out of the fit),
-   then labelled with the rest; the pool's success rates are predicted with the whole reference set as
-   context and prompts are weighted by exp(-|d - alpha| / tau) (``select.weighting=target``), or by the chance
-   that their group has unequal rewards (``informative``, rlcore.selection.informative_weights), or by that
-   chance measured on the groups drawn so far at similar predictions (``observed``; each drawn group's
-   prediction and outcome are kept in ``seen_pred`` / ``seen_informative``), or by that chance under a Beta
-   posterior of each prompt's pass rate (``posterior``): the prediction is its mean, with a concentration
-   fitted by maximum likelihood to the groups drawn so far (``seen_groups``), and the prompt's own earlier
-   rollouts (``own_successes`` / ``own_trials``, times ``select.posterior_decay`` at each round start) are its
-   evidence.
+Each round (every ``train.round_steps`` = mu steps) starts with ScalingRL's active pool, GAIN-RL's window over it and
+DOTS's predictions of the pool's success rates, which set the round's selection weights (tasks/selection/rounds.py,
+tasks/selection/dots.py). Steps inside a round draw without replacement from the round's weights. With every
+technique off the weights are uniform: plain GRPO.
 
 **Likelihood screen** (``select.screen`` = f > 1, tasks/selection/screen.py; ours): each step draws f candidates per
 prompt it needs from the weights above, estimates each candidate's pass rate as the policy's probability of its
@@ -39,14 +19,8 @@ still learns from every silent group (its labels); left-out prompts stay availab
 :meth:`Selector.estimate` gives each chosen prompt's best pass-rate estimate (the screen's, DOTS's, or its last
 measured rate), which the per-prompt rollout budgets read (tasks/training/waves.py).
 
-Every trained group's success rate over all its rollouts also labels the predictor (free labels). With
-``calibrate.reference=trained`` (ours) those labels are the reference set too: a round's context is every
-prompt measured since the last round started (round 0: the calibrate stage's), so a round rolls out nothing
-for DOTS; the labels are up to mu steps old and the prompts are the ones selected, not a random draw, and
-there is no held-out score at round start (``select/pred_pearson_trained`` scores the round's predictions
-on the groups it then trained). Steps
-inside a round draw without replacement from the round's weights. With every technique off the weights
-are uniform: plain GRPO.
+Every trained group's success rate over all its rollouts also labels the predictor (free labels); with
+``calibrate.reference=trained`` (ours) those labels are the next round's reference set too (tasks/selection/rounds.py).
 """
 
 from __future__ import annotations
@@ -57,10 +31,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from rlcore.angle import angle_order
-from rlcore.curriculum import CurriculumScheduler, data_effectiveness_score, reward_adaptability
 from rlcore.difficulty import pearson
-from rlcore.gain_sampler import GaussianWindowSampler
-from rlcore.pass_rate_posterior import fit_concentration
 from rlcore.seeding import derive_seed
 from rlcore.selection import sample_prompts, screen, uniform_weights
 from rlcore.step_rules import PromptFilter
@@ -69,8 +40,18 @@ from tasks.calibration.reference import Measure
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.records.ledger import ReferenceRow, SelectionRow
-from tasks.selection.dots import dots_predictor, fresh_reference_round, pool_weights, trained_reference_round
+from tasks.selection.dots import dots_predictor, pool_weights
 from tasks.selection.features import Features
+from tasks.selection.rounds import (
+    curriculum_scheduler,
+    dots_round,
+    gain_window,
+    gain_window_sampler,
+    posterior_round,
+    scalingrl_pool,
+    weight_metrics,
+    window_weights,
+)
 from tasks.selection.screen import Likelihood, ScreenScores, require_solutions
 
 
@@ -122,19 +103,14 @@ class Selector:
         self.seen_groups: list[tuple[float, float, float, int, int]] = []  # weighting=posterior: each drawn group's
         # (prediction, own successes, own trials) when drawn, then (successes, n); rewards are 0 or 1
         self.concentration = float("nan")  # weighting=posterior: the round's fitted Beta concentration
-        sc, cc, gc = cfg.select, cfg.curriculum, cfg.gain
+        sc = cfg.select
         self.predictor = dots_predictor(cfg, self.emb.shape[1], linear_recalibration=sc.predictor.linear_recalibration
                                         ) if sc.method == "dots" else None
-        floor = min(m, cfg.train.prompts_per_step * cfg.train.round_steps)
-        self.scheduler = CurriculumScheduler(
-            m, s_min=max(floor, cc.s_min * m), s_max=max(floor, cc.s_max * m), scale0=max(floor, cc.scale0 * m),
-            kappa=cc.kappa, theta_lo=cc.theta_lo, theta_hi=cc.theta_hi, theta_learned=cc.theta_learned,
-            rho0=cc.rho0, rho_step=cc.rho_step) if cc.enabled else None
+        self.scheduler = curriculum_scheduler(cfg, m) if cfg.curriculum.enabled else None
         self.order = angle_order(self.angle) if self.scored else torch.arange(m)  # rank -> pool index
         self.rank = torch.empty(m, dtype=torch.long)
         self.rank[self.order] = torch.arange(m)
-        self.window = GaussianWindowSampler(m, sigma_frac=gc.sigma_frac, step_frac=gc.step_frac, alpha=gc.alpha,
-                                            beta=gc.beta, gamma=gc.gamma) if gc.enabled else None
+        self.window = gain_window_sampler(cfg, m) if cfg.gain.enabled else None
 
     # ---- round ------------------------------------------------------------------------------------
     def begin_round(self, round_: int, step: int, measure: Measure) -> dict[str, float]:
@@ -148,62 +124,42 @@ class Selector:
 
     def _start_round(self, round_: int, step: int, measure: Measure | None) -> dict[str, float]:
         """:meth:`begin_round`'s work (``measure`` None: the round takes no reference rollouts,
-        :meth:`_needs_rollouts`)."""
+        :meth:`_needs_rollouts`): the active pool, the window over it, DOTS's predictions, the round's weights
+        (tasks/selection/rounds.py)."""
         cfg, m = self.cfg, len(self.pool)
         metrics: dict[str, float] = {}
         active = torch.ones(m, dtype=torch.bool)
         if self.scheduler is not None:
-            if self.round_acc:
-                metrics |= self.scheduler.update(sum(self.round_acc) / len(self.round_acc), self.heldout_acc)
-            difficulty = torch.where(torch.isnan(self.pred), self._estimate(), self.pred)
-            des, parts = data_effectiveness_score(difficulty, self.cot, reward_adaptability(self.history),
-                                                  weights=cfg.curriculum.weights,
-                                                  difficulty_form=cfg.curriculum.difficulty_form)
-            seen = torch.tensor([bool(h) for h in self.history])
-            idx = self.scheduler.select_pool(des, seen, torch.nan_to_num(self.last_success, nan=0.0),
-                                             torch.Generator().manual_seed(derive_seed(cfg.seed, round_, "pool")))
-            active = torch.zeros(m, dtype=torch.bool)
-            active[idx] = True
-            self.info |= {"des": des, "des_difficulty": parts["difficulty"], "des_cot": parts["cot_complexity"],
-                          "des_adaptability": parts["adaptability"]}
-            metrics |= self.scheduler.metrics() | {"curriculum/active": float(active.sum())}
+            active, info, metrics = scalingrl_pool(cfg, self.scheduler, round_, self.round_acc, self.heldout_acc,
+                                                   self.pred, self.emb, self.cot, self.history, self.last_success)
+            self.info |= info
         self.round_acc = []
         prior = None
         if self.window is not None:
-            wprob = self.window.probs(self.order).float()  # [M] per pool item
-            self.info["gain_window"] = wprob
-            if cfg.gain.mode == "gate" or self.predictor is None:
-                k = max(cfg.train.prompts_per_step * cfg.train.round_steps,
-                        math.ceil(cfg.gain.gate_width * int(active.sum())))
-                keep = torch.topk(torch.where(active, wprob, torch.full_like(wprob, -1.0)), min(k, int(active.sum())))
-                gate = torch.zeros(m, dtype=torch.bool)
-                gate[keep.indices] = True
-                active &= gate
-            else:
-                prior = wprob.clamp_min(1e-300) ** cfg.gain.prior_lambda
-            metrics |= self.window.metrics()
+            active, prior, self.info["gain_window"], window_metrics = gain_window(
+                cfg, self.window, self.order, active, dots=self.predictor is not None)
+            metrics |= window_metrics
         if self.predictor is not None:
-            metrics |= self._dots_round(round_, step, measure, active)
+            trained, recent, self.recent = not self._needs_rollouts(), self.recent, []
+            self.pred, dots_metrics, rows = dots_round(self.predictor, cfg, self.pool, self.emb, active, measure,
+                                                       self._record, recent, self.last_success, round_, step,
+                                                       trained=trained)
+            self.references.extend(rows)
+            metrics |= dots_metrics
             if cfg.select.weighting == "posterior":
-                self.own_successes = self.own_successes * cfg.select.posterior_decay
-                self.own_trials = self.own_trials * cfg.select.posterior_decay
+                self.own_successes, self.own_trials, self.concentration = posterior_round(
+                    cfg.select.posterior_decay, self.own_successes, self.own_trials, self.seen_groups)
                 self.round_evidence = (self.own_successes.clone(), self.own_trials.clone())
-                seen = torch.tensor(self.seen_groups, dtype=torch.float64).reshape(-1, 5)  # [N, 5]
-                self.concentration = fit_concentration(*seen.T)
                 metrics["select/concentration"] = self.concentration
             self.probs = pool_weights(cfg.select, cfg.rollout.n, self.pred, prior, active,
                                       evidence=self.round_evidence, concentration=self.concentration,
                                       seen_pred=self.seen_pred, seen_informative=self.seen_informative)
         elif self.window is not None:
-            self.probs = (self.info["gain_window"].double() * active).clamp_min(0)
-            self.probs = self.probs / self.probs.sum()
+            self.probs = window_weights(self.info["gain_window"], active)
         else:
             self.probs = uniform_weights(m, mask=active)
         self.used = ~active
-        ent = -(self.probs[self.probs > 0] * self.probs[self.probs > 0].log()).sum()
-        metrics["select/entropy"] = float(ent)
-        metrics["select/eligible"] = float(active.sum())
-        return metrics
+        return metrics | weight_metrics(self.probs, active)
 
     def take_references(self) -> list[ReferenceRow]:
         """The reference rows measured since the last call (and forget them)."""
@@ -215,35 +171,6 @@ class Selector:
         with fewer than two prompts measured since the last round start)."""
         return self.predictor is not None and not (self.cfg.calibrate.reference == "trained"
                                                    and len(set(self.recent)) >= 2)
-
-    def _dots_round(self, round_: int, step: int, measure: Measure | None, active: torch.Tensor
-                    ) -> dict[str, float]:
-        """DOTS's side of the round start (tasks/selection/dots.py): the predictions ``pred`` of every pool prompt,
-        from fresh reference rollouts or from the prompts measured since the last round."""
-        trained = not self._needs_rollouts()
-        recent, self.recent = list(dict.fromkeys(reversed(self.recent))), []  # latest measurement of each first
-        if trained:
-            ref = torch.tensor(recent)
-            self.pred, metrics = trained_reference_round(self.predictor, self.cfg, self.emb, ref,
-                                                         self.last_success[ref].float(), round_)
-            return metrics
-        if measure is None:
-            raise RuntimeError(f"round {round_}: DOTS's reference rollouts need a measure; a round started ahead "
-                               "takes none")
-        self.pred, metrics, rows = fresh_reference_round(self.predictor, self.cfg, self.pool, self.emb, active,
-                                                         measure, self._record, round_, step)
-        self.references.extend(rows)
-        return metrics
-
-    def _estimate(self) -> torch.Tensor:
-        """Success rates of every prompt without DOTS: measured where known, else DOTS's off-the-shelf attention
-        over the prompts measured so far (calibration and trained groups), else 0.5."""
-        known = ~torch.isnan(self.last_success)
-        if not known.any():
-            return torch.full_like(self.last_success, 0.5)
-        attention = dots_predictor(self.cfg, self.emb.shape[1], linear_recalibration=False)
-        est = attention.predict(self.emb, self.emb[known], self.last_success[known])
-        return torch.where(known, self.last_success, est)
 
     def _record(self, idx: torch.Tensor, success: torch.Tensor, n: int | torch.Tensor,
                 agree: torch.Tensor) -> None:

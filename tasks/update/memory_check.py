@@ -70,7 +70,7 @@ import psutil
 import torch
 
 from tasks.config import Config
-from tasks.generation.decode import DecodeOptions
+from tasks.generation.decode_options import DecodeOptions
 from tasks.model.logprob_head import HEAD_CHUNK_ELEMENTS
 from tasks.update.precision import Precision, adamw_kernel
 

@@ -1,5 +1,6 @@
-"""Tests of the benchmark flow (flows/benchmark.py): configuration composition (fast) and, in the slow tier,
-a tiny ``rlsift bench --quick`` end to end with the TRL control, its report files and MLflow runs."""
+"""Tests of the benchmark flow (flows/benchmark.py) and its arms (flows/bench_arms.py): configuration composition
+(fast) and, in the slow tier, a tiny ``rlsift bench --quick`` end to end with the TRL control, its report files
+and MLflow runs."""
 
 import json
 from pathlib import Path
@@ -7,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from flows.benchmark import DEFAULTS, QUICK, clock_skips, configuration, preset_overrides
+from flows.bench_arms import DEFAULTS, QUICK, configuration, preset_overrides
+from flows.benchmark import clock_skips
 from tasks.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,7 +139,7 @@ def test_bench_quick_end_to_end(tmp_path, capsys, prefect_harness):
 
 
 def test_leave_one_out_arms_switch_off_exactly_one_technique(tmp_path):
-    from flows.benchmark import LEAVE_ONE_OUT, configuration
+    from flows.bench_arms import LEAVE_ONE_OUT, configuration
 
     full = configuration(None, [f"paths.root={tmp_path}"], "all", 0, True, None).flat()
     for name in LEAVE_ONE_OUT:

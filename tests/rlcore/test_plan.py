@@ -1,5 +1,6 @@
-"""rlcore.plan: the informative chance and DAPO's rounds against slow oracles, the probe's lines, hand-worked draws,
-steps and clocks (fixed costs included), the choice rule, and the overlap's lag (choose_lag) in each of its cases."""
+"""rlcore.plan_draw and rlcore.plan: the informative chance and DAPO's rounds against slow oracles, the probe's
+lines, hand-worked draws, steps and clocks (fixed costs included), the choice rule, and the overlap's lag
+(choose_lag) in each of its cases."""
 
 import itertools
 import math
@@ -12,17 +13,9 @@ from hypothesis import strategies as st
 
 from rlcore.adaptive_composition import subset_informative
 from rlcore.overlap_lag import LagChoice, OverlapProbe, ProbeWorth, choose_lag, probe_cost
-from rlcore.plan import (
-    Composition,
-    PoolStats,
-    Prediction,
-    call_rows,
-    draw_calls,
-    draw_ratio,
-    informative_chance,
-    predict,
-)
+from rlcore.plan import Prediction, call_rows, draw_calls, predict
 from rlcore.plan_choice import TIE, choose, out_of_reach, run_clock
+from rlcore.plan_draw import Composition, PoolStats, draw_ratio, informative_chance
 from rlcore.rollout_budget import WaveRule
 from rlcore.silent_skip import SkipRule
 from rlcore.step_costs import CallCost, FixedCosts, UnitCosts

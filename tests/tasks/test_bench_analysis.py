@@ -325,7 +325,7 @@ def test_every_configuration_gets_its_own_colour_in_the_curves(tmp_path, monkeyp
     repeat colours after 10."""
     import matplotlib.pyplot as plt
 
-    from flows.benchmark import ABLATION
+    from flows.bench_arms import ABLATION
     from tasks.bench import plots
 
     curve = {"wall_s": [0, 1], "rollouts": [0, 8], "steps": [0, 1], "mean": [0.2, 0.3], "lo": [0.2, 0.3],

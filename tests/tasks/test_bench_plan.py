@@ -3,7 +3,7 @@ predicts."""
 
 from types import SimpleNamespace
 
-from flows.benchmark import composition_of, plan_base, preset_overrides
+from flows.bench_arms import composition_of, plan_base, preset_overrides
 from tasks.bench.report import plan_check
 from tasks.bench.tables import plain_markdown, plan_markdown
 

@@ -14,7 +14,8 @@ from scipy.stats import chisquare, kstest
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, TemperatureLogitsWarper
 
 from tasks.generation import sampling as sampling_module
-from tasks.generation.decode import DecodeOptions, Decoder, buckets
+from tasks.generation.decode import Decoder
+from tasks.generation.decode_options import DecodeOptions, buckets
 from tasks.generation.rollout import HFEngine, completion_mask, decode, prompt_seed
 from tasks.generation.sampling import Sampling, mix64, race_noise, row_keys, sample_next, step_keys
 from tasks.model.forward import token_logprobs

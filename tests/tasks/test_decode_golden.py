@@ -21,7 +21,8 @@ import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
 
-from tasks.generation.decode import DecodeOptions, decode  # noqa: E402
+from tasks.generation.decode import decode  # noqa: E402
+from tasks.generation.decode_options import DecodeOptions  # noqa: E402
 from tasks.generation.sampling import Sampling  # noqa: E402
 from tasks.model.loading import build_tiny_model, build_tokenizer  # noqa: E402
 

@@ -83,7 +83,7 @@ def test_a_saved_lora_policy_loads_as_a_full_model_with_the_adapted_outputs(tmp_
 def test_the_vllm_export_of_a_lora_policy_holds_the_merged_untied_weights(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from tasks.generation.vllm_engine import export_for_vllm
+    from tasks.generation.vllm_export import export_for_vllm
 
     model = lora_model()
     folder = export_for_vllm(model, build_tokenizer(), tmp_path / "served")

@@ -5,7 +5,8 @@ candidate that draws with DOTS's predictor pays its fit."""
 import pytest
 import torch
 
-from rlcore.plan import PoolStats, draw_calls, predict, update_rows
+from rlcore.plan import draw_calls, predict, update_rows
+from rlcore.plan_draw import PoolStats
 from tasks.calibration.record import Calibration
 from tasks.calibration.reference import stratified_reference
 from tasks.config.load import load_config, with_overrides

@@ -25,7 +25,8 @@ from tasks.config import ConfigError
 from tasks.config.load import load_config
 from tasks.data import arith
 from tasks.generation.server_pool import ServerPool, spread
-from tasks.generation.vllm_engine import VLLMEngine, VLLMError, export_for_vllm
+from tasks.generation.vllm_engine import VLLMEngine, VLLMError
+from tasks.generation.vllm_export import export_for_vllm
 from tasks.model.forward import token_logprobs
 from tasks.model.loading import build_tiny_model, build_tokenizer
 from tasks.policy import Policy

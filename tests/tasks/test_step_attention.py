@@ -8,7 +8,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from tasks.generation.decode import DecodeOptions, Decoder
+from tasks.generation.decode import Decoder
+from tasks.generation.decode_options import DecodeOptions
 from tasks.generation.sampling import Sampling
 from tasks.generation.step_attention import NAME, one_token_attention, step_attention
 

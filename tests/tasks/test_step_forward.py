@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from tasks.generation.decode import DecodeOptions, Decoder
+from tasks.generation.decode import Decoder
+from tasks.generation.decode_options import DecodeOptions
 from tasks.generation.sampling import Sampling
 from tasks.generation.slot_cache import SlotCache
 from tasks.generation.step_attention import one_token_attention

@@ -9,7 +9,8 @@ import torch
 
 from tasks.data.rewards import numeric_reward
 from tasks.generation.rollout import HFEngine, completion_mask, decode, end_of_turn_ids, to_generation
-from tasks.generation.vllm_engine import VLLMEngine, export_for_vllm
+from tasks.generation.vllm_engine import VLLMEngine
+from tasks.generation.vllm_export import export_for_vllm
 from tasks.model.loading import format_prompt, load_policy
 from tests import tiny_qwen
 from tests.scripted_vllm import ScriptedVLLM

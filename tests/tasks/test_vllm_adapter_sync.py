@@ -18,7 +18,8 @@ import torch
 from tasks.config import ConfigError, LoraConfig
 from tasks.config.load import load_config, validate
 from tasks.generation.server_pool import ServerPool
-from tasks.generation.vllm_engine import VLLMEngine, VLLMError, export_for_vllm
+from tasks.generation.vllm_engine import VLLMEngine, VLLMError
+from tasks.generation.vllm_export import export_for_vllm
 from tasks.model.forward import token_logprobs
 from tasks.model.loading import build_tiny_model, build_tokenizer
 from tasks.model.lora import apply_lora

@@ -7,7 +7,8 @@ import json
 import torch
 from safetensors.torch import load_file
 
-from tasks.generation.vllm_engine import VLLMEngine, VLLMError, export_for_vllm, serve_dir
+from tasks.generation.vllm_engine import VLLMEngine, VLLMError
+from tasks.generation.vllm_export import export_for_vllm, serve_dir
 from tasks.model.loading import build_tiny_model, build_tokenizer, load_policy, save_policy
 
 

@@ -12,7 +12,7 @@ from typing import Any
 @dataclass(frozen=True)
 class ReferenceRow:
     """One reference prompt rolled out ``n`` times (table ``reference``): the calibrate stage (round and step
-    -1) and DOTS's per-round reference set (tasks/selection/selector.py). ``predicted``: the predictor's
+    -1) and DOTS's per-round reference set (tasks/selection/rounds.py). ``predicted``: the predictor's
     held-out prediction, None for the prompts it was fitted on."""
 
     round: int

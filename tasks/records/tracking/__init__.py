@@ -1,8 +1,10 @@
 """Experiment tracking: the only package that imports MLflow. Import everything from here
 (``from tasks.records.tracking import MlflowTracker``); the modules, by concern:
 
+* ``protocol``: the :class:`Tracker` protocol a run logs through; :class:`NullTracker`, which tracks nothing;
+  :func:`default_uri`, a root folder's local store (no MLflow).
 * ``tracker``: :class:`MlflowTracker`, the run's logger (metrics, params, tags, artifacts, tables, the name and
-  Description, model registration, the final status) through a write-ahead outbox; :class:`NullTracker`;
+  Description, model registration, the final status) through a write-ahead outbox;
   :func:`sync`, which sends what an outage left behind.
 * ``outbox``: the outbox file and how its items are grouped into requests (no MLflow).
 * ``registry``: the trained policy as an MLflow Model in the model registry, and back (:func:`champion_model`,
@@ -27,6 +29,7 @@ os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 from tasks.records.tracking.champion import CHAMPION  # noqa: E402
 from tasks.records.tracking.describe import flow_run_tags, pending_registration  # noqa: E402
 from tasks.records.tracking.outbox import Outbox  # noqa: E402
+from tasks.records.tracking.protocol import NullTracker, Tracker, default_uri  # noqa: E402
 from tasks.records.tracking.query import (  # noqa: E402
     experiment_page,
     metric_history,
@@ -42,14 +45,7 @@ from tasks.records.tracking.registry import (  # noqa: E402
     model_version_tags,
     save_mlflow_model,
 )
-from tasks.records.tracking.tracker import (  # noqa: E402
-    EXPERIMENT_KIND,
-    MlflowTracker,
-    NullTracker,
-    Tracker,
-    default_uri,
-    sync,
-)
+from tasks.records.tracking.tracker import EXPERIMENT_KIND, MlflowTracker, sync  # noqa: E402
 
 __all__ = ["CHAMPION", "EXPERIMENT_KIND", "MlflowTracker", "NullTracker", "Outbox", "Tracker", "champion_model",
            "checkpoint_folder", "default_uri",

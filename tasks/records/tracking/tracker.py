@@ -25,7 +25,9 @@ Delivery (choices, see docs/operations.md "Tracking outages"):
   (tasks/records/tracking/describe.py ``settled``): a registration that waited in the outbox is said registered,
   with its version, and a last line names the outages and who sent what they held (the run, or ``rlsift sync``).
 
-:class:`NullTracker` is the do-nothing stand-in for tests and dry runs.
+The :class:`~tasks.records.tracking.protocol.Tracker` protocol it implements, its do-nothing stand-in
+:class:`~tasks.records.tracking.protocol.NullTracker` and ``default_uri`` are in
+tasks/records/tracking/protocol.py.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
@@ -60,33 +62,6 @@ PERMANENT = frozenset({"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "MALFORMED_REQU
 #: The experiment's kind, model training: what earlier MLflow 3 UIs open an experiment on (its runs, not the GenAI
 #: traces). MLflow 3.17's UI reads the page's ``workflowType`` instead, which rlsift's links set (query.py).
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
-
-
-class Tracker(Protocol):
-    run_id: str
-    #: the run's name in MLflow (None: not known, or no MLflow run)
-    name: str | None
-
-    @property
-    def ui(self) -> str | None:
-        """Where to see the run in MLflow's UI (query.py ``ui_hint``); None: no MLflow run."""
-        ...
-
-    def log_params(self, params: dict[str, Any]) -> None: ...
-    def log_metrics(self, metrics: dict[str, float], step: int, ts: int | None = None) -> None: ...
-    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
-    def log_table(self, rows: list[dict[str, Any]], name: str) -> None: ...
-    def set_tags(self, tags: dict[str, str]) -> None: ...
-    def rename(self, name: str) -> None: ...
-    def describe(self, text: str) -> None: ...
-    def register_model(self, local_dir: str | Path, name: str, tags: dict[str, str],
-                       description: str | None = None, adapter: str | Path | None = None) -> str | None: ...
-    def flush(self) -> bool: ...
-    def finish(self, status: str = "FINISHED") -> None: ...
-
-
-def default_uri(root: str | Path) -> str:
-    return f"sqlite:///{Path(root).resolve() / 'mlflow.db'}"
 
 
 class MlflowTracker:
@@ -385,27 +360,3 @@ def sync(run_dir: str | Path, uri: str, run_id: str) -> bool:
     """Send a run folder's outbox (after an outage that outlived the run). True when all was sent. The run's
     Description, sent last, then says the model registered and names the outage (:meth:`MlflowTracker._settled`)."""
     return MlflowTracker(uri, "", run_dir, run_id=run_id, background=False, sender="`rlsift sync`").flush()
-
-
-class NullTracker:
-    """Tracks nothing (tests, dry runs)."""
-
-    run_id = "none"
-    name = None
-    url = None
-    ui = None
-
-    def log_params(self, params: dict[str, Any]) -> None: ...
-    def log_metrics(self, metrics: dict[str, float], step: int, ts: int | None = None) -> None: ...
-    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
-    def log_dict(self, data: Any, name: str) -> None: ...
-    def log_table(self, rows: list[dict[str, Any]], name: str) -> None: ...
-    def set_tags(self, tags: dict[str, str]) -> None: ...
-    def rename(self, name: str) -> None: ...
-    def describe(self, text: str) -> None: ...
-    def register_model(self, local_dir: str | Path, name: str, tags: dict[str, str],
-                       description: str | None = None, adapter: str | Path | None = None) -> str | None:
-        return None
-    def flush(self) -> bool:
-        return True
-    def finish(self, status: str = "FINISHED") -> None: ...
