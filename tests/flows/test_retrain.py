@@ -76,7 +76,8 @@ def test_retrain_continues_from_the_registered_model_on_new_prompts(smoke_cfg, p
     assert costs["rollout"]["device_hours"] > 0 and costs["total"]["usd"] == pytest.approx(second.cost_usd, abs=1e-5)
     with Ledger(f"{cfg.paths.root}/ledger.duckdb", read_only=True) as ledger:
         stages = {r["stage"]: r for r in ledger.query("SELECT * FROM stages WHERE run_id = ?", [second.run_id])}
-    assert {"ingest", "prepare", "eval_start", "calibrate", "score", "train", "eval_end"} <= set(stages)
+    assert {"ingest", "prepare", "eval_start", "calibrate", "train", "eval_end"} <= set(stages)
+    assert "score" not in stages  # plain GRPO reads no embedding or angle: its pool is not scored
     assert stages["train"]["wall_s"] > 0 and stages["train"]["device"] == second.device
 
     third = run_retrain(cfg)
