@@ -2,16 +2,12 @@
 
 rlcore/plan.py predicts each candidate's clock from these measurements (:class:`rlcore.step_costs.UnitCosts`):
 
-- **Generation at the candidates' batch sizes.** Rollouts are generated and verified (the training step's rollout
-  phase, tasks/calibration/reference.py) in a call as small as the smallest first call a candidate makes and one as
-  large as the baseline's largest (a step's draw, DOTS's reference rollouts, each cut at ``rollout.chunk``), after a
-  one-prompt warm-up, from the first ``plan.probe_prompts`` reference prompts (repeated where a call needs more);
-  ``CallCost.fit`` splits the two timings into a decode step's cost (a call decodes until its longest completion
-  ends) and a token's. Where the calibrate stage drew its rollouts in this process in calls at least as large as the
-  large one (``Calibration.draw``), they are the large call, as drawn and timed (once): only the small one is timed,
-  and without a warm-up, unless that one sample cost a token almost as much as the small call (``CHEAPER_A_TOKEN``:
-  a cold first call, a busy moment), when the large call is timed as without it. Larger calls (DAPO's, PODS's) are
-  predicted on that line, not timed: the probe spends its time at the sizes of the steps the plan may choose.
+- **Generation at the candidates' batch sizes** (tasks/plan/probe_generation.py): a call as small as the smallest
+  first call a candidate makes and one as large as the baseline's largest (a step's draw, DOTS's reference
+  rollouts, each cut at ``rollout.chunk``), or the calibration's call as the large one; ``CallCost.fit`` splits the
+  two timings into a decode step's cost (a call decodes until its longest completion ends) and a token's. Larger
+  calls (DAPO's, PODS's) are predicted on that line, not timed: the probe spends its time at the sizes of the steps
+  the plan may choose.
   The same calls give the completion and prompt tokens of a rollout of each level's prompts (a draw that favours
   some levels has their lengths, and its calls their longest).
 - **The update** at the smallest batch a candidate updates and the baseline's (its predicted informative groups'
@@ -69,12 +65,12 @@ from rlcore.plan_draw import Composition, PoolStats
 from rlcore.selection import sample_prompts, uniform_weights
 from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
 from rlcore.types import RolloutGroup
-from tasks.calibration.record import Calibration, CalibrationDraw
-from tasks.calibration.reference import rollout_rewards
+from tasks.calibration.record import Calibration
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.generation.rollout import Generation
-from tasks.plan.timing import CHEAP, COSTLY, ONCE, Timing, time_until_stable
+from tasks.plan.probe_generation import call_lengths, cycle_records, probe_generation
+from tasks.plan.timing import CHEAP, COSTLY, ONCE, Timing, Untrusted, time_until_stable
 from tasks.policy import Policy
 from tasks.records.files import atomic_write
 from tasks.records.ledger import GroupRow, Ledger, SelectionRow
@@ -91,24 +87,6 @@ log = logging.getLogger(__name__)
 
 #: Values a training step logs (tasks/training/loop.py; 78-84 on the embedded task): the probe's metrics line.
 STEP_METRICS = 80
-#: The calibration's call stands for the probe's large call only where it cost at most this share of the small
-#: call's seconds a token (a larger call costs less a token: 0.53-0.83 measured on 2 CPU cores, 1.0 for a first
-#: call in a cold process that took twice as long as the same call later).
-CHEAPER_A_TOKEN = 0.95
-
-
-class _Untrusted(list):
-    """The probe's notes on the estimates it cannot trust (``UnitCosts.untrusted``)."""
-
-    def timed(self, work, rule, what: str, **kw) -> tuple[float, object]:
-        """:func:`~tasks.plan.timing.time_until_stable`'s seconds and result; its note kept when not stable."""
-        timing, out = time_until_stable(work, rule, what, **kw)
-        self.note(timing)
-        return timing.seconds, out
-
-    def note(self, timing: Timing) -> None:
-        if not timing.stable:
-            self.append(timing.note)
 
 
 @dataclass(frozen=True)
@@ -135,44 +113,13 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, dev
     """The unit and fixed costs of a step (module docstring), timed with ``cfg``'s rollouts and update. ``say``
     hears each probe as it starts (tasks/records/progress.py: the plan's progress lines)."""
     rc = cfg.rollout
-    untrusted = _Untrusted()
-    small, large = _generation_sizes(inputs.comps, rc.n, inputs.stats)
+    untrusted = Untrusted()
     records = inputs.records
-    drawn = _calibration_call(inputs.calibration.draw, large * rc.n, rc.chunk if rc.engine == "hf" else 0)
-    sizes = (small,) if drawn is not None else (small, large)
-    say(f"probe: generation, calls of {' and '.join(map(str, sizes))} prompts x {rc.n} rollouts" + (
-        f" (the calibration's {len(drawn[0])} x {drawn[1][0].n}, drawn and timed already, as the largest)"
-        if drawn is not None else ""))
-    if drawn is None:  # warm-up: first-call costs are not a token's (the calibration's call warmed the engine)
-        rollout_rewards(policy, records[:1], rc.n, seed)
-    batches, draws = [], []  # the calls' prompts; (the call's rollouts, its seconds, its decode steps)
-
-    def time_calls(ks: tuple[int, ...]) -> None:
-        for k in ks:
-            batches.append(_cycle(records, k))
-            seconds, gen = untrusted.timed(lambda b=batches[-1]: rollout_rewards(policy, b, rc.n, seed)[0], COSTLY,
-                                           f"a generate call of {k} prompts")
-            draws.append((gen, seconds, int(gen.completion_mask.sum(1).max())))
-
-    time_calls(sizes)
-
-    if drawn is not None and _per_token(drawn[1]) > CHEAPER_A_TOKEN * _per_token(draws[0]):
-        # one sample, not repeated until it held still, and hardly cheaper a token than the small call (a cold first
-        # call in this process, a busy moment): it would charge its slowness to every token of the larger calls and
-        # hide a decode step's cost, so the large call is timed as without it
-        say(f"probe: the calibration's call took {_per_token(drawn[1]) * 1e6:.0f} us a token against the small "
-            f"call's {_per_token(draws[0]) * 1e6:.0f} us: timing a call of {large} prompts instead")
-        drawn = None
-        time_calls((large,))
-    if drawn is not None:
-        batches.append(drawn[0])
-        draws.append(drawn[1])
-    generate = CallCost.fit([g.tokens for g, _, _ in draws], [s for _, s, _ in draws],
-                            steps=[d for _, _, d in draws])
-    if generate.step_s <= 0:
-        untrusted.append("a decode step: the two generate calls do not tell its cost from a token's (the fit "
-                         "charges every token alike)")
-    (completion, prompt), by_level, lengths = _lengths([(b, g) for b, (g, _, _) in zip(batches, draws, strict=True)])
+    small, large = _generation_sizes(inputs.comps, rc.n, inputs.stats)
+    generate, batches, draws = probe_generation(policy, rc, records, inputs.calibration.draw, (small, large), seed,
+                                                untrusted, say)
+    (completion, prompt), by_level, lengths = call_lengths([(b, g) for b, (g, _, _) in zip(batches, draws,
+                                                                                          strict=True)])
     groups = [g for gen, _, _ in draws for g in probe_groups(gen)]
     sizes = _update_sizes(inputs.comps, inputs.stats, rc.n, len(groups))
     say(f"probe: the update of {sizes[0]} and {sizes[1]} groups, the optimizer step, a round's checkpoint")
@@ -195,48 +142,6 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, dev
         log.warning("plan probe: an estimate it cannot trust: %s", note)
     return replace(costs, forward=forward, solution_tokens=solution_tokens, fixed=replace(costs.fixed, fit_s=fit_s),
                    score_s=score_s, untrusted=tuple(untrusted))
-
-
-def _lengths(draws: list[tuple[list[PromptRecord], Generation]]
-             ) -> tuple[tuple[float, float], tuple[tuple, ...], tuple[tuple, ...]]:
-    """The mean completion and prompt tokens of a rollout, over every drawn prompt; (level, completion, prompt)
-    of each level's; and (level, every rollout's completion tokens) of each level's."""
-    rows = [(batch[i // gen.n].level, tokens, int(gen.prompt_ids[i // gen.n].numel()))
-            for batch, gen in draws for i, tokens in enumerate(gen.completion_mask.sum(1).tolist())]
-
-    def mean(of: list[tuple]) -> tuple[float, float]:
-        return statistics.fmean(c for _, c, _ in of), statistics.fmean(p for _, _, p in of)
-
-    levels = dict.fromkeys(lv for lv, _, _ in rows)
-    return (mean(rows), tuple((lv, *mean([r for r in rows if r[0] == lv])) for lv in levels),
-            tuple((lv, tuple(c for x, c, _ in rows if x == lv)) for lv in levels))
-
-
-def _calibration_call(draw: CalibrationDraw | None, rows: int, chunk: int
-                      ) -> tuple[list[PromptRecord], tuple[Generation, float, int]] | None:
-    """The calibrate stage's rollouts as the probe's largest generate call (its records, and its rollouts, seconds
-    and decode steps: each of its calls, at most ``chunk`` rows, rlcore.plan.call_rows, decodes to its longest
-    completion), where this process drew them and its largest call has at least ``rows`` rollouts (the size the
-    probe would time: the line through the two calls then spans every call a candidate makes); else None."""
-    if draw is None:
-        return None
-    gen = draw.generation
-    calls = call_rows(len(draw.records), gen.n, chunk)
-    if max(calls) < rows:
-        return None
-    lengths = gen.completion_mask.sum(1)
-    starts = [sum(calls[:i]) for i in range(len(calls))]
-    steps = sum(int(lengths[a:a + r].max()) for a, r in zip(starts, calls, strict=True))
-    return list(draw.records), (gen, draw.seconds, steps)
-
-
-def _per_token(call: tuple[Generation, float, int]) -> float:
-    """Seconds a generated token of one timed call (its rollouts, seconds and decode steps)."""
-    return call[1] / max(float(call[0].tokens), 1.0)
-
-
-def _cycle(records: list[PromptRecord], k: int) -> list[PromptRecord]:
-    return [records[i % len(records)] for i in range(k)]
 
 
 def _generation_sizes(comps: Sequence[Composition], n: int, stats: PoolStats) -> tuple[int, int]:
@@ -284,7 +189,7 @@ def probe_groups(gen: Generation) -> list[RolloutGroup]:
 
 def _probe_update(policy: Policy, groups: list[RolloutGroup], sizes: tuple[int, int], cfg: Config,
                   device: torch.device | str, scratch: Path | None,
-                  untrusted: _Untrusted) -> tuple[CallCost, float, float]:
+                  untrusted: Untrusted) -> tuple[CallCost, float, float]:
     """The update's passes as a :class:`CallCost` (an update of the first ``sizes`` of ``groups``, each timed less
     the optimizer step), the optimizer step and a round's checkpoint, in seconds (module docstring)."""
     tc, model = cfg.train, policy.model
@@ -336,7 +241,7 @@ def time_optimizer_step(model: torch.nn.Module, optimizer, params, grad_clip: fl
 
 
 def _probe_screen(policy: Policy, records: list[PromptRecord], cfg: Config, comps: Sequence[Composition],
-                  device: torch.device | str, untrusted: _Untrusted) -> tuple[CallCost, float]:
+                  device: torch.device | str, untrusted: Untrusted) -> tuple[CallCost, float]:
     """The screen's pass at the largest candidate count a candidate screens and half of it, and the mean worked
     solution's tokens (0 where a prompt has none)."""
     if not all(r.solution for r in records):
@@ -352,7 +257,7 @@ def _probe_screen(policy: Policy, records: list[PromptRecord], cfg: Config, comp
     likelihood(records[:1])  # warm-up
     points = []
     for k in sorted({max(1, max(counts) // 2), max(counts)}):
-        batch = _cycle(records, k)
+        batch = cycle_records(records, k)
         prompts = [len(ids) for ids in tok(policy.prompts(batch))["input_ids"]]
         points.append((sum(prompts) + sum(solution[i % len(records)] for i in range(k)),
                        untrusted.timed(lambda b=batch: likelihood(b), COSTLY, f"the screen's pass of {k} prompts")[0]))
@@ -360,10 +265,10 @@ def _probe_screen(policy: Policy, records: list[PromptRecord], cfg: Config, comp
 
 
 def _probe_bookkeeping(records: list[PromptRecord], cfg: Config, pool_size: int, scratch: Path | None,
-                       untrusted: _Untrusted) -> float:
+                       untrusted: Untrusted) -> float:
     """Seconds of a step's bookkeeping (module docstring): the draw, the ledger's rows, the metrics line."""
     b = cfg.train.prompts_per_step
-    ids = [r.id for r in _cycle(records, b)]
+    ids = [r.id for r in cycle_records(records, b)]
     selections = [SelectionRow(prompt_id=i, selector="uniform", weight=1.0 / pool_size) for i in ids]
     groups = [GroupRow(prompt_id=i, n=cfg.rollout.n, successes=1, mean_reward=1 / cfg.rollout.n, kept=cfg.rollout.n,
                        kept_mean_reward=1 / cfg.rollout.n, replayed=False, from_step=0) for i in ids]
@@ -389,7 +294,7 @@ def _probe_bookkeeping(records: list[PromptRecord], cfg: Config, pool_size: int,
 
 
 def _probe_scoring(policy: Policy, cfg: Config, inputs: ProbeInputs, dots: Config | None, seed: int,
-                   device: torch.device | str, untrusted: _Untrusted) -> tuple[float, float]:
+                   device: torch.device | str, untrusted: Untrusted) -> tuple[float, float]:
     """Seconds to score one pool prompt and DOTS's predictor a round, with ``dots``'s settings (0 where None):
     module docstring."""
     pool, cal = inputs.pool, inputs.calibration

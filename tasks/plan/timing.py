@@ -107,3 +107,17 @@ def time_until_stable(work: Callable[[], object], rule: RepeatRule = CHEAP, what
             return Timing(statistics.median(samples), tuple(samples), calls, False,
                           f"{what}: samples still spread {spread:.0%} (over the last {len(last)} of {len(samples)}; "
                           f"stable at {rule.spread:.0%})"), out
+
+
+class Untrusted(list):
+    """The probe's notes on the estimates it cannot trust (``UnitCosts.untrusted``)."""
+
+    def timed(self, work, rule, what: str, **kw) -> tuple[float, object]:
+        """:func:`time_until_stable`'s seconds and result; its note kept when not stable."""
+        timing, out = time_until_stable(work, rule, what, **kw)
+        self.note(timing)
+        return timing.seconds, out
+
+    def note(self, timing: Timing) -> None:
+        if not timing.stable:
+            self.append(timing.note)
