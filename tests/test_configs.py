@@ -84,6 +84,9 @@ def test_bench_arms_switch_what_their_names_say():
     assert uniform_screen.model_copy(update={"select": g4.select, "train": g4.train}) == g4
     assert (uniform_screen.select.method, uniform_screen.select.screen, uniform_screen.select.screen_ahead,
             uniform_screen.train.prompts_per_step) == ("uniform", 4, True, 20)
+    for size in (24, 28):  # the sizes the plan takes where 20 screened prompts fall short of GRPO's signal
+        assert get(f"grpo_screen_{size}") == uniform_screen.model_copy(update={"train": uniform_screen.train.model_copy(
+            update={"prompts_per_step": size})}), "a bigger screened batch is its one change"
     screen_waves = get("grpo_screen_waves")  # grpo_screen's draw with carried waves, no skip
     assert screen_waves.model_copy(update={"waves": uniform_screen.waves}) == uniform_screen
     assert (screen_waves.waves.enabled, screen_waves.waves.first, screen_waves.waves.candidates,

@@ -111,3 +111,29 @@ def test_a_cost_the_probe_cannot_trust_is_said_so_never_0_ms():
     assert text.endswith(f"Estimates the probe cannot trust: {note}") and note in shaky.markdown()
     assert Plan.from_json(shaky.to_json()).costs.untrusted == (note,)
     assert "cannot trust" not in plan.summary()
+
+
+def test_where_20_screened_prompts_fall_short_of_grpos_signal_the_plan_takes_24_not_plain_grpo():
+    """The screened uniform draw on 24 and 28 prompts (conf/bench/grpo_screen_24.yaml, _28; docs/benchmarks.md, the
+    S36 tables): where the reference set puts grpo_screen's 20 groups under plain GRPO's informative groups a step,
+    the default candidates keep the draw on 24 prompts instead of falling back to plain GRPO."""
+    from rlcore.plan import predict
+    from rlcore.plan_choice import choose
+    from rlcore.plan_draw import PoolStats
+
+    # plain GRPO (32 x 8): 4 of 8 reference prompts mixed, 16 informative groups a step; the screen keeps the 2 of
+    # 8 it rates likeliest (pass rates 4/8 and 1/8): at n = 4 they are mixed with chance 68/70 and 35/70
+    pool = PoolStats(successes=(0, 0, 8, 8, 4, 1, 6, 3), g=8, levels=(1,) * 8,
+                     screen=(0.01, 0.01, 0.99, 0.99, 0.5, 0.4, 0.95, 0.05))
+    costs = UnitCosts(generate=CallCost(0.0, 2.0), update=CallCost(0.0, 1.0), forward=CallCost(0.0, 0.5),
+                      completion_tokens=10, prompt_tokens=5, solution_tokens=7)
+    cfg = load_config(None)
+    assert {"grpo_screen", "grpo_screen_24", "grpo_screen_28"} <= set(cfg.plan.candidates)
+    names = ("grpo_screen", "grpo_screen_24", "grpo_screen_28")
+    base, preds = predict([composition(n, candidate_config(cfg, n)) for n in names],
+                          composition("grpo", candidate_config(cfg, "grpo")), pool, costs)
+    per_prompt = (68 / 70 + 35 / 70) / 2
+    assert base.signal == pytest.approx(16) and [p.signal for p in preds] == pytest.approx(
+        [20 * per_prompt, 24 * per_prompt, 28 * per_prompt])  # 14.7 < 16 <= 17.7 < 20.6
+    assert choose(base, preds[:1], cfg.plan.min_signal)[0] is base  # 20 prompts alone: plain GRPO
+    assert choose(base, preds, cfg.plan.min_signal)[0].name == "grpo_screen_24"
