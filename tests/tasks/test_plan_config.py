@@ -128,8 +128,8 @@ def test_where_20_screened_prompts_fall_short_of_grpos_signal_the_plan_takes_24_
     costs = UnitCosts(generate=CallCost(0.0, 2.0), update=CallCost(0.0, 1.0), forward=CallCost(0.0, 0.5),
                       completion_tokens=10, prompt_tokens=5, solution_tokens=7)
     cfg = load_config(None)
-    assert {"grpo_screen", "grpo_screen_24", "grpo_screen_28"} <= set(cfg.plan.candidates)
     names = ("grpo_screen", "grpo_screen_24", "grpo_screen_28")
+    assert set(names) <= set(cfg.plan.candidates)
     base, preds = predict([composition(n, candidate_config(cfg, n)) for n in names],
                           composition("grpo", candidate_config(cfg, "grpo")), pool, costs)
     per_prompt = (68 / 70 + 35 / 70) / 2
