@@ -47,6 +47,7 @@ Usage:
     python infra/gpu-bench.py                      # on a GPU: the full table
     python infra/gpu-bench.py --toy                # tiny shapes on the CPU (what the default test tier runs)
     python infra/gpu-bench.py --models 1.5b --rows 512 --modes full+ckpt   # one arm: 64 prompts x 8 rollouts
+    python infra/gpu-bench.py --no-generation --shared-prefix   # the update with each group's prompt computed once
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ def run_arm(arm: Arm, args, device: torch.device) -> dict:
     row = {"arm": arm}
     settings = LossSettings(clip_eps=0.2, aggregation="token", grad_clip=1.0, temperature=1.0, pad_id=0,
                             minibatches=1, kl_coef=0.0, micro_batch_tokens=args.micro_batch_tokens,
-                            skip_zero_advantage=True)
+                            skip_zero_advantage=True, shared_prefix=args.shared_prefix)
     release(device)
     base_mb = rss_mb() if device.type == "cpu" else 0.0
     model = optimizer = None
@@ -369,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--micro-batch-tokens", type=int, default=None, help="train.micro_batch_tokens (default 8192)")
     p.add_argument("--steps", type=int, default=1, help="timed steps an arm (after one warm-up step)")
     p.add_argument("--no-generation", action="store_true", help="only the update's table")
+    p.add_argument("--shared-prefix", action="store_true", help="the update's arms compute each group's prompt once "
+                   "(train.shared_prefix=true; tasks/model/shared_prefix.py): its time and memory against the rows'")
     p.add_argument("--bisect-positions", type=int, default=1024, help="a skipped arm's bisection cuts rows to this "
                    "many positions (prompt + completion) against the arm's own (default 1024)")
     p.add_argument("--bisect-seconds", type=float, default=90.0, help="a skipped arm's bisection starts no variant "

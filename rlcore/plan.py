@@ -192,7 +192,8 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
     r = float((kept * w).sum() / kept.sum())
     completion, prompt = costs.lengths(pool.levels)
     length = _mean(completion, kept)  # a fresh rollout's completion, under the draw
-    row = _mean(completion + prompt, kept * w)  # an informative group's row (replayed ones were informative too)
+    # an informative group's row, completion and prompt (replayed groups were informative too)
+    row_completion, row_prompt = _mean(completion, kept * w), _mean(prompt, kept * w)
 
     def mix(mass: torch.Tensor) -> dict:  # each level's share of a draw with these weights on the reference set
         out: dict = {}
@@ -232,8 +233,14 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
     generated = asked_rollouts + k * g / c.round_steps
     generate_s += draw_s(k, g, reference_length, mix(pool.mass)) / c.round_steps
     gen_tokens = fresh_tokens + k * g * reference_length / c.round_steps
-    upd_tokens = ((upd_fresh_rows + replayed * c.m) * row if c.skip_silent
-                  else (groups + replayed) * c.m * _mean(completion + prompt, kept))
+    if c.skip_silent:  # the rows of the groups with a gradient
+        upd_rows, upd_groups = upd_fresh_rows + replayed * c.m, informative + replayed
+        upd_completion, upd_prompt = row_completion, row_prompt
+    else:
+        upd_rows, upd_groups = (groups + replayed) * c.m, groups + replayed
+        upd_completion, upd_prompt = length, _mean(prompt, kept)
+    # the update's passes: each row's completion, and its prompt (once a group with the shared prefix)
+    upd_tokens = upd_rows * upd_completion + (upd_groups if c.shared_prefix else upd_rows) * upd_prompt
     fwd_tokens = (c.screen * screened * (_mean(prompt, draw_weights(c, pool)) + costs.solution_tokens)
                   if c.screen > 1 else 0.0)
     fx = costs.fixed

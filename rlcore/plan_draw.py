@@ -109,7 +109,8 @@ class Composition:
     beside the generate call, at every step but a round's first (``select.screen_ahead`` with the sampler apart from
     the trainer); ``round_ahead``: a round's start (the predictor's fit) runs beside the generate call of the round's
     last step, and with ``screen_ahead`` the screen of the round's first step after it (``select.round_ahead`` with
-    the sampler apart, where a round start takes no reference rollouts)."""
+    the sampler apart, where a round start takes no reference rollouts); ``shared_prefix``: the update computes each
+    group's prompt once (``train.shared_prefix``), so its tokens are the rows' completions and one prompt a group."""
 
     name: str
     prompts: int
@@ -133,6 +134,7 @@ class Composition:
     rules: tuple[StepRule, ...] = ()
     screen_ahead: bool = False
     round_ahead: bool = False
+    shared_prefix: bool = False
 
     def __post_init__(self) -> None:
         if self.prompts < 1 or not 1 <= self.m <= self.n:

@@ -156,3 +156,26 @@ def test_a_skipped_arm_fails_and_is_bisected(inject, cause, site, capsys):
     assert [r[2] for r in results] == ["24", "24", "24", "32", "32"]
     first = next(ln for ln in bisection if ln.startswith("first non-finite"))
     assert first.startswith(f"first non-finite: + rows past 24 positions (to 32) -> skipped: {cause}{site}")
+
+
+def _update_rows(*flags: str) -> list[dict]:
+    """The update table's rows of a small toy run of infra/gpu-bench.py with ``flags``."""
+    proc = subprocess.run([sys.executable, str(ROOT / "infra" / "gpu-bench.py"), "--toy", "--no-generation", "--modes",
+                           "full", "--rows", "16", "--prompt", "16", "--completion", "16", "--precisions", "fp32",
+                           *flags], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("| model"))
+    names = [c.strip() for c in header.strip("|").split("|")]
+    return [dict(zip(names, (c.strip() for c in line.strip("|").split("|")), strict=True))
+            for line in proc.stdout.splitlines() if line.startswith("| toy")]
+
+
+def test_the_bench_times_the_update_with_one_prompt_a_group():
+    (rows,), (shared,) = _update_rows(), _update_rows("--shared-prefix")
+
+    def count(row: dict, key: str) -> int:
+        return int(row[key].replace(",", ""))
+
+    # the packed passes compute each group's prompt once, and have no pads
+    assert count(shared, "tokens a step") < count(rows, "tokens a step")
+    assert count(shared, "tokens a step") == count(shared, "padded tokens")

@@ -37,14 +37,14 @@ from tasks.config.techniques import (
     PodsConfig,
     ReplayConfig,
 )
-from tasks.config.train import KlRows, TrainConfig
+from tasks.config.train import KlRows, SharedPrefix, TrainConfig
 
 __all__ = [
     "AdaptConfig", "CalibrateConfig", "Config", "ConfigError", "CostConfig", "CurriculumConfig", "DataConfig",
     "DynamicSamplingConfig", "EvalConfig", "GainConfig", "GuardConfig", "KlRows", "LoraConfig", "ModelConfig",
     "OverlapConfig", "PathsConfig", "PlanConfig", "PodsConfig", "PredictorConfig", "ReplayConfig", "RolloutConfig",
-    "ScaleConfig", "SelectConfig", "SkipConfig", "SourceConfig", "TrackingConfig", "TrainConfig", "WarmStartConfig",
-    "WavesConfig",
+    "ScaleConfig", "SelectConfig", "SharedPrefix", "SkipConfig", "SourceConfig", "TrackingConfig", "TrainConfig",
+    "WarmStartConfig", "WavesConfig",
 ]
 
 

@@ -30,6 +30,7 @@ import torch
 
 from tasks.model.loading import add_special
 from tasks.model.logprob_head import CompletionIndex, chunked_head
+from tasks.model.shared_prefix import pack_groups, prefix_attention
 
 
 def last_mlp(model: torch.nn.Module) -> torch.nn.Module:
@@ -210,6 +211,33 @@ def length_buckets(prompt_lens: torch.Tensor, completion_lens: torch.Tensor, max
     return [torch.tensor(b) for b in buckets]
 
 
+def group_buckets(group_of_row: torch.Tensor, prompt_lens: torch.Tensor, completion_lens: torch.Tensor,
+                  max_tokens: int) -> list[torch.Tensor]:
+    """Cut N rows into passes of whole groups for the shared-prefix layout (tasks/model/shared_prefix.py).
+
+    A group costs its packed tokens, its prompt once and every row's completion (``P_g + sum_i L_i``); groups are
+    taken in order of first appearance and a pass takes the next group while its packed tokens stay within
+    ``max_tokens`` (a group over the budget alone is a pass of its own). ``max_tokens <= 0``: one pass.
+
+    Returns:
+        Row-index tensors, together a permutation of ``range(N)``, each group's rows in one of them, in order.
+    """
+    labels = group_of_row.tolist()
+    members: dict = {}
+    for i, lab in enumerate(labels):
+        members.setdefault(lab, []).append(i)
+    buckets, cur, used = [], [], 0
+    for rows in members.values():
+        cost = int(prompt_lens[rows[0]]) + sum(int(completion_lens[i]) for i in rows)
+        if cur and max_tokens > 0 and used + cost > max_tokens:
+            buckets.append(cur)
+            cur, used = [], 0
+        cur, used = cur + rows, used + cost
+    if cur or not buckets:
+        buckets.append(cur)
+    return [torch.tensor(b, dtype=torch.long) for b in buckets]
+
+
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, temperature: float = 1.0,
                           max_elements: int = 1 << 26) -> torch.Tensor:
     """``log_softmax(logits / temperature)`` at ``index`` only, in float32, without a float32 copy of all logits.
@@ -240,7 +268,7 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, temperature
 def token_logprobs(model: torch.nn.Module, prompts: Sequence[torch.Tensor], completions: torch.Tensor,
                    completion_mask: torch.Tensor, pad_id: int, temperature: float = 1.0,
                    device: torch.device | str = "cpu", max_tokens: int = 0,
-                   mlp_inputs: list | None = None) -> torch.Tensor:
+                   mlp_inputs: list | None = None, groups: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token log-probs of the completions under ``model`` at the sampling temperature.
 
     The rows go through the model in :func:`length_buckets` of at most ``max_tokens`` padded tokens (0: one
@@ -257,6 +285,12 @@ def token_logprobs(model: torch.nn.Module, prompts: Sequence[torch.Tensor], comp
         mlp_inputs: when a list, each bucket appends ``(mlp_in [b, S, H] float32 detached, mask [b, S] bool)``:
             the last layer's MLP inputs and the real tokens (prompt and completion) of the bucket's rows, in
             bucket order (GAIN-RL's angle signal), for free.
+        groups: [N] a group label per row (rows of one group hold the same prompt): each group's prompt is computed
+            once (the shared-prefix layout of tasks/model/shared_prefix.py, in :func:`group_buckets` of at most
+            ``max_tokens`` packed tokens), where the model attends with SDPA and ``mlp_inputs`` is None; else, or
+            None, the row layout. With autograd, the caller's backward pass must run inside
+            :func:`~tasks.model.shared_prefix.prefix_attention` when the model checkpoints its activations (the
+            recomputation attends again).
 
     Returns:
         [N, L] float32 log-probs (0 where the mask is False). Differentiable when grad is enabled.
@@ -265,7 +299,16 @@ def token_logprobs(model: torch.nn.Module, prompts: Sequence[torch.Tensor], comp
     if length == 0:  # nothing was generated: no log-probs to compute
         return torch.zeros(completions.shape, device=device)
     lens = completion_lengths(completion_mask.cpu())
-    buckets = length_buckets(torch.tensor([int(p.numel()) for p in prompts]), lens, max_tokens)
+    prompt_lens = torch.tensor([int(p.numel()) for p in prompts])
+    if groups is not None and mlp_inputs is None:
+        with prefix_attention(model) as shared:
+            if shared:
+                parts, buckets = [], group_buckets(groups, prompt_lens, lens, max_tokens)
+                for rows in buckets:
+                    parts.append(_packed_logprobs(model, [prompts[i] for i in rows], completions[rows], lens[rows],
+                                                  groups[rows], temperature, device, length))
+                return torch.cat(parts)[torch.argsort(torch.cat(buckets)).to(parts[0].device)]
+    buckets = length_buckets(prompt_lens, lens, max_tokens)
     parts = []
     for rows in buckets:
         width_l = max(int(lens[rows].max()), 1)  # at least one column (a row may have no real token)
@@ -283,6 +326,28 @@ def token_logprobs(model: torch.nn.Module, prompts: Sequence[torch.Tensor], comp
         lp = index.scatter(lp, width_l)  # [b, L_b]
         parts.append(torch.nn.functional.pad(lp * cmask.to(lp.device), (0, length - width_l)))
     return torch.cat(parts)[torch.argsort(torch.cat(buckets)).to(parts[0].device)]  # back to row order
+
+
+def _packed_logprobs(model: torch.nn.Module, prompts: Sequence[torch.Tensor], completions: torch.Tensor,
+                     lens: torch.Tensor, groups: torch.Tensor, temperature: float, device: torch.device | str,
+                     length: int) -> torch.Tensor:
+    """[b, length] log-probs of one pass of whole groups in the shared-prefix layout (:func:`token_logprobs`)."""
+    packed = pack_groups(prompts, completions, lens, groups)
+    width, real = packed.input_ids.shape[1], packed.rows.numel() > 0
+    # no real completion token: one masked stand-in (row 0's first column, predicted by its prompt's last token) keeps
+    # a graph through every parameter, as CompletionIndex.of does
+    rows, columns, positions, targets = ((packed.rows, packed.columns, packed.positions, packed.targets) if real else
+                                         (torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+                                          packed.layout.prompt_real[0].sum().view(1) - 1,
+                                          completions[:1, 0].cpu().to(torch.long)))
+    index = CompletionIndex(rows=rows, columns=columns, positions=positions, targets=targets, n=len(prompts),
+                            width=width, real=real, pass_rows=torch.zeros_like(rows)).to(device)
+    with chunked_head(model, index, temperature) as chunked:
+        out = model(input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device),
+                    use_cache=False, logits_to_keep=index.keep, prefix_layout=packed.layout.to(device)).logits
+    lp = out if chunked else selective_log_softmax(index.hidden(out).unsqueeze(0), index.targets.unsqueeze(0),
+                                                   temperature)[0]
+    return index.scatter(lp, length)  # [b, L]: 0 past each row's end
 
 
 @torch.inference_mode()

@@ -54,6 +54,8 @@ class CompletionIndex:
         real: False when the pass has no real completion token: then the index holds one masked stand-in (row 0's
             first completion column), so the pass still runs the head and has a graph through every parameter
             (the update's backward, DDP's reducer); its log-prob is zeroed by the completion mask.
+        pass_rows: [T] the pass's row that holds each predicting state, where it is not ``rows`` (a packed pass,
+            tasks/model/shared_prefix.py: every state in row 0); None: ``rows``.
     """
 
     rows: torch.Tensor
@@ -63,6 +65,7 @@ class CompletionIndex:
     n: int
     width: int
     real: bool = True
+    pass_rows: torch.Tensor | None = None
 
     @classmethod
     def of(cls, prompt_lens: torch.Tensor, width: int, completions: torch.Tensor,
@@ -87,11 +90,13 @@ class CompletionIndex:
     def to(self, device: torch.device | str) -> CompletionIndex:
         return CompletionIndex(rows=self.rows.to(device), columns=self.columns.to(device),
                                positions=self.positions.to(device), targets=self.targets.to(device),
-                               n=self.n, width=self.width, real=self.real)
+                               n=self.n, width=self.width, real=self.real,
+                               pass_rows=None if self.pass_rows is None else self.pass_rows.to(device))
 
     def hidden(self, kept: torch.Tensor) -> torch.Tensor:
-        """The tokens' predicting states [T, ...] of ``kept`` [N, K, ...], the last K positions of the pass."""
-        return kept[self.rows, self.positions - (self.width - kept.shape[1])]
+        """The tokens' predicting states [T, ...] of ``kept`` [B, K, ...], the last K positions of the pass."""
+        rows = self.rows if self.pass_rows is None else self.pass_rows
+        return kept[rows, self.positions - (self.width - kept.shape[1])]
 
     def scatter(self, values: torch.Tensor, length: int) -> torch.Tensor:
         """``values`` [T] back into a zero-padded [N, length] (N: the pass's rows), differentiable."""

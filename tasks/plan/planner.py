@@ -30,6 +30,7 @@ from tasks.calibration.record import Calibration
 from tasks.config import Config, ConfigError
 from tasks.config.load import preset_overrides, with_overrides
 from tasks.data.prompts import PromptRecord
+from tasks.model.shared_prefix import attends_with_sdpa
 from tasks.overlap.concurrent import SamplerHandover
 from tasks.overlap.lag import decide_lag
 from tasks.plan.probe import ProbeInputs, probe_costs
@@ -38,6 +39,7 @@ from tasks.policy import Policy
 from tasks.records.progress import pulse
 from tasks.selection.screen import policy_likelihood
 from tasks.training.techniques import step_rules
+from tasks.update.policy_update import wants_shared_prefix
 
 log = logging.getLogger("rlsift.plan")
 
@@ -52,9 +54,11 @@ def reads_upfront(cfg: Config) -> dict[str, bool]:
     return {"score": dots or cc or cfg.gain.enabled or cfg.plan.auto, "calibrate": dots or cc or cfg.plan.auto}
 
 
-def composition(name: str, cfg: Config, pool_size: int = 0) -> Composition:
+def composition(name: str, cfg: Config, pool_size: int = 0, device: torch.device | str = "cpu",
+                sdpa: bool = False) -> Composition:
     """What ``cfg`` does a step and before its first, as rlcore.plan predicts it (``pool_size``: prompts the score
-    stage embeds)."""
+    stage embeds; ``device``: the update's; ``sdpa``: the policy attends with SDPA, so ``train.shared_prefix`` may
+    compute each group's prompt once, tasks/update/policy_update.py ``uses_shared_prefix``)."""
     sc, tc, rc, cal = cfg.select, cfg.train, cfg.rollout, cfg.calibrate
     dots = sc.method == "dots"
     reads = reads_upfront(cfg)
@@ -68,7 +72,8 @@ def composition(name: str, cfg: Config, pool_size: int = 0) -> Composition:
         reference=(cal.k, cal.g) if dots and cal.reference == "fresh" else (0, 0), predictor=dots,
         calibration=(cal.k, cal.g) if reads["calibrate"] else (0, 0), scored=pool_size if reads["score"] else 0,
         rules=step_rules(cfg, pool_size), screen_ahead=sc.screen > 1 and sc.screen_ahead and sampler_apart(cfg),
-        round_ahead=sc.round_ahead and sampler_apart(cfg) and not (dots and cal.reference == "fresh"))
+        round_ahead=sc.round_ahead and sampler_apart(cfg) and not (dots and cal.reference == "fresh"),
+        shared_prefix=sdpa and wants_shared_prefix(tc.shared_prefix, device, cfg.gain.enabled))
 
 
 def sampler_apart(cfg: Config) -> bool:
@@ -135,14 +140,15 @@ def _make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibratio
     stats = pool_stats(policy, pool, calibration, cfg, device)
     refs = probe_records(pool, calibration, cfg)
     comps, configs, unavailable = [], {}, {}
+    sdpa = attends_with_sdpa(policy.model)
     for name in dict.fromkeys(candidates or pc.candidates):
         configs[name] = candidate_config(cfg, name)
-        c = composition(name, configs[name], len(pool))
+        c = composition(name, configs[name], len(pool), device, sdpa)
         if c.screen > 1 and stats.screen is None:
             unavailable[name] = "the screen needs a worked solution for every prompt"
             continue
         comps.append(c)
-    base = composition(pc.baseline, candidate_config(cfg, pc.baseline), len(pool))
+    base = composition(pc.baseline, candidate_config(cfg, pc.baseline), len(pool), device, sdpa)
     out: dict[str, str] = {}  # candidates out of reach once what every step pays is timed, and why
 
     def live(step_costs: UnitCosts) -> list[Composition]:

@@ -6,6 +6,8 @@ builds on ``update``; so imports go one way, backend -> sharded_update -> update
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.distributed as dist
 
@@ -14,10 +16,12 @@ from tasks.generation.rollout import HFEngine, RolloutEngine
 from tasks.model.lora import base_model
 from tasks.policy import Policy
 from tasks.update.memory_check import check_update_fits
-from tasks.update.policy_update import LocalUpdater, gradient_checkpointing
+from tasks.update.policy_update import LocalUpdater, gradient_checkpointing, uses_shared_prefix
 from tasks.update.precision import Precision, model_dtype, resolve_precision
 from tasks.update.sharded_update import Driver
 from tasks.update.updater import LossSettings, Updater
+
+log = logging.getLogger(__name__)
 
 
 def ranks_generate(cfg: Config, engine: RolloutEngine) -> int:
@@ -80,6 +84,9 @@ def build_updater(cfg: Config, policy: Policy, *, device: torch.device | str, pr
         return Driver(cfg, model, settings)
     ref = policy.kl_reference() if tc.kl_coef > 0 else None
     gradient_checkpointing(lm, tc.gradient_checkpointing)
+    if uses_shared_prefix(settings, model, device, None):
+        log.info("update: each group's prompt computed once (train.shared_prefix=%s on %s; tasks/model/"
+                 "shared_prefix.py)", tc.shared_prefix, torch.device(device).type)
     return LocalUpdater(model, settings, params=policy.trainable_parameters(), lr=tc.lr, betas=tc.betas,
                         eps=tc.adam_eps, weight_decay=tc.weight_decay, device=device, ref_model=ref,
                         precision=precision)

@@ -6,7 +6,9 @@ minibatch / of what it computes.
 A step's groups become N rows (:class:`BatchRows`), cut into ``train.minibatches`` minibatches (one optimizer step
 each). Of a minibatch, the rows that carry a gradient are computed (:func:`rows_with_gradient`,
 ``train.skip_zero_advantage``), in micro-batches of at most ``train.micro_batch_tokens`` padded tokens each
-(:func:`tasks.model.forward.length_buckets`): each micro-batch's forward and backward run before the next, so the
+(:func:`tasks.model.forward.length_buckets`; with ``train.shared_prefix`` whole groups, each prompt computed once, in
+micro-batches of at most that many packed tokens, :func:`tasks.model.forward.group_buckets`): each micro-batch's
+forward and backward run before the next, so the
 update's memory is set by the micro-batch, whatever the batch (TRL's gradient accumulation, verl's
 ``ppo_max_token_len_per_gpu``, OpenRLHF's ``micro_train_batch_size``). The loss stays the whole minibatch's: each
 micro-batch's aggregated loss is weighted by its share of the minibatch's loss units (:func:`loss_units`), so the
@@ -30,7 +32,7 @@ import torch
 from rlcore.advantages import solved_mask
 from rlcore.seeding import derive_seed
 from rlcore.types import RolloutGroup
-from tasks.model.forward import length_buckets
+from tasks.model.forward import group_buckets, length_buckets
 from tasks.update.distributed import DataShard
 
 
@@ -60,6 +62,7 @@ class BatchRows:
 
     Attributes:
         prompts: N prompt id tensors; completions: [N, L]; mask: [N, L] bool valid tokens; advantages: [N].
+        group: [N] the position of each row's group in the step's batch (rows of a group share their prompt).
         kl_weight: [N] the weight of each row's KL term; 0 marks a silent row (no gradient, and no KL term to
             compute), 1 / kl_sample a drawn one (``train.kl_sample``).
         own_behaviour: [N] bool, mu stored with the group (replayed, or the sampler's log-probs).
@@ -73,6 +76,7 @@ class BatchRows:
     completions: torch.Tensor
     mask: torch.Tensor
     advantages: torch.Tensor
+    group: torch.Tensor
     kl_weight: torch.Tensor
     own_behaviour: torch.Tensor
     capped: torch.Tensor
@@ -93,9 +97,13 @@ class BatchRows:
         """[N] bool: rows the update need not compute (no policy gradient, no KL term)."""
         return self.kl_weight == 0.0
 
-    def tokens(self, rows: torch.Tensor) -> int:
-        """Real prompt + completion tokens of ``rows``."""
-        return sum(self.prompts[i].numel() for i in rows.tolist()) + int(self.mask[rows].sum())
+    def tokens(self, rows: torch.Tensor, shared_prefix: bool = False) -> int:
+        """Real prompt + completion tokens of ``rows``; with ``shared_prefix`` each group's prompt counts once (what
+        the shared-prefix layout computes)."""
+        firsts = rows.tolist()
+        if shared_prefix:
+            firsts = list({int(self.group[i]): i for i in reversed(firsts)}.values())
+        return sum(self.prompts[i].numel() for i in firsts) + int(self.mask[rows].sum())
 
 
 def batch_rows(groups: Sequence[RolloutGroup], *, kl_coef: float, kl_rows: str, kl_sample: float,
@@ -127,7 +135,7 @@ def batch_rows(groups: Sequence[RolloutGroup], *, kl_coef: float, kl_rows: str, 
         return g.replayed_from is None and g.sampler_logp.numel() > 0
 
     return BatchRows(prompts=prompts, completions=comp, mask=mask, advantages=adv,
-                     kl_weight=per_row(kl_weight_of).float(),
+                     group=per_row(lambda i, _g: i).long(), kl_weight=per_row(kl_weight_of).float(),
                      own_behaviour=per_row(lambda _i, g: g.has_behaviour),
                      capped=per_row(lambda _i, g: g.has_behaviour and g.replayed_from is None),
                      behaviour=rows_of("behaviour_logp", lambda g: g.has_behaviour),
@@ -192,24 +200,29 @@ class Minibatch:
 @dataclass(frozen=True)
 class PassTokens:
     """The tokens the update's passes with autograd compute in this process: ``real``, the rows' prompt and
-    completion tokens; ``padded``, every micro-batch's rows times its longest row (the contiguous layout of
-    :func:`tasks.model.forward.contiguous_rows` pads each row to the pass's longest), what the matrix products
-    run over. Model FLOPs and MFU count ``real``; ``padded - real`` is the padding's share of the compute."""
+    completion tokens (each group's prompt once in the shared-prefix layout); ``padded``, every micro-batch's rows
+    times its longest row (the contiguous layout of :func:`tasks.model.forward.contiguous_rows` pads each row to the
+    pass's longest; a packed pass has no pads), what the matrix products run over. Model FLOPs and MFU count
+    ``real``; ``padded - real`` is the padding's share of the compute."""
 
     real: int
     padded: int
 
     @classmethod
-    def of(cls, rows: BatchRows, plan: Sequence[Minibatch]) -> PassTokens:
-        """The tokens of ``plan``'s micro-batches of ``rows`` (:func:`cut_minibatches`)."""
-        lengths = torch.tensor([int(p.numel()) for p in rows.prompts], dtype=torch.long) + rows.mask.sum(1)
+    def of(cls, rows: BatchRows, plan: Sequence[Minibatch], shared_prefix: bool = False) -> PassTokens:
+        """The tokens of ``plan``'s micro-batches of ``rows`` (:func:`cut_minibatches`; ``shared_prefix``: it cut
+        them for the shared-prefix layout)."""
         parts = [part for mb in plan for part in mb.micro if part.numel()]
+        if shared_prefix:
+            real = sum(rows.tokens(part, shared_prefix=True) for part in parts)
+            return cls(real=real, padded=real)
+        lengths = torch.tensor([int(p.numel()) for p in rows.prompts], dtype=torch.long) + rows.mask.sum(1)
         return cls(real=sum(int(lengths[part].sum()) for part in parts),
                    padded=sum(len(part) * int(lengths[part].max()) for part in parts))
 
 
 def cut_minibatches(rows: BatchRows, *, count: int, aggregation: str, skip: bool, micro_batch_tokens: int,
-                shard: DataShard | None) -> list[Minibatch]:
+                    shard: DataShard | None, shared_prefix: bool = False) -> list[Minibatch]:
     """Cut ``rows`` into ``count`` minibatches (contiguous, as ``torch.chunk``), each into micro-batches.
 
     Args:
@@ -217,7 +230,12 @@ def cut_minibatches(rows: BatchRows, *, count: int, aggregation: str, skip: bool
         micro_batch_tokens: padded-token budget of one micro-batch on one process (``train.micro_batch_tokens``;
             0: the whole minibatch in one pass).
         shard: scale-out (None: one process).
+        shared_prefix: micro-batches of whole groups for the shared-prefix layout, of at most
+            ``micro_batch_tokens`` packed tokens (:func:`~tasks.model.forward.group_buckets`); one process only.
     """
+    if shared_prefix and shard is not None:
+        raise ValueError("the shared-prefix layout cuts micro-batches of whole groups in one process; under "
+                         "scale-out each rank computes a slice of rows")
     world = shard.world if shard is not None else 1
     prompt_lens = torch.tensor([int(p.numel()) for p in rows.prompts])
     completion_lens = rows.mask.sum(1)
@@ -225,8 +243,10 @@ def cut_minibatches(rows: BatchRows, *, count: int, aggregation: str, skip: bool
     for whole in torch.arange(rows.n).chunk(count):
         computed = rows_with_gradient(whole, rows.silent, rows.mask, aggregation, min_rows=world)[0] if skip \
             else whole
-        cut = length_buckets(prompt_lens[computed], completion_lens[computed], micro_batch_tokens, min_rows=world,
-                             parts=world)
+        cut = (group_buckets(rows.group[computed], prompt_lens[computed], completion_lens[computed],
+                             micro_batch_tokens) if shared_prefix
+               else length_buckets(prompt_lens[computed], completion_lens[computed], micro_batch_tokens,
+                                   min_rows=world, parts=world))
         micro = [computed[c] for c in cut]
         if shard is not None:
             micro = [shard.rows(m) for m in micro]

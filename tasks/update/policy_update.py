@@ -18,6 +18,7 @@ no other backend.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -28,8 +29,9 @@ import torch
 
 from rlcore.angle import online_angle_signal
 from rlcore.types import RolloutGroup
-from tasks.config import KlRows
+from tasks.config import KlRows, SharedPrefix
 from tasks.model.forward import token_logprobs
+from tasks.model.shared_prefix import attends_with_sdpa, prefix_attention
 from tasks.update.distributed import (
     DataShard,
     all_finite,
@@ -97,6 +99,20 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
     return BatchUpdate(model, optimizer, groups, settings, ref_model=ref_model, device=device, shard=shard).run()
 
 
+def wants_shared_prefix(mode: SharedPrefix, device: torch.device | str, angle: bool) -> bool:
+    """``train.shared_prefix`` ``mode`` on ``device``: true, or ``auto`` on the CPU, without GAIN-RL's hidden states
+    (``angle``: the row layout gives them)."""
+    return not angle and (mode is True or (mode == "auto" and torch.device(device).type == "cpu"))
+
+
+def uses_shared_prefix(settings: LossSettings, model: torch.nn.Module, device: torch.device | str,
+                       shard: DataShard | None) -> bool:
+    """Whether the update computes each group's prompt once (tasks/model/shared_prefix.py): where
+    :func:`wants_shared_prefix`, in one process, on a model that attends with SDPA."""
+    return (wants_shared_prefix(settings.shared_prefix, device, settings.angle) and shard is None
+            and attends_with_sdpa(model))
+
+
 def skips_silent_rows(settings: LossSettings, shard: DataShard | None) -> bool:
     """Whether the update leaves the rows of groups with all-zero advantages out of its passes
     (``settings.skip_zero_advantage``, except under scale-out with GAIN-RL's angle); raises on settings that
@@ -133,11 +149,13 @@ class BatchUpdate:
         kl_coef, kl_sample, behaviour_cap = settings.kl_coef, settings.kl_sample, settings.behaviour_cap
         self.model, self.optimizer, self.groups, self.settings = model, optimizer, groups, settings
         self.device, self.shard = device, shard
+        self.shared = uses_shared_prefix(settings, model, device, shard)
         self.angle_fn = online_angle_signal if settings.angle else None
         self.rows = batch_rows(groups, kl_coef=kl_coef, kl_rows=settings.kl_rows, kl_sample=kl_sample,
                                seed=settings.seed)
         self.plan = cut_minibatches(self.rows, count=settings.minibatches, aggregation=settings.aggregation,
-                                    skip=skip, micro_batch_tokens=settings.micro_batch_tokens, shard=shard)
+                                    skip=skip, micro_batch_tokens=settings.micro_batch_tokens, shard=shard,
+                                    shared_prefix=self.shared)
         self.computed = torch.cat([mb.computed for mb in self.plan])
         self.terms = LossTerms(clip_eps=settings.clip_eps, aggregation=settings.aggregation, kl_coef=kl_coef,
                                log_cap=math.log(behaviour_cap) if behaviour_cap is not None else None,
@@ -157,7 +175,7 @@ class BatchUpdate:
         rows = self.rows
         return token_logprobs(model, [rows.prompts[i] for i in part], rows.completions[part], rows.mask[part],
                               self.settings.pad_id, self.settings.temperature, self.device, max_tokens=budget,
-                              mlp_inputs=hidden)
+                              mlp_inputs=hidden, groups=rows.group[part] if self.shared else None)
 
     def no_grad_logprobs(self, model: torch.nn.Module) -> torch.Tensor:
         """[N, L] ``model``'s log-probs of this process's rows (0 elsewhere), without autograd."""
@@ -169,8 +187,10 @@ class BatchUpdate:
 
     def run(self) -> UpdateResult:
         self.model.train()
-        for k, mb in enumerate(self.plan):
-            self.minibatch(k, mb)
+        # the shared-prefix attention through every backward pass too (activation checkpointing attends again there)
+        with prefix_attention(self.model) if self.shared else contextlib.nullcontext():
+            for k, mb in enumerate(self.plan):
+                self.minibatch(k, mb)
         return self.result()
 
     def minibatch(self, k: int, mb: Minibatch) -> None:
@@ -246,7 +266,7 @@ class BatchUpdate:
         if self.dropped:
             stats["train/dropped_micro_batches"] = float(self.dropped)
         stats["train/update_rows"] = float(computed.numel())
-        stats["train/update_tokens"] = float(rows.tokens(computed))
+        stats["train/update_tokens"] = float(rows.tokens(computed, shared_prefix=self.shared))
         stats["train/micro_batches"] = float(sum(len(mb.micro) for mb in self.plan))
         old_out, angle_sum, angle_n = self.old_out, self.angle_sum, self.angle_n
         if shard is not None:  # every row was computed by exactly one rank
@@ -260,7 +280,7 @@ class BatchUpdate:
         if angle_n:
             stats["gain/angle_online"] = angle_sum / angle_n
         return UpdateResult(metrics=stats, behaviour=behaviour_of(self.groups, old_out), skipped=tuple(self.skips),
-                            tokens=PassTokens.of(rows, self.plan))
+                            tokens=PassTokens.of(rows, self.plan, shared_prefix=self.shared))
 
 
 def behaviour_of(groups: Sequence[RolloutGroup], old: torch.Tensor) -> tuple[torch.Tensor | None, ...]:

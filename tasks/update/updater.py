@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 
 from rlcore.types import RolloutGroup
-from tasks.config import Config, KlRows
+from tasks.config import Config, KlRows, SharedPrefix
 from tasks.update.minibatch import PassTokens
 from tasks.update.nan_locator import SkippedUpdate
 
@@ -50,6 +50,8 @@ class LossSettings:
         angle: GAIN-RL's online angle signal (``rlcore.angle.online_angle_signal``: ``(mlp_inputs [N, T, H],
             attention_mask [N, T]) -> [N]`` per sequence) from the same forward pass; its mean is
             ``gain/angle_online``.
+        shared_prefix: ``train.shared_prefix``: each group's prompt computed once in the update's passes
+            (tasks/model/shared_prefix.py) where :func:`uses_shared_prefix` says so.
         behaviour_cap: truncated importance sampling (``train.behaviour_cap``): on fresh rows whose mu is their
             sampler's, the weight pi_old / mu is capped at this value (done by raising mu to pi_old / cap, which
             turns the decoupled loss into exactly the capped one). Replayed groups keep Rollout Replay's uncapped
@@ -70,6 +72,7 @@ class LossSettings:
     skip_zero_advantage: bool = False
     angle: bool = False
     behaviour_cap: float | None = None
+    shared_prefix: SharedPrefix = False
 
     @classmethod
     def from_config(cls, cfg: Config, pad_id: int) -> LossSettings:
@@ -79,7 +82,7 @@ class LossSettings:
                    kl_coef=tc.kl_coef, kl_rows=tc.kl_rows, kl_sample=tc.kl_sample, seed=cfg.seed,
                    micro_batch_tokens=tc.micro_batch_tokens,
                    skip_zero_advantage=tc.skip_zero_advantage, angle=cfg.gain.enabled,
-                   behaviour_cap=tc.behaviour_cap)
+                   behaviour_cap=tc.behaviour_cap, shared_prefix=tc.shared_prefix)
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,8 @@ def test_local_updater_sets_lr_and_round_trips_state():
     assert updater.settings == LossSettings(clip_eps=0.2, aggregation="token", grad_clip=cfg.train.grad_clip,
                                             temperature=1.0, pad_id=0, minibatches=1, kl_coef=0.1,
                                             micro_batch_tokens=cfg.train.micro_batch_tokens,
-                                            skip_zero_advantage=True, angle=True, behaviour_cap=2.0)
+                                            skip_zero_advantage=True, angle=True, behaviour_cap=2.0,
+                                            shared_prefix="auto")
     assert updater.ref_model is not None and updater.ref_model is not model
     updater.set_lr(2e-4)
     assert [g["lr"] for g in updater.optimizer.param_groups] == [2e-4]
