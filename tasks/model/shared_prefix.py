@@ -12,8 +12,7 @@ and every completion token still attends to exactly what it attends to in its ow
 Positions restart after the prompt for every completion (``P .. P + L_i - 1``), so each token's rotary position,
 and with it every log-prob, is the one of its own row, up to float rounding (tests/tasks/test_shared_prefix.py
 checks log-probs and gradients against the row layout). The linear layers, most of a pass, run over ``P + sum L_i``
-tokens of a group instead of ``n P + sum L_i``: on the tiny policy a forward and backward of 16 groups of 4 rows
-(16-token prompts, 31-token completions) takes 0.79x the row layout's time, of 8 rows 0.83x (one thread).
+tokens of a group instead of ``n P + sum L_i`` (measured in docs/performance.md, "One prompt a group").
 
 Shape letters: T a pass's packed tokens (every group's prompt and completions, no pads), G its groups, R its rows,
 P the longest prompt and L the longest completion of the pass, H query heads, H_kv key-value heads, D the head size.
