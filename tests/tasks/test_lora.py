@@ -126,23 +126,27 @@ def test_a_lora_step_moves_only_the_adapters_and_its_optimizer_state_is_a_tenth_
     assert 0 < state <= full_state / 10 and 0 < params <= full_params / 10, (state, full_state, params, full_params)
 
 
-def test_gradient_checkpointing_keeps_a_lora_updates_loss_and_gradients():
+def test_gradient_checkpointing_and_the_shared_prefix_keep_a_lora_updates_loss_and_gradients():
     from tasks.update.policy_update import gradient_checkpointing, policy_update
     from tasks.update.updater import LossSettings
 
-    grads, losses = {}, {}
-    for on in (False, True):
+    grads, losses, tokens = {}, {}, {}
+    # (checkpointing, each group's prompt once): the shared prefix's attention also in the recomputation
+    for arm in ((False, False), (True, False), (True, True)):
         model = lora_model()
-        gradient_checkpointing(model.get_base_model(), on)
+        gradient_checkpointing(model.get_base_model(), arm[0])
         opt = torch.optim.SGD(trainable_parameters(model), lr=0.0)
         stats = policy_update(model, opt, copy.deepcopy(h.make_batch(h.tiny_model())),
-                              LossSettings(aggregation="token", kl_coef=0.0,
+                              LossSettings(aggregation="token", kl_coef=0.0, shared_prefix=arm[1],
                                   **{**h.SETTINGS, "minibatches": 1, "grad_clip": 1e9})).metrics
-        grads[on] = torch.cat([p.grad.flatten() for p in trainable_parameters(model)])
-        losses[on] = stats["train/loss"]
-    assert losses[True] == pytest.approx(losses[False], abs=1e-6)
-    torch.testing.assert_close(grads[True], grads[False], rtol=0, atol=1e-6)
-    assert float(grads[False].abs().max()) > 1e-4
+        grads[arm] = torch.cat([p.grad.flatten() for p in trainable_parameters(model)])
+        losses[arm], tokens[arm] = stats["train/loss"], stats["train/update_tokens"]
+        assert model.get_base_model().config._attn_implementation == "sdpa"
+    assert tokens[True, True] < tokens[True, False]  # the packed passes ran
+    for arm in ((True, False), (True, True)):
+        assert losses[arm] == pytest.approx(losses[False, False], abs=1e-6)
+        torch.testing.assert_close(grads[arm], grads[False, False], rtol=1e-4 if arm[1] else 0, atol=1e-6)
+    assert float(grads[False, False].abs().max()) > 1e-4
 
 
 def test_checkpoints_hold_the_adapters_and_refuse_a_model_they_do_not_fit():
