@@ -27,6 +27,9 @@
 #                       step by part, and 512 rows x 256 new tokens against the card's floor.
 #   pipeline   70 (240) infra/pipeline-check.py: `rlsift run -c conf/smoke.yaml model.device=cuda`, the tiny default
 #                       end to end: its stages timed, held-out accuracy required to rise.
+#   prefix     60 (150) not in the default list (a call of its own: `bash infra/gpu-check.sh prefix`): the update
+#                       part's full-weights arm with each group's prompt computed once (train.shared_prefix=true,
+#                       off on a GPU by default until this measures it): finite, s / step and peak against `update`'s.
 #
 # Usage: bash infra/gpu-check.sh [PART ...]          (default: every part, in the order above)
 #   CHECK_DEVICE=cuda|cpu   (default cuda)    OUT=./gpu-check    PY=python3    GRACE=5 (s between SIGTERM and SIGKILL)
@@ -54,19 +57,23 @@ PARTS=("$@")
 
 declare -A BUDGET
 if [ "$DEVICE" = cuda ]; then
-  BUDGET=([attention]=40 [update]=110 [learning]=120 [lora]=60 [lora_profile]=45 [decode]=80 [pipeline]=70)
+  BUDGET=([attention]=40 [update]=110 [learning]=120 [lora]=60 [lora_profile]=45 [decode]=80 [pipeline]=70
+          [prefix]=60)
   CARD="$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader); "
   ATTENTION=()
   UPDATE=(--no-generation --models 1.5b --modes full+ckpt lora+ckpt --rows 512 --bisect-seconds 30)
+  PREFIX=(--no-generation --models 1.5b --modes full+ckpt --rows 512 --bisect-seconds 30 --shared-prefix)
   LEARNING=()
   LORA=(--rows 128 --target 1.2)
   LORA_PROFILE=(--profile --rows 8 --micro-batch-tokens 16384 --top 12)
   DECODE=()
   PIPELINE=(--device cuda)
 else
-  BUDGET=([attention]=60 [update]=150 [learning]=200 [lora]=90 [lora_profile]=60 [decode]=90 [pipeline]=240)
+  BUDGET=([attention]=60 [update]=150 [learning]=200 [lora]=90 [lora_profile]=60 [decode]=90 [pipeline]=240
+          [prefix]=150)
   ATTENTION=(--toy)
   UPDATE=(--toy --no-generation --modes full+ckpt lora+ckpt --rows 16 --bisect-seconds 30)
+  PREFIX=(--toy --no-generation --modes full+ckpt --rows 16 --bisect-seconds 30 --shared-prefix)
   LEARNING=(--toy --rows 8 --compare-rows 8 --steps 5)
   LORA=(--model toy --rows 8 --completion 64 --micro-batch-tokens 1024)
   LORA_PROFILE=(--model toy --profile --rows 8 --completion 64 --micro-batch-tokens 4096 --top 8)
@@ -147,7 +154,9 @@ for part in "${PARTS[@]}"; do
     lora_profile) run_part lora_profile "$PY" infra/lora-speed.py "${LORA_PROFILE[@]}" ;;
     decode) run_part decode "$PY" infra/gpu_bench_generation.py "${DECODE[@]}" ;;
     pipeline) run_part pipeline "$PY" infra/pipeline-check.py --root "${RUNS:-$OUT/runs}" "${PIPELINE[@]}" ;;
-    *) echo "unknown part $part (attention, update, learning, lora, lora_profile, decode, pipeline)" >&2; exit 2 ;;
+    prefix) run_part prefix "$PY" infra/gpu-bench.py "${PREFIX[@]}" ;;
+    *) echo "unknown part $part (attention, update, learning, lora, lora_profile, decode, pipeline, prefix)" >&2
+       exit 2 ;;
   esac
 done
 exit $FAILED

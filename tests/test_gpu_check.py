@@ -108,3 +108,16 @@ def test_the_learning_check_learns_on_massive_activation_weights(capsys):
     same = float(re.search(r"float32 against plain transformers' \(a row at a time\) ([\d.e+-]+);", out).group(1))
     assert same < 1e-4
     assert out.strip().splitlines()[-1].startswith("verdict: learns: massive: loss ")
+
+
+def test_the_prefix_part_runs_the_update_with_one_prompt_a_group(tmp_path):
+    """``prefix`` (not in the default list): the update part's arm with train.shared_prefix on, its CPU twin."""
+    env = {**os.environ, "CHECK_DEVICE": "cpu", "OUT": str(tmp_path), "PY": sys.executable, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(["bash", str(ROOT / "infra" / "gpu-check.sh"), "prefix"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    verdict = (tmp_path / "verdicts.txt").read_text().splitlines()[1]
+    assert verdict.startswith("prefix: ok in ") and "2 of 2 arms finite" in verdict, verdict
+    rows = [line.split("|") for line in (tmp_path / "prefix.log").read_text().splitlines()
+            if line.startswith("| toy")]
+    assert len(rows) == 2 and all(r[5] == r[6] for r in rows)  # packed passes: no padded tokens beside the real
