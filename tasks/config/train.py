@@ -78,8 +78,9 @@ class TrainConfig(_Frozen):
         "packed as [prompt | completion_1 | ... | completion_n], every completion attending to the prompt and to "
         "itself, so the log-probs and gradients are the row layout's up to float rounding while the layers run "
         "over n - 1 fewer prompts a group. Micro-batches then hold whole groups, at most micro_batch_tokens packed "
-        "tokens each. true / false; auto: on where the update runs on the CPU (measured there: plain GRPO's update "
-        "0.86x its time, SmolLM2-135M's 0.65x; docs/performance.md), off on a GPU, where its attention "
+        "tokens each (a group over it by itself in pieces, a prompt each). true / false; auto: on where the update "
+        "runs on the CPU (measured there: plain GRPO's update 0.86x its time, SmolLM2-135M's 0.65x; "
+        "docs/performance.md), off on a GPU, where its attention "
         "takes SDPA's masked kernel instead of flash attention and is not yet measured. One process only (scale-out "
         "and models not on SDPA attention keep the row layout), and not where GAIN-RL reads hidden states."))
     max_skipped_steps: int = Field(3, ge=0, description=(

@@ -213,28 +213,39 @@ def length_buckets(prompt_lens: torch.Tensor, completion_lens: torch.Tensor, max
 
 def group_buckets(group_of_row: torch.Tensor, prompt_lens: torch.Tensor, completion_lens: torch.Tensor,
                   max_tokens: int) -> list[torch.Tensor]:
-    """Cut N rows into passes of whole groups for the shared-prefix layout (tasks/model/shared_prefix.py).
+    """Cut N rows into passes for the shared-prefix layout (tasks/model/shared_prefix.py), a group's rows together.
 
-    A group costs its packed tokens, its prompt once and every row's completion (``P_g + sum_i L_i``); groups are
-    taken in order of first appearance and a pass takes the next group while its packed tokens stay within
-    ``max_tokens`` (a group over the budget alone is a pass of its own). ``max_tokens <= 0``: one pass.
+    Rows of one group cost their packed tokens, the prompt once and every row's completion (``P_g + sum_i L_i``).
+    Groups are taken in order of first appearance, and a pass takes the next group while its packed tokens stay
+    within ``max_tokens``. A group over the budget by itself is cut into pieces that each fit (a piece has at least
+    one row, and computes the prompt again), so a pass holds at most the budget unless one row alone exceeds it.
+    ``max_tokens <= 0``: one pass.
 
     Returns:
-        Row-index tensors, together a permutation of ``range(N)``, each group's rows in one of them, in order.
+        Row-index tensors, together a permutation of ``range(N)``.
     """
     labels = group_of_row.tolist()
     members: dict = {}
     for i, lab in enumerate(labels):
         members.setdefault(lab, []).append(i)
-    buckets, cur, used = [], [], 0
+    pieces = []  # (rows, packed tokens): whole groups, or pieces of one over the budget
     for rows in members.values():
-        cost = int(prompt_lens[rows[0]]) + sum(int(completion_lens[i]) for i in rows)
+        prompt = int(prompt_lens[rows[0]])
+        piece, used = [], prompt
+        for i in rows:
+            cost = int(completion_lens[i])
+            if piece and max_tokens > 0 and used + cost > max_tokens:
+                pieces.append((piece, used))
+                piece, used = [], prompt
+            piece, used = piece + [i], used + cost
+        pieces.append((piece, used))
+    buckets, cur, used = [], [], 0
+    for rows, cost in pieces:
         if cur and max_tokens > 0 and used + cost > max_tokens:
             buckets.append(cur)
             cur, used = [], 0
         cur, used = cur + rows, used + cost
-    if cur or not buckets:
-        buckets.append(cur)
+    buckets.append(cur)
     return [torch.tensor(b, dtype=torch.long) for b in buckets]
 
 

@@ -266,7 +266,8 @@ class BatchUpdate:
         if self.dropped:
             stats["train/dropped_micro_batches"] = float(self.dropped)
         stats["train/update_rows"] = float(computed.numel())
-        stats["train/update_tokens"] = float(rows.tokens(computed, shared_prefix=self.shared))
+        stats["train/update_tokens"] = float(PassTokens.of(rows, self.plan, shared_prefix=True).real if self.shared
+                                             else rows.tokens(computed))  # a group cut in pieces: a prompt a piece
         stats["train/micro_batches"] = float(sum(len(mb.micro) for mb in self.plan))
         old_out, angle_sum, angle_n = self.old_out, self.angle_sum, self.angle_n
         if shard is not None:  # every row was computed by exactly one rank
