@@ -91,7 +91,8 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grou
         over the applied minibatches), and ``train/skipped_updates``: minibatches whose loss or gradient was not
         finite, so their update was not applied (``optimizer_step``; under DeepSpeed see
         ``train/dropped_micro_batches``); ``train/update_rows`` and ``train/update_tokens``: the rows computed (all of
-        them without the skip) and their real prompt + completion tokens; ``train/micro_batches``: forward and
+        them without the skip) and their real prompt + completion tokens (with the shared prefix, what the packed
+        passes compute: a prompt a group, or a piece of one); ``train/micro_batches``: forward and
         backward passes per process. Where the computed rows carry sampler log-probs, the sampler/trainer mismatch
         over their tokens (:func:`~tasks.update.loss.mismatch_metrics`). The result's ``tokens``: the real and padded
         tokens of this process's passes with autograd (:class:`~tasks.update.minibatch.PassTokens`).
