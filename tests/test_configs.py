@@ -87,6 +87,10 @@ def test_bench_arms_switch_what_their_names_say():
     for size in (24, 28):  # the sizes the plan takes where 20 screened prompts fall short of GRPO's signal
         assert get(f"grpo_screen_{size}") == uniform_screen.model_copy(update={"train": uniform_screen.train.model_copy(
             update={"prompts_per_step": size})}), "a bigger screened batch is its one change"
+    wider = get("grpo_screen6_16")  # a wider screen on fewer prompts: 6 candidates for each of 16
+    assert wider == uniform_screen.model_copy(update={
+        "select": uniform_screen.select.model_copy(update={"screen": 6}),
+        "train": uniform_screen.train.model_copy(update={"prompts_per_step": 16})})
     screen_waves = get("grpo_screen_waves")  # grpo_screen's draw with carried waves, no skip
     assert screen_waves.model_copy(update={"waves": uniform_screen.waves}) == uniform_screen
     assert (screen_waves.waves.enabled, screen_waves.waves.first, screen_waves.waves.candidates,
