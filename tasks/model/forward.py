@@ -30,7 +30,7 @@ import torch
 
 from tasks.model.loading import add_special
 from tasks.model.logprob_head import CompletionIndex, chunked_head
-from tasks.model.shared_prefix import pack_groups, prefix_attention
+from tasks.model.shared_prefix import group_buckets, pack_groups, prefix_attention
 
 
 def last_mlp(model: torch.nn.Module) -> torch.nn.Module:
@@ -211,44 +211,6 @@ def length_buckets(prompt_lens: torch.Tensor, completion_lens: torch.Tensor, max
     return [torch.tensor(b) for b in buckets]
 
 
-def group_buckets(group_of_row: torch.Tensor, prompt_lens: torch.Tensor, completion_lens: torch.Tensor,
-                  max_tokens: int) -> list[torch.Tensor]:
-    """Cut N rows into passes for the shared-prefix layout (tasks/model/shared_prefix.py), a group's rows together.
-
-    Rows of one group cost their packed tokens, the prompt once and every row's completion (``P_g + sum_i L_i``).
-    Groups are taken in order of first appearance, and a pass takes the next group while its packed tokens stay
-    within ``max_tokens``. A group over the budget by itself is cut into pieces that each fit (a piece has at least
-    one row, and computes the prompt again), so a pass holds at most the budget unless one row alone exceeds it.
-    ``max_tokens <= 0``: one pass.
-
-    Returns:
-        Row-index tensors, together a permutation of ``range(N)``.
-    """
-    labels = group_of_row.tolist()
-    members: dict = {}
-    for i, lab in enumerate(labels):
-        members.setdefault(lab, []).append(i)
-    pieces = []  # (rows, packed tokens): whole groups, or pieces of one over the budget
-    for rows in members.values():
-        prompt = int(prompt_lens[rows[0]])
-        piece, used = [], prompt
-        for i in rows:
-            cost = int(completion_lens[i])
-            if piece and max_tokens > 0 and used + cost > max_tokens:
-                pieces.append((piece, used))
-                piece, used = [], prompt
-            piece, used = piece + [i], used + cost
-        pieces.append((piece, used))
-    buckets, cur, used = [], [], 0
-    for rows, cost in pieces:
-        if cur and max_tokens > 0 and used + cost > max_tokens:
-            buckets.append(cur)
-            cur, used = [], 0
-        cur, used = cur + rows, used + cost
-    buckets.append(cur)
-    return [torch.tensor(b, dtype=torch.long) for b in buckets]
-
-
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, temperature: float = 1.0,
                           max_elements: int = 1 << 26) -> torch.Tensor:
     """``log_softmax(logits / temperature)`` at ``index`` only, in float32, without a float32 copy of all logits.
@@ -297,7 +259,7 @@ def token_logprobs(model: torch.nn.Module, prompts: Sequence[torch.Tensor], comp
             the last layer's MLP inputs and the real tokens (prompt and completion) of the bucket's rows, in
             bucket order (GAIN-RL's angle signal), for free.
         groups: [N] a group label per row (rows of one group hold the same prompt): each group's prompt is computed
-            once (the shared-prefix layout of tasks/model/shared_prefix.py, in :func:`group_buckets` of at most
+            once (the shared-prefix layout of tasks/model/shared_prefix.py, in ``group_buckets`` of at most
             ``max_tokens`` packed tokens), where the model attends with SDPA and ``mlp_inputs`` is None; else, or
             None, the row layout. With autograd, the caller's backward pass must run inside
             :func:`~tasks.model.shared_prefix.prefix_attention` when the model checkpoints its activations (the

@@ -86,6 +86,48 @@ class PackedGroups:
     targets: torch.Tensor
 
 
+def rows_by_group(group_of_row: torch.Tensor) -> dict:
+    """Each group label of ``group_of_row`` [R] with its rows, in order of the labels' first appearance."""
+    members: dict = {}
+    for i, lab in enumerate(group_of_row.tolist()):
+        members.setdefault(lab, []).append(i)
+    return members
+
+
+def group_buckets(group_of_row: torch.Tensor, prompt_lens: torch.Tensor, completion_lens: torch.Tensor,
+                  max_tokens: int) -> list[torch.Tensor]:
+    """Cut N rows into passes of the shared-prefix layout (:func:`pack_groups`), a group's rows together.
+
+    Rows of one group cost their packed tokens, the prompt once and every row's completion (``P_g + sum_i L_i``).
+    Groups are taken in order of first appearance, and a pass takes the next group while its packed tokens stay
+    within ``max_tokens``. A group over the budget by itself is cut into pieces that each fit (a piece has at least
+    one row, and computes the prompt again), so a pass holds at most the budget unless one row alone exceeds it.
+    ``max_tokens <= 0``: one pass.
+
+    Returns:
+        Row-index tensors, together a permutation of ``range(N)``.
+    """
+    pieces = []  # (rows, packed tokens): whole groups, or pieces of one over the budget
+    for rows in rows_by_group(group_of_row).values():
+        prompt = int(prompt_lens[rows[0]])
+        piece, used = [], prompt
+        for i in rows:
+            cost = int(completion_lens[i])
+            if piece and max_tokens > 0 and used + cost > max_tokens:
+                pieces.append((piece, used))
+                piece, used = [], prompt
+            piece, used = piece + [i], used + cost
+        pieces.append((piece, used))
+    buckets, cur, used = [], [], 0
+    for rows, cost in pieces:
+        if cur and max_tokens > 0 and used + cost > max_tokens:
+            buckets.append(cur)
+            cur, used = [], 0
+        cur, used = cur + rows, used + cost
+    buckets.append(cur)
+    return [torch.tensor(b, dtype=torch.long) for b in buckets]
+
+
 def pack_groups(prompts: Sequence[torch.Tensor], completions: torch.Tensor, completion_lens: torch.Tensor,
                 group_of_row: torch.Tensor) -> PackedGroups:
     """Pack R rows into one sequence, each group's prompt once, then its rows' real completion tokens in order.
@@ -100,9 +142,7 @@ def pack_groups(prompts: Sequence[torch.Tensor], completions: torch.Tensor, comp
         ValueError: two rows of one group with different prompts, or an empty prompt.
     """
     labels = group_of_row.tolist()
-    members: dict = {}  # group label -> its rows, groups in order of first appearance
-    for i, lab in enumerate(labels):
-        members.setdefault(lab, []).append(i)
+    members = rows_by_group(group_of_row)
     lens = [int(x) for x in completion_lens.tolist()]
     ids, pos, prompt_spans, row_spans = [], [], [], [(0, 0)] * len(labels)  # spans: (packed start, length)
     rows, columns, predict = [], [], []

@@ -7,7 +7,7 @@ A step's groups become N rows (:class:`BatchRows`), cut into ``train.minibatches
 each). Of a minibatch, the rows that carry a gradient are computed (:func:`rows_with_gradient`,
 ``train.skip_zero_advantage``), in micro-batches of at most ``train.micro_batch_tokens`` padded tokens each
 (:func:`tasks.model.forward.length_buckets`; with ``train.shared_prefix`` whole groups, each prompt computed once, in
-micro-batches of at most that many packed tokens, :func:`tasks.model.forward.group_buckets`): each micro-batch's
+micro-batches of at most that many packed tokens, :func:`tasks.model.shared_prefix.group_buckets`): each micro-batch's
 forward and backward run before the next, so the
 update's memory is set by the micro-batch, whatever the batch (TRL's gradient accumulation, verl's
 ``ppo_max_token_len_per_gpu``, OpenRLHF's ``micro_train_batch_size``). The loss stays the whole minibatch's: each
@@ -32,7 +32,8 @@ import torch
 from rlcore.advantages import solved_mask
 from rlcore.seeding import derive_seed
 from rlcore.types import RolloutGroup
-from tasks.model.forward import group_buckets, length_buckets
+from tasks.model.forward import length_buckets
+from tasks.model.shared_prefix import group_buckets, rows_by_group
 from tasks.update.distributed import DataShard
 
 
@@ -100,10 +101,8 @@ class BatchRows:
     def tokens(self, rows: torch.Tensor, shared_prefix: bool = False) -> int:
         """Real prompt + completion tokens of ``rows``; with ``shared_prefix`` each group's prompt counts once (what
         the shared-prefix layout computes)."""
-        firsts = rows.tolist()
-        if shared_prefix:
-            firsts = list({int(self.group[i]): i for i in reversed(firsts)}.values())
-        return sum(self.prompts[i].numel() for i in firsts) + int(self.mask[rows].sum())
+        with_prompt = [g[0] for g in rows_by_group(self.group[rows]).values()] if shared_prefix else range(len(rows))
+        return sum(self.prompts[int(rows[i])].numel() for i in with_prompt) + int(self.mask[rows].sum())
 
 
 def batch_rows(groups: Sequence[RolloutGroup], *, kl_coef: float, kl_rows: str, kl_sample: float,
@@ -231,7 +230,7 @@ def cut_minibatches(rows: BatchRows, *, count: int, aggregation: str, skip: bool
             0: the whole minibatch in one pass).
         shard: scale-out (None: one process).
         shared_prefix: micro-batches of whole groups for the shared-prefix layout, of at most
-            ``micro_batch_tokens`` packed tokens (:func:`~tasks.model.forward.group_buckets`); one process only.
+            ``micro_batch_tokens`` packed tokens (:func:`~tasks.model.shared_prefix.group_buckets`); one process only.
     """
     if shared_prefix and shard is not None:
         raise ValueError("the shared-prefix layout cuts micro-batches of whole groups in one process; under "

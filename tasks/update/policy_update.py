@@ -267,8 +267,9 @@ class BatchUpdate:
         if self.dropped:
             stats["train/dropped_micro_batches"] = float(self.dropped)
         stats["train/update_rows"] = float(computed.numel())
-        stats["train/update_tokens"] = float(PassTokens.of(rows, self.plan, shared_prefix=True).real if self.shared
-                                             else rows.tokens(computed))  # a group cut in pieces: a prompt a piece
+        tokens = PassTokens.of(rows, self.plan, shared_prefix=self.shared)  # this process's passes
+        # packed: what the passes computed (a prompt a group, or a piece of one); else every rank's rows
+        stats["train/update_tokens"] = float(tokens.real if self.shared else rows.tokens(computed))
         stats["train/micro_batches"] = float(sum(len(mb.micro) for mb in self.plan))
         old_out, angle_sum, angle_n = self.old_out, self.angle_sum, self.angle_n
         if shard is not None:  # every row was computed by exactly one rank
@@ -282,7 +283,7 @@ class BatchUpdate:
         if angle_n:
             stats["gain/angle_online"] = angle_sum / angle_n
         return UpdateResult(metrics=stats, behaviour=behaviour_of(self.groups, old_out), skipped=tuple(self.skips),
-                            tokens=PassTokens.of(rows, self.plan, shared_prefix=self.shared))
+                            tokens=tokens)
 
 
 def behaviour_of(groups: Sequence[RolloutGroup], old: torch.Tensor) -> tuple[torch.Tensor | None, ...]:

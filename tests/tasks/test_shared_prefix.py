@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from rlcore.plan import predict
 from rlcore.plan_draw import Composition, PoolStats
 from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
-from tasks.model.forward import group_buckets, token_logprobs
-from tasks.model.shared_prefix import NAME, grouped_attention, pack_groups, prefix_attention
+from tasks.model.forward import token_logprobs
+from tasks.model.shared_prefix import NAME, group_buckets, grouped_attention, pack_groups, prefix_attention
 from tasks.update.policy_update import policy_update, uses_shared_prefix, wants_shared_prefix
 from tasks.update.updater import LossSettings
 from tests.tasks import dist_update_helper as h
