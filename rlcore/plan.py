@@ -77,9 +77,10 @@ from rlcore.plan_draw import (
     PoolStats,
     draw_ratio,
     draw_weights,
-    informative_chance,
+    group_chance,
     kept_mass,
     level_rates,
+    screened_per_prompt,
 )
 from rlcore.step_costs import UnitCosts
 from rlcore.step_rules import DrawOutcome, StepView
@@ -188,7 +189,7 @@ def update_rows(c: Composition, pool: PoolStats) -> float:
 
 def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
     kept = kept_mass(c, pool)
-    w = informative_chance(torch.tensor(pool.successes), pool.g, c.n)
+    w = group_chance(c, pool)
     r = float((kept * w).sum() / kept.sum())
     completion, prompt = costs.lengths(pool.levels)
     length = _mean(completion, kept)  # a fresh rollout's completion, under the draw
@@ -241,8 +242,8 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
         upd_completion, upd_prompt = length, _mean(prompt, kept)
     # the update's passes: each row's completion, and its prompt (once a group with the shared prefix)
     upd_tokens = upd_rows * upd_completion + (upd_groups if c.shared_prefix else upd_rows) * upd_prompt
-    fwd_tokens = (c.screen * screened * (_mean(prompt, draw_weights(c, pool)) + costs.solution_tokens)
-                  if c.screen > 1 else 0.0)
+    candidate_tokens = _mean(prompt, draw_weights(c, pool)) + costs.solution_tokens  # a screened prompt's
+    fwd_tokens = screened_per_prompt(c) * screened * candidate_tokens if c.screen > 1 else 0.0
     fx = costs.fixed
     update_s, forward_s = costs.update.time(upd_tokens), costs.forward.time(fwd_tokens)
     fit_s, start_s = (fx.fit_s if c.predictor else 0.0), forward_s  # a round's fit and its first step's screen

@@ -25,6 +25,17 @@ predicts no better than the level; docs/algorithms.md 7.8). The screen (``select
 candidates a slot, those whose screened pass rate gives the highest informative chance: its ratio is that of the
 top 1/f of the q-mass ranked by the screen (the limit of many candidates).
 
+**The screen's kept groups.** The top 1/f is a few reference prompts (about 11 of 64 at f = 6), and their own g
+rollouts made the estimate noise: 0.43-0.90 over three seeds' reference sets of one pool, where the draw measured
+0.74. So under the screen each reference prompt's chance comes from all K of them (:func:`screen_calibration`): a
+logistic line of the pass rate in the logit of the screen's likelihood, and a Beta spread of pass rates around it,
+both fitted to the K prompts' successes; w_j is then the beta-binomial chance of a mixed group of n at that mean
+and spread. Against the kept groups' informative share at the start policy (1,200 pool prompts, 16 rollouts each,
+the screen's top B of fB drawn, 2,000 draws), over eight reference sets a pool: f = 6 on the default mix 0.700 ± 0.069
+against 0.720 (the top prompts' own rollouts: 0.657 ± 0.141); f = 4 0.649 ± 0.071 against 0.662 (0.633 ± 0.110);
+`balanced` f = 6 0.774 ± 0.033 against 0.785 (0.766 ± 0.068). A screen that says nothing about the pass rate
+(a flat line) gives every prompt the pool's spread, not the chance at its mean.
+
 A technique inside a step (``Composition.rules``, rlcore/step_rules.py) may reweigh the draw (the pre-rollout skip,
 rlcore/silent_skip.py ``SkipRule``): q is then also the chance it leaves the prompt in; what replaces the draw, and
 Rollout Replay and DAPO's dynamic sampling, are rlcore/plan.py's.
@@ -41,9 +52,12 @@ from dataclasses import dataclass
 
 import torch
 
+from rlcore.pass_rate_posterior import CONCENTRATION_GRID, EPS, beta_binomial_log_pmf
+from rlcore.pass_rate_posterior import informative_chance as posterior_chance
 from rlcore.step_rules import StepRule
 
-__all__ = ["Composition", "PoolStats", "draw_ratio", "draw_weights", "informative_chance", "kept_mass", "level_rates"]
+__all__ = ["Composition", "PoolStats", "draw_ratio", "draw_weights", "group_chance", "informative_chance", "kept_mass",
+           "level_rates", "screen_calibration", "screened_per_prompt"]
 
 
 @dataclass(frozen=True)
@@ -110,7 +124,10 @@ class Composition:
     the trainer); ``round_ahead``: a round's start (the predictor's fit) runs beside the generate call of the round's
     last step, and with ``screen_ahead`` the screen of the round's first step after it (``select.round_ahead`` with
     the sampler apart, where a round start takes no reference rollouts); ``shared_prefix``: the update computes each
-    group's prompt once (``train.shared_prefix``), so its tokens are the rows' completions and one prompt a group."""
+    group's prompt once (``train.shared_prefix``), so its tokens are the rows' completions and one prompt a group;
+    ``prescreen``: of the screen's f candidates a prompt, those its pass scores (``select.prescreen``; 0: all f). The
+    screen still chooses among f: its draw's ratio is predicted as f's (the prompts its earlier scores rank low are
+    the ones it would not keep), its pass costs ``prescreen`` candidates a prompt."""
 
     name: str
     prompts: int
@@ -135,6 +152,7 @@ class Composition:
     screen_ahead: bool = False
     round_ahead: bool = False
     shared_prefix: bool = False
+    prescreen: int = 0
 
     def __post_init__(self) -> None:
         if self.prompts < 1 or not 1 <= self.m <= self.n:
@@ -143,10 +161,17 @@ class Composition:
             raise ValueError(f"{self.name}: draw must be uniform or dots, got {self.draw!r}")
         if not 0 < self.fresh_frac <= 1 or self.screen < 1:
             raise ValueError(f"{self.name}: need 0 < fresh_frac <= 1 and screen >= 1")
+        if self.prescreen and not 1 <= self.prescreen < self.screen:
+            raise ValueError(f"{self.name}: prescreen must be 0 or in [1, screen={self.screen}), got {self.prescreen}")
         if self.steps < 1 or self.round_steps < 1 or self.chunk < 0 or self.scored < 0:
             raise ValueError(f"{self.name}: need steps >= 1, round_steps >= 1, chunk >= 0 and scored >= 0")
         if any(x < 0 for x in (*self.reference, *self.calibration)):
             raise ValueError(f"{self.name}: reference and calibration are (K, g) >= 0")
+
+
+def screened_per_prompt(c: Composition) -> int:
+    """Candidates the screen's pass scores per prompt a step keeps: ``select.prescreen`` where set, else f."""
+    return c.prescreen or c.screen
 
 
 def informative_chance(successes: torch.Tensor, g: int, n: int) -> torch.Tensor:
@@ -214,8 +239,50 @@ def kept_mass(c: Composition, pool: PoolStats) -> torch.Tensor:
     return kept
 
 
+#: Newton steps, ridge and clamp of the screen's calibration (:func:`screen_calibration`).
+CALIBRATION_STEPS, CALIBRATION_RIDGE, SCREEN_EPS = 25, 1e-3, 1e-6
+
+
+def screen_calibration(pool: PoolStats) -> tuple[torch.Tensor, float]:
+    """[K] the mean pass rate the screen's score predicts for each reference prompt, and the Beta concentration of
+    pass rates around it (module docstring, "The screen's kept groups").
+
+    ``mu_j = sigmoid(a + b x_j)`` with ``x_j = logit(screen_j)`` (clamped to [1e-6, 1 - 1e-6]): a and b maximise
+    the binomial likelihood of the reference successes, each prompt weighted by the pool share it stands for
+    (Newton's method, a small ridge so that a perfect ranking stays finite); the concentration, on
+    ``rlcore.pass_rate_posterior``'s grid, maximises the beta-binomial likelihood of the same successes around mu."""
+    if pool.screen is None:
+        raise ValueError("the screen's calibration needs the reference prompts' screen likelihoods")
+    q = torch.tensor(pool.screen, dtype=torch.float64).clamp(SCREEN_EPS, 1 - SCREEN_EPS)
+    x = torch.stack([torch.ones_like(q), torch.logit(q)], 1)  # [K, 2]
+    s = torch.tensor(pool.successes, dtype=torch.float64)
+    weight = pool.mass * len(s)  # [K], mean 1
+    coef, ridge = torch.zeros(2, dtype=torch.float64), CALIBRATION_RIDGE * torch.eye(2, dtype=torch.float64)
+    for _ in range(CALIBRATION_STEPS):
+        mu = torch.sigmoid(x @ coef)
+        grad = x.T @ (weight * (s - pool.g * mu)) - CALIBRATION_RIDGE * coef
+        hess = x.T @ (x * (weight * pool.g * mu * (1 - mu)).unsqueeze(1)) + ridge
+        coef = coef + torch.linalg.solve(hess, grad)
+    mu = torch.sigmoid(x @ coef).clamp(EPS, 1 - EPS)
+    loglik = [float((weight * beta_binomial_log_pmf(s, pool.g, c * mu, c * (1 - mu))).sum())
+              for c in CONCENTRATION_GRID]
+    return mu, CONCENTRATION_GRID[max(range(len(loglik)), key=lambda i: (loglik[i], -i))]
+
+
+def group_chance(c: Composition, pool: PoolStats) -> torch.Tensor:
+    """[K] the chance that the composition's group of n rollouts of each reference prompt is informative: under the
+    screen (f > 1), the beta-binomial chance at the pass rate the screen's score predicts (:func:`screen_calibration`);
+    otherwise the measured one (:func:`informative_chance`)."""
+    if c.screen == 1:
+        return informative_chance(torch.tensor(pool.successes), pool.g, c.n)
+    if c.n < 2:
+        return torch.zeros(len(pool.successes), dtype=torch.float64)
+    mu, spread = screen_calibration(pool)
+    zero = torch.zeros_like(mu)
+    return posterior_chance(mu, zero, zero, c.n, concentration=spread)
+
+
 def draw_ratio(c: Composition, pool: PoolStats) -> float:
     """The predicted share of the composition's fresh groups that are informative (module docstring)."""
-    w = informative_chance(torch.tensor(pool.successes), pool.g, c.n)
     q = kept_mass(c, pool)
-    return float((q * w).sum() / q.sum())
+    return float((q * group_chance(c, pool)).sum() / q.sum())

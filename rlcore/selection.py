@@ -29,7 +29,10 @@ Choices and deviations:
   of each prompt's pass rate with the prediction as its prior mean (rlcore/pass_rate_posterior.py).
 * ``screen`` (``select.screen``) is ours: of C drawn candidates whose pass rates are known (tasks/selection/screen.py
   estimates them from the policy's likelihood of each prompt's worked solution), keep the k whose groups of n are
-  most likely to have unequal rewards.
+  most likely to have unequal rewards. ``prescreen`` (``select.prescreen``, ours too) picks which drawn candidates
+  the screen's pass scores, from the scores it gave them before: the screen's cost then falls below its f
+  candidates a prompt while it still ranks most of them. The pre-rollout skip of GRESO (arXiv 2506.02177) skips
+  prompts before rollouts on their last groups' silence; this skips them before the screen on its own last score.
 * ``uniform`` is plain GRPO's selection (and the code's ``random_selection=True`` baseline).
 * Indices come back in draw order (greedy: by decreasing probability); DOTS shuffles the selection before
   splitting it into the mu batches of a round, which is the caller's job.
@@ -249,6 +252,42 @@ def screen(success: torch.Tensor, n: int, k: int) -> torch.Tensor:
     if not 0 <= k <= len(p):
         raise ValueError(f"k must be in [0, {len(p)}] (the candidates), got {k}")
     return torch.sort(_binomial_informative(p, n), descending=True, stable=True).indices[:k]
+
+
+def prescreen(last: torch.Tensor, age: torch.Tensor, n: int, k: int, half_life: float) -> torch.Tensor:
+    """The k of C drawn candidates the screen's pass scores (``select.prescreen``; ours): those whose groups of n
+    were most likely informative when the screen last scored them.
+
+    A candidate's priority is the chance 1 - q^n - (1 - q)^n of its last screened pass rate q, pulled toward the
+    mean chance m of the candidates in this draw that were scored before, halfway every ``half_life`` steps of age
+    (the policy has moved since): ``m + (chance - m) * 2^(-age / half_life)``. A candidate never scored (q NaN) has
+    priority m, so it is scored before one remembered as solved or unsolved and after one remembered as mixed.
+
+    Args:
+        last: [C] float64 each candidate's last screened pass rate in [0, 1], NaN where it was never screened.
+        age: [C] steps since that score (ignored where ``last`` is NaN), >= 0.
+        n: rollouts a group (``rollout.n``), >= 2.
+        k: candidates to score, 0 <= k <= C.
+        half_life: steps after which a remembered chance is halfway to m, > 0.
+
+    Returns:
+        [k] int64 candidate indices by decreasing priority, ties broken by lower index (draw order).
+    """
+    last = torch.as_tensor(last, dtype=torch.float64)
+    age = torch.as_tensor(age, dtype=torch.float64)
+    if last.dim() != 1 or age.shape != last.shape:
+        raise ValueError(f"last and age must be [C] tensors of one shape, got {tuple(last.shape)} and "
+                         f"{tuple(age.shape)}")
+    known = ~torch.isnan(last)
+    _success_rates(last[known], "last", nonempty=False)
+    if bool((age[known] < 0).any()) or not half_life > 0:
+        raise ValueError(f"need ages >= 0 and half_life > 0, got half_life={half_life}")
+    if not 0 <= k <= len(last):
+        raise ValueError(f"k must be in [0, {len(last)}] (the candidates), got {k}")
+    chance = _binomial_informative(torch.where(known, last, 0.0), n)
+    mean = chance[known].mean() if bool(known.any()) else torch.tensor(0.0, dtype=torch.float64)
+    priority = torch.where(known, mean + (chance - mean) * torch.exp2(-age / half_life), mean)
+    return torch.sort(priority, descending=True, stable=True).indices[:k]
 
 
 def uniform_weights(num_prompts: int, mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tasks.config.base import _Frozen
 
@@ -75,6 +75,16 @@ class SelectConfig(_Frozen):
         "tasks/selection/screen.py) and the prompts whose groups of rollout.n are most likely to have unequal "
         "rewards are kept; the rest go back to the round's pool. Needs a worked solution for every pool prompt; "
         "the forward passes count in the selection time (ours)."))
+    prescreen: int = Field(0, ge=0, description=(
+        "With the screen: candidates its pass scores per prompt a step needs (0: all of select.screen's). Of the "
+        "screen's f candidates a prompt, those whose last screen score said their groups were most likely mixed "
+        "are scored again (that chance pulled toward the draw's mean as it ages, prescreen_half_life); a candidate "
+        "never scored counts at that mean; the rest go back to the pool unscored. The pass then costs prescreen "
+        "candidates a prompt instead of f, while the screen still chooses among f (rlcore.selection.prescreen; "
+        "ours). Must be below select.screen."))
+    prescreen_half_life: float = Field(20.0, gt=0, description=(
+        "select.prescreen: steps after which a remembered score's chance is halfway back to the draw's mean "
+        "(the policy has moved since it was scored)."))
     screen_ahead: bool = Field(True, description=(
         "With the screen, where the rollouts are generated apart from the trainer (overlap.lag 1's generator "
         "process, or an engine outside this process): score the next step's candidates beside this step's generate "
@@ -91,3 +101,10 @@ class SelectConfig(_Frozen):
         "default: 4 % off dots_screen's clock on 2 CPU cores, at -0.4 points on the balanced mix (noise-level; "
         "docs/benchmarks.md, 'Every idea tried'). false: the round starts in its first step's draw (ours)."))
     predictor: PredictorConfig = Field(PredictorConfig(), description="The DOTS difficulty predictor.")
+
+    @model_validator(mode="after")
+    def _prescreen_below_screen(self) -> SelectConfig:
+        if self.prescreen and self.prescreen >= self.screen:
+            raise ValueError(f"select.prescreen ({self.prescreen}) scores that many of the screen's candidates a "
+                             f"prompt, so it must be below select.screen ({self.screen}); 0 scores them all")
+        return self

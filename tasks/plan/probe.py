@@ -61,7 +61,7 @@ import torch
 
 from rlcore.advantages import group_advantages
 from rlcore.plan import call_rows, draw_calls, update_rows
-from rlcore.plan_draw import Composition, PoolStats
+from rlcore.plan_draw import Composition, PoolStats, screened_per_prompt
 from rlcore.selection import sample_prompts, uniform_weights
 from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
 from rlcore.types import RolloutGroup
@@ -248,7 +248,7 @@ def _probe_screen(policy: Policy, records: list[PromptRecord], cfg: Config, comp
         return CallCost(0.0, 0.0), 0.0
     tok = policy.tokenizer
     solution = [len(tok(r.solution, add_special_tokens=False)["input_ids"]) + 1 for r in records]
-    counts = [c.screen * max(1, round(c.prompts * c.fresh_frac)) for c in comps if c.screen > 1]
+    counts = [screened_per_prompt(c) * max(1, round(c.prompts * c.fresh_frac)) for c in comps if c.screen > 1]
     if not counts:
         return CallCost(0.0, 0.0), statistics.fmean(solution)
     rc, tc = cfg.rollout, cfg.train

@@ -28,6 +28,7 @@ Deviations and choices: the log-probs are those of the rollouts' sampling distri
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -92,7 +93,10 @@ class ScreenScores:
     Attributes:
         ahead: step -> {pool index: q} scored ahead for that step (kept in the checkpoint).
         kept: step -> {pool index: q} of the candidates that step kept.
-        counts: step -> [candidates it scored, of them read from ``ahead``].
+        counts: step -> [candidates it scored, of them read from ``ahead``, candidates drawn].
+        last: pool index -> (step, q): each prompt's latest score a step read, and that step
+            (``select.prescreen`` reads it, :meth:`remembered`; a score ahead counts once its step reads it, so a
+            step's look-ahead and the step itself see the same).
     """
 
     def __init__(self, likelihood: Likelihood, pool: list[PromptRecord]):
@@ -100,27 +104,39 @@ class ScreenScores:
         self.ahead: dict[int, dict[int, float]] = {}
         self.kept: dict[int, dict[int, float]] = {}
         self.counts: dict[int, list[int]] = {}
+        self.last: dict[int, tuple[int, float]] = {}
 
     def __call__(self, idx: list[int]) -> torch.Tensor:
         """[C] the likelihood of the candidates ``idx`` with the policy as it is."""
         return self.likelihood([self.pool[i] for i in idx])
 
-    def score(self, idx: list[int], step: int, read_ahead: bool = True) -> torch.Tensor:
+    def score(self, idx: list[int], step: int, read_ahead: bool = True, drawn: int | None = None) -> torch.Tensor:
         """[C] float64 q of step ``step``'s candidates ``idx``: those scored ahead for it read from there (not for a
         later generation round of the step, ``read_ahead`` False), the rest scored now; the step's scores ahead are
-        then dropped."""
+        then dropped. ``drawn``: the candidates the step drew, where the prescreen left some unscored (else C)."""
         known = self.ahead.pop(step, {}) if read_ahead else {}
         todo = [i for i in idx if i not in known]
         now = dict(zip(todo, self(todo).tolist(), strict=True)) if todo else {}
-        count = self.counts.setdefault(step, [0, 0])
+        self.last.update((i, (step, known[i] if i in known else now[i])) for i in idx)
+        count = self.counts.setdefault(step, [0, 0, 0])
         count[0] += len(idx)
         count[1] += len(idx) - len(todo)
+        count[2] += len(idx) if drawn is None else drawn
         return torch.tensor([known[i] if i in known else now[i] for i in idx], dtype=torch.float64)
 
     def score_ahead(self, step: int, idx: list[int]) -> None:
         """Score the candidates ``idx`` that step ``step`` is expected to draw (those of any earlier step ahead are
         dropped)."""
         self.ahead = {step: dict(zip(idx, self(idx).tolist(), strict=True))}
+
+    def remembered(self, idx: list[int], step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """[C] float64 each candidate's latest score read by a step before ``step`` (NaN: none) and [C] its age in
+        steps: what :func:`rlcore.selection.prescreen` reads (not a later generation round's of ``step`` itself)."""
+        seen = [self.last.get(i) for i in idx]
+        seen = [x if x is not None and x[0] < step else None for x in seen]
+        q = torch.tensor([math.nan if x is None else x[1] for x in seen], dtype=torch.float64)
+        age = torch.tensor([0 if x is None else step - x[0] for x in seen], dtype=torch.float64)
+        return q, age
 
     def keep(self, step: int, idx: list[int], q: torch.Tensor) -> None:
         """Step ``step`` keeps the candidates ``idx`` [K] whose q is ``q`` [K]."""
@@ -131,23 +147,25 @@ class ScreenScores:
         return self.kept.get(step, {}).get(i)
 
     def state_dict(self) -> dict:
-        return {"ahead": self.ahead, "kept": self.kept, "counts": self.counts}
+        return {"ahead": self.ahead, "kept": self.kept, "counts": self.counts, "last": self.last}
 
     def load_state_dict(self, s: dict) -> None:
         """``s`` as :meth:`state_dict` gives it; from a checkpoint written before the screen kept its picks by step,
         ``{"ahead": ...}`` alone."""
         self.ahead, self.kept, self.counts = s.get("ahead", {}), s.get("kept", {}), s.get("counts", {})
+        self.last = s.get("last", {})
 
     def metrics(self, step: int, idx: list[int], success: torch.Tensor) -> dict[str, float]:
         """Step ``step``'s estimates against the pass rates ``success`` [B] its prompts ``idx`` then showed (empty
         when it kept nothing by the screen); the step's record is then dropped."""
-        kept, (scored, from_ahead) = self.kept.pop(step, {}), self.counts.pop(step, [0, 0])
+        kept, (scored, from_ahead, *drawn) = self.kept.pop(step, {}), self.counts.pop(step, [0, 0, 0])
+        drawn = drawn[0] if drawn else scored  # a checkpoint's counts from before the prescreen: all drawn scored
         picked = [j for j, i in enumerate(idx) if i in kept]
         if not picked:
             return {}
         q = torch.tensor([kept[idx[j]] for j in picked])
         out = {"select/screen_success_mean": float(q.mean()), "select/screen_candidates": float(scored),
-               "select/screen_ahead_share": from_ahead / max(scored, 1)}
+               "select/screen_drawn": float(drawn), "select/screen_ahead_share": from_ahead / max(scored, 1)}
         if len(picked) > 2:
             out["select/screen_pearson"] = pearson(q, success[picked])
         return out

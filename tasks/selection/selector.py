@@ -8,7 +8,8 @@ technique off the weights are uniform: plain GRPO.
 **Likelihood screen** (``select.screen`` = f > 1, tasks/selection/screen.py; ours): each step draws f candidates per
 prompt it needs from the weights above, estimates each candidate's pass rate as the policy's probability of its
 worked solution (one forward pass) and keeps those whose groups are most likely to have unequal rewards
-(``rlcore.selection.screen``); the rest stay available to the round's later steps.
+(``rlcore.selection.screen``); the rest stay available to the round's later steps. With ``select.prescreen`` = s the
+pass scores only the s a prompt that the screen's earlier scores rank highest (``rlcore.selection.prescreen``).
 
 **Prompt filters** (rlcore/step_rules.py ``PromptFilter``, registered in tasks/training/techniques.py; the
 pre-rollout skip, rlcore/silent_skip.py, GRESO arXiv 2506.02177): each hears every measurement of a prompt (the
@@ -33,7 +34,7 @@ import torch
 from rlcore.angle import angle_order
 from rlcore.difficulty import pearson
 from rlcore.seeding import derive_seed
-from rlcore.selection import sample_prompts, screen, uniform_weights
+from rlcore.selection import prescreen, sample_prompts, screen, uniform_weights
 from rlcore.step_rules import PromptFilter
 from tasks.calibration.record import Calibration
 from tasks.calibration.reference import Measure
@@ -227,8 +228,17 @@ class Selector:
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "select", *((attempt,) if attempt else ())))
         positive = int((probs > 0).sum())
         need = min(k - len(guard), positive)
-        return guard, sample_prompts(probs, min(cfg.select.screen * need, positive), gen, method=method), need, \
-            exhausted
+        drawn = sample_prompts(probs, min(cfg.select.screen * need, positive), gen, method=method)
+        return guard, drawn, need, exhausted
+
+    def _prescreened(self, drawn: torch.Tensor, need: int, step: int) -> torch.Tensor:
+        """``select.prescreen``: the drawn candidates the screen's pass scores (all without it), in draw order."""
+        sc = self.cfg.select
+        if not sc.prescreen or len(drawn) <= sc.prescreen * need:
+            return drawn
+        last, age = self.scores.remembered(drawn.tolist(), step)
+        pick = prescreen(last, age, self.cfg.rollout.n, sc.prescreen * need, sc.prescreen_half_life)
+        return drawn[pick.sort().values]
 
     def choose(self, k: int, step: int, attempt: int = 0) -> tuple[list[int], list[SelectionRow]]:
         """k distinct prompts for this step, and a ledger row per prompt saying why.
@@ -243,7 +253,8 @@ class Selector:
         if attempt == 0:
             self.asked = (k, step)
         if self.scores is not None:
-            q = self.scores.score(drawn.tolist(), step, read_ahead=attempt == 0)  # [C]
+            drawn_count, drawn = len(drawn), self._prescreened(drawn, need, step)
+            q = self.scores.score(drawn.tolist(), step, read_ahead=attempt == 0, drawn=drawn_count)  # [C]
             keep = screen(q, cfg.rollout.n, need)
             self.scores.keep(step, drawn[keep].tolist(), q[keep])
             drawn = drawn[keep]
@@ -296,11 +307,11 @@ class Selector:
             if screen:
                 kept = [f.state_dict() for f in self.filters]  # a look ahead: the filters' metrics stay as they are
                 try:
-                    _, drawn, _, _ = self._candidates(k, step, 0, self.used)
+                    _, drawn, need, _ = self._candidates(k, step, 0, self.used)
                 finally:
                     for f, state in zip(self.filters, kept, strict=True):
                         f.load_state_dict(state)
-                self.scores.score_ahead(step, drawn.tolist())
+                self.scores.score_ahead(step, self._prescreened(drawn, need, step).tolist())
 
         return work
 

@@ -15,7 +15,15 @@ from rlcore.adaptive_composition import subset_informative
 from rlcore.overlap_lag import LagChoice, OverlapProbe, ProbeWorth, choose_lag, probe_cost
 from rlcore.plan import Prediction, call_rows, draw_calls, predict
 from rlcore.plan_choice import TIE, choose, out_of_reach, run_clock
-from rlcore.plan_draw import Composition, PoolStats, draw_ratio, informative_chance
+from rlcore.plan_draw import (
+    Composition,
+    PoolStats,
+    draw_ratio,
+    group_chance,
+    informative_chance,
+    kept_mass,
+    screen_calibration,
+)
 from rlcore.rollout_budget import WaveRule
 from rlcore.silent_skip import SkipRule
 from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
@@ -61,14 +69,68 @@ def test_uniform_draw_is_the_mean_chance():
 
 
 def test_screen_keeps_the_top_share_of_the_draw_by_the_screened_chance():
-    # uniform weights, f = 2: the top half by 1 - q^n - (1 - q)^n are q = 0.5 and q = 0.3 -> prompts of 4/8 and 2/8
+    # uniform weights, f = 2: the top half by 1 - q^n - (1 - q)^n are q = 0.5 and q = 0.3 (prompts 2 and 1), each
+    # with the chance the screen's calibration gives it
     c = Composition("screen", prompts=20, n=8, m=8, screen=2)
-    w = informative_chance(torch.tensor([4, 2]), 8, 8)
-    assert draw_ratio(c, POOL) == pytest.approx(float(w.mean()))
-    # f = 4 keeps the single best-screened prompt (4 of 8 successes: always mixed at n = 8)
-    assert draw_ratio(Composition("s4", 20, 8, 8, screen=4), POOL) == pytest.approx(1.0)
+    w = group_chance(c, POOL)
+    assert draw_ratio(c, POOL) == pytest.approx(float(w[[1, 2]].mean()))
+    # f = 4 keeps the single best-screened prompt
+    assert draw_ratio(Composition("s4", 20, 8, 8, screen=4), POOL) == pytest.approx(float(w[2]))
+    assert float(w[2]) > float(w[[0, 3]].max()), "the calibration ranks as the screen does here"
     with pytest.raises(ValueError, match="worked solutions"):
         draw_ratio(c, PoolStats(successes=(1, 2), g=8, levels=(1, 1)))
+
+
+def beta_pool(k: int, coef: tuple[float, float], spread: float, seed: int = 0, screen_noise: float = 0.0):
+    """K reference prompts of g = 8 whose pass rates are Beta(spread mu, spread (1 - mu)) around mu = sigmoid(a + b
+    x), x ~ N(0, 2) the logit of the screen's likelihood (plus noise the rates do not see), and the true chance
+    that a group of 4 of each is mixed: the Beta moments, 1 - E[p^4] - E[(1 - p)^4]."""
+    gen = torch.Generator().manual_seed(seed)
+    x = 2 * torch.randn(k, generator=gen, dtype=torch.float64)
+    mu = torch.sigmoid(coef[0] + coef[1] * x)
+    p = torch.distributions.Beta(spread * mu, spread * (1 - mu)).sample()
+    successes = torch.binomial(torch.full((k,), 8.0, dtype=torch.float64), p)
+    a, b = spread * mu, spread * (1 - mu)
+    moment = lambda u, v: torch.stack([(u + i) / (u + v + i) for i in range(4)]).prod(0)  # noqa: E731
+    screen = torch.sigmoid(x + screen_noise * torch.randn(k, generator=gen, dtype=torch.float64))
+    pool = PoolStats(successes=tuple(int(v) for v in successes), g=8, levels=(1,) * k, screen=tuple(screen.tolist()))
+    return pool, 1 - moment(a, b) - moment(b, a)
+
+
+def test_the_screens_calibration_recovers_a_known_line_and_spread():
+    """4,000 reference prompts drawn from a known model: the fitted chance of a mixed group of 4 is the model's,
+    prompt by prompt (mean absolute error under 0.02), and the draw's ratio at f = 4 is the model's mean chance over
+    the top quarter by the screen within 0.01."""
+    torch.manual_seed(0)
+    pool, truth = beta_pool(4000, (-0.5, 1.2), 6.0)
+    c = Composition("s4", 20, 4, 4, screen=4)
+    w = group_chance(c, pool)
+    assert float((w - truth).abs().mean()) < 0.02
+    kept = kept_mass(c, pool)
+    assert draw_ratio(c, pool) == pytest.approx(float((kept * truth).sum() / kept.sum()), abs=0.01)
+
+
+def test_a_screen_that_says_nothing_predicts_the_pools_own_chance():
+    """A screen independent of the pass rate (its likelihood pure noise): the line is flat and the spread is the
+    pool's, so the top quarter by the screen gets the pool's mean measured chance, not the chance at its mean pass
+    rate (0.875 at 0.5, where the pool's mixed groups are 0.58 of all)."""
+    torch.manual_seed(1)
+    pool, truth = beta_pool(4000, (0.0, 0.0), 1.0, seed=1)
+    c = Composition("s4", 20, 4, 4, screen=4)
+    measured = float(informative_chance(torch.tensor(pool.successes), 8, 4).mean())
+    assert draw_ratio(c, pool) == pytest.approx(measured, abs=0.03)
+    assert draw_ratio(c, pool) == pytest.approx(float(truth.mean()), abs=0.03) and draw_ratio(c, pool) < 0.7
+
+
+def test_the_screens_calibration_weighs_each_prompt_by_its_pool_share():
+    """Weights that give one level ten times the pool share of the other move the fitted line toward it: a pool
+    whose level-2 prompts (every screen high, every rollout wrong) carry the weight predicts low rates there."""
+    pool = PoolStats(successes=(8, 8, 0, 0, 4, 4), g=8, levels=(1, 1, 2, 2, 3, 3),
+                     screen=(0.9, 0.8, 0.9, 0.8, 0.5, 0.5))
+    light, heavy = screen_calibration(pool)[0], screen_calibration(replace(pool, weights=(1, 1, 10, 10, 1, 1)))[0]
+    assert float(heavy[0]) < float(light[0]) and float(heavy[2]) < 0.3
+    with pytest.raises(ValueError, match="screen likelihoods"):
+        screen_calibration(PoolStats(successes=(1, 2), g=8, levels=(1, 1)))
 
 
 def test_dots_draw_weights_levels_by_their_pooled_rate():
@@ -201,10 +263,28 @@ def test_a_step_hand_worked():
     kept = 4 - 140 / 256
     assert dyn.generated == pytest.approx(64) and dyn.signal == pytest.approx(kept) and dyn.effective_ratio == 1.0
     assert dyn.step_s == pytest.approx(64 * 10 * 2 + kept * 8 * 15)
-    # screen f = 2: the two best-screened prompts are both mixed; 8 candidates x (5 + 7) tokens x 0.5 s forward
-    assert screen.signal == pytest.approx(4)
-    assert screen.step_s == pytest.approx(4 * 8 * 10 * 2 + 4 * 8 * 15 + 2 * 4 * 12 * 0.5)
+    # screen f = 2: the two best-screened prompts at their calibrated chance r2; 8 candidates x (5 + 7) tokens x
+    # 0.5 s forward
+    r2 = float(group_chance(Composition("screen", 4, 8, 8, screen=2), POOL)[[1, 2]].mean())
+    assert screen.signal == pytest.approx(4 * r2)
+    assert screen.step_s == pytest.approx(4 * 8 * 10 * 2 + 4 * r2 * 8 * 15 + 2 * 4 * 12 * 0.5)
     assert screen.clock == pytest.approx(screen.step_s / grpo.step_s)
+
+
+def test_the_prescreen_pays_for_the_candidates_it_scores_and_chooses_among_all_hand_worked():
+    """select.prescreen: f = 4 candidates a prompt drawn, 1 scored. The pass costs one candidate a prompt (4 x 12
+    tokens x 0.5 s, where f = 4 alone costs 16 x 12 x 0.5), and the draw's ratio is f = 4's: the top quarter of the
+    screened mass, prompt 2 at its calibrated chance. A prescreen of f or more is refused."""
+    grpo = Composition("grpo", 4, 8, 8)
+    _, (four, pre) = predict([Composition("s4", 4, 8, 8, screen=4), Composition("pre", 4, 8, 8, screen=4, prescreen=1)],
+                             grpo, POOL, COSTS)
+    assert (four.forward_tokens, pre.forward_tokens) == (16 * 12, 4 * 12)
+    assert pre.forward_s == pytest.approx(4 * 12 * 0.5) and pre.step_s == pytest.approx(four.step_s - 12 * 12 * 0.5)
+    w = float(group_chance(Composition("s4", 4, 8, 8, screen=4), POOL)[2])
+    assert pre.effective_ratio == four.effective_ratio == pytest.approx(w)
+    for screen in (1, 2):
+        with pytest.raises(ValueError, match="prescreen must be 0 or in"):
+            Composition("bad", 4, 8, 8, screen=screen, prescreen=2)
 
 
 def test_the_screen_run_ahead_costs_what_outlasts_the_generate_call_hand_worked():
@@ -413,9 +493,11 @@ def test_a_draw_ratio_lies_between_its_prompts_chances(successes, n, how, f):
                      screen=tuple((i % 5) / 4 for i in range(k)))
     c = Composition("c", 8, n, min(n, 8), draw="uniform" if how == "uniform" else "dots",
                     weighting="target" if how == "uniform" else how, screen=f)
-    w = informative_chance(torch.tensor(successes), 8, n)
+    w = group_chance(c, pool)
     r = draw_ratio(c, pool)
     assert float(w.min()) - 1e-9 <= r <= float(w.max()) + 1e-9
+    if f == 1:
+        assert torch.equal(w, informative_chance(torch.tensor(successes), 8, n)), "no screen: the measured chance"
 
 
 def test_bad_records_are_refused():

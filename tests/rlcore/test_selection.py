@@ -11,6 +11,7 @@ from rlcore.selection import (
     dots_weights,
     informative_weights,
     observed_informative_weights,
+    prescreen,
     sample_prompts,
     screen,
     uniform,
@@ -265,3 +266,59 @@ def test_screen_refuses_bad_input():
         screen(torch.tensor([0.1, float("nan")]), 4, 1)
     with pytest.raises(ValueError, match="n must be >= 2"):
         screen(torch.tensor([0.1, 0.5]), 1, 1)
+
+
+def test_prescreen_hand_worked():
+    """n = 2: chances 2 q (1 - q) of the remembered rates 0.5, 1, 0, 0.9 are 0.5, 0, 0, 0.18, their mean 0.17; the
+    never-scored candidate 1 counts at 0.17. Fresh (age 0): 0 (0.5), 4 (0.18), 1 (0.17), then 2 and 3 (0) by index.
+    Candidate 2 remembered 1000 steps ago is back at the mean (0.17), tied with 1 and after it by index; candidate 4
+    one half-life old is halfway back, 0.175."""
+    last = torch.tensor([0.5, float("nan"), 1.0, 0.0, 0.9], dtype=torch.float64)
+    fresh = torch.zeros(5)
+    assert prescreen(last, fresh, 2, 5, 10.0).tolist() == [0, 4, 1, 2, 3]
+    assert prescreen(last, fresh, 2, 3, 10.0).tolist() == [0, 4, 1]
+    old = torch.tensor([0.0, 0.0, 1000.0, 0.0, 10.0])
+    assert prescreen(last, old, 2, 4, 10.0).tolist() == [0, 4, 1, 2]
+    assert prescreen(torch.full((4,), float("nan")), torch.zeros(4), 4, 2, 5.0).tolist() == [0, 1], \
+        "nothing remembered: the draw's order"
+    assert prescreen(last, fresh, 2, 0, 10.0).tolist() == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(q=st.lists(st.one_of(st.none(), st.floats(0.0, 1.0)), min_size=1, max_size=30), n=st.integers(2, 8),
+       half_life=st.floats(0.5, 50.0), data=st.data())
+def test_prescreen_matches_a_loop(q, n, half_life, data):
+    """Oracle: each candidate's priority computed one at a time, then repeatedly the first (lowest index) of the
+    highest priority not yet taken."""
+    ages = data.draw(st.lists(st.integers(0, 100), min_size=len(q), max_size=len(q)))
+    k = data.draw(st.integers(0, len(q)))
+    chance = [None if p is None else 1 - p ** n - (1 - p) ** n for p in q]
+    known = [c for c in chance if c is not None]
+    mean = sum(known) / len(known) if known else 0.0
+    prio = [mean if c is None else mean + (c - mean) * 0.5 ** (a / half_life)
+            for c, a in zip(chance, ages, strict=True)]
+    left, want = list(range(len(q))), []
+    for _ in range(k):
+        best = max(left, key=lambda i: (round(prio[i], 10), -i))
+        want.append(best)
+        left.remove(best)
+    last = torch.tensor([math.nan if p is None else p for p in q], dtype=torch.float64)
+    got = prescreen(last, torch.tensor(ages, dtype=torch.float64), n, k, half_life).tolist()
+    assert len(got) == len(set(got)) == k
+    assert [round(prio[i], 10) for i in got] == [round(prio[i], 10) for i in want]
+
+
+def test_prescreen_refuses_bad_input():
+    q, age = torch.tensor([0.1, float("nan")]), torch.zeros(2)
+    with pytest.raises(ValueError, match=r"k must be in \[0, 2\]"):
+        prescreen(q, age, 4, 3, 10.0)
+    with pytest.raises(ValueError, match="success rates in"):
+        prescreen(torch.tensor([1.5, 0.2]), age, 4, 1, 10.0)
+    with pytest.raises(ValueError, match="ages >= 0 and half_life > 0"):
+        prescreen(q, torch.tensor([-1.0, 0.0]), 4, 1, 10.0)
+    with pytest.raises(ValueError, match="ages >= 0 and half_life > 0"):
+        prescreen(q, age, 4, 1, 0.0)
+    with pytest.raises(ValueError, match="one shape"):
+        prescreen(q, torch.zeros(3), 4, 1, 10.0)
+    with pytest.raises(ValueError, match="n must be >= 2"):
+        prescreen(q, age, 1, 1, 10.0)

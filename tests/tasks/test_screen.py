@@ -282,14 +282,61 @@ def test_a_round_starts_ahead_beside_the_last_steps_generate_call_and_its_first_
 
 
 def test_the_screens_state_round_trips_and_reads_older_checkpoints():
-    """The scores ahead, the picks and the counts by step come back from state_dict; a checkpoint written before the
-    picks were kept by step holds the scores ahead alone, and loads with no picks."""
+    """The scores ahead, the picks, the counts by step and the remembered scores come back from state_dict; a
+    checkpoint written before the picks were kept by step holds the scores ahead alone, and loads with no picks."""
     from tasks.selection.screen import ScreenScores
 
     a = ScreenScores(lambda records: torch.zeros(len(records)), [])
-    a.ahead, a.kept, a.counts = {4: {1: 0.5}}, {3: {2: 0.25}}, {3: [6, 2]}
+    a.ahead, a.kept, a.counts, a.last = {4: {1: 0.5}}, {3: {2: 0.25}}, {3: [6, 2, 12]}, {1: (4, 0.5), 2: (2, 0.25)}
     b = ScreenScores(lambda records: torch.zeros(len(records)), [])
     b.load_state_dict(a.state_dict())
-    assert (b.ahead, b.kept, b.counts) == (a.ahead, a.kept, a.counts)
+    assert (b.ahead, b.kept, b.counts, b.last) == (a.ahead, a.kept, a.counts, a.last)
     b.load_state_dict({"ahead": {4: {1: 0.5}}})
-    assert (b.ahead, b.kept, b.counts) == ({4: {1: 0.5}}, {}, {})
+    assert (b.ahead, b.kept, b.counts, b.last) == ({4: {1: 0.5}}, {}, {}, {})
+
+
+def test_the_prescreen_scores_the_candidates_the_screen_last_saw_mixed(smoke_cfg, pool):
+    """select.screen=4 with select.prescreen=2: a step draws the same 4k candidates as without it, and the pass
+    scores the 2k whose last scores say their groups were likeliest mixed (rlcore.selection.prescreen), in draw
+    order; with nothing remembered, the first 2k drawn. The step keeps the best k of those by the new scores, and
+    its metrics count 2k scored of 4k drawn. A step's look-ahead scores the same 2k, which the step then reads."""
+    feats = compute_features(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
+    rates = {r.id: [0.0, 1.0, 0.5, 0.3, 0.9][i % 5] for i, r in enumerate(pool)}
+    chance = {i: 1 - rates[r.id] ** 4 - (1 - rates[r.id]) ** 4 for i, r in enumerate(pool)}
+    full_calls, calls = [], []
+    full = Selector(smoke_cfg(*SMALL, "select.screen=4"), pool, feats, scripted(rates, full_calls))
+    pre = Selector(smoke_cfg(*SMALL, "select.screen=4", "select.prescreen=2"), pool, feats, scripted(rates, calls))
+    for s in (full, pre):
+        s.begin_round(0, 0, None)
+    full.choose(6, 1)
+    pre.choose(6, 1)
+    assert calls == [full_calls[0][:12]], "nothing remembered: the first 12 of the same 24 candidates"
+    m = pre.observe(1, [pool.index(next(r for r in pool if r.id == i)) for i in calls[0][:6]],
+                    [torch.tensor([1.0, 0, 0, 0])] * 6, 0.4, None)
+    assert (m["select/screen_candidates"], m["select/screen_drawn"]) == (12, 24)
+    for s in (full, pre):  # every prompt remembered with its rate, two steps ago; a fresh selector at step 2
+        s.scores.last = {i: (0, rates[r.id]) for i, r in enumerate(pool)}
+        s.used[:] = False
+    full_calls.clear()
+    calls.clear()
+    full.choose(6, 2)
+    idx, _ = pre.choose(6, 2)
+    drawn = [next(i for i, r in enumerate(pool) if r.id == c) for c in full_calls[0]]
+    top = sorted(drawn, key=lambda i: -chance[i])[:12]
+    (scored,), = [[next(i for i, r in enumerate(pool) if r.id == c) for c in calls[0]]],
+    assert sorted(scored) == sorted(top) and scored == [i for i in drawn if i in scored], "the likeliest, in order"
+    assert min(chance[i] for i in scored) >= max(chance[i] for i in drawn if i not in scored)
+    assert any(chance[i] == 0 for i in drawn) and all(chance[i] > 0 for i in scored), "solved, unsolved: unscored"
+    assert idx == [scored[j] for j in screen(torch.tensor([rates[pool[i].id] for i in scored]), 4, 6).tolist()]
+    # overlapped: the look-ahead prescreens step 3's draw as step 3 will, and step 3 scores nothing itself
+    ahead = Selector(smoke_cfg(*SMALL, "select.screen=4", "select.prescreen=2", "train.round_steps=4"), pool, feats,
+                     scripted(rates, calls), apart=True)
+    ahead.begin_round(0, 0, None)
+    ahead.scores.last = {i: (0, rates[r.id]) for i, r in enumerate(pool)}
+    ahead.choose(6, 2)
+    calls.clear()
+    ahead.lookahead()()
+    assert len(calls) == 1 and len(calls[0]) == 12
+    calls.clear()
+    ahead.choose(6, 3)
+    assert calls == [], "every candidate step 3 scores was scored ahead"
