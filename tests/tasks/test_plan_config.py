@@ -119,10 +119,10 @@ def test_where_20_screened_prompts_fall_short_of_grpos_signal_the_plan_takes_24_
     the default candidates keep the draw on 24 prompts instead of falling back to plain GRPO."""
     from rlcore.plan import predict
     from rlcore.plan_choice import choose
-    from rlcore.plan_draw import PoolStats
+    from rlcore.plan_draw import PoolStats, group_chance
 
     # plain GRPO (32 x 8): 4 of 8 reference prompts mixed, 16 informative groups a step; the screen keeps the 2 of
-    # 8 it rates likeliest (pass rates 4/8 and 1/8): at n = 4 they are mixed with chance 68/70 and 35/70
+    # 8 it rates likeliest (pass rates 4/8 and 1/8), each at the chance its calibration gives a group of 4
     pool = PoolStats(successes=(0, 0, 8, 8, 4, 1, 6, 3), g=8, levels=(1,) * 8,
                      screen=(0.01, 0.01, 0.99, 0.99, 0.5, 0.4, 0.95, 0.05))
     costs = UnitCosts(generate=CallCost(0.0, 2.0), update=CallCost(0.0, 1.0), forward=CallCost(0.0, 0.5),
@@ -132,8 +132,9 @@ def test_where_20_screened_prompts_fall_short_of_grpos_signal_the_plan_takes_24_
     assert set(names) <= set(cfg.plan.candidates)
     base, preds = predict([composition(n, candidate_config(cfg, n)) for n in names],
                           composition("grpo", candidate_config(cfg, "grpo")), pool, costs)
-    per_prompt = (68 / 70 + 35 / 70) / 2
+    per_prompt = float(group_chance(composition(names[0], candidate_config(cfg, names[0])), pool)[[4, 5]].mean())
     assert base.signal == pytest.approx(16) and [p.signal for p in preds] == pytest.approx(
-        [20 * per_prompt, 24 * per_prompt, 28 * per_prompt])  # 14.7 < 16 <= 17.7 < 20.6
+        [20 * per_prompt, 24 * per_prompt, 28 * per_prompt])
+    assert 20 * per_prompt < 16 <= 24 * per_prompt  # 15.6 < 16 <= 18.7
     assert choose(base, preds[:1], cfg.plan.min_signal)[0] is base  # 20 prompts alone: plain GRPO
     assert choose(base, preds, cfg.plan.min_signal)[0].name == "grpo_screen_24"
