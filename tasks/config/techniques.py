@@ -69,8 +69,8 @@ class PlanConfig(_Frozen):
         "`rlsift plan` shows the choice without training)."))
     candidates: tuple[str, ...] = Field(
         ("grpo", "dapo", "dots", "pods", "dots_n4", "dots_screen", "dots_screen_24", "dots_screen_waves",
-         "grpo_screen", "grpo_screen_24", "grpo_screen_28", "grpo_prescreen", "grpo_prescreen_20",
-         "grpo_screen_waves"), min_length=1,
+         "grpo_screen", "grpo_screen_24", "grpo_screen_28", "grpo_prescreen", "grpo_prescreen_18",
+         "grpo_prescreen_20", "grpo_screen_waves"), min_length=1,
         description=(
             "Compositions the plan predicts and chooses from: names of conf/presets or conf/bench files. "
             "Candidates with the screen are left out where a prompt has no worked solution; for each technique inside "
