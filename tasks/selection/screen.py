@@ -34,6 +34,7 @@ from collections.abc import Callable
 import torch
 
 from rlcore.difficulty import pearson
+from rlcore.selection import prescreen, screen
 from tasks.data.prompts import PromptRecord
 from tasks.model.forward import right_pad, token_logprobs
 from tasks.model.loading import add_special
@@ -99,8 +100,12 @@ class ScreenScores:
             step's look-ahead and the step itself see the same).
     """
 
-    def __init__(self, likelihood: Likelihood, pool: list[PromptRecord]):
+    def __init__(self, likelihood: Likelihood, pool: list[PromptRecord], *, n: int, prescreen: int = 0,
+                 half_life: float = 20.0):
+        """``n``: rollouts a group (``rollout.n``); ``prescreen`` and ``half_life``: ``select.prescreen`` (0: every
+        drawn candidate scored) and ``select.prescreen_half_life``."""
         self.likelihood, self.pool = likelihood, pool
+        self.n, self.prescreen, self.half_life = n, prescreen, half_life
         self.ahead: dict[int, dict[int, float]] = {}
         self.kept: dict[int, dict[int, float]] = {}
         self.counts: dict[int, list[int]] = {}
@@ -109,6 +114,23 @@ class ScreenScores:
     def __call__(self, idx: list[int]) -> torch.Tensor:
         """[C] the likelihood of the candidates ``idx`` with the policy as it is."""
         return self.likelihood([self.pool[i] for i in idx])
+
+    def candidates(self, drawn: torch.Tensor, need: int, step: int) -> torch.Tensor:
+        """Of step ``step``'s drawn candidates [C] (pool indices), those the pass scores, in draw order: all of them,
+        or with ``select.prescreen`` the prescreen's ``prescreen x need`` (rlcore.selection.prescreen)."""
+        if not self.prescreen or len(drawn) <= self.prescreen * need:
+            return drawn
+        last, age = self.remembered(drawn.tolist(), step)
+        return drawn[prescreen(last, age, self.n, self.prescreen * need, self.half_life).sort().values]
+
+    def choose(self, drawn: torch.Tensor, need: int, step: int, read_ahead: bool = True) -> torch.Tensor:
+        """[need] the pool indices step ``step`` keeps of its drawn candidates [C]: :meth:`candidates` scored
+        (:meth:`score`) and the ``need`` whose groups are likeliest mixed kept (rlcore.selection.screen, recorded)."""
+        scored = self.candidates(drawn, need, step)
+        q = self.score(scored.tolist(), step, read_ahead=read_ahead, drawn=len(drawn))  # [C']
+        keep = screen(q, self.n, need)
+        self.keep(step, scored[keep].tolist(), q[keep])
+        return scored[keep]
 
     def score(self, idx: list[int], step: int, read_ahead: bool = True, drawn: int | None = None) -> torch.Tensor:
         """[C] float64 q of step ``step``'s candidates ``idx``: those scored ahead for it read from there (not for a

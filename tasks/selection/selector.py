@@ -34,7 +34,7 @@ import torch
 from rlcore.angle import angle_order
 from rlcore.difficulty import pearson
 from rlcore.seeding import derive_seed
-from rlcore.selection import prescreen, sample_prompts, screen, uniform_weights
+from rlcore.selection import sample_prompts, uniform_weights
 from rlcore.step_rules import PromptFilter
 from tasks.calibration.record import Calibration
 from tasks.calibration.reference import Measure
@@ -75,7 +75,9 @@ class Selector:
             if likelihood is None:
                 raise ValueError(f"select.screen={cfg.select.screen} needs the policy's likelihood; none was given")
             require_solutions(pool)  # at start, not at the first step that draws such a prompt
-        self.scores = ScreenScores(likelihood, pool) if cfg.select.screen > 1 else None  # the screen's, by step
+        sc = cfg.select
+        self.scores = (ScreenScores(likelihood, pool, n=cfg.rollout.n, prescreen=sc.prescreen,
+                                    half_life=sc.prescreen_half_life) if sc.screen > 1 else None)  # by step
         self.screens_ahead = apart and cfg.select.screen > 1 and cfg.select.screen_ahead
         self.starts_ahead = apart and cfg.select.round_ahead
         self.started: tuple[int, dict[str, float]] | None = None  # a round started ahead: its index, its metrics
@@ -231,15 +233,6 @@ class Selector:
         drawn = sample_prompts(probs, min(cfg.select.screen * need, positive), gen, method=method)
         return guard, drawn, need, exhausted
 
-    def _prescreened(self, drawn: torch.Tensor, need: int, step: int) -> torch.Tensor:
-        """``select.prescreen``: the drawn candidates the screen's pass scores (all without it), in draw order."""
-        sc = self.cfg.select
-        if not sc.prescreen or len(drawn) <= sc.prescreen * need:
-            return drawn
-        last, age = self.scores.remembered(drawn.tolist(), step)
-        pick = prescreen(last, age, self.cfg.rollout.n, sc.prescreen * need, sc.prescreen_half_life)
-        return drawn[pick.sort().values]
-
     def choose(self, k: int, step: int, attempt: int = 0) -> tuple[list[int], list[SelectionRow]]:
         """k distinct prompts for this step, and a ledger row per prompt saying why.
 
@@ -253,11 +246,7 @@ class Selector:
         if attempt == 0:
             self.asked = (k, step)
         if self.scores is not None:
-            drawn_count, drawn = len(drawn), self._prescreened(drawn, need, step)
-            q = self.scores.score(drawn.tolist(), step, read_ahead=attempt == 0, drawn=drawn_count)  # [C]
-            keep = screen(q, cfg.rollout.n, need)
-            self.scores.keep(step, drawn[keep].tolist(), q[keep])
-            drawn = drawn[keep]
+            drawn = self.scores.choose(drawn, need, step, read_ahead=attempt == 0)
         idx = guard + drawn.tolist()
         self.used[idx] = True
         name = "+".join(n for n, on in (("scalingrl", self.scheduler is not None), ("gain", self.window is not None),
@@ -311,7 +300,7 @@ class Selector:
                 finally:
                     for f, state in zip(self.filters, kept, strict=True):
                         f.load_state_dict(state)
-                self.scores.score_ahead(step, self._prescreened(drawn, need, step).tolist())
+                self.scores.score_ahead(step, self.scores.candidates(drawn, need, step).tolist())
 
         return work
 

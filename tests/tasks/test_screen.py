@@ -286,9 +286,9 @@ def test_the_screens_state_round_trips_and_reads_older_checkpoints():
     checkpoint written before the picks were kept by step holds the scores ahead alone, and loads with no picks."""
     from tasks.selection.screen import ScreenScores
 
-    a = ScreenScores(lambda records: torch.zeros(len(records)), [])
+    a = ScreenScores(lambda records: torch.zeros(len(records)), [], n=4)
     a.ahead, a.kept, a.counts, a.last = {4: {1: 0.5}}, {3: {2: 0.25}}, {3: [6, 2, 12]}, {1: (4, 0.5), 2: (2, 0.25)}
-    b = ScreenScores(lambda records: torch.zeros(len(records)), [])
+    b = ScreenScores(lambda records: torch.zeros(len(records)), [], n=4)
     b.load_state_dict(a.state_dict())
     assert (b.ahead, b.kept, b.counts, b.last) == (a.ahead, a.kept, a.counts, a.last)
     b.load_state_dict({"ahead": {4: {1: 0.5}}})
