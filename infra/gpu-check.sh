@@ -5,7 +5,7 @@
 # Prepared and run on the CPU first (`CHECK_DEVICE=cpu bash infra/gpu-check.sh` runs each part's CPU twin at small
 # shapes), so that a GPU call spends its time on what only a GPU shows. Budgets on one H200 (s; the CPU twin's on
 # 2 cores in brackets), each about 1.25x what the part took on an H200 (2026-11-29, docs/performance.md; the LoRA
-# profile's a guess, not yet run there); limits sum to 525 s, 560 s with every part's grace, so one lent call of
+# profile's and the prefix's from 2026-11-30); limits sum to 535 s, 570 s with every part's grace, so one lent call of
 # 10 minutes holds the whole check, and $OUT holds 8 files (7 logs and verdicts.txt, whose first line names the card
 # and the versions), what one call brings back:
 #
@@ -21,15 +21,16 @@
 #                       step, finite, the loss falling; bf16 against float32 gradients beside plain transformers'.
 #   lora       60 (90)  infra/lora-speed.py --target 1.2: LoRA against full weights on the same batch (128 rows),
 #                       steps interleaved; exit 1 below 1.2x.
-#   lora_profile 45 (60) infra/lora-speed.py --profile: where each arm's step goes, by op category and costliest
+#   lora_profile 55 (60) infra/lora-speed.py --profile: where each arm's step goes, by op category and costliest
 #                       ops, on one micro-batch of 8 rows (why LoRA was 0.88x full weights on the H200).
 #   decode     80 (90)  infra/gpu_bench_generation.py: the decoder's first call at 256 rows, a profile of one decode
 #                       step by part, and 512 rows x 256 new tokens against the card's floor.
 #   pipeline   70 (240) infra/pipeline-check.py: `rlsift run -c conf/smoke.yaml model.device=cuda`, the tiny default
 #                       end to end: its stages timed, held-out accuracy required to rise.
-#   prefix     60 (150) not in the default list (a call of its own: `bash infra/gpu-check.sh prefix`): the update
+#   prefix    105 (150) not in the default list (a call of its own: `bash infra/gpu-check.sh prefix`): the update
 #                       part's full-weights arm with each group's prompt computed once (train.shared_prefix=true,
-#                       off on a GPU by default until this measures it): finite, s / step and peak against `update`'s.
+#                       off on a GPU by default: on an H200 it was finite but 2.2x slower, its masked attention
+#                       has no flash kernel): finite, s / step and peak against `update`'s.
 #
 # Usage: bash infra/gpu-check.sh [PART ...]          (default: every part, in the order above)
 #   CHECK_DEVICE=cuda|cpu   (default cuda)    OUT=./gpu-check    PY=python3    GRACE=5 (s between SIGTERM and SIGKILL)
@@ -57,8 +58,8 @@ PARTS=("$@")
 
 declare -A BUDGET
 if [ "$DEVICE" = cuda ]; then
-  BUDGET=([attention]=40 [update]=110 [learning]=120 [lora]=60 [lora_profile]=45 [decode]=80 [pipeline]=70
-          [prefix]=60)
+  BUDGET=([attention]=40 [update]=110 [learning]=120 [lora]=60 [lora_profile]=55 [decode]=80 [pipeline]=70
+          [prefix]=105)
   CARD="$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader); "
   ATTENTION=()
   UPDATE=(--no-generation --models 1.5b --modes full+ckpt lora+ckpt --rows 512 --bisect-seconds 30)
