@@ -81,8 +81,9 @@ class TrainConfig(_Frozen):
         "tokens each (a group over it by itself in pieces, a prompt each). true / false; auto: on where the update "
         "runs on the CPU (measured there: plain GRPO's update 0.86x its time, SmolLM2-135M's 0.65x; "
         "docs/performance.md), off on a GPU, where its attention "
-        "takes SDPA's masked kernel instead of flash attention (one H200, 1.5B: 2.2x slower than rows). One process only (scale-out "
-        "and models not on SDPA attention keep the row layout), and not where GAIN-RL reads hidden states."))
+        "takes SDPA's masked kernel instead of flash attention (one H200, 1.5B: 2.2x slower than rows). One "
+        "process only (scale-out and models not on SDPA attention keep the row layout), and not where GAIN-RL "
+        "reads hidden states."))
     max_skipped_steps: int = Field(3, ge=0, description=(
         "Stop the run after this many steps in a row whose update was skipped (every minibatch's loss or gradient "
         "not finite, so no weight moved), with an error naming the cause and the site the NaN locator found "
