@@ -124,10 +124,7 @@ class Composition:
     the trainer); ``round_ahead``: a round's start (the predictor's fit) runs beside the generate call of the round's
     last step, and with ``screen_ahead`` the screen of the round's first step after it (``select.round_ahead`` with
     the sampler apart, where a round start takes no reference rollouts); ``shared_prefix``: the update computes each
-    group's prompt once (``train.shared_prefix``), so its tokens are the rows' completions and one prompt a group;
-    ``prescreen``: of the screen's f candidates a prompt, those its pass scores (``select.prescreen``; 0: all f). The
-    screen still chooses among f: its draw's ratio is predicted as f's (the prompts its earlier scores rank low are
-    the ones it would not keep), its pass costs ``prescreen`` candidates a prompt."""
+    group's prompt once (``train.shared_prefix``), so its tokens are the rows' completions and one prompt a group."""
 
     name: str
     prompts: int
@@ -152,7 +149,6 @@ class Composition:
     screen_ahead: bool = False
     round_ahead: bool = False
     shared_prefix: bool = False
-    prescreen: int = 0
 
     def __post_init__(self) -> None:
         if self.prompts < 1 or not 1 <= self.m <= self.n:
@@ -161,8 +157,6 @@ class Composition:
             raise ValueError(f"{self.name}: draw must be uniform or dots, got {self.draw!r}")
         if not 0 < self.fresh_frac <= 1 or self.screen < 1:
             raise ValueError(f"{self.name}: need 0 < fresh_frac <= 1 and screen >= 1")
-        if self.prescreen and not 1 <= self.prescreen < self.screen:
-            raise ValueError(f"{self.name}: prescreen must be 0 or in [1, screen={self.screen}), got {self.prescreen}")
         if self.steps < 1 or self.round_steps < 1 or self.chunk < 0 or self.scored < 0:
             raise ValueError(f"{self.name}: need steps >= 1, round_steps >= 1, chunk >= 0 and scored >= 0")
         if any(x < 0 for x in (*self.reference, *self.calibration)):
@@ -170,8 +164,12 @@ class Composition:
 
 
 def screened_per_prompt(c: Composition) -> int:
-    """Candidates the screen's pass scores per prompt a step keeps: ``select.prescreen`` where set, else f."""
-    return c.prescreen or c.screen
+    """Candidates the screen's pass scores per prompt a step keeps: f, as the rules leave it (the prescreen's
+    ``StepRule.screen_pass``)."""
+    f = c.screen
+    for rule in c.rules:
+        f = rule.screen_pass(f)
+    return f
 
 
 def informative_chance(successes: torch.Tensor, g: int, n: int) -> torch.Tensor:

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlcore.step_rules import DrawOutcome, StepView
+from rlcore.step_rules import DrawOutcome, StepView, Unchanged
 
 __all__ = ["WaveExpectation", "WaveRule", "allocate", "completion_chance", "pass_rate_moment", "step_expectation",
            "wave_expectation"]
@@ -174,7 +174,7 @@ def step_expectation(candidates: float, budget: float, mixed: float, agree_toppe
 
 
 @dataclass(frozen=True)
-class WaveRule:
+class WaveRule(Unchanged):
     """The waves as the plan predicts them (an rlcore.step_rules.StepRule; rlcore/plan.py): C = ceil(candidates x B)
     candidates from the draw, each reference prompt's expected outcome as one (:func:`wave_expectation`, its prior
     the run's estimate of it), the step's groups under the budget B (:func:`step_expectation`); a first generate
@@ -187,9 +187,6 @@ class WaveRule:
     prior_strength: float
     carry: bool = False
     name: str = "waves"
-
-    def weigh(self, successes: torch.Tensor, g: int, n: int, weights: torch.Tensor) -> torch.Tensor:
-        return weights
 
     def outcome(self, view: StepView) -> DrawOutcome:
         w, n, k = self.first, view.n, len(view.successes)

@@ -40,9 +40,12 @@ Choices and deviations:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from rlcore.pass_rate_posterior import informative_chance
+from rlcore.step_rules import Unchanged
 
 SAMPLE_METHODS = ("weighted", "greedy", "gumbel")
 
@@ -288,6 +291,34 @@ def prescreen(last: torch.Tensor, age: torch.Tensor, n: int, k: int, half_life: 
     mean = chance[known].mean() if bool(known.any()) else torch.tensor(0.0, dtype=torch.float64)
     priority = torch.where(known, mean + (chance - mean) * torch.exp2(-age / half_life), mean)
     return torch.sort(priority, descending=True, stable=True).indices[:k]
+
+
+@dataclass(frozen=True)
+class Prescreen(Unchanged):
+    """The prescreen as a technique (rlcore/step_rules.py): the training's :class:`~rlcore.step_rules.ScreenOrder`
+    (of a step's drawn candidates, the ``scored`` x need that :func:`prescreen` ranks first, in draw order) and the
+    plan's :class:`~rlcore.step_rules.StepRule` (the pass scores ``scored`` candidates a prompt, not f; the screen
+    still chooses among f, so the draw's ratio is f's: the prompts its earlier scores rank low are those it would
+    not keep). ``n``: rollouts a group; ``half_life``: ``select.prescreen_half_life``."""
+
+    scored: int
+    n: int
+    half_life: float
+    name: str = "prescreen"
+
+    def __post_init__(self) -> None:
+        if self.scored < 1 or self.n < 2 or not self.half_life > 0:
+            raise ValueError(f"prescreen: need scored >= 1, n >= 2 and half_life > 0, got {self.scored}, {self.n}, "
+                             f"{self.half_life}")
+
+    def screen_pass(self, f: int) -> int:
+        return min(self.scored, f)
+
+    def pick(self, last: torch.Tensor, age: torch.Tensor, need: int) -> torch.Tensor:
+        k = self.scored * need
+        if len(last) <= k:
+            return torch.arange(len(last))
+        return prescreen(last, age, self.n, k, self.half_life).sort().values
 
 
 def uniform_weights(num_prompts: int, mask: torch.Tensor | None = None) -> torch.Tensor:

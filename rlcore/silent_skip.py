@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rlcore.step_rules import Unchanged
+
 __all__ = ["SilentSkip", "SkipRule", "skip_probability", "update_streak"]
 
 
@@ -90,7 +92,7 @@ class SilentSkip:
 
 
 @dataclass(frozen=True)
-class SkipRule:
+class SkipRule(Unchanged):
     """The skip as the plan predicts it (an rlcore.step_rules.StepRule): a reference prompt whose g rollouts agreed
     (evidence z = g / n for a visit) is drawn with 1 - seen x its skip chance of its weight, ``seen`` being the share
     of the pool a run has visited, averaged over its steps (:meth:`seen_share`): a prompt not yet visited is never
@@ -114,6 +116,3 @@ class SkipRule:
         s = torch.as_tensor(successes)
         z = torch.where((s == 0) | (s == g), g / n, 0.0)
         return weights * (1 - self.seen * skip_probability(z, self.explore, self.cap))
-
-    def outcome(self, view) -> None:
-        return None

@@ -1,14 +1,18 @@
 """The seam through which a technique that acts inside a step reaches the plan (docs/algorithms.md section 9.5).
 
 A technique of this kind changes which prompts a step draws (a weight on the draw: the pre-rollout skip,
-rlcore/silent_skip.py) or how a step spends its rollouts on them (the draw itself: per-prompt rollout budgets,
-rlcore/rollout_budget.py). It describes itself to the plan (rlcore/plan_draw.py, rlcore/plan.py) with a
-:class:`StepRule`, built from its config section by its one registration (tasks/training/techniques.py), which the
-training reads too. The plan then needs no field and no branch of its own for it: it reads back the rule's weights
-on the draw (rlcore/plan_draw.py) and, handing each rule a :class:`StepView` of the reference set under the
-candidate's draw, a :class:`DrawOutcome` (rlcore/plan.py).
+rlcore/silent_skip.py), how a step spends its rollouts on them (the draw itself: per-prompt rollout budgets,
+rlcore/rollout_budget.py) or what the likelihood screen's pass scores (the prescreen, rlcore/selection.py). It
+describes itself to the plan (rlcore/plan_draw.py, rlcore/plan.py) with a :class:`StepRule`, built from its config
+section by its one registration (tasks/training/techniques.py), which the training reads too. The plan then needs
+no field and no branch of its own for it: it reads back the rule's weights on the draw (rlcore/plan_draw.py), the
+candidates the screen's pass scores (:meth:`StepRule.screen_pass`) and, handing each rule a :class:`StepView` of
+the reference set under the candidate's draw, a :class:`DrawOutcome` (rlcore/plan.py). A rule states only what it
+changes: :class:`Unchanged` holds the answers of a rule that changes nothing. The training side meets such a
+technique through :class:`PromptFilter` (the selection's per-prompt state), :class:`ScreenOrder` (which drawn
+candidates the screen scores) or a draw of its own.
 
-Shape letters: K reference prompts.
+Shape letters: K reference prompts, C a step's drawn candidates.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["DrawOutcome", "PromptFilter", "StepRule", "StepView"]
+__all__ = ["DrawOutcome", "PromptFilter", "ScreenOrder", "StepRule", "StepView", "Unchanged"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,33 @@ class StepRule(Protocol):
 
     def outcome(self, view: StepView) -> DrawOutcome | None:
         """The step's fresh draw when this rule replaces the draw of B groups of n (None: it does not)."""
+        ...
+
+    def screen_pass(self, f: int) -> int:
+        """Candidates the screen's pass scores a prompt kept when the screen chooses among ``f`` (unchanged: f)."""
+        ...
+
+
+class Unchanged:
+    """The answers of a :class:`StepRule` that changes nothing; a rule subclasses it and overrides what it changes."""
+
+    def weigh(self, successes: torch.Tensor, g: int, n: int, weights: torch.Tensor) -> torch.Tensor:
+        return weights
+
+    def outcome(self, view: StepView) -> DrawOutcome | None:
+        return None
+
+    def screen_pass(self, f: int) -> int:
+        return f
+
+
+class ScreenOrder(Protocol):
+    """Which of a step's drawn candidates the likelihood screen's pass scores (tasks/selection/screen.py), read
+    before the pass from each candidate's last screened pass rate."""
+
+    def pick(self, last: torch.Tensor, age: torch.Tensor, need: int) -> torch.Tensor:
+        """[C'] increasing indices of the C drawn candidates to score, when the step keeps ``need`` of them;
+        ``last`` [C] float64 each one's last screened pass rate (NaN: never screened), ``age`` [C] steps since."""
         ...
 
 

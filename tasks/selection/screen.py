@@ -34,7 +34,8 @@ from collections.abc import Callable
 import torch
 
 from rlcore.difficulty import pearson
-from rlcore.selection import prescreen, screen
+from rlcore.selection import screen
+from rlcore.step_rules import ScreenOrder
 from tasks.data.prompts import PromptRecord
 from tasks.model.forward import right_pad, token_logprobs
 from tasks.model.loading import add_special
@@ -96,16 +97,14 @@ class ScreenScores:
         kept: step -> {pool index: q} of the candidates that step kept.
         counts: step -> [candidates it scored, of them read from ``ahead``, candidates drawn].
         last: pool index -> (step, q): each prompt's latest score a step read, and that step
-            (``select.prescreen`` reads it, :meth:`remembered`; a score ahead counts once its step reads it, so a
+            (the ``order`` reads it, :meth:`remembered`; a score ahead counts once its step reads it, so a
             step's look-ahead and the step itself see the same).
     """
 
-    def __init__(self, likelihood: Likelihood, pool: list[PromptRecord], *, n: int, prescreen: int = 0,
-                 half_life: float = 20.0):
-        """``n``: rollouts a group (``rollout.n``); ``prescreen`` and ``half_life``: ``select.prescreen`` (0: every
-        drawn candidate scored) and ``select.prescreen_half_life``."""
-        self.likelihood, self.pool = likelihood, pool
-        self.n, self.prescreen, self.half_life = n, prescreen, half_life
+    def __init__(self, likelihood: Likelihood, pool: list[PromptRecord], *, n: int, order: ScreenOrder | None = None):
+        """``n``: rollouts a group (``rollout.n``); ``order``: which drawn candidates the pass scores, a registered
+        technique's (tasks/training/techniques.py ``screen_order``: the prescreen), None: every one."""
+        self.likelihood, self.pool, self.n, self.order = likelihood, pool, n, order
         self.ahead: dict[int, dict[int, float]] = {}
         self.kept: dict[int, dict[int, float]] = {}
         self.counts: dict[int, list[int]] = {}
@@ -117,11 +116,11 @@ class ScreenScores:
 
     def candidates(self, drawn: torch.Tensor, need: int, step: int) -> torch.Tensor:
         """Of step ``step``'s drawn candidates [C] (pool indices), those the pass scores, in draw order: all of them,
-        or with ``select.prescreen`` the prescreen's ``prescreen x need`` (rlcore.selection.prescreen)."""
-        if not self.prescreen or len(drawn) <= self.prescreen * need:
+        or those the ``order`` picks from what the screen remembers of them (:meth:`remembered`)."""
+        if self.order is None:
             return drawn
         last, age = self.remembered(drawn.tolist(), step)
-        return drawn[prescreen(last, age, self.n, self.prescreen * need, self.half_life).sort().values]
+        return drawn[self.order.pick(last, age, need)]
 
     def choose(self, drawn: torch.Tensor, need: int, step: int, read_ahead: bool = True) -> torch.Tensor:
         """[need] the pool indices step ``step`` keeps of its drawn candidates [C]: :meth:`candidates` scored
@@ -135,7 +134,7 @@ class ScreenScores:
     def score(self, idx: list[int], step: int, read_ahead: bool = True, drawn: int | None = None) -> torch.Tensor:
         """[C] float64 q of step ``step``'s candidates ``idx``: those scored ahead for it read from there (not for a
         later generation round of the step, ``read_ahead`` False), the rest scored now; the step's scores ahead are
-        then dropped. ``drawn``: the candidates the step drew, where the prescreen left some unscored (else C)."""
+        then dropped. ``drawn``: the candidates the step drew, where the ``order`` left some unscored (else C)."""
         known = self.ahead.pop(step, {}) if read_ahead else {}
         todo = [i for i in idx if i not in known]
         now = dict(zip(todo, self(todo).tolist(), strict=True)) if todo else {}
@@ -153,7 +152,7 @@ class ScreenScores:
 
     def remembered(self, idx: list[int], step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """[C] float64 each candidate's latest score read by a step before ``step`` (NaN: none) and [C] its age in
-        steps: what :func:`rlcore.selection.prescreen` reads (not a later generation round's of ``step`` itself)."""
+        steps: what the ``order`` reads (not a later generation round's of ``step`` itself)."""
         seen = [self.last.get(i) for i in idx]
         seen = [x if x is not None and x[0] < step else None for x in seen]
         q = torch.tensor([math.nan if x is None else x[1] for x in seen], dtype=torch.float64)

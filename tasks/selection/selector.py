@@ -8,8 +8,9 @@ technique off the weights are uniform: plain GRPO.
 **Likelihood screen** (``select.screen`` = f > 1, tasks/selection/screen.py; ours): each step draws f candidates per
 prompt it needs from the weights above, estimates each candidate's pass rate as the policy's probability of its
 worked solution (one forward pass) and keeps those whose groups are most likely to have unequal rewards
-(``rlcore.selection.screen``); the rest stay available to the round's later steps. With ``select.prescreen`` = s the
-pass scores only the s a prompt that the screen's earlier scores rank highest (``rlcore.selection.prescreen``).
+(``rlcore.selection.screen``); the rest stay available to the round's later steps. A registered technique may say
+which drawn candidates the pass scores (rlcore/step_rules.py ``ScreenOrder``: the prescreen, ``select.prescreen``,
+scores the s a prompt that the screen's earlier scores rank highest).
 
 **Prompt filters** (rlcore/step_rules.py ``PromptFilter``, registered in tasks/training/techniques.py; the
 pre-rollout skip, rlcore/silent_skip.py, GRESO arXiv 2506.02177): each hears every measurement of a prompt (the
@@ -35,7 +36,7 @@ from rlcore.angle import angle_order
 from rlcore.difficulty import pearson
 from rlcore.seeding import derive_seed
 from rlcore.selection import sample_prompts, uniform_weights
-from rlcore.step_rules import PromptFilter
+from rlcore.step_rules import PromptFilter, ScreenOrder
 from tasks.calibration.record import Calibration
 from tasks.calibration.reference import Measure
 from tasks.config import Config
@@ -61,10 +62,11 @@ class Selector:
 
     def __init__(self, cfg: Config, pool: list[PromptRecord], features: Features,
                  likelihood: Likelihood | None = None, filters: Sequence[PromptFilter] = (),
-                 apart: bool = False):
+                 screen_order: ScreenOrder | None = None, apart: bool = False):
         """``likelihood``: the current policy's :data:`~tasks.selection.screen.Likelihood`, needed when
         ``select.screen`` > 1 (every pool prompt then needs a worked solution); ``filters``: the prompt filters of
-        the techniques the run turns on (tasks/training/techniques.py ``prompt_filters``); ``apart``: whether the
+        the techniques the run turns on (tasks/training/techniques.py ``prompt_filters``); ``screen_order``: which
+        drawn candidates the screen's pass scores (``screen_order`` there; None: all); ``apart``: whether the
         rollouts are generated apart from the trainer (tasks/overlap/concurrent.py ``Sampler.apart``), so that the
         next step's selection work may run beside them where ``select.screen_ahead`` and ``select.round_ahead`` say
         so (:meth:`lookahead`)."""
@@ -75,9 +77,8 @@ class Selector:
             if likelihood is None:
                 raise ValueError(f"select.screen={cfg.select.screen} needs the policy's likelihood; none was given")
             require_solutions(pool)  # at start, not at the first step that draws such a prompt
-        sc = cfg.select
-        self.scores = (ScreenScores(likelihood, pool, n=cfg.rollout.n, prescreen=sc.prescreen,
-                                    half_life=sc.prescreen_half_life) if sc.screen > 1 else None)  # by step
+        self.scores = (ScreenScores(likelihood, pool, n=cfg.rollout.n, order=screen_order)
+                       if cfg.select.screen > 1 else None)  # by step
         self.screens_ahead = apart and cfg.select.screen > 1 and cfg.select.screen_ahead
         self.starts_ahead = apart and cfg.select.round_ahead
         self.started: tuple[int, dict[str, float]] | None = None  # a round started ahead: its index, its metrics

@@ -53,7 +53,7 @@ from tasks.training import checkpoint
 from tasks.training.draw import DRAW_PHASES, CarriedRollouts, StepDraw, use_sampler_behaviour
 from tasks.training.recorder import Recorder, throughput
 from tasks.training.rounds import RoundLog
-from tasks.training.techniques import prompt_filters, step_draw
+from tasks.training.techniques import prompt_filters, screen_order, step_draw
 from tasks.update.nan_locator import SkippedUpdate
 from tasks.update.skip_guard import SkipGuard, skipped_rows
 from tasks.update.updater import Updater, scheduled_lr
@@ -147,7 +147,7 @@ class Trainer:
                                        micro_batch_tokens=cfg.train.micro_batch_tokens,
                                        device=run.device) if cfg.select.screen > 1 else None
         self.selector = Selector(cfg, pool, features, likelihood, filters=prompt_filters(cfg, len(pool)),
-                                 apart=sampling.apart)
+                                 screen_order=screen_order(cfg), apart=sampling.apart)
         self.draw_fresh = step_draw(cfg)  # sample_fresh, or a registered technique's (tasks/training/techniques.py)
         if calibration is not None:
             self.selector.seed_labels(calibration)

@@ -23,8 +23,10 @@ from rlcore.plan_draw import (
     informative_chance,
     kept_mass,
     screen_calibration,
+    screened_per_prompt,
 )
 from rlcore.rollout_budget import WaveRule
+from rlcore.selection import Prescreen
 from rlcore.silent_skip import SkipRule
 from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
 
@@ -274,17 +276,20 @@ def test_a_step_hand_worked():
 def test_the_prescreen_pays_for_the_candidates_it_scores_and_chooses_among_all_hand_worked():
     """select.prescreen: f = 4 candidates a prompt drawn, 1 scored. The pass costs one candidate a prompt (4 x 12
     tokens x 0.5 s, where f = 4 alone costs 16 x 12 x 0.5), and the draw's ratio is f = 4's: the top quarter of the
-    screened mass, prompt 2 at its calibrated chance. A prescreen of f or more is refused."""
+    screened mass, prompt 2 at its calibrated chance. The plan reads it from the technique's rule alone
+    (rlcore/step_rules.py), as it reads a screen without one."""
     grpo = Composition("grpo", 4, 8, 8)
-    _, (four, pre) = predict([Composition("s4", 4, 8, 8, screen=4), Composition("pre", 4, 8, 8, screen=4, prescreen=1)],
-                             grpo, POOL, COSTS)
+    pre_rule = Prescreen(1, 8, 20.0)
+    _, (four, pre) = predict([Composition("s4", 4, 8, 8, screen=4),
+                              Composition("pre", 4, 8, 8, screen=4, rules=(pre_rule,))], grpo, POOL, COSTS)
     assert (four.forward_tokens, pre.forward_tokens) == (16 * 12, 4 * 12)
     assert pre.forward_s == pytest.approx(4 * 12 * 0.5) and pre.step_s == pytest.approx(four.step_s - 12 * 12 * 0.5)
     w = float(group_chance(Composition("s4", 4, 8, 8, screen=4), POOL)[2])
     assert pre.effective_ratio == four.effective_ratio == pytest.approx(w)
-    for screen in (1, 2):
-        with pytest.raises(ValueError, match="prescreen must be 0 or in"):
-            Composition("bad", 4, 8, 8, screen=screen, prescreen=2)
+    assert screened_per_prompt(Composition("s2", 4, 8, 8, screen=2, rules=(Prescreen(3, 8, 20.0),))) == 2, \
+        "never more than the screen draws"
+    with pytest.raises(ValueError, match="prescreen: need scored >= 1"):
+        Prescreen(0, 8, 20.0)
 
 
 def test_the_screen_run_ahead_costs_what_outlasts_the_generate_call_hand_worked():

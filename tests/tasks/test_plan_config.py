@@ -91,6 +91,24 @@ def test_composition_reads_what_a_config_does():
         candidate_config(cfg, "nope")
 
 
+def test_the_prescreen_reaches_the_plan_and_the_training_through_its_registration_alone():
+    """The seam (tasks/training/techniques.py): select.prescreen's one registration gives the plan a rule whose
+    screen pass scores 3 candidates a prompt of the 6 drawn, and the training's selection the same technique as the
+    order of its pass; a screen without it scores all 6 and has no order."""
+    from rlcore.plan_draw import screened_per_prompt
+    from rlcore.selection import Prescreen
+    from tasks.training.techniques import screen_order
+    cfg = load_config(None)
+    pre_cfg = candidate_config(cfg, "grpo_prescreen")
+    wide_cfg = with_overrides(pre_cfg, ["select.prescreen=0"])
+    pre, wide = composition("grpo_prescreen", pre_cfg), composition("wide", wide_cfg)
+    assert pre.screen == wide.screen == 6
+    assert (screened_per_prompt(pre), screened_per_prompt(wide)) == (3, 6)
+    assert [r.name for r in pre.rules] == ["prescreen"] and wide.rules == ()
+    assert screen_order(pre_cfg) == Prescreen(3, pre_cfg.rollout.n, pre_cfg.select.prescreen_half_life)
+    assert screen_order(wide_cfg) is None and screen_order(cfg) is None
+
+
 def test_what_a_run_reads_before_training():
     cfg = load_config(None)
     assert reads_upfront(candidate_config(cfg, "grpo")) == {"score": False, "calibrate": False}

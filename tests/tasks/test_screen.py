@@ -300,12 +300,14 @@ def test_the_prescreen_scores_the_candidates_the_screen_last_saw_mixed(smoke_cfg
     scores the 2k whose last scores say their groups were likeliest mixed (rlcore.selection.prescreen), in draw
     order; with nothing remembered, the first 2k drawn. The step keeps the best k of those by the new scores, and
     its metrics count 2k scored of 4k drawn. A step's look-ahead scores the same 2k, which the step then reads."""
+    from tasks.training.techniques import screen_order
     feats = compute_features(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
     rates = {r.id: [0.0, 1.0, 0.5, 0.3, 0.9][i % 5] for i, r in enumerate(pool)}
     chance = {i: 1 - rates[r.id] ** 4 - (1 - rates[r.id]) ** 4 for i, r in enumerate(pool)}
     full_calls, calls = [], []
     full = Selector(smoke_cfg(*SMALL, "select.screen=4"), pool, feats, scripted(rates, full_calls))
-    pre = Selector(smoke_cfg(*SMALL, "select.screen=4", "select.prescreen=2"), pool, feats, scripted(rates, calls))
+    pre_cfg = smoke_cfg(*SMALL, "select.screen=4", "select.prescreen=2")
+    pre = Selector(pre_cfg, pool, feats, scripted(rates, calls), screen_order=screen_order(pre_cfg))
     for s in (full, pre):
         s.begin_round(0, 0, None)
     full.choose(6, 1)
@@ -329,8 +331,8 @@ def test_the_prescreen_scores_the_candidates_the_screen_last_saw_mixed(smoke_cfg
     assert any(chance[i] == 0 for i in drawn) and all(chance[i] > 0 for i in scored), "solved, unsolved: unscored"
     assert idx == [scored[j] for j in screen(torch.tensor([rates[pool[i].id] for i in scored]), 4, 6).tolist()]
     # overlapped: the look-ahead prescreens step 3's draw as step 3 will, and step 3 scores nothing itself
-    ahead = Selector(smoke_cfg(*SMALL, "select.screen=4", "select.prescreen=2", "train.round_steps=4"), pool, feats,
-                     scripted(rates, calls), apart=True)
+    ahead_cfg = smoke_cfg(*SMALL, "select.screen=4", "select.prescreen=2", "train.round_steps=4")
+    ahead = Selector(ahead_cfg, pool, feats, scripted(rates, calls), screen_order=screen_order(ahead_cfg), apart=True)
     ahead.begin_round(0, 0, None)
     ahead.scores.last = {i: (0, rates[r.id]) for i, r in enumerate(pool)}
     ahead.choose(6, 2)
