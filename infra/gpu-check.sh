@@ -31,6 +31,9 @@
 #                       part's full-weights arm with each group's prompt computed once (train.shared_prefix=true,
 #                       off on a GPU by default: on an H200 it was finite but 2.2x slower, its masked attention
 #                       has no flash kernel): finite, s / step and peak against `update`'s.
+#   default   180 (240) not in the default list (a call of its own: `bash infra/gpu-check.sh default`): the default
+#                       `rlsift run` (conf/presets/auto.yaml: calibration, the plan's probe on the GPU, its choice,
+#                       100 steps) end to end on cuda: the choice, its stages timed, held-out accuracy required to rise.
 #
 # Usage: bash infra/gpu-check.sh [PART ...]          (default: every part, in the order above)
 #   CHECK_DEVICE=cuda|cpu   (default cuda)    OUT=./gpu-check    PY=python3    GRACE=5 (s between SIGTERM and SIGKILL)
@@ -59,7 +62,7 @@ PARTS=("$@")
 declare -A BUDGET
 if [ "$DEVICE" = cuda ]; then
   BUDGET=([attention]=40 [update]=110 [learning]=120 [lora]=60 [lora_profile]=55 [decode]=80 [pipeline]=70
-          [prefix]=105)
+          [prefix]=105 [default]=180)
   CARD="$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader); "
   ATTENTION=()
   UPDATE=(--no-generation --models 1.5b --modes full+ckpt lora+ckpt --rows 512 --bisect-seconds 30)
@@ -69,9 +72,10 @@ if [ "$DEVICE" = cuda ]; then
   LORA_PROFILE=(--profile --rows 8 --micro-batch-tokens 16384 --top 12)
   DECODE=()
   PIPELINE=(--device cuda)
+  DEFAULT=(--device cuda --config conf/presets/auto.yaml)
 else
   BUDGET=([attention]=60 [update]=150 [learning]=200 [lora]=90 [lora_profile]=60 [decode]=90 [pipeline]=240
-          [prefix]=150)
+          [prefix]=150 [default]=240)
   ATTENTION=(--toy)
   UPDATE=(--toy --no-generation --modes full+ckpt lora+ckpt --rows 16 --bisect-seconds 30)
   PREFIX=(--toy --no-generation --modes full+ckpt --rows 16 --bisect-seconds 30 --shared-prefix)
@@ -80,6 +84,7 @@ else
   LORA_PROFILE=(--model toy --profile --rows 8 --completion 64 --micro-batch-tokens 4096 --top 8)
   DECODE=(--rows 4 8 --new 4)
   PIPELINE=(--device cpu train.steps=8 eval.every=4 eval.limit=100)
+  DEFAULT=(--device cpu --config conf/presets/auto.yaml train.steps=8 eval.every=4 eval.limit=100)
 fi
 VERSIONS=$("$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'transformers', transformers.__version__)" 2>&1 | tail -n 1)
@@ -156,7 +161,9 @@ for part in "${PARTS[@]}"; do
     decode) run_part decode "$PY" infra/gpu_bench_generation.py "${DECODE[@]}" ;;
     pipeline) run_part pipeline "$PY" infra/pipeline-check.py --root "${RUNS:-$OUT/runs}" "${PIPELINE[@]}" ;;
     prefix) run_part prefix "$PY" infra/gpu-bench.py "${PREFIX[@]}" ;;
-    *) echo "unknown part $part (attention, update, learning, lora, lora_profile, decode, pipeline, prefix)" >&2
+    default) run_part default "$PY" infra/pipeline-check.py --root "${RUNS:-$OUT/runs}" "${DEFAULT[@]}" ;;
+    *) echo "unknown part $part (attention, update, learning, lora, lora_profile, decode, pipeline, prefix," \
+            "default)" >&2
        exit 2 ;;
   esac
 done

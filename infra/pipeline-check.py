@@ -9,6 +9,8 @@ one ``verdict:`` line. Exit status 1 when the run did not complete or its accura
 Usage:
     python infra/pipeline-check.py --device cuda --root ./gpu-check/runs
     python infra/pipeline-check.py --device cpu --root /tmp/runs train.steps=8     # the CPU twin
+    python infra/pipeline-check.py --device cuda --root /tmp/runs --config conf/presets/auto.yaml  # `rlsift run`'s
+                                                                                   # default: the plan, then its choice
 """
 
 from __future__ import annotations
@@ -43,12 +45,17 @@ def main(argv: list[str] | None = None) -> int:
     for name, seconds in stages.items():
         print(f"| {name} | {seconds:.1f} |")
     print(f"| the process, start to end | {wall:.1f} |")
+    plan = summary.get("plan")
+    if plan:  # an auto run: what it chose and why
+        print(f"plan: {plan['line']}")
+        print(f"effective ratio: {summary.get('effective_ratio')}; overlap: {(summary.get('overlap') or {}).get('reason')}")
     start, end = summary.get("eval_accuracy_start"), summary.get("eval_accuracy_end")
     completed = summary.get("status") == "completed"
     rose = completed and start is not None and end is not None and end > start
     acc = f"held-out accuracy {start:.3f} -> {end:.3f}" if start is not None and end is not None else "no accuracy"
-    print(f"verdict: {'ok' if rose else 'FAILS'}: the tiny default on {args.device} {summary.get('status')} in "
-          f"{wall:.0f} s, {summary.get('steps')} steps, {acc} ({'rises' if rose else 'does not rise'})")
+    chose = f", chose {plan['choice']}" if plan else ""
+    print(f"verdict: {'ok' if rose else 'FAILS'}: {Path(args.config).name} on {args.device} {summary.get('status')} "
+          f"in {wall:.0f} s, {summary.get('steps')} steps{chose}, {acc} ({'rises' if rose else 'does not rise'})")
     return 0 if rose else 1
 
 
