@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = summary.get("plan")
     if plan:  # an auto run: what it chose and why
         print(f"plan: {plan['line']}")
-        print(f"effective ratio: {summary.get('effective_ratio')}; overlap: {(summary.get('overlap') or {}).get('reason')}")
+        overlap = (summary.get("overlap") or {}).get("reason")
+        print(f"effective ratio: {summary.get('effective_ratio')}; overlap: {overlap}")
     start, end = summary.get("eval_accuracy_start"), summary.get("eval_accuracy_end")
     completed = summary.get("status") == "completed"
     rose = completed and start is not None and end is not None and end > start
