@@ -154,5 +154,6 @@ def test_where_20_screened_prompts_fall_short_of_grpos_signal_the_plan_takes_24_
     assert base.signal == pytest.approx(16) and [p.signal for p in preds] == pytest.approx(
         [20 * per_prompt, 24 * per_prompt, 28 * per_prompt])
     assert 20 * per_prompt < 16 <= 24 * per_prompt  # 15.6 < 16 <= 18.7
-    assert choose(base, preds[:1], cfg.plan.min_signal)[0] is base  # 20 prompts alone: plain GRPO
-    assert choose(base, preds, cfg.plan.min_signal)[0].name == "grpo_screen_24"
+    assert choose(base, preds[:1], 1.0)[0] is base  # 20 prompts alone, at a floor of GRPO's whole signal: plain GRPO
+    assert choose(base, preds, 1.0)[0].name == "grpo_screen_24"
+    assert choose(base, preds, cfg.plan.min_signal)[0].name == "grpo_screen"  # 0.975x passes the default 0.95
