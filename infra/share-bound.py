@@ -31,6 +31,7 @@ from rlcore.selection import screen  # noqa: E402
 from tasks.data import arith  # noqa: E402
 from tasks.data.rewards import reward  # noqa: E402
 from tasks.generation.rollout import HFEngine  # noqa: E402
+from tasks.model.attention import guard_attention  # noqa: E402
 from tasks.model.loading import load_policy  # noqa: E402
 from tasks.policy import Policy  # noqa: E402
 from tasks.selection.screen import policy_likelihood  # noqa: E402
@@ -55,20 +56,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draws", type=int, default=300, help="simulated steps for each f")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="where the policy runs (cpu, cuda)")
     args = p.parse_args(argv)
     if args.rollouts % 2 or args.rollouts < 2 * args.n:
         p.error(f"--rollouts must be even and at least 2 x --n ({2 * args.n}), got {args.rollouts}")
     if args.need * max(args.f) > args.prompts:
         p.error(f"--prompts ({args.prompts}) must hold --need x the largest --f ({args.need * max(args.f)})")
 
-    model, tok = load_policy(args.model)
-    engine = HFEngine(model, tok, max_new_tokens=args.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, chunk=512)
+    guard_attention(args.device)  # cuDNN SDPA off on CUDA, as in a run
+    model, tok = load_policy(args.model, device=args.device)
+    engine = HFEngine(model, tok, max_new_tokens=args.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, chunk=512,
+                      device=args.device)
     policy = Policy(model=model, tokenizer=tok, engine=engine)
     pool = arith.generate(args.seed, args.pool, "train", args.mix)
     rng = random.Random(args.seed)
     records = rng.sample(pool, args.prompts)
     likelihood = policy_likelihood(policy, temperature=1.0, max_new_tokens=args.max_new_tokens,
-                                   micro_batch_tokens=2048)
+                                   micro_batch_tokens=2048, device=args.device)
     q = torch.cat([likelihood(records[i:i + 100]) for i in range(0, len(records), 100)])  # [M]
     r, rewards = args.rollouts, []
     for i in range(0, len(records), 32):
