@@ -430,6 +430,15 @@ def test_the_likelihood_screen_runs_in_the_loop_and_is_recorded(smoke_cfg, pool)
     assert all(m["select/screen_ahead_share"] == 0 for m in logged), "sampling in the trainer's threads: no look-ahead"
 
 
+def test_the_prescreen_reaches_the_loop_through_its_registration(smoke_cfg, pool):
+    """select.screen=4 with select.prescreen=2 (tasks/training/techniques.py ``screen_order``): the loop hands the
+    selector the prescreen, so every step draws 4 candidates a prompt and its pass scores 2 a prompt."""
+    cfg = smoke_cfg(*SMALL, "select.screen=4", "select.prescreen=2", path=ARMS.format("grpo_screen"))
+    _, summary, _, sel, logged = run_train(cfg, pool)
+    assert summary.steps == 4 and len(sel) == 4 * 6
+    assert all((m["select/screen_drawn"], m["select/screen_candidates"]) == (24, 12) for m in logged)
+
+
 def test_kl_on_the_screened_draw_anchors_every_rollout_to_the_starting_policy(smoke_cfg, pool):
     """The screened draw plus GRPO's KL term on every rollout: each step's update computes all
     rollouts, silent groups included, and logs the KL to the starting policy, 0 before the first update moves the
