@@ -321,6 +321,16 @@ class Prescreen(Unchanged):
         return prescreen(last, age, self.n, k, self.half_life).sort().values
 
 
+def guard_picks(eligible: torch.Tensor, n: int, generator: torch.Generator) -> list[int]:
+    """The solved-skill guard's draw (``guard.share``; ours, docs/algorithms.md section 7): up to n of the prompts
+    ``eligible`` [M] bool marks (measured solved, not yet used this round), uniformly at random without
+    replacement, in the order drawn."""
+    pool = torch.as_tensor(eligible, dtype=torch.bool).nonzero().squeeze(1)
+    if n <= 0 or not len(pool):
+        return []
+    return pool[torch.randperm(len(pool), generator=generator)[:n]].tolist()
+
+
 def uniform_weights(num_prompts: int, mask: torch.Tensor | None = None) -> torch.Tensor:
     """[M] float64 uniform probabilities over the eligible prompts (plain GRPO)."""
     if num_prompts < 1:

@@ -9,8 +9,7 @@ technique off the weights are uniform: plain GRPO.
 prompt it needs from the weights above, estimates each candidate's pass rate as the policy's probability of its
 worked solution (one forward pass) and keeps those whose groups are most likely to have unequal rewards
 (``rlcore.selection.screen``); the rest stay available to the round's later steps. A registered technique may say
-which drawn candidates the pass scores (rlcore/step_rules.py ``ScreenOrder``: the prescreen, ``select.prescreen``,
-scores the s a prompt that the screen's earlier scores rank highest).
+which drawn candidates the pass scores (rlcore/step_rules.py ``ScreenOrder``: the prescreen).
 
 **Prompt filters** (rlcore/step_rules.py ``PromptFilter``, registered in tasks/training/techniques.py; the
 pre-rollout skip, rlcore/silent_skip.py, GRESO arXiv 2506.02177): each hears every measurement of a prompt (the
@@ -35,7 +34,7 @@ import torch
 from rlcore.angle import angle_order
 from rlcore.difficulty import pearson
 from rlcore.seeding import derive_seed
-from rlcore.selection import sample_prompts, uniform_weights
+from rlcore.selection import guard_picks, sample_prompts, uniform_weights
 from rlcore.step_rules import PromptFilter, ScreenOrder
 from tasks.calibration.record import Calibration
 from tasks.calibration.reference import Measure
@@ -64,12 +63,11 @@ class Selector:
                  likelihood: Likelihood | None = None, filters: Sequence[PromptFilter] = (),
                  screen_order: ScreenOrder | None = None, apart: bool = False):
         """``likelihood``: the current policy's :data:`~tasks.selection.screen.Likelihood`, needed when
-        ``select.screen`` > 1 (every pool prompt then needs a worked solution); ``filters``: the prompt filters of
-        the techniques the run turns on (tasks/training/techniques.py ``prompt_filters``); ``screen_order``: which
-        drawn candidates the screen's pass scores (``screen_order`` there; None: all); ``apart``: whether the
-        rollouts are generated apart from the trainer (tasks/overlap/concurrent.py ``Sampler.apart``), so that the
-        next step's selection work may run beside them where ``select.screen_ahead`` and ``select.round_ahead`` say
-        so (:meth:`lookahead`)."""
+        ``select.screen`` > 1 (every pool prompt then needs a worked solution); ``filters`` and ``screen_order``:
+        the prompt filters and the screen's order of the techniques the run turns on (tasks/training/techniques.py);
+        ``apart``: whether the rollouts are generated apart from the trainer (tasks/overlap/concurrent.py
+        ``Sampler.apart``), so that the next step's selection work may run beside them where ``select.screen_ahead``
+        and ``select.round_ahead`` say so (:meth:`lookahead`)."""
         self.cfg, self.pool, self.filters = cfg, pool, list(filters)
         self.references: list[ReferenceRow] = []  # reference rows not yet in the ledger (take_references)
         m = len(pool)
@@ -223,7 +221,8 @@ class Selector:
         for f in self.filters:
             probs = f.keep(probs, k, torch.Generator().manual_seed(
                 derive_seed(cfg.seed, step, f.name, *((attempt,) if attempt else ()))))
-        guard = self._guard(round(cfg.guard.share * k), step, used) if attempt == 0 else []
+        guard = guard_picks(self.solved() & ~used, round(cfg.guard.share * k), torch.Generator().manual_seed(
+            derive_seed(cfg.seed, step, "guard"))) if attempt == 0 else []  # a step's first generation round only
         if guard:
             probs = probs.clone()
             probs[guard] = 0.0
@@ -324,16 +323,6 @@ class Selector:
             else:
                 out.append(float(self.last_success[i]))
         return torch.tensor(out, dtype=torch.float64).clamp(0, 1)
-
-    def _guard(self, n: int, step: int, used: torch.Tensor) -> list[int]:
-        """The solved-skill guard's picks (``guard.share``): up to n prompts measured solved and not yet ``used`` this
-        round, uniformly at random (seeded by the step). Only in a step's first generation round: dynamic sampling's
-        later rounds look for informative groups, which solved prompts are not."""
-        solved = (self.solved() & ~used).nonzero().squeeze(1)
-        if n <= 0 or not len(solved):
-            return []
-        gen = torch.Generator().manual_seed(derive_seed(self.cfg.seed, step, "guard"))
-        return solved[torch.randperm(len(solved), generator=gen)[:n]].tolist()
 
     def observe(self, step: int, idx: list[int], rewards: list[torch.Tensor], accuracy: float,
                 angle: float | None) -> dict[str, float]:

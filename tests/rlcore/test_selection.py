@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from rlcore.selection import (
     dots_weights,
+    guard_picks,
     informative_weights,
     observed_informative_weights,
     prescreen,
@@ -322,3 +323,22 @@ def test_prescreen_refuses_bad_input():
         prescreen(q, torch.zeros(3), 4, 1, 10.0)
     with pytest.raises(ValueError, match="n must be >= 2"):
         prescreen(q, age, 1, 1, 10.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=30), st.integers(-1, 35), st.integers(0, 2**31 - 1))
+def test_guard_picks_matches_a_loop(eligible, n, seed):
+    """Oracle: the eligible indices in order, permuted by the same generator, the first n taken one by one. The
+    picks are distinct eligible prompts, min(n, eligible) of them; n <= 0 or none eligible: none."""
+    mask = torch.tensor(eligible)
+    got = guard_picks(mask, n, torch.Generator().manual_seed(seed))
+    pool = [i for i, e in enumerate(eligible) if e]
+    want = []
+    if n > 0 and pool:
+        order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed)).tolist()
+        for j in order:
+            if len(want) == n:
+                break
+            want.append(pool[j])
+    assert got == want
+    assert len(set(got)) == len(got) == (min(n, len(pool)) if n > 0 else 0) and all(eligible[i] for i in got)
