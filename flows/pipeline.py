@@ -32,7 +32,6 @@ from tasks.records.tracking import flow_run_tags
 from tasks.run import Run, RunInfo, open_run
 from tasks.stages import (
     calibrate_stage,
-    early_generator,
     evaluate_stage,
     ingest_stage,
     overlap_stage,
@@ -246,7 +245,6 @@ def _train(run: Run, data: IngestResult, summary: RunSummary) -> RunSummary:
         run.info = replace(run.info, data_fingerprint=data_fingerprint(data))
     policy = prepare_stage(run)
     run.save_info()
-    early_generator(run, policy, data.train)
     start = evaluate_stage(run, policy, data.test, "start", 0)
     calibration = calibrate_stage(run, policy, data.train)
     plan = None

@@ -34,9 +34,6 @@
 #   default   180 (240) not in the default list (a call of its own: `bash infra/gpu-check.sh default`): the default
 #                       `rlsift run` (conf/presets/auto.yaml: calibration, the plan's probe on the GPU, its choice,
 #                       100 steps) end to end on cuda: the choice, its stages timed, held-out accuracy required to rise.
-#   default_late 180 (240) the same run with overlap.early_start=false: the generator process started by the plan's
-#                       probe, not beside the starting evaluation (the control for `default`; a call with both:
-#                       `bash infra/gpu-check.sh default default_late`, 360 s of limits).
 #
 # Usage: bash infra/gpu-check.sh [PART ...]          (default: every part, in the order above)
 #   CHECK_DEVICE=cuda|cpu   (default cuda)    OUT=./gpu-check    PY=python3    GRACE=5 (s between SIGTERM and SIGKILL)
@@ -65,7 +62,7 @@ PARTS=("$@")
 declare -A BUDGET
 if [ "$DEVICE" = cuda ]; then
   BUDGET=([attention]=40 [update]=110 [learning]=120 [lora]=60 [lora_profile]=55 [decode]=80 [pipeline]=70
-          [prefix]=105 [default]=180 [default_late]=180)
+          [prefix]=105 [default]=180)
   CARD="$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader); "
   ATTENTION=()
   UPDATE=(--no-generation --models 1.5b --modes full+ckpt lora+ckpt --rows 512 --bisect-seconds 30)
@@ -78,7 +75,7 @@ if [ "$DEVICE" = cuda ]; then
   DEFAULT=(--device cuda --config conf/presets/auto.yaml)
 else
   BUDGET=([attention]=60 [update]=150 [learning]=200 [lora]=90 [lora_profile]=60 [decode]=90 [pipeline]=240
-          [prefix]=150 [default]=240 [default_late]=240)
+          [prefix]=150 [default]=240)
   ATTENTION=(--toy)
   UPDATE=(--toy --no-generation --modes full+ckpt lora+ckpt --rows 16 --bisect-seconds 30)
   PREFIX=(--toy --no-generation --modes full+ckpt --rows 16 --bisect-seconds 30 --shared-prefix)
@@ -89,7 +86,6 @@ else
   PIPELINE=(--device cpu train.steps=8 eval.every=4 eval.limit=100)
   DEFAULT=(--device cpu --config conf/presets/auto.yaml train.steps=8 eval.every=4 eval.limit=100)
 fi
-DEFAULT_LATE=("${DEFAULT[@]}" overlap.early_start=false)
 VERSIONS=$("$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'transformers', transformers.__version__)" 2>&1 | tail -n 1)
 
@@ -166,10 +162,8 @@ for part in "${PARTS[@]}"; do
     pipeline) run_part pipeline "$PY" infra/pipeline-check.py --root "${RUNS:-$OUT/runs}" "${PIPELINE[@]}" ;;
     prefix) run_part prefix "$PY" infra/gpu-bench.py "${PREFIX[@]}" ;;
     default) run_part default "$PY" infra/pipeline-check.py --root "${RUNS:-$OUT/runs}" "${DEFAULT[@]}" ;;
-    default_late) run_part default_late "$PY" infra/pipeline-check.py --root "${RUNS:-$OUT/runs}" \
-      "${DEFAULT_LATE[@]}" ;;
     *) echo "unknown part $part (attention, update, learning, lora, lora_profile, decode, pipeline, prefix," \
-            "default, default_late)" >&2
+            "default)" >&2
        exit 2 ;;
   esac
 done

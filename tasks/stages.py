@@ -39,7 +39,7 @@ from tasks.model import gguf_source
 from tasks.model.loading import load_policy
 from tasks.model.lora import apply_lora
 from tasks.model.warmstart import sft_records, warm_start
-from tasks.overlap.lag import decide_lag, lag_from_json, lag_to_json, start_early, starts_early
+from tasks.overlap.lag import decide_lag, lag_from_json, lag_to_json
 from tasks.plan.artifact import plan_table
 from tasks.plan.planner import make_plan, probe_records, reads_upfront
 from tasks.plan.record import Plan
@@ -224,16 +224,6 @@ def name_the_choice(run: Run, plan: Plan) -> None:
     name = run.tracker.name
     if name and before in name and before != after:
         run.tracker.rename(name.replace(before, after))
-
-
-def early_generator(run: Run, policy: Policy, pool: list[PromptRecord]) -> None:
-    """``overlap.early_start``: the generator process started now, beside the stages before the training (its start
-    on a GPU host: the child's imports and CUDA, about 18 s for the tiny model on an H200, docs/performance.md), and
-    held by the run for the overlap probe or the training (tasks/overlap/lag.py ``start_early``)."""
-    if starts_early(run.cfg, policy, run.device):
-        start_early(run.cfg, policy, pool, run.handover)
-        log.info("overlap: the generator process starts now, beside the evaluation and the calibration "
-                 "(overlap.early_start=%s)", run.cfg.overlap.early_start)
 
 
 @stage(name="overlap")

@@ -60,12 +60,6 @@ class OverlapConfig(_Frozen):
         "lag auto on a shared device: predicted seconds to start the generator process (spawn, its imports, the "
         "weights, its first call), part of the overlap probe's predicted cost. The probe runs only when that cost "
         "is below what lag 1 could save over train.steps (min(draw, update) a step); else lag 0 without it."))
-    early_start: bool | Literal["auto"] = Field("auto", description=(
-        "In-process engine, lag 1 or auto: start the generator process (spawn, its imports, the weights, a first "
-        "call) right after the policy is prepared, beside the starting evaluation and the calibration, instead of "
-        "in the overlap probe or the training; a run that then trains with lag 0 closes it unused. auto: where the "
-        "trainer is on an accelerator, whose stages leave the host's cores idle; not on a CPU, where the child's "
-        "start takes the cores those stages use (docs/benchmarks.md, 'Every idea tried')."))
 
     @field_validator("lag", mode="before")
     @classmethod

@@ -79,12 +79,10 @@ class Sampler:
     Attributes:
         policy: what the draw uses (its ``model`` is the sampler's copy when the sampler has one; the likelihood
             screen reads it), and its ``engine`` generates.
-
-    ``warm``: the generator process's first call, made before it says it is ready (:class:`GeneratorProcess`).
     """
 
     def __init__(self, trainer: Policy, lag: int, *, threads: int | None = None, needs_copy: bool = False,
-                 on_temp_dir: Callable[[str, int], None] | None = None, warm: tuple[list[str], int] | None = None):
+                 on_temp_dir: Callable[[str, int], None] | None = None):
         self.trainer, self.lag, self._threads = trainer, lag, threads
         self._process: GeneratorProcess | None = None
         self._copy: torch.nn.Module | None = None
@@ -93,8 +91,7 @@ class Sampler:
         elif isinstance(trainer.engine, HFEngine):
             total = torch.get_num_threads()
             gen, rest = thread_split(total, threads)
-            self._process = GeneratorProcess(trainer.engine, gen, trainer.merged_copy(), on_temp_dir=on_temp_dir,
-                                             warm=warm)
+            self._process = GeneratorProcess(trainer.engine, gen, trainer.merged_copy(), on_temp_dir=on_temp_dir)
             self._trainer_threads = (total, rest)
             torch.set_num_threads(self._trainer_threads[1])
             self.policy = Policy(model=self._process.model, tokenizer=trainer.tokenizer, engine=self._process,

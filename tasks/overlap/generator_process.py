@@ -73,10 +73,8 @@ class GeneratorDied(RuntimeError):
 
 
 def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenizer, settings: dict, conn,
-           threads: int, warm: tuple[list[str], int] | None = None) -> None:
-    """The child's loop, after a ``("ready",)`` once its model and engine are built (and, with ``warm`` (prompts,
-    n), a first generate call made on them, whose one-off costs (a GPU's graph captures and compiles) are then paid
-    before the parent asks for anything): ``("generate", prompts, n,
+           threads: int) -> None:
+    """The child's loop, after a ``("ready",)`` once its model and engine are built: ``("generate", prompts, n,
     seed, greedy)`` -> ``("ok", (Generation, peak MiB, temporary
     folder))`` or ``("error", text)`` (the peak: the child's own memory during that generation,
     tasks/records/memory.py; the folder: multiprocessing's, made for the reply's tensors); ``("stop",)`` or a closed
@@ -92,8 +90,6 @@ def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenize
     weights.clear()  # the process's own arguments hold this dict until exit: the model is the one reference left
     model.to(settings["device"]).eval().requires_grad_(False)
     engine = HFEngine(model, tokenizer, **settings)
-    if warm is not None:
-        engine.generate(warm[0], warm[1], seed=0)
     try:
         conn.send(("ready",))  # started: the parent stops drawing in its own process (GeneratorProcess.generate)
     except (BrokenPipeError, OSError):
@@ -152,12 +148,10 @@ class GeneratorProcess(RolloutEngine):
         threads: torch threads of the child.
         poll_s: how often a wait checks that the child is alive.
         on_temp_dir: called with the child's temporary folder and pid once a reply names it (the run records it).
-        warm: (prompts, n) for a first generate call the child makes before it says it is ready (:func:`_serve`).
     """
 
     def __init__(self, engine: HFEngine, threads: int, weights: torch.nn.Module, poll_s: float = 0.5,
-                 on_temp_dir: Callable[[str, int], None] | None = None,
-                 warm: tuple[list[str], int] | None = None):
+                 on_temp_dir: Callable[[str, int], None] | None = None):
         self.model = weights.requires_grad_(False)  # frozen, as the child's: a parameter's flag changes a pass's bits
         if next(self.model.parameters()).device.type == "cpu":
             self.model.share_memory()
@@ -170,7 +164,7 @@ class GeneratorProcess(RolloutEngine):
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         args = (type(self.model), self.model.config, self.model.state_dict(), engine.tok, engine.settings(), child,
-                threads, warm)
+                threads)
         self._closed = False
         self._threads, self._ready, self._started = threads, False, time.perf_counter()
         #: on a CPU, the same sampling on the same shared weights in this process, for the draws asked for while the

@@ -26,9 +26,9 @@ from rlcore.overlap_lag import LagChoice, OverlapProbe, ProbeWorth, choose_lag, 
 from rlcore.seeding import derive_seed
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
-from tasks.generation.rollout import Generation, HFEngine
+from tasks.generation.rollout import Generation
 from tasks.model.forward import token_logprobs
-from tasks.overlap.concurrent import Sampler, SamplerHandover, open_sampler, separate_devices, thread_split
+from tasks.overlap.concurrent import Sampler, SamplerHandover, separate_devices, thread_split
 from tasks.policy import Policy
 from tasks.update.backend import ranks_generate
 
@@ -50,26 +50,6 @@ def decide_lag(cfg: Config, policy: Policy, records: list[PromptRecord], device:
     if separate:
         return choose_lag(separate, None, oc.min_gain)
     return probe_overlap(policy, records, cfg, derive_seed(cfg.seed, "overlap-probe"), device, expected, handover)
-
-
-def starts_early(cfg: Config, policy: Policy, device: torch.device | str) -> bool:
-    """``overlap.early_start``: whether the run starts its generator process right after the policy is prepared
-    (:func:`start_early`): the in-process engine, ``overlap.lag`` 1 or auto with one rank generating, and ``auto``
-    where the trainer is on an accelerator."""
-    oc = cfg.overlap
-    if oc.early_start is False or oc.lag == 0 or not isinstance(policy.engine, HFEngine):
-        return False
-    if ranks_generate(cfg, policy.engine) > 1:
-        return False
-    return oc.early_start is True or torch.device(device).type != "cpu"
-
-
-def start_early(cfg: Config, policy: Policy, records: list[PromptRecord], handover: SamplerHandover) -> None:
-    """Start the generator process now, with a first call on one of ``records`` (``rollout.n`` rollouts), and keep it
-    in ``handover`` for whichever asks for a lag-1 sampler first: the overlap probe (:func:`probe_overlap`) or the
-    training (tasks/overlap/concurrent.py ``open_sampler``); a run that trains with lag 0 closes it unused."""
-    warm = (policy.prompts(records[:1]), cfg.rollout.n)
-    handover.keep(Sampler(policy, 1, threads=cfg.overlap.generator_threads, warm=warm))
 
 
 #: The overlap probe repeats its draw, update and both at once until the time one after the other adds up to this
@@ -98,10 +78,9 @@ def probe_overlap(policy: Policy, records: list[PromptRecord], cfg: Config, seed
     say whether the rest of the probe can pay for itself (:func:`probe_worth`); where it cannot, lag 0 without it.
     Else the generator process starts (timed until its first call came back) and the draw runs in it while the
     update runs here, as a lag-1 run has them, alternating with both alone (:data:`OVERLAP_PROBE_S`) so that
-    each repeat sees the same load; the record holds their medians. The process is the one ``handover`` holds where
-    the run started it early (:func:`start_early`; its start then counts only what was left of it). Where the
-    choice is lag 1 and ``handover`` is given, the process is kept there for the training
-    (tasks/overlap/concurrent.py :class:`SamplerHandover`); else it is closed, as it is on any error."""
+    each repeat sees the same load; the record holds their medians. Where the choice is lag 1 and ``handover`` is
+    given, the process is kept there for the training (tasks/overlap/concurrent.py :class:`SamplerHandover`); else
+    it is closed, as it is on any error."""
     rc, oc = cfg.rollout, cfg.overlap
     worth = None if expected is None else probe_worth(*expected, cfg)
     if worth is not None and not worth.pays:
@@ -120,7 +99,7 @@ def probe_overlap(policy: Policy, records: list[PromptRecord], cfg: Config, seed
             return choose_lag(None, None, oc.min_gain, worth)
     total = torch.get_num_threads()
     t0 = time.perf_counter()
-    sampling = open_sampler(policy, 1, threads=oc.generator_threads, handover=handover)  # started early, or now
+    sampling = Sampler(policy, 1, threads=oc.generator_threads)
     kept = False
     try:
         engine = sampling.policy.engine

@@ -211,74 +211,6 @@ def test_a_lag_1_run_starts_one_generator_process(smoke_cfg, pool, starts, monke
     assert not mp.active_children() and torch.get_num_threads() == threads
 
 
-def test_the_early_start_is_on_an_accelerator_with_the_in_process_engine_and_a_lag_that_may_be_1(smoke_cfg):
-    """``overlap.early_start``: auto starts early only where the trainer is on an accelerator; never with lag 0 or a
-    server engine; true forces it on a CPU, false never; any other value is a clear error."""
-    from tasks.overlap.lag import starts_early
-
-    policy = tiny_policy()
-    server = Policy(model=policy.model, tokenizer=policy.tokenizer, engine=ServerPool.from_config(
-        smoke_cfg("rollout.engine=vllm", "rollout.vllm_url=http://127.0.0.1:9").rollout, policy.tokenizer,
-        policy.engine.stop_ids))
-    assert load_config(None).overlap.early_start == "auto"
-    assert not starts_early(smoke_cfg(), policy, "cpu") and starts_early(smoke_cfg(), policy, "cuda:0")
-    assert starts_early(smoke_cfg("overlap.lag=1"), policy, "cuda") and starts_early(smoke_cfg(), policy, "mps")
-    assert not starts_early(smoke_cfg("overlap.lag=0"), policy, "cuda")
-    assert not starts_early(smoke_cfg(), server, "cuda")
-    assert starts_early(smoke_cfg("overlap.early_start=true"), policy, "cpu")
-    assert not starts_early(smoke_cfg("overlap.early_start=false"), policy, "cuda")
-    assert not starts_early(smoke_cfg("overlap.early_start=true", "overlap.lag=0"), policy, "cpu")
-    with pytest.raises(ConfigError, match="overlap.early_start"):
-        load_config(None, ["overlap.early_start=soon"])
-
-
-def test_a_process_started_early_is_the_probes_and_the_trainings(smoke_cfg, pool, starts, monkeypatch):
-    """``overlap.early_start=true`` on the CPU (the twin of a GPU host's auto): the pipeline's early start makes
-    the generator process right after the policy is prepared, with a first call of its own before it says it is
-    ready; the overlap probe then takes that process (no second start) and is left only what was left of the start,
-    and the training samples from it: one process in all. Without the early start the probe starts its own. The
-    probe's timing is read as in the test above, so that it chooses lag 1."""
-    from rlcore import overlap_lag
-    from tasks.calibration.record import Calibration
-    from tasks.run import open_run
-    from tasks.selection.features import compute_features
-    from tasks.stages import early_generator, overlap_stage
-    from tasks.training.entry import train
-
-    def faster(separate, probe, min_gain, worth=None):
-        fast = None if probe is None else dataclasses.replace(probe, at_once_s=probe.sequential_s / 2)
-        return overlap_lag.choose_lag(separate, fast, min_gain, worth)
-
-    monkeypatch.setattr("tasks.overlap.lag.choose_lag", faster)
-    small = [o for o in SMALL if not o.startswith("overlap.")]
-    policy = tiny_policy()
-    threads = torch.get_num_threads()
-    run = open_run(smoke_cfg(*small, CROWDED, MANY, "overlap.early_start=true", path=PRESETS.format("grpo")),
-                   track=False)
-    calibration = Calibration(indices=tuple(range(8)), success=torch.full((8,), 0.5))
-    try:
-        early_generator(run, policy, pool)
-        assert len(starts) == 1 and run.handover.kept is not None
-        early = run.handover.kept.process
-        assert torch.get_num_threads() == threads  # the stages before the training keep every thread
-        choice = overlap_stage.fn(run, policy, pool, calibration)
-        assert (choice.lag, choice.basis) == (1, "probe") and len(starts) == 1, choice.reason
-        assert run.handover.kept.process is early and early.drawn_here == 0
-        run.cfg = smoke_cfg(*small, CROWDED, "train.steps=2", path=PRESETS.format("grpo"))
-        feats = compute_features(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
-        summary = train(run, policy, pool, feats, calibration, lag=choice)
-        assert summary.steps == 2 and summary.overlap and len(starts) == 1 and not early.alive
-    finally:
-        run.close("completed", {})
-    assert not mp.active_children() and torch.get_num_threads() == threads
-    off = open_run(smoke_cfg(*small, CROWDED, MANY, "overlap.early_start=false"), track=False)
-    try:
-        early_generator(off, policy, pool)
-        assert off.handover.kept is None and len(starts) == 1
-    finally:
-        off.close("completed", {})
-
-
 def test_a_kept_process_is_closed_with_the_run_and_not_taken_by_another_trainer(smoke_cfg, pool, starts):
     """The handover closes what no training took (a stage failing after the probe: the run closes it), and gives
     a training of another policy or another thread count none of it."""
@@ -350,35 +282,6 @@ class Recorded(LlamaForCausalLM):
     def __init__(self, config):
         super().__init__(config)
         Recorded.built.append(weakref.ref(self))
-
-
-def test_a_warm_child_makes_its_first_call_before_it_says_it_is_ready(monkeypatch):
-    """``warm`` (the early start's): the child's loop, on a thread here, generates once on the warm prompts before
-    its ``("ready",)``, so a GPU's captures and compiles are paid before the parent asks; without it, nothing."""
-    calls = []
-    real = HFEngine.generate
-
-    def recorded(self, prompts, n, seed, *args, **kwargs):
-        calls.append((list(prompts), n))
-        return real(self, prompts, n, seed, *args, **kwargs)
-
-    monkeypatch.setattr(HFEngine, "generate", recorded)
-    policy = tiny_policy()
-    threads = torch.get_num_threads()
-    for warm, expected in (((["Q: 1+2=?\n"], 3), [(["Q: 1+2=?\n"], 3)]), (None, [])):
-        calls.clear()
-        weights = {k: v.clone() for k, v in policy.model.state_dict().items()}
-        ours, theirs = mp.Pipe()
-        serve = threading.Thread(target=_serve, args=(LlamaForCausalLM, policy.model.config, weights,
-                                                       policy.tokenizer, policy.engine.settings(), theirs, 1, warm))
-        serve.start()
-        try:
-            assert ours.recv() == ("ready",) and calls == expected
-            ours.send(("stop",))
-            assert ours.poll(30) and ours.recv() == ("stopped",)
-        finally:
-            serve.join(30)
-            torch.set_num_threads(threads)
 
 
 def test_the_generator_drops_the_shared_weights_before_it_says_it_stopped():
