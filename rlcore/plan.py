@@ -52,10 +52,9 @@ clock over plain GRPO's.
 signal is at least ``min_signal`` times plain GRPO's and its step is cheaper; the cheapest step among those is
 chosen (plain GRPO always qualifies), and among those within ``TIE`` of the cheapest, the one with the most signal.
 Steps, and the pool's scoring of a candidate that reads the scores, are compared, not clocks: a run that plans has
-calibrated whatever it then trains, and scores its pool only for a choice that reads the scores. But a
-candidate is chosen only where it earns back what the run spent before its first step: its steps plus that time
-(rlcore/plan_choice.py :class:`RunClock` ``with_plan``) at most plain GRPO's clock, else plain GRPO, and the reason
-says so.
+calibrated whatever it then trains, and scores its pool only for a choice that reads the scores. What the run
+spent before the choice is spent whatever it trains: the reason shows the clock with it (rlcore/plan_choice.py
+:class:`RunClock` ``with_plan``), the choice does not weigh it.
 
 Deviations and limits: the ratio is the one at the start of training (it moves as the policy learns, and with it
 DAPO's rounds); the clock is that of generation and update one after the other (lag 0); replayed groups count as

@@ -1,7 +1,8 @@
 """The plan's choice (ours; docs/algorithms.md section 9.3): among the candidates rlcore/plan.py predicts, the
-cheapest step that keeps plain GRPO's signal and earns back what the run spent before its first step, and the
-run's predicted clock (:class:`RunClock`) that every place shows. The same rule, on a lower bound, says which
-candidates the probe need not measure further (:func:`out_of_reach`, docs/algorithms.md 9.1)."""
+cheapest from here on (its steps, and its pool's scoring where it reads the scores) that keeps plain GRPO's signal,
+and the run's predicted clock (:class:`RunClock`) that every place shows. What the run spent before the choice
+(calibration, plan) is spent whatever is chosen, so it does not enter the choice; it does say which candidates the
+probe need not measure further (:func:`out_of_reach`, docs/algorithms.md 9.1)."""
 
 from __future__ import annotations
 
@@ -69,13 +70,15 @@ def _earns_back(p: Prediction, base: Prediction, plan_s: float) -> bool:
 
 
 def out_of_reach(p: Prediction, base: Prediction, min_signal: float, plan_s: float) -> str | None:
-    """Why :func:`choose` could not choose ``p`` over ``base`` whatever the costs not yet measured, or None.
+    """Why the plan's probe stops measuring for ``p`` (tasks/plan/probe.py), or None.
 
-    ``p`` is predicted with those costs at 0 and ``plan_s`` is what the run has spent so far: every cost enters a
-    prediction with a weight >= 0 (rlcore/plan.py) and the run only spends more, so ``p``'s step and clock can only
-    grow, and its signal does not depend on costs. ``base`` must need none of the costs not yet measured (its
-    prediction is then exact). The plan's probe stops measuring for a candidate out of reach
-    (tasks/plan/probe.py)."""
+    ``p`` is predicted with the costs not yet measured at 0 and ``plan_s`` is what the run has spent so far: every
+    cost enters a prediction with a weight >= 0 (rlcore/plan.py), so ``p``'s step and clock can only grow, and its
+    signal does not depend on costs. Out of reach: short of the signal or a step no cheaper than ``base``'s, which
+    :func:`choose` could never take; or a clock that, with what the run has spent so far, does not come back under
+    ``base``'s even with those costs at 0: a saving smaller than the planning it took, where measuring further
+    would cost about as much again. ``base`` must need none of the costs not yet measured (its prediction is then
+    exact). A candidate out of reach is not offered to :func:`choose` (tasks/plan/planner.py)."""
     if not _keeps_signal(p, base, min_signal):
         return (f"{p.signal / base.signal if base.signal else 0:.2f}x {base.name}'s informative groups a step, under "
                 f"{min_signal:.0%}")
@@ -97,29 +100,22 @@ def _cost(p: Prediction) -> float:
 
 def choose(base: Prediction, predictions: list[Prediction], min_signal: float,
            plan_s: float = 0.0) -> tuple[Prediction, str]:
-    """The prediction with the cheapest steps (and scoring, where it reads the scores: :func:`_cost`) whose signal
-    is at least ``min_signal`` times the baseline's and whose clock earns back ``plan_s``, what the run spent on its
-    calibration and plan, and the scoring of its pool where it reads the scores (predicted: :class:`RunClock`'s
-    ``with_plan`` at most 1); the baseline when none is, and why in one line."""
+    """The prediction with the cheapest cost from here on (its steps, and its pool's scoring where it reads the
+    scores: :func:`_cost`) whose signal is at least ``min_signal`` times the baseline's and whose step is cheaper;
+    the baseline when none is, and why in one line. ``plan_s``, what the run spent on its calibration and plan,
+    is spent whatever is chosen: the reason shows the clock with it (:class:`RunClock`'s ``with_plan``), the
+    choice does not weigh it."""
     if not 0 <= min_signal <= 1:
         raise ValueError(f"min_signal must be in [0, 1], got {min_signal!r}")
     if not math.isfinite(plan_s) or plan_s < 0:
         raise ValueError(f"plan_s must be finite and >= 0, got {plan_s!r}")
     qualify = [p for p in predictions if _keeps_signal(p, base, min_signal) and p.step_s < base.step_s]
-    earns = [p for p in qualify if _earns_back(p, base, plan_s)]
-    cheapest = min(map(_cost, earns), default=_cost(base))
-    best = max((p for p in earns if _cost(p) <= (1 + TIE) * cheapest), key=lambda p: p.signal, default=base)
+    cheapest = min(map(_cost, qualify), default=_cost(base))
+    best = max((p for p in qualify if _cost(p) <= (1 + TIE) * cheapest), key=lambda p: p.signal, default=base)
     if best.step_s >= base.step_s:
-        if qualify:
-            first = min(qualify, key=_cost)
-            clock = run_clock(first, base, plan_s)
-            return base, (f"{base.name}: no candidate earns back the plan's own cost: the cheapest with at least "
-                          f"{min_signal:.0%} of plain GRPO's informative groups a step, {first.name}, is predicted "
-                          f"at {clock.training:.2f}x plain GRPO's training clock but {clock.with_plan:.2f}x with the "
-                          f"{clock.upfront_s:.0f} s this run spends before its first step")
         return base, (f"{base.name}: no candidate is predicted cheaper than plain GRPO with at least "
                       f"{min_signal:.0%} of its informative groups a step")
-    slower = sorted((p for p in earns if p is not best), key=_cost)
+    slower = sorted((p for p in qualify if p is not best), key=_cost)
     runner = f"; next {slower[0].name} at {slower[0].clock:.2f}x" if slower else ""
     clock = run_clock(best, base, plan_s)
     paid = (f", {clock.with_plan:.2f}x with the plan's own {clock.upfront_s:.0f} s"

@@ -121,8 +121,8 @@ def make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibration
               device: torch.device | str = "cpu", candidates: tuple[str, ...] | None = None, spent_s: float = 0.0,
               scratch: Path | None = None, handover: SamplerHandover | None = None) -> Plan:
     """Measure the pool and the costs (tasks/plan/probe.py), predict every candidate (``plan.candidates``
-    unless given) against ``plan.baseline`` and choose one whose predicted clock earns back what this run spent
-    before its first step (rlcore/plan_choice.py ``choose``). ``spent_s``: the seconds the run spent on its calibration
+    unless given) against ``plan.baseline`` and choose the cheapest from here on among those the probe measured in
+    full (rlcore/plan_choice.py ``choose``; not those out of reach, ``out_of_reach``). ``spent_s``: the seconds the run spent on its calibration
     (on this run's clock with the plan's own); ``scratch``: where the probe writes its scratch files;
     ``handover``: where the overlap probe keeps its generator process for the training
     (tasks/overlap/lag.py ``decide_lag``)."""
@@ -180,7 +180,7 @@ def _make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibratio
     for name, why in unavailable.items():
         say(f"candidate {name}: left out ({why})")
     so_far = spent_s + time.perf_counter() - t0  # before the first step, without the lag and the pool's scoring
-    best, reason = choose(baseline, predictions, pc.min_signal, so_far)
+    best, reason = choose(baseline, [p for p in predictions if p.name not in out], pc.min_signal, so_far)
     chosen = candidate_config(cfg, best.name)
     say(f"chose {best.name}; the overlap's lag for it" + (
         " (the draw and the update timed alone and at once where that pays)" if chosen.overlap.lag == "auto" else ""))

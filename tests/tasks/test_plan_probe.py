@@ -262,6 +262,13 @@ def test_the_probe_stops_measuring_for_a_candidate_out_of_reach(setting, tmp_pat
     plan = make_plan(cfg, tiny_policy(), pool, calibration, candidates=("pods", "dots_screen"), scratch=tmp_path)
     assert "dots_screen" not in plan.out_of_reach, plan.out_of_reach
     assert len(plan.costs.forward.tokens) > 0 and plan.costs.score_s > 0 and plan.costs.fixed.fit_s > 0
+    # one step: dots_screen's cheaper step, with what it alone pays at 0, cannot repay the planning so far; it is not
+    # probed further, and its lower bound is not offered to the choice, though its step is cheaper than GRPO's
+    cfg = with_overrides(cfg, ["train.steps=1"])
+    plan = make_plan(cfg, tiny_policy(), pool, calibration, candidates=("dots_screen",), scratch=tmp_path)
+    assert plan.out_of_reach["dots_screen"].endswith("spent before its first step"), plan.out_of_reach
+    dots_screen = next(p for p in plan.predictions if p.name == "dots_screen")
+    assert dots_screen.step_s < plan.baseline.step_s and plan.choice == "grpo", plan.reason
 
 
 def test_the_calibrations_rollouts_are_the_probes_largest_generate_call(setting, tmp_path):
