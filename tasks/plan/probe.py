@@ -37,8 +37,9 @@ cannot tell from a token's, are listed in ``UnitCosts.untrusted``, logged, and s
 are what every step pays, the baseline's too; the screen's pass and DOTS's predictor only some candidates'. Once
 the first are timed, the plan may name the candidates still in reach (``ProbeInputs.live``; rlcore/plan_choice.py
 ``out_of_reach``: predicted with the rest at 0, a lower bound, they could still be chosen, and their saving
-could still repay what the planning has cost), and the rest is timed for those only, or not at all (docs/algorithms.md 9.1: the real model's screen pass took 22 s of a 112 s probe, for
-candidates that could not win).
+could still repay what the planning has cost), and the rest is timed for those only, or not at all
+(docs/algorithms.md 9.1: the real model's screen pass took 22 s of a 112 s probe, for candidates that could not
+win).
 
 Deviations: the probe times the single-process update without activation checkpointing (sharded backends and
 ``train.gradient_checkpointing`` change it); the predictor is timed with the first DOTS candidate's settings; the
