@@ -123,8 +123,8 @@ def make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibration
     """Measure the pool and the costs (tasks/plan/probe.py), predict every candidate (``plan.candidates``
     unless given) against ``plan.baseline`` and choose the cheapest from here on among those the probe measured in
     full (rlcore/plan_choice.py ``choose``; not those out of reach, ``out_of_reach``). ``spent_s``: the seconds the
-    run spent on its calibration (on this run's clock with the plan's own); ``scratch``: where the probe writes its scratch files;
-    ``handover``: where the overlap probe keeps its generator process for the training
+    run spent on its calibration (on this run's clock with the plan's own); ``scratch``: where the probe writes its
+    scratch files; ``handover``: where the overlap probe keeps its generator process for the training
     (tasks/overlap/lag.py ``decide_lag``)."""
     with pulse("plan", log) as say:  # a line per probe and candidate, and one every few seconds in a long probe
         return _make_plan(cfg, policy, pool, calibration, device, candidates, spent_s, scratch, handover, say)
