@@ -56,10 +56,12 @@ class OverlapConfig(_Frozen):
         "lag auto on a shared device: overlap only when the probe's draw and update at once take at most "
         "(1 - min_gain) of their time one after the other. The margin covers the probe's noise and the cost of "
         "rollouts one update old."))
-    start_s: float = Field(5.0, ge=0, description=(
+    start_s: float | None = Field(None, ge=0, description=(
         "lag auto on a shared device: predicted seconds to start the generator process (spawn, its imports, the "
         "weights, its first call), part of the overlap probe's predicted cost. The probe runs only when that cost "
-        "is below what lag 1 could save over train.steps (min(draw, update) a step); else lag 0 without it."))
+        "is below what lag 1 could save over train.steps (min(draw, update) a step); else lag 0 without it. None: "
+        "by the trainer's device (tasks/overlap/lag.py START_S: 5 s on a CPU; 20 s on an accelerator, whose "
+        "runtime and first-call compiles the child pays too: 17.5-18.4 s on an H200)."))
 
     @field_validator("lag", mode="before")
     @classmethod

@@ -59,10 +59,26 @@ OVERLAP_PROBE_S = 2.0
 OVERLAP_PROBE_REPEATS = 5
 
 
-def probe_worth(draw_s: float, update_s: float, cfg: Config) -> ProbeWorth:
-    """Whether the overlap probe can pay for itself on a run of ``cfg`` whose step draws in ``draw_s`` and updates in
-    ``update_s`` (rlcore/overlap_lag.py :class:`ProbeWorth`; the process's start predicted at ``overlap.start_s``)."""
-    start = cfg.overlap.start_s
+#: ``overlap.start_s`` unset: the generator process's predicted start (spawn, imports, the weights, its first call)
+#: by the trainer's device. A CPU: a Python importing torch and transformers, about 3 s (docs/algorithms.md 8.3). An
+#: accelerator: also its runtime and the first call's graph captures and compiles, 17.5 s and 18.4 s for the tiny
+#: model on one H200 (docs/performance.md, "The generator process started early"), about what a 1.5B's first call
+#: adds to its imports.
+START_S = {"cpu": 5.0, "accelerator": 20.0}
+
+
+def predicted_start_s(cfg: Config, device: torch.device | str) -> float:
+    """Seconds the generator process is predicted to take to start: ``overlap.start_s``, or :data:`START_S`."""
+    if cfg.overlap.start_s is not None:
+        return cfg.overlap.start_s
+    return START_S["cpu" if torch.device(device).type == "cpu" else "accelerator"]
+
+
+def probe_worth(draw_s: float, update_s: float, cfg: Config, device: torch.device | str = "cpu") -> ProbeWorth:
+    """Whether the overlap probe can pay for itself on a run of ``cfg`` on ``device`` whose step draws in ``draw_s``
+    and updates in ``update_s`` (rlcore/overlap_lag.py :class:`ProbeWorth`; the process's start predicted by
+    :func:`predicted_start_s`)."""
+    start = predicted_start_s(cfg, device)
     return ProbeWorth(draw_s=draw_s, update_s=update_s, steps=cfg.train.steps, start_s=start,
                       probe_s=probe_cost(draw_s, update_s, start, OVERLAP_PROBE_S, OVERLAP_PROBE_REPEATS))
 
@@ -82,7 +98,7 @@ def probe_overlap(policy: Policy, records: list[PromptRecord], cfg: Config, seed
     given, the process is kept there for the training (tasks/overlap/concurrent.py :class:`SamplerHandover`); else
     it is closed, as it is on any error."""
     rc, oc = cfg.rollout, cfg.overlap
-    worth = None if expected is None else probe_worth(*expected, cfg)
+    worth = None if expected is None else probe_worth(*expected, cfg, device)
     if worth is not None and not worth.pays:
         return choose_lag(None, None, oc.min_gain, worth)
     prompts = policy.prompts([records[i % len(records)] for i in range(cfg.train.prompts_per_step)])
@@ -94,7 +110,7 @@ def probe_overlap(policy: Policy, records: list[PromptRecord], cfg: Config, seed
     update(slice(None))  # warm-up: the update at once runs on the same rows
     first_update_s = update(slice(None))
     if worth is None:
-        worth = probe_worth(first_draw_s, first_update_s, cfg)
+        worth = probe_worth(first_draw_s, first_update_s, cfg, device)
         if not worth.pays:
             return choose_lag(None, None, oc.min_gain, worth)
     total = torch.get_num_threads()

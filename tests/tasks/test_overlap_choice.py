@@ -171,6 +171,21 @@ def test_the_probe_is_skipped_where_it_cannot_pay_for_itself(smoke_cfg, pool, st
     assert paying.basis == "probe" and paying.worth.pays and len(starts) == 1
 
 
+def test_the_predicted_start_is_the_configs_or_the_devices(smoke_cfg):
+    """``overlap.start_s`` unset: 5 s on a CPU, 20 s on an accelerator (an H200 took 17.5-18.4 s). A step drawing
+    in 0.05 s and updating in 0.06 s over 150 steps could save 7.5 s: the probe (start, then 5 repeats of 0.17 s)
+    pays on a CPU (5.85 s) and not on a GPU (20.85 s); a start set in the config wins on either."""
+    from tasks.overlap.lag import START_S, predicted_start_s, probe_worth
+
+    cfg = smoke_cfg("train.steps=150")
+    assert load_config(None).overlap.start_s is None and START_S == {"cpu": 5.0, "accelerator": 20.0}
+    assert predicted_start_s(cfg, "cpu") == 5.0 and predicted_start_s(cfg, torch.device("cuda", 1)) == 20.0
+    cpu, gpu = probe_worth(0.05, 0.06, cfg, "cpu"), probe_worth(0.05, 0.06, cfg, "cuda")
+    assert cpu.pays and cpu.probe_s == pytest.approx(5.85) and cpu.saving_s == pytest.approx(7.5)
+    assert not gpu.pays and gpu.probe_s == pytest.approx(20.85) and gpu.start_s == 20.0
+    assert probe_worth(0.05, 0.06, smoke_cfg("train.steps=150", "overlap.start_s=2"), "cuda").start_s == 2.0
+
+
 def test_a_lag_1_run_starts_one_generator_process(smoke_cfg, pool, starts, monkeypatch):
     """auto on a shared device, where the probe pays and chooses lag 1: the probe's process is kept in the run's
     handover, idle with the trainer's threads back, and the training samples from that same process: one process
