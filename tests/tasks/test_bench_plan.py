@@ -15,8 +15,8 @@ def test_which_composition_predicts_an_arm():
 
 
 def test_the_arms_are_predicted_at_the_lag_they_run():
-    """Overlapped arms are predicted overlapped (the screen ahead, the rounds started ahead); with a -sync arm
-    besides the baseline every arm is predicted sequentially."""
+    """Overlapped arms are predicted overlapped (the screen ahead, the rounds started ahead, hidden where the trainer
+    is on an accelerator); with a -sync arm besides the baseline every arm is predicted sequentially."""
     from tasks.config.load import load_config, with_overrides
     from tasks.plan.planner import candidate_config, composition
 
@@ -24,7 +24,8 @@ def test_the_arms_are_predicted_at_the_lag_they_run():
     assert plan_base(["grpo-sync", "dots_screen", "dots_screen-sync"]) == "grpo-sync"
     cfg = load_config(None)
     ahead = {base: composition("s", candidate_config(with_overrides(cfg, preset_overrides(base)),
-                                                     "dots_screen_round_ahead")) for base in ("grpo", "grpo-sync")}
+                                                     "dots_screen_round_ahead"), device="cuda")
+             for base in ("grpo", "grpo-sync")}
     assert (ahead["grpo"].screen_ahead, ahead["grpo"].round_ahead) == (True, True)
     assert (ahead["grpo-sync"].screen_ahead, ahead["grpo-sync"].round_ahead) == (False, False)
 
