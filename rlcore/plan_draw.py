@@ -123,7 +123,7 @@ class Composition:
     beside the generate call, at every step but a round's first, on other hardware than the call's, so it costs only
     what outlasts the call (``select.screen_ahead`` with the sampler apart from the trainer, the call on a server or
     the trainer on an accelerator; on a CPU both share the cores: tasks/plan/planner.py ``hides``); ``round_ahead``:
-    a round's start (the predictor's fit) runs so beside the generate call of the round's last step, and with
+    a round's start (the predictor's fit) runs beside the generate call of the round's last step, hidden alike, and with
     ``screen_ahead`` the screen of the round's first step after it (``select.round_ahead``, where a round start
     takes no reference rollouts); ``shared_prefix``: the update computes each
     group's prompt once (``train.shared_prefix``), so its tokens are the rows' completions and one prompt a group."""

@@ -78,20 +78,15 @@ def composition(name: str, cfg: Config, pool_size: int = 0, device: torch.device
 
 def hides(cfg: Config, device: torch.device | str) -> bool:
     """Whether work of the trainer's process run beside a generate call (the screen's look-ahead, a round's start
-    ahead) costs a step only what outlasts the call, as rlcore.plan counts it: the call runs apart
-    (:func:`sampler_apart`) and on other hardware than that work: a server, or an in-process sampler beside a trainer
-    on an accelerator. On a CPU the generator's threads and the trainer's share its cores, so the work costs its
-    own time: measured (S40, `grpo_prescreen` one after the other on 2 cores), a step of 0.228 s, against 0.226 s
-    predicted with the screen's pass counted and 0.178 s with it hidden."""
-    return sampler_apart(cfg) and (cfg.rollout.engine != "hf" or torch.device(device).type != "cpu")
-
-
-def sampler_apart(cfg: Config) -> bool:
-    """Whether a run of ``cfg`` generates apart from its trainer (tasks/overlap/concurrent.py ``Sampler.apart``), as
-    far as its config says before training: a server, or lag 1. ``overlap.lag=auto`` counts as apart: on a CPU whose
-    cores fit both sides it is lag 1, and on a shared device the overlap's probe decides after the plan (lag 0 there
-    makes the plan's screen the cheaper by the pass it hides)."""
-    return cfg.rollout.engine != "hf" or cfg.overlap.lag != 0
+    ahead) costs a step only what outlasts the call, as rlcore.plan counts it: the call runs apart from the trainer
+    (tasks/overlap/concurrent.py ``Sampler.apart``) and on other hardware than that work. A server; or the in-process
+    sampler at lag 1 (``overlap.lag=auto`` counts: on a shared device the overlap's probe decides after the plan)
+    beside a trainer on an accelerator. On a CPU the generator's threads and the trainer's share its cores, so the
+    work costs its own time: measured (S40, `grpo_prescreen` one after the other on 2 cores), a step of 0.228 s,
+    against 0.226 s predicted with the screen's pass counted and 0.178 s with it hidden."""
+    if cfg.rollout.engine != "hf":
+        return True
+    return cfg.overlap.lag != 0 and torch.device(device).type != "cpu"
 
 
 def candidate_config(cfg: Config, name: str) -> Config:
