@@ -14,7 +14,7 @@ from rlcore.plan import Prediction
 #: Predicted step times within this share of the cheapest count as a tie, broken by the larger signal.
 TIE = 0.05
 
-__all__ = ["TIE", "RunClock", "choose", "out_of_reach", "run_clock"]
+__all__ = ["TIE", "RunClock", "choose", "dominated", "out_of_reach", "run_clock"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,21 @@ def out_of_reach(p: Prediction, base: Prediction, min_signal: float, plan_s: flo
         return (f"at least {clock.with_plan:.2f}x {base.name}'s clock with the {clock.upfront_s:.0f} s "
                 "spent before its first step")
     return None
+
+
+def dominated(p: Prediction, exact: list[Prediction], base: Prediction, min_signal: float) -> str | None:
+    """Why :func:`choose` can never take ``p``, a lower bound (its costs not yet measured at 0), against ``exact``,
+    candidates predicted in full: one of them keeps the signal, has a step cheaper than ``base``'s and costs less from
+    here on (:func:`_cost`) than ``p``'s lower bound by more than the tie margin. ``p``'s cost can only grow with the
+    rest measured, so the cheapest qualifying candidate stays at most that rival's and ``p`` stays out of the tie
+    (:data:`TIE`): exact, no estimate. None where no such rival exists."""
+    rivals = [q for q in exact if _keeps_signal(q, base, min_signal) and q.step_s < base.step_s]
+    if not rivals:
+        return None
+    rival = min(rivals, key=_cost)
+    if _cost(p) <= (1 + TIE) * _cost(rival):
+        return None
+    return f"at least {_cost(p):.3g} s from here on against {rival.name}'s {_cost(rival):.3g} s, measured in full"
 
 
 def _cost(p: Prediction) -> float:

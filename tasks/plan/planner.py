@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from rlcore.plan import Prediction, predict, without_rule
-from rlcore.plan_choice import choose, out_of_reach
+from rlcore.plan_choice import choose, dominated, out_of_reach
 from rlcore.plan_draw import Composition, PoolStats
 from rlcore.seeding import derive_seed
 from rlcore.step_costs import UnitCosts
@@ -156,17 +156,22 @@ def _make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibratio
     base = composition(pc.baseline, candidate_config(cfg, pc.baseline), len(pool), device, sdpa)
     out: dict[str, str] = {}  # candidates out of reach once what every step pays is timed, and why
 
-    def live(step_costs: UnitCosts) -> list[Composition]:
-        """The baseline and the candidates still in reach (rlcore/plan_choice.py ``out_of_reach``): predicted with
-        the costs only some candidates pay at 0, against the baseline, which pays none of them."""
-        if not pc.prune or base.screen > 1 or base.predictor or base.scored:
+    def live(step_costs: UnitCosts, unmeasured: Callable[[Composition], bool]) -> list[Composition]:
+        """The baseline and the candidates still in reach: predicted with the costs not yet timed at 0 (those of the
+        candidates ``unmeasured`` says still pay some), against the baseline, which pays none of them; out of reach
+        alone (rlcore/plan_choice.py ``out_of_reach``), or beaten by a candidate predicted in full (``dominated``)."""
+        if not pc.prune or unmeasured(base):
             return [base, *comps]
         lower_base, lower = predict(comps, base, stats, step_costs)
         spent = spent_s + time.perf_counter() - t0
-        out.update((c.name, why) for c, p in zip(comps, lower, strict=True) if c.name != base.name
-                   and (why := out_of_reach(p, lower_base, pc.min_signal, spent)) is not None)
-        if out:
-            say(f"probe: {', '.join(out)} out of reach (each predicted with what it alone pays at 0), so not probed "
+        before = set(out)
+        out.update((c.name, why) for c, p in zip(comps, lower, strict=True) if c.name not in out
+                   and c.name != base.name and (why := out_of_reach(p, lower_base, pc.min_signal, spent)) is not None)
+        exact = [p for c, p in zip(comps, lower, strict=True) if c.name not in out and not unmeasured(c)]
+        out.update((c.name, why) for c, p in zip(comps, lower, strict=True) if c.name not in out
+                   and unmeasured(c) and (why := dominated(p, exact, lower_base, pc.min_signal)) is not None)
+        if new := [name for name in out if name not in before]:
+            say(f"probe: {', '.join(new)} out of reach (each predicted with what it alone pays at 0), so not probed "
                 "further")
         return [base, *(c for c in comps if c.name not in out)]
 

@@ -39,7 +39,8 @@ the first are timed, the plan may name the candidates still in reach (``ProbeInp
 ``out_of_reach``: predicted with the rest at 0, a lower bound, they could still be chosen, and their saving
 could still repay what the planning has cost), and the rest is timed for those only, or not at all
 (docs/algorithms.md 9.1: the real model's screen pass took 22 s of a 112 s probe, for candidates that could not
-win).
+win). After the screen's pass it asks again, before the scoring and the predictor: a candidate that a rival now
+predicted in full beats even with those at 0 (``dominated``) gets neither timed.
 
 Deviations: the probe times the single-process update without activation checkpointing (sharded backends and
 ``train.gradient_checkpointing`` change it); the predictor is timed with the first DOTS candidate's settings; the
@@ -96,8 +97,10 @@ class ProbeInputs:
     ``calibration`` (scoring and the predictor), ``comps`` (the baseline first, then the candidates: their call
     sizes and what they read) and ``stats`` (their batch sizes), ``dots`` (the configs of the candidates that draw
     with DOTS, by name: the first one still in reach has its predictor timed), ``scratch`` (a folder for the
-    scratch ledger and checkpoint; None: the system's temporary folder) and ``live`` (given the costs every step
-    pays, timed, and the rest at 0, the candidates still in reach, the baseline first; None: every candidate)."""
+    scratch ledger and checkpoint; None: the system's temporary folder) and ``live`` (given the costs timed so far,
+    the rest at 0, and which candidates still have costs to time, the candidates still in reach, the baseline first;
+    None: every candidate). ``live`` is asked twice: once the costs every step pays are timed, and again after the
+    screen's pass, before the scoring and DOTS's predictor."""
 
     records: list[PromptRecord]
     pool: list[PromptRecord]
@@ -106,7 +109,7 @@ class ProbeInputs:
     stats: PoolStats
     dots: dict[str, Config] = field(default_factory=dict)
     scratch: Path | None = None
-    live: Callable[[UnitCosts], list[Composition]] | None = None
+    live: Callable[[UnitCosts, Callable[[Composition], bool]], list[Composition]] | None = None
 
 
 def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, device: torch.device | str = "cpu",
@@ -130,10 +133,12 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, dev
     costs = UnitCosts(generate=generate, update=update, forward=CallCost(0.0, 0.0), completion_tokens=completion,
                       prompt_tokens=prompt, fixed=FixedCosts(optimizer_s=optimizer_s, step_s=step_s, round_s=round_s),
                       levels=by_level, completion_lengths=lengths, untrusted=tuple(untrusted))
-    comps = inputs.comps if inputs.live is None else inputs.live(costs)
+    comps = inputs.comps if inputs.live is None else inputs.live(costs, unmeasured_before_screen)
     if any(c.screen > 1 for c in comps):
         say("probe: the screen's teacher-forced pass")
     forward, solution_tokens = _probe_screen(policy, records, cfg, comps, device, untrusted)
+    if inputs.live is not None and any(unmeasured_after_screen(c) for c in comps):
+        comps = inputs.live(replace(costs, forward=forward, solution_tokens=solution_tokens), unmeasured_after_screen)
     dots = next((inputs.dots[c.name] for c in comps if c.name in inputs.dots), None)
     score_s = fit_s = 0.0
     if any(c.scored for c in comps):  # a run scores its pool only for a choice that reads the scores
@@ -143,6 +148,17 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, dev
         log.warning("plan probe: an estimate it cannot trust: %s", note)
     return replace(costs, forward=forward, solution_tokens=solution_tokens, fixed=replace(costs.fixed, fit_s=fit_s),
                    score_s=score_s, untrusted=tuple(untrusted))
+
+
+def unmeasured_after_screen(c: Composition) -> bool:
+    """Whether ``c`` pays a cost the probe times after the screen's pass: the pool's scoring, DOTS's predictor."""
+    return c.predictor or c.scored > 0
+
+
+def unmeasured_before_screen(c: Composition) -> bool:
+    """Whether ``c`` pays a cost the probe times after the costs every step pays: the screen's pass, and those of
+    :func:`unmeasured_after_screen`."""
+    return c.screen > 1 or unmeasured_after_screen(c)
 
 
 def _generation_sizes(comps: Sequence[Composition], n: int, stats: PoolStats) -> tuple[int, int]:

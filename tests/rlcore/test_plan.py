@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from rlcore.adaptive_composition import subset_informative
 from rlcore.overlap_lag import LagChoice, OverlapProbe, ProbeWorth, choose_lag, probe_cost
 from rlcore.plan import Prediction, call_rows, draw_calls, predict
-from rlcore.plan_choice import TIE, choose, out_of_reach, run_clock
+from rlcore.plan_choice import TIE, choose, dominated, out_of_reach, run_clock
 from rlcore.plan_draw import (
     Composition,
     PoolStats,
@@ -489,6 +489,38 @@ def test_a_candidate_out_of_reach_is_never_chosen_once_its_costs_are_known(step_
     why = out_of_reach(lower, base, 0.8, spent)
     if why is not None and "spent before its first step" not in why:
         assert choose(base, [full], 0.8, plan_s=spent + more_spent)[0] is base
+
+
+def test_dominated_hand_worked():
+    """Plain GRPO: 10 steps of 1 s. ``screen``, measured in full: 10 steps of 0.8 s (8 s from here on). ``dots``'s
+    lower bound (its scoring and predictor not yet timed): 10 steps of 0.85 s (8.5 s, 6 % above 8 s: out of the tie
+    band, dominated); at 0.83 s (8.3 s, within 5 %) it could still win the tie on its signal, so it is not. A rival
+    short of the signal, or whose step is not cheaper than plain GRPO's, dominates nothing."""
+    base, screen = clocked("grpo", 10, 1.0), clocked("screen", 10, 0.8)
+    assert dominated(clocked("dots", 12, 0.85), [screen], base, 0.8) == (
+        "at least 8.5 s from here on against screen's 8 s, measured in full")
+    assert dominated(clocked("dots", 12, 0.83), [screen], base, 0.8) is None
+    assert dominated(clocked("dots", 12, 0.85), [clocked("screen", 7, 0.8)], base, 0.8) is None
+    assert dominated(clocked("dots", 12, 0.85), [clocked("screen", 10, 1.0)], base, 0.8) is None
+    assert dominated(clocked("dots", 12, 0.85), [], base, 0.8) is None
+    # the cheapest rival decides; scoring counts in the cost from here on
+    assert dominated(replace(clocked("dots", 12, 0.7), scoring_s=1.5), [clocked("a", 10, 0.9), screen], base,
+                     0.8).endswith("against screen's 8 s, measured in full")
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.floats(0.1, 1.2), st.floats(0.0, 1.0), st.floats(0.0, 3.0), st.floats(0.0, 3.0), st.floats(0.1, 1.2),
+       st.integers(6, 14), st.integers(6, 14))
+def test_a_dominated_candidate_is_never_chosen_once_its_costs_are_known(step_s, extra_s, scoring, more_scoring,
+                                                                         rival_s, signal, rival_signal):
+    """Pruning against a rival measured in full is exact: whatever the costs not yet timed add (``extra_s`` a step,
+    ``more_scoring``), a candidate ``dominated`` with them at 0 is not chosen beside that rival."""
+    base = clocked("grpo", 10, 1.0)
+    rival = clocked("rival", rival_signal, rival_s)
+    lower = replace(clocked("c", signal, step_s), scoring_s=scoring)
+    full = replace(clocked("c", signal, step_s + extra_s), scoring_s=scoring + more_scoring)
+    if dominated(lower, [rival], base, 0.8) is not None:
+        assert choose(base, [full, rival], 0.8)[0] is not full
 
 
 @settings(max_examples=60, deadline=None)

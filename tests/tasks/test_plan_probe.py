@@ -2,6 +2,8 @@
 and the fixed costs of a step and a round, leaves the weights and its scratch folder as they were, and only a
 candidate that draws with DOTS's predictor pays its fit."""
 
+import re
+
 import pytest
 import torch
 
@@ -278,6 +280,27 @@ def test_the_probe_stops_measuring_for_a_candidate_out_of_reach(setting, tmp_pat
     assert plan.out_of_reach["dots_screen"].endswith("spent before its first step"), plan.out_of_reach
     dots_screen = next(p for p in plan.predictions if p.name == "dots_screen")
     assert dots_screen.step_s < plan.baseline.step_s and plan.choice == "grpo", plan.reason
+
+
+def test_the_probe_does_not_score_for_a_candidate_a_measured_one_beats(setting, tmp_path):
+    """After the screen's pass, ``grpo_prescreen`` is predicted in full; ``dots_screen_waves`` (DOTS's draw, waves of
+    rollouts) still lacks the pool's scoring and its predictor, but its steps alone, with those at 0, already cost
+    far more than ``grpo_prescreen``'s (rlcore/plan_choice.py ``dominated``): neither is timed, its row says why,
+    and ``grpo_prescreen`` is chosen. Without the rival the scoring and the predictor are timed for it."""
+    from tasks.plan.planner import make_plan
+
+    cfg, pool, calibration = setting
+    cfg = with_overrides(cfg, ["train.prompts_per_step=64", "plan.min_signal=0", "train.steps=1000"])
+    plan = make_plan(cfg, tiny_policy(), pool, calibration, candidates=("grpo_prescreen", "dots_screen_waves"),
+                     scratch=tmp_path)
+    assert plan.choice == "grpo_prescreen", plan.reason
+    assert re.fullmatch(r"at least [\d.]+ s from here on against grpo_prescreen's [\d.]+ s, measured in full",
+                        plan.out_of_reach["dots_screen_waves"]), plan.out_of_reach
+    assert len(plan.costs.forward.tokens) > 0  # the screen's pass was timed for both
+    assert plan.costs.score_s == 0 and plan.costs.fixed.fit_s == 0
+    plan = make_plan(cfg, tiny_policy(), pool, calibration, candidates=("dots_screen_waves",), scratch=tmp_path)
+    assert "dots_screen_waves" not in plan.out_of_reach
+    assert plan.costs.score_s > 0 and plan.costs.fixed.fit_s > 0
 
 
 def test_the_calibrations_rollouts_are_the_probes_largest_generate_call(setting, tmp_path):
