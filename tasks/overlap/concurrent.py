@@ -4,13 +4,11 @@ One-step-off asynchronous RL, as in AReaL (Fu et al. 2025, arXiv 2505.24298, wit
 verl's one-step-off policy and prime-rl's ``max_async_level`` 1. docs/algorithms.md section 8 says what every
 decision sees. The timeline of iteration t (W_v: the weights after v updates)::
 
-    main thread:        [sync W_t -> sampler] [log t-1] [update t: W_t -> W_{t+1}] [wait] [observe t] [sync W_{t+1}]
+    main thread:        [sync W_t -> sampler] [update t: W_t -> W_{t+1}] [wait] [observe t, log, checkpoint]
     background thread:                        [draw t+1 with W_t: round start, select, generate, verify]
 
 so step t+1 samples from W_t, one update behind the W_{t+1} a sequential loop would use, exactly: the sampler's
-weights are synced only while nothing is in flight, so the lag never depends on which side finished first. Step
-t-1's records (ledger rows, metrics line) are written beside draw t+1 where step t-1 ends without a checkpoint; a
-checkpoint is written before the next draw starts (tasks/training/loop.py ``records_beside_next_draw``).
+weights are synced only while nothing is in flight, so the lag never depends on which side finished first.
 
 The sampler is a :class:`Sampler`:
 

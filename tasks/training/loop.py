@@ -11,13 +11,9 @@ One step (verl-style, every phase timed so the timing metrics read as a table of
              step's lr (the run's Updater, tasks/update/updater.py), which returns the fresh groups'
              behaviour log-probs
     observe  admit fresh groups with 0 < success < 1 (from all n) to the buffer; label the predictor
-    every eval.every steps: held-out evaluation, whose accuracy feeds the selector (ScalingRL's rho)
     record   ledger rows for every selection and group, metrics (tasks/training/recorder.py)
+    every eval.every steps: held-out evaluation, whose accuracy feeds the selector (ScalingRL's rho)
     step end: metrics line, checkpoint at round ends (tasks/training/checkpoint.py)
-
-With ``overlap.lag`` 1 the draw of step t+1 runs beside update t (tasks/overlap/concurrent.py), launched at update
-t's start, or, where step t-1's end writes no checkpoint, right after step t-1's evaluation, so that step t-1's
-records are written beside it too (:meth:`Trainer.records_beside_next_draw`).
 
 The caller plays the rounds (:meth:`Trainer.rounds`, :meth:`Trainer.play_round`; in the pipeline each a Prefect
 task run ``round-<r>``, tasks/stages.py); each ends with the round's selection summary (:class:`RoundLog`).
@@ -224,11 +220,9 @@ class Trainer:
         self.pending = None
         upd = self.update(sd)
         metrics = self.observe(sd, upd)
-        held = self.heldout(step)
-        if self.records_beside_next_draw(step, upd):
-            self.launch(step + 2)
         eff = effective(upd.batch)
         metrics |= self.record(round_, sd, upd, eff)
+        held = self.heldout(step)
         if held is not None:
             metrics |= held.metrics
         metrics["time/step_s"] = time.perf_counter() - t0
@@ -264,29 +258,6 @@ class Trainer:
         """Step ``step``'s draw from the weights before step ``step - 1``'s update (lag 1), on a meter of its own."""
         return self.draw(step, step - 1, CostMeter(prices={}, device="cpu", devices=1))
 
-    def launch(self, step: int) -> None:
-        """Step ``step``'s draw in the background (lag 1), from the weights as they are now: the sampler synced to
-        them first (nothing is in flight)."""
-        with self.run.meter.stage("weight_sync"):
-            self.sampling.sync(self.run.dir / "vllm_weights")
-        self.overlap.launch(partial(self.draw_ahead, step))
-
-    def records_beside_next_draw(self, step: int, upd: StepUpdate) -> bool:
-        """Whether step ``step + 2``'s draw starts now, after step ``step``'s update, observation and evaluation, so
-        that this step's records (ledger rows, metrics line) are written while it runs rather than before it: lag 1,
-        a step ``step + 2`` to draw, an update applied (a skipped one may stop the run) and no checkpoint at this
-        step's end (a checkpoint holds the selector, the RNG states and what the draws carry, as they are before
-        the next draw starts). Else step ``step + 1``'s update launches it, as it does for step 1."""
-        return (self.sampling.overlapped and step + 2 < self.cfg.train.steps and not self.checkpoint_due(step)
-                and upd.stats.get("train/skipped_updates", 0.0) == 0)
-
-    def checkpoint_due(self, step: int) -> bool:
-        """Whether step ``step``'s end writes a checkpoint: a round's end, every ``train.checkpoint_every`` steps,
-        after the last step and when skipped updates stop the run."""
-        tc = self.cfg.train
-        return ((step + 1) % tc.round_steps == 0 or bool(tc.checkpoint_every and (step + 1) % tc.checkpoint_every == 0)
-                or step + 1 == tc.steps or self.guard.stuck)
-
     def update(self, sd: StepDraw) -> StepUpdate:
         """The replayed groups joined to the fresh ones, one update at the step's lr; with lag 1 the next step's
         draw runs beside it (collected into :attr:`pending`)."""
@@ -296,8 +267,10 @@ class Trainer:
             replayed = buffer.sample(n_replay, step, torch.Generator().manual_seed(
                 derive_seed(self.cfg.seed, step, "replay"))) if n_replay else []
         batch = sd.fresh.groups + replayed
-        if self.sampling.overlapped and step + 1 < self.cfg.train.steps and not self.overlap.in_flight:
-            self.launch(step + 1)  # not launched at the end of the step before (records_beside_next_draw)
+        if self.sampling.overlapped and step + 1 < self.cfg.train.steps:  # step + 1 drawn from these weights
+            with run.meter.stage("weight_sync"):
+                self.sampling.sync(run.dir / "vllm_weights")
+            self.overlap.launch(partial(self.draw_ahead, step + 1))
         lr = scheduled_lr(self.cfg, step)
         self.updater.set_lr(lr)
         with run.meter.stage("update"):
@@ -374,7 +347,7 @@ class Trainer:
                  held: HeldoutEval | None, tally: RoundLog) -> None:
         """The step's metrics line (with the cost meter's totals), progress bar and round tally; a checkpoint at a
         round's end, every ``train.checkpoint_every`` steps and after the last."""
-        run = self.run
+        run, tc = self.run, self.cfg.train
         metrics |= run.meter.metrics() | (run.meter.memory.take() if run.meter.memory is not None else {})
         with run.meter.stage("tracking"):
             self.recorder.metrics(step, metrics)
@@ -390,7 +363,8 @@ class Trainer:
         tally.add(sd.fresh.records, sd.fresh.rows, eff, upd.replayed,
                   (upd.seconds, timing) if timing is not None else None, sd.fresh.rewards,
                   None if held is None else held.accuracy)
-        if self.checkpoint_due(step):
+        if (step + 1) % tc.round_steps == 0 or (tc.checkpoint_every and (step + 1) % tc.checkpoint_every == 0) \
+                or step + 1 == tc.steps or self.guard.stuck:
             with run.meter.stage("checkpoint"):
                 self.recorder.checkpoint(step + 1, lambda held: checkpoint.save(
                     run, step + 1, self.policy, self.updater, self.selector, self.buffer, self.composer,

@@ -304,38 +304,6 @@ def test_the_overlapped_loop_trains_one_update_behind_exactly_and_deterministica
     assert any(m["offpolicy/logp_diff_max"] > 1e-3 for m in a_log[2:]), "lag 1 samples older weights"
 
 
-def test_a_steps_records_are_written_beside_the_draw_after_next_and_change_nothing(smoke_cfg, pool, monkeypatch):
-    """Where a step ends without a checkpoint, the draw of the step after next starts before the step's ledger rows
-    and metrics line are written, so they are written beside it (tasks/training/loop.py
-    ``records_beside_next_draw``); a checkpoint (rounds of 3: the ends of steps 2 and 5) is written before the next
-    draw starts, and the last two steps have no such draw. What is trained and recorded is the same as with every
-    draw launched at the next update's start."""
-    from tasks.training.loop import Trainer
-
-    seen, record = [], Trainer.record
-
-    def spy(self, round_, sd, upd, eff):
-        seen.append((sd.step, self.overlap.in_flight))
-        return record(self, round_, sd, upd, eff)
-
-    monkeypatch.setattr(Trainer, "record", spy)
-    cfg = smoke_cfg(*LAG1, "train.steps=6", "train.round_steps=3", path=PRESETS.format("grpo"))
-    a_state, a_sum, a_groups, a_sel, a_log = run_train(cfg, pool)
-    assert seen == [(0, True), (1, True), (2, False), (3, True), (4, False), (5, False)]
-    monkeypatch.setattr(Trainer, "records_beside_next_draw", lambda self, step, upd: False)
-    seen.clear()
-    b_state, _, b_groups, b_sel, b_log = run_train(cfg, pool)
-    assert not any(beside for _, beside in seen)
-    for k in a_state:
-        assert torch.equal(a_state[k], b_state[k]), k
-
-    def rows(t):
-        return [{k: v for k, v in r.items() if k != "run_id"} for r in t]
-
-    assert rows(a_sel) == rows(b_sel) and rows(a_groups) == rows(b_groups)
-    assert [m["train/reward_mean"] for m in a_log] == [m["train/reward_mean"] for m in b_log]
-
-
 def test_every_technique_composes_with_the_overlap(smoke_cfg, pool):
     """DOTS with the screen, replay, PODS, ScalingRL, GAIN-RL and the adaptive composition, then DAPO's dynamic
     sampling, all overlapped: every step trains, fresh groups one update old, the reference rows in the ledger."""
