@@ -18,7 +18,8 @@ one line naming its exit code or error, and the run stops at its last checkpoint
 end of the pipe, and the child leaves at its next read: no process is left behind. :meth:`close` stops the
 child (terminating it if it does not answer). The child ignores SIGINT (a Ctrl-C at the terminal reaches the whole
 process group: the parent, stopping its run, closes it) and leaves cleanly on SIGTERM, removing its multiprocessing
-temporary folder (``pymp-*``, with the listener socket its replies' tensors are shared through). Its replies name
+temporary folder (``pymp-*``, with the listener socket its replies' tensors are shared through on a GPU; on a CPU
+they are copied into the reply, :func:`_pickle`). Its replies name
 that folder, so the run can remove it after a SIGKILL (tasks/run.py ``Run.note_temp``). The folder is the child's
 own: a ``spawn`` child inherits the name of its parent's folder where the parent has one (CPython's
 ``multiprocessing.process.BaseProcess`` copies the parent's ``_config``, ``util.get_temp_dir`` reads it), and a run
@@ -41,6 +42,7 @@ import copy
 import gc
 import itertools
 import logging
+import pickle
 import signal
 import sys
 import time
@@ -73,7 +75,7 @@ class GeneratorDied(RuntimeError):
 
 
 def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenizer, settings: dict, conn,
-           threads: int) -> None:
+           threads: int, share: bool | None = None) -> None:
     """The child's loop, after a ``("ready",)`` once its model and engine are built: ``("generate", prompts, n,
     seed, greedy)`` -> ``("ok", (Generation, peak MiB, temporary
     folder))`` or ``("error", text)`` (the peak: the child's own memory during that generation,
@@ -82,7 +84,8 @@ def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenize
 
     The model is rebuilt from its class and config, and its parameters become the parent's shared tensors
     (``load_state_dict(assign=True)``: no copy), so the parent's syncs are what it samples from. ``("stop",)``
-    releases them before it is acknowledged with ``("stopped",)`` (module docstring).
+    releases them before it is acknowledged with ``("stopped",)`` (module docstring). ``share``: whether a reply's
+    tensors are shared rather than copied into it (:func:`_pickle`; None: by the device, shared on a GPU).
     """
     torch.set_num_threads(threads)
     model = model_class(config)
@@ -90,6 +93,7 @@ def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenize
     weights.clear()  # the process's own arguments hold this dict until exit: the model is the one reference left
     model.to(settings["device"]).eval().requires_grad_(False)
     engine = HFEngine(model, tokenizer, **settings)
+    share = torch.device(settings["device"]).type != "cpu" if share is None else share
     try:
         conn.send(("ready",))  # started: the parent stops drawing in its own process (GeneratorProcess.generate)
     except (BrokenPipeError, OSError):
@@ -116,8 +120,8 @@ def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenize
             out = ("ok", (gen, own_peak_mb(settings["device"]), mp_util.get_temp_dir()))
         except Exception as err:  # noqa: BLE001 - sent to the parent, which stops the run with it
             out = ("error", f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=5)}")
-        try:  # pickled first: the tensors are shared here (the listener in the temporary folder), before a byte is sent
-            reply = ForkingPickler.dumps(out)
+        try:  # pickled first, before a byte is sent: a GPU's tensors shared (CUDA IPC), a CPU's copied in (_pickle)
+            reply = _pickle(out, share)
         except Exception as err:  # noqa: BLE001 - the parent stops the run with it
             reply = ForkingPickler.dumps(("error", f"the reply could not be sent: {type(err).__name__}: {err} "
                                                    f"(temporary folder {mp_util.get_temp_dir()})\n"
@@ -126,6 +130,17 @@ def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenize
             conn.send_bytes(reply)
         except (BrokenPipeError, OSError):  # the parent is gone
             return
+
+
+def _pickle(reply, share: bool) -> bytes:
+    """The child's reply as bytes, its tensors ``share`` d (torch's reductions in ``ForkingPickler``: CUDA IPC
+    handles on a GPU, no copy; on a CPU a file each in the temporary folder, through its listener) or copied into
+    the bytes, as the child does on a CPU: a step's rollouts are tens of kilobytes, and sharing them cost 4.2 ms a
+    reply against 1.2 ms copied (64 rollouts of the tiny policy, dumped and loaded in one process), and a default
+    run's draws 8 ms a step (docs/performance.md)."""
+    if share:
+        return bytes(ForkingPickler.dumps(reply))
+    return pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _child(*args) -> None:

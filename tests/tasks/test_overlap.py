@@ -136,8 +136,9 @@ def test_the_generator_has_its_own_temporary_folder_and_a_run_never_removes_its_
     run that removes a noted folder once its generator is gone (tasks/run.py ``remove_leftovers``) leaves the
     parent's, and the next generator still replies. Before: the child reported the parent's folder, the run removed
     it, and the next generator, unable to place its reply's listener there, left with exit code 0 at its first reply
-    (the lag-1 waves resume's "died (exit code 0)", tests/tasks/test_waves.py). Then: a reply whose listener went
-    away and a closed generator are errors that say so."""
+    (the lag-1 waves resume's "died (exit code 0)", tests/tasks/test_waves.py). Then: a CPU's reply needs no
+    listener (its tensors are copied in; a GPU's shared, whose failure the next test shows), and a closed generator
+    is an error that says so."""
     import shutil
     from multiprocessing import util as mp_util
     from pathlib import Path
@@ -164,10 +165,8 @@ def test_the_generator_has_its_own_temporary_folder_and_a_run_never_removes_its_
     try:
         second.ready(wait=True)
         assert second.generate(PROMPTS[:1], 2, 0).completion_ids.shape[0] == 2
-        shutil.rmtree(second.temp_dir)  # the listener the reply's tensors come through is gone
-        with pytest.raises(GeneratorDied, match=rf"pid {second.pid}\): its reply could not be received: "
-                                                r"FileNotFoundError"):
-            second.generate(PROMPTS[:1], 2, 0)
+        shutil.rmtree(second.temp_dir)  # a GPU's replies share their tensors through its listener; a CPU's are copied
+        assert second.generate(PROMPTS[:1], 2, 0).completion_ids.shape[0] == 2
     finally:
         second.close()
     assert not second.alive
@@ -188,7 +187,7 @@ settings = HFEngine(model, tok, max_new_tokens=4, temperature=1.0, top_p=1.0, to
 shutil.rmtree(util.get_temp_dir())  # the folder the reply's listener would be placed in is gone
 parent, child = Pipe()
 serving = threading.Thread(target=_serve, args=(type(model), model.config, plain_copy(model).state_dict(), tok,
-                                                settings, child, 1), daemon=True)
+                                                settings, child, 1, True), daemon=True)  # shared, as on a GPU
 serving.start()
 assert parent.recv() == ("ready",)
 parent.send(("generate", ["Q: 1+1=?\\n"], 2, 0, False, 0))
@@ -200,9 +199,25 @@ print(parent.recv()[0])
 """
 
 
+def test_a_cpu_generators_reply_carries_its_tensors_and_a_gpus_shares_them():
+    """:func:`_pickle`: copied in (a CPU's replies), the bytes hold every tensor's data and load anywhere; shared (a
+    GPU's, and its CPU twin here), they hold a handle to each storage, a few hundred bytes whatever its size."""
+    import pickle
+
+    from tasks.overlap.generator_process import _pickle
+
+    reply = ("ok", (torch.arange(4096, dtype=torch.int64), 1.0, "/tmp"))
+    copied, shared = _pickle(reply, share=False), _pickle(reply, share=True)
+    assert len(copied) > 4096 * 8 > 10 * len(shared)
+    out = pickle.loads(copied)
+    assert out[0] == "ok" and torch.equal(out[1][0], reply[1][0])
+    assert torch.equal(pickle.loads(shared)[1][0], reply[1][0])
+
+
 def test_a_reply_the_generator_cannot_send_is_an_error_that_says_why():
-    """The generator's process lost its multiprocessing folder: the reply's tensors cannot be shared, and the
-    parent hears why (before: the generator left silently, with exit code 0), and the generator still stops."""
+    """The generator's process lost its multiprocessing folder: the reply's tensors cannot be shared (as a GPU's
+    are; a CPU's are copied into the reply), and the parent hears why (before: the generator left silently, with
+    exit code 0), and the generator still stops."""
     import subprocess
     import sys
 
