@@ -161,8 +161,9 @@ def test_a_signal_during_training_then_resume_equals_an_uninterrupted_run(tmp_pa
 
 
 def test_a_resume_removes_the_temporary_folder_a_killed_generator_left(smoke_cfg):
-    """A generator process killed with SIGKILL leaves its multiprocessing folder (a listener socket in it), which
-    its run recorded: the resume removes it, and keeps one whose process still lives."""
+    """A generator process killed with SIGKILL leaves its multiprocessing folder (with a listener socket in it where
+    its replies share their tensors, as a GPU's do; empty on a CPU, whose replies carry them), which its run
+    recorded: the resume removes it, and keeps one whose process still lives."""
     from tasks.generation.rollout import HFEngine
     from tasks.model.loading import build_tiny_model, build_tokenizer
     from tasks.model.lora import plain_copy
@@ -179,7 +180,7 @@ def test_a_resume_removes_the_temporary_folder_a_killed_generator_left(smoke_cfg
     gp.ready(wait=True)  # a call asked while it starts is made here, and leaves no folder of the child's
     gp.generate(["Q: 1+1=?\n"], 2, 0)
     left = Path(gp.temp_dir)
-    assert [p.name[:9] for p in left.iterdir()] == ["listener-"]
+    assert left.is_dir()
     os.kill(gp.pid, signal.SIGKILL)
     gp.close()
     assert left.exists()  # what a SIGKILL of the whole run leaves (a clean end removes it, test_sigterm_... above)

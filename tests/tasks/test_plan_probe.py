@@ -290,7 +290,8 @@ def test_the_probe_does_not_score_for_a_candidate_a_measured_one_beats(setting, 
     from tasks.plan.planner import make_plan
 
     cfg, pool, calibration = setting
-    cfg = with_overrides(cfg, ["train.prompts_per_step=64", "plan.min_signal=0", "train.steps=1000"])
+    # GRPO at 128 x 8: both candidates' steps far below its (about half and a third of it on the tiny policy)
+    cfg = with_overrides(cfg, ["train.prompts_per_step=128", "plan.min_signal=0", "train.steps=1000"])
     plan = make_plan(cfg, tiny_policy(), pool, calibration, candidates=("grpo_prescreen", "dots_screen_waves"),
                      scratch=tmp_path)
     assert plan.choice == "grpo_prescreen", plan.reason
