@@ -154,7 +154,7 @@ def _make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibratio
             continue
         comps.append(c)
     base = composition(pc.baseline, candidate_config(cfg, pc.baseline), len(pool), device, sdpa)
-    out: dict[str, str] = {}  # candidates out of reach once what every step pays is timed, and why
+    out: dict[str, str] = {}  # candidates the probe stopped measuring (out of reach, or dominated), and why
 
     def live(step_costs: UnitCosts, unmeasured: Callable[[Composition], bool]) -> list[Composition]:
         """The baseline and the candidates still in reach: predicted with the costs not yet timed at 0 (those of the
