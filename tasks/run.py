@@ -227,8 +227,9 @@ class Run:
 
     def note_temp(self, path: str, pid: int) -> None:
         """Record a temporary folder that process ``pid`` of this run keeps (the overlap's generator process: its
-        multiprocessing folder, with a listener socket where its replies share their tensors) in ``<run>/temp.json``. A process that ends cleanly removes its
-        own; :meth:`close` and a resume remove one whose process is gone (:func:`remove_leftovers`)."""
+        multiprocessing folder, with a listener socket where its replies share their tensors) in
+        ``<run>/temp.json``. A process that ends cleanly removes its own; :meth:`close` and a resume remove one whose
+        process is gone (:func:`remove_leftovers`)."""
         record = self.dir / TEMP_RECORD
         noted = json.loads(record.read_text()) if record.is_file() else []
         write_json(record, [*noted, {"path": path, "pid": pid}])
