@@ -63,6 +63,11 @@ def _keeps_signal(p: Prediction, base: Prediction, min_signal: float) -> bool:
     return p.signal >= min_signal * base.signal - 1e-9
 
 
+def _qualifies(p: Prediction, base: Prediction, min_signal: float) -> bool:
+    """Whether :func:`choose` may take ``p``: it keeps the signal and its step is cheaper than ``base``'s."""
+    return _keeps_signal(p, base, min_signal) and p.step_s < base.step_s
+
+
 def _earns_back(p: Prediction, base: Prediction, plan_s: float) -> bool:
     """Whether ``p``'s clock with what the run spent before its first step is at most the baseline's (a prediction
     saved without a training clock has nothing to earn back with)."""
@@ -97,7 +102,7 @@ def dominated(p: Prediction, exact: list[Prediction], base: Prediction, min_sign
     here on (:func:`_cost`) than ``p``'s lower bound by more than the tie margin. ``p``'s cost can only grow with the
     rest measured, so the cheapest qualifying candidate stays at most that rival's and ``p`` stays out of the tie
     (:data:`TIE`): exact, no estimate. None where no such rival exists."""
-    rivals = [q for q in exact if _keeps_signal(q, base, min_signal) and q.step_s < base.step_s]
+    rivals = [q for q in exact if _qualifies(q, base, min_signal)]
     if not rivals:
         return None
     rival = min(rivals, key=_cost)
@@ -124,7 +129,7 @@ def choose(base: Prediction, predictions: list[Prediction], min_signal: float,
         raise ValueError(f"min_signal must be in [0, 1], got {min_signal!r}")
     if not math.isfinite(plan_s) or plan_s < 0:
         raise ValueError(f"plan_s must be finite and >= 0, got {plan_s!r}")
-    qualify = [p for p in predictions if _keeps_signal(p, base, min_signal) and p.step_s < base.step_s]
+    qualify = [p for p in predictions if _qualifies(p, base, min_signal)]
     cheapest = min(map(_cost, qualify), default=_cost(base))
     best = max((p for p in qualify if _cost(p) <= (1 + TIE) * cheapest), key=lambda p: p.signal, default=base)
     if best.step_s >= base.step_s:

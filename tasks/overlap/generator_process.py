@@ -132,14 +132,14 @@ def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenize
             return
 
 
-def _pickle(reply, share: bool) -> bytes:
+def _pickle(reply, share: bool) -> bytes | memoryview:
     """The child's reply as bytes. Where ``share``, its tensors are shared (torch's reductions in
     ``ForkingPickler``: CUDA IPC handles on a GPU, no copy; on a CPU a file each in the temporary folder, through
     its listener); else copied into the bytes, as the child does on a CPU: a step's rollouts are tens of kilobytes,
     and sharing them cost 4.2 ms a reply against 1.2 ms copied (64 rollouts of the tiny policy, dumped and loaded in
     one process), and a default run's draws 8 ms a step (docs/performance.md)."""
     if share:
-        return bytes(ForkingPickler.dumps(reply))
+        return ForkingPickler.dumps(reply)
     return pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
 
 

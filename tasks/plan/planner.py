@@ -82,8 +82,8 @@ def hides(cfg: Config, device: torch.device | str) -> bool:
     (tasks/overlap/concurrent.py ``Sampler.apart``) and on other hardware than that work. A server; or the in-process
     sampler at lag 1 (``overlap.lag=auto`` counts: on a shared device the overlap's probe decides after the plan)
     beside a trainer on an accelerator. On a CPU the generator's threads and the trainer's share its cores, so the
-    work costs its own time: measured (S40, `grpo_prescreen` one after the other on 2 cores), a step of 0.228 s,
-    against 0.226 s predicted with the screen's pass counted and 0.178 s with it hidden."""
+    work costs its own time: measured (`grpo_prescreen` one after the other on 2 cores, docs/algorithms.md 9.2), a
+    step of 0.228 s, against 0.226 s predicted with the screen's pass counted and 0.178 s with it hidden."""
     if cfg.rollout.engine != "hf":
         return True
     return cfg.overlap.lag != 0 and torch.device(device).type != "cpu"
