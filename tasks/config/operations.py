@@ -57,11 +57,12 @@ class OverlapConfig(_Frozen):
         "(1 - min_gain) of their time one after the other. The margin covers the probe's noise and the cost of "
         "rollouts one update old."))
     start_s: float | None = Field(None, ge=0, description=(
-        "lag auto on a shared device: predicted seconds to start the generator process (spawn, its imports, the "
-        "weights, its first call), part of the overlap probe's predicted cost. The probe runs only when that cost "
-        "is below what lag 1 could save over train.steps (min(draw, update) a step); else lag 0 without it. None: "
-        "by the trainer's device (tasks/overlap/lag.py START_S: 5 s on a CPU; 20 s on an accelerator, whose "
-        "runtime and first-call compiles the child pays too: 17.5-18.4 s on an H200)."))
+        "lag auto on a shared device: predicted seconds to start the generator process (the process, its imports, "
+        "the weights, its first call), part of the overlap probe's predicted cost. The probe runs only when that "
+        "cost is below what lag 1 could save over train.steps (min(draw, update) a step); else lag 0 without it. "
+        "None: by the trainer's device (tasks/overlap/lag.py START_S: on a CPU 1 s where the child is forked, one "
+        "generator thread, and 5 s where it is spawned; 20 s on an accelerator, whose runtime and first-call "
+        "compiles the child pays too: 17.5-18.4 s on an H200)."))
 
     @field_validator("lag", mode="before")
     @classmethod

@@ -1,17 +1,24 @@
 """The in-process engine in its own process: the overlap's generator (``overlap.lag`` 1; tasks/overlap/concurrent.py).
 
 :class:`GeneratorProcess` is a :class:`tasks.generation.rollout.RolloutEngine`. It holds its own copy of the policy in
-shared memory, and a child process (``spawn``) samples from that copy with the trainer's :class:`HFEngine`
+shared memory, and a child process samples from that copy with the trainer's :class:`HFEngine`
 settings, so generation runs on other cores while the trainer updates. :meth:`GeneratorProcess.sync_weights`
 copies the trainer's weights into the shared copy; the loop calls it only between requests (after the previous
 step's rollouts came back, before the next ones are asked for), so every request samples from exactly the
 weights synced last: the lag is exact, and a seed gives one result. On a GPU the copy lives on the same device
 and the sync is a device copy.
 
-The child takes seconds to start (a spawned Python importing torch and transformers: about 3 s on a CPU). The
-calls asked meanwhile are made in this process (:meth:`GeneratorProcess.generate`) with the child's engine settings
-on the same shared weights, where that computes the child's bits (a CPU, the child's thread count), so the trainer's
-first steps do not wait for it and a run is the same whichever calls were made where.
+How the child starts (:func:`start_method`): on a CPU with one torch thread it is forked, ready in about 0.3 s with
+every module it needs already imported; elsewhere it is spawned, a new Python importing torch and transformers (about
+4 s on a CPU, more on a GPU with its runtime). A fork is not safe past one thread: GNU OpenMP, which torch's CPU
+build uses, keeps the parent's thread pool in a forked child, and the child's first parallel region with two threads
+hangs (measured: a 512 x 512 matmul after a fork, never done); with one thread a parallel region runs inline, as
+PyTorch's DataLoader workers run; CUDA cannot be used in a forked child at all. The default run on 2 cores forks: its
+first 16 steps took 3.5 s against 4.6-5.0 s spawned, while the spawned child's imports took one of the two cores
+(docs/performance.md). The calls asked while a spawned child starts are made in this process
+(:meth:`GeneratorProcess.generate`) with the child's engine settings on the same shared weights, where that computes
+the child's bits (a CPU, the child's thread count), so the trainer's first steps do not wait for it and a run is the
+same whichever calls were made where.
 
 Failure handling: a child that dies (killed, out of memory, an exception) is reported as :class:`GeneratorDied`,
 one line naming its exit code or error, and the run stops at its last checkpoint. A parent that dies closes its
@@ -21,7 +28,7 @@ process group: the parent, stopping its run, closes it) and leaves cleanly on SI
 temporary folder (``pymp-*``, with the listener socket its replies' tensors are shared through on a GPU; on a CPU
 they are copied into the reply, :func:`_pickle`). Its replies name
 that folder, so the run can remove it after a SIGKILL (tasks/run.py ``Run.note_temp``). The folder is the child's
-own: a ``spawn`` child inherits the name of its parent's folder where the parent has one (CPython's
+own: a child (forked or spawned) inherits the name of its parent's folder where the parent has one (CPython's
 ``multiprocessing.process.BaseProcess`` copies the parent's ``_config``, ``util.get_temp_dir`` reads it), and a run
 removing it once the child is gone would remove the folder of its parent and of every later child, whose next reply
 then cannot be sent; so the child forgets the inherited name and makes its own. A reply the child cannot send (its
@@ -143,14 +150,24 @@ def _pickle(reply, share: bool) -> bytes | memoryview:
     return pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _child(*args) -> None:
-    """The child process: its own multiprocessing temporary folder (not the parent's, whose name ``spawn`` hands
-    down: module docstring); Ctrl-C is the parent's to handle (it closes the child), SIGTERM exits through the exit
-    handlers (which remove the multiprocessing folder); then :func:`_serve`."""
-    mp_process.current_process()._config.pop("tempdir", None)  # no public way to forget it
+def _child(parent_end, *args) -> None:
+    """The child process: Ctrl-C is the parent's to handle (it closes the child), SIGTERM exits through the exit
+    handlers (which remove the multiprocessing folder); its own multiprocessing temporary folder (not the parent's,
+    whose name a child inherits: module docstring); a forked child closes the parent's end of the pipe it inherited
+    (``parent_end``; None when spawned), so that the parent's death still ends its reads; then :func:`_serve`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    mp_process.current_process()._config.pop("tempdir", None)  # no public way to forget it
+    if parent_end is not None:
+        parent_end.close()
     _serve(*args)
+
+
+def start_method(device: torch.device | str, threads: int) -> str:
+    """How the child starts (module docstring): ``fork`` on a CPU with one torch thread where the platform forks, else
+    ``spawn``."""
+    cpu = torch.device(device).type == "cpu"
+    return "fork" if cpu and threads == 1 and "fork" in mp.get_all_start_methods() else "spawn"
 
 
 class GeneratorProcess(RolloutEngine):
@@ -163,10 +180,11 @@ class GeneratorProcess(RolloutEngine):
         threads: torch threads of the child.
         poll_s: how often a wait checks that the child is alive.
         on_temp_dir: called with the child's temporary folder and pid once a reply names it (the run records it).
+        start: ``fork`` or ``spawn``; None: :func:`start_method`'s (a test spawns on a CPU to see the draws made here).
     """
 
     def __init__(self, engine: HFEngine, threads: int, weights: torch.nn.Module, poll_s: float = 0.5,
-                 on_temp_dir: Callable[[str, int], None] | None = None):
+                 on_temp_dir: Callable[[str, int], None] | None = None, start: str | None = None):
         self.model = weights.requires_grad_(False)  # frozen, as the child's: a parameter's flag changes a pass's bits
         if next(self.model.parameters()).device.type == "cpu":
             self.model.share_memory()
@@ -176,7 +194,12 @@ class GeneratorProcess(RolloutEngine):
         #: the child's multiprocessing temporary folder (None before its first reply)
         self.temp_dir: str | None = None
         self._on_temp_dir = on_temp_dir
-        ctx = mp.get_context("spawn")
+        device = next(self.model.parameters()).device
+        self.start = start or start_method(device, threads)
+        if self.start == "fork" and (device.type != "cpu" or threads != 1):
+            raise ValueError(f"a forked generator process runs on a CPU with one torch thread (GNU OpenMP and CUDA are "
+                             f"not fork-safe), not on {device} with {threads}")
+        ctx = mp.get_context(self.start)
         self._conn, child = ctx.Pipe()
         args = (type(self.model), self.model.config, self.model.state_dict(), engine.tok, engine.settings(), child,
                 threads)
@@ -189,18 +212,20 @@ class GeneratorProcess(RolloutEngine):
                       if next(self.model.parameters()).device.type == "cpu" else None)
         #: generate calls made here, in this process, while the child was starting; whether the last one was
         self.drawn_here, self._last_here = 0, False
-        self._proc = ctx.Process(target=_child, args=args, name="rlsift-generator", daemon=True)
+        self._proc = ctx.Process(target=_child, args=(self._conn if self.start == "fork" else None, *args),
+                                 name="rlsift-generator", daemon=True)
         self._proc.start()
         child.close()
-        log.info("generator process %d started (%d torch thread%s)", self._proc.pid, threads, "s"[:threads != 1])
+        log.info("generator process %d %s (%d torch thread%s)", self._proc.pid,
+                 "forked" if self.start == "fork" else "started", threads, "s"[:threads != 1])
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid
 
     def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False, *, first: int = 0) -> Generation:
-        """The child's generation; while it is still starting (importing torch and transformers, about 3 s on a CPU),
-        this process's own, where that computes the same bits (:meth:`_here_alike`)."""
+        """The child's generation; while a spawned child is still starting (importing torch and transformers, about
+        4 s on a CPU), this process's own, where that computes the same bits (:meth:`_here_alike`)."""
         if self._closed:
             raise GeneratorDied(f"the generator process (pid {self._proc.pid}) was closed (by its sampler): nothing "
                                 "may generate with it any more")

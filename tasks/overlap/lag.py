@@ -29,6 +29,7 @@ from tasks.data.prompts import PromptRecord
 from tasks.generation.rollout import Generation
 from tasks.model.forward import token_logprobs
 from tasks.overlap.concurrent import Sampler, SamplerHandover, separate_devices, thread_split
+from tasks.overlap.generator_process import start_method
 from tasks.policy import Policy
 from tasks.update.backend import ranks_generate
 
@@ -59,19 +60,23 @@ OVERLAP_PROBE_S = 2.0
 OVERLAP_PROBE_REPEATS = 5
 
 
-#: ``overlap.start_s`` unset: the generator process's predicted start (spawn, imports, the weights, its first call)
-#: by the trainer's device. A CPU: a Python importing torch and transformers, about 3 s (docs/algorithms.md 8.3). An
-#: accelerator: also its runtime and the first call's graph captures and compiles, 17.5 s and 18.4 s for the tiny
-#: model on one H200 (docs/performance.md, "The generator process started early"), about what a 1.5B's first call
-#: adds to its imports.
-START_S = {"cpu": 5.0, "accelerator": 20.0}
+#: ``overlap.start_s`` unset: the generator process's predicted start (the process, its imports, the weights, its first
+#: call) by the trainer's device and how the child starts (tasks/overlap/generator_process.py ``start_method``). A CPU,
+#: forked (one generator thread): nothing to import, ready in about 0.3 s. A CPU, spawned: a Python importing torch and
+#: transformers, about 4 s (docs/algorithms.md 8.3). An accelerator: also its runtime and the first call's graph
+#: captures and compiles, 17.5 s and 18.4 s for the tiny model on one H200 (docs/performance.md, "The generator process
+#: started early"), about what a 1.5B's first call adds to its imports.
+START_S = {"cpu-fork": 1.0, "cpu": 5.0, "accelerator": 20.0}
 
 
 def predicted_start_s(cfg: Config, device: torch.device | str) -> float:
     """Seconds the generator process is predicted to take to start: ``overlap.start_s``, or :data:`START_S`."""
     if cfg.overlap.start_s is not None:
         return cfg.overlap.start_s
-    return START_S["cpu" if torch.device(device).type == "cpu" else "accelerator"]
+    if torch.device(device).type != "cpu":
+        return START_S["accelerator"]
+    threads = thread_split(torch.get_num_threads(), cfg.overlap.generator_threads)[0]
+    return START_S["cpu-fork" if start_method(device, threads) == "fork" else "cpu"]
 
 
 def probe_worth(draw_s: float, update_s: float, cfg: Config, device: torch.device | str = "cpu") -> ProbeWorth:

@@ -345,8 +345,9 @@ def test_the_printed_command_pasted_in_another_folder_finishes_the_run(tmp_path,
         if how == "stopped":
             os.kill(proc.pid, signal.SIGTERM)
         else:
-            (generator,) = [c for c in psutil.Process(proc.pid).children(recursive=True)
-                            if "spawn_main" in " ".join(c.cmdline())]
+            trainer = psutil.Process(proc.pid)  # the generator: forked (its cmdline the trainer's) or spawned
+            (generator,) = [c for c in trainer.children(recursive=True)
+                            if "spawn_main" in " ".join(c.cmdline()) or c.cmdline() == trainer.cmdline()]
             generator.kill()
         assert proc.wait(timeout=300) == (128 + signal.SIGTERM if how == "stopped" else 1)
     finally:

@@ -103,13 +103,13 @@ def test_the_generator_process_samples_the_weights_synced_last_and_dies_loudly(t
 
 
 def test_draws_asked_while_the_generator_starts_are_made_here_with_its_bits(tiny):
-    """The child takes seconds to start (torch and transformers to import): a call asked meanwhile is made in this
+    """A spawned child takes seconds to start (torch and transformers to import): a call asked meanwhile is made in this
     process on the same shared weights, bit for bit what the child then draws; with another thread count than the
     child's (other sums), the call waits for the child instead."""
     model, tok = tiny
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    gp = GeneratorProcess(engine(model, tok), threads=1, weights=plain_copy(model))
+    gp = GeneratorProcess(engine(model, tok), threads=1, weights=plain_copy(model), start="spawn")
     try:
         early = gp.generate(PROMPTS, 3, 5)
         assert gp.drawn_here == 1 and not gp.ready()
@@ -128,6 +128,24 @@ def test_draws_asked_while_the_generator_starts_are_made_here_with_its_bits(tiny
     finally:
         other.close()
         torch.set_num_threads(threads)
+
+
+def test_the_generator_is_forked_only_on_a_cpu_with_one_thread(tiny):
+    """A fork is ready at once, with nothing drawn here; GNU OpenMP past one thread and CUDA are not fork-safe (a
+    forked child's first two-thread matmul hangs), so those spawn, and asking for a fork there is an error."""
+    from tasks.overlap.generator_process import start_method
+
+    assert start_method("cpu", 1) == "fork"
+    assert start_method("cpu", 2) == start_method("cuda", 1) == "spawn"
+    model, tok = tiny
+    with pytest.raises(ValueError, match="one torch thread"):
+        GeneratorProcess(engine(model, tok), threads=2, weights=plain_copy(model), start="fork")
+    gp = GeneratorProcess(engine(model, tok), threads=1, weights=plain_copy(model))
+    try:
+        assert gp.start == "fork"
+        assert gp.ready(wait=True) and gp.generate(PROMPTS, 2, 0).completion_ids.shape[0] == 2 * len(PROMPTS)
+    finally:
+        gp.close()
 
 
 def test_the_generator_has_its_own_temporary_folder_and_a_run_never_removes_its_parents(smoke_cfg, tiny):
@@ -347,20 +365,24 @@ from tasks.generation.rollout import HFEngine
 tok = build_tokenizer()
 model = build_tiny_model(hidden=64, layers=2, heads=2, tokenizer=tok, seed=0)
 gp = GeneratorProcess(HFEngine(model, tok, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0, chunk=8), 1,
-                      plain_copy(model))
+                      plain_copy(model), start=sys.argv[1])
+gp.ready(wait=True)
 gp.generate(["Q: 1+1=?\\n"], 1, 0)
 print(gp.pid, flush=True)
 sys.stdin.read()
 """
 
 
-def test_a_killed_trainer_leaves_no_generator_behind():
-    """SIGKILL the trainer alone (not its process group): the generator sees its pipe close and leaves."""
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_a_killed_trainer_leaves_no_generator_behind(start):
+    """SIGKILL the trainer alone (not its process group): the generator sees its pipe close and leaves; a forked one
+    too, which inherited the trainer's end of the pipe and closed it."""
     import subprocess
     import sys
     import time
 
-    proc = subprocess.Popen([sys.executable, "-c", ORPHAN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", ORPHAN, start], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
     try:
         child = int(proc.stdout.readline())
         os.kill(child, 0)  # alive while the trainer is

@@ -136,6 +136,7 @@ def test_the_probe_times_the_childs_draws_not_those_made_while_it_starts(smoke_c
     and one made here while it starts have the same bits, but not the same cost: the probe waits for the child
     before it times anything, so none of its draws is made in the trainer's process."""
     monkeypatch.setattr("tasks.overlap.concurrent.os.sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr("tasks.overlap.generator_process.start_method", lambda device, threads: "spawn")  # seconds
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     handover = SamplerHandover()
@@ -172,14 +173,17 @@ def test_the_probe_is_skipped_where_it_cannot_pay_for_itself(smoke_cfg, pool, st
 
 
 def test_the_predicted_start_is_the_configs_or_the_devices(smoke_cfg):
-    """``overlap.start_s`` unset: 5 s on a CPU, 20 s on an accelerator (an H200 took 17.5-18.4 s). A step drawing
-    in 0.05 s and updating in 0.06 s over 150 steps could save 7.5 s: the probe (start, then 5 repeats of 0.17 s)
-    pays on a CPU (5.85 s) and not on a GPU (20.85 s); a start set in the config wins on either."""
+    """``overlap.start_s`` unset: on a CPU 5 s where the child is spawned (two generator threads) and 1 s where it
+    is forked (one), 20 s on an accelerator (an H200 took 17.5-18.4 s). A step drawing in 0.05 s and updating in
+    0.06 s over 150 steps could save 7.5 s: the probe (start, then 5 repeats of 0.17 s) pays on a CPU (5.85 s) and
+    not on a GPU (20.85 s); a start set in the config wins on either."""
     from tasks.overlap.lag import START_S, predicted_start_s, probe_worth
 
-    cfg = smoke_cfg("train.steps=150")
-    assert load_config(None).overlap.start_s is None and START_S == {"cpu": 5.0, "accelerator": 20.0}
+    cfg = smoke_cfg("train.steps=150", "overlap.generator_threads=2")
+    assert load_config(None).overlap.start_s is None
+    assert START_S == {"cpu-fork": 1.0, "cpu": 5.0, "accelerator": 20.0}
     assert predicted_start_s(cfg, "cpu") == 5.0 and predicted_start_s(cfg, torch.device("cuda", 1)) == 20.0
+    assert predicted_start_s(smoke_cfg("overlap.generator_threads=1"), "cpu") == 1.0
     cpu, gpu = probe_worth(0.05, 0.06, cfg, "cpu"), probe_worth(0.05, 0.06, cfg, "cuda")
     assert cpu.pays and cpu.probe_s == pytest.approx(5.85) and cpu.saving_s == pytest.approx(7.5)
     assert not gpu.pays and gpu.probe_s == pytest.approx(20.85) and gpu.start_s == 20.0
