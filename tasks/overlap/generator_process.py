@@ -14,7 +14,7 @@ every module it needs already imported; elsewhere it is spawned, a new Python im
 build uses, keeps the parent's thread pool in a forked child, and the child's first parallel region with two threads
 hangs (measured: a 512 x 512 matmul after a fork, never done); with one thread a parallel region runs inline, as
 PyTorch's DataLoader workers run; CUDA cannot be used in a forked child at all. The default run on 2 cores forks: its
-first 16 steps took 3.5 s against 4.6-5.0 s spawned, while the spawned child's imports took one of the two cores
+first 16 steps took 3.3-3.7 s against 4.5-4.8 s spawned, while the spawned child's imports took one of the two cores
 (docs/performance.md). The calls asked while a spawned child starts are made in this process
 (:meth:`GeneratorProcess.generate`) with the child's engine settings on the same shared weights, where that computes
 the child's bits (a CPU, the child's thread count), so the trainer's first steps do not wait for it and a run is the
@@ -164,10 +164,10 @@ def _child(parent_end, *args) -> None:
 
 
 def start_method(device: torch.device | str, threads: int) -> str:
-    """How the child starts (module docstring): ``fork`` on a CPU with one torch thread where the platform forks, else
-    ``spawn``."""
+    """How the child starts (module docstring): ``fork`` on a CPU with one torch thread on Linux, else ``spawn`` (macOS
+    forks, but a forked child of a process with threads may crash in its system libraries, so Python spawns there)."""
     cpu = torch.device(device).type == "cpu"
-    return "fork" if cpu and threads == 1 and "fork" in mp.get_all_start_methods() else "spawn"
+    return "fork" if cpu and threads == 1 and sys.platform.startswith("linux") else "spawn"
 
 
 class GeneratorProcess(RolloutEngine):

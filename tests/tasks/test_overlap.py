@@ -12,6 +12,7 @@ import copy
 import math
 import os
 import signal
+import sys
 
 import pytest
 import torch
@@ -135,7 +136,7 @@ def test_the_generator_is_forked_only_on_a_cpu_with_one_thread(tiny):
     forked child's first two-thread matmul hangs), so those spawn, and asking for a fork there is an error."""
     from tasks.overlap.generator_process import start_method
 
-    assert start_method("cpu", 1) == "fork"
+    assert start_method("cpu", 1) == ("fork" if sys.platform.startswith("linux") else "spawn")
     assert start_method("cpu", 2) == start_method("cuda", 1) == "spawn"
     model, tok = tiny
     with pytest.raises(ValueError, match="one torch thread"):
@@ -237,7 +238,6 @@ def test_a_reply_the_generator_cannot_send_is_an_error_that_says_why():
     are; a CPU's are copied into the reply), and the parent hears why (before: the generator left silently, with
     exit code 0), and the generator still stops."""
     import subprocess
-    import sys
 
     out = subprocess.run([sys.executable, "-c", UNSENDABLE], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -378,7 +378,6 @@ def test_a_killed_trainer_leaves_no_generator_behind(start):
     """SIGKILL the trainer alone (not its process group): the generator sees its pipe close and leaves; a forked one
     too, which inherited the trainer's end of the pipe and closed it."""
     import subprocess
-    import sys
     import time
 
     proc = subprocess.Popen([sys.executable, "-c", ORPHAN, start], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
