@@ -132,8 +132,9 @@ def test_draws_asked_while_the_generator_starts_are_made_here_with_its_bits(tiny
 
 
 def test_the_generator_is_forked_only_on_a_cpu_with_one_thread(tiny):
-    """A fork is ready at once, with nothing drawn here; GNU OpenMP past one thread and CUDA are not fork-safe (a
-    forked child's first two-thread matmul hangs), so those spawn, and asking for a fork there is an error."""
+    """On a CPU with one torch thread (on Linux) the child is forked, and draws; GNU OpenMP past one thread and CUDA
+    are not fork-safe (a forked child's first two-thread matmul hangs), so those spawn, and asking for a fork there is
+    an error."""
     from tasks.overlap.generator_process import start_method
 
     assert start_method("cpu", 1) == ("fork" if sys.platform.startswith("linux") else "spawn")
@@ -151,11 +152,11 @@ def test_the_generator_is_forked_only_on_a_cpu_with_one_thread(tiny):
 
 def test_the_generator_has_its_own_temporary_folder_and_a_run_never_removes_its_parents(smoke_cfg, tiny):
     """The trainer's process has a multiprocessing folder of its own (any earlier use of multiprocessing there makes
-    one, as the full test suite's did) and a ``spawn`` child inherits its name: the generator makes its own, so the
-    run that removes a noted folder once its generator is gone (tasks/run.py ``remove_leftovers``) leaves the
-    parent's, and the next generator still replies. Before: the child reported the parent's folder, the run removed
-    it, and the next generator, unable to place its reply's listener there, left with exit code 0 at its first reply
-    (the lag-1 waves resume's "died (exit code 0)", tests/tasks/test_waves.py). Then: a CPU's reply needs no
+    one, as the full test suite's did) and a child, forked or spawned, inherits its name: the generator makes its
+    own, so the run that removes a noted folder once its generator is gone (tasks/run.py ``remove_leftovers``)
+    leaves the parent's, and the next generator still replies. Before: the child reported the parent's folder, the
+    run removed it, and the next generator, unable to place its reply's listener there, left with exit code 0 at its
+    first reply (the lag-1 waves resume's "died (exit code 0)", tests/tasks/test_waves.py). Then: a CPU's reply needs no
     listener (its tensors are copied in; a GPU's shared, whose failure the next test shows), and a closed generator
     is an error that says so."""
     import shutil

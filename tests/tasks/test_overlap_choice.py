@@ -136,7 +136,8 @@ def test_the_probe_times_the_childs_draws_not_those_made_while_it_starts(smoke_c
     and one made here while it starts have the same bits, but not the same cost: the probe waits for the child
     before it times anything, so none of its draws is made in the trainer's process."""
     monkeypatch.setattr("tasks.overlap.concurrent.os.sched_getaffinity", lambda pid: {0})
-    monkeypatch.setattr("tasks.overlap.generator_process.start_method", lambda device, threads: "spawn")  # seconds
+    # spawned, the child takes seconds to start (a forked one is ready at once): what the probe must wait for
+    monkeypatch.setattr("tasks.overlap.generator_process.start_method", lambda device, threads: "spawn")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     handover = SamplerHandover()
