@@ -163,11 +163,16 @@ def _child(parent_end, *args) -> None:
     _serve(*args)
 
 
+def fork_safe(device: torch.device | str, threads: int) -> bool:
+    """Whether a child on ``device`` with ``threads`` torch threads may be forked (module docstring): a CPU, one
+    thread (GNU OpenMP and CUDA are not fork-safe)."""
+    return torch.device(device).type == "cpu" and threads == 1
+
+
 def start_method(device: torch.device | str, threads: int) -> str:
-    """How the child starts (module docstring): ``fork`` on a CPU with one torch thread on Linux, else ``spawn`` (macOS
+    """How the child starts (module docstring): ``fork`` where :func:`fork_safe` on Linux, else ``spawn`` (macOS
     forks, but a forked child of a process with threads may crash in its system libraries, so Python spawns there)."""
-    cpu = torch.device(device).type == "cpu"
-    return "fork" if cpu and threads == 1 and sys.platform.startswith("linux") else "spawn"
+    return "fork" if fork_safe(device, threads) and sys.platform.startswith("linux") else "spawn"
 
 
 class GeneratorProcess(RolloutEngine):
@@ -196,7 +201,7 @@ class GeneratorProcess(RolloutEngine):
         self._on_temp_dir = on_temp_dir
         device = next(self.model.parameters()).device
         self.start = start or start_method(device, threads)
-        if self.start == "fork" and (device.type != "cpu" or threads != 1):
+        if self.start == "fork" and not fork_safe(device, threads):
             raise ValueError(f"a forked generator process runs on a CPU with one torch thread (GNU OpenMP and CUDA are "
                              f"not fork-safe), not on {device} with {threads}")
         ctx = mp.get_context(self.start)
