@@ -47,6 +47,7 @@ Shape letters as in ``rlcore/__init__.py``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -250,9 +251,18 @@ def screen_calibration(pool: PoolStats) -> tuple[torch.Tensor, float]:
     ``mu_j = sigmoid(a + b x_j)`` with ``x_j = logit(screen_j)`` (clamped to [1e-6, 1 - 1e-6]): a and b maximise
     the binomial likelihood of the reference successes, each prompt weighted by the pool share it stands for
     (Newton's method, a small ridge so that a perfect ranking stays finite); the concentration, on
-    ``rlcore.pass_rate_posterior``'s grid, maximises the beta-binomial likelihood of the same successes around mu."""
+    ``rlcore.pass_rate_posterior``'s grid, maximises the beta-binomial likelihood of the same successes around mu.
+    Fitted once a reference set (``PoolStats`` is frozen and hashable): the plan asks for it once per screened
+    candidate and per question it answers about one (46 times in the default plan, 0.17 s of its 1.7 s)."""
     if pool.screen is None:
         raise ValueError("the screen's calibration needs the reference prompts' screen likelihoods")
+    mu, concentration = _screen_fit(pool)
+    return mu.clone(), concentration
+
+
+@functools.lru_cache(maxsize=8)
+def _screen_fit(pool: PoolStats) -> tuple[torch.Tensor, float]:
+    """:func:`screen_calibration`'s fit, cached by reference set (callers get a copy of ``mu``)."""
     q = torch.tensor(pool.screen, dtype=torch.float64).clamp(SCREEN_EPS, 1 - SCREEN_EPS)
     x = torch.stack([torch.ones_like(q), torch.logit(q)], 1)  # [K, 2]
     s = torch.tensor(pool.successes, dtype=torch.float64)

@@ -135,6 +135,24 @@ def test_the_screens_calibration_weighs_each_prompt_by_its_pool_share():
         screen_calibration(PoolStats(successes=(1, 2), g=8, levels=(1, 1)))
 
 
+def test_the_screens_calibration_is_fitted_once_a_reference_set_and_handed_out_as_a_copy():
+    """The plan asks for the fit once per screened candidate: the same reference set is fitted once (an equal set
+    built anew too), another set gets its own fit, and a caller that writes into its copy changes no later one."""
+    from rlcore.plan_draw import _screen_fit
+
+    pool = PoolStats(successes=(8, 6, 0, 1, 4, 4), g=8, levels=(1, 1, 2, 2, 3, 3),
+                     screen=(0.9, 0.7, 0.1, 0.2, 0.5, 0.4))
+    _screen_fit.cache_clear()
+    first, spread = screen_calibration(pool)
+    expected = first.clone()
+    first.zero_()
+    again, spread_again = screen_calibration(replace(pool))
+    assert torch.equal(again, expected) and spread_again == spread
+    assert _screen_fit.cache_info().misses == 1 and _screen_fit.cache_info().hits == 1
+    other = screen_calibration(replace(pool, successes=(0, 0, 8, 8, 4, 4)))[0]
+    assert _screen_fit.cache_info().misses == 2 and not torch.allclose(other, expected)
+
+
 def test_dots_draw_weights_levels_by_their_pooled_rate():
     # level 1: (0 + 2 + 1) / (16 + 2) = 1/6; level 2: (4 + 8 + 1) / 18 = 13/18; target 0.5: level 2 is nearer,
     # and tau = 1e-3 puts all the weight there
