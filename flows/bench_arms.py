@@ -94,7 +94,9 @@ def plan_base(names: list[str]) -> str:
 def plan_arms(config: str | None, overrides: list[str], names: list[str], seed: int, quick: bool,
               policy_path: str) -> dict | None:
     """``rlsift plan`` on the benchmark's pool and budget with every predictable arm as a candidate (setup, on no
-    arm's clock): the predictions the report sets against the measurements. None when no arm is predictable."""
+    arm's clock): the predictions the report sets against the measurements. None when no arm is predictable. Its
+    probe's timings are not kept (``plan.reuse_probe_hours=0``): an ``auto`` arm's first run times its own probe, as
+    a first run on the machine does, and its later seeds reuse that run's (tasks/plan/probe_cache.py)."""
     from flows.pipeline import plan_flow
 
     candidates = sorted({c for c in map(composition_of, names) if c is not None})
@@ -102,4 +104,5 @@ def plan_arms(config: str | None, overrides: list[str], names: list[str], seed: 
         return None
     items = configuration_items(overrides, plan_base(names), seed, quick, policy_path)
     return plan_flow(config=config, overrides=[*items, f"plan.candidates={json.dumps(candidates)}",
-                                               "plan.prune=false", "tracking.register_model=false"])["plan"]
+                                               "plan.prune=false", "plan.reuse_probe_hours=0",
+                                               "tracking.register_model=false"])["plan"]

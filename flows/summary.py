@@ -154,9 +154,10 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
     terminal shows), the predicted clock against plain GRPO's (rlcore/plan_choice.py
     ``RunClock``: ``clock`` its text, ``predicted_training_clock`` the chosen candidate's steps, calibration and
     scoring, ``predicted_clock_with_plan`` with this run's ``upfront_s`` seconds before its first step, the plan's
-    own included) and the predicted effective ratio."""
+    own included; ``predicted_seconds`` the same in seconds) and the predicted effective ratio."""
     clock = plan.clock
     return {"choice": plan.choice, "reason": plan.reason, "line": plan.line(), "clock": clock.text(),
             "predicted_training_clock": clock.training, "predicted_clock_with_plan": clock.with_plan,
+            "predicted_seconds": clock.with_plan * plan.baseline.train_s,
             "upfront_s": clock.upfront_s, "predicted_effective_ratio": plan.chosen.effective_ratio,
             "pool": plan.shares}

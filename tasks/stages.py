@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
-from pathlib import Path
 
 import torch
 from prefect import task
@@ -119,7 +118,7 @@ def policy_source(cfg: Config) -> str:
     tasks/model/gguf_source.py), or the tiny Llama warm-started (both cached by fingerprint under ``paths.cache``,
     default ``<paths.root>/cache``)."""
     mc = cfg.model
-    cache = cfg.paths.cache or str(Path(cfg.paths.root).resolve() / "cache")
+    cache = str(cfg.paths.cache_dir)
     if mc.path and gguf_source.is_gguf(mc.path):
         return str(gguf_source.hf_folder(mc.path, cache))
     if mc.path:
@@ -203,7 +202,8 @@ def plan_stage(run: Run, policy: Policy, pool: list[PromptRecord], calibration: 
         return result
     with run.meter.stage("plan"):
         result = make_plan(run.cfg, policy, pool, calibration, device=run.device, candidates=candidates,
-                           spent_s=run.meter.seconds.get("calibrate", 0.0), scratch=run.dir, handover=run.handover)
+                           spent_s=run.meter.seconds.get("calibrate", 0.0), scratch=run.dir, handover=run.handover,
+                           kept=run.cfg.paths.cache_dir / "plan-probe")
     result.save(cache)
     run.log_metrics(result.metrics(), 0)
     run.tracker.set_tags(result.tags())

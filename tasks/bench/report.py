@@ -164,8 +164,9 @@ def verdicts(base_curves: list[ba.Curve], arm_curves: list[ba.Curve], tgt: dict[
 
 def plan_check(result: dict, plan: dict, compositions: dict[str, str | None], runs: list[BenchRun]) -> list[dict]:
     """The plan's predictions (``Plan.to_json`` of ``rlsift plan`` on the benchmark's pool) against each arm's
-    measured effective ratio and clock at the budget, both relative to the baseline. ``compositions``: arm ->
-    the candidate that predicts it; an ``auto`` arm is predicted by its own plan's choice (each seed's mean)."""
+    measured effective ratio and clock at the budget, relative to the baseline and in seconds (the seed mean).
+    ``compositions``: arm -> the candidate that predicts it; an ``auto`` arm is predicted by its own plan's choice
+    (each seed's mean; a plan of an earlier version, without its seconds, gives none)."""
     by_name = {p["name"]: p for p in [plan["baseline"], *plan["predictions"]]}
     out = []
     for r in result["configurations"]:
@@ -178,12 +179,15 @@ def plan_check(result: dict, plan: dict, compositions: dict[str, str | None], ru
                 pred = {"name": ",".join(sorted({c["choice"] for c in chosen})),
                         "clock": statistics.fmean(c.get("predicted_clock_with_plan", c.get("predicted_clock"))
                                                   for c in chosen),
-                        "effective_ratio": statistics.fmean(c["predicted_effective_ratio"] for c in chosen)}
+                        "effective_ratio": statistics.fmean(c["predicted_effective_ratio"] for c in chosen),
+                        "train_s": statistics.fmean(c["predicted_seconds"] for c in chosen)
+                        if all("predicted_seconds" in c for c in chosen) else None}
         if pred is None:
             continue
         out.append({"arm": r["name"], "composition": pred["name"], "predicted_ratio": pred["effective_ratio"],
                     "measured_ratio": r["effective_ratio"]["mean"], "predicted_clock": pred["clock"],
-                    "measured_clock": r.get("wall_vs_baseline")})
+                    "measured_clock": r.get("wall_vs_baseline"), "predicted_s": pred.get("train_s"),
+                    "measured_s": r["budget"].get("wall_s")})
     return out
 
 

@@ -196,12 +196,18 @@ def plan_markdown(result: dict) -> list[str]:
     if not rows:
         return []
     lines = ["", "The plan's predictions (`rlsift plan` on this pool, before any arm ran) against the measurements: "
-             "effective-group ratio (seed mean over steps) and training clock at the budget relative to the "
-             "baseline.", "", "| arm | predicted as | ratio predicted | ratio measured | clock predicted "
-             "| clock measured | clock error |", "|" + "---|" * 7]
+             "effective-group ratio (seed mean over steps) and training clock at the budget, relative to the "
+             "baseline and in seconds (seed mean).", "", "| arm | predicted as | ratio predicted | ratio measured "
+             "| clock predicted | clock measured | clock error | seconds predicted | seconds measured | "
+             "seconds error |", "|" + "---|" * 10]
+
+    def error(predicted: float | None, measured: float | None) -> str:
+        return f"{predicted / measured - 1:+.0%}" if predicted is not None and measured else "-"
+
     for c in rows:
-        err = (c["predicted_clock"] / c["measured_clock"] - 1) if c["measured_clock"] else None
         lines.append(f"| {c['arm']} | {c['composition']} | {_f(c['predicted_ratio'], '.2f')} | "
                      f"{_f(c['measured_ratio'], '.2f')} | {_f(c['predicted_clock'], '.2f')}x | "
-                     f"{_f(c['measured_clock'], '.2f')}x | {'-' if err is None else f'{err:+.0%}'} |")
+                     f"{_f(c['measured_clock'], '.2f')}x | {error(c['predicted_clock'], c['measured_clock'])} | "
+                     f"{_f(c.get('predicted_s'), '.1f')} | {_f(c.get('measured_s'), '.1f')} | "
+                     f"{error(c.get('predicted_s'), c.get('measured_s'))} |")
     return lines

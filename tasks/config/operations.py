@@ -4,6 +4,7 @@ tracking (``tracking``) and cost accounting (``cost``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
@@ -19,7 +20,13 @@ class PathsConfig(_Frozen):
         "cache (tasks/run.py open_run). Like every path: relative to the config file that sets it, or given on the "
         "command line or in RLSIFT_ROOT, to the current folder. null: ./rlsift-runs in the current folder."))
     cache: str | None = Field(None, description=(
-        "Warm-start cache folder, keyed by fingerprint (tasks/model/warmstart.py); None: <root>/cache."))
+        "Cache folder: warm starts and converted models keyed by fingerprint (tasks/model/warmstart.py) and the "
+        "plan's kept probe timings (tasks/plan/probe_cache.py); None: <root>/cache."))
+
+    @property
+    def cache_dir(self) -> Path:
+        """``cache``, or ``<root>/cache`` where it is None."""
+        return Path(self.cache) if self.cache else Path(self.root).resolve() / "cache"
 
     @field_validator("root", mode="before")
     @classmethod

@@ -90,6 +90,11 @@ class PlanConfig(_Frozen):
         "false: measure for every candidate (`rlsift bench` sets it, to compare every prediction)."))
     probe_prompts: int = Field(16, ge=1, description=(
         "Reference prompts the probe generates rollout.n rollouts for and updates on (timed, no weight change)."))
+    reuse_probe_hours: float = Field(24.0, ge=0, description=(
+        "A probe's timings are kept under paths.cache (plan-probe/) for the next plan on the same machine, model "
+        "shape and settings (tasks/plan/probe_cache.py): a part whose timed sizes span the ones it needs is reused "
+        "for this many hours and not timed again (a benchmark's next seed, a scheduled retraining). 0: time every "
+        "part and keep nothing."))
 
 
 class GuardConfig(_Frozen):

@@ -34,6 +34,7 @@ from tasks.model.shared_prefix import attends_with_sdpa
 from tasks.overlap.concurrent import SamplerHandover
 from tasks.overlap.lag import decide_lag
 from tasks.plan.probe import ProbeInputs, probe_costs
+from tasks.plan.probe_cache import ProbeMemo, probe_key
 from tasks.plan.record import Plan
 from tasks.policy import Policy
 from tasks.records.progress import pulse
@@ -124,20 +125,21 @@ def probe_records(pool: list[PromptRecord], calibration: Calibration, cfg: Confi
 
 def make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibration: Calibration,
               device: torch.device | str = "cpu", candidates: tuple[str, ...] | None = None, spent_s: float = 0.0,
-              scratch: Path | None = None, handover: SamplerHandover | None = None) -> Plan:
+              scratch: Path | None = None, handover: SamplerHandover | None = None, kept: Path | None = None) -> Plan:
     """Measure the pool and the costs (tasks/plan/probe.py), predict every candidate (``plan.candidates``
     unless given) against ``plan.baseline`` and choose the cheapest from here on among those the probe measured in
     full (rlcore/plan_choice.py ``choose``; not those out of reach, ``out_of_reach``). ``spent_s``: the seconds the
     run spent on its calibration (on this run's clock with the plan's own); ``scratch``: where the probe writes its
     scratch files; ``handover``: where the overlap probe keeps its generator process for the training
-    (tasks/overlap/lag.py ``decide_lag``)."""
+    (tasks/overlap/lag.py ``decide_lag``); ``kept``: the folder of the probe's kept timings (tasks/plan/probe_cache.py;
+    None: every part timed, nothing kept)."""
     with pulse("plan", log) as say:  # a line per probe and candidate, and one every few seconds in a long probe
-        return _make_plan(cfg, policy, pool, calibration, device, candidates, spent_s, scratch, handover, say)
+        return _make_plan(cfg, policy, pool, calibration, device, candidates, spent_s, scratch, handover, kept, say)
 
 
 def _make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibration: Calibration,
                device: torch.device | str, candidates: tuple[str, ...] | None, spent_s: float, scratch: Path | None,
-               handover: SamplerHandover | None, say: Callable[[str], None]) -> Plan:
+               handover: SamplerHandover | None, kept: Path | None, say: Callable[[str], None]) -> Plan:
     t0 = time.perf_counter()
     pc = cfg.plan
     say(f"the pool's pass rates from the calibration's {len(calibration.indices)} reference prompts" + (
@@ -176,9 +178,10 @@ def _make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibratio
         return [base, *(c for c in comps if c.name not in out)]
 
     dots = {c.name: configs[c.name] for c in comps if c.predictor}
+    memo = ProbeMemo.open(kept, probe_key(cfg, policy, device), pc.reuse_probe_hours)
     costs = probe_costs(policy, cfg, ProbeInputs(records=refs, pool=pool, calibration=calibration,
                                                  comps=[base, *comps], stats=stats, dots=dots, scratch=scratch,
-                                                 live=live),
+                                                 live=live, memo=memo),
                         derive_seed(cfg.seed, "plan-probe"), device, say)
     baseline, predictions = predict(comps, base, stats, costs)
     savings = tuple(saving(rule.name, p, predict([without_rule(c, rule.name)], base, stats, costs)[1][0])
@@ -200,7 +203,7 @@ def _make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibratio
     return Plan(shares=stats.shares, g=stats.g, costs=costs, baseline=baseline, predictions=tuple(predictions),
                 unavailable=unavailable, choice=best.name, reason=reason,
                 overrides=tuple(preset_overrides(best.name)), overlap=overlap, upfront_s=upfront, savings=savings,
-                out_of_reach=out)
+                out_of_reach=out, reused=tuple(memo.reused))
 
 
 def saving(technique: str, with_it: Prediction, without: Prediction) -> str:

@@ -71,7 +71,8 @@ from tasks.calibration.record import Calibration
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.generation.rollout import Generation
-from tasks.plan.probe_generation import call_lengths, cycle_records, probe_generation
+from tasks.plan.probe_cache import ProbeMemo
+from tasks.plan.probe_generation import calibration_call, call_lengths, cycle_records, probe_generation
 from tasks.plan.timing import CHEAP, COSTLY, ONCE, Timing, Untrusted, time_until_stable
 from tasks.policy import Policy
 from tasks.records.files import atomic_write
@@ -110,44 +111,113 @@ class ProbeInputs:
     dots: dict[str, Config] = field(default_factory=dict)
     scratch: Path | None = None
     live: Callable[[UnitCosts, Callable[[Composition], bool]], list[Composition]] | None = None
+    memo: ProbeMemo = field(default_factory=ProbeMemo)
 
 
 def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, device: torch.device | str = "cpu",
                 say: Callable[[str], None] = lambda part: None) -> UnitCosts:
-    """The unit and fixed costs of a step (module docstring), timed with ``cfg``'s rollouts and update. ``say``
-    hears each probe as it starts (tasks/records/progress.py: the plan's progress lines)."""
-    rc = cfg.rollout
+    """The unit and fixed costs of a step (module docstring), timed with ``cfg``'s rollouts and update; each part
+    ``inputs.memo`` keeps from an earlier probe reused instead (tasks/plan/probe_cache.py), and each part timed
+    kept in it. ``say`` hears each probe as it starts (tasks/records/progress.py: the plan's progress lines)."""
+    rc, memo = cfg.rollout, inputs.memo
     untrusted = Untrusted()
     records = inputs.records
-    small, large = _generation_sizes(inputs.comps, rc.n, inputs.stats)
-    generate, batches, draws = probe_generation(policy, rc, records, inputs.calibration.draw, (small, large), seed,
-                                                untrusted, say)
+    part = _Parts(memo, untrusted, say)
+    sizes = _generation_sizes(inputs.comps, rc.n, inputs.stats)
+    drawn = calibration_call(inputs.calibration.draw, 0, rc.chunk if rc.engine == "hf" else 0)
+    if drawn is not None and (kept := part.reuse("generate", sizes)) is not None:
+        generate, batches, draws = kept["generate"], [drawn[0]], [drawn[1]]  # lengths from this run's rollouts
+    else:
+        generate, batches, draws = part.timed("generate", sizes, lambda: probe_generation(
+            policy, rc, records, inputs.calibration.draw, sizes, seed, untrusted, say), lambda out: {
+            "generate": out[0]})
     (completion, prompt), by_level, lengths = call_lengths([(b, g) for b, (g, _, _) in zip(batches, draws,
                                                                                           strict=True)])
     groups = [g for gen, _, _ in draws for g in probe_groups(gen)]
-    sizes = _update_sizes(inputs.comps, inputs.stats, rc.n, len(groups))
-    say(f"probe: the update of {sizes[0]} and {sizes[1]} groups, the optimizer step, a round's checkpoint")
-    update, optimizer_s, round_s = _probe_update(policy, groups, sizes, cfg, device, inputs.scratch, untrusted)
-    say("probe: a step's bookkeeping (its ledger rows and metrics line)")
-    step_s = _probe_bookkeeping(records, cfg, len(inputs.pool), inputs.scratch, untrusted)
+    update_sizes = _update_sizes(inputs.comps, inputs.stats, rc.n, len(groups))
+    if (kept := part.reuse("update", update_sizes)) is None:
+        say(f"probe: the update of {update_sizes[0]} and {update_sizes[1]} groups, the optimizer step, a round's "
+            "checkpoint")
+        kept = part.timed("update", update_sizes, lambda: dict(zip(("update", "optimizer_s", "round_s"), _probe_update(
+            policy, groups, update_sizes, cfg, device, inputs.scratch, untrusted), strict=True)))
+    update, optimizer_s, round_s = kept["update"], kept["optimizer_s"], kept["round_s"]
+    pool_sizes = (len(inputs.pool), len(inputs.pool))
+    if (kept := part.reuse("bookkeeping", pool_sizes)) is None:
+        say("probe: a step's bookkeeping (its ledger rows and metrics line)")
+        kept = part.timed("bookkeeping", pool_sizes, lambda: {"step_s": _probe_bookkeeping(
+            records, cfg, len(inputs.pool), inputs.scratch, untrusted)})
     costs = UnitCosts(generate=generate, update=update, forward=CallCost(0.0, 0.0), completion_tokens=completion,
-                      prompt_tokens=prompt, fixed=FixedCosts(optimizer_s=optimizer_s, step_s=step_s, round_s=round_s),
+                      prompt_tokens=prompt, fixed=FixedCosts(optimizer_s=optimizer_s, step_s=kept["step_s"],
+                                                             round_s=round_s),
                       levels=by_level, completion_lengths=lengths, untrusted=tuple(untrusted))
     comps = inputs.comps if inputs.live is None else inputs.live(costs, unmeasured_before_screen)
-    if any(c.screen > 1 for c in comps):
+    counts = screen_counts(comps)
+    screen_sizes = (min(counts, default=0), max(counts, default=0))
+    if not counts or not all(r.solution for r in records):
+        forward = CallCost(0.0, 0.0)
+    elif (kept := part.reuse("screen", screen_sizes)) is not None:
+        forward = kept["forward"]
+    else:
         say("probe: the screen's teacher-forced pass")
-    forward, solution_tokens = _probe_screen(policy, records, cfg, comps, device, untrusted)
+        forward = part.timed("screen", screen_sizes, lambda: {"forward": _probe_screen(
+            policy, records, cfg, counts, device, untrusted)})["forward"]
+    solution_tokens = mean_solution_tokens(policy, records)
     if inputs.live is not None and any(unmeasured_after_screen(c) for c in comps):
         comps = inputs.live(replace(costs, forward=forward, solution_tokens=solution_tokens), unmeasured_after_screen)
     dots = next((inputs.dots[c.name] for c in comps if c.name in inputs.dots), None)
     score_s = fit_s = 0.0
     if any(c.scored for c in comps):  # a run scores its pool only for a choice that reads the scores
-        say("probe: scoring a batch of the pool" + (", DOTS's predictor" if dots is not None else ""))
-        score_s, fit_s = _probe_scoring(policy, cfg, inputs, dots, seed, device, untrusted)
+        score_s, fit_s = _scoring(policy, cfg, inputs, dots, seed, device, untrusted, part, say)
+    memo.save()
     for note in untrusted:
         log.warning("plan probe: an estimate it cannot trust: %s", note)
     return replace(costs, forward=forward, solution_tokens=solution_tokens, fixed=replace(costs.fixed, fit_s=fit_s),
                    score_s=score_s, untrusted=tuple(untrusted))
+
+
+class _Parts:
+    """The probe's parts through ``memo`` (tasks/plan/probe_cache.py): :meth:`reuse` a kept one (its notes join
+    ``untrusted``), or :meth:`timed`, which keeps it with the notes its timing added."""
+
+    def __init__(self, memo: ProbeMemo, untrusted: Untrusted, say: Callable[[str], None]):
+        self.memo, self.untrusted, self.say = memo, untrusted, say
+
+    def reuse(self, name: str, sizes: tuple[int, int]) -> dict | None:
+        kept = self.memo.reuse(name, sizes)
+        if kept is None:
+            return None
+        self.say(f"probe: {name}: kept from {time.time() - kept.at:.0f} s ago at {kept.sizes[0]}-{kept.sizes[1]}, "
+                 f"not timed again ({self.memo.path})")
+        self.untrusted.extend(kept.notes)
+        return kept.values
+
+    def timed(self, name: str, sizes: tuple[int, int], work: Callable[[], object],
+              values: Callable[[object], dict] = lambda out: out) -> object:
+        """``work()``'s result; ``values(result)`` kept as the part."""
+        before = len(self.untrusted)
+        out = work()
+        self.memo.keep(name, sizes, values(out), tuple(self.untrusted[before:]))
+        return out
+
+
+def _scoring(policy: Policy, cfg: Config, inputs: ProbeInputs, dots: Config | None, seed: int,
+             device: torch.device | str, untrusted: Untrusted, part: _Parts,
+             say: Callable[[str], None]) -> tuple[float, float]:
+    """Seconds to score one pool prompt and DOTS's predictor a round (0 where ``dots`` is None), each kept or
+    timed (:func:`_probe_scoring`)."""
+    batch = max(cfg.eval.batch_size, len(inputs.calibration.indices))
+    pool = (len(inputs.pool), len(inputs.pool))
+    scoring, predictor = part.reuse("scoring", (batch, batch)), None
+    if dots is not None and scoring is not None:
+        predictor = part.reuse("predictor", pool)
+    if scoring is not None and (dots is None or predictor is not None):
+        return scoring["score_s"], predictor["fit_s"] if predictor is not None else 0.0
+    say("probe: scoring a batch of the pool" + (", DOTS's predictor" if dots is not None else ""))
+    score_s, fit_s = part.timed("scoring", (batch, batch), lambda: _probe_scoring(
+        policy, cfg, inputs, dots, seed, device, untrusted), lambda out: {"score_s": out[0]})
+    if dots is not None:
+        part.memo.keep("predictor", pool, {"fit_s": fit_s}, ())
+    return score_s, fit_s
 
 
 def unmeasured_after_screen(c: Composition) -> bool:
@@ -257,17 +327,24 @@ def time_optimizer_step(model: torch.nn.Module, optimizer, params, grad_clip: fl
             p.grad = None
 
 
-def _probe_screen(policy: Policy, records: list[PromptRecord], cfg: Config, comps: Sequence[Composition],
-                  device: torch.device | str, untrusted: Untrusted) -> tuple[CallCost, float]:
-    """The screen's pass at the largest candidate count a candidate screens and half of it, and the mean worked
-    solution's tokens (0 where a prompt has none)."""
+def screen_counts(comps: Sequence[Composition]) -> list[int]:
+    """The candidates a step's screen pass scores, for each candidate that screens."""
+    return [screened_per_prompt(c) * max(1, round(c.prompts * c.fresh_frac)) for c in comps if c.screen > 1]
+
+
+def mean_solution_tokens(policy: Policy, records: list[PromptRecord]) -> float:
+    """The mean worked solution's tokens of ``records`` (0 where a prompt has none)."""
     if not all(r.solution for r in records):
-        return CallCost(0.0, 0.0), 0.0
+        return 0.0
+    tok = policy.tokenizer
+    return statistics.fmean(len(tok(r.solution, add_special_tokens=False)["input_ids"]) + 1 for r in records)
+
+
+def _probe_screen(policy: Policy, records: list[PromptRecord], cfg: Config, counts: list[int],
+                  device: torch.device | str, untrusted: Untrusted) -> CallCost:
+    """The screen's pass at the largest of ``counts`` (candidates a step's pass scores) and half of it."""
     tok = policy.tokenizer
     solution = [len(tok(r.solution, add_special_tokens=False)["input_ids"]) + 1 for r in records]
-    counts = [screened_per_prompt(c) * max(1, round(c.prompts * c.fresh_frac)) for c in comps if c.screen > 1]
-    if not counts:
-        return CallCost(0.0, 0.0), statistics.fmean(solution)
     rc, tc = cfg.rollout, cfg.train
     likelihood = policy_likelihood(policy, temperature=rc.temperature, max_new_tokens=rc.max_new_tokens,
                                    micro_batch_tokens=tc.micro_batch_tokens, device=device)
@@ -278,7 +355,7 @@ def _probe_screen(policy: Policy, records: list[PromptRecord], cfg: Config, comp
         prompts = [len(ids) for ids in tok(policy.prompts(batch))["input_ids"]]
         points.append((sum(prompts) + sum(solution[i % len(records)] for i in range(k)),
                        untrusted.timed(lambda b=batch: likelihood(b), COSTLY, f"the screen's pass of {k} prompts")[0]))
-    return CallCost.fit([t for t, _ in points], [s for _, s in points]), statistics.fmean(solution)
+    return CallCost.fit([t for t, _ in points], [s for _, s in points])
 
 
 def _probe_bookkeeping(records: list[PromptRecord], cfg: Config, pool_size: int, scratch: Path | None,

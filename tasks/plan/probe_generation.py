@@ -40,7 +40,7 @@ def probe_generation(policy: Policy, rc: RolloutConfig, records: list[PromptReco
     """The generate calls' cost (module docstring) for calls of ``sizes`` (small, large) prompts of ``rc.n``
     rollouts; with the calls' prompts and timed calls, whose rollouts the probe reuses (lengths, update groups)."""
     small, large = sizes
-    drawn = _calibration_call(drawn_by_calibration, large * rc.n, rc.chunk if rc.engine == "hf" else 0)
+    drawn = calibration_call(drawn_by_calibration, large * rc.n, rc.chunk if rc.engine == "hf" else 0)
     first = (small,) if drawn is not None else (small, large)
     say(f"probe: generation, calls of {' and '.join(map(str, first))} prompts x {rc.n} rollouts" + (
         f" (the calibration's {len(drawn[0])} x {drawn[1][0].n}, drawn and timed already, as the largest)"
@@ -91,7 +91,7 @@ def call_lengths(draws: list[tuple[list[PromptRecord], Generation]]
             tuple((lv, tuple(c for x, c, _ in rows if x == lv)) for lv in levels))
 
 
-def _calibration_call(draw: CalibrationDraw | None, rows: int, chunk: int
+def calibration_call(draw: CalibrationDraw | None, rows: int, chunk: int
                       ) -> tuple[list[PromptRecord], tuple[Generation, float, int]] | None:
     """The calibrate stage's rollouts as the probe's largest generate call (its records, and its rollouts, seconds
     and decode steps: each of its calls, at most ``chunk`` rows, rlcore.plan.call_rows, decodes to its longest

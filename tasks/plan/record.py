@@ -31,7 +31,8 @@ class Plan:
     against the candidate without it
     (:func:`saving`); ``out_of_reach``: candidates the probe stopped measuring for once what every step pays was
     timed, and why (tasks/plan/probe.py): their predictions leave out what they alone pay and was not timed, so
-    their steps and clocks are lower bounds (their savings say so)."""
+    their steps and clocks are lower bounds (their savings say so); ``reused``: the probe's parts whose timings an
+    earlier plan on this machine kept (tasks/plan/probe_cache.py), not timed again."""
 
     shares: dict[str, float]
     g: int
@@ -46,6 +47,7 @@ class Plan:
     upfront_s: float = 0.0
     savings: tuple[str, ...] = ()
     out_of_reach: dict[str, str] = field(default_factory=dict)
+    reused: tuple[str, ...] = ()
 
     @property
     def chosen(self) -> Prediction:
@@ -70,7 +72,8 @@ class Plan:
                 "plan/checkpoint_ms": 1e3 * fx.round_s, "plan/predictor_fit_ms": 1e3 * fx.fit_s,
                 "plan/upfront_s": self.clock.upfront_s, "plan/predicted_training_clock": self.clock.training,
                 "plan/predicted_clock_with_plan": self.clock.with_plan,
-                "plan/predicted_effective_ratio": self.chosen.effective_ratio} | self._overlap_metrics()
+                "plan/predicted_effective_ratio": self.chosen.effective_ratio,
+                "plan/probe_parts_reused": float(len(self.reused))} | self._overlap_metrics()
 
     def tags(self) -> dict[str, str]:
         """The MLflow run's ``rlsift.plan.*`` tags: the choice, why, and the clock's text (:attr:`clock`)."""
@@ -117,6 +120,8 @@ class Plan:
                f"a step's fixed costs: optimizer step {_ms(fx.optimizer_s)}, bookkeeping {_ms(fx.step_s)}; a "
                f"round's: checkpoint {_ms(fx.round_s)}, DOTS's predictor {_ms(fx.fit_s)}; "
                f"{c.completion_tokens:.0f} completion and {c.prompt_tokens:.0f} prompt tokens a rollout")
+        if self.reused:
+            out += f"; kept from an earlier probe on this machine, not timed again: {', '.join(self.reused)}"
         if c.untrusted:
             out += f". Estimates the probe cannot trust: {'; '.join(c.untrusted)}"
         return out
@@ -161,7 +166,7 @@ class Plan:
                 "predictions": [asdict(p) for p in self.predictions], "unavailable": self.unavailable,
                 "choice": self.choice, "reason": self.reason, "overrides": list(self.overrides),
                 "overlap": None if self.overlap is None else lag_to_json(self.overlap), "upfront_s": self.upfront_s,
-                "savings": list(self.savings), "out_of_reach": self.out_of_reach}
+                "savings": list(self.savings), "out_of_reach": self.out_of_reach, "reused": list(self.reused)}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Plan:
@@ -171,7 +176,7 @@ class Plan:
                    overrides=tuple(d["overrides"]),
                    overlap=lag_from_json(d["overlap"]) if d.get("overlap") is not None else None,
                    upfront_s=d.get("upfront_s", 0.0), savings=tuple(d.get("savings", ())),
-                   out_of_reach=d.get("out_of_reach", {}))
+                   out_of_reach=d.get("out_of_reach", {}), reused=tuple(d.get("reused", ())))
 
     def save(self, path: Path) -> Path:
         write_json(path, self.to_json())

@@ -30,19 +30,32 @@ def detect_device() -> tuple[str, int]:
     return "cpu", 1
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux's ``/proc/cpuinfo``; elsewhere ``platform.processor()``)."""
+    try:
+        m = re.search(r"^model name\s*:\s*(.+)$", open("/proc/cpuinfo").read(), re.M)
+        if m:
+            return m.group(1).strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def describe_machine() -> str:
     """What the figures were measured on, for a benchmark's header: e.g. ``AMD EPYC, 2 cores at 2596 MHz, torch 2
     threads`` (Linux's ``/proc/cpuinfo``; elsewhere ``platform.processor()``), and the GPU when one is visible. The
     same work takes about 2.5x as long on one 2-core machine as on another (README, docs/benchmarks.md)."""
-    model, mhz = platform.processor() or platform.machine(), None
+    mhz = None
     try:
-        info = open("/proc/cpuinfo").read()
-        model = re.search(r"^model name\s*:\s*(.+)$", info, re.M).group(1).strip()
-        mhz = float(re.search(r"^cpu MHz\s*:\s*([\d.]+)$", info, re.M).group(1))
+        mhz = float(re.search(r"^cpu MHz\s*:\s*([\d.]+)$", open("/proc/cpuinfo").read(), re.M).group(1))
     except (OSError, AttributeError):
         pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    text = f"{model}, {cores} cores" + (f" at {mhz:.0f} MHz" if mhz else "")
+    text = f"{cpu_model()}, {usable_cores()} cores" + (f" at {mhz:.0f} MHz" if mhz else "")
     text += f", torch {torch.get_num_threads()} threads"
     if torch.cuda.is_available():
         text += f"; {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"

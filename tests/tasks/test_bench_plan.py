@@ -31,15 +31,16 @@ def test_the_arms_are_predicted_at_the_lag_they_run():
 
 
 def row(name, ratio, wall, paired_p=0.5, diff=-0.004, verdict="faster", speedup=2.0):
-    return {"name": name, "budget": {}, "effective_ratio": {"mean": ratio}, "wall_vs_baseline": wall,
+    return {"name": name, "budget": {"wall_s": 40.0 * wall}, "effective_ratio": {"mean": ratio},
+            "wall_vs_baseline": wall,
             "to_target": {"final": {"speedup": speedup}},
             "verdicts": {"final": {"wall_s": {"verdict": verdict}},
                          "final_paired": {"p": paired_p, "diff": diff}}}
 
 
-PLAN = {"baseline": {"name": "grpo", "effective_ratio": 0.45, "clock": 1.0},
-        "predictions": [{"name": "dapo", "effective_ratio": 1.0, "clock": 2.2},
-                        {"name": "dots_screen", "effective_ratio": 0.7, "clock": 0.4}]}
+PLAN = {"baseline": {"name": "grpo", "effective_ratio": 0.45, "clock": 1.0, "train_s": 32.0},
+        "predictions": [{"name": "dapo", "effective_ratio": 1.0, "clock": 2.2, "train_s": 70.4},
+                        {"name": "dots_screen", "effective_ratio": 0.7, "clock": 0.4, "train_s": 12.8}]}
 
 
 def test_plan_check_sets_predictions_beside_measurements():
@@ -47,15 +48,19 @@ def test_plan_check_sets_predictions_beside_measurements():
         row("grpo-sync", 0.40, 1.0), row("dapo", 0.98, 2.5), row("auto", 0.6, 0.5), row("trl", 0.4, 2.3),
         {"name": "broken", "failed_seeds": [0]}]}
     runs = [SimpleNamespace(name="auto", ok=True, summary={"plan": {
-        "choice": "dots_screen", "predicted_clock": 0.4, "predicted_effective_ratio": 0.7}})]
+        "choice": "dots_screen", "predicted_clock": 0.4, "predicted_effective_ratio": 0.7, "predicted_seconds": s}})
+        for s in (19.0, 21.0)]
     got = plan_check(result, PLAN, {"grpo-sync": "grpo", "dapo": "dapo", "auto": None, "trl": None}, runs)
     assert [(c["arm"], c["composition"]) for c in got] == [("grpo-sync", "grpo"), ("dapo", "dapo"),
                                                            ("auto", "dots_screen")]
     assert got[1] == {"arm": "dapo", "composition": "dapo", "predicted_ratio": 1.0, "measured_ratio": 0.98,
-                      "predicted_clock": 2.2, "measured_clock": 2.5}
+                      "predicted_clock": 2.2, "measured_clock": 2.5, "predicted_s": 70.4, "measured_s": 100.0}
     table = "\n".join(plan_markdown({"plan_check": got}))
-    assert "| dapo | dapo | 1.00 | 0.98 | 2.20x | 2.50x | -12% |" in table
-    assert "| auto | dots_screen | 0.70 | 0.60 | 0.40x | 0.50x | -20% |" in table
+    # the ratio's error holds the baseline's too (predicted 32 s, measured 40 s); the seconds' error the arm's alone
+    assert "| grpo-sync | grpo | 0.45 | 0.40 | 1.00x | 1.00x | +0% | 32.0 | 40.0 | -20% |" in table
+    assert "| dapo | dapo | 1.00 | 0.98 | 2.20x | 2.50x | -12% | 70.4 | 100.0 | -30% |" in table
+    # auto: each seed's own plan, the mean of its seconds (19 and 21 s)
+    assert "| auto | dots_screen | 0.70 | 0.60 | 0.40x | 0.50x | -20% | 20.0 | 20.0 | +0% |" in table
 
 
 def test_plain_verdicts_say_when_the_figures_cannot_decide():
