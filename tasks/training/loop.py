@@ -219,7 +219,8 @@ class Trainer:
             raise RuntimeError(f"the rollouts drawn for step {sd.step} reached step {step}")
         self.pending = None
         upd = self.update(sd)
-        metrics = self.observe(sd, upd)
+        metrics = self.observe(sd, upd) | self.guard.observe(step, upd.stats, upd.skipped)
+        self.launch_ahead(step)
         eff = effective(upd.batch)
         metrics |= self.record(round_, sd, upd, eff)
         held = self.heldout(step)
@@ -267,10 +268,8 @@ class Trainer:
             replayed = buffer.sample(n_replay, step, torch.Generator().manual_seed(
                 derive_seed(self.cfg.seed, step, "replay"))) if n_replay else []
         batch = sd.fresh.groups + replayed
-        if self.sampling.overlapped and step + 1 < self.cfg.train.steps:  # step + 1 drawn from these weights
-            with run.meter.stage("weight_sync"):
-                self.sampling.sync(run.dir / "vllm_weights")
-            self.overlap.launch(partial(self.draw_ahead, step + 1))
+        if self.sampling.overlapped and step + 1 < self.cfg.train.steps and not self.overlap.in_flight:
+            self.launch(step + 1)  # step + 1 drawn from these weights (unless launched ahead, :meth:`launch_ahead`)
         lr = scheduled_lr(self.cfg, step)
         self.updater.set_lr(lr)
         with run.meter.stage("update"):
@@ -284,6 +283,38 @@ class Trainer:
         fresh = result.with_behaviour(batch)[:len(sd.fresh.groups)]
         return StepUpdate(fresh=fresh, batch=batch, replayed=n_replay, lr=lr, stats=result.metrics, seconds=upd_s,
                           timing=timing, skipped=result.skipped)
+
+    def launch(self, step: int) -> None:
+        """Step ``step``'s draw in the background, from the trainer's weights now (lag 1)."""
+        with self.run.meter.stage("weight_sync"):
+            self.sampling.sync(self.run.dir / "vllm_weights")
+        self.overlap.launch(partial(self.draw_ahead, step))
+
+    def launch_ahead(self, step: int) -> None:
+        """Once step ``step`` is observed, step ``step + 2``'s draw launched beside its records and the end of the
+        step, rather than at step ``step + 1``'s update, where the generator would wait for them: from the same
+        weights (after update ``step``) with the same selection (observed up to ``step``), so the run is the same,
+        and the trainer's records no longer leave the generator idle (docs/algorithms.md 8.3). Not where anything
+        between here and that update reads or writes what a draw does: a held-out evaluation (it samples with the
+        engine, and a round start reads its accuracy), a checkpoint (it saves the selector, the draws and what they
+        carry), Rollout Replay's buffer (the records read it, a draw prunes it), the last two steps."""
+        nxt = step + 1
+        if (not self.sampling.overlapped or self.pending is None or self.overlap.in_flight or self.buffer is not None
+                or nxt + 1 >= self.cfg.train.steps or self.evaluates(step) or self.checkpoints(step)):
+            return
+        self.launch(nxt + 1)
+
+    def evaluates(self, step: int) -> bool:
+        """Whether a held-out evaluation follows step ``step``'s update (every ``eval.every`` steps)."""
+        every = self.cfg.eval.every
+        return self.evaluate is not None and bool(every) and (step + 1) % every == 0
+
+    def checkpoints(self, step: int) -> bool:
+        """Whether step ``step`` ends with a checkpoint: a round's end, every ``train.checkpoint_every`` steps, the
+        last step, and a run the skip guard stops."""
+        tc = self.cfg.train
+        return ((step + 1) % tc.round_steps == 0 or bool(tc.checkpoint_every and (step + 1) % tc.checkpoint_every == 0)
+                or step + 1 == tc.steps or self.guard.stuck)
 
     def observe(self, sd: StepDraw, upd: StepUpdate) -> dict[str, float]:
         """What the step taught the selection: informative fresh groups to the replay buffer, the rewards to the
@@ -308,7 +339,7 @@ class Trainer:
         with meter.stage("tracking"):
             self.recorder.rows(round_, step, sd.references, fs.rows, upd.batch,
                                skipped_rows(upd.stats, upd.skipped))
-            metrics = upd.stats | fs.stats | self.guard.observe(step, upd.stats, upd.skipped)
+            metrics = upd.stats | fs.stats
             metrics |= {
                 "train/reward_mean": fs.reward_mean,
                 "train/lr": upd.lr,
@@ -334,8 +365,7 @@ class Trainer:
     def heldout(self, step: int) -> HeldoutEval | None:
         """Every ``eval.every`` steps: the held-out evaluation after step ``step``'s update, whose accuracy the
         selector reads at the next round start (before the step's checkpoint, so a resume keeps it)."""
-        every = self.cfg.eval.every
-        if self.evaluate is None or not every or (step + 1) % every:
+        if not self.evaluates(step):
             return None
         sync_rollout_weights(self.run, self.policy)  # a server evaluates the weights after this update
         with self.run.meter.stage("eval_during"):
@@ -347,7 +377,7 @@ class Trainer:
                  held: HeldoutEval | None, tally: RoundLog) -> None:
         """The step's metrics line (with the cost meter's totals), progress bar and round tally; a checkpoint at a
         round's end, every ``train.checkpoint_every`` steps and after the last."""
-        run, tc = self.run, self.cfg.train
+        run = self.run
         metrics |= run.meter.metrics() | (run.meter.memory.take() if run.meter.memory is not None else {})
         with run.meter.stage("tracking"):
             self.recorder.metrics(step, metrics)
@@ -363,8 +393,7 @@ class Trainer:
         tally.add(sd.fresh.records, sd.fresh.rows, eff, upd.replayed,
                   (upd.seconds, timing) if timing is not None else None, sd.fresh.rewards,
                   None if held is None else held.accuracy)
-        if (step + 1) % tc.round_steps == 0 or (tc.checkpoint_every and (step + 1) % tc.checkpoint_every == 0) \
-                or step + 1 == tc.steps or self.guard.stuck:
+        if self.checkpoints(step):
             with run.meter.stage("checkpoint"):
                 self.recorder.checkpoint(step + 1, lambda held: checkpoint.save(
                     run, step + 1, self.policy, self.updater, self.selector, self.buffer, self.composer,

@@ -27,7 +27,7 @@ from tasks.overlap.generator_process import GeneratorDied, GeneratorProcess
 from tasks.update.policy_update import mismatch_metrics, policy_update
 from tasks.update.updater import LossSettings
 from tests.tasks import dist_update_helper as h
-from tests.tasks.test_train import PRESETS, SMALL, run_train, text_reward
+from tests.tasks.test_train import ARMS, PRESETS, SMALL, run_train, text_reward
 
 PROMPTS = ["Q: 1+2=?\n", "Q: (33*4-1)%7=?\n", "Q: 9*9=?\n"]
 
@@ -336,6 +336,42 @@ def test_the_overlapped_loop_trains_one_update_behind_exactly_and_deterministica
     assert all(m["offpolicy/logp_diff_max"] <= 1e-5 for m in s_log)
     assert all(m["train/behaviour_ratio_mean"] == 1.0 for m in s_log)
     assert any(m["offpolicy/logp_diff_max"] > 1e-3 for m in a_log[2:]), "lag 1 samples older weights"
+
+
+def test_the_draw_launched_ahead_is_the_same_run_with_the_generator_busier(smoke_cfg, pool, monkeypatch):
+    """Step t + 2's draw is launched once step t is observed (tasks/training/loop.py ``launch_ahead``), beside its
+    records, not at step t + 1's update: same weights, same selection, so the same run bit for bit; only not at a
+    step that ends with a checkpoint or an evaluation, nor for the last step, nor with replay."""
+    from tasks.training.loop import Trainer
+
+    cfg = smoke_cfg(*LAG1, "train.steps=10", "train.round_steps=4", path=ARMS.format("grpo_prescreen"))
+    real = Trainer.launch_ahead
+    ahead = []
+
+    def spy(self, step):
+        before = self.overlap.in_flight
+        real(self, step)
+        if self.overlap.in_flight and not before:
+            ahead.append(step)
+
+    monkeypatch.setattr(Trainer, "launch_ahead", spy)
+    a_state, _, a_groups, a_sel, a_log = run_train(cfg, pool)
+    # checkpoints end steps 3, 7 and 9 (rounds of 4, the last step); step t launches t + 2, so not t = 8 either
+    assert ahead == [0, 1, 2, 4, 5, 6], "launched ahead after every step but those that checkpoint and the last two"
+    monkeypatch.setattr(Trainer, "launch_ahead", lambda self, step: None)
+    b_state, _, b_groups, b_sel, b_log = run_train(cfg, pool)
+    for k in a_state:
+        assert torch.equal(a_state[k], b_state[k]), k
+
+    def rows(t):
+        return [{k: v for k, v in r.items() if k != "run_id"} for r in t]
+
+    assert rows(a_sel) == rows(b_sel) and rows(a_groups) == rows(b_groups)
+    assert [m["train/reward_mean"] for m in a_log] == [m["train/reward_mean"] for m in b_log]
+    ahead.clear()
+    monkeypatch.setattr(Trainer, "launch_ahead", spy)
+    run_train(smoke_cfg(*LAG1, "train.steps=10", "train.round_steps=4", path=PRESETS.format("dots")), pool)
+    assert ahead == [], "replay's buffer is read by the records and pruned by a draw: nothing launched ahead"
 
 
 def test_every_technique_composes_with_the_overlap(smoke_cfg, pool):
