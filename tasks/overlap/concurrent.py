@@ -8,7 +8,9 @@ decision sees. The timeline of iteration t (W_v: the weights after v updates)::
     background thread:                        [draw t+1 with W_t: round start, select, generate, verify]
 
 so step t+1 samples from W_t, one update behind the W_{t+1} a sequential loop would use, exactly: the sampler's
-weights are synced only while nothing is in flight, so the lag never depends on which side finished first.
+weights are synced only while nothing is in flight, so the lag never depends on which side finished first. Where
+nothing between them reads or writes what a draw does, the draw of step t+2 is launched right after step t's observe,
+beside its records (tasks/training/loop.py ``launch_ahead``): the same weights W_{t+1}, the same run.
 
 The sampler is a :class:`Sampler`:
 
