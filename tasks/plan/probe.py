@@ -29,6 +29,10 @@ rlcore/plan.py predicts each candidate's clock from these measurements (:class:`
   labelled with the calibration's pass rates on their embeddings, fitted for ``select.predictor.fit_steps`` and
   asked for the pool's predictions, as a round does.
 
+**Kept for the next plan** (tasks/plan/probe_cache.py, ``plan.reuse_probe_hours``): each part's timings are kept
+on the machine for the next plan with the same model shape and settings, which reuses each part timed at sizes that
+span its own and times the rest (the lengths still come from its own calibration rollouts).
+
 Every timing is repeated until it holds still (tasks/plan/timing.py: the median of the last few samples once they
 agree, a cap on samples and seconds); one that never agrees, and a decode step's cost that the two generate calls
 cannot tell from a token's, are listed in ``UnitCosts.untrusted``, logged, and shown with the plan (never a 0.0 ms).
@@ -207,11 +211,9 @@ def _scoring(policy: Policy, cfg: Config, inputs: ProbeInputs, dots: Config | No
     timed (:func:`_probe_scoring`)."""
     batch = max(cfg.eval.batch_size, len(inputs.calibration.indices))
     pool = (len(inputs.pool), len(inputs.pool))
-    scoring, predictor = part.reuse("scoring", (batch, batch)), None
-    if dots is not None and scoring is not None:
-        predictor = part.reuse("predictor", pool)
-    if scoring is not None and (dots is None or predictor is not None):
-        return scoring["score_s"], predictor["fit_s"] if predictor is not None else 0.0
+    if part.memo.serves("scoring", (batch, batch)) and (dots is None or part.memo.serves("predictor", pool)):
+        score_s = part.reuse("scoring", (batch, batch))["score_s"]
+        return score_s, part.reuse("predictor", pool)["fit_s"] if dots is not None else 0.0
     say("probe: scoring a batch of the pool" + (", DOTS's predictor" if dots is not None else ""))
     score_s, fit_s = part.timed("scoring", (batch, batch), lambda: _probe_scoring(
         policy, cfg, inputs, dots, seed, device, untrusted), lambda out: {"score_s": out[0]})

@@ -42,8 +42,10 @@ log = logging.getLogger(__name__)
 #: The probe's parts: generation, the update (with the optimizer step and a round's checkpoint), a step's
 #: bookkeeping, the screen's pass, the pool's scoring and DOTS's predictor.
 PARTS = ("generate", "update", "bookkeeping", "screen", "scoring", "predictor")
-#: A kept part serves sizes up to this factor beyond those it was timed at, at either end.
-COVER = 1.25
+#: A kept part serves sizes up to this factor beyond those it was timed at, at either end: the probe's own lines
+#: stand for calls several times larger than it timed (tasks/plan/probe.py), and a seed's calibration moves the
+#: smallest call a candidate makes by a prompt or two (2 against 3 prompts, 3 against 5 groups, in a benchmark).
+COVER = 2.0
 #: A kept part's values that are a :class:`CallCost`.
 LINES = ("generate", "update", "forward")
 
@@ -102,13 +104,18 @@ class ProbeMemo:
                 log.warning("plan probe: the kept timings %s cannot be read (%s): timing every part again", path, err)
         return memo
 
-    def reuse(self, part: str, sizes: tuple[int, int]) -> KeptPart | None:
-        """The kept ``part`` where it is young enough and serves ``sizes``; else None."""
+    def serves(self, part: str, sizes: tuple[int, int]) -> bool:
+        """Whether a kept ``part`` is young enough and serves ``sizes``."""
         kept = self.parts.get(part)
-        if self.path is None or kept is None or time.time() - kept.at > self.max_age_s or not kept.serves(sizes):
+        return (self.path is not None and kept is not None and time.time() - kept.at <= self.max_age_s
+                and kept.serves(sizes))
+
+    def reuse(self, part: str, sizes: tuple[int, int]) -> KeptPart | None:
+        """The kept ``part`` where it :meth:`serves` ``sizes`` (then listed in ``reused``); else None."""
+        if not self.serves(part, sizes):
             return None
         self.reused.append(part)
-        return kept
+        return self.parts[part]
 
     def keep(self, part: str, sizes: tuple[int, int], values: dict[str, Any], notes: tuple[str, ...]) -> None:
         """``part`` just timed at ``sizes``, giving ``values``, with the ``notes`` it could not trust."""

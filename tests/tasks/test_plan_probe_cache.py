@@ -27,8 +27,8 @@ CANDIDATES = ("grpo_n4", "grpo_screen")
 def test_a_kept_part_serves_sizes_within_cover_at_each_end():
     part = KeptPart(sizes=(4, 32), values={"step_s": 0.01})
     assert part.serves((4, 32)) and part.serves((8, 16))  # inside
-    assert part.serves((3.3, 39.9)) and not part.serves((3, 32)) and not part.serves((4, 41))  # 1.25 at each end
-    assert COVER == 1.25
+    assert COVER == 2.0
+    assert part.serves((2, 64)) and not part.serves((1, 32)) and not part.serves((4, 65))  # 2x at each end
     line = CallCost.fit([100, 400], [0.01, 0.03], steps=[10, 20])
     kept = KeptPart(sizes=(1, 2), values={"generate": line, "step_s": 0.5}, notes=("a note",), at=12.0)
     assert KeptPart.from_json(json.loads(json.dumps(kept.to_json()))) == kept
@@ -41,6 +41,7 @@ def test_the_memo_keeps_reuses_and_ages(tmp_path):
     memo.keep("update", (2, 8), {"update": CallCost(0.0, 1e-4), "optimizer_s": 0.001, "round_s": 0.02}, ())
     memo.save()
     again = ProbeMemo.open(tmp_path, "k", max_age_h=1.0)
+    assert again.serves("update", (2, 8)) and again.reused == []  # asking is not reusing
     assert again.reuse("bookkeeping", (10, 10)).values == {"step_s": 0.004}
     assert again.reuse("update", (2, 20)) is None  # beyond what was timed
     assert again.reused == ["bookkeeping"]
