@@ -9,7 +9,8 @@ One step (verl-style, every phase timed so the timing metrics read as a table of
              budgets in two waves, tasks/training/waves.py)
     update   mix in B - B_fresh replayed groups (rlcore.replay_buffer); a clipped policy-gradient step at the
              step's lr (the run's Updater, tasks/update/updater.py), which returns the fresh groups'
-             behaviour log-probs
+             behaviour log-probs; overlapped (lag 1), the next step's draw runs beside it, launched here or,
+             where nothing in between reads what a draw does, right after the previous step's observe
     observe  admit fresh groups with 0 < success < 1 (from all n) to the buffer; label the predictor
     record   ledger rows for every selection and group, metrics (tasks/training/recorder.py)
     every eval.every steps: held-out evaluation, whose accuracy feeds the selector (ScalingRL's rho)
