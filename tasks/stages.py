@@ -58,7 +58,7 @@ from tasks.report.registration import (
 from tasks.run import Run
 from tasks.selection.features import Features, compute_features, static_features
 from tasks.training.entry import training
-from tasks.training.loop import TRAIN_PHASES, HeldoutEval, TrainSummary
+from tasks.training.step_records import TRAIN_PHASES, HeldoutEval, TrainSummary
 
 log = logging.getLogger("rlsift")
 stage = task(cache_policy=NO_CACHE, persist_result=False)

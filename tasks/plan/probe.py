@@ -19,7 +19,8 @@ rlcore/plan.py predicts each candidate's clock from these measurements (:class:`
   untimed: under bf16-mixed the update's own step has moved its gradients into the float32 masters and freed them),
   and taken out of each timing; then a round's checkpoint of the weights and that optimizer's state is written to a
   scratch folder, once (tasks/plan/timing.py ``ONCE``).
-- **The screen's teacher-forced pass** (where a candidate screens) at its candidates' count and half of it.
+- **The screen's teacher-forced pass** (tasks/plan/probe_screen.py; where a candidate screens) at its candidates'
+  count and half of it.
 - **A step's bookkeeping**: the draw over the pool, a step's selection and group rows written to a scratch ledger
   (tasks/records/ledger/, the same code), and a step's metrics line to a scratch outbox and ``metrics.jsonl``.
 - **Scoring and DOTS's predictor**, where a candidate reads the scores: one batch of the pool scored (the
@@ -67,7 +68,7 @@ import torch
 
 from rlcore.advantages import group_advantages
 from rlcore.plan import call_rows, draw_calls, update_rows
-from rlcore.plan_draw import Composition, PoolStats, screened_per_prompt
+from rlcore.plan_draw import Composition, PoolStats
 from rlcore.selection import sample_prompts, uniform_weights
 from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
 from rlcore.types import RolloutGroup
@@ -77,6 +78,7 @@ from tasks.data.prompts import PromptRecord
 from tasks.generation.rollout import Generation
 from tasks.plan.probe_cache import ProbeMemo
 from tasks.plan.probe_generation import calibration_call, call_lengths, cycle_records, probe_generation
+from tasks.plan.probe_screen import probe_screen, screen_counts, solution_lengths
 from tasks.plan.timing import CHEAP, COSTLY, ONCE, Timing, Untrusted, time_until_stable
 from tasks.policy import Policy
 from tasks.records.files import atomic_write
@@ -84,7 +86,6 @@ from tasks.records.ledger import GroupRow, Ledger, SelectionRow
 from tasks.records.tracking.outbox import Outbox
 from tasks.selection.dots import dots_predictor
 from tasks.selection.features import compute_features
-from tasks.selection.screen import policy_likelihood
 from tasks.update.distributed import optimizer_step
 from tasks.update.policy_update import LocalUpdater
 from tasks.update.precision import resolve_precision
@@ -157,15 +158,16 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, dev
     comps = inputs.comps if inputs.live is None else inputs.live(costs, unmeasured_before_screen)
     counts = screen_counts(comps)
     screen_sizes = (min(counts, default=0), max(counts, default=0))
-    if not counts or not all(r.solution for r in records):
+    solutions = solution_lengths(policy, records)
+    if not counts or not solutions:
         forward = CallCost(0.0, 0.0)
     elif (kept := part.reuse("screen", screen_sizes)) is not None:
         forward = kept["forward"]
     else:
         say("probe: the screen's teacher-forced pass")
-        forward = part.timed("screen", screen_sizes, lambda: {"forward": _probe_screen(
-            policy, records, cfg, counts, device, untrusted)})["forward"]
-    solution_tokens = mean_solution_tokens(policy, records)
+        forward = part.timed("screen", screen_sizes, lambda: {"forward": probe_screen(
+            policy, records, solutions, cfg, counts, device, untrusted)})["forward"]
+    solution_tokens = statistics.fmean(solutions) if solutions else 0.0
     if inputs.live is not None and any(unmeasured_after_screen(c) for c in comps):
         comps = inputs.live(replace(costs, forward=forward, solution_tokens=solution_tokens), unmeasured_after_screen)
     dots = next((inputs.dots[c.name] for c in comps if c.name in inputs.dots), None)
@@ -327,37 +329,6 @@ def time_optimizer_step(model: torch.nn.Module, optimizer, params, grad_clip: fl
     finally:
         for p in params:
             p.grad = None
-
-
-def screen_counts(comps: Sequence[Composition]) -> list[int]:
-    """The candidates a step's screen pass scores, for each candidate that screens."""
-    return [screened_per_prompt(c) * max(1, round(c.prompts * c.fresh_frac)) for c in comps if c.screen > 1]
-
-
-def mean_solution_tokens(policy: Policy, records: list[PromptRecord]) -> float:
-    """The mean worked solution's tokens of ``records`` (0 where a prompt has none)."""
-    if not all(r.solution for r in records):
-        return 0.0
-    tok = policy.tokenizer
-    return statistics.fmean(len(tok(r.solution, add_special_tokens=False)["input_ids"]) + 1 for r in records)
-
-
-def _probe_screen(policy: Policy, records: list[PromptRecord], cfg: Config, counts: list[int],
-                  device: torch.device | str, untrusted: Untrusted) -> CallCost:
-    """The screen's pass at the largest of ``counts`` (candidates a step's pass scores) and half of it."""
-    tok = policy.tokenizer
-    solution = [len(tok(r.solution, add_special_tokens=False)["input_ids"]) + 1 for r in records]
-    rc, tc = cfg.rollout, cfg.train
-    likelihood = policy_likelihood(policy, temperature=rc.temperature, max_new_tokens=rc.max_new_tokens,
-                                   micro_batch_tokens=tc.micro_batch_tokens, device=device)
-    likelihood(records[:1])  # warm-up
-    points = []
-    for k in sorted({max(1, max(counts) // 2), max(counts)}):
-        batch = cycle_records(records, k)
-        prompts = [len(ids) for ids in tok(policy.prompts(batch))["input_ids"]]
-        points.append((sum(prompts) + sum(solution[i % len(records)] for i in range(k)),
-                       untrusted.timed(lambda b=batch: likelihood(b), COSTLY, f"the screen's pass of {k} prompts")[0]))
-    return CallCost.fit([t for t, _ in points], [s for _, s in points])
 
 
 def _probe_bookkeeping(records: list[PromptRecord], cfg: Config, pool_size: int, scratch: Path | None,

@@ -13,7 +13,7 @@ import json
 from tasks.evaluation.heldout import EvalResult
 from tasks.records.tracking import pending_registration
 from tasks.run import Run
-from tasks.training.loop import TrainSummary
+from tasks.training.step_records import TrainSummary
 
 
 def refusal(start_acc: float, end_acc: float, tolerance: float | None) -> str | None:

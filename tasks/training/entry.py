@@ -17,7 +17,8 @@ from tasks.overlap.lag import decide_lag
 from tasks.policy import Policy
 from tasks.run import Run
 from tasks.selection.features import Features
-from tasks.training.loop import EvaluateFn, Trainer, TrainSummary
+from tasks.training.loop import Trainer
+from tasks.training.step_records import EvaluateFn, TrainSummary
 from tasks.update.backend import build_updater, share_generation
 
 log = logging.getLogger("rlsift.train")

@@ -19,7 +19,7 @@ from tasks.records.tracking import CHAMPION, MlflowTracker, champion_model
 from tasks.records.tracking.champion import verdict
 from tasks.report.registration import champion_tags, eval_fingerprint
 from tasks.run import open_run
-from tasks.training.loop import TrainSummary
+from tasks.training.step_records import TrainSummary
 
 ROOT = Path(__file__).resolve().parents[2]
 SAME = "f" * 64

@@ -151,7 +151,7 @@ def test_each_round_is_one_play_round_call_and_a_resume_mid_round_starts_a_new_o
     call, and the steps run are those of an uninterrupted run."""
     from tasks.training import checkpoint
     from tasks.training.entry import decided_lag, training
-    from tasks.training.loop import HeldoutEval
+    from tasks.training.step_records import HeldoutEval
 
     cfg = smoke_cfg(*SMALL, "train.checkpoint_every=1", "eval.every=1", path=PRESETS.format("grpo"))
     calls: list[int] = []

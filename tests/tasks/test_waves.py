@@ -240,7 +240,7 @@ def test_a_resume_mid_run_with_waves_equals_an_uninterrupted_run(smoke_cfg, pool
     likelihoods that draw scored ahead for the next step, select.screen_ahead; in rounds of 3 steps with a trained
     reference, the start of round 1 made beside step 2's generate call, select.round_ahead)."""
     from tasks.training.entry import decided_lag, training
-    from tasks.training.loop import HeldoutEval
+    from tasks.training.step_records import HeldoutEval
 
     cfg = smoke_cfg(*SMALL, *WAVES, "select.method=dots", "train.steps=5", "train.checkpoint_every=1",
                     "eval.every=1", f"overlap.lag={lag}", f"waves.carry={str(carry).lower()}",
