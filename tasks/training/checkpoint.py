@@ -54,9 +54,10 @@ class Resume:
     carry: Any = None
 
 
-def save(run, step: int, policy: Policy, updater: Updater, selector, buffer, composer=None, draw=None,
+def save(run, step: int, policy: Policy, updater: Updater, selector: dict, buffer, composer=None, draw=None,
          held: list | None = None, carry=None) -> Path:
-    """Write the training state after ``step`` steps; ``draw``: the next step's rollouts, drawn and not yet trained;
+    """Write the training state after ``step`` steps; ``selector``: the selector's state (``Selector.state_dict``);
+    ``draw``: the next step's rollouts, drawn and not yet trained;
     ``carry``: the rollouts the latest draw left for the next draw to complete;
     ``held``: the MLflow metrics of the steps it covers not sent yet (tasks/training/recorder.py sends them after)."""
     folder = run.checkpoint_dir
@@ -65,7 +66,7 @@ def save(run, step: int, policy: Policy, updater: Updater, selector, buffer, com
         "step": step,
         "model": policy.checkpoint_state(),
         "optimizer": updater.state_dict(),
-        "selector": selector.state_dict(),
+        "selector": selector,
         "buffer": buffer.state_dict() if buffer is not None else None,
         "composer": composer.state_dict() if composer is not None else None,
         "meter": run.meter.state_dict(),

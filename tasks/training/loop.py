@@ -24,6 +24,7 @@ with uniform prompt selection.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from dataclasses import replace
@@ -53,7 +54,15 @@ from tasks.training import checkpoint
 from tasks.training.draw import DRAW_PHASES, CarriedRollouts, StepDraw, use_sampler_behaviour
 from tasks.training.recorder import Recorder, throughput
 from tasks.training.rounds import RoundLog
-from tasks.training.step_records import TRAIN_PHASES, EvaluateFn, HeldoutEval, Round, StepUpdate, TrainSummary
+from tasks.training.step_records import (
+    TRAIN_PHASES,
+    DrawState,
+    EvaluateFn,
+    HeldoutEval,
+    Round,
+    StepUpdate,
+    TrainSummary,
+)
 from tasks.training.techniques import prompt_filters, screen_order, step_draw
 from tasks.update.skip_guard import SkipGuard, skipped_rows
 from tasks.update.updater import Updater, scheduled_lr
@@ -114,6 +123,8 @@ class Trainer:
         self.overlap = Overlap()
         #: skipped updates: recorded, shown, and the run stopped after ``train.max_skipped_steps`` in a row
         self.guard = SkipGuard(cfg.train.max_skipped_steps, cfg.train.minibatches)
+        #: the draw state a checkpoint saves where a draw was launched ahead before it (:meth:`launch_ahead`)
+        self.before_draw: DrawState | None = None
         if sampling.overlapped and self.start < cfg.train.steps and self.pending is None:
             run.meter.add("weight_sync", sampling.sync(run.dir / "vllm_weights"))
 
@@ -234,12 +245,20 @@ class Trainer:
         and the trainer's records no longer leave the generator idle (docs/algorithms.md 8.3). Not where anything
         between here and that update reads or writes what a draw does: a held-out evaluation (it samples with the
         engine, and a round start reads its accuracy), a checkpoint (it saves the selector, the draws and what they
-        carry), Rollout Replay's buffer (the records read it, a draw prunes it), the last two steps."""
+        carry), Rollout Replay's buffer (the records read it, a draw prunes it), the last two steps. At a step that
+        ends with a checkpoint, what the draw changes (the selector, what it carries) is kept first as it is now, and
+        the checkpoint saves that (:class:`DrawState`): a resume draws step ``step + 2`` again from it."""
         nxt = step + 1
         if (not self.sampling.overlapped or self.pending is None or self.overlap.in_flight or self.buffer is not None
-                or nxt + 1 >= self.cfg.train.steps or self.evaluates(step) or self.checkpoints(step)):
+                or nxt + 1 >= self.cfg.train.steps or self.evaluates(step)):
             return
+        if self.checkpoints(step):
+            self.before_draw = self.draw_state()
         self.launch(nxt + 1)
+
+    def draw_state(self) -> DrawState:
+        """What a draw changes of the state a checkpoint saves, as it is now (copied)."""
+        return DrawState(selector=copy.deepcopy(self.selector.state_dict()), carry=self.carry)
 
     def evaluates(self, step: int) -> bool:
         """Whether a held-out evaluation follows step ``step``'s update (every ``eval.every`` steps)."""
@@ -332,9 +351,10 @@ class Trainer:
                   None if held is None else held.accuracy)
         if self.checkpoints(step):
             with run.meter.stage("checkpoint"):
+                state, self.before_draw = self.before_draw or self.draw_state(), None
                 self.recorder.checkpoint(step + 1, lambda held: checkpoint.save(
-                    run, step + 1, self.policy, self.updater, self.selector, self.buffer, self.composer,
-                    draw=self.pending, carry=self.carry, held=held))
+                    run, step + 1, self.policy, self.updater, state.selector, self.buffer, self.composer,
+                    draw=self.pending, carry=state.carry, held=held))
         self.guard.check()  # train.max_skipped_steps in a row: stop, naming the cause
 
 

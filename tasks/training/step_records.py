@@ -1,7 +1,7 @@
 """What the training stage's phases hand one another and its caller (tasks/training/loop.py): the phases' names
 (:data:`TRAIN_PHASES`), an in-training evaluation (:class:`HeldoutEval`, :data:`EvaluateFn`), a round as this process
-plays it (:class:`Round`), what a step's update leaves for the rest of the step (:class:`StepUpdate`) and what the
-stage did (:class:`TrainSummary`)."""
+plays it (:class:`Round`), what a step's update leaves for the rest of the step (:class:`StepUpdate`), what a draw
+changes of a checkpoint's state (:class:`DrawState`) and what the stage did (:class:`TrainSummary`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from rlcore.types import RolloutGroup
 from tasks.overlap.concurrent import OverlapTimes
+from tasks.training.draw import CarriedRollouts
 from tasks.update.nan_locator import SkippedUpdate
 
 #: The cost meter's names for the phases of the training stage (their sum is the stage's wall time).
@@ -73,3 +74,13 @@ class StepUpdate:
     seconds: float
     timing: OverlapTimes | None
     skipped: tuple[SkippedUpdate, ...] = ()
+
+
+@dataclass(frozen=True)
+class DrawState:
+    """What a step's draw changes of the state a checkpoint saves: the selector's (``Selector.state_dict``, copied)
+    and the rollouts the latest draw left for the next one to complete (``waves.carry``), as they were before a draw
+    launched ahead of the checkpoint (tasks/training/loop.py ``launch_ahead``)."""
+
+    selector: dict
+    carry: CarriedRollouts | None

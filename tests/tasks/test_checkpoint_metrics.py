@@ -44,7 +44,7 @@ class Killed(BaseException):
 
 def save(run: Run, step: int, model: torch.nn.Module) -> None:
     """A checkpoint at ``step`` as the training stage writes it: with the held metrics it covers, then their send."""
-    StepRecorder(run).checkpoint(step, lambda held: checkpoint.save(run, step, policy_of(model), State(), State(), None,
+    StepRecorder(run).checkpoint(step, lambda held: checkpoint.save(run, step, policy_of(model), State(), {}, None,
                                                                     held=held))
 
 

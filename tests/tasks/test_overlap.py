@@ -9,6 +9,7 @@
 """
 
 import copy
+import json
 import math
 import os
 import signal
@@ -340,8 +341,9 @@ def test_the_overlapped_loop_trains_one_update_behind_exactly_and_deterministica
 
 def test_the_draw_launched_ahead_is_the_same_run_with_the_generator_busier(smoke_cfg, pool, monkeypatch):
     """Step t + 2's draw is launched once step t is observed (tasks/training/loop.py ``launch_ahead``), beside its
-    records, not at step t + 1's update: same weights, same selection, so the same run bit for bit; only not at a
-    step that ends with a checkpoint or an evaluation, nor for the last step, nor with replay."""
+    records, not at step t + 1's update: same weights, same selection, so the same run bit for bit; also at a step
+    that ends with a checkpoint (which saves the state from before the draw); not at an evaluation, nor for the
+    last step, nor with replay."""
     from tasks.training.loop import Trainer
 
     cfg = smoke_cfg(*LAG1, "train.steps=10", "train.round_steps=4", path=ARMS.format("grpo_prescreen"))
@@ -356,8 +358,8 @@ def test_the_draw_launched_ahead_is_the_same_run_with_the_generator_busier(smoke
 
     monkeypatch.setattr(Trainer, "launch_ahead", spy)
     a_state, _, a_groups, a_sel, a_log = run_train(cfg, pool)
-    # checkpoints end steps 3, 7 and 9 (rounds of 4, the last step); step t launches t + 2, so not t = 8 either
-    assert ahead == [0, 1, 2, 4, 5, 6], "launched ahead after every step but those that checkpoint and the last two"
+    # step t launches t + 2, so not t = 8 or 9; steps 3 and 7 end with a checkpoint (rounds of 4)
+    assert ahead == list(range(8)), "launched ahead after every step but the last two"
     monkeypatch.setattr(Trainer, "launch_ahead", lambda self, step: None)
     b_state, _, b_groups, b_sel, b_log = run_train(cfg, pool)
     for k in a_state:
@@ -372,6 +374,57 @@ def test_the_draw_launched_ahead_is_the_same_run_with_the_generator_busier(smoke
     monkeypatch.setattr(Trainer, "launch_ahead", spy)
     run_train(smoke_cfg(*LAG1, "train.steps=10", "train.round_steps=4", path=PRESETS.format("dots")), pool)
     assert ahead == [], "replay's buffer is read by the records and pruned by a draw: nothing launched ahead"
+
+
+def test_a_checkpoint_written_beside_a_draw_launched_ahead_resumes_the_same_run(smoke_cfg, pool, monkeypatch):
+    """The checkpoint after step 3 is written while step 5's draw runs (launched ahead once step 3 was observed):
+    it keeps the selector and the next step's rollouts from before that draw, so a run stopped in step 5 and
+    resumed from it redraws step 5 and ends with the uninterrupted run's weights, ledger rows and rewards."""
+    from tasks.run import open_run
+    from tasks.selection.features import compute_features
+    from tasks.training import checkpoint
+    from tasks.training.entry import train
+    from tasks.training.loop import Trainer
+    from tests.tasks.test_train import make_policy
+
+    cfg = smoke_cfg(*LAG1, "train.steps=8", "train.round_steps=4", path=ARMS.format("grpo_prescreen"))
+    want, _, want_groups, want_sel, want_log = run_train(cfg, pool)
+    real = Trainer.play_step
+
+    class Stop(Exception):
+        pass
+
+    def stopping(self, round_, step, tally):
+        if step == 5:
+            raise Stop
+        return real(self, round_, step, tally)
+
+    monkeypatch.setattr(Trainer, "play_step", stopping)
+    policy = make_policy()
+    feats = compute_features(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
+    run = open_run(cfg, track=False)
+    with pytest.raises(Stop):
+        train(run, policy, pool, feats)
+    assert checkpoint.latest(run).name == "step-000004.pt"
+    run.close("failed", {})
+    monkeypatch.setattr(Trainer, "play_step", real)
+    resumed = open_run(cfg, run_id=run.run_id, track=False)
+    try:
+        policy = make_policy()
+        assert train(resumed, policy, pool, feats).steps == 8
+        groups = resumed.ledger.query("SELECT * FROM groups WHERE run_id = ? ORDER BY step", [run.run_id])
+        sel = resumed.ledger.query("SELECT * FROM selections WHERE run_id = ? ORDER BY step", [run.run_id])
+        logged = [json.loads(line) for line in (resumed.dir / "metrics.jsonl").read_text().splitlines()]
+    finally:
+        resumed.close("completed", {})
+    for k in want:
+        assert torch.equal(want[k], policy.model.state_dict()[k]), k
+
+    def rows(t):
+        return [{k: v for k, v in r.items() if k != "run_id"} for r in t]
+
+    assert rows(sel) == rows(want_sel) and rows(groups) == rows(want_groups)
+    assert [m["train/reward_mean"] for m in logged] == [m["train/reward_mean"] for m in want_log]
 
 
 def test_every_technique_composes_with_the_overlap(smoke_cfg, pool):
