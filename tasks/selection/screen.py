@@ -37,7 +37,7 @@ from rlcore.difficulty import pearson
 from rlcore.selection import screen
 from rlcore.step_rules import ScreenOrder
 from tasks.data.prompts import PromptRecord
-from tasks.model.forward import right_pad, token_logprobs
+from tasks.model.forward import least_padding_buckets, right_pad, token_logprobs
 from tasks.model.loading import add_special
 from tasks.policy import Policy
 
@@ -62,7 +62,8 @@ def policy_likelihood(policy: Policy, *, temperature: float, max_new_tokens: int
     Args:
         temperature: the rollouts' sampling temperature (``rollout.temperature``).
         max_new_tokens: the longest completion (``rollout.max_new_tokens``); longer solutions score 0.
-        micro_batch_tokens: padded tokens per forward pass (``train.micro_batch_tokens``; 0: one pass).
+        micro_batch_tokens: padded tokens per forward pass (``train.micro_batch_tokens``; 0: one pass), in as few
+            passes as that allows, cut where they pad least (tasks/model/forward.py ``least_padding_buckets``).
     """
     tok = policy.tokenizer
 
@@ -73,11 +74,14 @@ def policy_likelihood(policy: Policy, *, temperature: float, max_new_tokens: int
         prompts = [torch.tensor(ids, dtype=torch.long) for ids in enc]
         sols = [tok(r.solution, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for r in records]
         comp, mask = right_pad(sols, tok.pad_token_id)  # [C, L] each
+        logp = torch.zeros(len(records), dtype=torch.float64)  # [C]
         was_training = policy.model.training
         policy.model.eval()
         try:
-            logp = token_logprobs(policy.model, prompts, comp, mask, tok.pad_token_id, temperature, device,
-                                  max_tokens=micro_batch_tokens).sum(1).double().cpu()  # [C]
+            for rows in least_padding_buckets(torch.tensor([len(p) for p in prompts]), mask.sum(1),
+                                              micro_batch_tokens):
+                logp[rows] = token_logprobs(policy.model, [prompts[i] for i in rows], comp[rows], mask[rows],
+                                            tok.pad_token_id, temperature, device).sum(1).double().cpu()
         finally:
             policy.model.train(was_training)
         fits = torch.tensor([len(s) <= max_new_tokens for s in sols])

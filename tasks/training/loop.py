@@ -24,8 +24,8 @@ with uniform prompt selection.
 
 from __future__ import annotations
 
-import copy
 import logging
+import pickle
 import time
 from dataclasses import replace
 from functools import partial
@@ -253,12 +253,15 @@ class Trainer:
                 or nxt + 1 >= self.cfg.train.steps or self.evaluates(step)):
             return
         if self.checkpoints(step):
-            self.before_draw = self.draw_state()
+            with self.run.meter.stage("checkpoint"):
+                self.before_draw = self.draw_state()
         self.launch(nxt + 1)
 
     def draw_state(self) -> DrawState:
-        """What a draw changes of the state a checkpoint saves, as it is now (copied)."""
-        return DrawState(selector=copy.deepcopy(self.selector.state_dict()), carry=self.carry)
+        """What a draw changes of the state a checkpoint saves, as it is now: the selector's copied (through pickle,
+        a tenth of ``copy.deepcopy``'s time on its lists), the carried rollouts kept (a draw replaces them)."""
+        return DrawState(selector=pickle.loads(pickle.dumps(self.selector.state_dict(), protocol=5)),
+                         carry=self.carry)
 
     def evaluates(self, step: int) -> bool:
         """Whether a held-out evaluation follows step ``step``'s update (every ``eval.every`` steps)."""

@@ -11,6 +11,7 @@ from tasks.generation.rollout import HFEngine
 from tasks.model.forward import (
     capture_mlp_input,
     contiguous_rows,
+    least_padding_buckets,
     length_buckets,
     pack,
     prompt_batches,
@@ -45,6 +46,46 @@ def test_length_buckets_partition_rows_within_budget(lens, budget):
     # buckets are cut greedily: the first row of the next bucket would have broken the budget
     for b, nxt in zip(buckets, buckets[1:], strict=False):
         assert padded(torch.cat([b, nxt[:1]])) > budget
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 12), st.integers(0, 12)), min_size=1, max_size=9), st.integers(1, 80))
+def test_least_padding_buckets_are_the_fewest_padded_tokens_in_the_greedy_cuts_passes(lens, budget):
+    """Against a loop over every cut of the length-ordered rows: as many passes as the greedy cut at most, each
+    within the budget (a lone row may exceed it), the fewest padded tokens of all such cuts, never more than the
+    greedy's."""
+    import itertools
+
+    p, c = torch.tensor([a for a, _ in lens]), torch.tensor([b for _, b in lens])
+    greedy, best = length_buckets(p, c, budget), least_padding_buckets(p, c, budget)
+    width = (p + c).tolist()
+
+    def padded(bucket):
+        return len(bucket) * max(width[i] for i in bucket)
+
+    order = torch.cat(greedy).tolist()
+    assert torch.cat(best).tolist() == order, "the same rows in the same length order"
+    assert len(best) <= len(greedy) and all(len(b) == 1 or padded(b.tolist()) <= budget for b in best)
+    n, oracle = len(order), None
+    for k in range(len(greedy)):
+        for cut in itertools.combinations(range(1, n), k):
+            parts = [order[i:j] for i, j in zip((0, *cut), (*cut, n), strict=True)]
+            if all(len(b) == 1 or padded(b) <= budget for b in parts):
+                total = sum(padded(b) for b in parts)
+                oracle = total if oracle is None else min(oracle, total)
+    got = sum(padded(b.tolist()) for b in best)
+    assert got == oracle <= sum(padded(b.tolist()) for b in greedy)
+
+
+def test_least_padding_buckets_by_hand():
+    """Rows of 10, 9, 8, 3 and 2 tokens. At 40 a pass the greedy cut fills the first pass, [10, 9, 8, 3] (4 x 10) and
+    [2], 42 padded tokens; the least padding cut in two passes is [10, 9, 8] (30) and [3, 2] (6), 36. At 30 a pass
+    the greedy cut is already that one."""
+    p, c = torch.tensor([1, 1, 1, 1, 1]), torch.tensor([9, 8, 7, 2, 1])
+    assert [b.tolist() for b in least_padding_buckets(p, c, 30)] == [[0, 1, 2], [3, 4]]
+    assert [b.tolist() for b in length_buckets(p, c, 40)] == [[0, 1, 2, 3], [4]]
+    assert [b.tolist() for b in least_padding_buckets(p, c, 40)] == [[0, 1, 2], [3, 4]]
+    assert [b.tolist() for b in least_padding_buckets(p, c, 0)] == [[0, 1, 2, 3, 4]], "0: one pass"
 
 
 def test_length_buckets_by_hand():
