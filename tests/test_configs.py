@@ -73,7 +73,7 @@ def test_bench_arms_switch_what_their_names_say():
         (2, 4, 20, "dots") and n4.select.screen == 1, "the screen is dots_screen's one addition"
     assert get("dots_screen_24") == screen.model_copy(update={"train": screen.train.model_copy(
         update={"prompts_per_step": 24})}), "a bigger screened batch is its one change"
-    assert screen.select.screen_ahead and not screen.rounds_start_ahead
+    assert screen.select.screen_ahead and not screen.select.round_ahead
     assert get("dots_screen_inline") == screen.model_copy(update={"select": screen.select.model_copy(
         update={"screen_ahead": False})}), "the look-ahead's control"
     assert get("dots_screen_round_ahead") == screen.model_copy(update={"select": screen.select.model_copy(

@@ -120,15 +120,6 @@ class Config(_Frozen):
         """G: rollouts per prompt that enter the update."""
         return self.pods.m if self.pods.enabled else self.rollout.n
 
-    @property
-    def rounds_start_ahead(self) -> bool:
-        """``select.round_ahead`` resolved: ``auto`` is true where a round's start reads nothing a step observes
-        (no DOTS predictor to fit, no ScalingRL pool or GAIN-RL window to move: the round's weights are uniform)."""
-        ahead = self.select.round_ahead
-        if ahead == "auto":
-            return self.select.method != "dots" and not self.curriculum.enabled and not self.gain.enabled
-        return ahead
-
     def flat(self) -> dict[str, Any]:
         """The resolved config as flat ``a.b.c -> value`` pairs (for MLflow params)."""
         return dict(_flatten(self.model_dump(mode="json")))

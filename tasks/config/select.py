@@ -92,17 +92,14 @@ class SelectConfig(_Frozen):
         "next generate call. The next step reads the scores of the candidates it does draw and scores any others "
         "itself; a step that starts a round scores its own. false: every step scores its candidates before its "
         "own generate call (ours)."))
-    round_ahead: bool | Literal["auto"] = Field("auto", description=(
+    round_ahead: bool = Field(False, description=(
         "Where the rollouts are generated apart from the trainer (overlap.lag 1's generator process, or an engine "
         "outside this process) and a round's start takes no reference rollouts (calibrate.reference trained, or "
         "no DOTS): start the next round (DOTS's predictor fitted, its predictions and the round's weights; with "
         "screen_ahead, also the screen of the round's first candidates) beside the generate call of the round's "
-        "last step, on the labels observed until then (one step's fewer than at the round's first draw). true: "
-        "always there (4 % off dots_screen's clock on 2 CPU cores, at -0.4 points on the balanced mix, noise-level; "
-        "docs/benchmarks.md, 'Every idea tried'); auto: only where a round's start reads no label (no DOTS, "
-        "ScalingRL or GAIN-RL: uniform weights), so that starting it early changes nothing and the screen of the "
-        "round's first step runs ahead like every other step's (Config.rounds_start_ahead); false: the round "
-        "starts in its first step's draw (ours)."))
+        "last step, on the labels observed until then (one step's fewer than at the round's first draw). Off by "
+        "default: 4 % off dots_screen's clock on 2 CPU cores, at -0.4 points on the balanced mix (noise-level; "
+        "docs/benchmarks.md, 'Every idea tried'). false: the round starts in its first step's draw (ours)."))
     predictor: PredictorConfig = Field(PredictorConfig(), description="The DOTS difficulty predictor.")
 
     @model_validator(mode="after")

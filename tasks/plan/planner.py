@@ -73,7 +73,7 @@ def composition(name: str, cfg: Config, pool_size: int = 0, device: torch.device
         reference=(cal.k, cal.g) if dots and cal.reference == "fresh" else (0, 0), predictor=dots,
         calibration=(cal.k, cal.g) if reads["calibrate"] else (0, 0), scored=pool_size if reads["score"] else 0,
         rules=step_rules(cfg, pool_size), screen_ahead=sc.screen > 1 and sc.screen_ahead and hides(cfg, device),
-        round_ahead=cfg.rounds_start_ahead and hides(cfg, device) and not (dots and cal.reference == "fresh"),
+        round_ahead=sc.round_ahead and hides(cfg, device) and not (dots and cal.reference == "fresh"),
         shared_prefix=sdpa and wants_shared_prefix(tc.shared_prefix, device, cfg.gain.enabled))
 
 

@@ -78,7 +78,7 @@ class Selector:
         self.scores = (ScreenScores(likelihood, pool, n=cfg.rollout.n, order=screen_order)
                        if cfg.select.screen > 1 else None)  # by step
         self.screens_ahead = apart and cfg.select.screen > 1 and cfg.select.screen_ahead
-        self.starts_ahead = apart and cfg.rounds_start_ahead
+        self.starts_ahead = apart and cfg.select.round_ahead
         self.started: tuple[int, dict[str, float]] | None = None  # a round started ahead: its index, its metrics
         self.asked: tuple[int, int] | None = None  # the last choose's (prompts, step), its first generation round
         if not features.scored and (cfg.select.method == "dots" or cfg.curriculum.enabled or cfg.gain.enabled):

@@ -173,8 +173,7 @@ def test_the_screen_scores_the_next_steps_candidates_ahead_and_that_step_reads_t
         calls.append((version[0], [r.id for r in records]))
         return torch.tensor([rates[r.id] * (1 - version[0] / 10) for r in records], dtype=torch.float64)
 
-    cfg = smoke_cfg(*SMALL, "select.screen=2", "train.round_steps=4", "train.steps=7", "skip.enabled=true",
-                    "select.round_ahead=false")
+    cfg = smoke_cfg(*SMALL, "select.screen=2", "train.round_steps=4", "train.steps=7", "skip.enabled=true")
     made = {}
     for name, apart in (("ahead", True), ("inline", False)):
         made[name] = s = Selector(cfg, pool, feats, likelihood, filters=prompt_filters(cfg, len(pool)),
@@ -215,41 +214,6 @@ def test_the_screen_scores_the_next_steps_candidates_ahead_and_that_step_reads_t
     assert ahead.scores.ahead == {} and ahead.lookahead() is None, "step 4 starts a round: it scores its own"
     ahead.asked = (6, 6)
     assert ahead.lookahead() is None, "step 7 is past the last"
-
-
-def test_round_ahead_auto_starts_ahead_the_rounds_whose_start_reads_no_label(smoke_cfg, pool):
-    """select.round_ahead=auto: a uniform draw's round start (uniform weights, the round's drawn prompts reset) reads
-    nothing a step observes, so it starts ahead and the screen of the round's first step runs beside the round's
-    last generate call like every other step's; a round start that fits DOTS's predictor or moves ScalingRL's pool or
-    GAIN-RL's window on the labels does not (unless set true); false never does."""
-    def ahead(*overrides):
-        return smoke_cfg(*SMALL, *overrides).rounds_start_ahead
-
-    assert ahead() and ahead("select.screen=2") and not ahead("select.round_ahead=false")
-    assert not ahead("select.method=dots") and ahead("select.method=dots", "select.round_ahead=true")
-    assert not ahead("curriculum.enabled=true") and not ahead("gain.enabled=true")
-    feats = compute_features(make_policy(), pool, inter_weight=1.0, batch_size=64, device="cpu")
-    scored = []
-
-    def likelihood(records):
-        scored.append(len(records))
-        return torch.full((len(records),), 0.5, dtype=torch.float64)
-
-    cfg = smoke_cfg(*SMALL, "select.screen=2", "train.round_steps=4", "train.steps=8")
-    s = Selector(cfg, pool, feats, likelihood, apart=True)
-    s.begin_round(0, 0, None)
-    for step in range(4):
-        idx, _ = s.choose(6, step)
-        work = s.lookahead()  # beside the step's generate call
-        s.observe(step, idx, [torch.tensor([1.0, 0, 0, 0])] * 6, 0.4, None)
-        if work is not None:
-            work()
-    assert s.started is not None and s.started[0] == 1, "round 1 started beside step 3's generate call"
-    scored.clear()
-    assert s.begin_round(1, 4, None)["select/round_ahead"] == 1.0
-    s.choose(6, 4)
-    assert scored == [], "step 4's candidates were screened ahead"
-    assert not s.used[idx].any(), "the round's start reset the prompts drawn in round 0"
 
 
 def test_a_round_starts_ahead_beside_the_last_steps_generate_call_and_its_first_draw_reads_it(smoke_cfg, pool):
