@@ -9,7 +9,6 @@
 """
 
 import copy
-import json
 import math
 import os
 import signal
@@ -308,6 +307,11 @@ def pool():
 LAG1 = [*[o for o in SMALL if not o.startswith("overlap.")], "overlap.lag=1", "train.steps=5"]
 
 
+def _rows(table):
+    """Ledger rows without their run id: two runs' rows compared."""
+    return [{k: v for k, v in r.items() if k != "run_id"} for r in table]
+
+
 def test_the_overlapped_loop_trains_one_update_behind_exactly_and_deterministically(smoke_cfg, pool):
     a_state, a_sum, a_groups, a_sel, a_log = run_train(smoke_cfg(*LAG1, path=PRESETS.format("grpo")), pool)
     b_state, _, b_groups, b_sel, _ = run_train(smoke_cfg(*LAG1, path=PRESETS.format("grpo")), pool)
@@ -318,10 +322,7 @@ def test_the_overlapped_loop_trains_one_update_behind_exactly_and_deterministica
     assert all(g["lag"] == 0 and g["policy_version"] == g["step"] for g in s_groups)
     for k in a_state:  # one seed, one result
         assert torch.equal(a_state[k], b_state[k]), k
-    def rows(t):
-        return [{k: v for k, v in r.items() if k != "run_id"} for r in t]
-
-    assert rows(a_sel) == rows(b_sel) and rows(a_groups) == rows(b_groups)
+    assert _rows(a_sel) == _rows(b_sel) and _rows(a_groups) == _rows(b_groups)
     assert any(not torch.equal(a_state[k], s_state[k]) for k in a_state), "the lag must change what is trained"
     # the first two steps sample the starting weights in both loops: same rollouts
     assert [g["successes"] for g in a_groups[:12]] == [g["successes"] for g in s_groups[:12]]
@@ -365,10 +366,7 @@ def test_the_draw_launched_ahead_is_the_same_run_with_the_generator_busier(smoke
     for k in a_state:
         assert torch.equal(a_state[k], b_state[k]), k
 
-    def rows(t):
-        return [{k: v for k, v in r.items() if k != "run_id"} for r in t]
-
-    assert rows(a_sel) == rows(b_sel) and rows(a_groups) == rows(b_groups)
+    assert _rows(a_sel) == _rows(b_sel) and _rows(a_groups) == _rows(b_groups)
     assert [m["train/reward_mean"] for m in a_log] == [m["train/reward_mean"] for m in b_log]
     ahead.clear()
     monkeypatch.setattr(Trainer, "launch_ahead", spy)
@@ -408,22 +406,11 @@ def test_a_checkpoint_written_beside_a_draw_launched_ahead_resumes_the_same_run(
     assert checkpoint.latest(run).name == "step-000004.pt"
     run.close("failed", {})
     monkeypatch.setattr(Trainer, "play_step", real)
-    resumed = open_run(cfg, run_id=run.run_id, track=False)
-    try:
-        policy = make_policy()
-        assert train(resumed, policy, pool, feats).steps == 8
-        groups = resumed.ledger.query("SELECT * FROM groups WHERE run_id = ? ORDER BY step", [run.run_id])
-        sel = resumed.ledger.query("SELECT * FROM selections WHERE run_id = ? ORDER BY step", [run.run_id])
-        logged = [json.loads(line) for line in (resumed.dir / "metrics.jsonl").read_text().splitlines()]
-    finally:
-        resumed.close("completed", {})
+    got, summary, groups, sel, logged = run_train(cfg, pool, run_id=run.run_id)
+    assert summary.steps == 8
     for k in want:
-        assert torch.equal(want[k], policy.model.state_dict()[k]), k
-
-    def rows(t):
-        return [{k: v for k, v in r.items() if k != "run_id"} for r in t]
-
-    assert rows(sel) == rows(want_sel) and rows(groups) == rows(want_groups)
+        assert torch.equal(want[k], got[k]), k
+    assert _rows(sel) == _rows(want_sel) and _rows(groups) == _rows(want_groups)
     assert [m["train/reward_mean"] for m in logged] == [m["train/reward_mean"] for m in want_log]
 
 
@@ -582,11 +569,7 @@ def test_a_generator_that_dies_stops_the_run_at_its_checkpoint_and_a_resume_fini
         os.kill(pids[-1], 0)
     run.close("failed", {})
     monkeypatch.setattr(GeneratorProcess, "generate", real)
-    resumed = open_run(cfg, run_id=run.run_id, track=False)
-    try:
-        policy = make_policy()
-        assert train(resumed, policy, pool, feats).steps == 5
-    finally:
-        resumed.close("completed", {})
+    got, summary, *_ = run_train(cfg, pool, run_id=run.run_id)
+    assert summary.steps == 5
     for k in want:
-        assert torch.equal(want[k], policy.model.state_dict()[k]), k
+        assert torch.equal(want[k], got[k]), k

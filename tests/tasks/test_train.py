@@ -52,10 +52,12 @@ def pool():
     return arith.generate(0, 40, "train", "default")
 
 
-def run_train(cfg, pool):
+def run_train(cfg, pool, run_id=None):
+    """Train a fresh policy on ``pool`` (``run_id``: resume that run from its latest checkpoint); returns its weights,
+    summary, ledger groups and selections, and metrics lines."""
     policy = make_policy()
     feats = compute_features(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
-    run = open_run(cfg, track=False)
+    run = open_run(cfg, run_id=run_id, track=False)
     try:
         summary = train(run, policy, pool, feats)
         groups = run.ledger.query("SELECT * FROM groups WHERE run_id = ? ORDER BY step", [run.run_id])
