@@ -21,8 +21,9 @@ rlcore/plan.py predicts each candidate's clock from these measurements (:class:`
   scratch folder, once (tasks/plan/timing.py ``ONCE``).
 - **The screen's teacher-forced pass** (tasks/plan/probe_screen.py; where a candidate screens) at its candidates'
   count and half of it.
-- **A step's bookkeeping**: the draw over the pool, a step's selection and group rows written to a scratch ledger
-  (tasks/records/ledger/, the same code), and a step's metrics line to a scratch outbox and ``metrics.jsonl``.
+- **A step's bookkeeping**: the draw over the pool, a step's selection and group rows held and written to a scratch
+  ledger once a round as the run writes them (tasks/records/ledger/, the same code), and a step's metrics line to a
+  scratch outbox and ``metrics.jsonl``; a round's, over its steps.
 - **Scoring and DOTS's predictor**, where a candidate reads the scores: one batch of the pool scored (the
   reference prompts first; a run scores its pool only for a choice that reads the scores, tasks/stages.py
   ``score_stage``, and the plan counts it before such a choice's first step), and, where a candidate draws with
@@ -54,6 +55,7 @@ calibration's call, where it is the large one, is timed once, not until stable.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -82,7 +84,7 @@ from tasks.plan.probe_screen import probe_screen, screen_counts, solution_length
 from tasks.plan.timing import CHEAP, COSTLY, ONCE, Timing, Untrusted, time_until_stable
 from tasks.policy import Policy
 from tasks.records.files import atomic_write
-from tasks.records.ledger import GroupRow, Ledger, SelectionRow
+from tasks.records.ledger import GroupRow, Ledger, SelectionRow, StepRows
 from tasks.records.tracking.outbox import Outbox
 from tasks.selection.dots import dots_predictor
 from tasks.selection.features import compute_features
@@ -334,11 +336,12 @@ def time_optimizer_step(model: torch.nn.Module, optimizer, params, grad_clip: fl
 def _probe_bookkeeping(records: list[PromptRecord], cfg: Config, pool_size: int, scratch: Path | None,
                        untrusted: Untrusted) -> float:
     """Seconds of a step's bookkeeping (module docstring): the draw, the ledger's rows, the metrics line."""
-    b = cfg.train.prompts_per_step
+    b, steps_a_round = cfg.train.prompts_per_step, cfg.train.round_steps
     ids = [r.id for r in cycle_records(records, b)]
-    selections = [SelectionRow(prompt_id=i, selector="uniform", weight=1.0 / pool_size) for i in ids]
-    groups = [GroupRow(prompt_id=i, n=cfg.rollout.n, successes=1, mean_reward=1 / cfg.rollout.n, kept=cfg.rollout.n,
-                       kept_mean_reward=1 / cfg.rollout.n, replayed=False, from_step=0) for i in ids]
+    selections = tuple(SelectionRow(prompt_id=i, selector="uniform", weight=1.0 / pool_size) for i in ids)
+    groups = tuple(GroupRow(prompt_id=i, n=cfg.rollout.n, successes=1, mean_reward=1 / cfg.rollout.n,
+                            kept=cfg.rollout.n, kept_mean_reward=1 / cfg.rollout.n, replayed=False, from_step=0)
+                   for i in ids)
     weights = uniform_weights(pool_size)
     metrics = {f"probe/value_{i}": float(i) for i in range(STEP_METRICS)}
     with tempfile.TemporaryDirectory(prefix="rlsift-probe-", dir=scratch) as tmp, \
@@ -347,17 +350,18 @@ def _probe_bookkeeping(records: list[PromptRecord], cfg: Config, pool_size: int,
 
         steps = iter(range(1_000_000))
 
-        def step() -> None:
-            s = next(steps)
-            sample_prompts(weights, min(b, pool_size), torch.Generator().manual_seed(s), method="weighted")
-            ledger.add_selections("probe", 0, s, selections)
-            ledger.add_groups("probe", s, groups)
-            outbox.append({"kind": "metrics", "step": s, "ts": 0, "metrics": metrics})
-            with open(lines, "a") as f:
-                f.write(json.dumps({"step": s, **metrics}) + "\n")
+        def round_() -> None:
+            held = []
+            for s in itertools.islice(steps, steps_a_round):
+                sample_prompts(weights, min(b, pool_size), torch.Generator().manual_seed(s), method="weighted")
+                held.append(StepRows(0, s, (), selections, groups))
+                outbox.append({"kind": "metrics", "step": s, "ts": 0, "metrics": metrics})
+                with open(lines, "a") as f:
+                    f.write(json.dumps({"step": s, **metrics}) + "\n")
+            ledger.add_steps("probe", held)
 
-        step()  # warm-up: the first insert prepares what the later ones reuse
-        return untrusted.timed(step, CHEAP, "a step's bookkeeping")[0]
+        round_()  # warm-up: the first insert prepares what the later ones reuse
+        return untrusted.timed(round_, CHEAP, "a round's bookkeeping")[0] / steps_a_round
 
 
 def _probe_scoring(policy: Policy, cfg: Config, inputs: ProbeInputs, dots: Config | None, seed: int,

@@ -3,10 +3,10 @@
 What a generated or an updated token costs depends on the machine, the model's shape and the run's settings, not on
 its weights: a plan that runs again where those are the same (a benchmark's next seed, a scheduled retraining) need
 not time them again. After each probe its timings are kept in ``<paths.cache>/plan-probe/<key>.json``, one file a
-key: a hash of the machine (CPU model, the cores this process may use, torch's threads and version, the GPU), the
-model's shape (its config without its folder, its parameter counts and dtype, the run's precision) and the settings
-the probe times with (``rollout``, ``train`` but its step count, ``model`` but its path, ``select``, ``gain``,
-``calibrate``, ``eval.batch_size``).
+key: a hash of what the probe's parts time (:data:`TIMINGS`), the machine (CPU model, the cores this process may use,
+torch's threads and version, the GPU), the model's shape (its config without its folder, its parameter counts and
+dtype, the run's precision) and the settings the probe times with (``rollout``, ``train`` but its step count,
+``model`` but its path, ``select``, ``gain``, ``calibrate``, ``eval.batch_size``).
 
 The probe has parts (:data:`PARTS`), each timed at some sizes (a generate call's prompts, an update's groups, a
 screen pass's prompts, the pool's prompts). A later plan with the same key, within ``plan.reuse_probe_hours`` of
@@ -41,6 +41,10 @@ log = logging.getLogger(__name__)
 
 #: The probe's parts: generation, the update (with the optimizer step and a round's checkpoint), a step's
 #: bookkeeping, the screen's pass, the pool's scoring and DOTS's predictor.
+#: What the probe's parts time, raised when that changes (2: a step's bookkeeping writes its ledger rows once a round,
+#: as the run does), so that no kept timing of the older work is reused.
+TIMINGS = 2
+
 PARTS = ("generate", "update", "bookkeeping", "screen", "scoring", "predictor")
 #: A kept part serves sizes up to this factor beyond those it was timed at, at either end: the probe's own lines
 #: stand for calls several times larger than it timed (tasks/plan/probe.py), and a seed's calibration moves the
@@ -141,6 +145,7 @@ def probe_key(cfg: Config, policy: Policy, device: torch.device | str) -> str:
     shape = {k: v for k, v in model.config.to_dict().items() if k not in ("_name_or_path", "transformers_version")}
     first = next(model.parameters())
     what = {
+        "timings": TIMINGS,
         "machine": {"cpu": cpu_model(), "cores": usable_cores(), "threads": torch.get_num_threads(),
                     "torch": torch.__version__, "device": str(torch.device(device)),
                     "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},

@@ -50,6 +50,10 @@ def training(run: Run, policy: Policy, pool: list[PromptRecord], features: Featu
             yield trainer
         except BaseException:
             sampling.close(now=True)
+            try:  # a failed run's steps stay in the ledger to be read (a resume drops those past its checkpoint)
+                trainer.recorder.flush()
+            except Exception as err:  # the failure's own error is the one raised
+                log.warning("the ledger rows of the steps since the last checkpoint were not written: %s", err)
             raise
         finally:
             trainer.overlap.close()

@@ -1,13 +1,17 @@
-"""What the training stage records a step, in one place: the ledger's step rows (reference, selections, groups), the
-step's metrics (to MLflow, held until a checkpoint covers them, tasks/run.py) and its line in ``metrics.jsonl``, with
-its rollout and update throughput (:func:`throughput`).
+"""What the training stage records a step, in one place: the ledger's step rows (reference, selections, groups,
+skipped updates), the step's metrics (to MLflow) and its line in ``metrics.jsonl``, with its rollout and update
+throughput (:func:`throughput`). The ledger's rows and the MLflow metrics of a step are held until the checkpoint
+that covers it (the rows written just before it, in one insert per table for every step it covers: a step's own
+inserts took 5-12 ms of the trainer's core; the metrics sent just after it, tasks/run.py); ``metrics.jsonl`` gets its
+line at once.
 
 A resumed run continues from its checkpoint at step s (tasks/training/checkpoint.py ``restore``);
 :meth:`Recorder.resume` then drops what the crashed process recorded past it, once for each record: the ledger's step
-rows of steps >= s, the ``metrics.jsonl`` lines of those steps (a line torn by the kill with them), and it holds
-MLflow metrics from step s on, sending again the held metrics the checkpoint kept (a kill may have come between the
-checkpoint's write and their send; MLflow's SQL store drops exact repeats). :meth:`Recorder.checkpoint` writes a
-checkpoint with the held metrics it covers, then sends them.
+rows of steps >= s (written where the process died between the rows and the checkpoint, or flushed by a failing
+run, :meth:`Recorder.flush`), the ``metrics.jsonl`` lines of those steps (a line torn by the kill with them), and it
+holds MLflow metrics from step s on, sending again the held metrics the checkpoint kept (a kill may have come between
+the checkpoint's write and their send; MLflow's SQL store drops exact repeats). :meth:`Recorder.checkpoint` writes
+the held rows, then a checkpoint with the held metrics it covers, then sends them.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rlcore.types import RolloutGroup
-from tasks.records.ledger import GroupRow, ReferenceRow, SelectionRow, SkippedUpdateRow
+from tasks.records.ledger import GroupRow, ReferenceRow, SelectionRow, SkippedUpdateRow, StepRows
 from tasks.records.throughput import FlopModel, Peak, rates
 from tasks.run import Run
 from tasks.training.draw import FreshBatch
@@ -34,6 +38,8 @@ class Recorder:
     def __init__(self, run: Run):
         self.run = run
         self.metrics_file: Path = run.dir / "metrics.jsonl"
+        #: the ledger rows of the steps since the last checkpoint, not written yet (:meth:`flush`)
+        self.held_rows: list[StepRows] = []
 
     def resume(self, step: int, held: HeldMetrics | None) -> None:
         """Training continues at ``step`` (0: a fresh start, or a crash before the first checkpoint): drop every
@@ -50,15 +56,17 @@ class Recorder:
 
     def rows(self, round_: int, step: int, references: Sequence[ReferenceRow], selections: Sequence[SelectionRow],
              groups: Sequence[RolloutGroup], skipped: Sequence[SkippedUpdateRow] = ()) -> None:
-        """The ledger rows of one step: the round start's reference rows (when it started one), a row per selected
-        prompt, one per group it trained (:func:`group_row`) and one per minibatch its update skipped."""
-        run = self.run
-        if references:
-            run.ledger.add_reference(run.run_id, list(references))
-        run.ledger.add_selections(run.run_id, round_, step, selections)
-        run.ledger.add_groups(run.run_id, step, [group_row(g, step) for g in groups])
-        if skipped:
-            run.ledger.add_skipped_updates(run.run_id, step, skipped)
+        """The ledger rows of one step, held until the next checkpoint (:meth:`flush`): the round start's reference
+        rows (when it started one), a row per selected prompt, one per group it trained (:func:`group_row`) and one
+        per minibatch its update skipped."""
+        self.held_rows.append(StepRows(round_, step, tuple(references), tuple(selections),
+                                       tuple(group_row(g, step) for g in groups), tuple(skipped)))
+
+    def flush(self) -> None:
+        """Write the held ledger rows (one insert per table, :meth:`~tasks.records.ledger.store.Ledger.add_steps`)."""
+        if self.held_rows:
+            self.run.ledger.add_steps(self.run.run_id, self.held_rows)
+            self.held_rows = []
 
     def metrics(self, step: int, metrics: dict[str, float]) -> None:
         """One step's metrics: to MLflow (held until a checkpoint covers the step) and a line of ``metrics.jsonl``."""
@@ -67,8 +75,9 @@ class Recorder:
             f.write(json.dumps({"step": step, **metrics}) + "\n")
 
     def checkpoint(self, step: int, write: Callable[[HeldMetrics], object]) -> None:
-        """A checkpoint at ``step``: ``write`` it with the held metrics of the steps it covers (so a kill before
-        their send loses none), then send them."""
+        """A checkpoint at ``step``: the held ledger rows written, then the checkpoint (``write``) with the held
+        metrics of the steps it covers (so a kill before their send loses none), then those sent."""
+        self.flush()
         write(self.run.held_metrics(step))
         self.run.commit_metrics(step)
 

@@ -11,7 +11,9 @@ from tasks.records.ledger import (
     Ledger,
     ReferenceRow,
     SelectionRow,
+    SkippedUpdateRow,
     StageRow,
+    StepRows,
 )
 
 
@@ -79,6 +81,34 @@ def test_typed_rows_are_written_column_for_field_and_read_back(tmp_path):
                                     "cost": 0.02}]
         assert led.mlflow_run_id("run") == "mlf-1" and led.mlflow_run_id("nope") is None
         assert [r["run_id"] for r in led.runs()] == ["run"]
+
+
+def test_the_rows_of_several_steps_at_once_are_those_of_each_step_written_alone(tmp_path):
+    """``add_steps`` (the training stage's writes, held until a checkpoint) against the per-table writes, step by
+    step: the same rows in every step table."""
+    steps = [StepRows(round=s // 2, step=s,
+                      references=(ReferenceRow(round=s // 2, step=s, prompt_id="r", n=4, successes=s,
+                                               success_rate=s / 4, predicted=0.5),) if s % 2 == 0 else (),
+                      selections=(sel(f"p{s}"), sel(f"q{s}", None)), groups=(group(f"p{s}", s),),
+                      skipped=(SkippedUpdateRow(minibatch=0, cause="loss", detail="nan", site="lm_head"),) if s == 3
+                      else ()) for s in range(4)]
+
+    def tables(led: Ledger) -> dict[str, list[dict]]:
+        return {t: [{k: v for k, v in r.items() if k != "logged_at"}
+                    for r in led.query(f"SELECT * FROM {t} ORDER BY ALL")]
+                for t in ("reference", "selections", "groups", "skipped_updates")}
+
+    with Ledger(tmp_path / "one.duckdb") as one, Ledger(tmp_path / "each.duckdb") as each:
+        one.add_steps("run", steps)
+        for s in steps:
+            each.add_reference("run", list(s.references))
+            each.add_selections("run", s.round, s.step, s.selections)
+            each.add_groups("run", s.step, s.groups)
+            each.add_skipped_updates("run", s.step, s.skipped)
+        got, want = tables(one), tables(each)
+        assert got == want and [len(got[t]) for t in got] == [2, 8, 4, 1]
+        one.add_steps("run", [])  # nothing held: nothing written, no error
+        assert tables(one) == want
 
 
 def test_replace_evals_replaces_only_that_phase(tmp_path):

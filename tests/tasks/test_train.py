@@ -192,6 +192,46 @@ def test_each_round_is_one_play_round_call_and_a_resume_mid_round_starts_a_new_o
     assert all(line.endswith("; held-out accuracy 0.500") for line in lines), lines
 
 
+def test_a_steps_ledger_rows_wait_for_its_checkpoint_and_a_failing_run_writes_them(smoke_cfg, pool):
+    """A step's ledger rows are written with the checkpoint that covers it (tasks/training/recorder.py: one insert
+    per table for the round), a run that fails keeps the rows of its steps since that checkpoint, and its resume
+    replaces them with the rerun's: every step's rows once, the same as an uninterrupted run's."""
+    from tasks.training.entry import decided_lag, training
+    from tasks.training.step_records import HeldoutEval
+
+    cfg = smoke_cfg(*SMALL, "eval.every=1", path=PRESETS.format("grpo"))  # a checkpoint after steps 1 and 3
+    seen: list[list[int]] = []
+
+    def steps_in_ledger(run) -> list[int]:
+        return [g["step"] for g in run.ledger.query("SELECT step FROM groups WHERE run_id = ? ORDER BY step",
+                                                    [run.run_id])]
+
+    def dies_after_step_2(step):  # called once step `step - 1`'s rows are recorded, before its checkpoint
+        seen.append(sorted(set(steps_in_ledger(run))))
+        if step == 3:
+            raise RuntimeError("killed")
+        return HeldoutEval(accuracy=0.5, metrics={})
+
+    policy = make_policy()
+    feats = compute_features(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
+    run = open_run(cfg, track=False)
+    with pytest.raises(RuntimeError, match="killed"), \
+            training(run, policy, pool, feats, decided_lag(run, policy, pool, None), evaluate=dies_after_step_2) as tr:
+        for round_ in tr.rounds():
+            tr.play_round(round_)
+    assert seen == [[], [], [0, 1]]
+    assert sorted(set(steps_in_ledger(run))) == [0, 1, 2]  # step 2's rows, past the checkpoint, written at the failure
+    run.close("failed", {})
+    _, _, groups, sel, _ = run_train(cfg, pool, run_id=run.run_id)
+    _, _, whole_groups, whole_sel, _ = run_train(cfg, pool)
+    assert [g["step"] for g in groups] == [s for s in range(4) for _ in range(6)]
+
+    def drop_ids(rows):
+        return [{k: v for k, v in r.items() if k not in ("run_id", "logged_at")} for r in rows]
+
+    assert drop_ids(groups) == drop_ids(whole_groups) and drop_ids(sel) == drop_ids(whole_sel)
+
+
 @pytest.mark.parametrize("replay, delta", [("replay.capacity=16", 0.5), ("replay.enabled=false", 1.0)])
 def test_adaptive_composition_sets_each_steps_rollouts_and_fresh_share(smoke_cfg, pool, replay, delta):
     """``adapt.enabled``: each step generates the rollouts a prompt and replays the share that the previous step's

@@ -15,6 +15,7 @@ from tasks.records.ledger.rows import (
     SelectionRow,
     SkippedUpdateRow,
     StageRow,
+    StepRows,
     used_signals,
 )
 from tasks.records.ledger.schema import SCHEMA, STEP_TABLES
@@ -22,4 +23,4 @@ from tasks.records.ledger.store import STOPPED, Ledger, QueryError
 
 __all__ = ["SCHEMA", "SIGNALS", "STEP_TABLES", "STOPPED", "EvalRow", "FeatureRow", "GroupRow", "Ledger", "QueryError",
            "ReferenceRow",
-           "SelectionRow", "SkippedUpdateRow", "StageRow", "used_signals"]
+           "SelectionRow", "SkippedUpdateRow", "StageRow", "StepRows", "used_signals"]

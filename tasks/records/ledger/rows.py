@@ -93,6 +93,21 @@ class SkippedUpdateRow:
 
 
 @dataclass(frozen=True)
+class StepRows:
+    """One training step's rows of every step table (:data:`~tasks.records.ledger.schema.STEP_TABLES`), held by the
+    training stage's recorder until the checkpoint that covers the step and then written with the other steps it
+    holds (:meth:`~tasks.records.ledger.store.Ledger.add_steps`): the round start's ``references`` (when the step
+    started one), a row per selected prompt, per trained group and per skipped minibatch."""
+
+    round: int
+    step: int
+    references: tuple[ReferenceRow, ...]
+    selections: tuple[SelectionRow, ...]
+    groups: tuple[GroupRow, ...]
+    skipped: tuple[SkippedUpdateRow, ...] = ()
+
+
+@dataclass(frozen=True)
 class StageRow:
     """A finished stage's wall time, device hours and money (table ``stages``; tasks/run.py)."""
 

@@ -29,6 +29,7 @@ from tasks.records.ledger.rows import (
     SelectionRow,
     SkippedUpdateRow,
     StageRow,
+    StepRows,
     used_signals,
 )
 from tasks.records.ledger.schema import SCHEMA, STEP_TABLES
@@ -136,7 +137,7 @@ class Ledger:
 
     def _insert_records(self, table: str, stamp: dict[str, Any], rows: Sequence[Any]) -> None:
         """Insert row records (dataclasses whose fields are columns), each with the ``stamp`` columns."""
-        self._insert(table, [stamp | {f.name: getattr(r, f.name) for f in fields(r)} for r in rows])
+        self._insert(table, [stamp | _columns(r) for r in rows])
 
     def start_run(self, run_id: str, config: dict, mlflow_run_id: str | None,
                   process: ProcessMark | None = None) -> None:
@@ -200,6 +201,19 @@ class Ledger:
 
     def add_skipped_updates(self, run_id: str, step: int, rows: Sequence[SkippedUpdateRow]) -> None:
         self._insert_records("skipped_updates", {"run_id": run_id, "step": step}, rows)
+
+    def add_steps(self, run_id: str, steps: Sequence[StepRows]) -> None:
+        """The rows of several training steps, one insert per table in one transaction: a step's four inserts took
+        5-12 ms on 2 CPU cores (duckdb's fixed cost a statement), a round's 1.4-2.0 ms a step."""
+        tables = {
+            "reference": [{"run_id": run_id} | _columns(r) for s in steps for r in s.references],
+            "selections": [{"run_id": run_id, "round": s.round, "step": s.step} | _columns(r) for s in steps
+                           for r in s.selections],
+            "groups": [{"run_id": run_id, "step": s.step} | _columns(r) for s in steps for r in s.groups],
+            "skipped_updates": [{"run_id": run_id, "step": s.step} | _columns(r) for s in steps for r in s.skipped]}
+        with self.transaction():
+            for table, rows in tables.items():
+                self._insert(table, rows)
 
     def skipped_updates(self, run_id: str) -> list[dict[str, Any]]:
         """The run's skipped updates in step order: step, minibatch, cause, detail, site."""
@@ -355,6 +369,11 @@ def _gone(row: dict[str, Any]) -> bool:
 def _status(row: dict[str, Any]) -> str:
     """A run row's status as it stands: :data:`STOPPED` for a ``running`` one whose process is gone."""
     return STOPPED if row["status"] == "running" and _gone(row) else row["status"]
+
+
+def _columns(row: Any) -> dict[str, Any]:
+    """A row record's columns (a dataclass whose fields are a table's columns) by name."""
+    return {f.name: getattr(row, f.name) for f in fields(row)}
 
 
 def _cell(v: Any) -> Any:
