@@ -354,6 +354,8 @@ class Trainer:
                   (upd.seconds, timing) if timing is not None else None, sd.fresh.rewards,
                   None if held is None else held.accuracy)
         if self.checkpoints(step):
+            with run.meter.stage("tracking"):
+                self.recorder.flush()  # the ledger rows the checkpoint covers, written before it
             with run.meter.stage("checkpoint"):
                 state = self.before_draw or DrawState(selector=self.selector.state_dict(), carry=self.carry)
                 self.before_draw = None

@@ -75,8 +75,9 @@ class Recorder:
             f.write(json.dumps({"step": step, **metrics}) + "\n")
 
     def checkpoint(self, step: int, write: Callable[[HeldMetrics], object]) -> None:
-        """A checkpoint at ``step``: the held ledger rows written, then the checkpoint (``write``) with the held
-        metrics of the steps it covers (so a kill before their send loses none), then those sent."""
+        """A checkpoint at ``step``: the held ledger rows written (where the caller has not, :meth:`flush`), then the
+        checkpoint (``write``) with the held metrics of the steps it covers (so a kill before their send loses none),
+        then those sent."""
         self.flush()
         write(self.run.held_metrics(step))
         self.run.commit_metrics(step)
