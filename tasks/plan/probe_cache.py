@@ -39,12 +39,12 @@ from tasks.records.files import write_json
 
 log = logging.getLogger(__name__)
 
-#: The probe's parts: generation, the update (with the optimizer step and a round's checkpoint), a step's
-#: bookkeeping, the screen's pass, the pool's scoring and DOTS's predictor.
 #: What the probe's parts time, raised when that changes (2: a step's bookkeeping writes its ledger rows once a round,
 #: as the run does), so that no kept timing of the older work is reused.
 TIMINGS = 2
 
+#: The probe's parts: generation, the update (with the optimizer step and a round's checkpoint), a step's
+#: bookkeeping, the screen's pass, the pool's scoring and DOTS's predictor.
 PARTS = ("generate", "update", "bookkeeping", "screen", "scoring", "predictor")
 #: A kept part serves sizes up to this factor beyond those it was timed at, at either end: the probe's own lines
 #: stand for calls several times larger than it timed (tasks/plan/probe.py), and a seed's calibration moves the

@@ -16,6 +16,7 @@ from tasks.calibration.reference import rollout_rewards
 from tasks.config.load import with_overrides
 from tasks.model.loading import build_tiny_model
 from tasks.plan import probe as probe_module
+from tasks.plan import probe_cache
 from tasks.plan.planner import make_plan
 from tasks.plan.probe_cache import COVER, KeptPart, ProbeMemo, probe_key
 from tests.tasks.test_overlap_choice import tiny_policy
@@ -81,6 +82,15 @@ def test_the_key_names_the_machine_the_model_and_the_settings_not_the_seed(setti
         assert probe_key(cfg, policy, "cpu") != key  # another machine, as the probe times it
     finally:
         torch.set_num_threads(threads)
+
+
+def test_the_key_changes_with_what_the_parts_time(setting, monkeypatch):  # noqa: F811
+    """A version whose probe times other work (``TIMINGS`` raised) reuses no timing an older one kept."""
+    cfg, _, _ = setting
+    policy = tiny_policy()
+    key = probe_key(cfg, policy, "cpu")
+    monkeypatch.setattr("tasks.plan.probe_cache.TIMINGS", probe_cache.TIMINGS + 1)
+    assert probe_key(cfg, policy, "cpu") != key
 
 
 def drawn(policy, pool, calibration, g):
