@@ -2,7 +2,7 @@
 skipped updates), the step's metrics (to MLflow) and its line in ``metrics.jsonl``, with its rollout and update
 throughput (:func:`throughput`). The ledger's rows and the MLflow metrics of a step are held until the checkpoint
 that covers it (the rows written just before it, in one insert per table for every step it covers: a step's own
-inserts took 5-12 ms of the trainer's core; the metrics sent just after it, tasks/run.py); ``metrics.jsonl`` gets its
+inserts took 6-9 ms of the trainer's core; the metrics sent just after it, tasks/run.py); ``metrics.jsonl`` gets its
 line at once.
 
 A resumed run continues from its checkpoint at step s (tasks/training/checkpoint.py ``restore``);
