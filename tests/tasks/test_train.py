@@ -68,6 +68,27 @@ def run_train(cfg, pool, run_id=None):
     return policy.model.state_dict(), summary, groups, sel, logged
 
 
+def fresh_run(cfg, pool):
+    """A fresh policy, its features of ``pool`` and a new run of ``cfg``, for a test that drives the trainer."""
+    policy = make_policy()
+    return policy, compute_features(policy, pool, inter_weight=1.0, batch_size=64, device="cpu"), \
+        open_run(cfg, track=False)
+
+
+def dies_at(at: int, before=lambda: None):
+    """An in-training evaluation (called once step ``step - 1`` is updated and recorded, before its checkpoint) that
+    calls ``before`` and then kills the run at step ``at``."""
+    from tasks.training.step_records import HeldoutEval
+
+    def evaluate(step):
+        before()
+        if step == at:
+            raise RuntimeError("killed")
+        return HeldoutEval(accuracy=0.5, metrics={})
+
+    return evaluate
+
+
 def test_grpo_trains_and_records_every_step(smoke_cfg, pool):
     cfg = smoke_cfg(*SMALL, path=PRESETS.format("grpo"))
     before = {k: v.clone() for k, v in make_policy().model.state_dict().items()}
@@ -165,16 +186,9 @@ def test_each_round_is_one_play_round_call_and_a_resume_mid_round_starts_a_new_o
                 trainer.play_round(round_)
             return trainer.finish()
 
-    def dies_after_step_3(step):  # called after step `step - 1`'s update, before its checkpoint
-        if step == 4:
-            raise RuntimeError("killed")
-        return HeldoutEval(accuracy=0.5, metrics={})
-
-    policy = make_policy()
-    feats = compute_features(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
-    run = open_run(cfg, track=False)
+    policy, feats, run = fresh_run(cfg, pool)
     with caplog.at_level(logging.INFO, logger="rlsift.train"), pytest.raises(RuntimeError, match="killed"):
-        play(run, policy, dies_after_step_3)
+        play(run, policy, dies_at(4))
     assert calls == [0, 1] and checkpoint.latest(run).name == "step-000003.pt"
     run.close("failed", {})
     resumed = open_run(cfg, run_id=run.run_id, track=False)
@@ -197,7 +211,6 @@ def test_a_steps_ledger_rows_wait_for_its_checkpoint_and_a_failing_run_writes_th
     per table for the round), a run that fails keeps the rows of its steps since that checkpoint, and its resume
     replaces them with the rerun's: every step's rows once, the same as an uninterrupted run's."""
     from tasks.training.entry import decided_lag, training
-    from tasks.training.step_records import HeldoutEval
 
     cfg = smoke_cfg(*SMALL, "eval.every=1", path=PRESETS.format("grpo"))  # a checkpoint after steps 1 and 3
     seen: list[list[int]] = []
@@ -206,17 +219,10 @@ def test_a_steps_ledger_rows_wait_for_its_checkpoint_and_a_failing_run_writes_th
         return [g["step"] for g in run.ledger.query("SELECT step FROM groups WHERE run_id = ? ORDER BY step",
                                                     [run.run_id])]
 
-    def dies_after_step_2(step):  # called once step `step - 1`'s rows are recorded, before its checkpoint
-        seen.append(sorted(set(steps_in_ledger(run))))
-        if step == 3:
-            raise RuntimeError("killed")
-        return HeldoutEval(accuracy=0.5, metrics={})
-
-    policy = make_policy()
-    feats = compute_features(policy, pool, inter_weight=1.0, batch_size=64, device="cpu")
-    run = open_run(cfg, track=False)
+    policy, feats, run = fresh_run(cfg, pool)
+    evaluate = dies_at(3, before=lambda: seen.append(sorted(set(steps_in_ledger(run)))))
     with pytest.raises(RuntimeError, match="killed"), \
-            training(run, policy, pool, feats, decided_lag(run, policy, pool, None), evaluate=dies_after_step_2) as tr:
+            training(run, policy, pool, feats, decided_lag(run, policy, pool, None), evaluate=evaluate) as tr:
         for round_ in tr.rounds():
             tr.play_round(round_)
     assert seen == [[], [], [0, 1]]
