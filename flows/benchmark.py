@@ -35,9 +35,11 @@ from flows.bench_arms import (
     QUICK_PRESETS,
     QUICK_SEEDS,
     SEEDS,
+    SYNC,
     composition_of,
     configuration,
     plan_arms,
+    plan_base,
 )
 from flows.pipeline import run_pipeline
 from tasks.bench import report as bench_report
@@ -269,8 +271,9 @@ def benchmark(config: str | None = None, overrides: list[str] | None = None, qui
         runs = _run_in_turn(order, configs, root, stamp, uri, parent.run_id)
     result = bench_report.analyse(runs, baseline=BASELINE)
     if plan is not None:
-        result["plan_check"] = bench_report.plan_check(result, plan, {name: composition_of(name) for name in names},
-                                                       runs)
+        result["plan_check"] = bench_report.plan_check(
+            result, plan, {name: composition_of(name) for name in names}, runs, plan_base(names),
+            frozenset(n for n in names if n.endswith(SYNC)))
     sel = selections(runs)
     meta = {"command": "rlsift bench" + (" --quick" if quick else "") + (f" --jobs {jobs}" if jobs > 1 else "") +
             (f" --seeds {seeds}" if seeds else "") + (f" --presets {','.join(presets)}" if presets else "") +

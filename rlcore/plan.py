@@ -43,7 +43,10 @@ over f candidates a slot (run ahead, beside the generate calls, it costs only wh
 first step). It also pays fixed seconds whatever its tokens (:class:`FixedCosts`): the optimizer step
 and the step's bookkeeping (the draw, the ledger's rows, the metrics line); each round a checkpoint and, for DOTS,
 the predictor's fit and its predictions over the pool and the fresh reference rollouts
-(``calibrate.reference=fresh``: K x g). **The training clock** is ``train.steps`` such steps plus what the
+(``calibrate.reference=fresh``: K x g). A composition that overlaps its draw with the previous step's update
+(``Composition.overlap``, lag 1) pays the slower of the two sides instead of their sum (:func:`overlapped_step`),
+each side slowed by its share of the cores where the two split a CPU's (``UnitCosts.split``). **The training
+clock** is ``train.steps`` such steps plus what the
 composition pays before its first step and plain GRPO does not: the calibrate stage's rollouts and the scoring of
 the pool where it reads them (the benchmark's clock, docs/benchmarks.md). A candidate's ``clock`` is its training
 clock over plain GRPO's.
@@ -57,8 +60,10 @@ spent before the choice is spent whatever it trains: the reason shows the clock 
 :class:`RunClock` ``with_plan``), the choice does not weigh it.
 
 Deviations and limits: the ratio is the one at the start of training (it moves as the policy learns, and with it
-DAPO's rounds); the clock is that of generation and update one after the other (lag 0); replayed groups count as
-fresh ones in the signal.
+DAPO's rounds); an overlapped step is the slower side's seconds with nothing lost to the two sides' contention for
+memory (measured 1.01x on 2 CPU cores, docs/algorithms.md 9.1), and a shared device's lag is decided after the plan
+(tasks/overlap/lag.py), so a candidate on one is predicted one after the other; replayed groups count as fresh
+ones in the signal.
 
 Shape letters as in ``rlcore/__init__.py``.
 """
@@ -81,10 +86,10 @@ from rlcore.plan_draw import (
     level_rates,
     screened_per_prompt,
 )
-from rlcore.step_costs import UnitCosts
+from rlcore.step_costs import ThreadSplit, UnitCosts
 from rlcore.step_rules import DrawOutcome, StepView
 
-__all__ = ["Prediction", "call_rows", "draw_calls", "predict", "update_rows", "without_rule"]
+__all__ = ["Prediction", "call_rows", "draw_calls", "overlapped_step", "predict", "update_rows", "without_rule"]
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,8 @@ class Prediction:
     ``effective_ratio`` (share of its groups with unequal rewards), ``signal`` (informative groups),
     ``generated`` rollouts, ``generated_tokens``, ``updated_tokens``, ``forward_tokens`` and ``step_s`` seconds,
     all a step; ``step_s`` is ``generate_s`` + ``update_s`` + ``forward_s`` + ``fixed_s`` (the optimizer step,
-    the bookkeeping, and a round's checkpoint and predictor fit over its steps); ``upfront_s``: what it pays
+    the bookkeeping, and a round's checkpoint and predictor fit over its steps), or for an overlapped composition the
+    slower side (:func:`overlapped_step`; the parts stay each as timed on all threads); ``upfront_s``: what it pays
     before its first step and plain GRPO does not (calibration, scoring), ``scoring_s`` of it the pool's scoring (a
     run scores its pool only for a composition that reads the scores); ``train_s``: its training clock,
     ``upfront_s`` plus ``train.steps`` steps; ``clock``: ``train_s`` over plain GRPO's (set by :func:`predict`)."""
@@ -252,7 +258,8 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
     if c.screen_ahead:  # beside the draw's generate calls it costs what outlasts them
         forward_s = (start_s + (c.round_steps - 1) * max(0.0, forward_s - fresh_s)) / c.round_steps
     fixed_s = fx.optimizer_s + fx.step_s + (fx.round_s + fit_s) / c.round_steps
-    step_s = generate_s + update_s + forward_s + fixed_s
+    step_s = overlapped_step(generate_s, forward_s, update_s, fixed_s, costs.split) if c.overlap else \
+        generate_s + update_s + forward_s + fixed_s
     calibration_length = float(completion.mean())  # the calibrate stage's set, stratified by level
     scoring_s = c.scored * costs.score_s
     upfront_s = draw_s(*c.calibration, calibration_length, mix(torch.ones(len(pool.levels)))) + scoring_s
@@ -262,6 +269,18 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
                       generated_tokens=gen_tokens, updated_tokens=upd_tokens, forward_tokens=fwd_tokens,
                       step_s=step_s, generate_s=generate_s, update_s=update_s, forward_s=forward_s, fixed_s=fixed_s,
                       upfront_s=upfront_s, scoring_s=scoring_s, train_s=upfront_s + c.steps * step_s)
+
+
+def overlapped_step(generate_s: float, forward_s: float, update_s: float, fixed_s: float,
+                    split: ThreadSplit | None) -> float:
+    """A step's seconds where its draw runs beside the previous step's update (lag 1): the slower of the two sides,
+    each on its share of the cores where they split a CPU's (``split``; None: each side as timed). The draw side
+    is the generate calls (the sampler's threads) and the screen's pass over the next step's candidates (the
+    trainer's threads, in the draw's thread: tasks/overlap/concurrent.py); the trainer's side is the update's
+    passes and what a step pays whatever its tokens (the optimizer step, the bookkeeping, a round's checkpoint).
+    Measured on 2 CPU cores (docs/algorithms.md 9.1): a step 1.01x the mean of the slower side's seconds."""
+    g, p = (split.generate, split.passes) if split is not None else (1.0, 1.0)
+    return max(generate_s * g + forward_s * p, update_s * p + fixed_s)
 
 
 def predict(candidates: list[Composition], baseline: Composition, pool: PoolStats,

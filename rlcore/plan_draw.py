@@ -127,7 +127,10 @@ class Composition:
     a round's start (the predictor's fit) runs beside the generate call of the round's last step, hidden alike, and with
     ``screen_ahead`` the screen of the round's first step after it (``select.round_ahead``, where a round start
     takes no reference rollouts); ``shared_prefix``: the update computes each
-    group's prompt once (``train.shared_prefix``), so its tokens are the rows' completions and one prompt a group."""
+    group's prompt once (``train.shared_prefix``), so its tokens are the rows' completions and one prompt a group;
+    ``overlap``: step t+1 is drawn while update t runs (``overlap.lag`` 1, or ``auto`` with the sampler and the
+    trainer apart: tasks/overlap/concurrent.py ``separate_devices``), so a step costs the slower of the two sides
+    (rlcore/plan.py)."""
 
     name: str
     prompts: int
@@ -152,6 +155,7 @@ class Composition:
     screen_ahead: bool = False
     round_ahead: bool = False
     shared_prefix: bool = False
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.prompts < 1 or not 1 <= self.m <= self.n:

@@ -1,6 +1,7 @@
 """What the work of a step costs, as the plan's probe measures it (docs/algorithms.md 9.1; tasks/plan/probe.py
 times it, rlcore/plan.py predicts with it): :class:`CallCost` (a call's seconds in its tokens and, for generation,
-its decode steps), :class:`FixedCosts` (what a step and a round pay whatever their tokens) and :class:`UnitCosts`
+its decode steps), :class:`FixedCosts` (what a step and a round pay whatever their tokens), :class:`ThreadSplit` (each
+side's slowdown where the overlap splits a CPU's cores between the sampler and the trainer) and :class:`UnitCosts`
 (all of them, with the lengths the probe saw)."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["CallCost", "FixedCosts", "UnitCosts", "check_seconds"]
+__all__ = ["CallCost", "FixedCosts", "ThreadSplit", "UnitCosts", "check_seconds"]
 
 
 def check_seconds(owner: str, **values: float) -> None:
@@ -112,6 +113,31 @@ class FixedCosts:
 
 
 @dataclass(frozen=True)
+class ThreadSplit:
+    """Where the overlap (lag 1) splits a CPU's cores between the sampler and the trainer (tasks/overlap/concurrent.py
+    ``thread_split``: one generator and one trainer thread on 2 cores), how much slower each side's work runs on its
+    share of the threads than the probe's calls on all of them, timed alone (the probe's small generate call and
+    its small update, each at its side's threads against all): ``generate`` for the sampler's generate calls,
+    ``passes`` for the trainer's forward and backward passes (the update, the screen's pass); ``threads``:
+    (generator, trainer) threads. Deviation: one ratio a side, from one size (a larger generate call gains more
+    from more threads than the small one: measured 1.35x for plain GRPO's 256-rollout draw on 2 cores, against
+    1.14x for 24 rollouts), and timed alone, not beside the other side's work."""
+
+    generate: float
+    passes: float
+    threads: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        for name in ("generate", "passes"):
+            v = getattr(self, name)
+            if not math.isfinite(v) or v <= 0:
+                raise ValueError(f"ThreadSplit.{name} must be finite and > 0, got {v!r}")
+        if len(self.threads) != 2 or min(self.threads) < 1:
+            raise ValueError(f"ThreadSplit.threads is (generator, trainer), each >= 1, got {self.threads!r}")
+        object.__setattr__(self, "threads", tuple(int(t) for t in self.threads))
+
+
+@dataclass(frozen=True)
 class UnitCosts:
     """What the work of a step costs, measured by a probe, and the mean token counts it saw.
 
@@ -123,7 +149,9 @@ class UnitCosts:
     (embed) one pool prompt before training; ``levels``: (level, completion tokens, prompt tokens), the mean lengths
     of a rollout of each level's prompts the probe drew (a draw that favours some levels has their lengths);
     ``completion_lengths``: (level, the completion tokens of each rollout of that level's prompts the probe drew),
-    from which :meth:`longest` predicts a call's decode steps; ``untrusted``: the estimates the probe cannot
+    from which :meth:`longest` predicts a call's decode steps; ``split``: each side's slowdown where a run overlapping
+its draw with its update splits the CPU's cores between them (None: no split, or the sampler apart on other
+hardware: each side as timed); ``untrusted``: the estimates the probe cannot
     trust, one line each saying which and why (a timing whose repeats never agreed, a decode step's cost that the
     fit could not tell from a token's), logged and shown with the plan; empty when it trusts them all."""
 
@@ -137,6 +165,7 @@ class UnitCosts:
     score_s: float = 0.0
     levels: tuple[tuple, ...] = ()
     completion_lengths: tuple[tuple, ...] = ()
+    split: ThreadSplit | None = None
     untrusted: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -155,6 +184,7 @@ class UnitCosts:
         """The inverse of ``dataclasses.asdict``."""
         return cls(**{**d, **{k: CallCost(**d[k]) for k in ("generate", "update", "forward")},
                       "fixed": FixedCosts(**d.get("fixed", {})), "levels": tuple(map(tuple, d.get("levels", ()))),
+                      "split": ThreadSplit(**d["split"]) if d.get("split") else None,
                       "completion_lengths": tuple((lv, tuple(xs)) for lv, xs in d.get("completion_lengths", ()))})
 
     def lengths(self, levels: Sequence) -> tuple[torch.Tensor, torch.Tensor]:

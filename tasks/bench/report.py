@@ -162,18 +162,27 @@ def verdicts(base_curves: list[ba.Curve], arm_curves: list[ba.Curve], tgt: dict[
     return out
 
 
-def plan_check(result: dict, plan: dict, compositions: dict[str, str | None], runs: list[BenchRun]) -> list[dict]:
+def plan_check(result: dict, plan: dict, compositions: dict[str, str | None], runs: list[BenchRun],
+               base_arm: str, sequential: frozenset[str] = frozenset(), auto_base: str = "grpo") -> list[dict]:
     """The plan's predictions (``Plan.to_json`` of ``rlsift plan`` on the benchmark's pool) against each arm's
-    measured effective ratio and clock at the budget, relative to the baseline and in seconds (the seed mean).
-    ``compositions``: arm -> the candidate that predicts it; an ``auto`` arm is predicted by its own plan's choice
-    (each seed's mean; a plan of an earlier version, without its seconds, gives none)."""
+    measured effective ratio and clock at the budget, relative to the arm the plan's baseline runs as (``base_arm``;
+    ``auto_base`` for an ``auto`` arm's own plan: plain GRPO as its config overlaps it) and in seconds (the seed
+    mean). ``compositions``: arm -> the candidate that predicts it; the arms in ``sequential`` run it one after the
+    other (``-sync``), predicted as the sum of its parts where the plan overlapped it (rlcore/plan.py); an ``auto``
+    arm is predicted by its own plan's choice (each seed's mean; a plan of an earlier version, without its seconds,
+    gives none)."""
     by_name = {p["name"]: p for p in [plan["baseline"], *plan["predictions"]]}
+    walls = {r["name"]: r["budget"]["wall_s"] for r in result["configurations"] if "budget" in r}
     out = []
     for r in result["configurations"]:
         if "budget" not in r:
             continue
         pred = by_name.get(compositions.get(r["name"]) or "")
+        base = walls.get(base_arm)
+        if pred is not None and r["name"] in sequential:
+            pred = one_after_the_other(pred, plan)
         if r["name"] == "auto" or r["name"].startswith("auto-"):
+            base = walls.get(auto_base)
             chosen = [x.summary["plan"] for x in runs if x.name == r["name"] and x.ok and x.summary.get("plan")]
             if chosen:
                 pred = {"name": ",".join(sorted({c["choice"] for c in chosen})),
@@ -186,9 +195,19 @@ def plan_check(result: dict, plan: dict, compositions: dict[str, str | None], ru
             continue
         out.append({"arm": r["name"], "composition": pred["name"], "predicted_ratio": pred["effective_ratio"],
                     "measured_ratio": r["effective_ratio"]["mean"], "predicted_clock": pred["clock"],
-                    "measured_clock": r.get("wall_vs_baseline"), "predicted_s": pred.get("train_s"),
-                    "measured_s": r["budget"].get("wall_s")})
+                    "measured_clock": _ratio(r["budget"]["wall_s"], base) if base else None,
+                    "predicted_s": pred.get("train_s"), "measured_s": r["budget"].get("wall_s")})
     return out
+
+
+def one_after_the_other(pred: dict, plan: dict) -> dict:
+    """A prediction of ``plan`` (``Plan.to_json``) for its composition run one after the other: a step the sum of its
+    parts, its clock against the plan's baseline as predicted."""
+    steps = (pred["train_s"] - pred["upfront_s"]) / pred["step_s"] if pred["step_s"] else 0.0
+    step_s = pred["generate_s"] + pred["update_s"] + pred["forward_s"] + pred["fixed_s"]
+    train_s = pred["upfront_s"] + steps * step_s
+    base = plan["baseline"]["train_s"]
+    return pred | {"step_s": step_s, "train_s": train_s, "clock": train_s / base if base else pred["clock"]}
 
 
 def _ratio(a: float, b: float) -> float | None:

@@ -40,6 +40,16 @@ def decide_lag(cfg: Config, policy: Policy, records: list[PromptRecord], device:
     sampler and the trainer run and, where they share a device, :func:`probe_overlap` on ``records`` (``expected``,
     ``handover``: its own). ``auto`` under a sharded backend on several ranks with the in-process engine: 0, so that
     every rank generates its share (docs/scale-out.md)."""
+    known = lag_without_probe(cfg, policy, device)
+    if known is not None:
+        return known
+    return probe_overlap(policy, records, cfg, derive_seed(cfg.seed, "overlap-probe"), device, expected, handover)
+
+
+def lag_without_probe(cfg: Config, policy: Policy, device: torch.device | str = "cpu") -> LagChoice | None:
+    """The lag :func:`decide_lag` gives without its probe: ``overlap.lag`` as set; for ``auto``, 0 under a sharded
+    backend whose ranks each generate, 1 where the sampler and the trainer run apart; None where they share a device
+    and the probe decides (what the plan predicts a candidate with, before its choice: rlcore/plan.py)."""
     oc = cfg.overlap
     if oc.lag != "auto":
         return LagChoice(oc.lag, "config", f"lag {oc.lag}: overlap.lag={oc.lag} in the config")
@@ -48,9 +58,7 @@ def decide_lag(cfg: Config, policy: Policy, records: list[PromptRecord], device:
         return LagChoice(0, "config", f"lag 0: scale.backend={cfg.scale.backend} on {ranks} ranks, each generating "
                                       "its share of every call; the overlap would leave generation to rank 0")
     separate = separate_devices(policy.engine, device, oc.generator_threads)
-    if separate:
-        return choose_lag(separate, None, oc.min_gain)
-    return probe_overlap(policy, records, cfg, derive_seed(cfg.seed, "overlap-probe"), device, expected, handover)
+    return choose_lag(separate, None, oc.min_gain) if separate else None
 
 
 #: The overlap probe repeats its draw, update and both at once until the time one after the other adds up to this

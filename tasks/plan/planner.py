@@ -30,9 +30,10 @@ from tasks.calibration.record import Calibration
 from tasks.config import Config, ConfigError
 from tasks.config.load import preset_overrides, with_overrides
 from tasks.data.prompts import PromptRecord
+from tasks.generation.rollout import HFEngine
 from tasks.model.shared_prefix import attends_with_sdpa
-from tasks.overlap.concurrent import SamplerHandover
-from tasks.overlap.lag import decide_lag
+from tasks.overlap.concurrent import SamplerHandover, thread_split
+from tasks.overlap.lag import decide_lag, lag_without_probe
 from tasks.plan.probe import ProbeInputs, probe_costs
 from tasks.plan.probe_cache import ProbeMemo, probe_key
 from tasks.plan.record import Plan
@@ -56,10 +57,11 @@ def reads_upfront(cfg: Config) -> dict[str, bool]:
 
 
 def composition(name: str, cfg: Config, pool_size: int = 0, device: torch.device | str = "cpu",
-                sdpa: bool = False) -> Composition:
+                sdpa: bool = False, overlap: bool = False) -> Composition:
     """What ``cfg`` does a step and before its first, as rlcore.plan predicts it (``pool_size``: prompts the score
     stage embeds; ``device``: the update's; ``sdpa``: the policy attends with SDPA, so ``train.shared_prefix`` may
-    compute each group's prompt once, tasks/update/policy_update.py ``uses_shared_prefix``)."""
+    compute each group's prompt once, tasks/update/policy_update.py ``uses_shared_prefix``; ``overlap``: it trains
+    with lag 1, :func:`overlaps`)."""
     sc, tc, rc, cal = cfg.select, cfg.train, cfg.rollout, cfg.calibrate
     dots = sc.method == "dots"
     reads = reads_upfront(cfg)
@@ -74,7 +76,23 @@ def composition(name: str, cfg: Config, pool_size: int = 0, device: torch.device
         calibration=(cal.k, cal.g) if reads["calibrate"] else (0, 0), scored=pool_size if reads["score"] else 0,
         rules=step_rules(cfg, pool_size), screen_ahead=sc.screen > 1 and sc.screen_ahead and hides(cfg, device),
         round_ahead=sc.round_ahead and hides(cfg, device) and not (dots and cal.reference == "fresh"),
-        shared_prefix=sdpa and wants_shared_prefix(tc.shared_prefix, device, cfg.gain.enabled))
+        shared_prefix=sdpa and wants_shared_prefix(tc.shared_prefix, device, cfg.gain.enabled), overlap=overlap)
+
+
+def overlaps(cfg: Config, policy: Policy, device: torch.device | str) -> bool:
+    """Whether a run of ``cfg`` trains with lag 1 as far as is known before the plan's choice (tasks/overlap/lag.py
+    ``lag_without_probe``; on a device the sampler and the trainer share, ``auto`` is probed after the choice, and
+    the plan predicts lag 0)."""
+    known = lag_without_probe(cfg, policy, device)
+    return known is not None and known.lag == 1
+
+
+def split_threads(cfg: Config, policy: Policy, device: torch.device | str) -> tuple[int, int] | None:
+    """(generator, trainer) threads where a lag-1 run of ``cfg`` splits a CPU's cores between the sampler and the
+    trainer (tasks/overlap/concurrent.py ``thread_split``), else None."""
+    if torch.device(device).type != "cpu" or not isinstance(policy.engine, HFEngine):
+        return None
+    return thread_split(torch.get_num_threads(), cfg.overlap.generator_threads)
 
 
 def hides(cfg: Config, device: torch.device | str) -> bool:
@@ -150,12 +168,13 @@ def _make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibratio
     sdpa = attends_with_sdpa(policy.model)
     for name in dict.fromkeys(candidates or pc.candidates):
         configs[name] = candidate_config(cfg, name)
-        c = composition(name, configs[name], len(pool), device, sdpa)
+        c = composition(name, configs[name], len(pool), device, sdpa, overlaps(configs[name], policy, device))
         if c.screen > 1 and stats.screen is None:
             unavailable[name] = "the screen needs a worked solution for every prompt"
             continue
         comps.append(c)
-    base = composition(pc.baseline, candidate_config(cfg, pc.baseline), len(pool), device, sdpa)
+    base_cfg = candidate_config(cfg, pc.baseline)
+    base = composition(pc.baseline, base_cfg, len(pool), device, sdpa, overlaps(base_cfg, policy, device))
     out: dict[str, str] = {}  # candidates the probe stopped measuring (out of reach, or dominated), and why
 
     def live(step_costs: UnitCosts, unmeasured: Callable[[Composition], bool]) -> list[Composition]:
@@ -181,7 +200,7 @@ def _make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibratio
     memo = ProbeMemo.open(kept, probe_key(cfg, policy, device), pc.reuse_probe_hours)
     costs = probe_costs(policy, cfg, ProbeInputs(records=refs, pool=pool, calibration=calibration,
                                                  comps=[base, *comps], stats=stats, dots=dots, scratch=scratch,
-                                                 live=live, memo=memo),
+                                                 live=live, memo=memo, split=split_threads(cfg, policy, device)),
                         derive_seed(cfg.seed, "plan-probe"), device, say)
     baseline, predictions = predict(comps, base, stats, costs)
     savings = tuple(saving(rule.name, p, predict([without_rule(c, rule.name)], base, stats, costs)[1][0])

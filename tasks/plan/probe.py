@@ -72,9 +72,10 @@ from rlcore.advantages import group_advantages
 from rlcore.plan import call_rows, draw_calls, update_rows
 from rlcore.plan_draw import Composition, PoolStats
 from rlcore.selection import sample_prompts, uniform_weights
-from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
+from rlcore.step_costs import CallCost, FixedCosts, ThreadSplit, UnitCosts
 from rlcore.types import RolloutGroup
 from tasks.calibration.record import Calibration
+from tasks.calibration.reference import rollout_rewards
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.generation.rollout import Generation
@@ -108,7 +109,9 @@ class ProbeInputs:
     scratch ledger and checkpoint; None: the system's temporary folder) and ``live`` (given the costs timed so far,
     the rest at 0, and which candidates still have costs to time, the candidates still in reach, the baseline first;
     None: every candidate). ``live`` is asked twice: once the costs every step pays are timed, and again after the
-    screen's pass, before the scoring and DOTS's predictor."""
+    screen's pass, before the scoring and DOTS's predictor. ``split``: (generator, trainer) threads where a candidate
+    that overlaps (``Composition.overlap``) splits a CPU's cores, so the probe times each side's slowdown on its
+    share; None: no split."""
 
     records: list[PromptRecord]
     pool: list[PromptRecord]
@@ -119,6 +122,7 @@ class ProbeInputs:
     scratch: Path | None = None
     live: Callable[[UnitCosts, Callable[[Composition], bool]], list[Composition]] | None = None
     memo: ProbeMemo = field(default_factory=ProbeMemo)
+    split: tuple[int, int] | None = None
 
 
 def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, device: torch.device | str = "cpu",
@@ -149,6 +153,16 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, dev
             policy, groups, update_sizes, cfg, device, inputs.scratch, untrusted), strict=True)))
     update, optimizer_s, round_s = kept["update"], kept["optimizer_s"], kept["round_s"]
     pool_sizes = (len(inputs.pool), len(inputs.pool))
+    split = None
+    if inputs.split is not None and any(c.overlap for c in inputs.comps):
+        small = (sizes[0], sizes[0])  # the small generate call's prompts (its update's groups follow them)
+        if (kept := part.reuse("split", small)) is None:
+            say(f"probe: a generate call of {sizes[0]} prompts and an update of {update_sizes[0]} groups on "
+                f"{inputs.split[0]} and {inputs.split[1]} of {torch.get_num_threads()} threads (the overlap's split)")
+            kept = part.timed("split", small, lambda: {"split": _probe_split(
+                policy, cfg, cycle_records(records, sizes[0]), groups[:update_sizes[0]], inputs.split, device, seed,
+                untrusted)})
+        split = kept["split"]
     if (kept := part.reuse("bookkeeping", pool_sizes)) is None:
         say("probe: a step's bookkeeping (its ledger rows and metrics line)")
         kept = part.timed("bookkeeping", pool_sizes, lambda: {"step_s": _probe_bookkeeping(
@@ -156,7 +170,7 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, dev
     costs = UnitCosts(generate=generate, update=update, forward=CallCost(0.0, 0.0), completion_tokens=completion,
                       prompt_tokens=prompt, fixed=FixedCosts(optimizer_s=optimizer_s, step_s=kept["step_s"],
                                                              round_s=round_s),
-                      levels=by_level, completion_lengths=lengths, untrusted=tuple(untrusted))
+                      levels=by_level, completion_lengths=lengths, split=split, untrusted=tuple(untrusted))
     comps = inputs.comps if inputs.live is None else inputs.live(costs, unmeasured_before_screen)
     counts = screen_counts(comps)
     screen_sizes = (min(counts, default=0), max(counts, default=0))
@@ -287,11 +301,7 @@ def _probe_update(policy: Policy, groups: list[RolloutGroup], sizes: tuple[int, 
     the optimizer step), the optimizer step and a round's checkpoint, in seconds (module docstring)."""
     tc, model = cfg.train, policy.model
     was_training = model.training
-    updater = LocalUpdater(model, LossSettings.from_config(cfg, policy.tokenizer.pad_token_id),
-                           params=policy.trainable_parameters(), lr=0.0, betas=tc.betas, eps=tc.adam_eps,
-                           weight_decay=tc.weight_decay, device=device,
-                           ref_model=model if tc.kl_coef > 0 else None,  # a reference pass costs a policy pass
-                           precision=resolve_precision(cfg.model.precision, torch.device(device)))  # the run's step
+    updater = _updater(policy, cfg, device)
     try:
         def update(gs: list[RolloutGroup]) -> tuple[float, float]:
             seconds, result = untrusted.timed(lambda: updater.step(gs), COSTLY, f"an update of {len(gs)} groups")
@@ -311,6 +321,48 @@ def _probe_update(policy: Policy, groups: list[RolloutGroup], sizes: tuple[int, 
         model.train(was_training)
     passes = CallCost.fit([t for t, _ in points], [max(s - optimizer_s, 0.0) for _, s in points])
     return passes, optimizer_s, round_s
+
+
+def _updater(policy: Policy, cfg: Config, device: torch.device | str) -> LocalUpdater:
+    """An updater of the probe's own, as the run's step (its loss, precision, reference pass), at learning rate 0."""
+    tc, model = cfg.train, policy.model
+    return LocalUpdater(model, LossSettings.from_config(cfg, policy.tokenizer.pad_token_id),
+                        params=policy.trainable_parameters(), lr=0.0, betas=tc.betas, eps=tc.adam_eps,
+                        weight_decay=tc.weight_decay, device=device,
+                        ref_model=model if tc.kl_coef > 0 else None,  # a reference pass costs a policy pass
+                        precision=resolve_precision(cfg.model.precision, torch.device(device)))
+
+
+def _probe_split(policy: Policy, cfg: Config, batch: list[PromptRecord], groups: list[RolloutGroup],
+                 threads: tuple[int, int], device: torch.device | str, seed: int,
+                 untrusted: Untrusted) -> ThreadSplit:
+    """Each side's slowdown on its share of a CPU's threads (:class:`rlcore.step_costs.ThreadSplit`): the generate
+    call of ``batch`` at the generator's threads and the update of ``groups`` at the trainer's, each against the same
+    work on all threads, timed just before it."""
+    model, was_training = policy.model, policy.model.training
+    updater = _updater(policy, cfg, device)
+    try:
+        updater.step(groups[:1])  # warm-up, as the update's probe
+        generate = _slowdown(lambda: rollout_rewards(policy, batch, cfg.rollout.n, seed), threads[0],
+                             f"a generate call of {len(batch)} prompts", untrusted)
+        passes = _slowdown(lambda: updater.step(groups), threads[1], f"an update of {len(groups)} groups", untrusted)
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+    return ThreadSplit(generate=generate, passes=passes, threads=threads)
+
+
+def _slowdown(work: Callable[[], object], threads: int, what: str, untrusted: Untrusted) -> float:
+    """Seconds of ``work`` at ``threads`` torch threads over its seconds at all of them (the process's setting,
+    restored after)."""
+    every = torch.get_num_threads()
+    full = untrusted.timed(work, COSTLY, f"{what} on {every} threads")[0]
+    try:
+        torch.set_num_threads(threads)
+        part = untrusted.timed(work, COSTLY, f"{what} on {threads} thread{'s'[:threads != 1]}")[0]
+    finally:
+        torch.set_num_threads(every)
+    return part / full
 
 
 def time_optimizer_step(model: torch.nn.Module, optimizer, params, grad_clip: float,

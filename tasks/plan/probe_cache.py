@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from rlcore.step_costs import CallCost
+from rlcore.step_costs import CallCost, ThreadSplit
 from tasks.config import Config
 from tasks.policy import Policy
 from tasks.records.cost import cpu_model, usable_cores
@@ -43,15 +43,15 @@ log = logging.getLogger(__name__)
 #: as the run does), so that no kept timing of the older work is reused.
 TIMINGS = 2
 
-#: The probe's parts: generation, the update (with the optimizer step and a round's checkpoint), a step's
-#: bookkeeping, the screen's pass, the pool's scoring and DOTS's predictor.
-PARTS = ("generate", "update", "bookkeeping", "screen", "scoring", "predictor")
+#: The probe's parts: generation, the update (with the optimizer step and a round's checkpoint), the overlap's split
+#: of a CPU's threads, a step's bookkeeping, the screen's pass, the pool's scoring and DOTS's predictor.
+PARTS = ("generate", "update", "split", "bookkeeping", "screen", "scoring", "predictor")
 #: A kept part serves sizes up to this factor beyond those it was timed at, at either end: the probe's own lines
 #: stand for calls several times larger than it timed (tasks/plan/probe.py), and a seed's calibration moves the
 #: smallest call a candidate makes by a prompt or two (2 against 3 prompts, 3 against 5 groups, in a benchmark).
 COVER = 2.0
-#: A kept part's values that are a :class:`CallCost`.
-LINES = ("generate", "update", "forward")
+#: A kept part's values that are a record (the others are seconds), by name.
+RECORDS = {"generate": CallCost, "update": CallCost, "forward": CallCost, "split": ThreadSplit}
 
 
 @dataclass(frozen=True)
@@ -71,11 +71,11 @@ class KeptPart:
 
     def to_json(self) -> dict[str, Any]:
         return {"sizes": list(self.sizes), "notes": list(self.notes), "at": self.at,
-                "values": {k: asdict(v) if isinstance(v, CallCost) else v for k, v in self.values.items()}}
+                "values": {k: asdict(v) if k in RECORDS else v for k, v in self.values.items()}}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> KeptPart:
-        values = {k: CallCost(**v) if k in LINES else float(v) for k, v in d["values"].items()}
+        values = {k: RECORDS[k](**v) if k in RECORDS else float(v) for k, v in d["values"].items()}
         lo, hi = d["sizes"]
         return cls(sizes=(int(lo), int(hi)), values=values, notes=tuple(map(str, d.get("notes", ()))),
                    at=float(d["at"]))

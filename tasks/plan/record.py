@@ -120,6 +120,11 @@ class Plan:
                f"a step's fixed costs: optimizer step {_ms(fx.optimizer_s)}, bookkeeping {_ms(fx.step_s)}; a "
                f"round's: checkpoint {_ms(fx.round_s)}, DOTS's predictor {_ms(fx.fit_s)}; "
                f"{c.completion_tokens:.0f} completion and {c.prompt_tokens:.0f} prompt tokens a rollout")
+        if c.split is not None:
+            gen, trainer = c.split.threads
+            out += (f"; overlapped (lag 1) on {gen} generator and {trainer} trainer thread{'s'[:trainer != 1]}: "
+                    f"generation {c.split.generate:.2f}x, the trainer's passes {c.split.passes:.2f}x as slow, a "
+                    "step the slower side")
         if self.reused:
             out += f"; kept from an earlier probe on this machine, not timed again: {', '.join(self.reused)}"
         if c.untrusted:

@@ -4,7 +4,7 @@ lines, hand-worked draws, steps and clocks (fixed costs included), the choice ru
 
 import itertools
 import math
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from rlcore.adaptive_composition import subset_informative
 from rlcore.overlap_lag import LagChoice, OverlapProbe, ProbeWorth, choose_lag, probe_cost
-from rlcore.plan import Prediction, call_rows, draw_calls, predict
+from rlcore.plan import Prediction, call_rows, draw_calls, overlapped_step, predict
 from rlcore.plan_choice import TIE, choose, dominated, out_of_reach, run_clock
 from rlcore.plan_draw import (
     Composition,
@@ -28,7 +28,7 @@ from rlcore.plan_draw import (
 from rlcore.rollout_budget import WaveRule
 from rlcore.selection import Prescreen
 from rlcore.silent_skip import SkipRule
-from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
+from rlcore.step_costs import CallCost, FixedCosts, ThreadSplit, UnitCosts
 
 
 def slow_chance(s: int, g: int, n: int) -> float:
@@ -374,6 +374,31 @@ def test_a_training_clock_with_its_fixed_costs_hand_worked():
     assert fit.upfront_s == pytest.approx(0.5 + 0.01 * 160 + 100 * 0.001)
     assert fit.train_s == pytest.approx(fit.upfront_s + 10 * fit.step_s)
     assert fit.clock == pytest.approx(fit.train_s / base.train_s) and base.clock == 1.0
+
+
+def test_an_overlapped_step_costs_the_slower_side_hand_worked():
+    """Lag 1: the draw (generate calls, and the screen's pass on the trainer's threads) beside the update and the
+    fixed costs; each side slowed by its share of a CPU's threads where they split them. Off, the plain sum."""
+    assert overlapped_step(0.2, 0.1, 0.15, 0.01, None) == pytest.approx(0.3)  # 0.2 + 0.1 against 0.16
+    split = ThreadSplit(generate=1.5, passes=2.0, threads=(1, 1))
+    assert overlapped_step(0.2, 0.1, 0.15, 0.01, split) == pytest.approx(0.2 * 1.5 + 0.1 * 2)  # against 0.31
+    assert overlapped_step(0.1, 0.0, 0.3, 0.01, split) == pytest.approx(0.3 * 2 + 0.01)  # the trainer slower
+    costs = replace(COSTS, split=split, fixed=FixedCosts(optimizer_s=1.0, step_s=2.0))
+    grpo = Composition("grpo", 4, 8, 8)
+    base, (seq, over, screen) = predict([grpo, replace(grpo, name="over", overlap=True),
+                                         Composition("s", 4, 8, 8, screen=2, overlap=True)], grpo, POOL, costs)
+    assert seq == replace(base, name="grpo")  # without the overlap: the sum, as before
+    assert seq.step_s == pytest.approx(640 + 240 + 3)
+    # 640 s of generation at 1.5x against 2 x 8 rows x 15 tokens x 1 s at 2x and 3 s fixed
+    assert over.step_s == pytest.approx(max(640 * 1.5, 240 * 2 + 3))
+    assert (over.generate_s, over.update_s, over.fixed_s) == (seq.generate_s, seq.update_s, seq.fixed_s)
+    assert screen.step_s == pytest.approx(overlapped_step(screen.generate_s, screen.forward_s, screen.update_s, 3.0,
+                                                          split))
+    with pytest.raises(ValueError, match="ThreadSplit.generate"):
+        ThreadSplit(generate=0.0, passes=1.0, threads=(1, 1))
+    with pytest.raises(ValueError, match="ThreadSplit.threads"):
+        ThreadSplit(generate=1.0, passes=1.0, threads=(0, 1))
+    assert UnitCosts.from_dict(asdict(costs)) == costs
 
 
 def test_a_draw_has_the_lengths_of_the_levels_it_favours():

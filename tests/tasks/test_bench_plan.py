@@ -3,6 +3,8 @@ predicts."""
 
 from types import SimpleNamespace
 
+import pytest
+
 from flows.bench_arms import composition_of, plan_base, preset_overrides
 from tasks.bench.report import plan_check
 from tasks.bench.tables import plain_markdown, plan_markdown
@@ -50,7 +52,8 @@ def test_plan_check_sets_predictions_beside_measurements():
     runs = [SimpleNamespace(name="auto", ok=True, summary={"plan": {
         "choice": "dots_screen", "predicted_clock": 0.4, "predicted_effective_ratio": 0.7, "predicted_seconds": s}})
         for s in (19.0, 21.0)]
-    got = plan_check(result, PLAN, {"grpo-sync": "grpo", "dapo": "dapo", "auto": None, "trl": None}, runs)
+    got = plan_check(result, PLAN, {"grpo-sync": "grpo", "dapo": "dapo", "auto": None, "trl": None}, runs,
+                     "grpo-sync", auto_base="grpo-sync")
     assert [(c["arm"], c["composition"]) for c in got] == [("grpo-sync", "grpo"), ("dapo", "dapo"),
                                                            ("auto", "dots_screen")]
     assert got[1] == {"arm": "dapo", "composition": "dapo", "predicted_ratio": 1.0, "measured_ratio": 0.98,
@@ -74,3 +77,23 @@ def test_plain_verdicts_say_when_the_figures_cannot_decide():
     assert "a real difference" in text
     assert "`one` reached its final accuracy at 0.80x its clock (one seed: no interval" in text
     assert "`late` did not reach its final accuracy on every seed (not reached (1/3 seeds))" in text
+
+
+def test_a_sync_arm_is_predicted_one_after_the_other_and_each_clock_against_the_arm_its_baseline_runs():
+    """The plan overlaps plain GRPO (its baseline, lag 1): the -sync arm is predicted as the sum of the step's parts,
+    and every clock is measured against the overlapped `grpo` arm, the one the plan's baseline predicts."""
+    parts = {"generate_s": 0.5, "update_s": 0.2, "forward_s": 0.0, "fixed_s": 0.01, "upfront_s": 0.0}
+    plan = {"baseline": {"name": "grpo", "effective_ratio": 0.45, "clock": 1.0, "train_s": 55.0, "step_s": 0.55,
+                         **parts}, "predictions": []}
+    result = {"baseline": "grpo-sync", "configurations": [row("grpo-sync", 0.40, 1.0), row("grpo", 0.40, 0.8),
+                                                          row("auto", 0.6, 0.4)]}
+    runs = [SimpleNamespace(name="auto", ok=True, summary={"plan": {
+        "choice": "grpo_prescreen", "predicted_clock": 0.5, "predicted_effective_ratio": 0.7,
+        "predicted_seconds": 14.0}})]
+    got = {c["arm"]: c for c in plan_check(result, plan, {"grpo-sync": "grpo", "grpo": "grpo", "auto": None}, runs,
+                                           "grpo", frozenset({"grpo-sync"}))}
+    assert got["grpo-sync"]["predicted_s"] == pytest.approx(100 * 0.71)  # 100 steps of the parts' sum
+    assert got["grpo-sync"]["predicted_clock"] == pytest.approx(71.0 / 55.0)
+    assert got["grpo-sync"]["measured_clock"] == pytest.approx(1.0 / 0.8)
+    assert got["grpo"]["predicted_s"] == 55.0 and got["grpo"]["measured_clock"] == pytest.approx(1.0)
+    assert got["auto"]["measured_clock"] == pytest.approx(0.4 / 0.8)

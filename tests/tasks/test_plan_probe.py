@@ -3,6 +3,7 @@ and the fixed costs of a step and a round, leaves the weights and its scratch fo
 candidate that draws with DOTS's predictor pays its fit."""
 
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -354,3 +355,48 @@ def test_the_calibrations_rollouts_are_the_probes_largest_generate_call(setting,
     few = CalibrationDraw(tuple(records[:1]), rollout_rewards(policy, records[:1], 2, 5)[0], 1.25)
     _, made = probe(few)  # 2 rollouts: smaller than the baseline's call
     assert large * cfg.rollout.n in made
+
+
+def test_the_probe_times_each_sides_share_of_the_threads_only_where_a_candidate_overlaps(setting, tmp_path,
+                                                                                        monkeypatch):
+    """Where a candidate trains with lag 1 on a CPU whose threads it splits (ProbeInputs.split), the probe times the
+    small generate call and the small update on each side's share against all threads, and puts the ratios in
+    UnitCosts.split; the process's thread count is left as it was, the weights too. No candidate overlapping, or
+    no split: nothing timed."""
+    cfg, pool, calibration = setting
+    policy = tiny_policy()
+    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    records = [pool[i] for i in calibration.indices[:4]]
+    stats = pool_stats(policy, pool, calibration, cfg)
+    grpo = composition("grpo", candidate_config(cfg, "grpo"), len(pool))
+    threads = torch.get_num_threads()
+    seen = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda k: seen.append(k) or real(k))
+
+    def probe(comps, split):
+        return probe_costs(policy, cfg, ProbeInputs(records=records, pool=pool, calibration=calibration, comps=comps,
+                                                    stats=stats, scratch=tmp_path, split=split), seed=0)
+
+    assert probe([grpo], (1, 1)).split is None and probe([replace(grpo, overlap=True)], None).split is None
+    assert seen == []
+    split = probe([grpo, replace(grpo, name="over", overlap=True)], (1, 1)).split
+    assert split is not None and split.threads == (1, 1) and split.generate > 0 and split.passes > 0
+    assert seen == [1, threads, 1, threads] and torch.get_num_threads() == threads  # each side's, then restored
+    assert all(torch.equal(before[k], v) for k, v in policy.model.state_dict().items())
+
+
+def test_a_candidate_is_predicted_at_the_lag_it_will_train_with(monkeypatch):
+    """overlap.lag as set; auto: 1 where the sampler and the trainer run apart, else left to the overlap's probe
+    after the choice, and predicted at lag 0."""
+    from tasks.overlap import lag as lag_module
+    from tasks.plan.planner import overlaps
+
+    cfg, policy = load_config(SMOKE), tiny_policy()
+    assert not overlaps(with_overrides(cfg, ["overlap.lag=0"]), policy, "cpu")
+    assert overlaps(with_overrides(cfg, ["overlap.lag=1"]), policy, "cpu")
+    auto = with_overrides(cfg, ["overlap.lag=auto"])
+    monkeypatch.setattr(lag_module, "separate_devices", lambda *a: "CPU cores for each")
+    assert overlaps(auto, policy, "cpu")
+    monkeypatch.setattr(lag_module, "separate_devices", lambda *a: None)
+    assert not overlaps(auto, policy, "cpu")

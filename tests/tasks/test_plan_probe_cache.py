@@ -112,20 +112,22 @@ def test_a_second_plan_reuses_every_part_and_times_none(setting, tmp_path, monke
                       kept=tmp_path / "kept")
     assert first.reused == ()
     (kept_file,) = (tmp_path / "kept").iterdir()
-    assert set(json.loads(kept_file.read_text())["parts"]) == {"generate", "update", "bookkeeping", "screen"}
+    # the overlap's split of the cores where this machine has one for the candidates' lag 1 (tasks/plan/planner.py)
+    parts = ["generate", "update", *(["split"] if first.costs.split is not None else []), "bookkeeping", "screen"]
+    assert set(json.loads(kept_file.read_text())["parts"]) == set(parts)
 
     def timed_again(*args, **kwargs):
         raise AssertionError("a kept part was timed again")
 
-    for name in ("probe_generation", "_probe_update", "_probe_bookkeeping", "probe_screen"):
+    for name in ("probe_generation", "_probe_update", "_probe_split", "_probe_bookkeeping", "probe_screen"):
         monkeypatch.setattr(probe_module, name, timed_again)
     second = make_plan(cfg, policy, pool, calibration, candidates=CANDIDATES, scratch=tmp_path,
                        kept=tmp_path / "kept")
-    assert set(second.reused) == {"generate", "update", "bookkeeping", "screen"}
+    assert set(second.reused) == set(parts)
     a, b = first.costs, second.costs
-    assert (b.generate, b.update, b.forward, b.fixed) == (a.generate, a.update, a.forward, a.fixed)
+    assert (b.generate, b.update, b.forward, b.fixed, b.split) == (a.generate, a.update, a.forward, a.fixed, a.split)
     assert b.completion_tokens > 0 and b.levels  # the lengths: this run's own rollouts
-    assert "not timed again: generate, update, bookkeeping, screen" in second.summary()
+    assert f"not timed again: {', '.join(parts)}" in second.summary()
     assert second.choice == first.choice
 
 
@@ -149,7 +151,8 @@ def test_what_the_kept_parts_do_not_span_is_timed(setting, tmp_path, monkeypatch
     monkeypatch.setattr(probe_module, "_probe_update", lambda *a, **k: calls.append(1) or real(*a, **k))
     plan = make_plan(cfg, policy, pool, calibration, candidates=("grpo_n4", "grpo_screen"), scratch=tmp_path,
                      kept=tmp_path / "kept")
-    assert calls == [1] and set(plan.reused) == {"generate", "bookkeeping"}
+    split = {"split"} if plan.costs.split is not None else set()  # a lag-1 split of this machine's cores
+    assert calls == [1] and set(plan.reused) == {"generate", "bookkeeping"} | split
     parts = json.loads(kept_file.read_text())["parts"]
     assert parts["update"]["sizes"] != [100, 100] and "screen" in parts
     plan = make_plan(cfg, policy, pool, undrawn, candidates=("grpo_n4",), scratch=tmp_path, kept=tmp_path / "kept")
