@@ -115,20 +115,22 @@ class FixedCosts:
 @dataclass(frozen=True)
 class ThreadSplit:
     """Where the overlap (lag 1) splits a CPU's cores between the sampler and the trainer (tasks/overlap/concurrent.py
-    ``thread_split``: one generator and one trainer thread on 2 cores), how much slower each side's work runs on its
-    share of the threads than the probe's calls on all of them, timed alone (the probe's small generate call and
-    its small update, each at its side's threads against all): ``generate`` for the sampler's generate calls,
-    ``passes`` for the trainer's forward and backward passes (the update, the screen's pass); ``threads``:
-    (generator, trainer) threads. Deviation: one ratio a side, from one size (a larger generate call gains more
-    from more threads than the small one: measured 1.35x for plain GRPO's 256-rollout draw on 2 cores, against
-    1.14x for 24 rollouts), and timed alone, not beside the other side's work."""
+    ``thread_split``: one generator and one trainer thread on 2 cores), how much slower each side's work runs than
+    the probe's calls on all threads in one process: ``generate`` for a generate call in the generator process,
+    ``passes`` for the trainer's forward and backward passes on its threads, each alone; ``generate_at_once`` and
+    ``passes_at_once`` the same while the other side works without pause (the cores' caches, memory bandwidth and
+    hyper-threads are shared: what neither side alone shows); ``threads``: (generator, trainer) threads. Deviation:
+    one ratio each, from the probe's small generate call and small update (a larger call may gain more from more
+    threads: plain GRPO's 256-rollout draw took 1.34x on one thread, S43)."""
 
     generate: float
     passes: float
+    generate_at_once: float
+    passes_at_once: float
     threads: tuple[int, int]
 
     def __post_init__(self) -> None:
-        for name in ("generate", "passes"):
+        for name in ("generate", "passes", "generate_at_once", "passes_at_once"):
             v = getattr(self, name)
             if not math.isfinite(v) or v <= 0:
                 raise ValueError(f"ThreadSplit.{name} must be finite and > 0, got {v!r}")

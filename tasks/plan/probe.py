@@ -61,8 +61,10 @@ import logging
 import math
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -79,6 +81,7 @@ from tasks.calibration.reference import rollout_rewards
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.generation.rollout import Generation
+from tasks.overlap.concurrent import Sampler
 from tasks.plan.probe_cache import ProbeMemo
 from tasks.plan.probe_generation import calibration_call, call_lengths, cycle_records, probe_generation
 from tasks.plan.probe_screen import probe_screen, screen_counts, solution_lengths
@@ -334,35 +337,62 @@ def _updater(policy: Policy, cfg: Config, device: torch.device | str) -> LocalUp
 
 
 def _probe_split(policy: Policy, cfg: Config, batch: list[PromptRecord], groups: list[RolloutGroup],
-                 threads: tuple[int, int], device: torch.device | str, seed: int,
-                 untrusted: Untrusted) -> ThreadSplit:
-    """Each side's slowdown on its share of a CPU's threads (:class:`rlcore.step_costs.ThreadSplit`): the generate
-    call of ``batch`` at the generator's threads and the update of ``groups`` at the trainer's, each against the same
-    work on all threads, timed just before it."""
-    model, was_training = policy.model, policy.model.training
+                 threads: tuple[int, int], device: torch.device | str, seed: int, untrusted: Untrusted) -> ThreadSplit:
+    """Each side's slowdown where a lag-1 run splits a CPU's threads (:class:`rlcore.step_costs.ThreadSplit`): the
+    generate call of ``batch`` (generated and verified) and the update of ``groups``, each timed on all threads in
+    this process, then as the run has them: the call in the generator process the run starts
+    (tasks/overlap/concurrent.py :class:`Sampler`), the update here on the trainer's threads, each alone and then
+    while the other side's work repeats without pause (the cores' contention, which one side alone does not see)."""
+    model, was_training, every = policy.model, policy.model.training, torch.get_num_threads()
     updater = _updater(policy, cfg, device)
+    sampling = None  # ``threads``: (generator, trainer), as the Sampler splits them
     try:
         updater.step(groups[:1])  # warm-up, as the update's probe
-        generate = _slowdown(lambda: rollout_rewards(policy, batch, cfg.rollout.n, seed), threads[0],
-                             f"a generate call of {len(batch)} prompts", untrusted)
-        passes = _slowdown(lambda: updater.step(groups), threads[1], f"an update of {len(groups)} groups", untrusted)
+        gen_all = untrusted.timed(lambda: rollout_rewards(policy, batch, cfg.rollout.n, seed), COSTLY,
+                                  f"a generate call of {len(batch)} prompts on {every} threads")[0]
+        upd_all = untrusted.timed(lambda: updater.step(groups), COSTLY,
+                                  f"an update of {len(groups)} groups on {every} threads")[0]
+        sampling = Sampler(policy, 1, threads=cfg.overlap.generator_threads)  # the trainer now on its share
+        sampling.process.ready(wait=True)
+        apart = sampling.policy
+
+        def draw() -> object:
+            return rollout_rewards(apart, batch, cfg.rollout.n, seed)
+
+        def update() -> object:
+            return updater.step(groups)
+
+        draw()  # the child's first call
+        gen_alone = untrusted.timed(draw, COSTLY, f"a generate call of {len(batch)} prompts apart")[0]
+        upd_alone = untrusted.timed(update, COSTLY, f"an update of {len(groups)} groups on the trainer's threads")[0]
+        gen_once = _beside(draw, update, f"a generate call of {len(batch)} prompts apart, the update beside it",
+                           untrusted)
+        upd_once = _beside(update, draw, f"an update of {len(groups)} groups, generate calls beside it", untrusted)
     finally:
+        if sampling is not None:
+            sampling.close()
+        torch.set_num_threads(every)
         model.zero_grad(set_to_none=True)
         model.train(was_training)
-    return ThreadSplit(generate=generate, passes=passes, threads=threads)
+    return ThreadSplit(generate=gen_alone / gen_all, passes=upd_alone / upd_all, generate_at_once=gen_once / gen_all,
+                       passes_at_once=upd_once / upd_all, threads=threads)
 
 
-def _slowdown(work: Callable[[], object], threads: int, what: str, untrusted: Untrusted) -> float:
-    """Seconds of ``work`` at ``threads`` torch threads over its seconds at all of them (the process's setting,
-    restored after)."""
-    every = torch.get_num_threads()
-    full = untrusted.timed(work, COSTLY, f"{what} on {every} threads")[0]
-    try:
-        torch.set_num_threads(threads)
-        part = untrusted.timed(work, COSTLY, f"{what} on {threads} thread{'s'[:threads != 1]}")[0]
-    finally:
-        torch.set_num_threads(every)
-    return part / full
+def _beside(work: Callable[[], object], other: Callable[[], object], what: str, untrusted: Untrusted) -> float:
+    """Seconds of ``work`` (until stable) while ``other`` repeats without pause in another thread."""
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            other()
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlsift-probe") as pool:
+        running = pool.submit(load)
+        try:
+            return untrusted.timed(work, COSTLY, what)[0]
+        finally:
+            stop.set()
+            running.result()
 
 
 def time_optimizer_step(model: torch.nn.Module, optimizer, params, grad_clip: float,

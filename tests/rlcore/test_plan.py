@@ -377,27 +377,33 @@ def test_a_training_clock_with_its_fixed_costs_hand_worked():
 
 
 def test_an_overlapped_step_costs_the_slower_side_hand_worked():
-    """Lag 1: the draw (generate calls, and the screen's pass on the trainer's threads) beside the update and the
-    fixed costs; each side slowed by its share of a CPU's threads where they split them. Off, the plain sum."""
+    """Lag 1: the draw (the screen's pass, then the generate calls) beside the update and the fixed costs. Apart
+    (no split), the slower side. On split cores each side runs at its at-once pace while both work, then the slower
+    one at its alone pace. Off, the plain sum."""
     assert overlapped_step(0.2, 0.1, 0.15, 0.01, None) == pytest.approx(0.3)  # 0.2 + 0.1 against 0.16
-    split = ThreadSplit(generate=1.5, passes=2.0, threads=(1, 1))
-    assert overlapped_step(0.2, 0.1, 0.15, 0.01, split) == pytest.approx(0.2 * 1.5 + 0.1 * 2)  # against 0.31
-    assert overlapped_step(0.1, 0.0, 0.3, 0.01, split) == pytest.approx(0.3 * 2 + 0.01)  # the trainer slower
+    split = ThreadSplit(generate=1.0, passes=1.2, generate_at_once=1.5, passes_at_once=2.0, threads=(1, 1))
+    # draw: 0.2 alone, 0.3 at once (generation only); train: 0.15 x 1.2 + 0.01 = 0.19 alone, 0.31 at once. The draw
+    # is done first at once (0.3 s), leaving 1 - 0.3 / 0.31 of the update at its alone pace
+    assert overlapped_step(0.2, 0.0, 0.15, 0.01, split) == pytest.approx(0.3 + (1 - 0.3 / 0.31) * 0.19)
+    # the draw longer: the update done at once in 0.31 s, the draw's rest (0.6 at once, 0.4 alone) alone
+    assert overlapped_step(0.4, 0.0, 0.15, 0.01, split) == pytest.approx(0.31 + (1 - 0.31 / 0.6) * 0.4)
+    # the screen's pass is the trainer's threads' work: 0.1 x 1.2 alone, 0.1 x 2 at once, on the draw's side
+    assert overlapped_step(0.2, 0.1, 0.0, 0.0, split) == pytest.approx(0.2 + 0.12)  # nothing beside it
     costs = replace(COSTS, split=split, fixed=FixedCosts(optimizer_s=1.0, step_s=2.0))
     grpo = Composition("grpo", 4, 8, 8)
     base, (seq, over, screen) = predict([grpo, replace(grpo, name="over", overlap=True),
                                          Composition("s", 4, 8, 8, screen=2, overlap=True)], grpo, POOL, costs)
     assert seq == replace(base, name="grpo")  # without the overlap: the sum, as before
     assert seq.step_s == pytest.approx(640 + 240 + 3)
-    # 640 s of generation at 1.5x against 2 x 8 rows x 15 tokens x 1 s at 2x and 3 s fixed
-    assert over.step_s == pytest.approx(max(640 * 1.5, 240 * 2 + 3))
+    # 640 s of generation: 640 alone, 960 at once; 2 x 8 rows x 15 tokens x 1 s of update: 291 alone, 483 at once
+    assert over.step_s == pytest.approx(483 + (1 - 483 / 960) * 640)
     assert (over.generate_s, over.update_s, over.fixed_s) == (seq.generate_s, seq.update_s, seq.fixed_s)
     assert screen.step_s == pytest.approx(overlapped_step(screen.generate_s, screen.forward_s, screen.update_s, 3.0,
                                                           split))
-    with pytest.raises(ValueError, match="ThreadSplit.generate"):
-        ThreadSplit(generate=0.0, passes=1.0, threads=(1, 1))
+    with pytest.raises(ValueError, match="ThreadSplit.generate_at_once"):
+        ThreadSplit(generate=1.0, passes=1.0, generate_at_once=0.0, passes_at_once=1.0, threads=(1, 1))
     with pytest.raises(ValueError, match="ThreadSplit.threads"):
-        ThreadSplit(generate=1.0, passes=1.0, threads=(0, 1))
+        ThreadSplit(generate=1.0, passes=1.0, generate_at_once=1.0, passes_at_once=1.0, threads=(0, 1))
     assert UnitCosts.from_dict(asdict(costs)) == costs
 
 
