@@ -121,7 +121,8 @@ class ThreadSplit:
     ``passes_at_once`` the same while the other side works without pause (the cores' caches, memory bandwidth and
     hyper-threads are shared: what neither side alone shows); ``threads``: (generator, trainer) threads. Deviation:
     one ratio each, from the probe's small generate call and small update (a larger call may gain more from more
-    threads: plain GRPO's 256-rollout draw took 1.34x on one thread, S43)."""
+    threads: plain GRPO's 256-rollout draw took 1.34x on one thread, S43). A side timed faster beside the other than
+    alone (the host's noise) is given its alone pace at once too (tasks/plan/probe.py)."""
 
     generate: float
     passes: float
@@ -136,6 +137,11 @@ class ThreadSplit:
                 raise ValueError(f"ThreadSplit.{name} must be finite and > 0, got {v!r}")
         if len(self.threads) != 2 or min(self.threads) < 1:
             raise ValueError(f"ThreadSplit.threads is (generator, trainer), each >= 1, got {self.threads!r}")
+        if self.generate_at_once < self.generate or self.passes_at_once < self.passes:
+            raise ValueError(f"ThreadSplit: a side is no faster beside the other than alone, got generation "
+                             f"{self.generate!r} alone and {self.generate_at_once!r} at once, the passes "
+                             f"{self.passes!r} and {self.passes_at_once!r} (a prediction that adds work must not "
+                             "fall: rlcore/plan.py overlapped_step)")
         object.__setattr__(self, "threads", tuple(int(t) for t in self.threads))
 
 

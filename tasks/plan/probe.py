@@ -19,6 +19,10 @@ rlcore/plan.py predicts each candidate's clock from these measurements (:class:`
   untimed: under bf16-mixed the update's own step has moved its gradients into the float32 masters and freed them),
   and taken out of each timing; then a round's checkpoint of the weights and that optimizer's state is written to a
   scratch folder, once (tasks/plan/timing.py ``ONCE``).
+- **The overlap's split** (where a candidate trains with lag 1 and the sampler and the trainer split a CPU's
+  threads, ``ProbeInputs.split``): the small generate call and the small update on all threads here, then the call
+  in a generator process and the update on the trainer's threads, each alone and each beside the other's work
+  repeated without pause (:func:`_probe_split`; rlcore/plan.py ``overlapped_step`` reads the four ratios).
 - **The screen's teacher-forced pass** (tasks/plan/probe_screen.py; where a candidate screens) at its candidates'
   count and half of it.
 - **A step's bookkeeping**: the draw over the pool, a step's selection and group rows held and written to a scratch
@@ -85,7 +89,7 @@ from tasks.overlap.concurrent import Sampler
 from tasks.plan.probe_cache import ProbeMemo
 from tasks.plan.probe_generation import calibration_call, call_lengths, cycle_records, probe_generation
 from tasks.plan.probe_screen import probe_screen, screen_counts, solution_lengths
-from tasks.plan.timing import CHEAP, COSTLY, ONCE, Timing, Untrusted, time_until_stable
+from tasks.plan.timing import CHEAP, COSTLY, ONCE, Timing, Untrusted, relative_spread, time_until_stable
 from tasks.policy import Policy
 from tasks.records.files import atomic_write
 from tasks.records.ledger import GroupRow, Ledger, SelectionRow, StepRows
@@ -336,63 +340,85 @@ def _updater(policy: Policy, cfg: Config, device: torch.device | str) -> LocalUp
                         precision=resolve_precision(cfg.model.precision, torch.device(device)))
 
 
+#: Rounds of the overlap split's six timings (tasks/plan/probe.py ``_probe_split``); each ratio is the median of its
+#: rounds' ratios, every round timing a side on all threads just before it times the same side split.
+SPLIT_ROUNDS = 3
+
+
 def _probe_split(policy: Policy, cfg: Config, batch: list[PromptRecord], groups: list[RolloutGroup],
                  threads: tuple[int, int], device: torch.device | str, seed: int, untrusted: Untrusted) -> ThreadSplit:
     """Each side's slowdown where a lag-1 run splits a CPU's threads (:class:`rlcore.step_costs.ThreadSplit`): the
     generate call of ``batch`` (generated and verified) and the update of ``groups``, each timed on all threads in
     this process, then as the run has them: the call in the generator process the run starts
-    (tasks/overlap/concurrent.py :class:`Sampler`), the update here on the trainer's threads, each alone and then
-    while the other side's work repeats without pause (the cores' contention, which one side alone does not see)."""
+    (tasks/overlap/concurrent.py :class:`Sampler`; ``threads``: (generator, trainer), as it splits them), the update
+    here on the trainer's threads, each alone and then while the other side's work repeats without pause (the
+    cores' contention, which one side alone does not see). :data:`SPLIT_ROUNDS` rounds of the six, interleaved so
+    that each ratio's two timings see the same load (a 0.1 s call's time moved up to 60 % between two calls a
+    second apart on 2 cores); the median of each ratio over the rounds."""
     model, was_training, every = policy.model, policy.model.training, torch.get_num_threads()
     updater = _updater(policy, cfg, device)
-    sampling = None  # ``threads``: (generator, trainer), as the Sampler splits them
+    sampling = None
     try:
-        updater.step(groups[:1])  # warm-up, as the update's probe
-        gen_all = untrusted.timed(lambda: rollout_rewards(policy, batch, cfg.rollout.n, seed), COSTLY,
-                                  f"a generate call of {len(batch)} prompts on {every} threads")[0]
-        upd_all = untrusted.timed(lambda: updater.step(groups), COSTLY,
-                                  f"an update of {len(groups)} groups on {every} threads")[0]
+        here, update = (lambda: rollout_rewards(policy, batch, cfg.rollout.n, seed)), (lambda: updater.step(groups))
         sampling = Sampler(policy, 1, threads=cfg.overlap.generator_threads)  # the trainer now on its share
+        share = torch.get_num_threads()
         sampling.process.ready(wait=True)
         apart = sampling.policy
 
         def draw() -> object:
             return rollout_rewards(apart, batch, cfg.rollout.n, seed)
 
-        def update() -> object:
-            return updater.step(groups)
-
-        draw()  # the child's first call
-        gen_alone = untrusted.timed(draw, COSTLY, f"a generate call of {len(batch)} prompts apart")[0]
-        upd_alone = untrusted.timed(update, COSTLY, f"an update of {len(groups)} groups on the trainer's threads")[0]
-        gen_once = _beside(draw, update, f"a generate call of {len(batch)} prompts apart, the update beside it",
-                           untrusted)
-        upd_once = _beside(update, draw, f"an update of {len(groups)} groups, generate calls beside it", untrusted)
+        # warm-ups, after the fork (whose shared pages the parent's first writes copy): the first backward
+        # allocates, the first AdamW step makes its state, the child's first call
+        torch.set_num_threads(every)
+        update(), here(), draw()
+        rounds = []
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlsift-probe") as pool:
+            for _ in range(SPLIT_ROUNDS):
+                torch.set_num_threads(every)
+                gen_all, upd_all = _seconds(here), _seconds(update)
+                torch.set_num_threads(share)
+                gen_alone, upd_alone = _seconds(draw), _seconds(update)
+                gen_once, upd_once = _beside(draw, update, pool), _beside(update, draw, pool)
+                rounds.append((gen_alone / gen_all, upd_alone / upd_all, max(gen_once, gen_alone) / gen_all,
+                               max(upd_once, upd_alone) / upd_all))  # no faster at once than alone: noise
     finally:
         if sampling is not None:
             sampling.close()
         torch.set_num_threads(every)
         model.zero_grad(set_to_none=True)
         model.train(was_training)
-    return ThreadSplit(generate=gen_alone / gen_all, passes=upd_alone / upd_all, generate_at_once=gen_once / gen_all,
-                       passes_at_once=upd_once / upd_all, threads=threads)
+    generate, passes, generate_at_once, passes_at_once = (statistics.median(r) for r in zip(*rounds, strict=True))
+    spread = max(relative_spread(r) for r in zip(*rounds, strict=True))
+    if spread > COSTLY.spread:
+        untrusted.append(f"the overlap's split: its ratios spread up to {spread:.0%} over {SPLIT_ROUNDS} rounds "
+                         f"(stable at {COSTLY.spread:.0%})")
+    return ThreadSplit(generate=generate, passes=passes, generate_at_once=max(generate_at_once, generate),
+                       passes_at_once=max(passes_at_once, passes), threads=threads)
 
 
-def _beside(work: Callable[[], object], other: Callable[[], object], what: str, untrusted: Untrusted) -> float:
-    """Seconds of ``work`` (until stable) while ``other`` repeats without pause in another thread."""
-    stop = threading.Event()
+def _seconds(work: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    work()
+    return time.perf_counter() - t0
+
+
+def _beside(work: Callable[[], object], other: Callable[[], object], pool: ThreadPoolExecutor) -> float:
+    """Seconds of one call of ``work`` while ``other`` repeats without pause in ``pool``'s thread (started first)."""
+    stop, started = threading.Event(), threading.Event()
 
     def load() -> None:
         while not stop.is_set():
+            started.set()
             other()
 
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlsift-probe") as pool:
-        running = pool.submit(load)
-        try:
-            return untrusted.timed(work, COSTLY, what)[0]
-        finally:
-            stop.set()
-            running.result()
+    running = pool.submit(load)
+    try:
+        started.wait()
+        return _seconds(work)
+    finally:
+        stop.set()
+        running.result()
 
 
 def time_optimizer_step(model: torch.nn.Module, optimizer, params, grad_clip: float,

@@ -402,9 +402,34 @@ def test_an_overlapped_step_costs_the_slower_side_hand_worked():
                                                           split))
     with pytest.raises(ValueError, match="ThreadSplit.generate_at_once"):
         ThreadSplit(generate=1.0, passes=1.0, generate_at_once=0.0, passes_at_once=1.0, threads=(1, 1))
+    with pytest.raises(ValueError, match="no faster beside the other than alone"):
+        ThreadSplit(generate=1.2, passes=1.0, generate_at_once=1.1, passes_at_once=1.0, threads=(1, 1))
     with pytest.raises(ValueError, match="ThreadSplit.threads"):
         ThreadSplit(generate=1.0, passes=1.0, generate_at_once=1.0, passes_at_once=1.0, threads=(0, 1))
     assert UnitCosts.from_dict(asdict(costs)) == costs
+
+
+part = st.floats(0.0, 10.0)
+pace = st.floats(1.0, 3.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(parts=st.tuples(part, part, part, part), paces=st.tuples(pace, pace, st.floats(0.0, 1.0), st.floats(0.0, 1.0)),
+       which=st.integers(0, 3), more=st.floats(0.0, 5.0))
+def test_an_overlapped_step_lies_between_its_sides_and_never_falls_as_work_is_added(parts, paces, which, more):
+    """Between the slower side alone and the slower side at once; and adding to any part never shortens the step (the
+    plan's pruning predicts with the untimed parts at 0 as a lower bound: rlcore/plan_choice.py ``out_of_reach``)."""
+    g, p, extra_g, extra_p = paces
+    split = ThreadSplit(generate=g, passes=p, generate_at_once=g + extra_g, passes_at_once=p + extra_p,
+                        threads=(1, 1))
+    gen, fwd, upd, fix = parts
+    step = overlapped_step(gen, fwd, upd, fix, split)
+    alone = max(gen * g + fwd * p, upd * p + fix)
+    once = max(gen * split.generate_at_once + fwd * split.passes_at_once, upd * split.passes_at_once + fix)
+    assert alone - 1e-9 <= step <= once + 1e-9
+    grown = list(parts)
+    grown[which] += more
+    assert overlapped_step(*grown, split) >= step - 1e-9
 
 
 def test_a_draw_has_the_lengths_of_the_levels_it_favours():
