@@ -115,33 +115,25 @@ class FixedCosts:
 @dataclass(frozen=True)
 class ThreadSplit:
     """Where the overlap (lag 1) splits a CPU's cores between the sampler and the trainer (tasks/overlap/concurrent.py
-    ``thread_split``: one generator and one trainer thread on 2 cores), how much slower each side's work runs than
-    the probe's calls on all threads in one process: ``generate`` for a generate call in the generator process,
-    ``passes`` for the trainer's forward and backward passes on its threads, each alone; ``generate_at_once`` and
-    ``passes_at_once`` the same while the other side works without pause (the cores' caches, memory bandwidth and
-    hyper-threads are shared: what neither side alone shows); ``threads``: (generator, trainer) threads. Deviation:
-    one ratio each, from the probe's small generate call and small update (a larger call may gain more from more
-    threads: plain GRPO's 256-rollout draw took 1.34x on one thread, S43). A side timed faster beside the other than
-    alone (the host's noise) is given its alone pace at once too (tasks/plan/probe.py)."""
+    ``thread_split``: one generator and one trainer thread on 2 cores), how much slower each side's work runs, while
+    the other side works, than the probe's calls on all threads in one process: ``generate`` for a generate call in
+    the generator process, ``passes`` for the trainer's forward and backward passes on its threads (the cores'
+    caches, memory bandwidth and hyper-threads are shared: a side alone runs faster, which a timing of one side
+    alone would credit); ``threads``: (generator, trainer) threads. Deviation: one pace a side, from the probe's small
+    generate call and small update (a larger call may gain more from more threads: plain GRPO's 256-rollout draw took
+    1.34x on one thread, S43)."""
 
     generate: float
     passes: float
-    generate_at_once: float
-    passes_at_once: float
     threads: tuple[int, int]
 
     def __post_init__(self) -> None:
-        for name in ("generate", "passes", "generate_at_once", "passes_at_once"):
+        for name in ("generate", "passes"):
             v = getattr(self, name)
             if not math.isfinite(v) or v <= 0:
                 raise ValueError(f"ThreadSplit.{name} must be finite and > 0, got {v!r}")
         if len(self.threads) != 2 or min(self.threads) < 1:
             raise ValueError(f"ThreadSplit.threads is (generator, trainer), each >= 1, got {self.threads!r}")
-        if self.generate_at_once < self.generate or self.passes_at_once < self.passes:
-            raise ValueError(f"ThreadSplit: a side is no faster beside the other than alone, got generation "
-                             f"{self.generate!r} alone and {self.generate_at_once!r} at once, the passes "
-                             f"{self.passes!r} and {self.passes_at_once!r} (a prediction that adds work must not "
-                             "fall: rlcore/plan.py overlapped_step)")
         object.__setattr__(self, "threads", tuple(int(t) for t in self.threads))
 
 

@@ -21,8 +21,8 @@ rlcore/plan.py predicts each candidate's clock from these measurements (:class:`
   scratch folder, once (tasks/plan/timing.py ``ONCE``).
 - **The overlap's split** (where a candidate trains with lag 1 and the sampler and the trainer split a CPU's
   threads, ``ProbeInputs.split``): the small generate call and the small update on all threads here, then the call
-  in a generator process and the update on the trainer's threads, each alone and each beside the other's work
-  repeated without pause (:func:`_probe_split`; rlcore/plan.py ``overlapped_step`` reads the four ratios).
+  in a generator process and the update on the trainer's threads, each beside the other's work repeated without
+  pause (:func:`_probe_split`; rlcore/plan.py ``overlapped_step`` reads the two paces).
 - **The screen's teacher-forced pass** (tasks/plan/probe_screen.py; where a candidate screens) at its candidates'
   count and half of it.
 - **A step's bookkeeping**: the draw over the pool, a step's selection and group rows held and written to a scratch
@@ -340,21 +340,24 @@ def _updater(policy: Policy, cfg: Config, device: torch.device | str) -> LocalUp
                         precision=resolve_precision(cfg.model.precision, torch.device(device)))
 
 
-#: Rounds of the overlap split's six timings (tasks/plan/probe.py ``_probe_split``); each ratio is the median of its
+#: Rounds of the overlap split's four timings (tasks/plan/probe.py ``_probe_split``); each pace is the median of its
 #: rounds' ratios, every round timing a side on all threads just before it times the same side split.
 SPLIT_ROUNDS = 3
+#: A split whose paces spread more than this over the rounds ((max - min) / median) is listed among the estimates
+#: the probe cannot trust. Single calls of 0.1 s on 2 shared cores: 22-76 % in five plans, so the repeat rule of the
+#: other timings (15 %) would flag every one.
+SPLIT_SPREAD = 0.5
 
 
 def _probe_split(policy: Policy, cfg: Config, batch: list[PromptRecord], groups: list[RolloutGroup],
                  threads: tuple[int, int], device: torch.device | str, seed: int, untrusted: Untrusted) -> ThreadSplit:
-    """Each side's slowdown where a lag-1 run splits a CPU's threads (:class:`rlcore.step_costs.ThreadSplit`): the
+    """Each side's pace where a lag-1 run splits a CPU's threads (:class:`rlcore.step_costs.ThreadSplit`): the
     generate call of ``batch`` (generated and verified) and the update of ``groups``, each timed on all threads in
-    this process, then as the run has them: the call in the generator process the run starts
-    (tasks/overlap/concurrent.py :class:`Sampler`; ``threads``: (generator, trainer), as it splits them), the update
-    here on the trainer's threads, each alone and then while the other side's work repeats without pause (the
-    cores' contention, which one side alone does not see). :data:`SPLIT_ROUNDS` rounds of the six, interleaved so
-    that each ratio's two timings see the same load (a 0.1 s call's time moved up to 60 % between two calls a
-    second apart on 2 cores); the median of each ratio over the rounds."""
+    this process, then as the run has them, each while the other side's work repeats without pause: the call in
+    the generator process the run starts (tasks/overlap/concurrent.py :class:`Sampler`; ``threads``: (generator,
+    trainer), as it splits them), the update here on the trainer's threads. :data:`SPLIT_ROUNDS` rounds of the four,
+    interleaved so that each pace's two timings see the same load (a 0.1 s call's time moved up to 60 % between two
+    calls a second apart on 2 cores); each pace is the median over the rounds."""
     model, was_training, every = policy.model, policy.model.training, torch.get_num_threads()
     updater = _updater(policy, cfg, device)
     sampling = None
@@ -368,8 +371,8 @@ def _probe_split(policy: Policy, cfg: Config, batch: list[PromptRecord], groups:
         def draw() -> object:
             return rollout_rewards(apart, batch, cfg.rollout.n, seed)
 
-        # warm-ups, after the fork (whose shared pages the parent's first writes copy): the first backward
-        # allocates, the first AdamW step makes its state, the child's first call
+        # warm-ups, after the fork (whose shared pages the parent's first writes copy: a first round's update ran at
+        # half its later pace): the first backward allocates, the first AdamW step makes its state, the child's call
         torch.set_num_threads(every)
         update(), here(), draw()
         rounds = []
@@ -378,23 +381,19 @@ def _probe_split(policy: Policy, cfg: Config, batch: list[PromptRecord], groups:
                 torch.set_num_threads(every)
                 gen_all, upd_all = _seconds(here), _seconds(update)
                 torch.set_num_threads(share)
-                gen_alone, upd_alone = _seconds(draw), _seconds(update)
-                gen_once, upd_once = _beside(draw, update, pool), _beside(update, draw, pool)
-                rounds.append((gen_alone / gen_all, upd_alone / upd_all, max(gen_once, gen_alone) / gen_all,
-                               max(upd_once, upd_alone) / upd_all))  # no faster at once than alone: noise
+                rounds.append((_beside(draw, update, pool) / gen_all, _beside(update, draw, pool) / upd_all))
     finally:
         if sampling is not None:
             sampling.close()
         torch.set_num_threads(every)
         model.zero_grad(set_to_none=True)
         model.train(was_training)
-    generate, passes, generate_at_once, passes_at_once = (statistics.median(r) for r in zip(*rounds, strict=True))
+    generate, passes = (statistics.median(r) for r in zip(*rounds, strict=True))
     spread = max(relative_spread(r) for r in zip(*rounds, strict=True))
-    if spread > COSTLY.spread:
-        untrusted.append(f"the overlap's split: its ratios spread up to {spread:.0%} over {SPLIT_ROUNDS} rounds "
-                         f"(stable at {COSTLY.spread:.0%})")
-    return ThreadSplit(generate=generate, passes=passes, generate_at_once=max(generate_at_once, generate),
-                       passes_at_once=max(passes_at_once, passes), threads=threads)
+    if spread > SPLIT_SPREAD:
+        untrusted.append(f"the overlap's split: its paces spread up to {spread:.0%} over {SPLIT_ROUNDS} rounds "
+                         f"(trusted to {SPLIT_SPREAD:.0%})")
+    return ThreadSplit(generate=generate, passes=passes, threads=threads)
 
 
 def _seconds(work: Callable[[], object]) -> float:

@@ -122,10 +122,9 @@ class Plan:
                f"{c.completion_tokens:.0f} completion and {c.prompt_tokens:.0f} prompt tokens a rollout")
         if c.split is not None:
             gen, trainer = c.split.threads
-            sp = c.split
-            out += (f"; overlapped (lag 1) on {gen} generator and {trainer} trainer thread{'s'[:trainer != 1]}: "
-                    f"generation {sp.generate:.2f}x as slow alone and {sp.generate_at_once:.2f}x beside the update, "
-                    f"the trainer's passes {sp.passes:.2f}x and {sp.passes_at_once:.2f}x")
+            out += (f"; overlapped (lag 1) on {gen} generator and {trainer} trainer thread{'s'[:trainer != 1]}, "
+                    f"each side beside the other: generation {c.split.generate:.2f}x as slow, the trainer's passes "
+                    f"{c.split.passes:.2f}x")
         if self.reused:
             out += f"; kept from an earlier probe on this machine, not timed again: {', '.join(self.reused)}"
         if c.untrusted:
