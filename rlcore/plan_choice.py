@@ -118,25 +118,32 @@ def _cost(p: Prediction) -> float:
     return p.train_s - p.upfront_s + p.scoring_s if p.train_s > 0 else p.step_s
 
 
-def choose(base: Prediction, predictions: list[Prediction], min_signal: float,
-           plan_s: float = 0.0) -> tuple[Prediction, str]:
+def choose(base: Prediction, predictions: list[Prediction], min_signal: float, plan_s: float = 0.0,
+           work: tuple[Prediction, list[Prediction]] | None = None) -> tuple[Prediction, str]:
     """The prediction with the cheapest cost from here on (its steps, and its pool's scoring where it reads the
     scores: :func:`_cost`) whose signal is at least ``min_signal`` times the baseline's and whose step is cheaper;
     the baseline when none is, and why in one line. ``plan_s``, what the run spent on its calibration and plan,
     is spent whatever is chosen: the reason shows the clock with it (:class:`RunClock`'s ``with_plan``), the
-    choice does not weigh it."""
+    choice does not weigh it. ``work``: the same baseline and candidates (in order) predicted one after the other,
+    ranked instead of ``predictions``, which the reason quotes (the plan compares the steps' work and predicts the
+    clock the run will take: tasks/plan/planner.py)."""
     if not 0 <= min_signal <= 1:
         raise ValueError(f"min_signal must be in [0, 1], got {min_signal!r}")
     if not math.isfinite(plan_s) or plan_s < 0:
         raise ValueError(f"plan_s must be finite and >= 0, got {plan_s!r}")
-    qualify = [p for p in predictions if _qualifies(p, base, min_signal)]
-    cheapest = min(map(_cost, qualify), default=_cost(base))
-    best = max((p for p in qualify if _cost(p) <= (1 + TIE) * cheapest), key=lambda p: p.signal, default=base)
-    if best.step_s >= base.step_s:
+    ranked_base, ranked = work if work is not None else (base, predictions)
+    if [p.name for p in ranked] != [p.name for p in predictions]:
+        raise ValueError("choose: work must predict the same candidates, in the same order, as predictions")
+    qualify = [i for i, p in enumerate(ranked) if _qualifies(p, ranked_base, min_signal)]
+    cheapest = min((_cost(ranked[i]) for i in qualify), default=_cost(ranked_base))
+    best_i = max((i for i in qualify if _cost(ranked[i]) <= (1 + TIE) * cheapest), key=lambda i: ranked[i].signal,
+                 default=None)
+    if best_i is None:
         return base, (f"{base.name}: no candidate is predicted cheaper than plain GRPO with at least "
                       f"{min_signal:.0%} of its informative groups a step")
-    slower = sorted((p for p in qualify if p is not best), key=_cost)
-    runner = f"; next {slower[0].name} at {slower[0].clock:.2f}x" if slower else ""
+    best = predictions[best_i]
+    slower = sorted((i for i in qualify if i != best_i), key=lambda i: _cost(ranked[i]))
+    runner = f"; next {predictions[slower[0]].name} at {predictions[slower[0]].clock:.2f}x" if slower else ""
     clock = run_clock(best, base, plan_s)
     paid = (f", {clock.with_plan:.2f}x with the plan's own {clock.upfront_s:.0f} s"
             if clock.upfront_s > 0 and base.train_s > 0 else "")

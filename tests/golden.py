@@ -94,8 +94,8 @@ def plan_off_the_clock():
     tests/rlcore/test_plan.py."""
     from rlcore.plan_choice import choose, out_of_reach
 
-    with mock.patch("tasks.plan.planner.choose", lambda base, preds, min_signal, plan_s=0.0: choose(
-            base, preds, min_signal, 0.0)), \
+    with mock.patch("tasks.plan.planner.choose", lambda base, preds, min_signal, plan_s=0.0, work=None: choose(
+            base, preds, min_signal, 0.0, work)), \
             mock.patch("tasks.plan.planner.out_of_reach", lambda p, base, min_signal, plan_s: out_of_reach(
                 p, base, min_signal, 0.0)):
         yield

@@ -454,6 +454,18 @@ def test_choose_cheapest_with_enough_signal_ties_to_more_signal():
         choose(base, [a], 1.5)
 
 
+def test_the_choice_ranks_the_work_and_quotes_the_clock_the_run_will_take():
+    """With ``work`` (the same candidates one after the other), the cheapest work is chosen, whatever the overlap
+    makes of it; the reason quotes the overlapped clock. Candidates out of order are refused."""
+    base, a, b = pred("grpo", 10, 10), pred("a", 10, 5), pred("b", 10, 6)
+    over_base, over_a, over_b = pred("grpo", 10, 8), pred("a", 10, 4.5), pred("b", 10, 3.0)
+    assert choose(over_base, [over_a, over_b], 0.95)[0] is over_b  # by the overlapped step
+    best, why = choose(over_base, [over_a, over_b], 0.95, work=(base, [a, b]))
+    assert best is over_a and why.startswith(f"a: predicted {over_a.clock:.2f}x") and "next b at 0.30x" in why
+    with pytest.raises(ValueError, match="same candidates, in the same order"):
+        choose(over_base, [over_a, over_b], 0.95, work=(base, [b, a]))
+
+
 def clocked(name, signal, step_s, upfront_s=0.0, steps=10):
     """A prediction with its training clock: ``steps`` steps of ``step_s`` and ``upfront_s`` before them."""
     train_s = upfront_s + steps * step_s
