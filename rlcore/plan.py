@@ -52,7 +52,9 @@ the pool where it reads them (the benchmark's clock, docs/benchmarks.md). A cand
 clock over plain GRPO's.
 
 **Choice.** The signal of a step is its informative groups (fresh plus replayed). A candidate qualifies when its
-signal is at least ``min_signal`` times plain GRPO's and its step is cheaper; the cheapest step among those is
+signal is at least ``min_signal`` times plain GRPO's and its step is cheaper (its work: the planner ranks the
+candidates predicted one after the other, and reports them as the run will take them, rlcore/plan_choice.py
+``choose``'s ``work``); the cheapest step among those is
 chosen (plain GRPO always qualifies), and among those within ``TIE`` of the cheapest, the one with the most signal.
 Steps, and the pool's scoring of a candidate that reads the scores, are compared, not clocks: a run that plans has
 calibrated whatever it then trains, and scores its pool only for a choice that reads the scores. What the run
