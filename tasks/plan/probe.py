@@ -22,7 +22,7 @@ rlcore/plan.py predicts each candidate's clock from these measurements (:class:`
 - **The overlap's split** (where a candidate trains with lag 1 and the sampler and the trainer split a CPU's
   threads, ``ProbeInputs.split``): the small generate call and the small update on all threads here, then the call
   in a generator process and the update on the trainer's threads, each beside the other's work repeated without
-  pause (:func:`_probe_split`; rlcore/plan.py ``overlapped_step`` reads the two paces).
+  pause (tasks/plan/probe_split.py; rlcore/plan.py ``overlapped_step`` reads the two paces).
 - **The screen's teacher-forced pass** (tasks/plan/probe_screen.py; where a candidate screens) at its candidates'
   count and half of it.
 - **A step's bookkeeping**: the draw over the pool, a step's selection and group rows held and written to a scratch
@@ -65,10 +65,8 @@ import logging
 import math
 import statistics
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -78,18 +76,17 @@ from rlcore.advantages import group_advantages
 from rlcore.plan import call_rows, draw_calls, update_rows
 from rlcore.plan_draw import Composition, PoolStats
 from rlcore.selection import sample_prompts, uniform_weights
-from rlcore.step_costs import CallCost, FixedCosts, ThreadSplit, UnitCosts
+from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
 from rlcore.types import RolloutGroup
 from tasks.calibration.record import Calibration
-from tasks.calibration.reference import rollout_rewards
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.generation.rollout import Generation
-from tasks.overlap.concurrent import Sampler
 from tasks.plan.probe_cache import ProbeMemo
 from tasks.plan.probe_generation import calibration_call, call_lengths, cycle_records, probe_generation
 from tasks.plan.probe_screen import probe_screen, screen_counts, solution_lengths
-from tasks.plan.timing import CHEAP, COSTLY, ONCE, Timing, Untrusted, relative_spread, time_until_stable
+from tasks.plan.probe_split import probe_split
+from tasks.plan.timing import CHEAP, COSTLY, ONCE, Timing, Untrusted, time_until_stable
 from tasks.policy import Policy
 from tasks.records.files import atomic_write
 from tasks.records.ledger import GroupRow, Ledger, SelectionRow, StepRows
@@ -166,9 +163,9 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, dev
         if (kept := part.reuse("split", small)) is None:
             say(f"probe: a generate call of {sizes[0]} prompts and an update of {update_sizes[0]} groups on "
                 f"{inputs.split[0]} and {inputs.split[1]} of {torch.get_num_threads()} threads (the overlap's split)")
-            kept = part.timed("split", small, lambda: {"split": _probe_split(
-                policy, cfg, cycle_records(records, sizes[0]), groups[:update_sizes[0]], inputs.split, device, seed,
-                untrusted)})
+            kept = part.timed("split", small, lambda: {"split": probe_split(
+                policy, cfg, cycle_records(records, sizes[0]), groups[:update_sizes[0]], _updater(policy, cfg, device),
+                inputs.split, seed, untrusted)})
         split = kept["split"]
     if (kept := part.reuse("bookkeeping", pool_sizes)) is None:
         say("probe: a step's bookkeeping (its ledger rows and metrics line)")
@@ -338,86 +335,6 @@ def _updater(policy: Policy, cfg: Config, device: torch.device | str) -> LocalUp
                         weight_decay=tc.weight_decay, device=device,
                         ref_model=model if tc.kl_coef > 0 else None,  # a reference pass costs a policy pass
                         precision=resolve_precision(cfg.model.precision, torch.device(device)))
-
-
-#: Rounds of the overlap split's four timings (tasks/plan/probe.py ``_probe_split``); each pace is the median of its
-#: rounds' ratios, every round timing a side on all threads just before it times the same side split.
-SPLIT_ROUNDS = 3
-#: A split whose paces spread more than this over the rounds ((max - min) / median) is listed among the estimates
-#: the probe cannot trust. Single calls of 0.1 s on 2 shared cores: 22-76 % in five plans, so the repeat rule of the
-#: other timings (15 %) would flag every one.
-SPLIT_SPREAD = 0.5
-
-
-def _probe_split(policy: Policy, cfg: Config, batch: list[PromptRecord], groups: list[RolloutGroup],
-                 threads: tuple[int, int], device: torch.device | str, seed: int, untrusted: Untrusted) -> ThreadSplit:
-    """Each side's pace where a lag-1 run splits a CPU's threads (:class:`rlcore.step_costs.ThreadSplit`): the
-    generate call of ``batch`` (generated and verified) and the update of ``groups``, each timed on all threads in
-    this process, then as the run has them, each while the other side's work repeats without pause: the call in
-    the generator process the run starts (tasks/overlap/concurrent.py :class:`Sampler`; ``threads``: (generator,
-    trainer), as it splits them), the update here on the trainer's threads. :data:`SPLIT_ROUNDS` rounds of the four,
-    interleaved so that each pace's two timings see the same load (a 0.1 s call's time moved up to 60 % between two
-    calls a second apart on 2 cores); each pace is the median over the rounds."""
-    model, was_training, every = policy.model, policy.model.training, torch.get_num_threads()
-    updater = _updater(policy, cfg, device)
-    sampling = None
-    try:
-        here, update = (lambda: rollout_rewards(policy, batch, cfg.rollout.n, seed)), (lambda: updater.step(groups))
-        sampling = Sampler(policy, 1, threads=cfg.overlap.generator_threads)  # the trainer now on its share
-        share = torch.get_num_threads()
-        sampling.process.ready(wait=True)
-        apart = sampling.policy
-
-        def draw() -> object:
-            return rollout_rewards(apart, batch, cfg.rollout.n, seed)
-
-        # warm-ups, after the fork (whose shared pages the parent's first writes copy: a first round's update ran at
-        # half its later pace): the first backward allocates, the first AdamW step makes its state, the child's call
-        torch.set_num_threads(every)
-        update(), here(), draw()
-        rounds = []
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlsift-probe") as pool:
-            for _ in range(SPLIT_ROUNDS):
-                torch.set_num_threads(every)
-                gen_all, upd_all = _seconds(here), _seconds(update)
-                torch.set_num_threads(share)
-                rounds.append((_beside(draw, update, pool) / gen_all, _beside(update, draw, pool) / upd_all))
-    finally:
-        if sampling is not None:
-            sampling.close()
-        torch.set_num_threads(every)
-        model.zero_grad(set_to_none=True)
-        model.train(was_training)
-    generate, passes = (statistics.median(r) for r in zip(*rounds, strict=True))
-    spread = max(relative_spread(r) for r in zip(*rounds, strict=True))
-    if spread > SPLIT_SPREAD:
-        untrusted.append(f"the overlap's split: its paces spread up to {spread:.0%} over {SPLIT_ROUNDS} rounds "
-                         f"(trusted to {SPLIT_SPREAD:.0%})")
-    return ThreadSplit(generate=generate, passes=passes, threads=threads)
-
-
-def _seconds(work: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    work()
-    return time.perf_counter() - t0
-
-
-def _beside(work: Callable[[], object], other: Callable[[], object], pool: ThreadPoolExecutor) -> float:
-    """Seconds of one call of ``work`` while ``other`` repeats without pause in ``pool``'s thread (started first)."""
-    stop, started = threading.Event(), threading.Event()
-
-    def load() -> None:
-        while not stop.is_set():
-            started.set()
-            other()
-
-    running = pool.submit(load)
-    try:
-        started.wait()
-        return _seconds(work)
-    finally:
-        stop.set()
-        running.result()
 
 
 def time_optimizer_step(model: torch.nn.Module, optimizer, params, grad_clip: float,

@@ -1,0 +1,102 @@
+"""The plan's probe of the overlap's split (tasks/plan/probe.py, docs/algorithms.md 9.1): where a lag-1 run splits a
+CPU's cores between the sampler and the trainer, each side's pace beside the other, against the same work on all
+threads (:class:`rlcore.step_costs.ThreadSplit`, read by rlcore/plan.py ``overlapped_step``)."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from rlcore.step_costs import ThreadSplit
+from rlcore.types import RolloutGroup
+from tasks.calibration.reference import rollout_rewards
+from tasks.config import Config
+from tasks.data.prompts import PromptRecord
+from tasks.overlap.concurrent import Sampler
+from tasks.plan.timing import Untrusted, relative_spread
+from tasks.policy import Policy
+from tasks.update.policy_update import LocalUpdater
+
+#: Rounds of the split's four timings (:func:`probe_split`); each pace is the median of its
+#: rounds' ratios, every round timing a side on all threads just before it times the same side split.
+SPLIT_ROUNDS = 3
+#: A split whose paces spread more than this over the rounds ((max - min) / median) is listed among the estimates
+#: the probe cannot trust. Single calls of 0.1 s on 2 shared cores: 22-76 % in five plans, so the repeat rule of the
+#: other timings (15 %) would flag every one.
+SPLIT_SPREAD = 0.5
+
+
+def probe_split(policy: Policy, cfg: Config, batch: list[PromptRecord], groups: list[RolloutGroup],
+                updater: LocalUpdater, threads: tuple[int, int], seed: int, untrusted: Untrusted) -> ThreadSplit:
+    """Each side's pace where a lag-1 run splits a CPU's threads (:class:`rlcore.step_costs.ThreadSplit`): the
+    generate call of ``batch`` (generated and verified) and the update of ``groups``, each timed on all threads in
+    this process, then as the run has them, each while the other side's work repeats without pause: the call in
+    the generator process the run starts (tasks/overlap/concurrent.py :class:`Sampler`; ``threads``: (generator,
+    trainer), as it splits them), the update (by ``updater``, the probe's own at learning rate 0) here on the
+    trainer's threads. :data:`SPLIT_ROUNDS` rounds of the four,
+    interleaved so that each pace's two timings see the same load (a 0.1 s call's time moved up to 60 % between two
+    calls a second apart on 2 cores); each pace is the median over the rounds."""
+    model, was_training, every = policy.model, policy.model.training, torch.get_num_threads()
+    sampling = None
+    try:
+        here, update = (lambda: rollout_rewards(policy, batch, cfg.rollout.n, seed)), (lambda: updater.step(groups))
+        sampling = Sampler(policy, 1, threads=cfg.overlap.generator_threads)  # the trainer now on its share
+        share = torch.get_num_threads()
+        sampling.process.ready(wait=True)
+        apart = sampling.policy
+
+        def draw() -> object:
+            return rollout_rewards(apart, batch, cfg.rollout.n, seed)
+
+        # warm-ups, after the fork (whose shared pages the parent's first writes copy: a first round's update ran at
+        # half its later pace): the first backward allocates, the first AdamW step makes its state, the child's call
+        torch.set_num_threads(every)
+        update(), here(), draw()
+        rounds = []
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlsift-probe") as pool:
+            for _ in range(SPLIT_ROUNDS):
+                torch.set_num_threads(every)
+                gen_all, upd_all = _seconds(here), _seconds(update)
+                torch.set_num_threads(share)
+                rounds.append((_beside(draw, update, pool) / gen_all, _beside(update, draw, pool) / upd_all))
+    finally:
+        if sampling is not None:
+            sampling.close()
+        torch.set_num_threads(every)
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+    generate, passes = (statistics.median(r) for r in zip(*rounds, strict=True))
+    spread = max(relative_spread(r) for r in zip(*rounds, strict=True))
+    if spread > SPLIT_SPREAD:
+        untrusted.append(f"the overlap's split: its paces spread up to {spread:.0%} over {SPLIT_ROUNDS} rounds "
+                         f"(trusted to {SPLIT_SPREAD:.0%})")
+    return ThreadSplit(generate=generate, passes=passes, threads=threads)
+
+
+def _seconds(work: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    work()
+    return time.perf_counter() - t0
+
+
+def _beside(work: Callable[[], object], other: Callable[[], object], pool: ThreadPoolExecutor) -> float:
+    """Seconds of one call of ``work`` while ``other`` repeats without pause in ``pool``'s thread (started first)."""
+    stop, started = threading.Event(), threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            started.set()
+            other()
+
+    running = pool.submit(load)
+    try:
+        started.wait()
+        return _seconds(work)
+    finally:
+        stop.set()
+        running.result()
