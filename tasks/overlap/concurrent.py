@@ -22,7 +22,8 @@ The sampler is a :class:`Sampler`:
 A run starts one generator process at most: where ``overlap.lag=auto`` probes the overlap on a shared device
 (tasks/overlap/lag.py ``decide_lag``), the probe's process is kept for the training stage when it chooses lag 1
 (:class:`SamplerHandover`, held by the run, closed with it on every error path) and the training samples from it
-(:func:`open_sampler`) instead of starting a second one.
+(:func:`open_sampler`) instead of starting a second one; so is the process the plan's probe of the overlap's split
+started (tasks/plan/probe_split.py).
 
 The likelihood screen (tasks/selection/screen.py) reads the sampler's copy of the weights, never the model the update
 is changing. Deviations: one step in flight at most (lag 0 or 1); the background draw's own phases (selection,
@@ -159,10 +160,11 @@ class Sampler:
 
 
 class SamplerHandover:
-    """The run's one generator process between the overlap probe that started it and the training stage that
-    samples from it (module docstring). The probe keeps its :class:`Sampler` (:meth:`keep`) where it chose
-    lag 1; the training takes it (:meth:`take`); the run holding the handover closes what is still kept when it
-    closes (tasks/run.py ``Run.close``), so a stage failing between the probe and the training leaves no process."""
+    """The run's one generator process between the probe that started it and the training stage that samples from
+    it (module docstring). The overlap probe keeps its :class:`Sampler` (:meth:`keep`) where it chose lag 1, the
+    plan's probe of the overlap's split (tasks/plan/probe_split.py) the one it timed; the training takes it
+    (:meth:`take`); the run holding the handover closes what is still kept when it closes (tasks/run.py
+    ``Run.close``), so a stage failing between the probe and the training leaves no process."""
 
     def __init__(self) -> None:
         self._kept: Sampler | None = None
@@ -199,9 +201,12 @@ class SamplerHandover:
 def open_sampler(trainer: Policy, lag: int, *, threads: int | None = None, needs_copy: bool = False,
                     on_temp_dir: Callable[[str, int], None] | None = None,
                     handover: SamplerHandover | None = None) -> Sampler:
-    """The training's sampler: the one ``handover`` kept from the overlap probe where it serves this training,
+    """The training's sampler: the one ``handover`` kept from a probe (the overlap's, or the plan's split) where it
+    serves this training,
     else a new :class:`Sampler` (same arguments)."""
     kept = handover.take(trainer, lag, threads, on_temp_dir) if handover is not None else None
+    if kept is not None:
+        log.info("rollouts: from the generator process a probe started (kept for the training, not started again)")
     return kept or Sampler(trainer, lag, threads=threads, needs_copy=needs_copy, on_temp_dir=on_temp_dir)
 
 

@@ -202,7 +202,8 @@ def _make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibratio
     memo = ProbeMemo.open(kept, probe_key(cfg, policy, device), pc.reuse_probe_hours)
     costs = probe_costs(policy, cfg, ProbeInputs(records=refs, pool=pool, calibration=calibration,
                                                  comps=[base, *comps], stats=stats, dots=dots, scratch=scratch,
-                                                 live=live, memo=memo, split=split_threads(cfg, policy, device)),
+                                                 live=live, memo=memo, split=split_threads(cfg, policy, device),
+                                                 handover=handover),
                         derive_seed(cfg.seed, "plan-probe"), device, say)
     baseline, predictions = predict(comps, base, stats, costs)
     savings = tuple(saving(rule.name, p, predict([without_rule(c, rule.name)], base, stats, costs)[1][0])

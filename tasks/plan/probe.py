@@ -82,6 +82,7 @@ from tasks.calibration.record import Calibration
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.generation.rollout import Generation
+from tasks.overlap.concurrent import SamplerHandover
 from tasks.plan.probe_cache import ProbeMemo
 from tasks.plan.probe_generation import calibration_call, call_lengths, cycle_records, probe_generation
 from tasks.plan.probe_screen import probe_screen, screen_counts, solution_lengths
@@ -115,7 +116,8 @@ class ProbeInputs:
     None: every candidate). ``live`` is asked twice: once the costs every step pays are timed, and again after the
     screen's pass, before the scoring and DOTS's predictor. ``split``: (generator, trainer) threads where a candidate
     that overlaps (``Composition.overlap``) splits a CPU's cores, so the probe times each side's slowdown on its
-    share; None: no split."""
+    share; None: no split. ``handover``: where the split's generator process is kept for the training (a lag-1 run
+    then samples from it rather than starting its own); None: the probe stops it."""
 
     records: list[PromptRecord]
     pool: list[PromptRecord]
@@ -127,6 +129,7 @@ class ProbeInputs:
     live: Callable[[UnitCosts, Callable[[Composition], bool]], list[Composition]] | None = None
     memo: ProbeMemo = field(default_factory=ProbeMemo)
     split: tuple[int, int] | None = None
+    handover: SamplerHandover | None = None
 
 
 def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, device: torch.device | str = "cpu",
@@ -165,7 +168,7 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, dev
                 f"{inputs.split[0]} and {inputs.split[1]} of {torch.get_num_threads()} threads (the overlap's split)")
             kept = part.timed("split", small, lambda: {"split": probe_split(
                 policy, cfg, cycle_records(records, sizes[0]), groups[:update_sizes[0]], _updater(policy, cfg, device),
-                inputs.split, seed, untrusted)})
+                inputs.split, seed, untrusted, inputs.handover)})
         split = kept["split"]
     if (kept := part.reuse("bookkeeping", pool_sizes)) is None:
         say("probe: a step's bookkeeping (its ledger rows and metrics line)")

@@ -17,7 +17,7 @@ from rlcore.types import RolloutGroup
 from tasks.calibration.reference import rollout_rewards
 from tasks.config import Config
 from tasks.data.prompts import PromptRecord
-from tasks.overlap.concurrent import Sampler
+from tasks.overlap.concurrent import Sampler, SamplerHandover
 from tasks.plan.timing import Untrusted, relative_spread
 from tasks.policy import Policy
 from tasks.update.policy_update import LocalUpdater
@@ -32,7 +32,8 @@ SPLIT_SPREAD = 0.5
 
 
 def probe_split(policy: Policy, cfg: Config, batch: list[PromptRecord], groups: list[RolloutGroup],
-                updater: LocalUpdater, threads: tuple[int, int], seed: int, untrusted: Untrusted) -> ThreadSplit:
+                updater: LocalUpdater, threads: tuple[int, int], seed: int, untrusted: Untrusted,
+                handover: SamplerHandover | None = None) -> ThreadSplit:
     """Each side's pace where a lag-1 run splits a CPU's threads (:class:`rlcore.step_costs.ThreadSplit`): the
     generate call of ``batch`` (generated and verified) and the update of ``groups``, each timed on all threads in
     this process, then as the run has them, each while the other side's work repeats without pause: the call in
@@ -40,9 +41,12 @@ def probe_split(policy: Policy, cfg: Config, batch: list[PromptRecord], groups: 
     trainer), as it splits them), the update (by ``updater``, the probe's own at learning rate 0) here on the
     trainer's threads. :data:`SPLIT_ROUNDS` rounds of the four,
     interleaved so that each pace's two timings see the same load (a 0.1 s call's time moved up to 60 % between two
-    calls a second apart on 2 cores); each pace is the median over the rounds."""
+    calls a second apart on 2 cores); each pace is the median over the rounds. The generator process is then kept
+    in ``handover`` for a lag-1 training of ``policy`` (tasks/overlap/concurrent.py :class:`SamplerHandover`: the
+    training samples from it where it fits, else stops it), so the run starts one, and the plan does not wait for
+    it to stop (0.6 s on 2 cores); without a handover, or where the probe fails, it is stopped here."""
     model, was_training, every = policy.model, policy.model.training, torch.get_num_threads()
-    sampling = None
+    sampling, done = None, False
     try:
         here, update = (lambda: rollout_rewards(policy, batch, cfg.rollout.n, seed)), (lambda: updater.step(groups))
         sampling = Sampler(policy, 1, threads=cfg.overlap.generator_threads)  # the trainer now on its share
@@ -64,8 +68,11 @@ def probe_split(policy: Policy, cfg: Config, batch: list[PromptRecord], groups: 
                 gen_all, upd_all = _seconds(here), _seconds(update)
                 torch.set_num_threads(share)
                 rounds.append((_beside(draw, update, pool) / gen_all, _beside(update, draw, pool) / upd_all))
+        done = True
     finally:
-        if sampling is not None:
+        if sampling is not None and done and handover is not None:
+            handover.keep(sampling)
+        elif sampling is not None:
             sampling.close()
         torch.set_num_threads(every)
         model.zero_grad(set_to_none=True)

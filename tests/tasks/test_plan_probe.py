@@ -391,6 +391,43 @@ def test_the_probe_times_each_sides_share_of_the_threads_only_where_a_candidate_
     assert all(torch.equal(before[k], v) for k, v in policy.model.state_dict().items())
 
 
+def test_the_splits_generator_process_is_kept_for_the_training_that_fits_it(setting, tmp_path):
+    """With a handover, the split's generator process is kept rather than stopped: the process gets its threads
+    back for the stages before the training, and a lag-1 training of the same policy samples from that process
+    (with the trainer's share of the threads) instead of starting another; closing it leaves none."""
+    import multiprocessing
+
+    from tasks.calibration.reference import rollout_rewards
+    from tasks.overlap.concurrent import SamplerHandover, open_sampler, thread_split
+
+    cfg, pool, calibration = setting
+    policy = tiny_policy()
+    records = [pool[i] for i in calibration.indices[:4]]
+    grpo = composition("grpo", candidate_config(cfg, "grpo"), len(pool))
+    threads = torch.get_num_threads()
+    handover = SamplerHandover()
+    inputs = ProbeInputs(records=records, pool=pool, calibration=calibration, stats=pool_stats(
+        policy, pool, calibration, cfg), comps=[grpo, replace(grpo, name="over", overlap=True)], scratch=tmp_path,
+        split=(1, 1), handover=handover)
+    assert probe_costs(policy, cfg, inputs, seed=0).split is not None
+
+    def generators():
+        return [p for p in multiprocessing.active_children() if p.name == "rlsift-generator"]
+
+    kept = handover.kept
+    assert kept is not None and kept.process.alive and len(generators()) == 1
+    assert torch.get_num_threads() == threads
+    sampling = open_sampler(policy, 1, threads=cfg.overlap.generator_threads, handover=handover)
+    try:
+        assert sampling is kept and handover.kept is None
+        assert torch.get_num_threads() == thread_split(threads, cfg.overlap.generator_threads)[1]  # the trainer's
+        gen, rewards = rollout_rewards(sampling.policy, records[:1], 2, 0)  # drawn in the kept process
+        assert rewards.shape == (1, 2) and gen.completion_ids.shape[0] == 2 and len(generators()) == 1
+    finally:
+        sampling.close()
+    assert torch.get_num_threads() == threads and not generators()
+
+
 def test_a_candidate_is_predicted_at_the_lag_it_will_train_with(monkeypatch):
     """overlap.lag as set; auto: 1 where the sampler and the trainer run apart, else left to the overlap's probe
     after the choice, and predicted at lag 0."""
