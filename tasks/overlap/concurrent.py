@@ -202,8 +202,7 @@ def open_sampler(trainer: Policy, lag: int, *, threads: int | None = None, needs
                     on_temp_dir: Callable[[str, int], None] | None = None,
                     handover: SamplerHandover | None = None) -> Sampler:
     """The training's sampler: the one ``handover`` kept from a probe (the overlap's, or the plan's split) where it
-    serves this training,
-    else a new :class:`Sampler` (same arguments)."""
+    serves this training, else a new :class:`Sampler` (same arguments)."""
     kept = handover.take(trainer, lag, threads, on_temp_dir) if handover is not None else None
     if kept is not None:
         log.info("rollouts: from the generator process a probe started (kept for the training, not started again)")
