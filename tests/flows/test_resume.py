@@ -258,6 +258,7 @@ def test_finished_rounds_stay_completed_when_the_train_stage_stops(prefect_harne
     from prefect import flow, task
     from prefect.cache_policies import NO_CACHE
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     from flows.pipeline import show_parameters
     from tasks.stages import round_task, run_round
@@ -290,7 +291,7 @@ def test_finished_rounds_stay_completed_when_the_train_stage_stops(prefect_harne
         assert params == {"config": "conf/smoke.yaml", "overrides": ["plan.auto=true"], "resume": "abc"}
         deadline = time.time() + 60
         while True:
-            runs = client.read_task_runs()
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
             parents = {r.id: r.name for r in runs if r.name.startswith("train-")}
             rounds = {}
             for r in runs:
