@@ -89,16 +89,18 @@ def test_the_description_starts_with_the_prefect_link_and_a_resumed_runs_whole_t
         assert run.info.started is not None  # kept in info.json from the run's first open
         run.info = replace(run.info, flow_run_id="f-1", started=1000.0)
         s = replace(base(), run_id=run.run_id, name="grpo x", status="cancelled", reason="by SIGTERM", wall_s=131.4)
-        assert describe(run, s).splitlines()[0] == \
-            f"**grpo x**: cancelled in 131 s (rlsift run `{run.run_id}`; Prefect flow run f-1)"
+        with temporary_settings(restore_defaults={PREFECT_API_URL}):  # no Prefect API, whatever the tests started
+            assert describe(run, s).splitlines()[0] == \
+                f"**grpo x**: cancelled in 131 s (rlsift run `{run.run_id}`; Prefect flow run f-1)"
         with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
             first = describe(run, s).splitlines()[0]
         assert first.endswith("; Prefect flow run [f-1](http://127.0.0.1:4200/runs/flow-run/f-1))")
         run.resumed = True
-        assert describe(run, s, now=1000.0 + 1128).splitlines()[0] == (
-            f"**grpo x**: cancelled in 131 s after its resume, 18.8 min from its start to its end (MLflow's Duration, "
-            f"the stop included) (rlsift run `{run.run_id}`; Prefect flow run f-1)")
-        assert "from its start" not in describe(run, s, now=1000.0 + 1128).split("\n", 1)[1]
+        with temporary_settings(restore_defaults={PREFECT_API_URL}):
+            assert describe(run, s, now=1000.0 + 1128).splitlines()[0] == (
+                f"**grpo x**: cancelled in 131 s after its resume, 18.8 min from its start to its end (MLflow's "
+                f"Duration, the stop included) (rlsift run `{run.run_id}`; Prefect flow run f-1)")
+            assert "from its start" not in describe(run, s, now=1000.0 + 1128).split("\n", 1)[1]
     finally:
         run.close("failed", {})
 
