@@ -14,10 +14,9 @@ from prefect.testing.utilities import prefect_test_harness
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def prefect_harness():
-    """A temporary Prefect API (fresh SQLite) for the flow tests, started once (9-12 s on 2 cores) and shared by
-    their modules: a test reads only its own flow runs (by id), never every run the API holds."""
+    """A temporary Prefect API (fresh SQLite) for the flow tests of one module."""
     with prefect_test_harness(server_startup_timeout=120):
         yield
 
