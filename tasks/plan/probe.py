@@ -59,8 +59,6 @@ calibration's call, where it is the large one, is timed once, not until stable.
 
 from __future__ import annotations
 
-import itertools
-import json
 import logging
 import math
 import statistics
@@ -75,7 +73,6 @@ import torch
 from rlcore.advantages import group_advantages
 from rlcore.plan import call_rows, draw_calls, update_rows
 from rlcore.plan_draw import Composition, PoolStats
-from rlcore.selection import sample_prompts, uniform_weights
 from rlcore.step_costs import CallCost, FixedCosts, UnitCosts
 from rlcore.types import RolloutGroup
 from tasks.calibration.record import Calibration
@@ -83,6 +80,7 @@ from tasks.config import Config
 from tasks.data.prompts import PromptRecord
 from tasks.generation.rollout import Generation
 from tasks.overlap.concurrent import SamplerHandover
+from tasks.plan.probe_bookkeeping import probe_bookkeeping
 from tasks.plan.probe_cache import ProbeMemo
 from tasks.plan.probe_generation import calibration_call, call_lengths, cycle_records, probe_generation
 from tasks.plan.probe_screen import probe_screen, screen_counts, solution_lengths
@@ -90,8 +88,6 @@ from tasks.plan.probe_split import probe_split
 from tasks.plan.timing import CHEAP, COSTLY, ONCE, Timing, Untrusted, time_until_stable
 from tasks.policy import Policy
 from tasks.records.files import atomic_write
-from tasks.records.ledger import GroupRow, Ledger, SelectionRow, StepRows
-from tasks.records.tracking.outbox import Outbox
 from tasks.selection.dots import dots_predictor
 from tasks.selection.features import compute_features
 from tasks.update.distributed import optimizer_step
@@ -100,9 +96,6 @@ from tasks.update.precision import resolve_precision
 from tasks.update.updater import LossSettings
 
 log = logging.getLogger(__name__)
-
-#: Values a training step logs (tasks/training/loop.py; 78-84 on the embedded task): the probe's metrics line.
-STEP_METRICS = 80
 
 
 @dataclass(frozen=True)
@@ -172,7 +165,7 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, dev
         split = kept["split"]
     if (kept := part.reuse("bookkeeping", pool_sizes)) is None:
         say("probe: a step's bookkeeping (its ledger rows and metrics line)")
-        kept = part.timed("bookkeeping", pool_sizes, lambda: {"step_s": _probe_bookkeeping(
+        kept = part.timed("bookkeeping", pool_sizes, lambda: {"step_s": probe_bookkeeping(
             records, cfg, len(inputs.pool), inputs.scratch, untrusted)})
     costs = UnitCosts(generate=generate, update=update, forward=CallCost(0.0, 0.0), completion_tokens=completion,
                       prompt_tokens=prompt, fixed=FixedCosts(optimizer_s=optimizer_s, step_s=kept["step_s"],
@@ -358,37 +351,6 @@ def time_optimizer_step(model: torch.nn.Module, optimizer, params, grad_clip: fl
     finally:
         for p in params:
             p.grad = None
-
-
-def _probe_bookkeeping(records: list[PromptRecord], cfg: Config, pool_size: int, scratch: Path | None,
-                       untrusted: Untrusted) -> float:
-    """Seconds of a step's bookkeeping (module docstring): the draw, the ledger's rows, the metrics line."""
-    b, steps_a_round = cfg.train.prompts_per_step, cfg.train.round_steps
-    ids = [r.id for r in cycle_records(records, b)]
-    selections = tuple(SelectionRow(prompt_id=i, selector="uniform", weight=1.0 / pool_size) for i in ids)
-    groups = tuple(GroupRow(prompt_id=i, n=cfg.rollout.n, successes=1, mean_reward=1 / cfg.rollout.n,
-                            kept=cfg.rollout.n, kept_mean_reward=1 / cfg.rollout.n, replayed=False, from_step=0)
-                   for i in ids)
-    weights = uniform_weights(pool_size)
-    metrics = {f"probe/value_{i}": float(i) for i in range(STEP_METRICS)}
-    with tempfile.TemporaryDirectory(prefix="rlsift-probe-", dir=scratch) as tmp, \
-            Ledger(Path(tmp) / "ledger.duckdb") as ledger:
-        outbox, lines = Outbox(Path(tmp) / "outbox.jsonl"), Path(tmp) / "metrics.jsonl"
-
-        steps = iter(range(1_000_000))
-
-        def round_() -> None:
-            held = []
-            for s in itertools.islice(steps, steps_a_round):
-                sample_prompts(weights, min(b, pool_size), torch.Generator().manual_seed(s), method="weighted")
-                held.append(StepRows(0, s, (), selections, groups))
-                outbox.append({"kind": "metrics", "step": s, "ts": 0, "metrics": metrics})
-                with open(lines, "a") as f:
-                    f.write(json.dumps({"step": s, **metrics}) + "\n")
-            ledger.add_steps("probe", held)
-
-        round_()  # warm-up: the first insert prepares what the later ones reuse
-        return untrusted.timed(round_, CHEAP, "a round's bookkeeping")[0] / steps_a_round
 
 
 def _probe_scoring(policy: Policy, cfg: Config, inputs: ProbeInputs, dots: Config | None, seed: int,

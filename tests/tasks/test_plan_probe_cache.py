@@ -119,7 +119,7 @@ def test_a_second_plan_reuses_every_part_and_times_none(setting, tmp_path, monke
     def timed_again(*args, **kwargs):
         raise AssertionError("a kept part was timed again")
 
-    for name in ("probe_generation", "_probe_update", "probe_split", "_probe_bookkeeping", "probe_screen"):
+    for name in ("probe_generation", "_probe_update", "probe_split", "probe_bookkeeping", "probe_screen"):
         monkeypatch.setattr(probe_module, name, timed_again)
     second = make_plan(cfg, policy, pool, calibration, candidates=CANDIDATES, scratch=tmp_path,
                        kept=tmp_path / "kept")
