@@ -37,7 +37,7 @@ from tasks.generation.rollout import HFEngine, end_of_turn_ids
 from tasks.model import gguf_source
 from tasks.model.loading import load_policy
 from tasks.model.lora import apply_lora
-from tasks.model.warmstart import sft_records, warm_start
+from tasks.model.warmstart import SftRecipe, warm_start
 from tasks.overlap.lag import decide_lag, lag_from_json, lag_to_json
 from tasks.plan.artifact import plan_table
 from tasks.plan.planner import make_plan, probe_records, reads_upfront
@@ -124,8 +124,8 @@ def policy_source(cfg: Config) -> str:
     if mc.path:
         return mc.path
     ws = mc.warmstart
-    sft = sft_records(WARMSTART_SEED + cfg.seed, max(ws.steps, 1) * ws.batch_size, ws.mix,
-                      ws.flawed)  # one pass over fresh worked solutions
+    sft = SftRecipe(WARMSTART_SEED + cfg.seed, max(ws.steps, 1) * ws.batch_size, ws.mix,
+                    ws.flawed)  # one pass over fresh worked solutions, drawn only if it trains
     return str(warm_start(sft, cache, hidden=mc.hidden,
                           layers=mc.layers, heads=mc.heads, steps=ws.steps, batch_size=ws.batch_size, lr=ws.lr,
                           seed=cfg.seed))

@@ -105,6 +105,55 @@ def test_warm_start_caches_by_fingerprint(records, tmp_path):
     assert model.config.hidden_size == 64 and tok.padding_side == "left"
 
 
+def test_a_recipes_data_hash_is_kept_and_its_records_drawn_only_to_train(tmp_path, monkeypatch):
+    """A warm start asked by its recipe (the run's default) trains the weights, and names the folder, that its records
+    give; the records' hash is kept in the cache, so the next call draws no record (the default's 76,800 took 4.5 s
+    of every run). A kept file that cannot be read is computed again."""
+    recipe = warmstart.SftRecipe(seed=3, n=40, mix="uniform", flawed=0.5)
+    by_records = warmstart.warm_start(recipe.records(), tmp_path / "records", steps=2, **TINY)
+    by_recipe = warmstart.warm_start(recipe, tmp_path / "recipe", steps=2, **TINY)
+    assert by_recipe.name == by_records.name
+    ma, mb = policy.load_policy(by_records)[0], policy.load_policy(by_recipe)[0]
+    assert all(torch.equal(x, y) for x, y in zip(ma.state_dict().values(), mb.state_dict().values(), strict=True))
+    kept = tmp_path / "recipe" / "sft-data" / f"{recipe.key()}.json"
+    assert json.loads(kept.read_text())["data_hash"] == warmstart.data_hash(recipe.records())
+
+    def no_draw(*_a, **_k):
+        raise AssertionError("records drawn where their hash was kept")
+
+    with monkeypatch.context() as m:
+        m.setattr(warmstart, "sft_records", no_draw)
+        assert warmstart.warm_start(recipe, tmp_path / "recipe", steps=2, **TINY) == by_recipe
+        # the kept hash names a folder not trained yet: its records are drawn then, to train on
+        with pytest.raises(AssertionError, match="records drawn"):
+            warmstart.warm_start(recipe, tmp_path / "recipe", steps=3, **TINY)
+    kept.write_text("{torn")
+    assert warmstart.warm_start(recipe, tmp_path / "recipe", steps=2, **TINY) == by_recipe
+    assert json.loads(kept.read_text())["data_hash"] == warmstart.data_hash(recipe.records())
+
+
+def test_a_recipes_key_changes_with_what_draws_its_records(tmp_path, monkeypatch):
+    """The kept hash is keyed by the recipe, the code that draws its records and Python's version: an edit of
+    tasks/data/arith.py or of the warm start's module (either could draw other records) is another key, never a
+    stale hash."""
+    recipe = warmstart.SftRecipe(seed=3, n=40)
+    key = recipe.key()
+    assert key == warmstart.SftRecipe(seed=3, n=40).key()
+    assert {warmstart.SftRecipe(seed=4, n=40).key(), warmstart.SftRecipe(seed=3, n=41).key(),
+            warmstart.SftRecipe(seed=3, n=40, flawed=0.7).key()}.isdisjoint({key})
+    edited = tmp_path / "arith.py"
+    edited.write_bytes(open(arith.__file__, "rb").read() + b"# an edit\n")
+    monkeypatch.setattr(arith, "__file__", str(edited))
+    assert recipe.key() != key
+    monkeypatch.undo()
+    edited.write_bytes(open(warmstart.__file__, "rb").read() + b"# an edit\n")
+    monkeypatch.setattr(warmstart, "__file__", str(edited))
+    assert recipe.key() != key
+    monkeypatch.undo()
+    monkeypatch.setattr(warmstart.sys, "version_info", (3, 99, 0))
+    assert recipe.key() != key
+
+
 def test_warm_start_is_deterministic(records, tmp_path):
     a = warmstart.warm_start(records, tmp_path / "a", steps=2, **TINY)
     b = warmstart.warm_start(records, tmp_path / "b", steps=2, **TINY)
