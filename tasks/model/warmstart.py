@@ -134,7 +134,7 @@ def data_hash(records: Sequence[PromptRecord]) -> str:
 def recipe_data_hash(recipe: SftRecipe, cache: str | Path) -> tuple[str, list[PromptRecord] | None]:
     """:func:`data_hash` of ``recipe.records()``, kept in ``<cache>/sft-data/<recipe.key()>.json`` once computed;
     with the records where it drew them (None where the hash was kept). A kept file that cannot be read is
-    computed again and replaced."""
+    computed again and replaced; one that cannot be written (a read-only cache) is logged and the run goes on."""
     path = Path(cache) / "sft-data" / f"{recipe.key()}.json"
     try:
         kept = json.loads(path.read_text())["data_hash"]
@@ -144,8 +144,12 @@ def recipe_data_hash(recipe: SftRecipe, cache: str | Path) -> tuple[str, list[Pr
         pass
     records = recipe.records()
     digest = data_hash(records)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, {"data_hash": digest, **dataclasses.asdict(recipe)})
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, {"data_hash": digest, **dataclasses.asdict(recipe)})
+    except OSError as err:
+        log.warning("warm start: the data's hash not kept in %s (%s); the next run draws its records again",
+                    path.parent, err)
     return digest, records
 
 

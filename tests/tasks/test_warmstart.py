@@ -130,6 +130,11 @@ def test_a_recipes_data_hash_is_kept_and_its_records_drawn_only_to_train(tmp_pat
     kept.write_text("{torn")
     assert warmstart.warm_start(recipe, tmp_path / "recipe", steps=2, **TINY) == by_recipe
     assert json.loads(kept.read_text())["data_hash"] == warmstart.data_hash(recipe.records())
+    # a cache where the hash cannot be kept: the same folder, the hash computed each time
+    (tmp_path / "blocked").mkdir()
+    (tmp_path / "blocked" / "sft-data").write_text("a file where the folder would be")
+    digest, drawn = warmstart.recipe_data_hash(recipe, tmp_path / "blocked")
+    assert digest == warmstart.data_hash(recipe.records()) and drawn == recipe.records()
 
 
 def test_a_recipes_key_changes_with_what_draws_its_records(tmp_path, monkeypatch):
