@@ -37,7 +37,8 @@ from tasks.generation.rollout import HFEngine, end_of_turn_ids
 from tasks.model import gguf_source
 from tasks.model.loading import load_policy
 from tasks.model.lora import apply_lora
-from tasks.model.warmstart import SftRecipe, warm_start
+from tasks.model.warmstart import warm_start
+from tasks.model.warmstart_data import SftRecipe
 from tasks.overlap.lag import decide_lag, lag_from_json, lag_to_json
 from tasks.plan.artifact import plan_table
 from tasks.plan.planner import make_plan, probe_records, reads_upfront

@@ -16,7 +16,7 @@ randomly initialised tiny Llama on the bundled task's worked solutions. Choices:
   peak lr 2e-3) and the 5 percent warmup here were tuned on the bundled task with ``sft_records`` (higher peak
   rates learned more slowly; the per-level accuracy it reaches is in ``tasks.data.arith.LEVELS``; its time on
   2 cores is in the README).
-- The demonstrations slip on purpose (``sft_records(flawed=...)``; the run config's
+- The demonstrations slip on purpose (tasks/model/warmstart_data.py ``sft_records(flawed=...)``; the run config's
   ``model.warmstart.flawed`` is 0.7): 70 percent of those where it changes the answer are worked left to
   right, ignoring precedence and parentheses (0.5 and 0.85 gained less under GRPO: docs/benchmarks.md).
   Measured on the bundled task: with clean demonstrations the tiny
@@ -28,9 +28,8 @@ randomly initialised tiny Llama on the bundled task's worked solutions. Choices:
   hyper-parameters, the training settings, the tokenizer's vocabulary, a hash of the training data and
   ``CODE_VERSION``; a second call with the same inputs returns that folder at once. The folder is written
   under a temporary name and renamed when complete, so an interrupted run never leaves a half-written
-  cache entry. The run's data comes as an :class:`SftRecipe` (the arguments of :func:`sft_records`): the hash of
-  its records is kept in the cache by the recipe, the generator's code and Python's version, so a later run
-  finds its warm start without drawing the default's 76,800 records again (4.5 s of each `rlsift run`).
+  cache entry. The run's data comes as a recipe (tasks/model/warmstart_data.py ``SftRecipe``): the hash of its
+  records is kept in the cache, so a later run finds its warm start without drawing them again.
 - The repository ships the embedded default's warm start for seed 0 (``assets/tiny-warmstart``, made by this
   code and kept with its ``meta.json``): a call whose fingerprint equals the one recorded there returns that
   folder instead of training (:func:`shipped`), so the default run starts in seconds; any other fingerprint
@@ -40,15 +39,12 @@ randomly initialised tiny Llama on the bundled task's worked solutions. Choices:
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
 import math
 import os
-import random
 import shutil
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -57,10 +53,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tasks.data import arith, arith_grade
+from tasks.data import arith_grade
 from tasks.data.prompts import PromptRecord
 from tasks.model.loading import build_tiny_model, build_tokenizer, format_prompt, save_policy
-from tasks.records.files import publish_folder, write_json
+from tasks.model.warmstart_data import SftRecipe, data_hash, recipe_data_hash
+from tasks.records.files import publish_folder
 from tasks.records.progress import progress_bar
 
 if TYPE_CHECKING:  # annotations only: transformers loads with the first model, not at import
@@ -73,84 +70,6 @@ CODE_VERSION = "warmstart-v1"
 META_FILE = "meta.json"
 #: Warm starts the repository ships (their folders, each with the ``meta.json`` it was saved with).
 SHIPPED = (Path(__file__).resolve().parents[2] / "assets" / "tiny-warmstart",)
-
-
-def sft_records(seed: int, n: int, mix: str = "warmstart", flawed: float = 0.0) -> list[PromptRecord]:
-    """The warm start's training data: ``n`` train-split worked solutions of ``mix``, repeats allowed.
-
-    With ``n = steps * batch_size`` every step sees new draws (the small level-1 space repeats, by design).
-    ``flawed`` is the share of demonstrations, among those where it changes the answer, that make the
-    procedural slip of ``arith.flawed_solution`` (left to right, ignoring precedence and parentheses), with
-    its wrong final answer: real supervised data carries habits like this, and removing them is the job RL
-    with a verifier does well. The record keeps its question and true ``answer``; only the solution slips.
-    """
-    if not 0.0 <= flawed <= 1.0:
-        raise ValueError(f"flawed must lie in [0, 1], got {flawed!r}")
-    recs = arith.generate(seed, n, "train", mix, unique=False)
-    if not flawed:
-        return recs
-    rng = random.Random(f"rlsift-warmstart-flawed:{seed}")
-    out = []
-    for r in recs:
-        slip = arith.flawed_solution(r.question, r.level, int(r.answer)) if rng.random() < flawed else None
-        out.append(dataclasses.replace(r, solution=slip.solution) if slip else r)
-    return out
-
-
-@dataclasses.dataclass(frozen=True)
-class SftRecipe:
-    """The warm start's data as :func:`sft_records` draws it (its arguments). Drawing the default's 76,800 records
-    takes about 4.5 s on a CPU core, and a run needs only their hash to find its warm start, cached or shipped:
-    :func:`recipe_data_hash` keeps that hash beside the cache, and the records are drawn again only to train."""
-
-    seed: int
-    n: int
-    mix: str = "warmstart"
-    flawed: float = 0.0
-
-    def records(self) -> list[PromptRecord]:
-        return sft_records(self.seed, self.n, self.mix, self.flawed)
-
-    def key(self) -> str:
-        """sha256 of the arguments and of what draws the records from them: the task's generator
-        (tasks/data/arith.py) and this module (:func:`sft_records`), each file whole, and Python's version (its
-        ``random`` draws them). A change of any of these is another key, so a kept hash is never one of other data
-        (an edit of either file that draws the same records costs one more draw)."""
-        code = hashlib.sha256(Path(arith.__file__).read_bytes() + Path(__file__).read_bytes()).hexdigest()
-        blob = json.dumps({"recipe": dataclasses.asdict(self), "code": code, "python": list(sys.version_info[:2])},
-                          sort_keys=True)
-        return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
-
-
-def data_hash(records: Sequence[PromptRecord]) -> str:
-    """sha256 over the (question, solution) pairs in order: what the warm start actually trains on."""
-    h = hashlib.sha256()
-    for r in records:
-        h.update(json.dumps([r.question, r.solution], ensure_ascii=False).encode("utf-8"))
-        h.update(b"\n")
-    return h.hexdigest()
-
-
-def recipe_data_hash(recipe: SftRecipe, cache: str | Path) -> tuple[str, list[PromptRecord] | None]:
-    """:func:`data_hash` of ``recipe.records()``, kept in ``<cache>/sft-data/<recipe.key()>.json`` once computed;
-    with the records where it drew them (None where the hash was kept). A kept file that cannot be read is
-    computed again and replaced; one that cannot be written (a read-only cache) is logged and the run goes on."""
-    path = Path(cache) / "sft-data" / f"{recipe.key()}.json"
-    try:
-        kept = json.loads(path.read_text())["data_hash"]
-        if isinstance(kept, str) and len(kept) == 64:
-            return kept, None
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    records = recipe.records()
-    digest = data_hash(records)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, {"data_hash": digest, **dataclasses.asdict(recipe)})
-    except OSError as err:
-        log.warning("warm start: the data's hash not kept in %s (%s); the next run draws its records again",
-                    path.parent, err)
-    return digest, records
 
 
 def fingerprint(settings: dict, data: str) -> str:
@@ -225,13 +144,6 @@ def warm_start(
     Raises:
         ValueError: no records, a record without a solution, or a non-positive size / rate.
     """
-    if isinstance(records_train, SftRecipe):
-        if records_train.n < 1:
-            raise ValueError(f"warm_start needs at least one training record; the recipe draws {records_train.n}")
-    elif not records_train:
-        raise ValueError("warm_start needs at least one training record")
-    elif any(not r.solution for r in records_train):
-        raise ValueError("every warm-start record needs a worked solution; got one with solution=''")
     if steps < 0 or batch_size <= 0 or not lr > 0 or not 0 <= warmup < 1:
         raise ValueError(
             f"need steps >= 0, batch_size > 0, lr > 0, 0 <= warmup < 1; got {steps}, {batch_size}, {lr}, {warmup}"
@@ -241,10 +153,7 @@ def warm_start(
     settings = dict(hidden=hidden, layers=layers, heads=heads, steps=steps, batch_size=batch_size, lr=lr,
                     warmup=warmup, seed=seed, vocab=vocab)
     out_dir = Path(out_dir)
-    if isinstance(records_train, SftRecipe):
-        data, records = recipe_data_hash(records_train, out_dir)
-    else:
-        data, records = data_hash(records_train), list(records_train)
+    data, records = _data(records_train, out_dir)
     fp = fingerprint(settings, data)
     final = out_dir / fp
     if (final / META_FILE).is_file():
@@ -271,6 +180,21 @@ def warm_start(
     meta = _publish(model, tokenizer, final, settings=settings, n_records=len(records), losses=losses, t0=t0)
     log.info("warm start: %d steps in %.1f s, final loss %s -> %s", steps, meta["wall_s"], meta["final_loss"], final)
     return final
+
+
+def _data(records_train: Sequence[PromptRecord] | SftRecipe, cache: Path
+          ) -> tuple[str, list[PromptRecord] | None]:
+    """The training data's hash and its records (None: a recipe whose hash the cache kept, drawn only to train);
+    bad data is a ValueError."""
+    if isinstance(records_train, SftRecipe):
+        if records_train.n < 1:
+            raise ValueError(f"warm_start needs at least one training record; the recipe draws {records_train.n}")
+        return recipe_data_hash(records_train, cache)
+    if not records_train:
+        raise ValueError("warm_start needs at least one training record")
+    if any(not r.solution for r in records_train):
+        raise ValueError("every warm-start record needs a worked solution; got one with solution=''")
+    return data_hash(records_train), list(records_train)
 
 
 def _publish(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, final: Path, *, settings: dict,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tasks.data import arith, arith_grade
 from tasks.model import loading as policy
-from tasks.model import warmstart
+from tasks.model import warmstart, warmstart_data
 
 TINY = dict(hidden=64, layers=1, heads=2, batch_size=8, lr=1e-2, seed=0, progress=False)
 
@@ -28,17 +28,17 @@ def tok():
 
 
 def test_sft_records_are_the_warmstart_mix_of_the_train_split():
-    recs = warmstart.sft_records(5, 1000)
-    assert len(recs) == 1000 and {r.split for r in recs} == {"train"} and recs == warmstart.sft_records(5, 1000)
+    recs = warmstart_data.sft_records(5, 1000)
+    assert len(recs) == 1000 and {r.split for r in recs} == {"train"} and recs == warmstart_data.sft_records(5, 1000)
     counts = arith.level_counts(1000, arith.MIXES["warmstart"])
     assert all(sum(r.level == lv for r in recs) == c for lv, c in counts.items())
 
 
 def test_flawed_share_slips_only_where_it_changes_the_answer():
-    clean = warmstart.sft_records(5, 2000)
-    assert warmstart.sft_records(5, 2000, flawed=0.0) == clean
-    slipped = warmstart.sft_records(5, 2000, flawed=0.5)
-    assert slipped == warmstart.sft_records(5, 2000, flawed=0.5)  # deterministic
+    clean = warmstart_data.sft_records(5, 2000)
+    assert warmstart_data.sft_records(5, 2000, flawed=0.0) == clean
+    slipped = warmstart_data.sft_records(5, 2000, flawed=0.5)
+    assert slipped == warmstart_data.sft_records(5, 2000, flawed=0.5)  # deterministic
     eligible = changed = 0
     for c, f in zip(clean, slipped, strict=True):
         assert (f.question, f.answer, f.level) == (c.question, c.answer, c.level)  # the reference stays true
@@ -48,10 +48,10 @@ def test_flawed_share_slips_only_where_it_changes_the_answer():
             changed += 1
             assert f.solution == slip.solution and arith_grade.verify(f.solution, f.answer) == 0.0
     assert eligible > 300 and 0.4 < changed / eligible < 0.6
-    every = warmstart.sft_records(5, 2000, flawed=1.0)
+    every = warmstart_data.sft_records(5, 2000, flawed=1.0)
     assert sum(f.solution != c.solution for c, f in zip(clean, every, strict=True)) == eligible
     with pytest.raises(ValueError, match="flawed"):
-        warmstart.sft_records(5, 10, flawed=1.5)
+        warmstart_data.sft_records(5, 10, flawed=1.5)
 
 
 def test_examples_mask_everything_but_the_solution(tok):
@@ -109,53 +109,53 @@ def test_a_recipes_data_hash_is_kept_and_its_records_drawn_only_to_train(tmp_pat
     """A warm start asked by its recipe (the run's default) trains the weights, and names the folder, that its records
     give; the records' hash is kept in the cache, so the next call draws no record (the default's 76,800 took 4.5 s
     of every run). A kept file that cannot be read is computed again."""
-    recipe = warmstart.SftRecipe(seed=3, n=40, mix="uniform", flawed=0.5)
+    recipe = warmstart_data.SftRecipe(seed=3, n=40, mix="uniform", flawed=0.5)
     by_records = warmstart.warm_start(recipe.records(), tmp_path / "records", steps=2, **TINY)
     by_recipe = warmstart.warm_start(recipe, tmp_path / "recipe", steps=2, **TINY)
     assert by_recipe.name == by_records.name
     ma, mb = policy.load_policy(by_records)[0], policy.load_policy(by_recipe)[0]
     assert all(torch.equal(x, y) for x, y in zip(ma.state_dict().values(), mb.state_dict().values(), strict=True))
     kept = tmp_path / "recipe" / "sft-data" / f"{recipe.key()}.json"
-    assert json.loads(kept.read_text())["data_hash"] == warmstart.data_hash(recipe.records())
+    assert json.loads(kept.read_text())["data_hash"] == warmstart_data.data_hash(recipe.records())
 
     def no_draw(*_a, **_k):
         raise AssertionError("records drawn where their hash was kept")
 
     with monkeypatch.context() as m:
-        m.setattr(warmstart, "sft_records", no_draw)
+        m.setattr(warmstart_data, "sft_records", no_draw)
         assert warmstart.warm_start(recipe, tmp_path / "recipe", steps=2, **TINY) == by_recipe
         # the kept hash names a folder not trained yet: its records are drawn then, to train on
         with pytest.raises(AssertionError, match="records drawn"):
             warmstart.warm_start(recipe, tmp_path / "recipe", steps=3, **TINY)
     kept.write_text("{torn")
     assert warmstart.warm_start(recipe, tmp_path / "recipe", steps=2, **TINY) == by_recipe
-    assert json.loads(kept.read_text())["data_hash"] == warmstart.data_hash(recipe.records())
+    assert json.loads(kept.read_text())["data_hash"] == warmstart_data.data_hash(recipe.records())
     # a cache where the hash cannot be kept: the same folder, the hash computed each time
     (tmp_path / "blocked").mkdir()
     (tmp_path / "blocked" / "sft-data").write_text("a file where the folder would be")
-    digest, drawn = warmstart.recipe_data_hash(recipe, tmp_path / "blocked")
-    assert digest == warmstart.data_hash(recipe.records()) and drawn == recipe.records()
+    digest, drawn = warmstart_data.recipe_data_hash(recipe, tmp_path / "blocked")
+    assert digest == warmstart_data.data_hash(recipe.records()) and drawn == recipe.records()
 
 
 def test_a_recipes_key_changes_with_what_draws_its_records(tmp_path, monkeypatch):
     """The kept hash is keyed by the recipe, the code that draws its records and Python's version: an edit of
-    tasks/data/arith.py or of the warm start's module (either could draw other records) is another key, never a
+    tasks/data/arith.py or of tasks/model/warmstart_data.py (either could draw other records) is another key, never a
     stale hash."""
-    recipe = warmstart.SftRecipe(seed=3, n=40)
+    recipe = warmstart_data.SftRecipe(seed=3, n=40)
     key = recipe.key()
-    assert key == warmstart.SftRecipe(seed=3, n=40).key()
-    assert {warmstart.SftRecipe(seed=4, n=40).key(), warmstart.SftRecipe(seed=3, n=41).key(),
-            warmstart.SftRecipe(seed=3, n=40, flawed=0.7).key()}.isdisjoint({key})
+    assert key == warmstart_data.SftRecipe(seed=3, n=40).key()
+    assert {warmstart_data.SftRecipe(seed=4, n=40).key(), warmstart_data.SftRecipe(seed=3, n=41).key(),
+            warmstart_data.SftRecipe(seed=3, n=40, flawed=0.7).key()}.isdisjoint({key})
     edited = tmp_path / "arith.py"
     edited.write_bytes(open(arith.__file__, "rb").read() + b"# an edit\n")
     monkeypatch.setattr(arith, "__file__", str(edited))
     assert recipe.key() != key
     monkeypatch.undo()
-    edited.write_bytes(open(warmstart.__file__, "rb").read() + b"# an edit\n")
-    monkeypatch.setattr(warmstart, "__file__", str(edited))
+    edited.write_bytes(open(warmstart_data.__file__, "rb").read() + b"# an edit\n")
+    monkeypatch.setattr(warmstart_data, "__file__", str(edited))
     assert recipe.key() != key
     monkeypatch.undo()
-    monkeypatch.setattr(warmstart.sys, "version_info", (3, 99, 0))
+    monkeypatch.setattr(warmstart_data.sys, "version_info", (3, 99, 0))
     assert recipe.key() != key
 
 
