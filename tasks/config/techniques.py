@@ -80,9 +80,9 @@ class PlanConfig(_Frozen):
     min_signal: float = Field(0.95, ge=0, le=1, description=(
         "A candidate qualifies when its predicted informative groups a step are at least this share of the "
         "baseline's; the cheapest qualifying one is chosen. 1: GRPO's signal. Candidates at 0.8 to 0.9 of it ended "
-        "half a point to a point below GRPO (docs/benchmarks.md, S26, S27, S38); one at 0.98, whose prediction "
-        "fell between 0.96 and 1.01 by seed, ended 0.8 above (S38): 0.95 lets the prediction's noise pass, not "
-        "those (S39)."))
+        "half a point to a point below GRPO (docs/benchmarks.md, S27, and 'Every idea tried', the signal floor's "
+        "row); one at 0.98, whose prediction fell between 0.96 and 1.01 by seed, ended 0.8 above (S38): 0.95 lets "
+        "the prediction's noise pass, not those (S39)."))
     prune: bool = Field(True, description=(
         "Once the probe has timed what every step pays (generation, the update, the optimizer step, a checkpoint, "
         "the bookkeeping), stop measuring for the candidates that could not be chosen even if what they alone pay "

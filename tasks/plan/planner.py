@@ -234,7 +234,8 @@ def one_after_the_other(c: Composition) -> Composition:
     """``c`` predicted with its draw and update one after the other: the step's work, which the choice compares.
     The overlap packs that work differently by candidate on split cores, and a choice by the overlapped step took
     DOTS's candidates on `balanced`, whose signal the plan predicts high there: -1.2 points against GRPO, p =
-    0.0009, where the choice by work keeps GRPO's accuracy (docs/benchmarks.md, S47)."""
+    0.0009, where the choice by work keeps GRPO's accuracy (docs/benchmarks.md, "Every idea tried", row "The plan
+    ranks the candidates by their overlapped step")."""
     return replace(c, overlap=False)
 
 

@@ -132,8 +132,8 @@ def test_a_cost_the_probe_cannot_trust_is_said_so_never_0_ms():
 
 
 def test_where_20_screened_prompts_fall_short_of_grpos_signal_the_plan_takes_24_not_plain_grpo():
-    """The screened uniform draw on 24 and 28 prompts (conf/bench/grpo_screen_24.yaml, _28; docs/benchmarks.md, the
-    S36 tables): where the reference set puts grpo_screen's 20 groups under plain GRPO's informative groups a step,
+    """The screened uniform draw on 24 and 28 prompts (conf/bench/grpo_screen_24.yaml, _28; docs/benchmarks.md,
+    S36): where the reference set puts grpo_screen's 20 groups under plain GRPO's informative groups a step,
     the default candidates keep the draw on 24 prompts instead of falling back to plain GRPO."""
     from rlcore.plan import predict
     from rlcore.plan_choice import choose
