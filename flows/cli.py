@@ -119,7 +119,7 @@ def parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="every preset and TRL on the same budget: time to target")
     common(b)
     b.add_argument("--quick", action="store_true", help=("auto, dapo and TRL against plain GRPO, 2 seeds of 30 "
-                                                          "steps: about 6 minutes on 2 cores (docs/benchmarks.md)"))
+                                                          "steps: about 8 minutes on 2 cores (docs/benchmarks.md)"))
     b.add_argument("--seeds", type=int, default=None, help=("seeds per configuration (default: flows/bench_arms.py "
                                                             "QUICK_SEEDS with --quick, else SEEDS)"))
     b.add_argument("--presets", help=("comma-separated subset of presets, leave-one-out arms (all-dots, ...) "

@@ -20,20 +20,26 @@ def _f(x, fmt: str = ".3f", none: str = "-") -> str:
 
 def plain_markdown(result: dict) -> list[str]:
     """One sentence per arm: its clock to the baseline's final accuracy and its final accuracy against the
-    baseline's, each said to be decided or not by the figures (Welch interval over seeds; paired McNemar)."""
+    baseline's, each said to be decided or not by the figures (Welch interval over seeds; paired McNemar). The
+    clock is read on the arm's seed-mean curve: where that curve never gets there, the sentence says so and how many
+    seeds did on their own, whatever the per-seed verdict."""
     rows = [r for r in result["configurations"] if r.get("verdicts")]
     if not rows:
         return []
-    lines = [f"What the figures say, against `{result['baseline']}`:", ""]
+    base = result["baseline"]
+    lines = [f"What the figures say, against `{base}`:", ""]
     for r in rows:
         clock = r["verdicts"]["final"]["wall_s"]
-        speedup = ((r.get("to_target") or {}).get("final") or {}).get("speedup")
+        target = (r.get("to_target") or {}).get("final") or {}
+        speedup, seeds = target.get("speedup"), target.get("per_seed")
         verdict = clock["verdict"] or "one seed: no interval, so the clock is not decided"
         if verdict.startswith("not reached"):
-            when = f"did not reach its final accuracy on every seed ({verdict})"
+            when = f"did not reach `{base}`'s final accuracy on every seed ({verdict})"
+        elif not speedup:
+            alone = f"; {seeds['reached']} of {seeds['seeds']} seeds did on their own" if seeds else ""
+            when = f"did not reach `{base}`'s final accuracy on its seed-mean curve ({verdict}{alone})"
         else:
-            at = f" at {1 / speedup:.2f}x its clock" if speedup else ""
-            when = f"reached its final accuracy{at} ({verdict})"
+            when = f"reached `{base}`'s final accuracy at {1 / speedup:.2f}x its clock ({verdict})"
         fp = r["verdicts"].get("final_paired")
         if fp is None:
             acc = "no paired accuracy"

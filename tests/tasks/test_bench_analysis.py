@@ -223,8 +223,8 @@ def test_verdict_table_comes_first_in_the_report():
     runs = [run("grpo", s, [0.3, 0.4, 0.5], (1, 0)) for s in (0, 1)] + \
            [run("fast", s, [0.5, 0.55, 0.55], (1, 1)) for s in (0, 1)]
     md = markdown(analyse(runs))
-    assert md.startswith("What the figures say, against `grpo`:\n\n- `fast` reached its final accuracy at 0.33x its "
-                         "clock (faster) and ended +50.0 points from it")
+    assert md.startswith("What the figures say, against `grpo`:\n\n- `fast` reached `grpo`'s final accuracy at 0.33x "
+                         "its clock (faster) and ended +50.0 points from it")
     assert "\nVerdicts against `grpo`" in md
     assert "| fast | (a) final | faster (0.33x) | faster (0.33x) | faster (0.33x) | faster (0.33x) | +0.500 (2/0" in md
 

@@ -71,12 +71,23 @@ def test_plain_verdicts_say_when_the_figures_cannot_decide():
         row("auto", 0.6, 0.5), row("dapo", 1.0, 2.4, paired_p=0.01, diff=0.02, verdict="slower", speedup=0.4),
         row("one", 0.5, 0.9, verdict=None, speedup=1.25), row("late", 0.5, 1.2, verdict="not reached (1/3 seeds)")]}
     text = "\n".join(plain_markdown(result))
-    assert ("`auto` reached its final accuracy at 0.50x its clock (faster) and ended -0.4 points from it "
+    assert ("`auto` reached `grpo-sync`'s final accuracy at 0.50x its clock (faster) and ended -0.4 points from it "
             "(p = 0.5: these figures cannot tell the accuracies apart).") in text
-    assert "`dapo` reached its final accuracy at 2.50x its clock (slower) and ended +2.0 points" in text
+    assert "`dapo` reached `grpo-sync`'s final accuracy at 2.50x its clock (slower) and ended +2.0 points" in text
     assert "a real difference" in text
-    assert "`one` reached its final accuracy at 0.80x its clock (one seed: no interval" in text
-    assert "`late` did not reach its final accuracy on every seed (not reached (1/3 seeds))" in text
+    assert "`one` reached `grpo-sync`'s final accuracy at 0.80x its clock (one seed: no interval" in text
+    assert "`late` did not reach `grpo-sync`'s final accuracy on every seed (not reached (1/3 seeds))" in text
+
+
+def test_an_arm_whose_seed_mean_curve_never_gets_there_is_not_said_to_reach_it():
+    """One seed of two at the target on each side: the per-seed verdict has no interval, and the arm's seed-mean
+    curve (what the clock is read on) ends under it, so the sentence must not say it got there."""
+    half = row("auto", 0.7, 0.5, verdict="fewer than two seeds reached it: no interval", speedup=None)
+    half["to_target"]["final"]["per_seed"] = {"reached": 1, "seeds": 2}
+    text = "\n".join(plain_markdown({"baseline": "grpo-sync", "configurations": [half]}))
+    assert ("`auto` did not reach `grpo-sync`'s final accuracy on its seed-mean curve (fewer than two seeds reached "
+            "it: no interval; 1 of 2 seeds did on their own) and ended -0.4 points from it") in text
+    assert " reached `grpo-sync`'s final accuracy at" not in text
 
 
 def test_a_sync_arm_is_predicted_one_after_the_other_and_each_clock_against_the_arm_its_baseline_runs():
