@@ -39,7 +39,7 @@ LEAVE_ONE_OUT: dict[str, tuple[str, ...]] = {
 ABLATION = (*PRESETS, *ARMS, *LEAVE_ONE_OUT)
 #: Benchmark settings under every configuration: evaluate on a fixed schedule; don't register models.
 DEFAULTS = ("eval.every=10", "tracking.register_model=false")
-#: ``--quick``: two seeds of a short budget on 300 held-out prompts (about 6 minutes on 2 cores with the warm start
+#: ``--quick``: two seeds of a short budget on 300 held-out prompts (6-8 minutes on 2 cores with the warm start
 #: cached): enough steps that GRPO's gain is far above one seed's noise, and two seeds for an interval on the clock.
 QUICK = ("train.steps=30", "train.round_steps=5", "eval.every=10", "eval.limit=300", "eval.samples=0")
 QUICK_SEEDS = 2
