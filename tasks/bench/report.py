@@ -173,16 +173,16 @@ def plan_check(result: dict, plan: dict, compositions: dict[str, str | None], ru
     gives none)."""
     by_name = {p["name"]: p for p in [plan["baseline"], *plan["predictions"]]}
     walls = {r["name"]: r["budget"]["wall_s"] for r in result["configurations"] if "budget" in r}
-    out = []
+    out, unmeasured = [], []
     for r in result["configurations"]:
         if "budget" not in r:
             continue
         pred = by_name.get(compositions.get(r["name"]) or "")
-        base = walls.get(base_arm)
+        against = base_arm
         if pred is not None and r["name"] in sequential:
             pred = one_after_the_other(pred, plan)
         if r["name"] == "auto" or r["name"].startswith("auto-"):
-            base = walls.get(auto_base)
+            against = auto_base
             chosen = [x.summary["plan"] for x in runs if x.name == r["name"] and x.ok and x.summary.get("plan")]
             if chosen:
                 pred = {"name": ",".join(sorted({c["choice"] for c in chosen})),
@@ -193,10 +193,20 @@ def plan_check(result: dict, plan: dict, compositions: dict[str, str | None], ru
                         if all("predicted_seconds" in c for c in chosen) else None}
         if pred is None:
             continue
+        base = walls.get(against)
         out.append({"arm": r["name"], "composition": pred["name"], "predicted_ratio": pred["effective_ratio"],
                     "measured_ratio": r["effective_ratio"]["mean"], "predicted_clock": pred["clock"],
-                    "measured_clock": _ratio(r["budget"]["wall_s"], base) if base else None,
+                    "measured_clock": _ratio(r["budget"]["wall_s"], base) if base else None, "clock_against": against,
                     "predicted_s": pred.get("train_s"), "measured_s": r["budget"].get("wall_s")})
+        if not base:
+            unmeasured.append(out[-1])
+    # the arm a clock is predicted against did not run (--quick runs no overlapped `grpo`): both clocks against the
+    # benchmark's baseline instead, from the seconds predicted for each arm and for the baseline
+    ref = next((c for c in out if c["arm"] == result["baseline"] and c["predicted_s"] and c["measured_s"]), None)
+    for c in unmeasured:
+        if ref is not None and c["predicted_s"] is not None:
+            c |= {"predicted_clock": c["predicted_s"] / ref["predicted_s"],
+                  "measured_clock": _ratio(c["measured_s"], ref["measured_s"]), "clock_against": ref["arm"]}
     return out
 
 

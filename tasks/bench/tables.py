@@ -18,6 +18,12 @@ def _f(x, fmt: str = ".3f", none: str = "-") -> str:
     return format(x, fmt)
 
 
+def _x(x) -> str:
+    """A clock ratio's cell: ``0.52x``, or ``-`` where there is none."""
+    cell = _f(x, ".2f")
+    return cell if cell == "-" else f"{cell}x"
+
+
 def plain_markdown(result: dict) -> list[str]:
     """One sentence per arm: its clock to the baseline's final accuracy and its final accuracy against the
     baseline's, each said to be decided or not by the figures (Welch interval over seeds; paired McNemar). The
@@ -201,9 +207,12 @@ def plan_markdown(result: dict) -> list[str]:
     rows = result.get("plan_check")
     if not rows:
         return []
+    against = sorted({f"`{c['clock_against']}`" for c in rows if c.get("clock_against")})
     lines = ["", "The plan's predictions (`rlsift plan` on this pool, before any arm ran) against the measurements: "
-             "effective-group ratio (seed mean over steps) and training clock at the budget, relative to the "
-             "baseline and in seconds (seed mean).", "", "| arm | predicted as | ratio predicted | ratio measured "
+             "effective-group ratio (seed mean over steps) and training clock at the budget, relative to "
+             f"{' or '.join(against) or 'the baseline'} (the arm the plan's clock is against where it ran, else "
+             "the benchmark's baseline by the seconds predicted for both) and in seconds (seed mean).", "",
+             "| arm | predicted as | ratio predicted | ratio measured "
              "| clock predicted | clock measured | clock error | seconds predicted | seconds measured | "
              "seconds error |", "|" + "---|" * 10]
 
@@ -212,8 +221,8 @@ def plan_markdown(result: dict) -> list[str]:
 
     for c in rows:
         lines.append(f"| {c['arm']} | {c['composition']} | {_f(c['predicted_ratio'], '.2f')} | "
-                     f"{_f(c['measured_ratio'], '.2f')} | {_f(c['predicted_clock'], '.2f')}x | "
-                     f"{_f(c['measured_clock'], '.2f')}x | {error(c['predicted_clock'], c['measured_clock'])} | "
+                     f"{_f(c['measured_ratio'], '.2f')} | {_x(c['predicted_clock'])} | "
+                     f"{_x(c['measured_clock'])} | {error(c['predicted_clock'], c['measured_clock'])} | "
                      f"{_f(c.get('predicted_s'), '.1f')} | {_f(c.get('measured_s'), '.1f')} | "
                      f"{error(c.get('predicted_s'), c.get('measured_s'))} |")
     return lines

@@ -57,13 +57,31 @@ def test_plan_check_sets_predictions_beside_measurements():
     assert [(c["arm"], c["composition"]) for c in got] == [("grpo-sync", "grpo"), ("dapo", "dapo"),
                                                            ("auto", "dots_screen")]
     assert got[1] == {"arm": "dapo", "composition": "dapo", "predicted_ratio": 1.0, "measured_ratio": 0.98,
-                      "predicted_clock": 2.2, "measured_clock": 2.5, "predicted_s": 70.4, "measured_s": 100.0}
+                      "predicted_clock": 2.2, "measured_clock": 2.5, "clock_against": "grpo-sync",
+                      "predicted_s": 70.4, "measured_s": 100.0}
     table = "\n".join(plan_markdown({"plan_check": got}))
     # the ratio's error holds the baseline's too (predicted 32 s, measured 40 s); the seconds' error the arm's alone
     assert "| grpo-sync | grpo | 0.45 | 0.40 | 1.00x | 1.00x | +0% | 32.0 | 40.0 | -20% |" in table
     assert "| dapo | dapo | 1.00 | 0.98 | 2.20x | 2.50x | -12% | 70.4 | 100.0 | -30% |" in table
     # auto: each seed's own plan, the mean of its seconds (19 and 21 s)
     assert "| auto | dots_screen | 0.70 | 0.60 | 0.40x | 0.50x | -20% | 20.0 | 20.0 | +0% |" in table
+
+
+def test_where_the_plans_baseline_arm_did_not_run_the_clocks_are_against_the_benchmarks_baseline():
+    """--quick runs no overlapped `grpo`, the arm the plan's clocks are against: both clocks are then set against
+    `grpo-sync` from the seconds (predicted 32 s for it, as the plan's own baseline; 40 s measured), not left blank."""
+    result = {"baseline": "grpo-sync", "configurations": [row("grpo-sync", 0.40, 1.0), row("dapo", 0.98, 2.5),
+                                                          row("auto", 0.6, 0.5)]}
+    runs = [SimpleNamespace(name="auto", ok=True, summary={"plan": {
+        "choice": "dots_screen", "predicted_clock": 0.4, "predicted_effective_ratio": 0.7, "predicted_seconds": 16.0}})]
+    got = {c["arm"]: c for c in plan_check(result, PLAN, {"grpo-sync": "grpo", "dapo": "dapo", "auto": None},
+                                           runs, "grpo", auto_base="grpo")}
+    assert {a: (c["predicted_clock"], c["measured_clock"], c["clock_against"]) for a, c in got.items()} == {
+        "grpo-sync": (1.0, 1.0, "grpo-sync"), "dapo": (70.4 / 32.0, 2.5, "grpo-sync"),
+        "auto": (0.5, 0.5, "grpo-sync")}
+    table = "\n".join(plan_markdown({"plan_check": list(got.values())}))
+    assert "relative to `grpo-sync` (" in table and "-x" not in table
+    assert "| auto | dots_screen | 0.70 | 0.60 | 0.50x | 0.50x | +0% | 16.0 | 20.0 | -20% |" in table
 
 
 def test_plain_verdicts_say_when_the_figures_cannot_decide():
