@@ -7,6 +7,7 @@ probe need not measure further (:func:`out_of_reach`, docs/algorithms.md 9.1).""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from rlcore.plan import Prediction
@@ -44,6 +45,17 @@ class RunClock:
         return (f"{self.choice}: training clock predicted {self.training:.2f}x plain GRPO's ({its}); "
                 f"{self.with_plan:.2f}x with the plan's own cost ({self.upfront_s:.0f} s before the first step: "
                 "calibration and plan measured, scoring predicted)")
+
+
+def paid_text(clock: RunClock) -> str:
+    """The clause of :func:`choose`'s reason that gives the clock with the plan's own cost, e.g. ``, 0.78x with the
+    plan's own 18 s`` (:data:`PAID` finds it in a reason)."""
+    return f", {clock.with_plan:.2f}x with the plan's own {clock.upfront_s:.0f} s"
+
+
+#: :func:`paid_text` in a reason, whatever its figures: a run's final clock (its seconds spent after the choice too)
+#: replaces the choice's where one line shows both (tasks/plan/record.py ``Plan.line``).
+PAID = re.compile(r", \d+\.\d\dx with the plan's own \d+ s")
 
 
 def run_clock(chosen: Prediction, base: Prediction, spent_s: float) -> RunClock:
@@ -145,8 +157,7 @@ def choose(base: Prediction, predictions: list[Prediction], min_signal: float, p
     slower = sorted((i for i in qualify if i != best_i), key=lambda i: _cost(ranked[i]))
     runner = f"; next {predictions[slower[0]].name} at {predictions[slower[0]].clock:.2f}x" if slower else ""
     clock = run_clock(best, base, plan_s)
-    paid = (f", {clock.with_plan:.2f}x with the plan's own {clock.upfront_s:.0f} s"
-            if clock.upfront_s > 0 and base.train_s > 0 else "")
+    paid = paid_text(clock) if clock.upfront_s > 0 and base.train_s > 0 else ""
     return best, (f"{best.name}: predicted {best.clock:.2f}x plain GRPO's training clock{paid} with "
                   f"{best.signal / base.signal:.2f}x its informative groups a step (effective ratio "
                   f"{best.effective_ratio:.2f} against {base.effective_ratio:.2f}){runner}")

@@ -10,7 +10,7 @@ from typing import Any
 
 from rlcore.overlap_lag import LagChoice
 from rlcore.plan import Prediction
-from rlcore.plan_choice import RunClock, run_clock
+from rlcore.plan_choice import PAID, RunClock, paid_text, run_clock
 from rlcore.step_costs import CallCost, UnitCosts
 from tasks.overlap.lag import lag_from_json, lag_to_json
 from tasks.records.files import write_json
@@ -134,13 +134,13 @@ class Plan:
     def line(self) -> str:
         """The choice, why and its predicted clock in one line (what the terminal shows), each figure once: the
         reason of a chosen candidate states its training clock (and, when the choice weighed it, the clock with the
-        plan's own cost: else that is added); the baseline's says why nothing else was chosen, and gets its clock
-        added."""
+        plan's own cost, at the choice: this run's, with what it spent after the choice, takes its place; else it is
+        added); the baseline's says why nothing else was chosen, and gets its clock added."""
         clock = self.clock
         if self.choice == self.baseline.name:
             return f"{self.reason}; {clock.text().removeprefix(f'{self.choice}: ')}"
-        if f"{clock.with_plan:.2f}x" in self.reason:
-            return self.reason
+        if PAID.search(self.reason):
+            return PAID.sub(paid_text(clock), self.reason, count=1)
         return (f"{self.reason}; {clock.with_plan:.2f}x with the plan's own cost ({clock.upfront_s:.0f} s before the "
                 "first step)")
 

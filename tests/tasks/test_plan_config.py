@@ -60,6 +60,23 @@ def test_a_plan_round_trips_and_names_its_choice(tmp_path):
     assert "(flat: within 15% at any batch)" in Plan(**{**plan.__dict__, "costs": flat}).summary()
 
 
+def test_the_line_shows_this_runs_clock_with_the_plans_cost_once():
+    """The choice weighed 0.60x with the 8 s spent by then (its reason says so); the run spent 12 s before its first
+    step (the overlap's decision came after the choice): the terminal's line gives this run's 0.73x in that clause,
+    once, not the choice's figure and then this run's."""
+    from dataclasses import replace
+
+    plan = plan_choosing("dots_n4")
+    weighed = replace(plan, reason="dots_n4: predicted 0.50x plain GRPO's training clock, 0.60x with the plan's own "
+                                   "8 s with 1.00x its informative groups a step")
+    line = weighed.line()
+    assert line == ("dots_n4: predicted 0.50x plain GRPO's training clock, 0.73x with the plan's own 12 s with 1.00x "
+                    "its informative groups a step")
+    assert line.count("with the plan's own") == 1
+    # a reason without the clause gets it added after, as before
+    assert plan.line() == "dots_n4: test; 0.73x with the plan's own cost (12 s before the first step)"
+
+
 def test_a_plan_saved_before_the_calls_were_timed_still_loads():
     old = {"generate_s": 1e-4, "update_s": 5e-5, "forward_s": 0.0, "completion_tokens": 20.0, "prompt_tokens": 10.0,
            "solution_tokens": 15.0}
