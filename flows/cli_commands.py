@@ -161,8 +161,8 @@ def cmd_ingest(args) -> int:
             return 2
     s = result.summary()
     out = {k: s[k] for k in ("accepted", "duplicates", "quarantined", "new", "rows", "sources")}
-    lines = [f"{name}: {c['rows']} rows, {c['accepted']} accepted, {c['duplicates']} duplicates, "
-             f"{c['quarantined']} quarantined" for name, c in s["sources"].items()]
+    lines = [f"{name}: {c['rows']} rows, {c['accepted']} accepted ({c['new']} new to the ledger), "
+             f"{c['duplicates']} duplicates, {c['quarantined']} quarantined" for name, c in s["sources"].items()]
     emit(out, args.json, "\n".join(lines) + f"\nledger: {root / 'ledger.duckdb'}")
     return 0
 

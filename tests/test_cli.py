@@ -140,12 +140,14 @@ def test_ingest_json_counts(tmp_path):
     # one override syntax for every command: positional key=value, or the root from RLSIFT_ROOT
     again = rlsift("ingest", str(bad), "--format", "gsm8k", f"paths.root={tmp_path / 'root'}", "--json")
     assert json.loads(again.stdout)["sources"][str(bad)]["new"] == 0  # the same ledger: nothing new
+    text = rlsift("ingest", str(bad), "--format", "gsm8k", f"paths.root={tmp_path / 'root'}")
+    assert f"{bad}: 3 rows, 1 accepted (0 new to the ledger), 1 duplicates, 1 quarantined" in text.stdout  # says so
     import os
 
     env = {**os.environ, "CI": "true", "RLSIFT_ROOT": str(tmp_path / "root")}
     runs = subprocess.run([sys.executable, "-m", "flows.cli", "ledger", "sql", "--json", "--sql",
                            "SELECT count(*) AS n FROM ingests"], cwd=ROOT, capture_output=True, text=True, env=env)
-    assert json.loads(runs.stdout) == [{"n": 3}], runs.stderr[-2000:]  # 2 sources, then 1
+    assert json.loads(runs.stdout) == [{"n": 4}], runs.stderr[-2000:]  # 2 sources, then 1, then 1
 
 
 def test_ingest_missing_file(tmp_path):
