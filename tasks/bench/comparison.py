@@ -58,7 +58,9 @@ def compare_times(baseline: Sequence[float | None], arm: Sequence[float | None],
     out["diff"] = out["arm_mean"] - out["baseline_mean"]
     out["ratio"] = out["arm_mean"] / out["baseline_mean"] if out["baseline_mean"] else None
     if len(a) < 2 or len(b) < 2:
-        out["verdict"] = "one seed: no interval" if len(arm) < 2 else "fewer than two seeds reached it: no interval"
+        out["verdict"] = ("one seed: no interval" if len(arm) < 2 else
+                          f"no interval: {len(a)} of {len(arm)} seeds reached it, {len(b)} of {len(baseline)} of the "
+                          "baseline's")
         return out
     if statistics.pvariance(a) == 0 and statistics.pvariance(b) == 0:
         lo = hi = out["diff"]

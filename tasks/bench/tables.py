@@ -42,7 +42,8 @@ def plain_markdown(result: dict) -> list[str]:
         if verdict.startswith("not reached"):
             when = f"did not reach `{base}`'s final accuracy on every seed ({verdict})"
         elif not speedup:
-            alone = f"; {seeds['reached']} of {seeds['seeds']} seeds did on their own" if seeds else ""
+            counted = verdict.startswith("no interval:")  # the verdict gives the seeds that got there already
+            alone = f"; {seeds['reached']} of {seeds['seeds']} seeds did on their own" if seeds and not counted else ""
             when = f"did not reach `{base}`'s final accuracy on its seed-mean curve ({verdict}{alone})"
         else:
             when = f"reached `{base}`'s final accuracy at {1 / speedup:.2f}x its clock ({verdict})"

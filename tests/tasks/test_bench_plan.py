@@ -100,12 +100,18 @@ def test_plain_verdicts_say_when_the_figures_cannot_decide():
 def test_an_arm_whose_seed_mean_curve_never_gets_there_is_not_said_to_reach_it():
     """One seed of two at the target on each side: the per-seed verdict has no interval, and the arm's seed-mean
     curve (what the clock is read on) ends under it, so the sentence must not say it got there."""
-    half = row("auto", 0.7, 0.5, verdict="fewer than two seeds reached it: no interval", speedup=None)
+    half = row("auto", 0.7, 0.5, verdict="no interval: 1 of 2 seeds reached it, 1 of 2 of the baseline's",
+               speedup=None)
     half["to_target"]["final"]["per_seed"] = {"reached": 1, "seeds": 2}
     text = "\n".join(plain_markdown({"baseline": "grpo-sync", "configurations": [half]}))
-    assert ("`auto` did not reach `grpo-sync`'s final accuracy on its seed-mean curve (fewer than two seeds reached "
-            "it: no interval; 1 of 2 seeds did on their own) and ended -0.4 points from it") in text
+    assert ("`auto` did not reach `grpo-sync`'s final accuracy on its seed-mean curve (no interval: 1 of 2 seeds "
+            "reached it, 1 of 2 of the baseline's) and ended -0.4 points from it") in text
     assert " reached `grpo-sync`'s final accuracy at" not in text
+    # with an interval over seeds that each got there, the count comes with the sentence
+    every = row("auto", 0.7, 0.5, verdict="no different", speedup=None)
+    every["to_target"]["final"]["per_seed"] = {"reached": 3, "seeds": 3}
+    text = "\n".join(plain_markdown({"baseline": "grpo-sync", "configurations": [every]}))
+    assert "on its seed-mean curve (no different; 3 of 3 seeds did on their own)" in text
 
 
 def test_a_sync_arm_is_predicted_one_after_the_other_and_each_clock_against_the_arm_its_baseline_runs():
