@@ -70,7 +70,8 @@ def server_logging() -> None:
 def prefect_server(lifelong_thread: bool = False) -> None:
     """Start Prefect's temporary API server now, when no server is configured, with SIGINT blocked: the server
     inherits the blocked signal, so a Ctrl-C at the terminal (which reaches the whole process group) stops the run
-    but not the server, which then records the flow run's end. Prefect stops the server when rlsift exits (atexit,
+    but not the server, which then records the flow run's end (an armed server also runs in a session of its own:
+    :func:`bound_server`). Prefect stops the server when rlsift exits (atexit,
     with SIGTERM); when rlsift is killed (``kill -9``: no atexit), the kernel kills the server with it
     (:func:`bound_server`). Call from the main thread, or from a thread that lives as long as the process
     (``lifelong_thread``: flows/startup.py): the kernel sends the parent-death signal when the thread that forked
@@ -96,12 +97,15 @@ def prefect_server(lifelong_thread: bool = False) -> None:
 
 def bound_server(armed: bool = True):
     """The temporary API server this process's Prefect client starts (``SubprocessASGIServer()``: one per process,
-    Prefect looks it up by port, None for "any free one"), made one that dies with this process: its uvicorn
-    process (a single process: no workers, no children) gets the parent-death signal SIGKILL
-    (tasks/records/process.py ``die_with_parent``), so a ``kill -9`` of rlsift leaves no server listening. Prefect
-    keeps starting and stopping it as before. ``armed`` False (a thread that ends before the process: the signal
-    follows the thread that forks, so its end would kill the server) gives Prefect's plain server. Returns the server
-    object (one already made is left as it is)."""
+    Prefect looks it up by port, None for "any free one"), made one that dies with this process and with nothing
+    else: its uvicorn process (a single process: no workers, no children) gets the parent-death signal SIGKILL
+    (tasks/records/process.py ``die_with_parent``), so a ``kill -9`` of rlsift leaves no server listening, and runs
+    in a session of its own, so a signal to rlsift's whole process group (``timeout``, ``kill -- -PGID``, systemd's
+    stop, a closed terminal's SIGHUP) reaches rlsift and not the server, which then records the run's end: before,
+    the server died with the signal and rlsift's Prefect client retried the flow run's last states against it for
+    minutes. Prefect keeps starting and stopping it as before (at rlsift's exit). ``armed`` False (a thread that ends
+    before the process: the signal follows the thread that forks, so its end would kill the server) gives Prefect's
+    plain server, in rlsift's session. Returns the server object (one already made is left as it is)."""
     from prefect.server.api.server import SubprocessASGIServer
 
     class BoundServer(SubprocessASGIServer):
@@ -115,8 +119,8 @@ def bound_server(armed: bool = True):
 
             popen, arm = subprocess.Popen, die_with_parent(os.getpid())
 
-            def spawn(*args, **kwargs):  # Prefect's call, with one argument more (no other thread's call meanwhile)
-                return popen(*args, **kwargs, **({"preexec_fn": arm} if armed else {}))
+            def spawn(*args, **kwargs):  # Prefect's call, with two arguments more (no other thread's call meanwhile)
+                return popen(*args, **kwargs, **({"preexec_fn": arm, "start_new_session": True} if armed else {}))
 
             subprocess.Popen = spawn
             try:

@@ -73,10 +73,11 @@ def step_metrics(run_dir: Path) -> list[dict]:
 
 
 def signal_during_training(root: Path, argv: list[str], env: dict, after_steps: int, sig: int = signal.SIGKILL,
-                           group: bool = True) -> tuple[subprocess.Popen, str, str, str]:
+                           group: bool = True, within_s: float = 300) -> tuple[subprocess.Popen, str, str, str]:
     """Start ``rlsift run ... --json`` in a session of its own, send ``sig`` once ``metrics.jsonl`` shows
-    ``after_steps`` finished steps (to its process group, as a terminal's Ctrl-C does, or to it alone), wait for it
-    to end. Returns the process, the run id, and its stdout and stderr."""
+    ``after_steps`` finished steps (to its process group, as a terminal's Ctrl-C does, or to it alone), wait up to
+    ``within_s`` seconds for it to end (``subprocess.TimeoutExpired`` past that). Returns the process, the run id,
+    and its stdout and stderr."""
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", *argv, "--json"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.time() + 600
@@ -90,7 +91,7 @@ def signal_during_training(root: Path, argv: list[str], env: dict, after_steps: 
             time.sleep(0.02)
         else:
             raise TimeoutError("training did not start in time")
-        out, err = proc.communicate(timeout=300)
+        out, err = proc.communicate(timeout=within_s)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
