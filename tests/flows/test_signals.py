@@ -238,7 +238,9 @@ def test_a_stopped_or_killed_worker_ends_its_run_in_flight_cancelled(tmp_path, h
         wait_http(f"{api}/health", server, tmp_path / "server.log")
         assert rlsift("deploy", env=env).returncode == 0
         root = tmp_path / "root"
-        params = {"config": str(TINY), "overrides": [*FAST, f"paths.root={root}"]}
+        # steps enough that the kill lands in training: the worker's death is seen within a second (stopping.py
+        # watch_worker), and FAST's 12 steps now end sooner than that after the third
+        params = {"config": str(TINY), "overrides": [*FAST, "train.steps=400", f"paths.root={root}"]}
         with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
             flow_run = client.create_flow_run_from_deployment(
                 client.read_deployment_by_name("pipeline/pipeline").id, parameters=params)
