@@ -46,12 +46,12 @@ from tasks.bench import report as bench_report
 from tasks.bench.report import BenchRun
 from tasks.config import Config, ConfigError
 from tasks.config.load import load_config
+from tasks.model.source import policy_source
 from tasks.plan.planner import reads_upfront
 from tasks.records.cost import describe_machine
 from tasks.records.ledger import Ledger
 from tasks.records.tracking import MlflowTracker, default_uri, run_info
 from tasks.run import RunInfo
-from tasks.stages import policy_source
 
 log = logging.getLogger("rlsift.bench")
 

@@ -44,7 +44,7 @@ def policy(cfg, random: bool):
         tok = build_tokenizer()
         mc = cfg.model
         return build_tiny_model(hidden=mc.hidden, layers=mc.layers, heads=mc.heads, tokenizer=tok, seed=0), tok
-    from tasks.stages import policy_source
+    from tasks.model.source import policy_source
 
     return load_policy(policy_source(cfg))
 

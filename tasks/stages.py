@@ -28,17 +28,14 @@ from rlcore.overlap_lag import LagChoice
 from rlcore.seeding import derive_seed
 from tasks.calibration.record import Calibration, CalibrationDraw
 from tasks.calibration.reference import rollout_rewards, stratified_reference
-from tasks.config import Config
 from tasks.data import ingest
 from tasks.data.prompts import PromptRecord
 from tasks.evaluation.heldout import EvalResult, evaluate, flat_metrics, table_rows
 from tasks.evaluation.report import eval_by_level, eval_levels, eval_table
 from tasks.generation.rollout import HFEngine, end_of_turn_ids
-from tasks.model import gguf_source
 from tasks.model.loading import load_policy
 from tasks.model.lora import apply_lora
-from tasks.model.warmstart import warm_start
-from tasks.model.warmstart_data import SftRecipe
+from tasks.model.source import policy_source
 from tasks.overlap.lag import decide_lag, lag_from_json, lag_to_json
 from tasks.plan.artifact import plan_table
 from tasks.plan.planner import make_plan, probe_records, reads_upfront
@@ -63,10 +60,6 @@ from tasks.training.step_records import TRAIN_PHASES, HeldoutEval, TrainSummary
 
 log = logging.getLogger("rlsift")
 stage = task(cache_policy=NO_CACHE, persist_result=False)
-
-#: Warm-start data: worked solutions over all levels, from a seed the RL pool never uses.
-WARMSTART_SEED = 10_000
-
 
 def stage_done(run: Run, name: str, step: int = 0, parts: tuple[str, ...] | None = None,
                metrics: bool = True) -> None:
@@ -112,24 +105,6 @@ def _reuse_ingest(run: Run, cache) -> ingest.IngestResult:
         raise RuntimeError(f"{cache} names prompts the ledger {run.ledger.path} does not have")
     log.info("ingest: reusing this run's ingest (%d train, %d test prompts)", len(train), len(test))
     return ingest.IngestResult(train=train, test=test, new_ids=set(data["new_ids"]), sources=data["sources"])
-
-
-def policy_source(cfg: Config) -> str:
-    """The folder of the run's starting policy: ``model.path`` (a GGUF file or packaged model converted once,
-    tasks/model/gguf_source.py), or the tiny Llama warm-started (both cached by fingerprint under ``paths.cache``,
-    default ``<paths.root>/cache``)."""
-    mc = cfg.model
-    cache = str(cfg.paths.cache_dir)
-    if mc.path and gguf_source.is_gguf(mc.path):
-        return str(gguf_source.hf_folder(mc.path, cache))
-    if mc.path:
-        return mc.path
-    ws = mc.warmstart
-    sft = SftRecipe(WARMSTART_SEED + cfg.seed, max(ws.steps, 1) * ws.batch_size, ws.mix,
-                    ws.flawed)  # one pass over fresh worked solutions, drawn only if it trains
-    return str(warm_start(sft, cache, hidden=mc.hidden,
-                          layers=mc.layers, heads=mc.heads, steps=ws.steps, batch_size=ws.batch_size, lr=ws.lr,
-                          seed=cfg.seed))
 
 
 @stage(name="prepare-policy")

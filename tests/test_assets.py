@@ -7,7 +7,7 @@ import pytest
 
 from tasks.config.load import default_config, load_config
 from tasks.model import warmstart
-from tasks.stages import policy_source
+from tasks.model.source import policy_source
 
 ASSET = Path(__file__).resolve().parents[1] / "assets" / "tiny-warmstart"
 
