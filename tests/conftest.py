@@ -17,6 +17,15 @@ import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "tests" / "fixtures" / "tiny.yaml"
+#: a default-tier test that hangs fails after this long with its threads' stacks (pytest-timeout), instead of holding
+#: CI to its limit; the slowest takes about two minutes on 2 cores. The slow tiers time their own subprocesses.
+DEFAULT_TIER_TIMEOUT_S = 900
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not any(item.get_closest_marker(m) for m in ("slow", "gpu", "vllm", "timeout")):
+            item.add_marker(pytest.mark.timeout(DEFAULT_TIER_TIMEOUT_S))
 
 
 @pytest.fixture
