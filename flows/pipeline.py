@@ -188,7 +188,11 @@ def execute(run: Run, only_new: bool = False) -> RunSummary:
         if (sig := stop_signal(err)) is not None:
             note = stopped_note(run, sig)
             summary = replace(summary, status=CANCELLED, reason=note, wall_s=time.perf_counter() - t0)
-            stopping(err).rlsift_summary = summary.to_dict()  # what `rlsift run --json` prints for a stopped run
+            stop = stopping(err)
+            stop.rlsift_summary = summary.to_dict()  # what `rlsift run --json` prints for a stopped run
+            if stop is not err:  # an error raised while the stop unwound, e.g. torch's RuntimeError from the
+                # checkpoint it cut short: Prefect reports the stop (Crashed by its signal), not that error (Failed)
+                raise stop  # noqa: B904
         else:
             note = failed_note(run, err)
             summary = replace(summary, status="failed", reason=note, wall_s=time.perf_counter() - t0)
@@ -300,6 +304,8 @@ def plan_flow(config: str | None = None, overrides: list[str] | None = None) -> 
     except BaseException as err:
         if (sig := stop_signal(err)) is not None:
             status, note = CANCELLED, f"by {sig.name}"
+            if stopping(err) is not err:  # as in execute
+                raise stopping(err)  # noqa: B904
         raise
     finally:
         run.tracker.describe(f"**{run.tracker.name or run.run_id}**: {status} (`rlsift plan`, no training)" + (

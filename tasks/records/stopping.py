@@ -13,7 +13,9 @@ then killed by its parent-death signal, flows/prefect_server.py, not stopped cle
 raises again, so the process ends through its ``atexit`` handlers.
 
 A flow-run process whose Prefect worker dies without stopping it (a SIGKILL) would train on, orphaned:
-:func:`watch_worker` sends it SIGTERM then, so it ends as above.
+:func:`watch_worker` sends it SIGTERM then, so it ends as above. Its output went to the worker through a pipe, which
+the worker's death breaks: Prefect's console handler (rich) would end the run on its next line with ``SystemExit(1)``
+("failed" in the ledger) before the watch sees the worker gone; :func:`quiet_broken_console` keeps it running.
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ def watch_worker(poll_s: float = 1.0) -> Callable[[], None]:
     done = threading.Event()
     if "PREFECT__FLOW_RUN_ID" not in os.environ:
         return done.set
+    quiet_broken_console()
     worker = os.getppid()
 
     def watch() -> None:
@@ -120,3 +123,22 @@ def watch_worker(poll_s: float = 1.0) -> Callable[[], None]:
 
     threading.Thread(target=watch, name="rlsift-watch-worker", daemon=True).start()
     return done.set
+
+
+def quiet_broken_console() -> None:
+    """Prefect's console handlers (``PrefectConsoleHandler``, a rich ``Console`` on the process's output) go quiet
+    when their output's pipe breaks, instead of raising ``SystemExit(1)`` from the logging call that met it (rich's
+    ``Console.on_broken_pipe``, which rich documents as the method to change): a flow-run process whose worker died
+    would otherwise fail its run on its next log line. Its run's ``run.log`` and the Prefect API still get every
+    line."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.getLogger(), *(x for x in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(x, logging.Logger))]
+    for handler in {h for lg in loggers for h in lg.handlers if isinstance(h, PrefectConsoleHandler)}:
+        console = handler.console
+
+        def go_quiet(console=console) -> None:
+            console.quiet = True
+
+        console.on_broken_pipe = go_quiet

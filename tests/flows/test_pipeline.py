@@ -222,3 +222,33 @@ def test_heldout_accuracy_moves_scalingrl_rho(tmp_path, prefect_harness, easy_ta
         # logged by the steps whose selection reads the round: overlapped, each step logs the next one's draw
         assert all(rho[s] == pytest.approx(expected) for s in (r - lag, r + 1 - lag) if s >= 0), (r, heldout, rho)
     assert moves, f"the test needs held-out accuracy to change between round starts: {heldout}"
+
+
+def test_a_stop_that_cuts_a_checkpoint_short_is_reported_as_the_stop(tmp_path, prefect_harness, monkeypatch):
+    """A SIGTERM that lands in ``torch.save`` comes out of it as torch's ``RuntimeError`` (raised while the
+    ``TerminationSignal`` was handled): the run ends cancelled, and Prefect's flow run Crashed by the termination
+    signal, not Failed by torch's error."""
+    import signal
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.sorting import FlowRunSort
+    from prefect.exceptions import TerminationSignal
+
+    import tasks.training.checkpoint as checkpoint
+    from tasks.records.stopping import sigterm_raises
+
+    def cut_short(path, write):  # the checkpoint's torch.save, as a SIGTERM in it ends
+        try:
+            raise TerminationSignal(signal.SIGTERM)
+        except TerminationSignal:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4416 vs 4310") from None
+
+    monkeypatch.setattr(checkpoint, "atomic_write", cut_short)
+    root = tmp_path / "root"
+    with pytest.raises(TerminationSignal), sigterm_raises():  # Prefect sends the signal on once it has reported it
+        pipeline(config=SMOKE, overrides=[f"paths.root={root}", "train.checkpoint_every=2", "eval.samples=0"])
+    with get_client(sync_client=True) as client:
+        (last,) = client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=1)
+    assert last.state.is_crashed() and "termination signal" in last.state.message, last.state
+    with Ledger(root / "ledger.duckdb", read_only=True) as led:
+        assert [r["status"] for r in led.query("SELECT status FROM runs")] == ["cancelled"]

@@ -111,6 +111,35 @@ def test_the_rows_of_several_steps_at_once_are_those_of_each_step_written_alone(
         assert tables(one) == want
 
 
+def test_a_sigterm_while_duckdb_reads_an_insert_stops_the_run_after_it(tmp_path, monkeypatch):
+    """duckdb reads an insert's Arrow table through Python calls and turns an exception raised in one (the SIGTERM's
+    ``TerminationSignal``) into its own error: the run ended "failed", not "cancelled". The signal now waits for the
+    insert's end: the rows are written, then the stop is raised as itself."""
+    import signal
+
+    import pyarrow as pa
+
+    from tasks.records.stopping import sigterm_raises, stop_signal
+
+    table = pa.table
+
+    class SignalledRead:  # the Arrow table, with a SIGTERM arriving while duckdb reads it
+        def __init__(self, t):
+            self.t = t
+
+        def __arrow_c_stream__(self, requested_schema=None):
+            signal.raise_signal(signal.SIGTERM)
+            return self.t.__arrow_c_stream__(requested_schema)
+
+    monkeypatch.setattr(pa, "table", lambda *a, **k: SignalledRead(table(*a, **k)))
+    with Ledger(tmp_path / "l.duckdb") as led, sigterm_raises():
+        with pytest.raises(BaseException) as stopped:
+            led.add_groups("run", 3, [group("p1", 3)])
+        assert stop_signal(stopped.value) == signal.SIGTERM, repr(stopped.value)
+        monkeypatch.setattr(pa, "table", table)
+        assert led.query("SELECT prompt_id FROM groups") == [{"prompt_id": "p1"}]
+
+
 def test_replace_evals_replaces_only_that_phase(tmp_path):
     def rows(phase: str, acc: float) -> list[EvalRow]:
         return [EvalRow(phase=phase, step=3, grp="overall", n=10, greedy_acc=acc, avg_at_k=None),

@@ -90,3 +90,47 @@ def test_an_error_raised_while_handling_a_stop_is_that_stop():
             raise ConnectionError("the server the signal also stopped")  # noqa: B904 - as Prefect's client does
     except ConnectionError as err:
         assert stop_signal(err) == signal.SIGTERM
+
+
+class BrokenPipe:
+    """A stream whose reader is gone, as a dead worker's end of a flow-run process's output."""
+
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def isatty(self):
+        return False
+
+    def fileno(self):
+        return -1
+
+
+def test_prefects_console_goes_quiet_when_its_pipe_breaks():
+    """A dead worker breaks its flow-run process's output: the next log line must not raise SystemExit (rich's
+    default), which ended the run "failed" before the worker watch stopped it "cancelled"."""
+    import logging
+
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    from tasks.records.stopping import quiet_broken_console
+
+    logger = logging.getLogger("rlsift.test-broken-pipe")
+    handler = PrefectConsoleHandler(stream=BrokenPipe())
+    logger.addHandler(handler)
+    logger.propagate = False
+    def exit_as_rich_does():  # rich's Console.on_broken_pipe, without its dup2 over this process's stdout
+        raise SystemExit(1)
+
+    try:
+        handler.console.on_broken_pipe = exit_as_rich_does
+        with pytest.raises(SystemExit):
+            logger.warning("a line to a dead worker")
+        quiet_broken_console()
+        logger.warning("a line to a dead worker")  # no SystemExit
+        assert handler.console.quiet
+        logger.warning("and the next")
+    finally:
+        logger.removeHandler(handler)

@@ -34,6 +34,7 @@ from tasks.records.ledger.rows import (
 )
 from tasks.records.ledger.schema import SCHEMA, STEP_TABLES
 from tasks.records.process import ProcessMark
+from tasks.records.stopping import held_signals
 
 #: The status of a run whose row says ``running`` but whose process is gone (``kill -9``, an out-of-memory kill, a
 #: lost machine): it never closed its stores; ``rlsift run --resume`` finishes it (:meth:`Ledger.stopped_runs`).
@@ -122,18 +123,24 @@ class Ledger:
 
     def _insert(self, table: str, rows: Sequence[dict[str, Any]], where: str = "") -> int:
         """Bulk insert through one Arrow table (row-by-row ``executemany`` took 142 s for 200,000 prompts);
-        ``where`` filters the rows (SQL over their columns). Returns the number of rows inserted."""
+        ``where`` filters the rows (SQL over their columns). Returns the number of rows inserted.
+
+        A stop signal waits for the insert's end (:func:`held_signals`): duckdb reads the Arrow table through Python
+        calls, and turns an exception raised in one (a SIGTERM's ``TerminationSignal``) into its own
+        ``InvalidInputException``, so a stopped run would end "failed" instead of "cancelled"."""
         if not rows:
             return 0
         import pyarrow as pa  # here: a reader (``rlsift ledger``) does without its import
 
         cols = list(rows[0])
-        self.con.register("_rows", pa.table({c: [_cell(r[c]) for r in rows] for c in cols}))
-        try:
-            names = ", ".join(cols)
-            return self.con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _rows {where}").fetchone()[0]
-        finally:
-            self.con.unregister("_rows")
+        with held_signals():
+            self.con.register("_rows", pa.table({c: [_cell(r[c]) for r in rows] for c in cols}))
+            try:
+                names = ", ".join(cols)
+                return self.con.execute(
+                    f"INSERT INTO {table} ({names}) SELECT {names} FROM _rows {where}").fetchone()[0]
+            finally:
+                self.con.unregister("_rows")
 
     def _insert_records(self, table: str, stamp: dict[str, Any], rows: Sequence[Any]) -> None:
         """Insert row records (dataclasses whose fields are columns), each with the ``stamp`` columns."""
