@@ -9,6 +9,7 @@ def test_every_default_tier_test_has_a_timeout(request):
     fast = [i for i in request.session.items if not i.get_closest_marker("slow")]
     assert fast and all(i.get_closest_marker("timeout") for i in fast)
     assert request.node.get_closest_marker("timeout").args == (DEFAULT_TIER_TIMEOUT_S,)
+    assert request.config.getini("timeout_method") == "thread"  # math-verify's timeouts use SIGALRM
 
 
 def test_a_passing_tests_tmp_path_is_removed_when_it_ends(pytestconfig):
