@@ -257,16 +257,25 @@ class Run:
             level = {CANCELLED: logging.WARNING, "failed": logging.ERROR}.get(status, logging.INFO)
             said = (": " if status == "failed" else " ") + note if note else ""  # failed: <cause>; cancelled by <sig>
             log.log(level, "run %s %s%s%s", self.run_id, status, said, unsent)
-        try:
-            self.log_cost_table()
-            self.ledger.finish_run(self.run_id, status, summary)
-        finally:
-            self.ledger.close()
-            self.tracker.finish(TRACKER_STATUS.get(status, "FINISHED"))
-            remove_leftovers(self.dir)
-            if self._log is not None:
-                logging.getLogger("rlsift").removeHandler(self._log)
-                self._log.close()
+        # each store is marked whatever the others do; a run that already failed or stopped says what could not be
+        # marked in a line each (a full disk fails them all) and keeps its own error, told above, as the one raised
+        unmarked: list[Exception] = []
+        for what, mark in (("MLflow's cost table", self.log_cost_table),
+                           ("the ledger", lambda: self.ledger.finish_run(self.run_id, status, summary)),
+                           ("the ledger", self.ledger.close),
+                           ("MLflow", lambda: self.tracker.finish(TRACKER_STATUS.get(status, "FINISHED")))):
+            try:
+                mark()
+            except Exception as err:
+                first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                log.error("run %s: %s not marked %s: %s: %s", self.run_id, what, status, type(err).__name__, first)
+                unmarked.append(err)
+        remove_leftovers(self.dir)
+        if self._log is not None:
+            logging.getLogger("rlsift").removeHandler(self._log)
+            self._log.close()
+        if unmarked and status in ("completed", "skipped", "planned"):
+            raise unmarked[0]
 
 
 def remove_leftovers(run_dir: Path) -> None:

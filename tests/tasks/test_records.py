@@ -167,3 +167,34 @@ def test_registration_quality_gate():
     assert "0.570" in refusal(0.60, 0.57, 0.02) and "register_tolerance=0.02" in refusal(0.60, 0.57, 0.02)
     assert refusal(0.60, 0.0, None) is None  # gate off
     assert refusal(0.0, 0.0, 0.0) is None
+
+
+def test_a_run_that_failed_marks_every_store_it_can_and_keeps_its_own_error(smoke_cfg, caplog, monkeypatch):
+    """A full disk fails the marks of a failing run's close too (MLflow's cost table, its outbox): each store is
+    still marked where it can be, each mark that fails is one line, and nothing is raised over the run's own error.
+    A run that completed raises the first such error."""
+    import errno
+
+    from tasks.records.ledger import Ledger
+    from tasks.run import open_run
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "no space left on the device of /r to write outbox-outages.json")
+
+    for status in ("failed", "completed"):
+        run = open_run(smoke_cfg(), track=False)
+        monkeypatch.setattr(run, "log_cost_table", full)
+        monkeypatch.setattr(run.tracker, "finish", full)
+        with caplog.at_level("ERROR", logger="rlsift"):
+            if status == "failed":
+                run.close(status, {}, note="OSError: no space left")
+            else:
+                with pytest.raises(OSError, match="outbox"):
+                    run.close(status, {})
+        said = [m for m in caplog.messages if run.run_id in m and "not marked" in m]
+        assert said == [f"run {run.run_id}: MLflow's cost table not marked {status}: OSError: [Errno 28] no space "
+                        f"left on the device of /r to write outbox-outages.json",
+                        f"run {run.run_id}: MLflow not marked {status}: OSError: [Errno 28] no space left on the "
+                        f"device of /r to write outbox-outages.json"]
+        with Ledger(run.ledger.path, read_only=True) as led:  # marked although the cost table was not
+            assert led.run_status(run.run_id) == status
