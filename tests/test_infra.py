@@ -81,4 +81,3 @@ def test_the_package_builds_without_setuptools_warnings(tmp_path):
     assert "Warning" not in p.stderr and "deprecated" not in p.stderr, p.stderr[-3000:]
     meta = (tmp_path / "meta" / p.stdout.strip().splitlines()[-1] / "METADATA").read_text()
     assert "License-Expression: MIT" in meta
-
