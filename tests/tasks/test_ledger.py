@@ -140,6 +140,29 @@ def test_a_sigterm_while_duckdb_reads_an_insert_stops_the_run_after_it(tmp_path,
         assert led.query("SELECT prompt_id FROM groups") == [{"prompt_id": "p1"}]
 
 
+def test_a_sigterm_during_a_transaction_stops_the_run_after_its_commit(tmp_path):
+    """duckdb checks for a signal while it runs a statement (a commit among them) and turns it into ``RuntimeError:
+    Query interrupted``: the run ended "failed". The signal now waits for the transaction's end, and a run's
+    single-statement writes (its status) are transactions too."""
+    import signal
+
+    from tasks.records.stopping import sigterm_raises, stop_signal
+
+    with Ledger(tmp_path / "l.duckdb") as led, sigterm_raises():
+        with pytest.raises(BaseException) as stopped:
+            with led.transaction():
+                led.add_groups("run", 3, [group("p1", 3)])
+                signal.raise_signal(signal.SIGTERM)  # pending when duckdb commits
+                led.add_groups("run", 4, [group("p1", 4)])
+        assert stop_signal(stopped.value) == signal.SIGTERM, repr(stopped.value)
+        assert [r["step"] for r in led.query("SELECT step FROM groups ORDER BY step")] == [3, 4]
+        with pytest.raises(BaseException) as stopped:
+            with led.transaction():
+                signal.raise_signal(signal.SIGTERM)
+                led.finish_run("run", "cancelled", {})  # joins the transaction: one commit
+        assert stop_signal(stopped.value) == signal.SIGTERM
+
+
 def test_replace_evals_replaces_only_that_phase(tmp_path):
     def rows(phase: str, acc: float) -> list[EvalRow]:
         return [EvalRow(phase=phase, step=3, grp="overall", n=10, greedy_acc=acc, avg_at_k=None),
@@ -223,13 +246,18 @@ import sys, time
 from pathlib import Path
 from tasks.records.ledger import Ledger
 
+def hold():
+    Path(sys.argv[2]).touch()
+    time.sleep(1.5)
+
 with Ledger(sys.argv[1], read_only=sys.argv[3] == "read") as led:
     if sys.argv[3] == "write":
         led.start_run("committed", {}, None)
-        led.con.begin()
-        led.start_run("uncommitted", {}, None)
-    Path(sys.argv[2]).touch()
-    time.sleep(1.5)
+        with led.transaction():  # open while the other process reads
+            led.start_run("uncommitted", {}, None)
+            hold()
+    else:
+        hold()
 """
 
 

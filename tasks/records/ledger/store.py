@@ -105,29 +105,32 @@ class Ledger:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Ledger]:
         """Everything written inside is committed together, or (error, kill) not at all. Nested use joins the
-        outer transaction."""
+        outer transaction. A stop signal (SIGINT, SIGTERM) waits for its end (:func:`held_signals`, a few
+        milliseconds): duckdb checks for one while it runs a statement and turns it into its own ``RuntimeError:
+        Query interrupted``, so a run stopped there would end "failed" instead of "cancelled"."""
         if self._in_transaction:
             yield self
             return
-        self.con.begin()
-        self._in_transaction = True
-        try:
-            yield self
-        except BaseException:
-            self.con.rollback()
-            raise
-        else:
-            self.con.commit()
-        finally:
-            self._in_transaction = False
+        with held_signals():
+            self.con.begin()
+            self._in_transaction = True
+            try:
+                yield self
+            except BaseException:
+                self.con.rollback()
+                raise
+            else:
+                self.con.commit()
+            finally:
+                self._in_transaction = False
 
     def _insert(self, table: str, rows: Sequence[dict[str, Any]], where: str = "") -> int:
         """Bulk insert through one Arrow table (row-by-row ``executemany`` took 142 s for 200,000 prompts);
         ``where`` filters the rows (SQL over their columns). Returns the number of rows inserted.
 
-        A stop signal waits for the insert's end (:func:`held_signals`): duckdb reads the Arrow table through Python
-        calls, and turns an exception raised in one (a SIGTERM's ``TerminationSignal``) into its own
-        ``InvalidInputException``, so a stopped run would end "failed" instead of "cancelled"."""
+        A stop signal waits for the insert's end, as in :meth:`transaction`: duckdb reads the Arrow table through
+        Python calls, and turns an exception raised in one (a SIGTERM's ``TerminationSignal``) into its own
+        ``InvalidInputException``."""
         if not rows:
             return 0
         import pyarrow as pa  # here: a reader (``rlsift ledger``) does without its import
@@ -151,12 +154,13 @@ class Ledger:
         """Mark a run (new, or resumed: its row exists) ``running`` in ``process`` (default: this one), so a reader
         can tell when that process is gone without closing it (:meth:`stopped_runs`)."""
         p = process or ProcessMark.current()
-        self.con.execute(
-            "INSERT INTO runs (run_id, status, mlflow_run_id, config, pid, host, process_started) "
-            "VALUES (?, 'running', ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO UPDATE SET status = 'running', "
-            "pid = excluded.pid, host = excluded.host, process_started = excluded.process_started",
-            [run_id, mlflow_run_id, json.dumps(config), p.pid, p.host, p.started],
-        )
+        with self.transaction():
+            self.con.execute(
+                "INSERT INTO runs (run_id, status, mlflow_run_id, config, pid, host, process_started) "
+                "VALUES (?, 'running', ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO UPDATE SET status = 'running', "
+                "pid = excluded.pid, host = excluded.host, process_started = excluded.process_started",
+                [run_id, mlflow_run_id, json.dumps(config), p.pid, p.host, p.started],
+            )
 
     def stopped_runs(self) -> list[str]:
         """The runs whose row says ``running`` but whose process is gone (its pid free or another process's, on this
@@ -169,14 +173,15 @@ class Ledger:
     def mark_stopped(self, run_ids: Sequence[str]) -> None:
         """Record runs found :meth:`stopped_runs` as :data:`STOPPED` (a row no longer ``running`` is left as it
         is: its process, or a resume, closed it meanwhile)."""
-        for run_id in run_ids:
-            self.con.execute("UPDATE runs SET status = ? WHERE run_id = ? AND status = 'running'", [STOPPED, run_id])
+        with self.transaction():
+            for run_id in run_ids:
+                self.con.execute("UPDATE runs SET status = ? WHERE run_id = ? AND status = 'running'",
+                                 [STOPPED, run_id])
 
     def finish_run(self, run_id: str, status: str, summary: dict) -> None:
-        self.con.execute(
-            "UPDATE runs SET status = ?, finished_at = now(), summary = ? WHERE run_id = ?",
-            [status, json.dumps(summary), run_id],
-        )
+        with self.transaction():
+            self.con.execute("UPDATE runs SET status = ?, finished_at = now(), summary = ? WHERE run_id = ?",
+                             [status, json.dumps(summary), run_id])
 
     def add_prompts(self, run_id: str, records: Iterable[PromptRecord]) -> int:
         """Insert records not yet in the ledger (ids unique among ``records``); returns how many were new."""
@@ -247,8 +252,9 @@ class Ledger:
         """A redone evaluation of ``phase`` replaces that phase's rows (a resumed run's final evaluation)."""
         if any(r.phase != phase for r in rows):
             raise ValueError(f"replace_evals({phase!r}) got rows of phases {sorted({r.phase for r in rows})}")
-        self.con.execute("DELETE FROM evals WHERE run_id = ? AND phase = ?", [run_id, phase])
-        self.add_evals(run_id, rows)
+        with self.transaction():
+            self.con.execute("DELETE FROM evals WHERE run_id = ? AND phase = ?", [run_id, phase])
+            self.add_evals(run_id, rows)
 
     def truncate_after(self, run_id: str, step: int) -> None:
         """Remove step rows a crashed run wrote after its last checkpoint (which covers steps <= ``step``).
@@ -256,9 +262,11 @@ class Ledger:
         In-training evaluations are stamped with the number of steps done (``step + 1``), so the one made
         at the end of the last covered step is kept.
         """
-        for table in STEP_TABLES:
-            self.con.execute(f"DELETE FROM {table} WHERE run_id = ? AND step > ?", [run_id, step])
-        self.con.execute("DELETE FROM evals WHERE run_id = ? AND phase = 'during' AND step > ?", [run_id, step + 1])
+        with self.transaction():
+            for table in STEP_TABLES:
+                self.con.execute(f"DELETE FROM {table} WHERE run_id = ? AND step > ?", [run_id, step])
+            self.con.execute("DELETE FROM evals WHERE run_id = ? AND phase = 'during' AND step > ?",
+                             [run_id, step + 1])
 
     # ---- reads --------------------------------------------------------------------------------
     def known_ids(self) -> set[str]:
