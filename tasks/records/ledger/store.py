@@ -128,7 +128,7 @@ class Ledger:
         """Bulk insert through one Arrow table (row-by-row ``executemany`` took 142 s for 200,000 prompts);
         ``where`` filters the rows (SQL over their columns). Returns the number of rows inserted.
 
-        A stop signal waits for the insert's end, as in :meth:`transaction`: duckdb reads the Arrow table through
+        A transaction, so a stop signal waits for its end (:meth:`transaction`): duckdb reads the Arrow table through
         Python calls, and turns an exception raised in one (a SIGTERM's ``TerminationSignal``) into its own
         ``InvalidInputException``."""
         if not rows:
@@ -136,7 +136,7 @@ class Ledger:
         import pyarrow as pa  # here: a reader (``rlsift ledger``) does without its import
 
         cols = list(rows[0])
-        with held_signals():
+        with self.transaction():
             self.con.register("_rows", pa.table({c: [_cell(r[c]) for r in rows] for c in cols}))
             try:
                 names = ", ".join(cols)
