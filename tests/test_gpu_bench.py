@@ -79,8 +79,10 @@ def test_the_gpu_check_runs_on_the_cpu_and_imports_only_what_a_gpu_machine_has()
     assert micro[1] > micro[0] >= 1  # the larger batch takes more micro-batches
     overlap = proc.stdout.split("overlap on one CPU", 1)[1].splitlines()[3]
     cells = [c.strip() for c in overlap.strip("|").split("|")]
-    upd_alone, together = float(cells[2]), float(cells[5].split()[0])
-    assert together >= upd_alone * 0.9  # one clock from a common start: "at once" is not below the update alone
+    # one clock from a common start: "at once" is the later of the two sides' ends (not the update alone of another
+    # run, which the machine's load moves: 3.64 s alone against 2.06 s at once once in CI)
+    together, ends = float(cells[5].split()[0]), [float(x) for x in re.findall(r"[\d.]+", cells[5].split(" ", 1)[1])]
+    assert len(ends) == 2 and min(ends) > 0 and together == pytest.approx(max(ends), abs=0.011), cells[5]
     ours = {"rlcore", "tasks", "infra", "gpu_bench_generation", "gpu_bench_overlap", "qwen_shapes", "synthetic_batch"}
     imported = set(json.loads(proc.stdout.split("MODULES ", 1)[1]))
     extra = imported - ours - _closure(ALLOWED) - set(sys.stdlib_module_names) - {"_distutils_hack"}
