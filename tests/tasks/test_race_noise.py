@@ -151,12 +151,17 @@ def test_the_traced_noise_holds_no_64_bit_constant():
     assert -7046029254386353131 in fx_int_constants(literal_noise, keys, 50)
 
 
-def test_the_race_compiles_on_the_cpu_without_falling_back():
+def test_the_race_compiles_on_the_cpu_without_falling_back(tmp_path, monkeypatch):
     """torch.compile (inductor, C++ on the CPU) of the race and of its noise: both compile (the fused draw reports
     no fallback), the generated code holds no integer literal outside int32, the noise is the eager noise bit for
-    bit and the drawn tokens are the eager ones."""
+    bit and the drawn tokens are the eager ones. Inductor's caches go to ``tmp_path`` (removed when the test passes),
+    and no header is precompiled: inductor keeps that one (150 MB, one per virtual environment's path) in the
+    system's temporary folder whatever its cache folder, and a CI machine's disk may be small."""
+    import torch._inductor.config
     from torch._inductor.utils import run_and_get_code
 
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(torch._inductor.config, "cpp_cache_precompile_headers", False)
     torch._dynamo.reset()
     c = noise_constants("cpu")
     keys = step_keys(row_keys(torch.tensor([5, 2**40 + 3]), 3), 2)
