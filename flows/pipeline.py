@@ -304,8 +304,8 @@ def plan_flow(config: str | None = None, overrides: list[str] | None = None) -> 
     except BaseException as err:
         if (sig := stop_signal(err)) is not None:
             status, note = CANCELLED, f"by {sig.name}"
-            if stopping(err) is not err:  # as in execute
-                raise stopping(err)  # noqa: B904
+            if (stop := stopping(err)) is not err:  # as in execute
+                raise stop  # noqa: B904
         raise
     finally:
         run.tracker.describe(f"**{run.tracker.name or run.run_id}**: {status} (`rlsift plan`, no training)" + (

@@ -267,8 +267,9 @@ class Run:
             try:
                 mark()
             except Exception as err:
-                first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-                log.error("run %s: %s not marked %s: %s: %s", self.run_id, what, status, type(err).__name__, first)
+                cause = next(iter(str(err).strip().splitlines()), "")  # one line, as flows/pipeline.py failed_note
+                log.error("run %s: %s not marked %s: %s%s", self.run_id, what, status, type(err).__name__,
+                          ": " + cause if cause else "")
                 unmarked.append(err)
         remove_leftovers(self.dir)
         if self._log is not None:
