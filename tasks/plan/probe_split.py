@@ -25,22 +25,9 @@ from tasks.update.policy_update import LocalUpdater
 #: Rounds of the split's four timings (:func:`probe_split`, :func:`split_paces`), every round timing a side on all
 #: threads just before it times the same side split.
 SPLIT_ROUNDS = 3
-#: A split whose paces spread more than this over the rounds ((max - min) / median) is listed among the estimates
-#: the probe cannot trust (calls of 0.1-0.4 s on 2 shared cores).
+#: A split whose timings beside the other side spread more than this over the rounds ((max - min) / median) is listed
+#: among the estimates the probe cannot trust (single calls of 0.1 s on 2 shared cores).
 SPLIT_SPREAD = 0.5
-
-
-def split_prompts(sizes: tuple[int, int]) -> int:
-    """Prompts of the split's generate call, from the probe's two generate sizes (small, large: the baseline's):
-    half the baseline's, at least the small one. A generate call gains more from more threads the larger it is (its
-    tokens' share of its cost grows against its decode steps'), so the generator's pace beside the update grows with
-    the call: measured on 2 cores (S53, the default pool, six and eight probes, the per-round ratio's median over
-    three rounds), 1.13x (sd 0.15) at 3 prompts of 8 rollouts and 1.37x (sd 0.09) at 16, and about 1.5x at 64.
-    Half the baseline's call is within a few per cent of the pace at the calls that make an overlapped step (the
-    baseline's, and the candidates' of a screened half as many prompts), at under a second more probing than the
-    smallest call."""
-    small, large = sizes
-    return max(small, large // 2)
 
 
 def probe_split(policy: Policy, cfg: Config, batch: list[PromptRecord], groups: list[RolloutGroup],
@@ -91,24 +78,23 @@ def probe_split(policy: Policy, cfg: Config, batch: list[PromptRecord], groups: 
         model.train(was_training)
     generate, passes, spread = split_paces(rounds)
     if spread > SPLIT_SPREAD:
-        untrusted.append(f"the overlap's split: its paces spread up to {spread:.0%} over {SPLIT_ROUNDS} rounds "
-                         f"(trusted to {SPLIT_SPREAD:.0%})")
+        untrusted.append(f"the overlap's split: its timings beside the other side spread up to {spread:.0%} over "
+                         f"{SPLIT_ROUNDS} rounds (trusted to {SPLIT_SPREAD:.0%})")
     return ThreadSplit(generate=generate, passes=passes, threads=threads)
 
 
 def split_paces(rounds: list[tuple[float, float, float, float]]) -> tuple[float, float, float]:
     """(generate, passes, spread) from the split's ``rounds``, each (the call on all threads, the update on all
-    threads, the call beside the update, the update beside the call) in seconds: a side's pace is the median over the
-    rounds of its timing beside the other over its timing on all threads in the same round (interleaved, the two see
-    the same load), and ``spread`` the larger of the two paces' spreads over the rounds. Measured against the other
-    readings (S53, 2 cores, six probes at 16 prompts): this pace's sd 0.09, against 0.16 for the median beside over
-    the least alone (S52: a burst that slows one timing alone moves it less, but it pairs timings a second apart) and
-    0.19 over the probe's own generation timing."""
+    threads, the call beside the update, the update beside the call) in seconds: a side's pace is the median of its
+    timings beside the other over the least of its timings on all threads, and ``spread`` the larger of the two
+    beside timings' spreads. A timing alone can only be slowed by what else runs (this process's other threads:
+    Prefect's and MLflow's), so its least is its time; the median of the beside timings, where the other side's load
+    is the point. Measured in plans on `balanced` (S52): beside timings within 3 % over three rounds while the call
+    alone took 0.070-0.144 s, so a ratio of each round's pair put the generator's pace at 0.71-1.50x, and the
+    trainer's at 0.78x and 0.98x in two plans against 1.32-1.36x in a third."""
     gen_all, upd_all, gen_beside, upd_beside = zip(*rounds, strict=True)
-    generate = [b / a for a, b in zip(gen_all, gen_beside, strict=True)]
-    passes = [b / a for a, b in zip(upd_all, upd_beside, strict=True)]
-    return (statistics.median(generate), statistics.median(passes),
-            max(relative_spread(generate), relative_spread(passes)))
+    spread = max(relative_spread(gen_beside), relative_spread(upd_beside))
+    return statistics.median(gen_beside) / min(gen_all), statistics.median(upd_beside) / min(upd_all), spread
 
 
 def _seconds(work: Callable[[], object]) -> float:
