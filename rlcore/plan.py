@@ -39,15 +39,13 @@ rollouts, from each level's completion lengths in the probe mixed by the draw's 
 (:meth:`UnitCosts.longest`). A step makes generate-and-verify calls of at most ``chunk // n`` prompts of n rollouts
 (the in-process engine's chunks), one update over the rows it computes (an informative group's m rows of prompt and
 completion: silent groups are left out, ``train.skip_zero_advantage``) and, with the screen, one teacher-forced pass
-over f candidates a slot (run ahead, beside the generate calls, it holds the draw up only by what outlasts them,
-but at a round's first step; on other hardware than the sampler's it is then free, on a CPU's shared cores it is
-work like any other). It also pays fixed seconds whatever its tokens (:class:`FixedCosts`): the optimizer step
+over f candidates a slot (run ahead, beside the generate calls, it costs only what outlasts them, but at a round's
+first step). It also pays fixed seconds whatever its tokens (:class:`FixedCosts`): the optimizer step
 and the step's bookkeeping (the draw, the ledger's rows, the metrics line); each round a checkpoint and, for DOTS,
 the predictor's fit and its predictions over the pool and the fresh reference rollouts
 (``calibrate.reference=fresh``: K x g). A composition that overlaps its draw with the previous step's update
 (``Composition.overlap``, lag 1) pays the slower of the two sides instead of their sum (:func:`overlapped_step`),
-each side at its pace beside the other and the step at least its work over the cores where the two split a CPU's
-cores (``UnitCosts.split``). **The training
+each side at its pace beside the other where the two split a CPU's cores (``UnitCosts.split``). **The training
 clock** is ``train.steps`` such steps plus what the
 composition pays before its first step and plain GRPO does not: the calibrate stage's rollouts and the scoring of
 the pool where it reads them (the benchmark's clock, docs/benchmarks.md). A candidate's ``clock`` is its training
@@ -93,8 +91,7 @@ from rlcore.plan_draw import (
 from rlcore.step_costs import ThreadSplit, UnitCosts
 from rlcore.step_rules import DrawOutcome, StepView
 
-__all__ = ["Prediction", "call_rows", "draw_calls", "overlapped_step", "predict", "sequential_step", "update_rows",
-           "without_rule"]
+__all__ = ["Prediction", "call_rows", "draw_calls", "overlapped_step", "predict", "update_rows", "without_rule"]
 
 
 @dataclass(frozen=True)
@@ -104,10 +101,8 @@ class Prediction:
     ``effective_ratio`` (share of its groups with unequal rewards), ``signal`` (informative groups),
     ``generated`` rollouts, ``generated_tokens``, ``updated_tokens``, ``forward_tokens`` and ``step_s`` seconds,
     all a step; ``step_s`` is ``generate_s`` + ``update_s`` + ``forward_s`` + ``fixed_s`` (the optimizer step,
-    the bookkeeping, and a round's checkpoint and predictor fit over its steps) + ``beside_s`` (the screen's pass
-    and the fit run ahead, beside the generate calls; counted where the sampler shares a CPU's cores,
-    :func:`sequential_step`), or for an overlapped composition the slower side (:func:`overlapped_step`; the parts
-    stay each as timed on all threads); ``upfront_s``: what it pays
+    the bookkeeping, and a round's checkpoint and predictor fit over its steps), or for an overlapped composition the
+    slower side (:func:`overlapped_step`; the parts stay each as timed on all threads); ``upfront_s``: what it pays
     before its first step and plain GRPO does not (calibration, scoring), ``scoring_s`` of it the pool's scoring (a
     run scores its pool only for a composition that reads the scores); ``train_s``: its training clock,
     ``upfront_s`` plus ``train.steps`` steps; ``clock``: ``train_s`` over plain GRPO's (set by :func:`predict`)."""
@@ -124,7 +119,6 @@ class Prediction:
     update_s: float = 0.0
     forward_s: float = 0.0
     fixed_s: float = 0.0
-    beside_s: float = 0.0
     upfront_s: float = 0.0
     scoring_s: float = 0.0
     train_s: float = 0.0
@@ -260,18 +254,14 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
     fx = costs.fixed
     update_s, forward_s = costs.update.time(upd_tokens), costs.forward.time(fwd_tokens)
     fit_s, start_s = (fx.fit_s if c.predictor else 0.0), forward_s  # a round's fit and its first step's screen
-    work_s = forward_s + fit_s / c.round_steps  # the screen's and the fit's work a step, wherever it runs
     if c.round_ahead:  # beside the generate call of the round's last step: what outlasts it, the fit first
         fit_s, hidden = max(0.0, fit_s - fresh_s), max(0.0, fresh_s - fit_s)
         start_s = max(0.0, forward_s - hidden) if c.screen_ahead else forward_s
     if c.screen_ahead:  # beside the draw's generate calls it costs what outlasts them
         forward_s = (start_s + (c.round_steps - 1) * max(0.0, forward_s - fresh_s)) / c.round_steps
     fixed_s = fx.optimizer_s + fx.step_s + (fx.round_s + fit_s) / c.round_steps
-    # the part of that work run ahead, beside the generate calls: free on other hardware than the sampler's, on a
-    # CPU's shared cores (``costs.split``) work like any other
-    beside_s = work_s - forward_s - fit_s / c.round_steps
-    parts = dict(generate_s=generate_s, update_s=update_s, forward_s=forward_s, fixed_s=fixed_s, beside_s=beside_s)
-    step_s = overlapped_step(**parts, split=costs.split) if c.overlap else sequential_step(**parts, split=costs.split)
+    step_s = overlapped_step(generate_s, forward_s, update_s, fixed_s, costs.split) if c.overlap else \
+        generate_s + update_s + forward_s + fixed_s
     calibration_length = float(completion.mean())  # the calibrate stage's set, stratified by level
     scoring_s = c.scored * costs.score_s
     upfront_s = draw_s(*c.calibration, calibration_length, mix(torch.ones(len(pool.levels)))) + scoring_s
@@ -279,37 +269,22 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
     return Prediction(name=c.name, effective_ratio=signal / trained if trained > 0 else 0.0, signal=signal,
                       generated=generated,
                       generated_tokens=gen_tokens, updated_tokens=upd_tokens, forward_tokens=fwd_tokens,
-                      step_s=step_s, **parts, upfront_s=upfront_s, scoring_s=scoring_s,
-                      train_s=upfront_s + c.steps * step_s)
-
-
-def sequential_step(generate_s: float, forward_s: float, update_s: float, fixed_s: float,
-                    split: ThreadSplit | None, beside_s: float = 0.0) -> float:
-    """A step's seconds with its draw and update one after the other: the sum of its parts; the work of the
-    trainer's process run beside the generate calls (``beside_s``) free only where it runs on other hardware than
-    the sampler (no ``split``: :func:`overlapped_step`)."""
-    return generate_s + update_s + forward_s + fixed_s + (beside_s if split is not None else 0.0)
+                      step_s=step_s, generate_s=generate_s, update_s=update_s, forward_s=forward_s, fixed_s=fixed_s,
+                      upfront_s=upfront_s, scoring_s=scoring_s, train_s=upfront_s + c.steps * step_s)
 
 
 def overlapped_step(generate_s: float, forward_s: float, update_s: float, fixed_s: float,
-                    split: ThreadSplit | None, beside_s: float = 0.0) -> float:
+                    split: ThreadSplit | None) -> float:
     """A step's seconds where its draw runs beside the previous step's update (lag 1; parts as timed on all
     threads): the slower of the two sides. The draw side is the generate calls (in the generator process) after the
-    screen's pass over the step's candidates that precedes them (``forward_s``, on the trainer's threads, in the
-    draw's thread: tasks/overlap/concurrent.py); the trainer's side is the update's passes and what a step pays
-    whatever its tokens. Where the two split a CPU's cores (``split``), each side at its pace beside the other, and
-    the step at least the whole step's work over the cores: the trainer's threads also run the work of the trainer's
-    process done beside the generate calls (``beside_s``: the screen's look-ahead, a round started ahead), a third
-    thread on the cores (measured, ``grpo_prescreen`` on 2 cores, S52: a step of 0.272 s against 0.355 s predicted
-    with that work before the generate calls and 0.274 s so). Without a split (the sampler on other hardware), that
-    work is free and each side as timed. Deviation: a side that outlasts the other runs its rest alone, faster than
+    screen's pass over the step's candidates (on the trainer's threads, in the draw's thread:
+    tasks/overlap/concurrent.py); the trainer's side is the update's passes and what a step pays whatever its
+    tokens. Where the two split a CPU's cores (``split``), each side at its pace beside the other; without (the
+    sampler on other hardware), as timed. Deviation: a side that outlasts the other runs its rest alone, faster than
     beside it, so where the sides differ much this is high by up to that pace's gain (measured on 2 cores:
     generation 1.06-1.18x as slow beside the update as alone, the update 1.00-1.12x)."""
-    if split is None:
-        return max(generate_s + forward_s, update_s + fixed_s)
-    g, p, (a, b) = split.generate, split.passes, split.threads
-    cores = (a * generate_s * g + b * ((update_s + forward_s + beside_s) * p + fixed_s)) / (a + b)
-    return max(generate_s * g + forward_s * p, update_s * p + fixed_s, cores)
+    g, p = (split.generate, split.passes) if split is not None else (1.0, 1.0)
+    return max(generate_s * g + forward_s * p, update_s * p + fixed_s)
 
 
 def predict(candidates: list[Composition], baseline: Composition, pool: PoolStats,

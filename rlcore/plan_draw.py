@@ -121,11 +121,10 @@ class Composition:
     composition reads its pass rates, (0, 0) where it does not; ``scored``: pool prompts the score stage embeds
     where the composition reads the scores, 0 where it does not; ``rules``: the techniques acting inside its step
     (rlcore/step_rules.py; at most one replaces the draw); ``screen_ahead``: the screen's pass for the next step runs
-    beside the generate call, at every step but a round's first, so it holds the draw up only by what outlasts the
-    call (``select.screen_ahead`` with the sampler apart from the trainer: a server, lag 1, or on an accelerator lag
-    auto: tasks/plan/planner.py ``beside``); free on other hardware than the call's, work on the cores a CPU's
-    sampler and trainer share (rlcore/plan.py ``overlapped_step``); ``round_ahead``:
-    a round's start (the predictor's fit) runs beside the generate call of the round's last step, alike, and with
+    beside the generate call, at every step but a round's first, on other hardware than the call's, so it costs only
+    what outlasts the call (``select.screen_ahead`` with the sampler apart from the trainer, the call on a server or
+    the trainer on an accelerator; on a CPU both share the cores: tasks/plan/planner.py ``hides``); ``round_ahead``:
+    a round's start (the predictor's fit) runs beside the generate call of the round's last step, hidden alike, and with
     ``screen_ahead`` the screen of the round's first step after it (``select.round_ahead``, where a round start
     takes no reference rollouts); ``shared_prefix``: the update computes each
     group's prompt once (``train.shared_prefix``), so its tokens are the rows' completions and one prompt a group;

@@ -23,8 +23,6 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rlcore.plan import sequential_step
-from rlcore.step_costs import ThreadSplit
 from tasks.bench import analysis as ba
 from tasks.bench import comparison as bc
 from tasks.bench.plots import plot_curves, plot_difficulty, plot_effective
@@ -216,9 +214,7 @@ def one_after_the_other(pred: dict, plan: dict) -> dict:
     """A prediction of ``plan`` (``Plan.to_json``) for its composition run one after the other: a step the sum of its
     parts, its clock against the plan's baseline as predicted."""
     steps = (pred["train_s"] - pred["upfront_s"]) / pred["step_s"] if pred["step_s"] else 0.0
-    split = plan["costs"]["split"]
-    step_s = sequential_step(pred["generate_s"], pred["forward_s"], pred["update_s"], pred["fixed_s"],
-                             ThreadSplit(**split) if split else None, pred.get("beside_s", 0.0))  # 0 in older plans
+    step_s = pred["generate_s"] + pred["update_s"] + pred["forward_s"] + pred["fixed_s"]
     train_s = pred["upfront_s"] + steps * step_s
     base = plan["baseline"]["train_s"]
     return pred | {"step_s": step_s, "train_s": train_s, "clock": train_s / base if base else pred["clock"]}

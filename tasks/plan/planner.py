@@ -64,7 +64,7 @@ def composition(name: str, cfg: Config, pool_size: int = 0, device: torch.device
     compute each group's prompt once, tasks/update/policy_update.py ``uses_shared_prefix``; ``overlap``: it trains
     with lag 1, :func:`overlaps`)."""
     sc, tc, rc, cal = cfg.select, cfg.train, cfg.rollout, cfg.calibrate
-    dots, ahead = sc.method == "dots", beside(cfg, device, overlap)
+    dots = sc.method == "dots"
     reads = reads_upfront(cfg)
     return Composition(
         name=name, prompts=tc.prompts_per_step, n=rc.n, m=cfg.kept_per_prompt, draw=sc.method,
@@ -75,8 +75,8 @@ def composition(name: str, cfg: Config, pool_size: int = 0, device: torch.device
         chunk=rc.chunk if rc.engine == "hf" else 0,
         reference=(cal.k, cal.g) if dots and cal.reference == "fresh" else (0, 0), predictor=dots,
         calibration=(cal.k, cal.g) if reads["calibrate"] else (0, 0), scored=pool_size if reads["score"] else 0,
-        rules=step_rules(cfg, pool_size), screen_ahead=sc.screen > 1 and sc.screen_ahead and ahead,
-        round_ahead=sc.round_ahead and ahead and not (dots and cal.reference == "fresh"),
+        rules=step_rules(cfg, pool_size), screen_ahead=sc.screen > 1 and sc.screen_ahead and hides(cfg, device),
+        round_ahead=sc.round_ahead and hides(cfg, device) and not (dots and cal.reference == "fresh"),
         shared_prefix=sdpa and wants_shared_prefix(tc.shared_prefix, device, cfg.gain.enabled), overlap=overlap)
 
 
@@ -96,16 +96,15 @@ def split_threads(cfg: Config, policy: Policy, device: torch.device | str) -> tu
     return thread_split(torch.get_num_threads(), cfg.overlap.generator_threads)
 
 
-def beside(cfg: Config, device: torch.device | str, overlap: bool) -> bool:
-    """Whether work of the trainer's process that a run starts ahead (the screen's look-ahead, a round's start) runs
-    beside a generate call, as rlcore.plan counts it: the call runs apart from the trainer
-    (tasks/overlap/concurrent.py ``Sampler.apart``). A server; the in-process sampler at lag 1 (``overlap``); and on
-    an accelerator also ``overlap.lag=auto``, whose probe decides after the plan. Where that work costs a step only
-    what outlasts the call (other hardware) or its own time on the cores it shares (a CPU's, ``UnitCosts.split``) is
-    rlcore/plan.py ``overlapped_step``'s. One after the other on a CPU it precedes the call: measured
-    (`grpo_prescreen` on 2 cores, docs/algorithms.md 9.2), a step of 0.228 s, against 0.226 s predicted with the
-    screen's pass counted and 0.178 s with it hidden."""
-    if cfg.rollout.engine != "hf" or overlap:
+def hides(cfg: Config, device: torch.device | str) -> bool:
+    """Whether work of the trainer's process run beside a generate call (the screen's look-ahead, a round's start
+    ahead) costs a step only what outlasts the call, as rlcore.plan counts it: the call runs apart from the trainer
+    (tasks/overlap/concurrent.py ``Sampler.apart``) and on other hardware than that work. A server; or the in-process
+    sampler at lag 1 (``overlap.lag=auto`` counts: on a shared device the overlap's probe decides after the plan)
+    beside a trainer on an accelerator. On a CPU the generator's threads and the trainer's share its cores, so the
+    work costs its own time: measured (`grpo_prescreen` one after the other on 2 cores, docs/algorithms.md 9.2), a
+    step of 0.228 s, against 0.226 s predicted with the screen's pass counted and 0.178 s with it hidden."""
+    if cfg.rollout.engine != "hf":
         return True
     return cfg.overlap.lag != 0 and torch.device(device).type != "cpu"
 

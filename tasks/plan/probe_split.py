@@ -22,11 +22,12 @@ from tasks.plan.timing import Untrusted, relative_spread
 from tasks.policy import Policy
 from tasks.update.policy_update import LocalUpdater
 
-#: Rounds of the split's four timings (:func:`probe_split`, :func:`split_paces`), every round timing a side on all
-#: threads just before it times the same side split.
+#: Rounds of the split's four timings (:func:`probe_split`); each pace is the median of its
+#: rounds' ratios, every round timing a side on all threads just before it times the same side split.
 SPLIT_ROUNDS = 3
-#: A split whose timings beside the other side spread more than this over the rounds ((max - min) / median) is listed
-#: among the estimates the probe cannot trust (single calls of 0.1 s on 2 shared cores).
+#: A split whose paces spread more than this over the rounds ((max - min) / median) is listed among the estimates
+#: the probe cannot trust. Single calls of 0.1 s on 2 shared cores: 22-76 % in five plans, so the repeat rule of the
+#: other timings (15 %) would flag every one.
 SPLIT_SPREAD = 0.5
 
 
@@ -40,7 +41,7 @@ def probe_split(policy: Policy, cfg: Config, batch: list[PromptRecord], groups: 
     trainer), as it splits them), the update (by ``updater``, the probe's own at learning rate 0) here on the
     trainer's threads. :data:`SPLIT_ROUNDS` rounds of the four,
     interleaved so that each pace's two timings see the same load (a 0.1 s call's time moved up to 60 % between two
-    calls a second apart on 2 cores); the paces from them by :func:`split_paces`. The generator process is then kept
+    calls a second apart on 2 cores); each pace is the median over the rounds. The generator process is then kept
     in ``handover`` for a lag-1 training of ``policy`` (tasks/overlap/concurrent.py :class:`SamplerHandover`: the
     training samples from it where it fits, else stops it), so the run starts one, and the plan does not wait for
     it to stop (0.6 s on 2 cores); without a handover, or where the probe fails, it is stopped here."""
@@ -66,7 +67,7 @@ def probe_split(policy: Policy, cfg: Config, batch: list[PromptRecord], groups: 
                 torch.set_num_threads(every)
                 gen_all, upd_all = _seconds(here), _seconds(update)
                 torch.set_num_threads(share)
-                rounds.append((gen_all, upd_all, _beside(draw, update, pool), _beside(update, draw, pool)))
+                rounds.append((_beside(draw, update, pool) / gen_all, _beside(update, draw, pool) / upd_all))
         done = True
     finally:
         if sampling is not None and done and handover is not None:
@@ -76,25 +77,12 @@ def probe_split(policy: Policy, cfg: Config, batch: list[PromptRecord], groups: 
         torch.set_num_threads(every)
         model.zero_grad(set_to_none=True)
         model.train(was_training)
-    generate, passes, spread = split_paces(rounds)
+    generate, passes = (statistics.median(r) for r in zip(*rounds, strict=True))
+    spread = max(relative_spread(r) for r in zip(*rounds, strict=True))
     if spread > SPLIT_SPREAD:
-        untrusted.append(f"the overlap's split: its timings beside the other side spread up to {spread:.0%} over "
-                         f"{SPLIT_ROUNDS} rounds (trusted to {SPLIT_SPREAD:.0%})")
+        untrusted.append(f"the overlap's split: its paces spread up to {spread:.0%} over {SPLIT_ROUNDS} rounds "
+                         f"(trusted to {SPLIT_SPREAD:.0%})")
     return ThreadSplit(generate=generate, passes=passes, threads=threads)
-
-
-def split_paces(rounds: list[tuple[float, float, float, float]]) -> tuple[float, float, float]:
-    """(generate, passes, spread) from the split's ``rounds``, each (the call on all threads, the update on all
-    threads, the call beside the update, the update beside the call) in seconds: a side's pace is the median of its
-    timings beside the other over the least of its timings on all threads, and ``spread`` the larger of the two
-    beside timings' spreads. A timing alone can only be slowed by what else runs (this process's other threads:
-    Prefect's and MLflow's), so its least is its time; the median of the beside timings, where the other side's load
-    is the point. Measured in plans on `balanced` (S52): beside timings within 3 % over three rounds while the call
-    alone took 0.070-0.144 s, so a ratio of each round's pair put the generator's pace at 0.71-1.50x, and the
-    trainer's at 0.78x and 0.98x in two plans against 1.32-1.36x in a third."""
-    gen_all, upd_all, gen_beside, upd_beside = zip(*rounds, strict=True)
-    spread = max(relative_spread(gen_beside), relative_spread(upd_beside))
-    return statistics.median(gen_beside) / min(gen_all), statistics.median(upd_beside) / min(upd_all), spread
 
 
 def _seconds(work: Callable[[], object]) -> float:

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from flows.bench_arms import composition_of, plan_base, preset_overrides
-from tasks.bench.report import one_after_the_other, plan_check
+from tasks.bench.report import plan_check
 from tasks.bench.tables import plain_markdown, plan_markdown
 
 
@@ -119,7 +119,7 @@ def test_a_sync_arm_is_predicted_one_after_the_other_and_each_clock_against_the_
     and every clock is measured against the overlapped `grpo` arm, the one the plan's baseline predicts."""
     parts = {"generate_s": 0.5, "update_s": 0.2, "forward_s": 0.0, "fixed_s": 0.01, "upfront_s": 0.0}
     plan = {"baseline": {"name": "grpo", "effective_ratio": 0.45, "clock": 1.0, "train_s": 55.0, "step_s": 0.55,
-                         **parts}, "predictions": [], "costs": {"split": None}}
+                         **parts}, "predictions": []}
     result = {"baseline": "grpo-sync", "configurations": [row("grpo-sync", 0.40, 1.0), row("grpo", 0.40, 0.8),
                                                           row("auto", 0.6, 0.4)]}
     runs = [SimpleNamespace(name="auto", ok=True, summary={"plan": {
@@ -132,9 +132,3 @@ def test_a_sync_arm_is_predicted_one_after_the_other_and_each_clock_against_the_
     assert got["grpo-sync"]["measured_clock"] == pytest.approx(1.0 / 0.8)
     assert got["grpo"]["predicted_s"] == 55.0 and got["grpo"]["measured_clock"] == pytest.approx(1.0)
     assert got["auto"]["measured_clock"] == pytest.approx(0.4 / 0.8)
-    # the screen's look-ahead (beside_s) adds to a -sync step on a CPU's split cores, where a run at lag 0 screens
-    # before its generate call; on other hardware it ran beside the call there too
-    screened = plan["baseline"] | {"forward_s": 0.02, "beside_s": 0.08}
-    split = {"generate": 1.4, "passes": 1.5, "threads": [1, 1]}
-    assert one_after_the_other(screened, plan | {"costs": {"split": split}})["step_s"] == pytest.approx(0.81)
-    assert one_after_the_other(screened, plan)["step_s"] == pytest.approx(0.73)
