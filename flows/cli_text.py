@@ -15,9 +15,16 @@ def paired_text(paired: dict | None) -> str:
             f"exact McNemar p = {paired['mcnemar_p']:.2g})")
 
 
-def levels(by_level: dict) -> str:
-    """Accuracy by difficulty level, on one line."""
-    return ", ".join(f"{k}: {v:.3f}" for k, v in by_level.items())
+def levels_text(start: dict, end: dict) -> str:
+    """The held-out accuracy by difficulty level before and after, as a line; nothing where the prompts have no level
+    (GSM8K, HumanEval: their one group is keyed ``None``) and the line would repeat the overall accuracy."""
+    if set(start) | set(end) <= {"None"}:
+        return ""
+
+    def levels(by_level: dict) -> str:
+        return ", ".join(f"{k}: {v:.3f}" for k, v in by_level.items())
+
+    return f"  by level: {levels(start)} -> {levels(end)}\n"
 
 
 def emit(obj: dict, as_json: bool, text: str) -> None:
@@ -36,7 +43,7 @@ def run_text(summary: dict) -> str:
             f"{summary['steps']} steps\n"
             f"  held-out greedy accuracy {summary['eval_accuracy_start']:.3f} -> {summary['eval_accuracy_end']:.3f}"
             f"{paired_text(summary.get('eval_paired'))}\n"
-            f"  by level: {levels(summary['eval_by_level_start'])} -> {levels(summary['eval_by_level_end'])}\n"
+            f"{levels_text(summary['eval_by_level_start'], summary['eval_by_level_end'])}"
             f"  device hours {summary['device_hours']:.4f} ({summary['device']}), ${summary['cost_usd']:.4f}\n"
             f"{overlap_text(summary.get('overlap'))}"
             f"{plan_text(summary.get('plan'))}"

@@ -52,7 +52,8 @@ def eval_levels(start: EvalResult, end: EvalResult, out: Path) -> list[Path]:
 
 
 def eval_table(start: EvalResult, end: EvalResult) -> str:
-    """Markdown: greedy accuracy, avg@k and pass@k by level and source, before and after."""
+    """Markdown: greedy accuracy, avg@k and pass@k by level (where the prompts have levels) and source, before and
+    after."""
     k = end.k
     head = "| group | n | greedy before | greedy after |" + (
         f" avg@{k} before | avg@{k} after | pass@{k} before | pass@{k} after |" if k else "")
@@ -66,7 +67,7 @@ def eval_table(start: EvalResult, end: EvalResult) -> str:
         return s
 
     lines.append(row("overall", start.overall, end.overall))
-    for lv, c in end.by_level.items():
+    for lv, c in end.by_level.items() if set(end.by_level) != {None} else ():  # no levels: the overall row again
         lines.append(row(f"level {lv}", start.by_level.get(lv), c))
     for src, c in end.by_source.items():
         lines.append(row(f"source {src}", start.by_source.get(src), c))

@@ -114,3 +114,15 @@ def test_the_cli_says_how_to_open_mlflows_ui():
     assert "  MLflow run m: `mlflow ui --backend-store-uri sqlite:///x`, then http://127.0.0.1:5000/#/...\n" in \
         run_text(done)
     assert "  MLflow run m: sqlite:///x\n" in run_text({**done, "mlflow_ui": None})
+
+
+def test_the_cli_gives_accuracy_by_level_only_where_the_prompts_have_levels():
+    """The bundled task's levels get their line; a set without levels (GSM8K: its one group keyed None) gets none,
+    rather than a line that repeats the overall accuracy under the name None."""
+    done = replace(base(), status="completed", name="grpo x", steps=2, eval_accuracy_start=0.0, eval_accuracy_end=0.02,
+                   device="cpu", device_hours=0.001, cost_usd=0.0001).to_dict()
+    leveled = run_text({**done, "eval_by_level_start": {"1": 0.9, "3": 0.0}, "eval_by_level_end": {"1": 0.9, "3": 0.5}})
+    assert "  by level: 1: 0.900, 3: 0.000 -> 1: 0.900, 3: 0.500\n" in leveled
+    flat = run_text({**done, "eval_by_level_start": {"None": 0.0}, "eval_by_level_end": {"None": 0.02}})
+    assert "by level" not in flat and "None" not in flat
+    assert "held-out greedy accuracy 0.000 -> 0.020" in flat

@@ -123,3 +123,14 @@ def test_eval_table_shows_avg_and_pass_at_k_before_and_after():
                         "pass@4 after |")
     assert table[2] == "| overall | 6 | 0.500 | 0.500 | 0.375 | 0.375 | 0.500 | 0.500 |"
     assert table[3].endswith("| 0.875 | 0.875 | nan | nan |")  # a cell without pass@k (an older file) shows nan
+
+
+def test_eval_table_lists_levels_only_where_the_prompts_have_them():
+    """Mixed levels (1, 3 and None) get a row each; a set without levels (GSM8K alone) gets none, rather than a
+    "level None" row that repeats the overall one."""
+    groups = [line.split(" | ")[0] for line in eval_table(result(), result()).splitlines()[2:]]
+    assert groups == ["| overall", "| level 1", "| level 3", "| level None", "| source arith", "| source gsm8k"]
+    cell = EvalCell(n=1, greedy_acc=0.0, avg_at_k=0.0)
+    flat = EvalResult(overall=cell, by_level={None: cell}, by_source={"gsm8k": cell}, k=4, prompt_ids=("f",),
+                      greedy_correct=(0,), levels=(None,))
+    assert [line.split(" | ")[0] for line in eval_table(flat, flat).splitlines()[2:]] == ["| overall", "| source gsm8k"]
