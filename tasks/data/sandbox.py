@@ -71,6 +71,13 @@ or, where ptrace is allowed between a user's processes, ptrace it: the audit hoo
 Calls pass arguments by value: a test that relies on the candidate mutating an argument in place does not
 see the mutation (no HumanEval test does). The checker runs the dataset's tests without the confinement.
 
+**Before any process** (what the sandbox would only confirm): a program the interpreter cannot parse fails there,
+with the parser's message, and no process starts (:func:`parse_failure`; the candidate's first act is to compile the
+same source with the same interpreter's grammar, so its verdict would be ``failed`` too). The parent only parses,
+never compiles to code or runs it, and this decides a failure, never a pass. A batch (:func:`score_many`) runs each
+distinct job once and gives its verdict to every copy (a group's identical completions; a program whose result is
+random gets one draw for all its copies).
+
 The host's side of the confinement (:class:`~tasks.data.sandbox_confine.Limits`, the uid pool and sweep, the
 rlimits, bubblewrap) is in tasks/data/sandbox_confine.py; the two child programs are in
 tasks/data/sandbox_programs.py.
@@ -78,6 +85,7 @@ tasks/data/sandbox_programs.py.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import os
@@ -155,14 +163,17 @@ def run_tests(program: str, test: str, entry_point: str, timeout_s: float | None
     Returns:
         ``passed`` (check returned), ``failed`` (an exception in the checker: a failed assertion, an error
         raised by the candidate, a result that is not plain data, the candidate's program failing to load or
-        its process ending), ``timeout`` (wall clock or the candidate's CPU time) or ``crashed`` (the
-        candidate killed by any other signal, or the sandbox could not be set up).
+        its process ending; or, without starting a process, a program that does not parse), ``timeout``
+        (wall clock or the candidate's CPU time) or ``crashed`` (the candidate killed by any other signal, or
+        the sandbox could not be set up).
     """
     limits = limits or Limits()
     if timeout_s is not None:
         limits = dataclasses.replace(limits, timeout_s=timeout_s)
     if not entry_point.isidentifier():
         raise ValueError(f"entry_point must be a Python identifier, got {entry_point!r}")
+    if (failed := parse_failure(program, limits)) is not None:
+        return failed
     root = os.geteuid() == 0
     pool = uid_pool(limits) if root else None
     uid = pool.acquire() if pool else None
@@ -278,6 +289,21 @@ def _wait(cand: subprocess.Popen, checker: subprocess.Popen, timeout_s: float,
     return timed_out, rc, cand_rc
 
 
+def parse_failure(program: str, limits: Limits) -> Verdict | None:
+    """``failed`` for a program this interpreter cannot parse (the parser's message as its stderr), without starting
+    a process; None for one it parses, which only the sandbox can judge. Parsing runs none of the program (no code
+    object is made); the source is a completion of at most ``rollout.max_new_tokens`` after a trusted prompt, and
+    the parser's own limits (nesting depth, a recursion limit) end as errors here, not as a crash."""
+    t0 = time.perf_counter()
+    try:
+        ast.parse(program, "<program>")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as err:  # ValueError: a null byte in the source
+        text = f"{type(err).__name__}: {err}"
+        return Verdict(verdict="failed", seconds=time.perf_counter() - t0,
+                       stderr_tail=f"the program does not parse (not run): {text}"[-limits.stderr_tail_chars:])
+    return None
+
+
 def _verdict(end: _JobEnd, limits: Limits) -> Verdict:
     """The verdict of a job from how its processes ended (see :func:`run_tests`)."""
     tail = end.stderr_tail
@@ -318,7 +344,8 @@ def _killpg(pgid: int) -> None:
 
 
 def score_many(jobs: Sequence[CodeJob], workers: int = 4, limits: Limits | None = None) -> list[Verdict]:
-    """Run many jobs in parallel (threads, each waiting on its own child process); order is kept.
+    """Run many jobs in parallel (threads, each waiting on its own child process), each distinct job once; order
+    is kept.
 
     Args:
         jobs: the jobs, length J.
@@ -331,10 +358,13 @@ def score_many(jobs: Sequence[CodeJob], workers: int = 4, limits: Limits | None 
     limits = limits or Limits()
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    workers = min(workers, limits.uid_slots, max(1, len(jobs)))
+    distinct = list(dict.fromkeys(jobs))  # each distinct job once, in first-seen order (module docstring)
+    workers = min(workers, limits.uid_slots, max(1, len(distinct)))
     with ThreadPoolExecutor(max_workers=workers) as ex:
-        return list(ex.map(lambda j: run_tests(j.program, j.test, j.entry_point, limits=limits, context=j.context),
-                           jobs))
+        verdicts = dict(zip(distinct, ex.map(
+            lambda j: run_tests(j.program, j.test, j.entry_point, limits=limits, context=j.context), distinct),
+            strict=True))
+    return [verdicts[j] for j in jobs]
 
 
 def enforcement(limits: Limits | None = None) -> dict:

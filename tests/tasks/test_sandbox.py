@@ -67,6 +67,41 @@ def test_verdicts_and_order():
     assert "KeyError" in v[3].stderr_tail  # entry point missing
 
 
+def test_a_program_that_does_not_parse_fails_before_any_process_starts(monkeypatch):
+    """The parser's verdict needs no sandbox: no process is started for it (Popen would raise here), its message is
+    the stderr; a null byte alike. A program that parses but does not compile ('return' outside a function: the
+    compiler's error, not the parser's) still goes to the sandbox, which fails it: the parse decides only failures."""
+    def no_process(*a, **kw):
+        raise AssertionError("a process was started")
+
+    with monkeypatch.context() as m:
+        m.setattr(subprocess, "Popen", no_process)
+        v = run("def f(:\n    return 1\n")
+        assert v.verdict == "failed" and not v.passed and v.returncode is None
+        assert "does not parse (not run): SyntaxError" in v.stderr_tail
+        assert run("def f():\n    return 1\x00\n").verdict == "failed"
+        with pytest.raises(AssertionError, match="a process was started"):
+            run("return 1\n")  # parses: the sandbox's to judge
+    v = run("return 1\n")
+    assert v.verdict == "failed" and "SyntaxError" in v.stderr_tail and v.returncode is not None
+
+
+def test_a_batch_runs_each_distinct_job_once_and_keeps_the_order(monkeypatch):
+    """A group's identical completions are one job: run once, its verdict given to each copy in place."""
+    from tasks.data import sandbox
+
+    calls = []
+    real = sandbox.run_tests
+    monkeypatch.setattr(sandbox, "run_tests", lambda program, *a, **kw: calls.append(program) or real(program, *a,
+                                                                                                         **kw))
+    right = CodeJob("def f(x):\n    return x + 1\n", "def check(c):\n    assert c(1) == 2\n", "f")
+    wrong = CodeJob("def f(x):\n    return x\n", right.test, "f")
+    v = score_many([right, wrong, right, right, wrong], workers=2)
+    assert [x.verdict for x in v] == ["passed", "failed", "passed", "passed", "failed"]
+    assert sorted(calls) == sorted([right.program, wrong.program])
+    assert score_many([], workers=2) == []
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="entry_point"):
         run_tests("x = 1", CALL, "not an identifier")
@@ -108,8 +143,12 @@ def test_cpu_limit_is_a_timeout():
     assert v.verdict == "timeout" and v.seconds < 10
 
 
-def _sandbox_uid_processes() -> list[int]:
-    lim = Limits()
+#: The fork bomb's own uid pool, apart from the default one that other tests' jobs (another xdist worker's) use at
+#: the same time: the sweep's check counts only the bomb's processes.
+BOMB = Limits(timeout_s=2.0, uid_base=Limits().uid_base + Limits().uid_slots, uid_slots=2)
+
+
+def _sandbox_uid_processes(lim: Limits = BOMB) -> list[int]:
     return [pid for uid in range(lim.uid_base, lim.uid_base + lim.uid_slots) for pid in processes_of(uid)]
 
 
@@ -125,7 +164,7 @@ def test_fork_bomb_is_contained():
             "                n += 1\n"
             "        except (OSError, PermissionError):\n"
             "            time.sleep(0.01)\n")
-    v = run(bomb, timeout_s=2.0)
+    v = run(bomb, limits=BOMB)
     assert v.verdict == "timeout"
     if ROOT:
         assert _sandbox_uid_processes() == []  # the per-uid sweep killed even the setsid() escapees
