@@ -18,6 +18,7 @@ def run_label(cfg: Config, choice: str | None = None) -> str:
         ("dots", cfg.select.method == "dots"), ("dynamic", cfg.dynamic.enabled), ("replay", cfg.replay.enabled),
         ("pods", cfg.pods.enabled), ("scalingrl", cfg.curriculum.enabled), ("gain", cfg.gain.enabled),
         ("drop-solved", cfg.select.drop_solved)) if enabled]
-    data = ",".join(f"bundled:{s.mix if isinstance(s.mix, str) else 'custom'}" if s.kind == "bundled"
-                    else (s.format or Path(s.path or "file").stem) for s in cfg.data.sources)
+    data = ",".join(dict.fromkeys(  # each name once: GSM8K's train and test files are both ``gsm8k``
+        f"bundled:{s.mix if isinstance(s.mix, str) else 'custom'}" if s.kind == "bundled"
+        else (s.format or Path(s.path or "file").stem) for s in cfg.data.sources))
     return f"{'+'.join(on) or 'grpo'} {data} s{cfg.seed}"

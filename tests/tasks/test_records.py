@@ -123,6 +123,8 @@ def test_run_label_names_techniques_data_and_seed():
     assert run_label(load_config(None, ["dynamic.enabled=true", "select.drop_solved=true",
                                         "data.sources=[{kind: bundled, mix: {3: 1.0}}]"])) == \
         "dynamic+drop-solved bundled:custom s0"
+    two = "data.sources=[{kind: bundled, mix: default}, {kind: bundled, mix: easy}, {kind: bundled, mix: default}]"
+    assert run_label(load_config(None, [two])) == "grpo bundled:default,bundled:easy s0"  # each name once, in order
     auto = load_config(str(conf_dir() / "presets" / "auto.yaml"), [])
     assert run_label(auto) == "auto bundled:default s0"  # before the plan has chosen
     assert run_label(auto, "dots_screen") == "auto→dots_screen bundled:default s0"  # what it trains
