@@ -1,6 +1,6 @@
 """The bundled task: generated multi-step integer arithmetic with worked solutions and graded difficulty.
 
-The embedded default of rlsift (README.md, "What the embedded default does today") needs a verifiable task
+The embedded default of rlsift (README.md, "Two commands") needs a verifiable task
 that runs offline, has difficulty levels a tiny character-level policy can partly master, and a reference
 solution for the supervised warm start. This module is that task. It is our own construction (no paper); its choices:
 

@@ -1,7 +1,7 @@
 """The policy: loading real causal LMs and building the tiny default (character tokenizer + Llama).
 
 Real models and tokenizers are loaded from local paths through ``AutoModelForCausalLM`` /
-``AutoTokenizer``; the tiny default of the embedded run (README.md, "What the embedded default does today")
+``AutoTokenizer``; the tiny default of the embedded run (README.md, "Two commands")
 is built here:
 
 - ``build_tokenizer``: a character-level vocabulary built locally with the ``tokenizers`` library (a

@@ -1,7 +1,7 @@
 """Supervised warm start of the tiny default policy on worked solutions, cached by a fingerprint.
 
 RL with verifiable rewards needs a policy that is sometimes right (a group whose rewards are all 0 gives no
-gradient), so the embedded default (README.md, "What the embedded default does today") first fine-tunes the
+gradient), so the embedded default (README.md, "Two commands") first fine-tunes the
 randomly initialised tiny Llama on the bundled task's worked solutions. Choices:
 
 - Each example is ``<s> + format_prompt(question) + solution + </s>``; the loss is the mean next-token
