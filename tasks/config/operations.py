@@ -93,7 +93,7 @@ class EvalConfig(_Frozen):
 
 
 class TrackingConfig(_Frozen):
-    """MLflow tracking (tasks/records/tracking.py)."""
+    """MLflow tracking (tasks/records/tracking/)."""
 
     uri: str | None = Field(None, description="MLflow tracking URI (default: sqlite under paths.root).")
     experiment: str = Field("rlsift", description="MLflow experiment name (created when missing).")

@@ -106,7 +106,7 @@ def old_head(shape: ModelShape, rows: int, tokens: int) -> float:
     return rows * 1024 * 4 * v + 7 * 1024 * v * 2 + 1024 * v * (4 + 4)
 
 
-#: One H100 (docs/performance.md; /work/shared/docs/stack.md section 11): random Qwen2.5-1.5B in bf16 with bf16 AdamW
+#: One H100 (docs/performance.md, docs/scale-out.md "A GPU check"): random Qwen2.5-1.5B in bf16 with bf16 AdamW
 #: state, rows of 128 + 1,024 tokens of equal length, one forward and backward of all the tokens (their length
 #: buckets of 8,192 tokens all kept until one backward pass), then AdamW: torch.cuda.max_memory_allocated.
 H100_TABLE = [  # tokens, checkpointing, measured peak GiB

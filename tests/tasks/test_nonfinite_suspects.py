@@ -1,8 +1,9 @@
-"""Suspects for the update's non-finite gradient at the real shape (docs/stack.md section 14), each a CPU test that
-fails if the suspect were real: the additive mask's ``finfo.min`` in bf16 scores, the recompute under activation
-checkpointing, the chunked LM head at Qwen2.5's 151,936 vocabulary, bf16 gradient accumulation over 61
-micro-batches. The first suspect, cuDNN's SDPA backward with a mask (pytorch#196678), has no CPU kernel: the
-layout that avoids its trigger and the guard are tested in tests/tasks/test_forward.py and test_attention.py."""
+"""Suspects for the update's non-finite gradient at the real shape (docs/performance.md, "On a GPU: what one H200
+measured"), each a CPU test that fails if the suspect were real: the additive mask's ``finfo.min`` in bf16 scores, the
+recompute under activation checkpointing, the chunked LM head at Qwen2.5's 151,936 vocabulary, bf16 gradient
+accumulation over 61 micro-batches. The first suspect, cuDNN's SDPA backward with a mask (pytorch#196678), has no CPU
+kernel: the layout that avoids its trigger and the guard are tested in tests/tasks/test_forward.py and
+test_attention.py."""
 
 import copy
 
