@@ -119,9 +119,10 @@ class ThreadSplit:
     the other side works, than the probe's calls on all threads in one process: ``generate`` for a generate call in
     the generator process, ``passes`` for the trainer's forward and backward passes on its threads (the cores'
     caches, memory bandwidth and hyper-threads are shared: a side alone runs faster, which a timing of one side
-    alone would credit); ``threads``: (generator, trainer) threads. Deviation: one pace a side, from the probe's small
-    generate call and small update (a larger call may gain more from more threads: plain GRPO's 256-rollout draw took
-    1.34x on one thread, S43)."""
+    alone would credit); ``threads``: (generator, trainer) threads. Deviation: one pace a side, from a generate call
+    of half the baseline's prompts and the probe's small update (tasks/plan/probe_split.py ``split_prompts``); a
+    larger call gains more from more threads (on 2 cores 1.13x at 24 rollouts, 1.37x at 128, about 1.5x at 512), so
+    the pace is a few per cent low for the largest calls and high for the smallest."""
 
     generate: float
     passes: float

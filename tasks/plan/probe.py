@@ -20,9 +20,10 @@ rlcore/plan.py predicts each candidate's clock from these measurements (:class:`
   and taken out of each timing; then a round's checkpoint of the weights and that optimizer's state is written to a
   scratch folder, once (tasks/plan/timing.py ``ONCE``).
 - **The overlap's split** (where a candidate trains with lag 1 and the sampler and the trainer split a CPU's
-  threads, ``ProbeInputs.split``): the small generate call and the small update on all threads here, then the call
-  in a generator process and the update on the trainer's threads, each beside the other's work repeated without
-  pause (tasks/plan/probe_split.py; rlcore/plan.py ``overlapped_step`` reads the two paces).
+  threads, ``ProbeInputs.split``): a generate call of half the baseline's prompts (tasks/plan/probe_split.py
+  ``split_prompts``) and the small update on all threads here, then the call in a generator process and the update
+  on the trainer's threads, each beside the other's work repeated without pause (tasks/plan/probe_split.py;
+  rlcore/plan.py ``overlapped_step`` reads the two paces).
 - **The screen's teacher-forced pass** (tasks/plan/probe_screen.py; where a candidate screens) at its candidates'
   count and half of it.
 - **A step's bookkeeping**: the draw over the pool, a step's selection and group rows held and written to a scratch
@@ -84,7 +85,7 @@ from tasks.plan.probe_bookkeeping import probe_bookkeeping
 from tasks.plan.probe_cache import ProbeMemo
 from tasks.plan.probe_generation import calibration_call, call_lengths, cycle_records, probe_generation
 from tasks.plan.probe_screen import probe_screen, screen_counts, solution_lengths
-from tasks.plan.probe_split import probe_split
+from tasks.plan.probe_split import probe_split, split_prompts
 from tasks.plan.timing import CHEAP, COSTLY, ONCE, Timing, Untrusted, time_until_stable
 from tasks.policy import Policy
 from tasks.records.files import atomic_write
@@ -155,12 +156,12 @@ def probe_costs(policy: Policy, cfg: Config, inputs: ProbeInputs, seed: int, dev
     pool_sizes = (len(inputs.pool), len(inputs.pool))
     split = None
     if inputs.split is not None and any(c.overlap for c in inputs.comps):
-        small = (sizes[0], sizes[0])  # the small generate call's prompts (its update's groups follow them)
-        if (kept := part.reuse("split", small)) is None:
-            say(f"probe: a generate call of {sizes[0]} prompts and an update of {update_sizes[0]} groups on "
+        prompts = split_prompts(sizes)
+        if (kept := part.reuse("split", (prompts, prompts))) is None:
+            say(f"probe: a generate call of {prompts} prompts and an update of {update_sizes[0]} groups on "
                 f"{inputs.split[0]} and {inputs.split[1]} of {torch.get_num_threads()} threads (the overlap's split)")
-            kept = part.timed("split", small, lambda: {"split": probe_split(
-                policy, cfg, cycle_records(records, sizes[0]), groups[:update_sizes[0]], _updater(policy, cfg, device),
+            kept = part.timed("split", (prompts, prompts), lambda: {"split": probe_split(
+                policy, cfg, cycle_records(records, prompts), groups[:update_sizes[0]], _updater(policy, cfg, device),
                 inputs.split, seed, untrusted, inputs.handover)})
         split = kept["split"]
     if (kept := part.reuse("bookkeeping", pool_sizes)) is None:
