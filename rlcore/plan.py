@@ -280,9 +280,11 @@ def overlapped_step(generate_s: float, forward_s: float, update_s: float, fixed_
     screen's pass over the step's candidates (on the trainer's threads, in the draw's thread:
     tasks/overlap/concurrent.py); the trainer's side is the update's passes and what a step pays whatever its
     tokens. Where the two split a CPU's cores (``split``), each side at its pace beside the other; without (the
-    sampler on other hardware), as timed. Deviation: a side that outlasts the other runs its rest alone, faster than
-    beside it, so where the sides differ much this is high by up to that pace's gain (measured on 2 cores:
-    generation 1.06-1.18x as slow beside the update as alone, the update 1.00-1.12x)."""
+    sampler on other hardware), as timed. Deviations: a side that outlasts the other runs its rest alone, faster than
+    beside it, so where the sides differ much this is high by up to that pace's gain (measured on 2 cores, S53:
+    generation 1.36-1.48x as slow beside the update as alone, the update 1.18-1.36x); and it is the slower side of a
+    mean step, where a run waits at each step on whichever side is slower then, so it is low where the sides are
+    close (`auto`'s seconds -15 % / -14 % on the default and `balanced` pools, S53, docs/benchmarks.md)."""
     g, p = (split.generate, split.passes) if split is not None else (1.0, 1.0)
     return max(generate_s * g + forward_s * p, update_s * p + fixed_s)
 
