@@ -359,8 +359,9 @@ def test_the_calibrations_rollouts_are_the_probes_largest_generate_call(setting,
 
 def test_the_probe_times_each_sides_share_of_the_threads_only_where_a_candidate_overlaps(setting, tmp_path,
                                                                                         monkeypatch):
-    """Where a candidate trains with lag 1 on a CPU whose threads it splits (ProbeInputs.split), the probe times the
-    small generate call in a generator process and the small update on the trainer's threads, each beside the
+    """Where a candidate trains with lag 1 on a CPU whose threads it splits (ProbeInputs.split), the probe times a
+    generate call of half the baseline's prompts in a generator process and the small update on the trainer's
+    threads, each beside the
     other, against both on all threads here, and puts the paces in UnitCosts.split; the process's thread count
     is left as it was, the weights too, and no generator process is left running. No candidate overlapping, or no
     split: nothing timed."""
@@ -381,9 +382,19 @@ def test_the_probe_times_each_sides_share_of_the_threads_only_where_a_candidate_
         return probe_costs(policy, cfg, ProbeInputs(records=records, pool=pool, calibration=calibration, comps=comps,
                                                     stats=stats, scratch=tmp_path, split=split), seed=0)
 
+    from tasks.plan import probe as probe_module
+    from tasks.plan.probe_split import split_prompts
+
+    calls = []
+    real_split = probe_module.probe_split
+    monkeypatch.setattr(probe_module, "probe_split", lambda p, c, batch, *a, **kw: calls.append(len(batch)) or
+                        real_split(p, c, batch, *a, **kw))
     assert probe([grpo], (1, 1)).split is None and probe([replace(grpo, overlap=True)], None).split is None
-    assert seen == []
-    split = probe([grpo, replace(grpo, name="over", overlap=True)], (1, 1)).split
+    assert seen == [] and calls == []
+    comps = [grpo, replace(grpo, name="over", overlap=True)]
+    split = probe(comps, (1, 1)).split
+    # its generate call: half the baseline's prompts (the pace grows with the call), not the smallest call
+    assert calls == [split_prompts(_generation_sizes(comps, cfg.rollout.n, stats))]
     assert split is not None and split.threads == (1, 1)
     assert split.generate > 0 and split.passes > 0
     assert seen and seen[-1] == threads and torch.get_num_threads() == threads  # the trainer's share, then all
