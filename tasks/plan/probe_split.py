@@ -26,8 +26,8 @@ from tasks.update.policy_update import LocalUpdater
 #: rounds' ratios, every round timing a side on all threads just before it times the same side split.
 SPLIT_ROUNDS = 3
 #: A split whose paces spread more than this over the rounds ((max - min) / median) is listed among the estimates
-#: the probe cannot trust. Single calls of 0.1 s on 2 shared cores: 22-76 % in five plans, so the repeat rule of the
-#: other timings (15 %) would flag every one.
+#: the probe cannot trust. Single calls of 0.1-0.4 s on 2 shared cores: 22-76 % in five plans on the smallest call,
+#: so the repeat rule of the other timings (15 %) would flag every one.
 SPLIT_SPREAD = 0.5
 
 
