@@ -10,6 +10,9 @@ from pydantic import Field, model_validator
 
 from tasks.config.base import _Frozen
 
+#: ``select.screen_precision``'s values (tasks/selection/screen.py resolves them).
+ScreenPrecision = Literal["auto", "model", "bf16"]
+
 
 class CalibrateConfig(_Frozen):
     """DOTS's reference set (docs/algorithms.md section 1.3): measured with the current policy each round."""
@@ -92,6 +95,13 @@ class SelectConfig(_Frozen):
         "next generate call. The next step reads the scores of the candidates it does draw and scores any others "
         "itself; a step that starts a round scores its own. false: every step scores its candidates before its "
         "own generate call (ours)."))
+    screen_precision: ScreenPrecision = Field("auto", description=(
+        "The dtype of the screen's pass: model (the sampler's weights as they are), bf16 (a bfloat16 copy of them, "
+        "refreshed before each pass, where they are float32; tasks/model/bf16_copy.py) or auto (bf16 where the "
+        "pass runs on a device with native bf16 matrix products: a CPU with AVX512-BF16 or AMX, CUDA with bf16; "
+        "else model). The pass only ranks candidates: in bf16 its log-likelihood of a worked solution moves by "
+        "bf16 rounding (up to 0.2 nats on the bundled task) and it runs 2.7x as fast on a CPU with AVX512-BF16 "
+        "(docs/performance.md, 'The screen's pass in bf16')."))
     round_ahead: bool = Field(False, description=(
         "Where the rollouts are generated apart from the trainer (overlap.lag 1's generator process, or an engine "
         "outside this process) and a round's start takes no reference rollouts (calibrate.reference trained, or "

@@ -40,7 +40,7 @@ from tasks.plan.probe_cache import ProbeMemo, probe_key
 from tasks.plan.record import Plan
 from tasks.policy import Policy
 from tasks.records.progress import pulse
-from tasks.selection.screen import policy_likelihood
+from tasks.selection.screen import screen_likelihood
 from tasks.training.techniques import step_rules
 from tasks.update.policy_update import wants_shared_prefix
 
@@ -126,9 +126,7 @@ def pool_stats(policy: Policy, pool: list[PromptRecord], calibration: Calibratio
     refs = [pool[i] for i in calibration.indices]
     screen = None
     if all(r.solution for r in pool):
-        likelihood = policy_likelihood(policy, temperature=cfg.rollout.temperature,
-                                       max_new_tokens=cfg.rollout.max_new_tokens,
-                                       micro_batch_tokens=cfg.train.micro_batch_tokens, device=device)
+        likelihood = screen_likelihood(policy, cfg, device)
         screen = tuple(float(q) for q in likelihood(refs))
     levels = [r.level for r in refs]
     in_pool, in_refs = Counter(r.level for r in pool), Counter(levels)

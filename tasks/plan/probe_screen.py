@@ -15,7 +15,7 @@ from tasks.data.prompts import PromptRecord
 from tasks.plan.probe_generation import cycle_records
 from tasks.plan.timing import COSTLY, Untrusted
 from tasks.policy import Policy
-from tasks.selection.screen import policy_likelihood
+from tasks.selection.screen import screen_likelihood
 
 
 def screen_counts(comps: Sequence[Composition]) -> list[int]:
@@ -36,9 +36,7 @@ def probe_screen(policy: Policy, records: list[PromptRecord], solutions: list[in
     """The screen's pass at the largest of ``counts`` (candidates a step's pass scores) and half of it, over
     ``records`` (repeated where a pass needs more) whose solutions are ``solutions`` tokens long."""
     tok = policy.tokenizer
-    rc, tc = cfg.rollout, cfg.train
-    likelihood = policy_likelihood(policy, temperature=rc.temperature, max_new_tokens=rc.max_new_tokens,
-                                   micro_batch_tokens=tc.micro_batch_tokens, device=device)
+    likelihood = screen_likelihood(policy, cfg, device)
     likelihood(records[:1])  # warm-up
     points = []
     for k in sorted({max(1, max(counts) // 2), max(counts)}):

@@ -13,7 +13,9 @@ from tasks.generation.rollout import HFEngine
 from tasks.model.loading import build_tiny_model, build_tokenizer, format_prompt
 from tasks.policy import Policy
 from tasks.selection.features import compute_features, static_features
-from tasks.selection.screen import policy_likelihood
+from tasks.model.bf16_copy import Bf16Copy, native_bf16
+from tasks.selection import screen as screen_module
+from tasks.selection.screen import in_bf16, policy_likelihood, screen_likelihood
 from tasks.selection.selector import Selector
 
 SMALL = ["train.prompts_per_step=6", "train.round_steps=2", "rollout.n=4", "eval.every=0"]
@@ -63,6 +65,54 @@ def test_a_solution_longer_than_the_budget_scores_zero_and_one_missing_is_an_err
     with pytest.raises(ValueError, match="1 of 2 prompts have none"):
         policy_likelihood(policy, temperature=1.0, max_new_tokens=99, micro_batch_tokens=0)(
             [short, dataclasses.replace(long_, solution="")])
+
+
+def test_the_bf16_pass_ranks_like_float32_and_follows_the_weights(smoke_cfg, pool):
+    """select.screen_precision=bf16: the pass runs on a bf16 copy (its log q differs from float32's, so the copy
+    was used) within bf16 rounding of the float32 pass, and a change of the weights reaches the next pass (the copy
+    is refreshed, never stale). The run's config reaches the likelihood through :func:`screen_likelihood`."""
+    policy = make_policy()
+    records = pool[:8]
+    fp32 = policy_likelihood(policy, temperature=1.0, max_new_tokens=200, micro_batch_tokens=0)
+    bf16 = screen_likelihood(policy, smoke_cfg("select.screen_precision=bf16", "rollout.max_new_tokens=200",
+                                               "rollout.temperature=1.0", "train.micro_batch_tokens=0"), "cpu")
+    want, got = fp32(records).log(), bf16(records).log()
+    assert not torch.equal(got, want), "computed in bf16, not float32"
+    assert torch.allclose(got, want, rtol=0.02, atol=0.3)
+    with torch.no_grad():  # new weights: the next bf16 pass reads them
+        for p in policy.model.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    moved_want, moved_got = fp32(records).log(), bf16(records).log()
+    assert (moved_want - want).abs().min() > 1.0
+    assert torch.allclose(moved_got, moved_want, rtol=0.02, atol=0.3)
+    assert next(policy.model.parameters()).dtype == torch.float32 and policy.model.training
+
+
+def test_the_bf16_copy_casts_parameters_keeps_buffers_and_ties_and_refreshes_in_place():
+    model = make_policy().model
+    half = Bf16Copy()
+    copy_ = half.of(model)
+    assert all(p.dtype == torch.bfloat16 and not p.requires_grad for p in copy_.parameters())
+    assert {b.dtype for b in copy_.buffers()} == {b.dtype for b in model.buffers()}
+    assert copy_.lm_head.weight is copy_.model.embed_tokens.weight  # the tied head stays tied
+    with torch.no_grad():
+        model.lm_head.weight.fill_(0.5)
+    assert half.of(model) is copy_ and torch.all(copy_.model.embed_tokens.weight == 0.5)
+    assert next(model.parameters()).dtype == torch.float32
+    other = make_policy().model
+    assert half.of(other) is not copy_
+
+
+def test_screen_precision_resolves_to_bf16_only_for_float32_weights(monkeypatch):
+    model = make_policy().model
+    assert not in_bf16("model", model, "cpu")
+    assert in_bf16("bf16", model, "cpu")
+    assert not in_bf16("bf16", copy.deepcopy(model).to(torch.bfloat16), "cpu")  # already 16-bit: no copy
+    for native in (True, False):
+        monkeypatch.setattr(screen_module, "native_bf16", lambda device, n=native: n)
+        assert in_bf16("auto", model, "cpu") is native
+    assert native_bf16("cpu") == bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    assert not native_bf16("meta")
 
 
 def scripted(rates: dict[str, float], calls: list):
