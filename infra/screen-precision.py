@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from tasks.config.load import load_config
     from tasks.generation.rollout import HFEngine
+    from tasks.model.attention import guard_attention
     from tasks.model.loading import load_policy
     from tasks.model.source import policy_source
     from tasks.policy import Policy
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     cfg = load_config(None, args.overrides)
     model, tok = load_policy(policy_source(cfg))
+    guard_attention(next(model.parameters()).device)  # the run's kernel choice (cuDNN SDPA off on CUDA)
     policy = Policy(model=model, tokenizer=tok, engine=HFEngine.from_config(model, tok, cfg.rollout, "cpu"),
                     system_prompt=cfg.model.system_prompt if getattr(tok, "chat_template", None) else None)
     rc = cfg.rollout

@@ -8,13 +8,15 @@ import pytest
 import torch
 
 from rlcore.selection import screen
+from tasks.config import LoraConfig
 from tasks.data import arith
 from tasks.generation.rollout import HFEngine
-from tasks.model.loading import build_tiny_model, build_tokenizer, format_prompt
-from tasks.policy import Policy
-from tasks.selection.features import compute_features, static_features
 from tasks.model.bf16_copy import Bf16Copy, native_bf16
+from tasks.model.loading import build_tiny_model, build_tokenizer, format_prompt
+from tasks.model.lora import apply_lora
+from tasks.policy import Policy
 from tasks.selection import screen as screen_module
+from tasks.selection.features import compute_features, static_features
 from tasks.selection.screen import in_bf16, policy_likelihood, screen_likelihood
 from tasks.selection.selector import Selector
 
@@ -67,11 +69,15 @@ def test_a_solution_longer_than_the_budget_scores_zero_and_one_missing_is_an_err
             [short, dataclasses.replace(long_, solution="")])
 
 
-def test_the_bf16_pass_ranks_like_float32_and_follows_the_weights(smoke_cfg, pool):
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_bf16_pass_ranks_like_float32_and_follows_the_weights(smoke_cfg, pool, lora):
     """select.screen_precision=bf16: the pass runs on a bf16 copy (its log q differs from float32's, so the copy
     was used) within bf16 rounding of the float32 pass, and a change of the weights reaches the next pass (the copy
-    is refreshed, never stale). The run's config reaches the likelihood through :func:`screen_likelihood`."""
+    is refreshed, never stale), also under LoRA. The run's config reaches the likelihood through
+    :func:`screen_likelihood`."""
     policy = make_policy()
+    if lora:
+        policy.model = apply_lora(policy.model, LoraConfig(enabled=True, rank=4, alpha=8.0), seed=0)
     records = pool[:8]
     fp32 = policy_likelihood(policy, temperature=1.0, max_new_tokens=200, micro_batch_tokens=0)
     bf16 = screen_likelihood(policy, smoke_cfg("select.screen_precision=bf16", "rollout.max_new_tokens=200",
