@@ -98,10 +98,10 @@ class SelectConfig(_Frozen):
     screen_precision: ScreenPrecision = Field("auto", description=(
         "The dtype of the screen's pass: model (the sampler's weights as they are), bf16 (a bfloat16 copy of them, "
         "refreshed before each pass, where they are float32; tasks/model/bf16_copy.py) or auto (bf16 where the "
-        "pass runs on a device with native bf16 matrix products: a CPU with AVX512-BF16 or AMX, CUDA with bf16; "
-        "else model). The pass only ranks candidates: in bf16 its log-likelihood of a worked solution moves by "
-        "bf16 rounding (up to 0.2 nats on the bundled task) and it runs 2.7x as fast on a CPU with AVX512-BF16 "
-        "(docs/performance.md, 'The screen's pass in bf16')."))
+        "pass runs on a CPU with native bf16 matrix products, AVX512-BF16 or AMX; else model: on a GPU the weights "
+        "are bf16 already under model.precision auto). The pass only ranks candidates: in bf16 its log-likelihood "
+        "of a worked solution moves by bf16 rounding (up to 0.3 nats on the bundled task) and it takes 0.44x the "
+        "time on a CPU with AVX512-BF16 (docs/performance.md, 'The screen's pass in bf16')."))
     round_ahead: bool = Field(False, description=(
         "Where the rollouts are generated apart from the trainer (overlap.lag 1's generator process, or an engine "
         "outside this process) and a round's start takes no reference rollouts (calibrate.reference trained, or "

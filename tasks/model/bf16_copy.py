@@ -2,8 +2,8 @@
 
 On a device with bf16 matrix instructions a bf16 matrix product runs several times as fast as a float32 one: on
 this project's 2-core AMD EPYC (AVX512-BF16), one thread, [1234, 128] x [128, 384] took 0.29 ms against 1.25 ms
-(about 420 against 97 GFLOP/s), and the likelihood screen's pass over 48 default-pool candidates 0.051 s against
-0.139 s (docs/performance.md, "The screen's pass in bf16"). A pass that ranks (the screen, tasks/selection/screen.py)
+(about 420 against 97 GFLOP/s), and the likelihood screen's pass over 48 default-pool candidates 0.059 s against
+0.133 s (docs/performance.md, "The screen's pass in bf16"). A pass that ranks (the screen, tasks/selection/screen.py)
 needs no float32 precision; a pass whose numbers a loss reads (the update's, the sampler's log-probs) keeps the
 model's own dtype.
 

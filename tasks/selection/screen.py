@@ -25,7 +25,7 @@ Deviations and choices: the log-probs are those of the rollouts' sampling distri
 (top-p / top-k truncation is not applied, so q is the untruncated chance); a solution longer than
 ``rollout.max_new_tokens`` cannot be written within the budget and scores 0. Where the device has native bf16 matrix
 products and the weights are float32 (a CPU with AVX512-BF16 or AMX), the pass runs on a bf16 copy of them
-(``select.screen_precision``, :func:`in_bf16`): the pass only ranks, and there it takes 0.37x the time, log q moved by
+(``select.screen_precision``, :func:`in_bf16`): the pass only ranks, and there it takes 0.44x the time, log q moved by
 bf16 rounding.
 """
 
@@ -62,10 +62,11 @@ def require_solutions(records: list[PromptRecord]) -> None:
 
 def in_bf16(precision: ScreenPrecision, model: torch.nn.Module, device: torch.device | str) -> bool:
     """Whether the screen's pass runs on a bf16 copy of ``model`` (``select.screen_precision`` ``precision``): where
-    the weights are float32, and ``bf16`` asks for it or ``auto`` finds native bf16 matrix products on ``device``."""
+    the weights are float32, and ``bf16`` asks for it or ``auto`` finds a CPU with native bf16 matrix products (not a
+    GPU: its weights are bf16 under ``model.precision`` auto, and forced float32 there a copy would take its memory)."""
     if precision == "model" or next(model.parameters()).dtype != torch.float32:
         return False
-    return precision == "bf16" or native_bf16(device)
+    return precision == "bf16" or (torch.device(device).type == "cpu" and native_bf16(device))
 
 
 def policy_likelihood(policy: Policy, *, temperature: float, max_new_tokens: int, micro_batch_tokens: int,
