@@ -21,13 +21,10 @@ import copy
 import torch
 
 
-def native_bf16(device: torch.device | str) -> bool:
-    """Whether ``device`` computes bf16 matrix products natively: a CPU with AVX512-BF16 or AMX tiles, or a CUDA
-    device with bf16. Elsewhere (AVX2 CPUs) bf16 is converted to float32 around each product, slower than float32."""
-    kind = torch.device(device).type
-    if kind == "cpu":
-        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    return kind == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+def native_bf16() -> bool:
+    """Whether this CPU computes bf16 matrix products natively (AVX512-BF16 or AMX tiles). Elsewhere (AVX2 CPUs) bf16
+    is converted to float32 around each product, slower than float32."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 class Bf16Copy:

@@ -66,7 +66,7 @@ def in_bf16(precision: ScreenPrecision, model: torch.nn.Module, device: torch.de
     GPU: its weights are bf16 under ``model.precision`` auto, and forced float32 there a copy would take its memory)."""
     if precision == "model" or next(model.parameters()).dtype != torch.float32:
         return False
-    return precision == "bf16" or (torch.device(device).type == "cpu" and native_bf16(device))
+    return precision == "bf16" or (torch.device(device).type == "cpu" and native_bf16())
 
 
 def policy_likelihood(policy: Policy, *, temperature: float, max_new_tokens: int, micro_batch_tokens: int,

@@ -361,10 +361,9 @@ def test_the_probe_times_each_sides_share_of_the_threads_only_where_a_candidate_
                                                                                         monkeypatch):
     """Where a candidate trains with lag 1 on a CPU whose threads it splits (ProbeInputs.split), the probe times a
     generate call of half the baseline's prompts in a generator process and the small update on the trainer's
-    threads, each beside the
-    other, against both on all threads here, and puts the paces in UnitCosts.split; the process's thread count
-    is left as it was, the weights too, and no generator process is left running. No candidate overlapping, or no
-    split: nothing timed."""
+    threads, each beside the other, against both on all threads here, and puts the paces in UnitCosts.split; the
+    process's thread count is left as it was, the weights too, and no generator process is left running. No
+    candidate overlapping, or no split: nothing timed."""
     import multiprocessing
 
     cfg, pool, calibration = setting

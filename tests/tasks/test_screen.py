@@ -115,11 +115,10 @@ def test_screen_precision_resolves_to_bf16_only_for_float32_weights(monkeypatch)
     assert in_bf16("bf16", model, "cpu")
     assert not in_bf16("bf16", copy.deepcopy(model).to(torch.bfloat16), "cpu")  # already 16-bit: no copy
     for native in (True, False):
-        monkeypatch.setattr(screen_module, "native_bf16", lambda device, n=native: n)
+        monkeypatch.setattr(screen_module, "native_bf16", lambda n=native: n)
         assert in_bf16("auto", model, "cpu") is native
         assert not in_bf16("auto", model, "cuda")  # a GPU's weights are bf16 already; forced float32, no copy
-    assert native_bf16("cpu") == bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    assert not native_bf16("meta")
+    assert native_bf16() == bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def scripted(rates: dict[str, float], calls: list):
