@@ -22,8 +22,8 @@ rlcore/plan.py predicts each candidate's clock from these measurements (:class:`
 - **The overlap's split** (where a candidate trains with lag 1 and the sampler and the trainer split a CPU's
   threads, ``ProbeInputs.split``): a generate call of half the baseline's prompts (tasks/plan/probe_split.py
   ``split_prompts``) and the small update on all threads here, then the call in a generator process and the update
-  on the trainer's threads, each beside the other's work repeated without pause (tasks/plan/probe_split.py;
-  rlcore/plan.py ``overlapped_step`` reads the two paces).
+  on the trainer's threads at once: the longer one once, the other repeated beside it (tasks/plan/probe_split.py
+  ``at_once``; rlcore/plan.py ``overlapped_step`` reads the two paces).
 - **The screen's teacher-forced pass** (tasks/plan/probe_screen.py; where a candidate screens) at its candidates'
   count and half of it.
 - **A step's bookkeeping**: the draw over the pool, a step's selection and group rows held and written to a scratch

@@ -48,15 +48,15 @@ def probe_split(policy: Policy, cfg: Config, batch: list[PromptRecord], groups: 
                 handover: SamplerHandover | None = None) -> ThreadSplit:
     """Each side's pace where a lag-1 run splits a CPU's threads (:class:`rlcore.step_costs.ThreadSplit`): the
     generate call of ``batch`` (generated and verified) and the update of ``groups``, each timed on all threads in
-    this process, then as the run has them, each while the other side's work repeats without pause: the call in
-    the generator process the run starts (tasks/overlap/concurrent.py :class:`Sampler`; ``threads``: (generator,
-    trainer), as it splits them), the update (by ``updater``, the probe's own at learning rate 0) here on the
-    trainer's threads. :data:`SPLIT_ROUNDS` rounds of the four,
-    interleaved so that each pace's two timings see the same load (a 0.1 s call's time moved up to 60 % between two
-    calls a second apart on 2 cores); each pace is the median over the rounds. The generator process is then kept
-    in ``handover`` for a lag-1 training of ``policy`` (tasks/overlap/concurrent.py :class:`SamplerHandover`: the
-    training samples from it where it fits, else stops it), so the run starts one, and the plan does not wait for
-    it to stop (0.6 s on 2 cores); without a handover, or where the probe fails, it is stopped here."""
+    this process, then as the run has them, at once: the call in the generator process the run starts
+    (tasks/overlap/concurrent.py :class:`Sampler`; ``threads``: (generator, trainer), as it splits them) on a second
+    thread, as the run's draw, the update (by ``updater``, the probe's own at learning rate 0) here on the trainer's
+    threads (:func:`at_once`). :data:`SPLIT_ROUNDS` rounds of the three, interleaved so that each pace's two timings
+    see the same load (a 0.1 s call's time moved up to 60 % between two calls a second apart on 2 cores); each pace
+    is the median over the rounds. The generator process is then kept in ``handover`` for a lag-1 training of
+    ``policy`` (tasks/overlap/concurrent.py :class:`SamplerHandover`: the training samples from it where it fits,
+    else stops it), so the run starts one, and the plan does not wait for it to stop (0.6 s on 2 cores); without a
+    handover, or where the probe fails, it is stopped here."""
     model, was_training, every = policy.model, policy.model.training, torch.get_num_threads()
     sampling, done = None, False
     try:
@@ -79,7 +79,8 @@ def probe_split(policy: Policy, cfg: Config, batch: list[PromptRecord], groups: 
                 torch.set_num_threads(every)
                 gen_all, upd_all = _seconds(here), _seconds(update)
                 torch.set_num_threads(share)
-                rounds.append((_beside(draw, update, pool) / gen_all, _beside(update, draw, pool) / upd_all))
+                gen_split, upd_split = at_once(draw, update, pool, draw_longer=gen_all >= upd_all)
+                rounds.append((gen_split / gen_all, upd_split / upd_all))
         done = True
     finally:
         if sampling is not None and done and handover is not None:
@@ -97,25 +98,76 @@ def probe_split(policy: Policy, cfg: Config, batch: list[PromptRecord], groups: 
     return ThreadSplit(generate=generate, passes=passes, threads=threads)
 
 
-def _seconds(work: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    work()
-    return time.perf_counter() - t0
+def at_once(draw: Callable[[], object], update: Callable[[], object], pool: ThreadPoolExecutor,
+            draw_longer: bool = True) -> tuple[float, float]:
+    """Seconds of one ``draw`` (on ``pool``'s thread, as the run's draw) and of one ``update`` (on this thread, as the
+    run's trainer), each while the other runs: the side that takes longer alone (``draw_longer``) runs once while
+    the other repeats without pause beside it, and the repeated side's time is the long call's span over the calls'
+    worth of its work done in the span (:func:`_inside`). Timing each side beside the other's repeats in turn took a
+    call of each and then a wait for the other side's call in flight (up to another long call): the split took 8-10 s
+    of a 13-16 s plan on 2 cores, against about 6 s so.
+    Where no call of the short side fits inside the long one (alone the shorter, split the longer), that side is
+    timed the other way round, once beside the other's repeats."""
+    if draw_longer:
+        draw_s, update_s = _draw_once(draw, update, pool)
+        return draw_s, update_s if update_s is not None else _update_once(draw, update, pool)[1]
+    draw_s, update_s = _update_once(draw, update, pool)
+    return draw_s if draw_s is not None else _draw_once(draw, update, pool)[0], update_s
 
 
-def _beside(work: Callable[[], object], other: Callable[[], object], pool: ThreadPoolExecutor) -> float:
-    """Seconds of one call of ``work`` while ``other`` repeats without pause in ``pool``'s thread (started first)."""
+def _draw_once(draw: Callable[[], object], update: Callable[[], object],
+               pool: ThreadPoolExecutor) -> tuple[float, float | None]:
+    """One ``draw`` on ``pool``'s thread while ``update`` repeats here: its seconds, and an update's seconds beside it
+    (:func:`_inside`; None: no update wholly inside it)."""
+    running = pool.submit(_interval, draw)
+    calls = []
+    while not running.done():
+        calls.append(_interval(update))
+    start, end = running.result()
+    return end - start, _inside(calls, start, end)
+
+
+def _update_once(draw: Callable[[], object], update: Callable[[], object],
+                 pool: ThreadPoolExecutor) -> tuple[float | None, float]:
+    """One ``update`` here while ``draw`` repeats on ``pool``'s thread (started first): a draw's seconds beside it
+    (:func:`_inside`; None: no draw wholly inside it), and its seconds."""
     stop, started = threading.Event(), threading.Event()
 
-    def load() -> None:
+    def repeat() -> list[tuple[float, float]]:
+        calls = []
         while not stop.is_set():
             started.set()
-            other()
+            calls.append(_interval(draw))
+        return calls
 
-    running = pool.submit(load)
+    running = pool.submit(repeat)
     try:
         started.wait()
-        return _seconds(work)
+        start, end = _interval(update)
     finally:
         stop.set()
-        running.result()
+    return _inside(running.result(), start, end), end - start
+
+
+def _interval(work: Callable[[], object]) -> tuple[float, float]:
+    """When ``work()`` started and ended (``time.perf_counter``)."""
+    t0 = time.perf_counter()
+    work()
+    return t0, time.perf_counter()
+
+
+def _inside(calls: list[tuple[float, float]], start: float, end: float) -> float | None:
+    """Seconds a call of the repeated work took within ``start``-``end`` (the long call's span): the span over the
+    calls' worth of work done in it, each call counted by the share of it that fell in the span (its work taken as
+    even over its time). None where no call lies wholly inside. The median of the calls wholly inside would favour
+    the short ones (a long call is likelier to cross the span's ends): in three plans on 2 cores it read the
+    trainer's pace at 1.06-1.29x, against 1.18-1.47x from a single update beside the draw's repeats."""
+    if not any(a >= start and b <= end for a, b in calls):
+        return None
+    work = sum(max(0.0, min(b, end) - max(a, start)) / (b - a) for a, b in calls if b > a)
+    return (end - start) / work
+
+
+def _seconds(work: Callable[[], object]) -> float:
+    start, end = _interval(work)
+    return end - start
