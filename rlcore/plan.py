@@ -98,13 +98,14 @@ __all__ = ["Prediction", "call_rows", "draw_calls", "overlapped_step", "predict"
 class Prediction:
     """One composition's predicted step and budget.
 
-    ``effective_ratio`` (share of its groups with unequal rewards), ``signal`` (informative groups),
-    ``generated`` rollouts, ``generated_tokens``, ``updated_tokens``, ``forward_tokens`` and ``step_s`` seconds,
-    all a step; ``step_s`` is ``generate_s`` + ``update_s`` + ``forward_s`` + ``fixed_s`` (the optimizer step,
-    the bookkeeping, and a round's checkpoint and predictor fit over its steps), or for an overlapped composition the
-    slower side (:func:`overlapped_step`; the parts stay each as timed on all threads); ``upfront_s``: what it pays
-    before its first step and plain GRPO does not (calibration, scoring), ``scoring_s`` of it the pool's scoring (a
-    run scores its pool only for a composition that reads the scores); ``train_s``: its training clock,
+    ``effective_ratio`` (share of its groups with unequal rewards), ``signal`` (informative groups), ``generated``
+    rollouts, ``generated_tokens``, ``updated_tokens``, ``forward_tokens`` and ``step_s`` seconds, all a step;
+    ``step_s`` is ``generate_s`` + ``update_s`` + ``forward_s`` + ``fixed_s`` (the optimizer step, the bookkeeping, and
+    a round's checkpoint and predictor fit over its steps), or for an overlapped composition the slower side
+    (:func:`overlapped_step`; the parts stay each as timed on all threads), where the screen's pass run ahead, after the
+    update it runs beside, is ``ahead_s`` on the trainer's side (``forward_s`` the rest, in the draw); ``upfront_s``:
+    what it pays before its first step and plain GRPO does not (calibration, scoring), ``scoring_s`` of it the pool's
+    scoring (a run scores its pool only for a composition that reads the scores); ``train_s``: its training clock,
     ``upfront_s`` plus ``train.steps`` steps; ``clock``: ``train_s`` over plain GRPO's (set by :func:`predict`)."""
 
     name: str
@@ -118,6 +119,7 @@ class Prediction:
     generate_s: float = 0.0
     update_s: float = 0.0
     forward_s: float = 0.0
+    ahead_s: float = 0.0
     fixed_s: float = 0.0
     upfront_s: float = 0.0
     scoring_s: float = 0.0
@@ -254,13 +256,17 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
     fx = costs.fixed
     update_s, forward_s = costs.update.time(upd_tokens), costs.forward.time(fwd_tokens)
     fit_s, start_s = (fx.fit_s if c.predictor else 0.0), forward_s  # a round's fit and its first step's screen
-    if c.round_ahead:  # beside the generate call of the round's last step: what outlasts it, the fit first
+    ahead_s = 0.0  # the screen's pass run ahead after the update it runs beside (lag 1), on the trainer's side
+    if c.round_ahead and not c.overlap:  # beside the generate call of the round's last step: what outlasts it
         fit_s, hidden = max(0.0, fit_s - fresh_s), max(0.0, fresh_s - fit_s)
         start_s = max(0.0, forward_s - hidden) if c.screen_ahead else forward_s
-    if c.screen_ahead:  # beside the draw's generate calls it costs what outlasts them
+    if c.screen_ahead and c.overlap:  # every step's but a round's first (all with the round's start ahead)
+        ahead = c.round_steps if c.round_ahead else c.round_steps - 1
+        forward_s, ahead_s = forward_s * (c.round_steps - ahead) / c.round_steps, forward_s * ahead / c.round_steps
+    elif c.screen_ahead:  # beside the draw's generate calls it costs what outlasts them
         forward_s = (start_s + (c.round_steps - 1) * max(0.0, forward_s - fresh_s)) / c.round_steps
     fixed_s = fx.optimizer_s + fx.step_s + (fx.round_s + fit_s) / c.round_steps
-    step_s = overlapped_step(generate_s, forward_s, update_s, fixed_s, costs.split) if c.overlap else \
+    step_s = overlapped_step(generate_s, forward_s, update_s + ahead_s, fixed_s, costs.split) if c.overlap else \
         generate_s + update_s + forward_s + fixed_s
     calibration_length = float(completion.mean())  # the calibrate stage's set, stratified by level
     scoring_s = c.scored * costs.score_s
@@ -269,16 +275,18 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
     return Prediction(name=c.name, effective_ratio=signal / trained if trained > 0 else 0.0, signal=signal,
                       generated=generated,
                       generated_tokens=gen_tokens, updated_tokens=upd_tokens, forward_tokens=fwd_tokens,
-                      step_s=step_s, generate_s=generate_s, update_s=update_s, forward_s=forward_s, fixed_s=fixed_s,
+                      step_s=step_s, generate_s=generate_s, update_s=update_s, forward_s=forward_s, ahead_s=ahead_s,
+                      fixed_s=fixed_s,
                       upfront_s=upfront_s, scoring_s=scoring_s, train_s=upfront_s + c.steps * step_s)
 
 
 def overlapped_step(generate_s: float, forward_s: float, update_s: float, fixed_s: float,
                     split: ThreadSplit | None) -> float:
-    """A step's seconds where its draw runs beside the previous step's update (lag 1; parts as timed on all
-    threads): the slower of the two sides. The draw side is the generate calls (in the generator process) after the
-    screen's pass over the step's candidates (on the trainer's threads, in the draw's thread:
-    tasks/overlap/concurrent.py); the trainer's side is the update's passes and what a step pays whatever its
+    """A step's seconds where its draw runs beside the previous step's update (lag 1; parts as timed on all threads):
+    the slower of the two sides. The draw side is the generate calls (in the generator process) after the screen's
+    pass over the step's candidates where the step scores them itself (``forward_s``: on the trainer's threads, in
+    the draw's thread: tasks/overlap/concurrent.py); the trainer's side is the update's passes (with the next step's
+    screen pass where it runs ahead, after the update: ``update_s`` holds it) and what a step pays whatever its
     tokens. Where the two split a CPU's cores (``split``), each side at its pace beside the other; without (the
     sampler on other hardware), as timed. Deviations: a side that outlasts the other runs its rest alone, faster than
     beside it, so where the sides differ much this is high by up to that pace's gain (measured on 2 cores, S53:

@@ -121,12 +121,14 @@ class Composition:
     composition reads its pass rates, (0, 0) where it does not; ``scored``: pool prompts the score stage embeds
     where the composition reads the scores, 0 where it does not; ``rules``: the techniques acting inside its step
     (rlcore/step_rules.py; at most one replaces the draw); ``screen_ahead``: the screen's pass for the next step runs
-    beside the generate call, at every step but a round's first, on other hardware than the call's, so it costs only
-    what outlasts the call (``select.screen_ahead`` with the sampler apart from the trainer, the call on a server or
-    the trainer on an accelerator; on a CPU both share the cores: tasks/plan/planner.py ``hides``); ``round_ahead``:
-    a round's start (the predictor's fit) runs beside the generate call of the round's last step, hidden alike, and with
-    ``screen_ahead`` the screen of the round's first step after it (``select.round_ahead``, where a round start
-    takes no reference rollouts); ``shared_prefix``: the update computes each
+    ahead of its draw, at every step but a round's first (``select.screen_ahead`` with the sampler apart from the
+    trainer: lag 1, or a server): with ``overlap`` after the update it runs beside, on the trainer's side (its
+    cores or device while the trainer waits for the draw: tasks/overlap/concurrent.py), else beside the generate
+    call on a server, costing only what outlasts the call; ``round_ahead``: a round's start (the predictor's fit)
+    runs ahead alike, beside the generate call of the round's last step where nothing overlaps (hidden but for what
+    outlasts it), and with ``screen_ahead`` the screen of the round's first step after it (``select.round_ahead``,
+    where a round start takes no reference rollouts, the sampler on other hardware: tasks/plan/planner.py
+    ``hides``); ``shared_prefix``: the update computes each
     group's prompt once (``train.shared_prefix``), so its tokens are the rows' completions and one prompt a group;
     ``overlap``: step t+1 is drawn while update t runs (``overlap.lag`` 1, or ``auto`` with the sampler and the
     trainer apart: tasks/overlap/concurrent.py ``separate_devices``), so a step costs the slower of the two sides

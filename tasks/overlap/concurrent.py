@@ -6,6 +6,7 @@ decision sees. The timeline of iteration t (W_v: the weights after v updates)::
 
     main thread:        [sync W_t -> sampler] [update t: W_t -> W_{t+1}] [wait] [observe t, log, checkpoint]
     background thread:                        [draw t+1 with W_t: round start, select, generate, verify]
+    its second thread:                                                  [look-ahead for t+2]
 
 so step t+1 samples from W_t, one update behind the W_{t+1} a sequential loop would use, exactly: the sampler's
 weights are synced only while nothing is in flight, so the lag never depends on which side finished first. Where
@@ -26,7 +27,14 @@ A run starts one generator process at most: where ``overlap.lag=auto`` probes th
 started (tasks/plan/probe_split.py).
 
 The likelihood screen (tasks/selection/screen.py) reads the sampler's copy of the weights, never the model the update
-is changing. Deviations: one step in flight at most (lag 0 or 1); the background draw's own phases (selection,
+is changing. A draw's look-ahead work (the next step's screen pass, a round started ahead: ``Selector.lookahead``)
+runs beside its generate call but only once the update it runs beside has ended (:meth:`Overlap.launch`): on the
+trainer's cores while the trainer waits for the draw, not as a third thread beside both sides. On 2 cores that took
+`grpo_prescreen`'s training steps from 43.8 s to 40.1 s a run (seed means, 3 seeds, 100 steps, interleaved; the
+update 0.24 s a step rather than 0.32 s, the generate call as before; docs/benchmarks.md, "Every idea tried").
+The screen reads the same weights either way, so the run is the same.
+
+Deviations: one step in flight at most (lag 0 or 1); the background draw's own phases (selection,
 reference rollouts, rollout) are reported as ``overlap/draw_*_s`` metrics, and the cost meter counts the trainer's
 wall time only (waiting for a draw is its ``rollout`` phase), so device hours stay wall-clock hours.
 """
@@ -36,6 +44,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -229,25 +238,35 @@ class OverlapTimes:
 
 
 class Overlap:
-    """One draw in flight in a background thread: :meth:`launch` before the update, :meth:`collect` after it."""
+    """One draw in flight in a background thread: :meth:`launch` before the update (or between two, ahead),
+    :meth:`update_ended` when the trainer's next update ends, :meth:`collect` after it."""
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlsift-draw")
         self._future: Future | None = None
         self._launched = 0.0
         self._last_end: float | None = None
+        self._update = threading.Event()  # set when the update the draw in flight runs beside has ended
 
-    def launch(self, draw: Callable[[], object]) -> None:
+    def launch(self, draw: Callable[[Callable[[], None]], object]) -> None:
+        """Start ``draw(after_update)`` in the background; ``after_update()`` returns once the trainer's next update
+        has ended (:meth:`update_ended`; at once after :meth:`collect` or :meth:`close`), and the draw's look-ahead
+        work waits on it (module docstring)."""
         if self._future is not None:
             raise RuntimeError("a draw is already in flight: collect it first")
+        self._update = update = threading.Event()
 
         def timed():
             t0 = time.perf_counter()
-            out = draw()
+            out = draw(update.wait)
             return out, t0, time.perf_counter()
 
         self._launched = time.perf_counter()
         self._future = self._pool.submit(timed)
+
+    def update_ended(self) -> None:
+        """The trainer's update ended (or failed): the draw in flight may run its look-ahead work."""
+        self._update.set()
 
     @property
     def in_flight(self) -> bool:
@@ -258,6 +277,7 @@ class Overlap:
         if self._future is None:
             raise RuntimeError("no draw in flight")
         t_wait = time.perf_counter()
+        self._update.set()  # nothing updates while the trainer waits
         future, self._future = self._future, None
         out, start, end = future.result()
         done = time.perf_counter()
@@ -268,4 +288,5 @@ class Overlap:
 
     def close(self) -> None:
         """Wait for a draw in flight (a failing run's), then stop the thread."""
+        self._update.set()
         self._pool.shutdown(wait=True, cancel_futures=True)

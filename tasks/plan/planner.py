@@ -75,7 +75,8 @@ def composition(name: str, cfg: Config, pool_size: int = 0, device: torch.device
         chunk=rc.chunk if rc.engine == "hf" else 0,
         reference=(cal.k, cal.g) if dots and cal.reference == "fresh" else (0, 0), predictor=dots,
         calibration=(cal.k, cal.g) if reads["calibrate"] else (0, 0), scored=pool_size if reads["score"] else 0,
-        rules=step_rules(cfg, pool_size), screen_ahead=sc.screen > 1 and sc.screen_ahead and hides(cfg, device),
+        rules=step_rules(cfg, pool_size),
+        screen_ahead=sc.screen > 1 and sc.screen_ahead and (overlap or hides(cfg, device)),
         round_ahead=sc.round_ahead and hides(cfg, device) and not (dots and cal.reference == "fresh"),
         shared_prefix=sdpa and wants_shared_prefix(tc.shared_prefix, device, cfg.gain.enabled), overlap=overlap)
 
@@ -220,7 +221,7 @@ def _make_plan(cfg: Config, policy: Policy, pool: list[PromptRecord], calibratio
     say(f"chose {best.name}; the overlap's lag for it" + (
         " (the draw and the update timed alone and at once where that pays)" if chosen.overlap.lag == "auto" else ""))
     overlap = decide_lag(chosen, policy, refs, device, handover=handover,
-                         expected=(best.generate_s + best.forward_s, best.update_s + best.fixed_s))
+                         expected=(best.generate_s + best.forward_s, best.update_s + best.ahead_s + best.fixed_s))
     upfront = spent_s + time.perf_counter() - t0
     return Plan(shares=stats.shares, g=stats.g, costs=costs, baseline=baseline, predictions=tuple(predictions),
                 unavailable=unavailable, choice=best.name, reason=reason,

@@ -40,14 +40,22 @@ DRAW_PHASES = ("reference", "selection", "rollout")
 T = TypeVar("T")
 
 
-def beside(work: Callable[[], T], other: Callable[[], None] | None) -> T:
-    """``work()``'s result, with ``other`` (where given) run at the same time on a second thread, both finished on
-    return; an error in either is raised. The draws run the next step's selection work (``Selector.lookahead``) beside
-    a generate call, which waits on a generator process or a server."""
+def beside(work: Callable[[], T], other: Callable[[], None] | None,
+           after: Callable[[], None] | None = None) -> T:
+    """``work()``'s result, with ``other`` (where given) run at the same time on a second thread, once ``after()``
+    (where given) has returned, both finished on return; an error in either is raised. The draws run the next step's
+    selection work (``Selector.lookahead``) beside a generate call, which waits on a generator process or a server;
+    a draw beside an update runs it once that update has ended (tasks/overlap/concurrent.py)."""
     if other is None:
         return work()
+
+    def later() -> None:
+        if after is not None:
+            after()
+        other()
+
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlsift-screen") as pool:
-        done = pool.submit(other)
+        done = pool.submit(later)
         out = work()
         done.result()
     return out
@@ -134,7 +142,8 @@ class FreshBatch:
 
 def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[PromptRecord], k: int,
                  step: int, n: int, *, meter: CostMeter | None = None, sampler_behaviour: bool = False,
-                 version: int | None = None, carry: CarriedRollouts | None = None) -> FreshBatch:
+                 version: int | None = None, carry: CarriedRollouts | None = None,
+                 after_update: Callable[[], None] | None = None) -> FreshBatch:
     """Select k prompts, generate n rollouts each (``rollout.n``, or the adaptive composition's plan), verify,
     down-sample (PODS) and build groups.
 
@@ -144,7 +153,8 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
 
     ``meter``: where the phases are timed (default ``run.meter``; an overlapped draw keeps its own);
     ``sampler_behaviour`` and ``version``: :func:`make_groups`'; ``carry``: what the last draw left to complete
-    (None here: a run resumed with the carried waves turned off is an error).
+    (None here: a run resumed with the carried waves turned off is an error); ``after_update``: where the draw runs
+    beside an update (lag 1), returns once it has ended, and the selection's look-ahead waits for it (:func:`beside`).
     """
     if carry is not None:
         raise ValueError(f"step {step}: the rollouts carried from step {carry.step} need the waves' draw "
@@ -170,7 +180,7 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
         with meter.stage("rollout"):
             t_gen = time.perf_counter()
             gen, rewards = beside(lambda records=records: rollout_rewards(policy, records, n, seed("train")),
-                                  selector.lookahead() if attempt == 0 else None)
+                                  selector.lookahead() if attempt == 0 else None, after_update)
             gen_s += time.perf_counter() - t_gen
         gen_rng = torch.Generator().manual_seed(seed("pods"))
         with meter.stage("selection"):

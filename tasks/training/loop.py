@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import pickle
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from itertools import groupby
@@ -174,9 +175,12 @@ class Trainer:
         metrics["time/step_s"] = time.perf_counter() - t0
         self.end_step(step, sd, upd, eff, metrics, held, tally)
 
-    def draw(self, step: int, version: int, meter: CostMeter) -> StepDraw:
+    def draw(self, step: int, version: int, meter: CostMeter,
+             after_update: Callable[[], None] | None = None) -> StepDraw:
         """Everything before the update that does not need this step's update: round start, selection, rollouts
-        (``version``: the updates the sampling weights have had; ``meter``: where the phases are timed)."""
+        (``version``: the updates the sampling weights have had; ``meter``: where the phases are timed;
+        ``after_update``: where the draw runs beside an update, returns once it has ended: the selection's look-ahead
+        waits for it, tasks/overlap/concurrent.py)."""
         cfg, tc, buffer = self.cfg, self.cfg.train, self.buffer
         round_, metrics = step // tc.round_steps, {}
         if not self.sampling.overlapped and (step % tc.round_steps == 0 or step == self.start):
@@ -194,15 +198,16 @@ class Trainer:
         before = dict(meter.seconds)
         fs = self.draw_fresh(self.run, self.sampler, self.selector, self.pool, n_fresh, step, plan.rollouts,
                              meter=meter, sampler_behaviour=self.sampler_behaviour, version=version,
-                             carry=self.carry)
+                             carry=self.carry, after_update=after_update)
         self.carry = fs.carry  # draws are made one after another, so the next one reads it
         phases = {k: meter.seconds.get(k, 0.0) - before.get(k, 0.0) for k in DRAW_PHASES}
         return StepDraw(step=step, fresh=fs, plan=plan, n_replay=n_replay, version=version, metrics=metrics,
                         references=tuple(self.selector.take_references()), phases=phases)
 
-    def draw_ahead(self, step: int) -> StepDraw:
-        """Step ``step``'s draw from the weights before step ``step - 1``'s update (lag 1), on a meter of its own."""
-        return self.draw(step, step - 1, CostMeter(prices={}, device="cpu", devices=1))
+    def draw_ahead(self, step: int, after_update: Callable[[], None]) -> StepDraw:
+        """Step ``step``'s draw from the weights before step ``step - 1``'s update (lag 1), beside that update
+        (``after_update`` returns once it has ended), on a meter of its own."""
+        return self.draw(step, step - 1, CostMeter(prices={}, device="cpu", devices=1), after_update)
 
     def update(self, sd: StepDraw) -> StepUpdate:
         """The replayed groups joined to the fresh ones, one update at the step's lr; with lag 1 the next step's
@@ -219,7 +224,10 @@ class Trainer:
         self.updater.set_lr(lr)
         with run.meter.stage("update"):
             t_upd = time.perf_counter()
-            result = self.updater.step(batch)
+            try:
+                result = self.updater.step(batch)
+            finally:
+                self.overlap.update_ended()  # the draw in flight runs its look-ahead now, on the trainer's cores
             upd_s = time.perf_counter() - t_upd
         timing = None
         if self.overlap.in_flight:

@@ -135,9 +135,11 @@ def part_groups(cfg: Config, parts: list[WavePart], step: int, seed: Callable[[s
 
 def sample_waves(run: Run, policy: Policy, selector: Selector, pool: list[PromptRecord], budget: int, step: int,
                  n: int, *, meter: CostMeter | None = None, sampler_behaviour: bool = False,
-                 version: int | None = None, carry: CarriedRollouts | None = None) -> FreshBatch:
+                 version: int | None = None, carry: CarriedRollouts | None = None,
+                 after_update: Callable[[], None] | None = None) -> FreshBatch:
     """One step's fresh groups drawn in two waves (module docstring): ``budget`` B completed groups at most, ``n``
-    the full group; ``meter``, ``sampler_behaviour`` and ``version`` as tasks/training/draw.py ``sample_fresh``'s;
+    the full group; ``meter``, ``sampler_behaviour``, ``version`` and ``after_update`` as tasks/training/draw.py
+    ``sample_fresh``'s;
     ``carry``: the last step's candidates to complete in this step's call (``waves.carry``)."""
     cfg, tc, wc = run.cfg, run.cfg.train, run.cfg.waves
     meter = meter if meter is not None else run.meter
@@ -155,7 +157,7 @@ def sample_waves(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
         t0 = time.perf_counter()
         asked = ([(carried, n - w)] if carried else []) + [(records, w)]
         *done, (gen1, r1) = beside(lambda: rollout_parts(policy, asked, seed("train")),  # carried, then [C, w]
-                                   selector.lookahead())
+                                   selector.lookahead(), after_update)
         gen_s = time.perf_counter() - t0
     mixed = r1.amax(1) > r1.amin(1)  # [C]
     with meter.stage("selection"):

@@ -328,6 +328,36 @@ def test_the_screen_run_ahead_costs_what_outlasts_the_generate_call_hand_worked(
     assert slow_ahead.forward_s == pytest.approx((1920 + 3 * (1920 - generate)) / 4)
 
 
+def test_the_screen_run_ahead_of_an_overlapped_step_is_on_the_trainers_side_hand_worked():
+    """Overlapped (lag 1), the screen's pass run ahead waits for the update it runs beside and then runs on the
+    trainer's side (tasks/overlap/concurrent.py): in rounds of 4 steps, the first step of each scores its own
+    candidates in its draw, before its generate call, and the other three score theirs after the update, so
+    3/4 of the pass joins the update's side and 1/4 the draw's; each side at its pace on split cores. With the round
+    started ahead too, every step's pass is on the trainer's side."""
+    grpo = Composition("grpo", 4, 8, 8)
+    split = ThreadSplit(generate=1.5, passes=1.25, threads=(1, 1))
+    costs = UnitCosts(**{**COSTS.__dict__, "split": split})
+    generate, forward = 4 * 8 * 10 * 2, 2 * 4 * 12 * 0.5  # 640 s of generation, a 48 s pass
+    _, (inline, ahead, both) = predict([
+        Composition("screen", 4, 8, 8, screen=2, round_steps=4, overlap=True),
+        Composition("ahead", 4, 8, 8, screen=2, round_steps=4, screen_ahead=True, overlap=True),
+        Composition("both", 4, 8, 8, screen=2, round_steps=4, screen_ahead=True, round_ahead=True, overlap=True)],
+        grpo, POOL, costs)
+    update, fixed = inline.update_s, inline.fixed_s  # as timed, the same for all three
+    assert inline.ahead_s == 0 and inline.forward_s == pytest.approx(forward)
+    assert inline.step_s == pytest.approx(max(generate * 1.5 + forward * 1.25, update * 1.25 + fixed))
+    assert ahead.forward_s == pytest.approx(forward / 4) and ahead.ahead_s == pytest.approx(3 / 4 * forward)
+    assert ahead.step_s == pytest.approx(max(generate * 1.5 + forward / 4 * 1.25,
+                                             (update + 3 / 4 * forward) * 1.25 + fixed))
+    assert both.forward_s == 0 and both.ahead_s == pytest.approx(forward)
+    assert both.step_s == pytest.approx(max(generate * 1.5, (update + forward) * 1.25 + fixed))
+    assert ahead.forward_tokens == inline.forward_tokens and ahead.signal == inline.signal
+    # sequential (lag 0), nothing is on the trainer's side
+    _, (seq,) = predict([Composition("ahead", 4, 8, 8, screen=2, round_steps=4, screen_ahead=True)], grpo, POOL,
+                        costs)
+    assert seq.ahead_s == 0
+
+
 def test_a_round_started_ahead_costs_what_outlasts_the_generate_call_hand_worked():
     """select.round_ahead: the round's predictor fit, then (with the screen run ahead) the screen of its first step,
     beside the generate call of the round's last step; each pays only what outlasts the call, the fit first."""

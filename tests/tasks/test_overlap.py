@@ -13,6 +13,7 @@ import math
 import os
 import signal
 import sys
+import time
 
 import pytest
 import torch
@@ -374,6 +375,53 @@ def test_the_draw_launched_ahead_is_the_same_run_with_the_generator_busier(smoke
     assert ahead == [], "replay's buffer is read by the records and pruned by a draw: nothing launched ahead"
 
 
+def test_the_look_ahead_waits_for_the_update_it_runs_beside_and_the_run_is_the_same(smoke_cfg, pool, monkeypatch):
+    """A lag-1 draw's look-ahead (the next step's screen pass) starts only once the update it runs beside has ended
+    (tasks/overlap/concurrent.py ``Overlap.launch``), so it runs on the trainer's cores while the trainer waits, not
+    as a third thread beside both: with each update's end held back 50 ms, every look-ahead of step s's draw still
+    starts after updates 0..s-1 have ended. The screen reads the sampler's weights, so a run whose look-ahead does
+    not wait is the same run bit for bit."""
+    import threading
+    import time
+
+    from tasks.overlap.concurrent import Overlap
+    from tasks.selection.selector import Selector
+
+    cfg = smoke_cfg(*LAG1, "train.steps=8", "train.round_steps=4", path=ARMS.format("grpo_prescreen"))
+    lock, ended, starts = threading.Lock(), [0], []
+    real_ended, real_ahead = Overlap.update_ended, Selector.lookahead
+
+    def held_back(self):
+        time.sleep(0.05)
+        with lock:
+            ended[0] += 1
+        real_ended(self)
+
+    def watched(self):
+        work, step = real_ahead(self), self.asked[1]
+        if work is None:
+            return None
+
+        def run():
+            with lock:
+                starts.append((step, ended[0]))
+            work()
+        return run
+
+    monkeypatch.setattr(Overlap, "update_ended", held_back)
+    monkeypatch.setattr(Selector, "lookahead", watched)
+    a_state, _, a_groups, a_sel, a_log = run_train(cfg, pool)
+    lagged = [(s, n) for s, n in starts if s > 0]  # step 0 is drawn before any update, in the trainer's thread
+    assert lagged and all(n >= s for s, n in lagged), starts
+    assert any(m["select/screen_ahead_share"] > 0 for m in a_log), "the screen's look-ahead was read"
+    real_launch = Overlap.launch
+    monkeypatch.setattr(Overlap, "launch", lambda self, draw: real_launch(self, lambda after: draw(lambda: None)))
+    b_state, _, b_groups, b_sel, b_log = run_train(cfg, pool)
+    for k in a_state:
+        assert torch.equal(a_state[k], b_state[k]), k
+    assert _rows(a_sel) == _rows(b_sel) and _rows(a_groups) == _rows(b_groups)
+
+
 def test_a_checkpoint_written_beside_a_draw_launched_ahead_resumes_the_same_run(smoke_cfg, pool, monkeypatch):
     """The checkpoint after step 3 is written while step 5's draw runs (launched ahead once step 3 was observed):
     it keeps the selector and the next step's rollouts from before that draw, so a run stopped in step 5 and
@@ -573,3 +621,35 @@ def test_a_generator_that_dies_stops_the_run_at_its_checkpoint_and_a_resume_fini
     assert summary.steps == 5
     for k in want:
         assert torch.equal(want[k], got[k]), k
+
+
+def test_a_draws_wait_for_the_update_ends_with_it_or_when_the_trainer_collects():
+    """``Overlap.launch`` gives the draw a wait that returns once the trainer's next update has ended
+    (``update_ended``), and never blocks a draw the trainer collects without one (no deadlock); an update that ended
+    before the launch does not count; ``beside`` runs its second work only after that wait, its first at once."""
+    import threading
+
+    from tasks.overlap.concurrent import Overlap
+    from tasks.training.draw import beside
+
+    overlap, order = Overlap(), []
+    overlap.update_ended()  # before the launch: the next draw still waits for its own update
+    gate = threading.Event()
+
+    def draw(after_update):
+        return beside(lambda: (order.append("generate"), gate.wait(5), "rollouts")[-1],
+                      lambda: order.append("look-ahead"), lambda: (after_update(), order.append("update ended")))
+
+    overlap.launch(draw)
+    gate.set()
+    time.sleep(0.05)
+    assert order == ["generate"], "the look-ahead waits for the update"
+    overlap.update_ended()
+    out, _ = overlap.collect()
+    assert out == "rollouts" and order == ["generate", "update ended", "look-ahead"]
+    order.clear()
+    overlap.launch(draw)
+    out, _ = overlap.collect()  # collected without an update: the wait returns
+    assert out == "rollouts" and sorted(order) == ["generate", "look-ahead", "update ended"]
+    assert order.index("update ended") < order.index("look-ahead")
+    overlap.close()

@@ -132,17 +132,21 @@ def test_the_plan_hides_the_screen_beside_the_generate_call_only_on_other_hardwa
     trainer (a server, lag 1, or lag auto); the plan counts only what outlasts the generate call where the two run on
     different hardware: a server, or a trainer on an accelerator. On a CPU they share the cores, so the pass costs
     its own time (S40: a sequential step of 0.228 s measured, 0.226 s predicted so, 0.178 s with it hidden). Never
-    at lag 0 with the in-process engine, nor with the option off, nor without a screen."""
+    at lag 0 with the in-process engine, nor with the option off, nor without a screen. A candidate the plan knows
+    to overlap (lag 1) runs it ahead on a CPU too: after the update it runs beside, on the trainer's side
+    (rlcore/plan.py, tests/rlcore/test_plan.py)."""
     cfg = load_config(None)
 
-    def ahead(c, device="cuda"):
-        return composition("s", c, device=device).screen_ahead
+    def ahead(c, device="cuda", overlap=False):
+        return composition("s", c, device=device, overlap=overlap).screen_ahead
 
     lags = {lag: ahead(candidate_config(with_overrides(cfg, [f"overlap.lag={lag}"]), "dots_screen"))
             for lag in ("auto", 0, 1)}
     assert lags == {"auto": True, 0: False, 1: True}
     assert not ahead(candidate_config(cfg, "dots_screen"), "cpu")
     assert not ahead(candidate_config(with_overrides(cfg, ["overlap.lag=1"]), "dots_screen"), "cpu")
+    assert ahead(candidate_config(with_overrides(cfg, ["overlap.lag=1"]), "dots_screen"), "cpu", overlap=True)
+    assert not ahead(candidate_config(cfg, "dots_screen_inline"), "cpu", overlap=True)
     assert not ahead(candidate_config(cfg, "dots_screen_inline")) and not ahead(candidate_config(cfg, "grpo"))
     server = with_overrides(cfg, ["overlap.lag=0", "rollout.engine=vllm"])
     assert ahead(candidate_config(server, "dots_screen"), "cpu") and ahead(candidate_config(server, "dots_screen"))
