@@ -104,7 +104,9 @@ def hides(cfg: Config, device: torch.device | str) -> bool:
     sampler at lag 1 (``overlap.lag=auto`` counts: on a shared device the overlap's probe decides after the plan)
     beside a trainer on an accelerator. On a CPU the generator's threads and the trainer's share its cores, so the
     work costs its own time: measured (`grpo_prescreen` one after the other on 2 cores, docs/algorithms.md 9.2), a
-    step of 0.228 s, against 0.226 s predicted with the screen's pass counted and 0.178 s with it hidden."""
+    step of 0.228 s, against 0.226 s predicted with the screen's pass counted and 0.178 s with it hidden. Where the
+    plan knows the candidate overlaps (lag 1), the look-ahead waits for the update it runs beside and runs on the
+    trainer's side, hardware aside (:func:`composition` runs the screen ahead there; rlcore/plan.py counts it)."""
     if cfg.rollout.engine != "hf":
         return True
     return cfg.overlap.lag != 0 and torch.device(device).type != "cpu"
@@ -234,8 +236,11 @@ def one_after_the_other(c: Composition) -> Composition:
     The overlap packs that work differently by candidate on split cores, and a choice by the overlapped step took
     DOTS's candidates on `balanced`, whose signal the plan predicts high there: -1.2 points against GRPO, p =
     0.0009, where the choice by work keeps GRPO's accuracy (docs/benchmarks.md, "Every idea tried", row "The plan
-    ranks the candidates by their overlapped step")."""
-    return replace(c, overlap=False)
+    ranks the candidates by their overlapped step"). The screen's pass a lag-1 step runs ahead is the trainer's work
+    after the update (rlcore/plan.py), so it is counted in full here, not as hidden beside the generate call (a
+    choice that counted it hidden took `grpo_screen`, 80 candidates scored a step, over `grpo_prescreen_18`'s 54:
+    64.1 s against 47.4-54.7 s for the seeds that took `grpo_prescreen`, S55)."""
+    return replace(c, overlap=False, screen_ahead=c.screen_ahead and not c.overlap)
 
 
 def saving(technique: str, with_it: Prediction, without: Prediction) -> str:

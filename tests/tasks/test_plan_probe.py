@@ -152,6 +152,22 @@ def test_the_plan_hides_the_screen_beside_the_generate_call_only_on_other_hardwa
     assert ahead(candidate_config(server, "dots_screen"), "cpu") and ahead(candidate_config(server, "dots_screen"))
 
 
+def test_the_choice_counts_a_lag1_screen_run_ahead_as_work_and_a_servers_as_hidden():
+    """The choice compares each candidate's work one after the other (tasks/plan/planner.py ``one_after_the_other``).
+    A lag-1 step's screen run ahead is the trainer's work after the update, so it is counted in full there, as a
+    screen scored inline is; beside a server's generate call (lag 0) it stays hidden."""
+    from tasks.plan.planner import one_after_the_other
+
+    cfg = load_config(None)
+    lag1 = composition("s", candidate_config(with_overrides(cfg, ["overlap.lag=1"]), "grpo_screen"), device="cpu",
+                       overlap=True)
+    assert lag1.screen_ahead and not one_after_the_other(lag1).screen_ahead
+    assert not one_after_the_other(lag1).overlap
+    server = composition("s", candidate_config(with_overrides(cfg, ["overlap.lag=0", "rollout.engine=vllm"]),
+                                               "grpo_screen"), device="cpu")
+    assert server.screen_ahead and one_after_the_other(server).screen_ahead
+
+
 def test_the_plan_starts_rounds_ahead_where_a_run_would():
     """A candidate's rounds start ahead, hidden beside the generate call, where select.round_ahead is on, the
     sampler is apart on other hardware (as the screen's pass, the test above) and a round's start takes no reference
