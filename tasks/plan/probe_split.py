@@ -104,8 +104,8 @@ def at_once(draw: Callable[[], object], update: Callable[[], object], pool: Thre
     run's trainer), each while the other runs: the side that takes longer alone (``draw_longer``) runs once while
     the other repeats without pause beside it, and the repeated side's time is the long call's span over the calls'
     worth of its work done in the span (:func:`_inside`). Timing each side beside the other's repeats in turn took a
-    call of each and then a wait for the other side's call in flight (up to another long call): the split took 8-10 s
-    of a 13-16 s plan on 2 cores, against about 6 s so.
+    call of each and then a wait for the other side's call in flight (up to another long call): on 2 cores the split
+    took 8-10 s of an 11-16 s first plan that way, 5-7 s this way (S55, docs/benchmarks.md, "Every idea tried").
     Where no call of the short side fits inside the long one (alone the shorter, split the longer), that side is
     timed the other way round, once beside the other's repeats."""
     if draw_longer:
