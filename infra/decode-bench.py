@@ -73,9 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     own = HFEngine(model, tok, max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
                    top_k=rc.top_k, chunk=rc.chunk)
     own.decoder = Decoder(model, replace(DecodeOptions.for_device("cpu"), step_forward=False))
+    whole = HFEngine(model, tok, max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
+                     top_k=rc.top_k, chunk=rc.chunk)
+    whole.decoder = Decoder(model, replace(DecodeOptions.for_device("cpu"), width_multiple=None))
     arms = {"old": lambda prompts, seed: generate_reference(engine, prompts, rc.n, seed),
             "new, SDPA steps": lambda prompts, seed: sdpa.generate(prompts, rc.n, seed),
             "new, the model's forward in steps": lambda prompts, seed: own.generate(prompts, rc.n, seed),
+            "new, attention over the whole width": lambda prompts, seed: whole.generate(prompts, rc.n, seed),
             "new": lambda prompts, seed: engine.generate(prompts, rc.n, seed)}
     b = args.prompts or cfg.train.prompts_per_step
     records = arith.generate(cfg.seed, b * (args.repeats + 1), "train", "default", unique=False)
@@ -94,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| arm | median tokens/s | min | max |\n|---|---|---|---|")
     for name, xs in rates.items():
         print(f"| {name} | {statistics.median(xs):,.0f} | {min(xs):,.0f} | {max(xs):,.0f} |")
-    for name in ("old", "new, SDPA steps", "new, the model's forward in steps"):
+    for name in ("old", "new, SDPA steps", "new, the model's forward in steps", "new, attention over the whole width"):
         print(f"new / {name}: {statistics.median(rates['new']) / statistics.median(rates[name]):.2f}x")
     return 0
 

@@ -35,8 +35,12 @@ class Policy:
     #: (``Updater.master_weights``): what :meth:`save_adapter` writes instead of their bf16 rounding
     adapter_masters: dict[str, torch.Tensor] = field(default_factory=dict)
 
+    def prompt(self, question: str) -> str:
+        """The text the policy is prompted with for ``question`` (its chat template and system prompt)."""
+        return format_prompt(self.tokenizer, question, self.system_prompt)
+
     def prompts(self, records: list[PromptRecord]) -> list[str]:
-        return [format_prompt(self.tokenizer, r.question, self.system_prompt) for r in records]
+        return [self.prompt(r.question) for r in records]
 
     @property
     def has_adapters(self) -> bool:

@@ -25,8 +25,8 @@ class DecodeOptions:
         width_multiple: attention at step t reads the cache's first ``P + t`` columns rounded up to a multiple of
             this (the cache's width too is a multiple of it): 1 reads only the written columns; on CUDA each width
             is a graph of its own, so a larger multiple means fewer graphs and aligned masks. None: every step reads
-            the whole width (the masked columns add exact zeros, but a shorter row changes the attention's
-            reductions in the last bits, so the CPU keeps the draws it always made).
+            the whole width (the masked columns add exact zeros; a shorter row changes only the order of the
+            attention's reductions, in the last bits).
         step_attention: the one-token steps of a model that attends with SDPA on the CPU attend with two matrix
             products instead (tasks/generation/step_attention.py); the prefill is SDPA's either way.
         step_forward: with ``step_attention``, the one-token steps of a Llama-family model run its forward without
@@ -49,13 +49,14 @@ class DecodeOptions:
     @classmethod
     def for_device(cls, device: torch.device | str) -> DecodeOptions:
         """CUDA: graphs, buckets, a check every 8 steps, prompts padded to 64 columns, attention widths in steps of
-        128 columns; elsewhere eager, exact rows, a check every step, attention over the whole width (a CPU step
-        costs what its rows cost; a check costs nothing there) and, on the CPU, the one-token steps' own attention
-        and forward."""
+        128 columns; elsewhere eager, exact rows, a check every step, attention over the written columns only (a CPU
+        step costs what its rows and columns cost; a check costs nothing there) and, on the CPU, the one-token
+        steps' own attention and forward."""
         if torch.device(device).type == "cuda":
             return cls(graphs=True, exact_rows=False, check_every=8, prompt_multiple=64, width_multiple=128)
         cpu = torch.device(device).type == "cpu"
-        return cls(graphs=False, exact_rows=True, check_every=1, step_attention=cpu, step_forward=cpu)
+        return cls(graphs=False, exact_rows=True, check_every=1, width_multiple=1, step_attention=cpu,
+                   step_forward=cpu)
 
 
 def buckets(rows: int) -> list[int]:

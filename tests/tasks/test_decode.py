@@ -24,7 +24,8 @@ from tasks.model.loading import build_tiny_model, build_tokenizer
 PROMPTS = ["Q: 1+2=?\n", "Q: 12*34-5=?\n", "Q: 9=?\n", "Q: 40-3*7=?\n"]
 SETTINGS = [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (0.9, 8, 0.9)]
 ROOT = Path(__file__).resolve().parents[2]
-#: the CPU's default (every finished row leaves at once, a check every step) and the GPU's layout run eagerly
+#: the CPU's default (every finished row leaves at once, a check every step, attention over the written columns) and
+#: the GPU's layout run eagerly
 #: (buckets of powers of two, a check every 3 steps, prompts padded to 16 columns, attention over the used width
 #: in steps of 16 columns)
 OPTIONS = [DecodeOptions.for_device("cpu"), DecodeOptions(graphs=False, exact_rows=False, check_every=3,
@@ -357,12 +358,15 @@ def test_the_fused_draw_falls_back_to_the_eager_function_when_compiling_fails(ca
 
 
 def test_attention_reads_only_the_used_width_in_steps_of_the_multiple(policy):
-    """With ``width_multiple`` 16 the step at t attends over the first ``P + t`` columns rounded up to 16 (the
-    mask and the keys alike), growing with t; the whole width (the CPU's default) every step without it."""
+    """With ``width_multiple`` w the step at t attends over the first ``P + t`` columns rounded up to w (the mask and
+    the keys alike), growing with t: 16 (the GPU's layout in steps of 16), 1 (the CPU's default: the written columns
+    only); the whole width every step without it."""
     model, tok = policy
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
-    p = -(-enc["input_ids"].shape[1] // 16) * 16
-    for options in (OPTIONS[1], DecodeOptions(graphs=False, exact_rows=False, check_every=3, prompt_multiple=16)):
+    assert DecodeOptions.for_device("cpu").width_multiple == 1
+    for options in (OPTIONS[1], OPTIONS[0], DecodeOptions(graphs=False, exact_rows=False, check_every=3,
+                                                          prompt_multiple=16)):
+        p = -(-enc["input_ids"].shape[1] // options.prompt_multiple) * options.prompt_multiple
         widths: list[tuple[int, int]] = []
 
         def hook(_m, _a, kw, widths=widths):
@@ -376,11 +380,11 @@ def test_attention_reads_only_the_used_width_in_steps_of_the_multiple(policy):
                 pad_id=tok.pad_token_id)
         finally:
             handle.remove()
-        full = dec.cache.length
+        full, w = dec.cache.length, options.width_multiple
         assert len(widths) == 39
-        if options.width_multiple is None:
-            assert full == p + 39 and all(w == (full, full) for w in widths)
+        if w is None:
+            assert full == p + 39 and all(x == (full, full) for x in widths)
         else:
-            want = [min(full, -(-(p + t) // 16) * 16) for t in range(1, 40)]
-            assert full == -(-(p + 39) // 16) * 16 and [w for w, _ in widths] == want
+            want = [min(full, -(-(p + t) // w) * w) for t in range(1, 40)]
+            assert full == -(-(p + 39) // w) * w and [x for x, _ in widths] == want
             assert [c for _, c in widths] == want and want[0] < full

@@ -56,6 +56,26 @@ def test_likelihood_matches_a_loop_over_single_sequences(pool, temperature):
     assert model.training, "the screen leaves the model in the mode it found it"
 
 
+def test_a_prompt_is_tokenized_once_and_scores_as_before_after_the_weights_move(pool):
+    """The screen tokenizes a prompt and its solution at its first score only (a pool's prompts are scored again and
+    again); a later call of the same records calls no tokenizer and still reads the weights as they are then."""
+    policy = make_policy()
+    likelihood = policy_likelihood(policy, temperature=1.0, max_new_tokens=200, micro_batch_tokens=0)
+    first = likelihood(pool[:5])
+    calls = []
+    real = type(policy.tokenizer).__call__
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(policy.tokenizer), "__call__", lambda self, *a, **k: calls.append(a) or real(self, *a, **k))
+        again = likelihood(pool[:5])
+        assert calls == [] and torch.equal(first, again)
+        likelihood(pool[4:6])
+        assert len(calls) == 2, "a new record: its prompt and its solution, once each"
+        with torch.no_grad():
+            policy.model.lm_head.weight.mul_(0.5)
+        moved = likelihood(pool[:5])
+    assert len(calls) == 2 and not torch.equal(moved, first)
+
+
 def test_a_solution_longer_than_the_budget_scores_zero_and_one_missing_is_an_error(pool):
     policy = make_policy()
     tok = policy.tokenizer
