@@ -1,7 +1,8 @@
 """Rollout tokens a second of the embedded task's in-process sampler: today's decode loop (tasks/generation/decode.py)
 against the one before it (infra/decode_reference.py), against itself with PyTorch's SDPA in the one-token steps
-(``DecodeOptions.step_attention`` off; tasks/generation/step_attention.py) and against itself with the model's own
-forward in the steps (``DecodeOptions.step_forward`` off; tasks/generation/step_forward.py), arms interleaved in one
+(``DecodeOptions.step_attention`` off; tasks/generation/step_attention.py), against itself with the model's own
+forward in the steps (``DecodeOptions.step_forward`` off; tasks/generation/step_forward.py) and against itself with
+every step attending over the cache's whole width (``DecodeOptions.width_multiple`` None), arms interleaved in one
 process.
 
 The policy is the embedded default's (``model.*`` defaults: the warm-started tiny Llama, trained and cached under
