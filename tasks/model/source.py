@@ -13,6 +13,12 @@ from tasks.model.warmstart_data import SftRecipe
 WARMSTART_SEED = 10_000
 
 
+def warmstart_recipe(cfg: Config) -> SftRecipe:
+    """The warm start's data for ``cfg``: one pass over fresh worked solutions, drawn only if it trains."""
+    ws = cfg.model.warmstart
+    return SftRecipe(WARMSTART_SEED + cfg.seed, max(ws.steps, 1) * ws.batch_size, ws.mix, ws.flawed)
+
+
 def policy_source(cfg: Config) -> str:
     """The folder of the run's starting policy (module docstring): made once where it is converted or trained, then
     found in the cache."""
@@ -23,8 +29,6 @@ def policy_source(cfg: Config) -> str:
     if mc.path:
         return mc.path
     ws = mc.warmstart
-    sft = SftRecipe(WARMSTART_SEED + cfg.seed, max(ws.steps, 1) * ws.batch_size, ws.mix,
-                    ws.flawed)  # one pass over fresh worked solutions, drawn only if it trains
-    return str(warm_start(sft, cache, hidden=mc.hidden,
+    return str(warm_start(warmstart_recipe(cfg), cache, hidden=mc.hidden,
                           layers=mc.layers, heads=mc.heads, steps=ws.steps, batch_size=ws.batch_size, lr=ws.lr,
                           seed=cfg.seed))

@@ -189,7 +189,7 @@ def _data(records_train: Sequence[PromptRecord] | SftRecipe, cache: Path
     if isinstance(records_train, SftRecipe):
         if records_train.n < 1:
             raise ValueError(f"warm_start needs at least one training record; the recipe draws {records_train.n}")
-        return recipe_data_hash(records_train, cache)
+        return recipe_data_hash(records_train, cache, SHIPPED)
     if not records_train:
         raise ValueError("warm_start needs at least one training record")
     if any(not r.solution for r in records_train):

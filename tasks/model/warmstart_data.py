@@ -1,6 +1,7 @@
 """The warm start's training data (tasks/model/warmstart.py): the worked solutions it draws, their hash, and that hash
-kept in the cache by the recipe that draws them, so that a run finds its warm start (cached or shipped) without
-drawing the default's 76,800 records again (4.5 s of each ``rlsift run``): they are drawn only to train."""
+kept in the cache (and, for the shipped warm start's recipe, beside it) by the recipe that draws them, so that a run
+finds its warm start (cached or shipped) without drawing the default's 76,800 records (4.5 s of a run's prepare
+stage): they are drawn only to train."""
 
 from __future__ import annotations
 
@@ -77,22 +78,44 @@ def data_hash(records: Sequence[PromptRecord]) -> str:
     return h.hexdigest()
 
 
-def recipe_data_hash(recipe: SftRecipe, cache: str | Path) -> tuple[str, list[PromptRecord] | None]:
-    """:func:`data_hash` of ``recipe.records()``, kept in ``<cache>/sft-data/<recipe.key()>.json`` once computed;
-    with the records where it drew them (None where the hash was kept). A kept file that cannot be read is
-    computed again and replaced; one that cannot be written (a read-only cache) is logged and the run goes on."""
-    path = Path(cache) / "sft-data" / f"{recipe.key()}.json"
+def kept_file(folder: str | Path, recipe: SftRecipe) -> Path:
+    """Where ``folder`` (a cache, or a shipped warm start's folder) keeps the hash of ``recipe``'s records."""
+    return Path(folder) / "sft-data" / f"{recipe.key()}.json"
+
+
+def _kept(path: Path) -> str | None:
     try:
         kept = json.loads(path.read_text())["data_hash"]
-        if isinstance(kept, str) and len(kept) == 64:
-            return kept, None
     except (OSError, ValueError, KeyError, TypeError):
-        pass
+        return None
+    return kept if isinstance(kept, str) and len(kept) == 64 else None
+
+
+def keep(recipe: SftRecipe, folder: str | Path, digest: str | None = None) -> Path:
+    """Write the hash of ``recipe``'s records (``digest``, or drawn and hashed now) to ``folder``'s kept file, with
+    the recipe and Python's version for a reader; the file's path."""
+    path = kept_file(folder, recipe)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, {"data_hash": digest or data_hash(recipe.records()), **dataclasses.asdict(recipe),
+                      "python": list(sys.version_info[:2])})
+    return path
+
+
+def recipe_data_hash(recipe: SftRecipe, cache: str | Path,
+                     shipped: Sequence[Path] = ()) -> tuple[str, list[PromptRecord] | None]:
+    """:func:`data_hash` of ``recipe.records()``, kept in ``<cache>/sft-data/<recipe.key()>.json`` once computed;
+    with the records where it drew them (None where the hash was kept). Where the cache keeps none, each of
+    ``shipped`` (folders the repository ships, read only: the shipped warm start's keeps its recipe's) is looked
+    in, so a machine's first run draws no record either. A kept file that cannot be read is computed again and
+    replaced; one that cannot be written (a read-only cache) is logged and the run goes on."""
+    path = kept_file(cache, recipe)
+    for kept in (_kept(p) for p in (path, *(kept_file(f, recipe) for f in shipped))):
+        if kept is not None:
+            return kept, None
     records = recipe.records()
     digest = data_hash(records)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, {"data_hash": digest, **dataclasses.asdict(recipe)})
+        keep(recipe, cache, digest)
     except OSError as err:
         log.warning("warm start: the data's hash not kept in %s (%s); the next run draws its records again",
                     path.parent, err)
