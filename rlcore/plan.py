@@ -196,67 +196,67 @@ def update_rows(c: Composition, pool: PoolStats) -> float:
     return c.m * (informative + replayed if c.skip_silent else groups + replayed)
 
 
-def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
-    kept = kept_mass(c, pool)
-    w = group_chance(c, pool)
-    r = float((kept * w).sum() / kept.sum())
-    completion, prompt = costs.lengths(pool.levels)
-    length = _mean(completion, kept)  # a fresh rollout's completion, under the draw
-    # an informative group's row, completion and prompt (replayed groups were informative too)
-    row_completion, row_prompt = _mean(completion, kept * w), _mean(prompt, kept * w)
+def _mix(pool: PoolStats, mass: torch.Tensor) -> dict:
+    """Each level's share of a draw with weights ``mass`` [K] on the reference set."""
+    out: dict = {}
+    for lv, q in zip(pool.levels, mass.tolist(), strict=True):
+        out[lv] = out.get(lv, 0.0) + q
+    return out
 
-    def mix(mass: torch.Tensor) -> dict:  # each level's share of a draw with these weights on the reference set
-        out: dict = {}
-        for lv, q in zip(pool.levels, mass.tolist(), strict=True):
-            out[lv] = out.get(lv, 0.0) + q
-        return out
 
-    def draw_s(prompts: int, n: int, tokens: float, levels: dict) -> float:  # the generate calls of one draw
-        return sum(costs.generate.time(rows * tokens, costs.longest(levels, rows))
-                   for rows in call_rows(prompts, n, c.chunk))
+def _draw_s(c: Composition, costs: UnitCosts, prompts: int, n: int, tokens: float, levels: dict) -> float:
+    """The generate calls of one draw of ``prompts`` prompts of n rollouts, completions ``tokens`` long on average,
+    the levels mixed as ``levels``."""
+    return sum(costs.generate.time(rows * tokens, costs.longest(levels, rows))
+               for rows in call_rows(prompts, n, c.chunk))
 
+
+@dataclass(frozen=True)
+class _Draw:
+    """A step's fresh draw: ``generate_s`` seconds of generate calls, ``rollouts`` and their ``tokens``, the
+    ``informative`` and ``trained`` fresh groups, the ``rows`` of them the update computes, the ``screened`` prompts,
+    and the ``replayed`` groups beside them in the batch."""
+
+    generate_s: float
+    rollouts: float
+    tokens: float
+    informative: float
+    trained: float
+    rows: float
+    screened: float
+    replayed: float
+
+
+def _fresh_draw(c: Composition, pool: PoolStats, costs: UnitCosts, kept: torch.Tensor, r: float) -> _Draw:
+    """The fresh draw of a step of ``c`` at the draw's ratio r: a rule's waves where one replaces it, else B groups
+    of n (with DAPO's rounds where it samples dynamically)."""
+    completion, _ = costs.lengths(pool.levels)
     fresh, replayed, asked, informative, groups = _batch(c, r)
-    drawn = mix(kept)
     out = _outcome(c, pool, kept, fresh)
-    if out is not None:
-        generate_s = fresh_tokens = 0.0
-        for prompts, each, where in out.calls:
-            tokens = _mean(completion, where)
-            low, frac = divmod(prompts, 1.0)  # an expected count: between the calls of its two neighbours
-            generate_s += ((1 - frac) * draw_s(int(low), each, tokens, mix(where))
-                           + (frac * draw_s(int(low) + 1, each, tokens, mix(where)) if frac else 0.0))
-            fresh_tokens += prompts * each * tokens
-        asked_rollouts, informative, groups = out.generated, out.informative, out.trained
-        upd_fresh_rows, screened = out.rows, out.screened
-    else:
+    if out is None:
+        length, drawn = _mean(completion, kept), _mix(pool, kept)
         if c.dynamic is not None:
-            generate_s = dynamic_rounds(round(fresh), r, *c.dynamic, lambda ask: draw_s(ask, c.n, length, drawn))[2]
+            generate_s = dynamic_rounds(round(fresh), r, *c.dynamic,
+                                        lambda ask: _draw_s(c, costs, ask, c.n, length, drawn))[2]
         else:
-            generate_s = draw_s(round(fresh), c.n, length, drawn)
-        asked_rollouts, fresh_tokens = asked * c.n, asked * c.n * length
-        upd_fresh_rows = informative * c.m
-        screened = fresh
-    signal = informative + replayed
-    fresh_s = generate_s  # the draw's own generate calls, before a round's reference rollouts
-    k, g = c.reference  # a round's reference prompts, drawn from the whole pool
-    reference_length = _mean(completion, pool.mass)
-    generated = asked_rollouts + k * g / c.round_steps
-    generate_s += draw_s(k, g, reference_length, mix(pool.mass)) / c.round_steps
-    gen_tokens = fresh_tokens + k * g * reference_length / c.round_steps
-    if c.skip_silent:  # the rows of the groups with a gradient
-        upd_rows, upd_groups = upd_fresh_rows + replayed * c.m, informative + replayed
-        upd_completion, upd_prompt = row_completion, row_prompt
-    else:
-        upd_rows, upd_groups = (groups + replayed) * c.m, groups + replayed
-        upd_completion, upd_prompt = length, _mean(prompt, kept)
-    # the update's passes: each row's completion, and its prompt (once a group with the shared prefix)
-    upd_tokens = upd_rows * upd_completion + (upd_groups if c.shared_prefix else upd_rows) * upd_prompt
-    candidate_tokens = _mean(prompt, draw_weights(c, pool)) + costs.solution_tokens  # a screened prompt's
-    fwd_tokens = screened_per_prompt(c) * screened * candidate_tokens if c.screen > 1 else 0.0
-    fx = costs.fixed
-    update_s, forward_s = costs.update.time(upd_tokens), costs.forward.time(fwd_tokens)
-    fit_s, start_s = (fx.fit_s if c.predictor else 0.0), forward_s  # a round's fit and its first step's screen
-    ahead_s = 0.0  # the screen's pass run ahead after the update it runs beside (lag 1), on the trainer's side
+            generate_s = _draw_s(c, costs, round(fresh), c.n, length, drawn)
+        return _Draw(generate_s, asked * c.n, asked * c.n * length, informative, groups, informative * c.m, fresh,
+                     replayed)
+    generate_s = tokens = 0.0
+    for prompts, each, where in out.calls:
+        length, levels = _mean(completion, where), _mix(pool, where)
+        low, frac = divmod(prompts, 1.0)  # an expected count: between the calls of its two neighbours
+        generate_s += ((1 - frac) * _draw_s(c, costs, int(low), each, length, levels)
+                       + (frac * _draw_s(c, costs, int(low) + 1, each, length, levels) if frac else 0.0))
+        tokens += prompts * each * length
+    return _Draw(generate_s, out.generated, tokens, out.informative, out.trained, out.rows, out.screened, replayed)
+
+
+def _screen_parts(c: Composition, forward_s: float, fresh_s: float, fit_s: float) -> tuple[float, float, float]:
+    """(forward_s, ahead_s, fit_s) a step: the screen's pass on the draw's side, the part of it run ahead after the
+    update it runs beside (lag 1, on the trainer's side), and a round's predictor fit, where each runs beside the
+    draw's generate calls (``fresh_s``) or not."""
+    start_s, ahead_s = forward_s, 0.0  # a round's first step screens its own
     if c.round_ahead and not c.overlap:  # beside the generate call of the round's last step: what outlasts it
         fit_s, hidden = max(0.0, fit_s - fresh_s), max(0.0, fresh_s - fit_s)
         start_s = max(0.0, forward_s - hidden) if c.screen_ahead else forward_s
@@ -265,13 +265,44 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
         forward_s, ahead_s = forward_s * (c.round_steps - ahead) / c.round_steps, forward_s * ahead / c.round_steps
     elif c.screen_ahead:  # beside the draw's generate calls it costs what outlasts them
         forward_s = (start_s + (c.round_steps - 1) * max(0.0, forward_s - fresh_s)) / c.round_steps
+    return forward_s, ahead_s, fit_s
+
+
+def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
+    kept = kept_mass(c, pool)
+    w = group_chance(c, pool)
+    r = float((kept * w).sum() / kept.sum())
+    completion, prompt = costs.lengths(pool.levels)
+    draw = _fresh_draw(c, pool, costs, kept, r)
+    replayed = draw.replayed
+    signal = draw.informative + replayed
+    k, g = c.reference  # a round's reference prompts, drawn from the whole pool
+    reference_length = _mean(completion, pool.mass)
+    generated = draw.rollouts + k * g / c.round_steps
+    generate_s = draw.generate_s + _draw_s(c, costs, k, g, reference_length, _mix(pool, pool.mass)) / c.round_steps
+    gen_tokens = draw.tokens + k * g * reference_length / c.round_steps
+    if c.skip_silent:  # the rows of the groups with a gradient (replayed groups were informative too)
+        upd_rows, upd_groups = draw.rows + replayed * c.m, draw.informative + replayed
+        upd_completion, upd_prompt = _mean(completion, kept * w), _mean(prompt, kept * w)
+    else:
+        upd_rows, upd_groups = (draw.trained + replayed) * c.m, draw.trained + replayed
+        upd_completion, upd_prompt = _mean(completion, kept), _mean(prompt, kept)
+    # the update's passes: each row's completion, and its prompt (once a group with the shared prefix)
+    upd_tokens = upd_rows * upd_completion + (upd_groups if c.shared_prefix else upd_rows) * upd_prompt
+    candidate_tokens = _mean(prompt, draw_weights(c, pool)) + costs.solution_tokens  # a screened prompt's
+    fwd_tokens = screened_per_prompt(c) * draw.screened * candidate_tokens if c.screen > 1 else 0.0
+    fx = costs.fixed
+    update_s = costs.update.time(upd_tokens)
+    forward_s, ahead_s, fit_s = _screen_parts(c, costs.forward.time(fwd_tokens), draw.generate_s,
+                                              fx.fit_s if c.predictor else 0.0)
     fixed_s = fx.optimizer_s + fx.step_s + (fx.round_s + fit_s) / c.round_steps
     step_s = overlapped_step(generate_s, forward_s, update_s + ahead_s, fixed_s, costs.split) if c.overlap else \
         generate_s + update_s + forward_s + fixed_s
     calibration_length = float(completion.mean())  # the calibrate stage's set, stratified by level
     scoring_s = c.scored * costs.score_s
-    upfront_s = draw_s(*c.calibration, calibration_length, mix(torch.ones(len(pool.levels)))) + scoring_s
-    trained = groups + replayed  # 0 where no first wave is ever mixed: the step trains its silent first waves
+    upfront_s = _draw_s(c, costs, *c.calibration, calibration_length, _mix(pool, torch.ones(len(pool.levels))))
+    upfront_s += scoring_s
+    trained = draw.trained + replayed  # 0 where no first wave is ever mixed: the step trains its silent first waves
     return Prediction(name=c.name, effective_ratio=signal / trained if trained > 0 else 0.0, signal=signal,
                       generated=generated,
                       generated_tokens=gen_tokens, updated_tokens=upd_tokens, forward_tokens=fwd_tokens,
