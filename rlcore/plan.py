@@ -296,8 +296,12 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
     forward_s, ahead_s, fit_s = _screen_parts(c, costs.forward.time(fwd_tokens), draw.generate_s,
                                               fx.fit_s if c.predictor else 0.0)
     fixed_s = fx.optimizer_s + fx.step_s + (fx.round_s + fit_s) / c.round_steps
-    step_s = overlapped_step(generate_s, forward_s, update_s + ahead_s, fixed_s, costs.split) if c.overlap else \
-        generate_s + update_s + forward_s + fixed_s
+    if c.screen_in_sampler:  # every pass in the generator process, at its pace, beside its generate calls
+        step_s = overlapped_step(generate_s + forward_s + ahead_s, 0.0, update_s, fixed_s, costs.split)
+    elif c.overlap:
+        step_s = overlapped_step(generate_s, forward_s, update_s + ahead_s, fixed_s, costs.split)
+    else:
+        step_s = generate_s + update_s + forward_s + fixed_s
     calibration_length = float(completion.mean())  # the calibrate stage's set, stratified by level
     scoring_s = c.scored * costs.score_s
     upfront_s = _draw_s(c, costs, *c.calibration, calibration_length, _mix(pool, torch.ones(len(pool.levels))))
@@ -314,16 +318,17 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
 def overlapped_step(generate_s: float, forward_s: float, update_s: float, fixed_s: float,
                     split: ThreadSplit | None) -> float:
     """A step's seconds where its draw runs beside the previous step's update (lag 1; parts as timed on all threads):
-    the slower of the two sides. The draw side is the generate calls (in the generator process) after the screen's
-    pass over the step's candidates where the step scores them itself (``forward_s``: on the trainer's threads, in
-    the draw's thread: tasks/overlap/concurrent.py); the trainer's side is the update's passes (with the next step's
-    screen pass where it runs ahead, after the update: ``update_s`` holds it) and what a step pays whatever its
-    tokens. Where the two split a CPU's cores (``split``), each side at its pace beside the other; without (the
-    sampler on other hardware), as timed. Deviations: a side that outlasts the other runs its rest alone, faster than
-    beside it, so where the sides differ much this is high by up to that pace's gain (measured on 2 cores, S53:
+    the slower of the two sides. The draw side is the generate calls (in the generator process) after the screen's pass
+    over the step's candidates where the step scores them itself (``forward_s``: on the trainer's threads, in the draw's
+    thread: tasks/overlap/concurrent.py); the trainer's side is the update's passes (with the next step's screen pass
+    where it runs ahead, after the update: ``update_s`` holds it) and what a step pays whatever its tokens. Where the
+    screen's passes run in the generator process (``Composition.screen_in_sampler``), they are in ``generate_s``, at the
+    generator's pace. Where the two split a CPU's cores (``split``), each side at its pace beside the other; without
+    (the sampler on other hardware), as timed. Deviations: a side that outlasts the other runs its rest alone, faster
+    than beside it, so where the sides differ much this is high by up to that pace's gain (measured on 2 cores, S53:
     generation 1.36-1.48x as slow beside the update as alone, the update 1.18-1.36x); and it is the slower side of a
-    mean step, where a run waits at each step on whichever side is slower then, so it is low where the sides are
-    close (`auto`'s seconds -15 % / -14 % on the default and `balanced` pools, S53, docs/benchmarks.md)."""
+    mean step, where a run waits at each step on whichever side is slower then, so it is low where the sides are close
+    (`auto`'s seconds -15 % / -14 % on the default and `balanced` pools, S53, docs/benchmarks.md)."""
     g, p = (split.generate, split.passes) if split is not None else (1.0, 1.0)
     return max(generate_s * g + forward_s * p, update_s * p + fixed_s)
 

@@ -132,7 +132,8 @@ class Composition:
     group's prompt once (``train.shared_prefix``), so its tokens are the rows' completions and one prompt a group;
     ``overlap``: step t+1 is drawn while update t runs (``overlap.lag`` 1, or ``auto`` with the sampler and the
     trainer apart: tasks/overlap/concurrent.py ``separate_devices``), so a step costs the slower of the two sides
-    (rlcore/plan.py)."""
+    (rlcore/plan.py); ``screen_in_sampler``: with ``overlap``, the screen's passes run in the generator process,
+    the look-ahead after its generate call (``select.screen_process``), on the draw's side."""
 
     name: str
     prompts: int
@@ -158,6 +159,7 @@ class Composition:
     round_ahead: bool = False
     shared_prefix: bool = False
     overlap: bool = False
+    screen_in_sampler: bool = False
 
     def __post_init__(self) -> None:
         if self.prompts < 1 or not 1 <= self.m <= self.n:
@@ -170,6 +172,9 @@ class Composition:
             raise ValueError(f"{self.name}: need steps >= 1, round_steps >= 1, chunk >= 0 and scored >= 0")
         if any(x < 0 for x in (*self.reference, *self.calibration)):
             raise ValueError(f"{self.name}: reference and calibration are (K, g) >= 0")
+        if self.screen_in_sampler and not (self.overlap and self.screen > 1):
+            raise ValueError(f"{self.name}: the screen runs in the generator process only where it screens (screen "
+                             f"> 1) and overlaps (lag 1), got screen={self.screen}, overlap={self.overlap}")
 
 
 def screened_per_prompt(c: Composition) -> int:

@@ -26,7 +26,7 @@ from tasks.config.data import DataConfig, SourceConfig
 from tasks.config.model import LoraConfig, ModelConfig, WarmStartConfig
 from tasks.config.operations import CostConfig, EvalConfig, OverlapConfig, PathsConfig, ScaleConfig, TrackingConfig
 from tasks.config.rollout import RolloutConfig
-from tasks.config.select import CalibrateConfig, PredictorConfig, ScreenPrecision, SelectConfig
+from tasks.config.select import CalibrateConfig, PredictorConfig, ScreenPrecision, ScreenProcess, SelectConfig
 from tasks.config.techniques import (
     AdaptConfig,
     CurriculumConfig,
@@ -43,8 +43,8 @@ __all__ = [
     "AdaptConfig", "CalibrateConfig", "Config", "ConfigError", "CostConfig", "CurriculumConfig", "DataConfig",
     "DynamicSamplingConfig", "EvalConfig", "GainConfig", "GuardConfig", "KlRows", "LoraConfig", "ModelConfig",
     "OverlapConfig", "PathsConfig", "PlanConfig", "PodsConfig", "PredictorConfig", "ReplayConfig", "RolloutConfig",
-    "ScaleConfig", "ScreenPrecision", "SelectConfig", "SharedPrefix", "SkipConfig", "SourceConfig", "TrackingConfig",
-    "TrainConfig", "WarmStartConfig", "WavesConfig",
+    "ScaleConfig", "ScreenPrecision", "ScreenProcess", "SelectConfig", "SharedPrefix", "SkipConfig", "SourceConfig",
+    "TrackingConfig", "TrainConfig", "WarmStartConfig", "WavesConfig",
 ]
 
 

@@ -12,6 +12,8 @@ from tasks.config.base import _Frozen
 
 #: ``select.screen_precision``'s values (tasks/selection/screen.py resolves them).
 ScreenPrecision = Literal["auto", "model", "bf16"]
+#: ``select.screen_process``'s values (tasks/training/loop.py resolves them).
+ScreenProcess = Literal["auto", "trainer", "sampler"]
 
 
 class CalibrateConfig(_Frozen):
@@ -102,6 +104,13 @@ class SelectConfig(_Frozen):
         "are bf16 already under model.precision auto). The pass only ranks candidates: in bf16 its log-likelihood "
         "of a worked solution moves by bf16 rounding (up to 0.3 nats on the bundled task) and it takes 0.44x the "
         "time on a CPU with AVX512-BF16 (docs/performance.md, 'The screen's pass in bf16')."))
+    screen_process: ScreenProcess = Field("auto", description=(
+        "Where the screen's passes run when overlap.lag 1 draws in a generator process: trainer (this process, the "
+        "look-ahead after the update it runs beside, on the trainer's cores), sampler (the generator process, on "
+        "its copy of the same weights, the look-ahead right after its generate call: the same scores, the pass on "
+        "the generator's core, where it idles while the trainer updates) or auto (sampler on a CPU, where the two "
+        "split its cores; trainer elsewhere, unmeasured). Ignored without the screen or the generator process "
+        "(docs/performance.md, 'The screen's pass in the generator process')."))
     round_ahead: bool = Field(False, description=(
         "Where the rollouts are generated apart from the trainer (overlap.lag 1's generator process, or an engine "
         "outside this process) and a round's start takes no reference rollouts (calibrate.reference trained, or "

@@ -59,15 +59,20 @@ from multiprocessing import process as mp_process
 from multiprocessing import util as mp_util
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.multiprocessing as mp
 
 from tasks.generation.rollout import Generation, HFEngine, RolloutEngine
+from tasks.model.bf16_copy import Bf16Copy
+from tasks.model.forward import solution_logp
 from tasks.model.lora import plain_state_dict
 from tasks.records.memory import own_peak_mb, reset_own_peak
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def _twin(model: torch.nn.Module) -> torch.nn.Module:
@@ -84,10 +89,12 @@ class GeneratorDied(RuntimeError):
 def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenizer, settings: dict, conn,
            threads: int, share: bool | None = None) -> None:
     """The child's loop, after a ``("ready",)`` once its model and engine are built: ``("generate", prompts, n,
-    seed, greedy)`` -> ``("ok", (Generation, peak MiB, temporary
-    folder))`` or ``("error", text)`` (the peak: the child's own memory during that generation,
-    tasks/records/memory.py; the folder: multiprocessing's, made for the reply's tensors); ``("stop",)`` or a closed
-    pipe (the parent is gone) ends it.
+    seed, greedy)`` -> ``("ok", (Generation, peak MiB, temporary folder))``, ``("logp", prompts, completions, mask,
+    temperature, micro_batch_tokens, bf16)`` -> ``("ok", ([N] float64 log-probs, peak MiB, temporary folder))``
+    (the likelihood screen's pass, tasks/model/forward.py ``solution_logp``, on a bf16 copy of the weights where
+    ``bf16``, kept and refreshed at each pass) or ``("error", text)`` (the peak: the child's own memory during that
+    request, tasks/records/memory.py; the folder: multiprocessing's, made for the reply's tensors); ``("stop",)`` or
+    a closed pipe (the parent is gone) ends it.
 
     The model is rebuilt from its class and config, and its parameters become the parent's shared tensors
     (``load_state_dict(assign=True)``: no copy), so the parent's syncs are what it samples from. ``("stop",)``
@@ -100,6 +107,7 @@ def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenize
     weights.clear()  # the process's own arguments hold this dict until exit: the model is the one reference left
     model.to(settings["device"]).eval().requires_grad_(False)
     engine = HFEngine(model, tokenizer, **settings)
+    half = Bf16Copy()
     share = torch.device(settings["device"]).type != "cpu" if share is None else share
     try:
         conn.send(("ready",))  # started: the parent stops drawing in its own process (GeneratorProcess.generate)
@@ -111,7 +119,7 @@ def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenize
         except (EOFError, OSError):
             return
         if msg[0] == "stop":
-            del engine, model
+            del engine, model, half
             gc.collect()
             if torch.device(settings["device"]).type == "cuda":
                 torch.cuda.synchronize()  # nothing of this process still reads the parent's memory
@@ -122,9 +130,14 @@ def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenize
             return
         try:
             reset_own_peak(settings["device"])
-            prompts, n, seed, greedy, first = msg[1:]
-            gen = engine.generate(prompts, n, seed, greedy, first=first)
-            out = ("ok", (gen, own_peak_mb(settings["device"]), mp_util.get_temp_dir()))
+            if msg[0] == "logp":
+                prompts, completions, mask, temperature, micro_batch_tokens, bf16 = msg[1:]
+                done = solution_logp(half.of(model) if bf16 else model, prompts, completions, mask,
+                                     tokenizer.pad_token_id, temperature, micro_batch_tokens, settings["device"])
+            else:
+                prompts, n, seed, greedy, first = msg[1:]
+                done = engine.generate(prompts, n, seed, greedy, first=first)
+            out = ("ok", (done, own_peak_mb(settings["device"]), mp_util.get_temp_dir()))
         except Exception as err:  # noqa: BLE001 - sent to the parent, which stops the run with it
             out = ("error", f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=5)}")
         try:  # pickled first, before a byte is sent: a GPU's tensors shared (CUDA IPC), a CPU's copied in (_pickle)
@@ -217,6 +230,8 @@ class GeneratorProcess(RolloutEngine):
                       if next(self.model.parameters()).device.type == "cpu" else None)
         #: generate calls made here, in this process, while the child was starting; whether the last one was
         self.drawn_here, self._last_here = 0, False
+        #: the likelihood screen's passes asked of it (:meth:`solution_logp`); a bf16 copy for those made here
+        self.passes, self._here_half = 0, Bf16Copy()
         self._proc = ctx.Process(target=_child, args=(self._conn if self.start == "fork" else None, *args),
                                  name="rlsift-generator", daemon=True)
         self._proc.start()
@@ -231,17 +246,41 @@ class GeneratorProcess(RolloutEngine):
     def generate(self, prompts: list[str], n: int, seed: int, greedy: bool = False, *, first: int = 0) -> Generation:
         """The child's generation; while a spawned child is still starting (importing torch and transformers, about
         4 s on a CPU), this process's own, where that computes the same bits (:meth:`_here_alike`)."""
+        return self._ask(("generate", prompts, n, seed, greedy, first),
+                         lambda: self._here.generate(prompts, n, seed, greedy, first=first), generation=True)
+
+    def solution_logp(self, prompts: list[torch.Tensor], completions: torch.Tensor, completion_mask: torch.Tensor,
+                      temperature: float, micro_batch_tokens: int, bf16: bool) -> torch.Tensor:
+        """[N] float64 the completions' log-probs (tasks/model/forward.py ``solution_logp``) on the child's copy of the
+        weights, a bf16 copy of it where ``bf16``: the likelihood screen's pass in this process's place
+        (``select.screen_process``, tasks/selection/screen.py); while a spawned child is still starting, here, as
+        :meth:`generate`. The child serves one request at a time: ask from the thread that draws."""
+        def here() -> torch.Tensor:
+            model = self._here_half.of(self._here.model) if bf16 else self._here.model
+            return solution_logp(model, prompts, completions, completion_mask, self._here.tok.pad_token_id,
+                                 temperature, micro_batch_tokens, self.model.device)
+
+        self.passes += 1
+        return self._ask(("logp", prompts, completions, completion_mask, temperature, micro_batch_tokens, bf16), here,
+                         generation=False)
+
+    def _ask(self, request: tuple, here: Callable[[], T], generation: bool) -> T:
+        """The child's answer to ``request``; ``here()`` instead while a spawned child is still starting, where this
+        process computes the child's bits (:meth:`_here_alike`). A ``generation`` sets what :meth:`metrics` reports
+        (where it was made, the child's peak memory during it)."""
         if self._closed:
             raise GeneratorDied(f"the generator process (pid {self._proc.pid}) was closed (by its sampler): nothing "
                                 "may generate with it any more")
         if not self._proc.is_alive():
             raise GeneratorDied(self._why())
         try:
-            self._last_here = not self.ready(wait=not self._here_alike())  # drawn here: the child is starting
-            if self._last_here:
-                self.drawn_here += 1
-                return self._here.generate(prompts, n, seed, greedy, first=first)
-            self._conn.send(("generate", prompts, n, seed, greedy, first))
+            made_here = not self.ready(wait=not self._here_alike())  # the child is starting
+            if generation:
+                self._last_here = made_here
+            if made_here:
+                self.drawn_here += generation
+                return here()
+            self._conn.send_bytes(_pickle(request, share=False))  # a pass's token tensors copied in, not shared
             status, out = self._receive()
         except (EOFError, BrokenPipeError, ConnectionResetError) as err:
             raise GeneratorDied(self._why(err)) from None
@@ -250,12 +289,14 @@ class GeneratorProcess(RolloutEngine):
                                 f"{type(err).__name__}: {err}") from err
         if status != "ok":
             raise GeneratorDied(f"the generator process failed: {out.strip().splitlines()[0]}\n{out}")
-        gen, self.peak_mb, temp_dir = out
+        done, peak_mb, temp_dir = out
+        if generation:
+            self.peak_mb = peak_mb
         if temp_dir != self.temp_dir:
             self.temp_dir = temp_dir
             if self._on_temp_dir is not None:
                 self._on_temp_dir(temp_dir, self.pid)
-        return gen
+        return done
 
     def _here_alike(self) -> bool:
         """Whether a generate call in this process computes the child's bits: the same engine on the same shared

@@ -40,7 +40,7 @@ from tasks.plan.probe_cache import ProbeMemo, probe_key
 from tasks.plan.record import Plan
 from tasks.policy import Policy
 from tasks.records.progress import pulse
-from tasks.selection.screen import screen_likelihood
+from tasks.selection.screen import in_sampler, screen_likelihood
 from tasks.training.techniques import step_rules
 from tasks.update.policy_update import wants_shared_prefix
 
@@ -78,7 +78,8 @@ def composition(name: str, cfg: Config, pool_size: int = 0, device: torch.device
         rules=step_rules(cfg, pool_size),
         screen_ahead=sc.screen > 1 and sc.screen_ahead and (overlap or hides(cfg, device)),
         round_ahead=sc.round_ahead and hides(cfg, device) and not (dots and cal.reference == "fresh"),
-        shared_prefix=sdpa and wants_shared_prefix(tc.shared_prefix, device, cfg.gain.enabled), overlap=overlap)
+        shared_prefix=sdpa and wants_shared_prefix(tc.shared_prefix, device, cfg.gain.enabled), overlap=overlap,
+        screen_in_sampler=overlap and sc.screen > 1 and rc.engine == "hf" and in_sampler(sc.screen_process, device))
 
 
 def overlaps(cfg: Config, policy: Policy, device: torch.device | str) -> bool:
@@ -240,7 +241,7 @@ def one_after_the_other(c: Composition) -> Composition:
     after the update (rlcore/plan.py), so it is counted in full here, not as hidden beside the generate call (a
     choice that counted it hidden took `grpo_screen`, 80 candidates scored a step, over `grpo_prescreen_18`'s 54:
     64.1 s against 47.4-54.7 s for the seeds that took `grpo_prescreen`, S55)."""
-    return replace(c, overlap=False, screen_ahead=c.screen_ahead and not c.overlap)
+    return replace(c, overlap=False, screen_ahead=c.screen_ahead and not c.overlap, screen_in_sampler=False)
 
 
 def saving(technique: str, with_it: Prediction, without: Prediction) -> str:

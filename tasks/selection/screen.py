@@ -34,16 +34,17 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
 from rlcore.difficulty import pearson
 from rlcore.selection import screen
 from rlcore.step_rules import ScreenOrder
-from tasks.config import Config, ScreenPrecision
+from tasks.config import Config, ScreenPrecision, ScreenProcess
 from tasks.data.prompts import PromptRecord
 from tasks.model.bf16_copy import Bf16Copy, native_bf16
-from tasks.model.forward import least_padding_buckets, right_pad, token_logprobs
+from tasks.model.forward import right_pad, solution_logp
 from tasks.model.loading import add_special
 from tasks.policy import Policy
 
@@ -74,8 +75,19 @@ def in_bf16(precision: ScreenPrecision, model: torch.nn.Module, device: torch.de
     return precision == "bf16" or (torch.device(device).type == "cpu" and native_bf16())
 
 
+class SolutionPasses(Protocol):
+    """Where the screen's pass may run apart from this process: the generator process
+    (tasks/overlap/generator_process.py ``GeneratorProcess.solution_logp``), on its copy of the sampler's weights."""
+
+    def solution_logp(self, prompts: list[torch.Tensor], completions: torch.Tensor, completion_mask: torch.Tensor,
+                      temperature: float, micro_batch_tokens: int, bf16: bool) -> torch.Tensor:
+        """[C] float64 tasks/model/forward.py ``solution_logp`` of the completions (on a bf16 copy where ``bf16``)."""
+        ...
+
+
 def policy_likelihood(policy: Policy, *, temperature: float, max_new_tokens: int, micro_batch_tokens: int,
-                      device: torch.device | str = "cpu", precision: ScreenPrecision = "model") -> Likelihood:
+                      device: torch.device | str = "cpu", precision: ScreenPrecision = "model",
+                      sampler: SolutionPasses | None = None) -> Likelihood:
     """The :data:`Likelihood` of ``policy``'s current weights (read at each call).
 
     Args:
@@ -85,6 +97,8 @@ def policy_likelihood(policy: Policy, *, temperature: float, max_new_tokens: int
             passes as that allows, cut where they pad least (tasks/model/forward.py ``least_padding_buckets``).
         precision: ``select.screen_precision``: where :func:`in_bf16`, the pass runs on a bf16 copy of the weights
             (tasks/model/bf16_copy.py), refreshed at each call.
+        sampler: where given, the pass runs there (``select.screen_process``: the generator process, whose weights
+            are ``policy``'s), the tokens sent from here; else here.
     """
     tok = policy.tokenizer
     half = Bf16Copy() if in_bf16(precision, policy.model, device) else None
@@ -97,35 +111,42 @@ def policy_likelihood(policy: Policy, *, temperature: float, max_new_tokens: int
         sol = tok(solution, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         return torch.tensor(ids, dtype=torch.long), tuple(sol)
 
-    @torch.inference_mode()
     def likelihood(records: list[PromptRecord]) -> torch.Tensor:
         require_solutions(records)
         pairs = [tokenized(r.question, r.solution) for r in records]
         prompts, sols = [p for p, _ in pairs], [list(s) for _, s in pairs]
         comp, mask = right_pad(sols, tok.pad_token_id)  # [C, L] each
-        logp = torch.zeros(len(records), dtype=torch.float64)  # [C]
-        model = policy.model if half is None else half.of(policy.model)
-        was_training = model.training
-        model.eval()
-        try:
-            for rows in least_padding_buckets(torch.tensor([len(p) for p in prompts]), mask.sum(1),
-                                              micro_batch_tokens):
-                logp[rows] = token_logprobs(model, [prompts[i] for i in rows], comp[rows], mask[rows],
-                                            tok.pad_token_id, temperature, device).sum(1).double().cpu()
-        finally:
-            model.train(was_training)
+        if sampler is not None:  # the generator process's pass, on its copy of the same weights
+            logp = sampler.solution_logp(prompts, comp, mask, temperature, micro_batch_tokens,
+                                         bf16=half is not None)
+        else:
+            model = policy.model if half is None else half.of(policy.model)
+            logp = solution_logp(model, prompts, comp, mask, tok.pad_token_id, temperature, micro_batch_tokens,
+                                 device)
         fits = torch.tensor([len(s) <= max_new_tokens for s in sols])
-        return torch.where(fits, logp.exp(), torch.zeros_like(logp)).clamp(0.0, 1.0)
+        with torch.inference_mode():
+            return torch.where(fits, logp.exp(), torch.zeros_like(logp)).clamp(0.0, 1.0)
 
     return likelihood
 
 
-def screen_likelihood(policy: Policy, cfg: Config, device: torch.device | str) -> Likelihood:
+def screen_likelihood(policy: Policy, cfg: Config, device: torch.device | str,
+                      sampler: SolutionPasses | None = None) -> Likelihood:
     """:func:`policy_likelihood` with the run's settings (``rollout.temperature``, ``rollout.max_new_tokens``,
-    ``train.micro_batch_tokens``, ``select.screen_precision``): what the training and the plan score with."""
+    ``train.micro_batch_tokens``, ``select.screen_precision``): what the training and the plan score with; the
+    passes in ``sampler`` where given (:func:`in_sampler`)."""
     return policy_likelihood(policy, temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
                              micro_batch_tokens=cfg.train.micro_batch_tokens, device=device,
-                             precision=cfg.select.screen_precision)
+                             precision=cfg.select.screen_precision, sampler=sampler)
+
+
+def in_sampler(process: ScreenProcess, device: torch.device | str) -> bool:
+    """Whether the screen's passes run in the generator process where a lag-1 run draws in one
+    (``select.screen_process`` ``process``): ``sampler``, or ``auto`` on a CPU, whose cores the generator and the
+    trainer split. There the trainer's update was the longer side of an overlapped step, its look-ahead pass after
+    it (0.13 + 0.04 s a step of `grpo_prescreen` on 2 cores), while the generate call (0.125 s) left the generator's
+    core idle: docs/performance.md, "The screen's pass in the generator process"."""
+    return process == "sampler" or (process == "auto" and torch.device(device).type == "cpu")
 
 
 class ScreenScores:

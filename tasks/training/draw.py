@@ -41,13 +41,19 @@ T = TypeVar("T")
 
 
 def beside(work: Callable[[], T], other: Callable[[], None] | None,
-           after: Callable[[], None] | None = None) -> T:
+           after: Callable[[], None] | None = None, then: bool = False) -> T:
     """``work()``'s result, with ``other`` (where given) run at the same time on a second thread, once ``after()``
     (where given) has returned, both finished on return; an error in either is raised. The draws run the next step's
     selection work (``Selector.lookahead``) beside a generate call, which waits on a generator process or a server;
-    a draw beside an update runs it once that update has ended (tasks/overlap/concurrent.py)."""
+    a draw beside an update runs it once that update has ended (tasks/overlap/concurrent.py). ``then``: ``other``
+    runs after ``work`` on this thread instead, not waiting for ``after`` (its pass is the generator process's,
+    which serves one request at a time: ``Selector.ahead_after_draw``)."""
     if other is None:
         return work()
+    if then:
+        out = work()
+        other()
+        return out
 
     def later() -> None:
         if after is not None:
@@ -180,7 +186,8 @@ def sample_fresh(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
         with meter.stage("rollout"):
             t_gen = time.perf_counter()
             gen, rewards = beside(lambda records=records: rollout_rewards(policy, records, n, seed("train")),
-                                  selector.lookahead() if attempt == 0 else None, after_update)
+                                  selector.lookahead() if attempt == 0 else None, after_update,
+                                  selector.ahead_after_draw)
             gen_s += time.perf_counter() - t_gen
         gen_rng = torch.Generator().manual_seed(seed("pods"))
         with meter.stage("selection"):

@@ -49,7 +49,7 @@ from tasks.records.progress import progress_bar
 from tasks.records.throughput import FlopModel, peak
 from tasks.run import Run
 from tasks.selection.features import Features
-from tasks.selection.screen import screen_likelihood
+from tasks.selection.screen import in_sampler, screen_likelihood
 from tasks.selection.selector import Selector
 from tasks.training import checkpoint
 from tasks.training.draw import DRAW_PHASES, CarriedRollouts, StepDraw, use_sampler_behaviour
@@ -89,9 +89,11 @@ class Trainer:
         self.run, self.cfg, self.policy, self.sampling, self.updater = run, cfg, policy, sampling, updater
         self.pool, self.evaluate = pool, evaluate
         self.sampler = sampling.policy  # what the rollouts and the likelihood screen read
-        likelihood = screen_likelihood(self.sampler, cfg, run.device) if cfg.select.screen > 1 else None
+        process = sampling.process if in_sampler(cfg.select.screen_process, run.device) else None
+        likelihood = screen_likelihood(self.sampler, cfg, run.device, process) if cfg.select.screen > 1 else None
         self.selector = Selector(cfg, pool, features, likelihood, filters=prompt_filters(cfg, len(pool)),
-                                 screen_order=screen_order(cfg), apart=sampling.apart)
+                                 screen_order=screen_order(cfg), apart=sampling.apart,
+                                 ahead_after_draw=process is not None)
         self.draw_fresh = step_draw(cfg)  # sample_fresh, or a registered technique's (tasks/training/techniques.py)
         if calibration is not None:
             self.selector.seed_labels(calibration)

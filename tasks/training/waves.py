@@ -157,7 +157,7 @@ def sample_waves(run: Run, policy: Policy, selector: Selector, pool: list[Prompt
         t0 = time.perf_counter()
         asked = ([(carried, n - w)] if carried else []) + [(records, w)]
         *done, (gen1, r1) = beside(lambda: rollout_parts(policy, asked, seed("train")),  # carried, then [C, w]
-                                   selector.lookahead(), after_update)
+                                   selector.lookahead(), after_update, selector.ahead_after_draw)
         gen_s = time.perf_counter() - t0
     mixed = r1.amax(1) > r1.amin(1)  # [C]
     with meter.stage("selection"):

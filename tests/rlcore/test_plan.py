@@ -358,6 +358,33 @@ def test_the_screen_run_ahead_of_an_overlapped_step_is_on_the_trainers_side_hand
     assert seq.ahead_s == 0
 
 
+def test_the_screen_in_the_generator_process_is_on_the_draws_side_hand_worked():
+    """select.screen_process sampler: every screen pass of an overlapped step (a round's first step's own, the others'
+    look-ahead) runs in the generator process beside its generate call, at the generator's pace, and the trainer's side
+    is the update alone; the same pass, signal and tokens as on the trainer's side. Only where it screens and overlaps."""
+    grpo = Composition("grpo", 4, 8, 8)
+    split = ThreadSplit(generate=1.5, passes=1.25, threads=(1, 1))
+    costs = UnitCosts(**{**COSTS.__dict__, "split": split})
+    generate, forward = 4 * 8 * 10 * 2, 2 * 4 * 12 * 0.5  # 640 s of generation, a 48 s pass
+    _, (trainer, sampler) = predict([
+        Composition("trainer", 4, 8, 8, screen=2, round_steps=4, screen_ahead=True, overlap=True),
+        Composition("sampler", 4, 8, 8, screen=2, round_steps=4, screen_ahead=True, overlap=True,
+                    screen_in_sampler=True)], grpo, POOL, costs)
+    update, fixed = sampler.update_s, sampler.fixed_s
+    assert (sampler.forward_s, sampler.ahead_s) == (trainer.forward_s, trainer.ahead_s)
+    assert sampler.step_s == pytest.approx(max((generate + forward) * 1.5, update * 1.25 + fixed))
+    assert trainer.step_s == pytest.approx(max(generate * 1.5 + forward / 4 * 1.25,
+                                               (update + 3 / 4 * forward) * 1.25 + fixed))
+    slow = UnitCosts(**{**costs.__dict__, "update": CallCost(0.0, 10.0)})  # the update the longer side
+    _, (trainer, sampler) = predict([
+        Composition("trainer", 4, 8, 8, screen=2, round_steps=4, screen_ahead=True, overlap=True),
+        Composition("sampler", 4, 8, 8, screen=2, round_steps=4, screen_ahead=True, overlap=True,
+                    screen_in_sampler=True)], grpo, POOL, slow)
+    assert sampler.step_s == pytest.approx(trainer.step_s - 3 / 4 * forward * 1.25), "the pass leaves the longer side"
+    with pytest.raises(ValueError, match="only where it screens"):
+        Composition("x", 4, 8, 8, screen=2, screen_in_sampler=True)
+
+
 def test_a_round_started_ahead_costs_what_outlasts_the_generate_call_hand_worked():
     """select.round_ahead: the round's predictor fit, then (with the screen run ahead) the screen of its first step,
     beside the generate call of the round's last step; each pays only what outlasts the call, the fit first."""

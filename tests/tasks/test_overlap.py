@@ -104,6 +104,42 @@ def test_the_generator_process_samples_the_weights_synced_last_and_dies_loudly(t
         os.kill(pid, 0)
 
 
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_generator_processs_screen_pass_has_this_processs_bits(tiny, bf16):
+    """``GeneratorProcess.solution_logp``: the likelihood screen's pass in the child, on its copy of the weights (a bf16
+    copy where asked), equals tasks/model/forward.py ``solution_logp`` here on the same weights and thread count, bit
+    for bit, and follows a sync."""
+    from tasks.model.bf16_copy import Bf16Copy
+    from tasks.model.forward import right_pad, solution_logp
+
+    model, tok = tiny
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    gp = GeneratorProcess(engine(model, tok), 1, plain_copy(model))
+    try:
+        prompts = [torch.tensor(tok(p)["input_ids"]) for p in PROMPTS]
+        comp, mask = right_pad([tok(a)["input_ids"] + [tok.eos_token_id] for a in ("3", "5", "81 81")],
+                               tok.pad_token_id)
+
+        def here():
+            m = Bf16Copy().of(gp.model) if bf16 else gp.model
+            return solution_logp(m, prompts, comp, mask, tok.pad_token_id, 0.7, 0)
+
+        got = gp.solution_logp(prompts, comp, mask, 0.7, 0, bf16)
+        assert got.dtype == torch.float64 and torch.equal(got, here())
+        moved = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in moved.parameters():
+                p.mul_(1.5)
+        gp.sync_weights(moved, tok, "unused")
+        again = gp.solution_logp(prompts, comp, mask, 0.7, 0, bf16)
+        assert not torch.equal(again, got) and torch.equal(again, here())
+        assert gp.passes == 2
+    finally:
+        gp.close()
+        torch.set_num_threads(threads)
+
+
 def test_draws_asked_while_the_generator_starts_are_made_here_with_its_bits(tiny):
     """A spawned child takes seconds to start (torch and transformers to import): a call asked meanwhile is made in this
     process on the same shared weights, bit for bit what the child then draws; with another thread count than the
@@ -376,7 +412,8 @@ def test_the_draw_launched_ahead_is_the_same_run_with_the_generator_busier(smoke
 
 
 def test_the_look_ahead_waits_for_the_update_it_runs_beside_and_the_run_is_the_same(smoke_cfg, pool, monkeypatch):
-    """A lag-1 draw's look-ahead (the next step's screen pass) starts only once the update it runs beside has ended
+    """In the trainer's process (select.screen_process trainer), a lag-1 draw's look-ahead (the next step's screen
+    pass) starts only once the update it runs beside has ended
     (tasks/overlap/concurrent.py ``Overlap.launch``), so it runs on the trainer's cores while the trainer waits, not
     as a third thread beside both: with each update's end held back 50 ms, every look-ahead of step s's draw still
     starts after updates 0..s-1 have ended. The screen reads the sampler's weights, so a run whose look-ahead does
@@ -387,7 +424,8 @@ def test_the_look_ahead_waits_for_the_update_it_runs_beside_and_the_run_is_the_s
     from tasks.overlap.concurrent import Overlap
     from tasks.selection.selector import Selector
 
-    cfg = smoke_cfg(*LAG1, "train.steps=8", "train.round_steps=4", path=ARMS.format("grpo_prescreen"))
+    cfg = smoke_cfg(*LAG1, "train.steps=8", "train.round_steps=4", "select.screen_process=trainer",
+                    path=ARMS.format("grpo_prescreen"))
     lock, ended, starts = threading.Lock(), [0], []
     real_ended, real_ahead = Overlap.update_ended, Selector.lookahead
 
@@ -417,6 +455,33 @@ def test_the_look_ahead_waits_for_the_update_it_runs_beside_and_the_run_is_the_s
     real_launch = Overlap.launch
     monkeypatch.setattr(Overlap, "launch", lambda self, draw: real_launch(self, lambda after: draw(lambda: None)))
     b_state, _, b_groups, b_sel, b_log = run_train(cfg, pool)
+    for k in a_state:
+        assert torch.equal(a_state[k], b_state[k]), k
+    assert _rows(a_sel) == _rows(b_sel) and _rows(a_groups) == _rows(b_groups)
+
+
+def test_the_screen_in_the_generator_process_is_the_same_run_and_its_passes_are_the_childs(smoke_cfg, pool,
+                                                                                          monkeypatch):
+    """select.screen_process sampler: every screen pass of a lag-1 run (each round's first step's own, the others'
+    look-ahead, right after the generate call) is the generator process's, on its copy of the sampler's weights, so
+    the trainer's process computes none; and the run is the trainer-side run bit for bit (weights, ledger rows)."""
+    import tasks.selection.screen as screen
+
+    passes = []
+    real = GeneratorProcess.solution_logp
+    monkeypatch.setattr(GeneratorProcess, "solution_logp", lambda self, *a, **k: passes.append(len(a[0])) or real(
+        self, *a, **k))
+    here = []
+    real_here = screen.solution_logp
+    monkeypatch.setattr(screen, "solution_logp", lambda *a, **k: here.append(1) or real_here(*a, **k))
+    base = (*LAG1, "train.steps=8", "train.round_steps=4")
+    a_state, _, a_groups, a_sel, a_log = run_train(smoke_cfg(*base, "select.screen_process=sampler",
+                                                             path=ARMS.format("grpo_prescreen")), pool)
+    assert passes and not here, (passes, here)
+    assert any(m["select/screen_ahead_share"] > 0 for m in a_log), "the look-ahead's scores were read"
+    b_state, _, b_groups, b_sel, _ = run_train(smoke_cfg(*base, "select.screen_process=trainer",
+                                                         path=ARMS.format("grpo_prescreen")), pool)
+    assert here, "the trainer-side run scores here"
     for k in a_state:
         assert torch.equal(a_state[k], b_state[k]), k
     assert _rows(a_sel) == _rows(b_sel) and _rows(a_groups) == _rows(b_groups)
