@@ -124,8 +124,7 @@ def policy_likelihood(policy: Policy, *, temperature: float, max_new_tokens: int
             logp = solution_logp(model, prompts, comp, mask, tok.pad_token_id, temperature, micro_batch_tokens,
                                  device)
         fits = torch.tensor([len(s) <= max_new_tokens for s in sols])
-        with torch.inference_mode():
-            return torch.where(fits, logp.exp(), torch.zeros_like(logp)).clamp(0.0, 1.0)
+        return torch.where(fits, logp.exp(), torch.zeros_like(logp)).clamp(0.0, 1.0)
 
     return likelihood
 

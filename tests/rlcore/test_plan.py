@@ -361,7 +361,8 @@ def test_the_screen_run_ahead_of_an_overlapped_step_is_on_the_trainers_side_hand
 def test_the_screen_in_the_generator_process_is_on_the_draws_side_hand_worked():
     """select.screen_process sampler: every screen pass of an overlapped step (a round's first step's own, the others'
     look-ahead) runs in the generator process beside its generate call, at the generator's pace, and the trainer's side
-    is the update alone; the same pass, signal and tokens as on the trainer's side. Only where it screens and overlaps."""
+    is the update alone; the same pass, signal and tokens as on the trainer's side. Only where it screens and
+    overlaps."""
     grpo = Composition("grpo", 4, 8, 8)
     split = ThreadSplit(generate=1.5, passes=1.25, threads=(1, 1))
     costs = UnitCosts(**{**COSTS.__dict__, "split": split})
