@@ -12,7 +12,7 @@ from tasks.config.base import _Frozen
 
 #: ``select.screen_precision``'s values (tasks/selection/screen.py resolves them).
 ScreenPrecision = Literal["auto", "model", "bf16"]
-#: ``select.screen_process``'s values (tasks/training/loop.py resolves them).
+#: ``select.screen_process``'s values (tasks/selection/screen.py ``in_sampler`` resolves them).
 ScreenProcess = Literal["auto", "trainer", "sampler"]
 
 
