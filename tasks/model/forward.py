@@ -252,28 +252,6 @@ def least_padding_buckets(prompt_lens: torch.Tensor, completion_lens: torch.Tens
 LEAST_PADDING_ROWS = 1024
 
 
-def solution_logp(model: torch.nn.Module, prompts: Sequence[torch.Tensor], completions: torch.Tensor,
-                  completion_mask: torch.Tensor, pad_id: int, temperature: float, micro_batch_tokens: int,
-                  device: torch.device | str = "cpu") -> torch.Tensor:
-    """[N] float64 each completion's log-prob under ``model`` (the sum of its tokens' at ``temperature``), without
-    autograd: :func:`token_logprobs` over :func:`least_padding_buckets` of at most ``micro_batch_tokens`` padded
-    tokens (0: one pass). The likelihood screen's pass (tasks/selection/screen.py), in the trainer's process or the
-    generator's (tasks/overlap/generator_process.py): the same function on the same weights and threads, the same
-    bits."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            logp = torch.zeros(len(prompts), dtype=torch.float64)  # [N]
-            for rows in least_padding_buckets(torch.tensor([len(p) for p in prompts]), completion_mask.sum(1),
-                                              micro_batch_tokens):
-                logp[rows] = token_logprobs(model, [prompts[i] for i in rows], completions[rows],
-                                            completion_mask[rows], pad_id, temperature, device).sum(1).double().cpu()
-    finally:
-        model.train(was_training)
-    return logp
-
-
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, temperature: float = 1.0,
                           max_elements: int = 1 << 26) -> torch.Tensor:
     """``log_softmax(logits / temperature)`` at ``index`` only, in float32, without a float32 copy of all logits.

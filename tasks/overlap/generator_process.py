@@ -66,8 +66,8 @@ import torch.multiprocessing as mp
 
 from tasks.generation.rollout import Generation, HFEngine, RolloutEngine
 from tasks.model.bf16_copy import Bf16Copy
-from tasks.model.forward import solution_logp
 from tasks.model.lora import plain_state_dict
+from tasks.model.solution_logp import solution_logp
 from tasks.records.memory import own_peak_mb, reset_own_peak
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ def _serve(model_class: type, config, weights: dict[str, torch.Tensor], tokenize
     """The child's loop, after a ``("ready",)`` once its model and engine are built: ``("generate", prompts, n,
     seed, greedy)`` -> ``("ok", (Generation, peak MiB, temporary folder))``, ``("logp", prompts, completions, mask,
     temperature, micro_batch_tokens, bf16)`` -> ``("ok", ([N] float64 log-probs, peak MiB, temporary folder))``
-    (the likelihood screen's pass, tasks/model/forward.py ``solution_logp``, on a bf16 copy of the weights where
+    (the likelihood screen's pass, tasks/model/solution_logp.py ``solution_logp``, on a bf16 copy of the weights where
     ``bf16``, kept and refreshed at each pass) or ``("error", text)`` (the peak: the child's own memory during that
     request, tasks/records/memory.py; the folder: multiprocessing's, made for the reply's tensors); ``("stop",)`` or
     a closed pipe (the parent is gone) ends it.
@@ -251,8 +251,8 @@ class GeneratorProcess(RolloutEngine):
 
     def solution_logp(self, prompts: list[torch.Tensor], completions: torch.Tensor, completion_mask: torch.Tensor,
                       temperature: float, micro_batch_tokens: int, bf16: bool) -> torch.Tensor:
-        """[N] float64 the completions' log-probs (tasks/model/forward.py ``solution_logp``) on the child's copy of the
-        weights, a bf16 copy of it where ``bf16``: the likelihood screen's pass in this process's place
+        """[N] float64 the completions' log-probs (tasks/model/solution_logp.py ``solution_logp``) on the child's copy
+        of the weights, a bf16 copy of it where ``bf16``: the likelihood screen's pass in this process's place
         (``select.screen_process``, tasks/selection/screen.py); while a spawned child is still starting, here, as
         :meth:`generate`. The child serves one request at a time: ask from the thread that draws."""
         def here() -> torch.Tensor:

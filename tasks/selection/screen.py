@@ -44,8 +44,9 @@ from rlcore.step_rules import ScreenOrder
 from tasks.config import Config, ScreenPrecision, ScreenProcess
 from tasks.data.prompts import PromptRecord
 from tasks.model.bf16_copy import Bf16Copy, native_bf16
-from tasks.model.forward import right_pad, solution_logp
+from tasks.model.forward import right_pad
 from tasks.model.loading import add_special
+from tasks.model.solution_logp import solution_logp
 from tasks.policy import Policy
 
 #: Records whose tokens :func:`policy_likelihood` keeps (a pool's prompts are scored again and again; about 0.2 KB
@@ -81,7 +82,8 @@ class SolutionPasses(Protocol):
 
     def solution_logp(self, prompts: list[torch.Tensor], completions: torch.Tensor, completion_mask: torch.Tensor,
                       temperature: float, micro_batch_tokens: int, bf16: bool) -> torch.Tensor:
-        """[C] float64 tasks/model/forward.py ``solution_logp`` of the completions (on a bf16 copy where ``bf16``)."""
+        """[C] float64 tasks/model/solution_logp.py ``solution_logp`` of the completions (a bf16 copy's where
+        ``bf16``)."""
         ...
 
 
@@ -101,7 +103,8 @@ def policy_likelihood(policy: Policy, *, temperature: float, max_new_tokens: int
             are ``policy``'s), the tokens sent from here; else here.
     """
     tok = policy.tokenizer
-    half = Bf16Copy() if in_bf16(precision, policy.model, device) else None
+    bf16 = in_bf16(precision, policy.model, device)
+    half = Bf16Copy() if bf16 and sampler is None else None  # the sampler keeps a copy of its own
 
     @functools.lru_cache(maxsize=TOKENIZED)
     def tokenized(question: str, solution: str) -> tuple[torch.Tensor, tuple[int, ...]]:
@@ -117,8 +120,7 @@ def policy_likelihood(policy: Policy, *, temperature: float, max_new_tokens: int
         prompts, sols = [p for p, _ in pairs], [list(s) for _, s in pairs]
         comp, mask = right_pad(sols, tok.pad_token_id)  # [C, L] each
         if sampler is not None:  # the generator process's pass, on its copy of the same weights
-            logp = sampler.solution_logp(prompts, comp, mask, temperature, micro_batch_tokens,
-                                         bf16=half is not None)
+            logp = sampler.solution_logp(prompts, comp, mask, temperature, micro_batch_tokens, bf16)
         else:
             model = policy.model if half is None else half.of(policy.model)
             logp = solution_logp(model, prompts, comp, mask, tok.pad_token_id, temperature, micro_batch_tokens,

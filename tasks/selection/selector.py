@@ -67,12 +67,8 @@ class Selector:
         the prompt filters and the screen's order of the techniques the run turns on (tasks/training/techniques.py);
         ``apart``: whether the rollouts are generated apart from the trainer (tasks/overlap/concurrent.py
         ``Sampler.apart``), so that the next step's selection work may run beside them where ``select.screen_ahead``
-        and ``select.round_ahead`` say so (:meth:`lookahead`); ``ahead_after_draw``: the screen's passes run in the
-        generator process (``select.screen_process``), so the draws run that work after their generate call, on the
-        thread that asks the child (:attr:`ahead_after_draw`)."""
-        self.cfg, self.pool, self.filters = cfg, pool, list(filters)
-        #: whether a draw runs :meth:`lookahead`'s work after its generate call rather than beside it
-        self.ahead_after_draw = ahead_after_draw
+        and ``select.round_ahead`` say so (:meth:`lookahead`; after them: ``ahead_after_draw``, screen in sampler)."""
+        self.cfg, self.pool, self.filters, self.ahead_after_draw = cfg, pool, list(filters), ahead_after_draw
         self.references: list[ReferenceRow] = []  # reference rows not yet in the ledger (take_references)
         m = len(pool)
         if cfg.select.screen > 1:

@@ -107,10 +107,11 @@ def test_the_generator_process_samples_the_weights_synced_last_and_dies_loudly(t
 @pytest.mark.parametrize("bf16", [False, True])
 def test_the_generator_processs_screen_pass_has_this_processs_bits(tiny, bf16):
     """``GeneratorProcess.solution_logp``: the likelihood screen's pass in the child, on its copy of the weights (a bf16
-    copy where asked), equals tasks/model/forward.py ``solution_logp`` here on the same weights and thread count, bit
-    for bit, and follows a sync."""
+    copy where asked), equals tasks/model/solution_logp.py ``solution_logp`` here on the same weights and thread
+    count, bit for bit, and follows a sync."""
     from tasks.model.bf16_copy import Bf16Copy
-    from tasks.model.forward import right_pad, solution_logp
+    from tasks.model.forward import right_pad
+    from tasks.model.solution_logp import solution_logp
 
     model, tok = tiny
     threads = torch.get_num_threads()
