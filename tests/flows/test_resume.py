@@ -301,7 +301,7 @@ def test_finished_rounds_stay_completed_when_the_train_stage_stops(prefect_harne
                 if r.name.startswith("round-"):
                     parent = next((parents[i.id] for ins in r.task_inputs.values() for i in ins
                                    if getattr(i, "id", None) in parents), None)
-                    rounds[(parent, r.name)] = r.state.name
+                    rounds[(parent, r.name)] = r.state.name if r.state is not None else None  # not yet written
             if [rounds.get(("train-plain", f"round-{i}")) for i in range(2)] == ["RolledBack"] * 2 \
                     or time.time() > deadline:
                 break
