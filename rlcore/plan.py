@@ -51,7 +51,11 @@ composition pays before its first step and plain GRPO does not: the calibrate st
 the pool where it reads them (the benchmark's clock, docs/benchmarks.md). A candidate's ``clock`` is its training
 clock over plain GRPO's.
 
-**Choice.** The signal of a step is its informative groups (fresh plus replayed). A candidate qualifies when its
+**Choice.** The signal of a step is its informative contrasts (fresh plus replayed): each informative group's
+trained rows less one, since its advantages are measured from the group's own mean (a group of m rows holds m - 1
+independent ones). Groups alone would price a group of 4 and one of 8 the same, and a candidate with groups of 6
+at 0.68-0.85x plain GRPO's informative groups ended where the groups of 4 at 0.89-1.1x did (docs/benchmarks.md,
+"Every idea tried", the row of groups of 6). A candidate qualifies when its
 signal is at least ``min_signal`` times plain GRPO's and its step is cheaper (its work: the planner ranks the
 candidates predicted one after the other, and reports them as the run will take them, rlcore/plan_choice.py
 ``choose``'s ``work``); the cheapest step among those is
@@ -98,8 +102,10 @@ __all__ = ["Prediction", "call_rows", "draw_calls", "overlapped_step", "predict"
 class Prediction:
     """One composition's predicted step and budget.
 
-    ``effective_ratio`` (share of its groups with unequal rewards), ``signal`` (informative groups), ``generated``
-    rollouts, ``generated_tokens``, ``updated_tokens``, ``forward_tokens`` and ``step_s`` seconds, all a step;
+    ``effective_ratio`` (share of its groups with unequal rewards), ``signal`` (informative contrasts: each
+    informative group's trained rows less one, what :func:`rlcore.plan_choice.choose` keeps), ``informative``
+    groups, ``generated`` rollouts, ``generated_tokens``, ``updated_tokens``, ``forward_tokens`` and ``step_s``
+    seconds, all a step;
     ``step_s`` is ``generate_s`` + ``update_s`` + ``forward_s`` + ``fixed_s`` (the optimizer step, the bookkeeping, and
     a round's checkpoint and predictor fit over its steps), or for an overlapped composition the slower side
     (:func:`overlapped_step`; the parts stay each as timed on all threads), where the screen's pass run ahead, after the
@@ -123,6 +129,7 @@ class Prediction:
     fixed_s: float = 0.0
     upfront_s: float = 0.0
     scoring_s: float = 0.0
+    informative: float = 0.0
     train_s: float = 0.0
     clock: float = field(default=float("nan"))
 
@@ -275,7 +282,8 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
     completion, prompt = costs.lengths(pool.levels)
     draw = _fresh_draw(c, pool, costs, kept, r)
     replayed = draw.replayed
-    signal = draw.informative + replayed
+    informative = draw.informative + replayed
+    signal = draw.rows - draw.informative + replayed * (c.m - 1)  # the update's rows of them, less a group's mean
     k, g = c.reference  # a round's reference prompts, drawn from the whole pool
     reference_length = _mean(completion, pool.mass)
     generated = draw.rollouts + k * g / c.round_steps
@@ -307,8 +315,8 @@ def _step(c: Composition, pool: PoolStats, costs: UnitCosts) -> Prediction:
     upfront_s = _draw_s(c, costs, *c.calibration, calibration_length, _mix(pool, torch.ones(len(pool.levels))))
     upfront_s += scoring_s
     trained = draw.trained + replayed  # 0 where no first wave is ever mixed: the step trains its silent first waves
-    return Prediction(name=c.name, effective_ratio=signal / trained if trained > 0 else 0.0, signal=signal,
-                      generated=generated,
+    return Prediction(name=c.name, effective_ratio=informative / trained if trained > 0 else 0.0, signal=signal,
+                      informative=informative, generated=generated,
                       generated_tokens=gen_tokens, updated_tokens=upd_tokens, forward_tokens=fwd_tokens,
                       step_s=step_s, generate_s=generate_s, update_s=update_s, forward_s=forward_s, ahead_s=ahead_s,
                       fixed_s=fixed_s,

@@ -97,8 +97,8 @@ def out_of_reach(p: Prediction, base: Prediction, min_signal: float, plan_s: flo
     would cost about as much again. ``base`` must need none of the costs not yet measured (its prediction is then
     exact). A candidate out of reach is not offered to :func:`choose` (tasks/plan/planner.py)."""
     if not _keeps_signal(p, base, min_signal):
-        return (f"{p.signal / base.signal if base.signal else 0:.2f}x {base.name}'s informative groups a step, under "
-                f"{min_signal:.0%}")
+        return (f"{p.signal / base.signal if base.signal else 0:.2f}x {base.name}'s informative contrasts a step, "
+                f"under {min_signal:.0%}")
     if p.step_s >= base.step_s:
         return f"its step at least {p.step_s:.3g} s against {base.name}'s {base.step_s:.3g} s"
     if not _earns_back(p, base, plan_s):
@@ -152,12 +152,12 @@ def choose(base: Prediction, predictions: list[Prediction], min_signal: float, p
                  default=None)
     if best_i is None:
         return base, (f"{base.name}: no candidate is predicted cheaper than plain GRPO with at least "
-                      f"{min_signal:.0%} of its informative groups a step")
+                      f"{min_signal:.0%} of its informative contrasts a step")
     best = predictions[best_i]
     slower = sorted((i for i in qualify if i != best_i), key=lambda i: _cost(ranked[i]))
     runner = f"; next {predictions[slower[0]].name} at {predictions[slower[0]].clock:.2f}x" if slower else ""
     clock = run_clock(best, base, plan_s)
     paid = paid_text(clock) if clock.upfront_s > 0 and base.train_s > 0 else ""
     return best, (f"{best.name}: predicted {best.clock:.2f}x plain GRPO's training clock{paid} with "
-                  f"{best.signal / base.signal:.2f}x its informative groups a step (effective ratio "
+                  f"{best.signal / base.signal:.2f}x its informative contrasts a step (effective ratio "
                   f"{best.effective_ratio:.2f} against {base.effective_ratio:.2f}){runner}")

@@ -70,19 +70,21 @@ class PlanConfig(_Frozen):
     candidates: tuple[str, ...] = Field(
         ("grpo", "dapo", "dots", "pods", "dots_n4", "dots_screen", "dots_screen_24", "dots_screen_waves",
          "grpo_screen", "grpo_screen_24", "grpo_screen_28", "grpo_prescreen", "grpo_prescreen_18",
-         "grpo_prescreen_20", "grpo_screen_waves"), min_length=1,
+         "grpo_prescreen_20", "grpo_prescreen_n6", "grpo_prescreen_n6_14", "grpo_screen_waves"),
+        min_length=1,
         description=(
             "Compositions the plan predicts and chooses from: names of conf/presets or conf/bench files. "
             "Candidates with the screen are left out where a prompt has no worked solution; for each technique inside "
             "a candidate's step (the waves, the skip) the plan also says what it saves (rollouts a step and per "
             "informative group, the step) against the candidate without it."))
     baseline: str = Field("grpo", description="The composition predictions are relative to (plain GRPO).")
-    min_signal: float = Field(0.95, ge=0, le=1, description=(
-        "A candidate qualifies when its predicted informative groups a step are at least this share of the "
-        "baseline's; the cheapest qualifying one is chosen. 1: GRPO's signal. Candidates at 0.8 to 0.9 of it ended "
-        "half a point to a point below GRPO (docs/benchmarks.md, S27, and 'Every idea tried', the signal floor's "
-        "row); one at 0.98, whose prediction fell between 0.96 and 1.01 by seed, ended 0.8 above (S38): 0.95 lets "
-        "the prediction's noise pass, not those (S39)."))
+    min_signal: float = Field(0.45, ge=0, le=1, description=(
+        "A candidate qualifies when its predicted informative contrasts a step (each informative group's trained "
+        "rows less one: rlcore/plan.py) are at least this share of the baseline's; the cheapest qualifying one is "
+        "chosen. 1: GRPO's signal. The prescreen's groups of 4 stand at 0.33-0.43 of plain GRPO's groups of 8, and "
+        "those it took on `balanced` ended 0.1-1.0 points below GRPO in every benchmark S52-S59; at 0.45 they fall "
+        "out and groups of 6 (0.47-0.65) are chosen, at a higher effective share for about the same step "
+        "(docs/benchmarks.md, 'Every idea tried', the signal floor's rows)."))
     prune: bool = Field(True, description=(
         "Once the probe has timed what every step pays (generation, the update, the optimizer step, a checkpoint, "
         "the bookkeeping), stop measuring for the candidates that could not be chosen even if what they alone pay "

@@ -250,11 +250,11 @@ def saving(technique: str, with_it: Prediction, without: Prediction) -> str:
     E.g. ``waves on dots_screen_waves: 88 rollouts a step for 13.8 informative groups (6.3 a group, effective ratio
     1.00) against 80 for 14.6 (5.5, 0.73) without; its step 0.412 s against 0.380 s (+8%)``."""
     def per(p: Prediction) -> str:
-        return f"{p.generated / p.signal:.1f}" if p.signal else "-"
+        return f"{p.generated / p.informative:.1f}" if p.informative else "-"
 
-    return (f"{technique} on {with_it.name}: {with_it.generated:.0f} rollouts a step for {with_it.signal:.1f} "
+    return (f"{technique} on {with_it.name}: {with_it.generated:.0f} rollouts a step for {with_it.informative:.1f} "
             f"informative groups ({per(with_it)} a group, effective ratio {with_it.effective_ratio:.2f}) against "
-            f"{without.generated:.0f} for {without.signal:.1f} ({per(without)}, {without.effective_ratio:.2f}) "
+            f"{without.generated:.0f} for {without.informative:.1f} ({per(without)}, {without.effective_ratio:.2f}) "
             f"without; its step {with_it.step_s:.3f} s against {without.step_s:.3f} s "
             f"({with_it.step_s / without.step_s - 1:+.0%})")
 

@@ -99,10 +99,11 @@ class Plan:
                       else "")
             out.append({"composition": p.name, "chosen": chosen,
                         "effective_ratio": round(p.effective_ratio, 3),
-                        "informative_groups": round(p.signal, 1), "vs_grpo_signal": round(
+                        "informative_groups": round(p.informative, 1),
+                        "informative_contrasts": round(p.signal, 1), "vs_grpo_signal": round(
                             p.signal / self.baseline.signal, 2) if self.baseline.signal else None,
                         "generated_rollouts": round(p.generated, 1),
-                        "rollouts_per_informative": round(p.generated / p.signal, 2) if p.signal else None,
+                        "rollouts_per_informative": round(p.generated / p.informative, 2) if p.informative else None,
                         "step_s": round(p.step_s, 3),
                         "fixed_s": round(p.fixed_s, 3), "upfront_s": round(p.upfront_s, 2),
                         "clock_vs_grpo": round(p.clock, 3)})

@@ -255,6 +255,18 @@ def test_a_draw_of_short_completions_takes_fewer_decode_steps():
     assert base.generate_s == pytest.approx(32 * 20 * 2 + 100 * (50 - 40 * 0.75 ** 32))
 
 
+def test_the_signal_counts_each_informative_group_s_trained_rows_less_one_hand_worked():
+    """The choice's signal is the informative contrasts: a group of m trained rows centred on its own mean holds
+    m - 1. At n = 8 half of 4 prompts are mixed (2 groups): 2 x 7 trained whole, 2 x 3 with PODS keeping 4 of 8;
+    and with groups of 6 a 2-of-8 prompt's group is mixed unless its 6 rollouts are 6 of the 6 failures of its 8
+    (1 of 28 subsets) and a 4-of-8 prompt's always: 27/28 + 1 informative groups of 5 contrasts each."""
+    base, (pods, six) = predict([Composition("pods", 4, 8, 4), Composition("six", 4, 6, 6)],
+                                Composition("grpo", 4, 8, 8), POOL, COSTS)
+    assert base.informative == pytest.approx(2) and base.signal == pytest.approx(2 * 7)
+    assert pods.informative == pytest.approx(2) and pods.signal == pytest.approx(2 * 3)
+    assert six.informative == pytest.approx(27 / 28 + 1) and six.signal == pytest.approx((27 / 28 + 1) * 5)
+
+
 def test_a_draw_is_cut_into_calls_of_the_engines_chunk():
     assert call_rows(32, 8, 512) == [256] and call_rows(80, 8, 512) == [512, 128]
     assert call_rows(5, 8, 16) == [16, 16, 8] and call_rows(5, 8, 0) == [40] and call_rows(0, 8, 512) == []
@@ -271,22 +283,25 @@ def test_a_step_hand_worked():
         Composition("dyn", 4, 8, 8, dynamic=(2.0, 1)), Composition("screen", 4, 8, 8, screen=2)],
         Composition("grpo", 4, 8, 8), POOL, COSTS)
     r = 0.5  # prompts of 2/8 and 4/8 are always mixed at n = 8, 0/8 and 8/8 never
-    assert grpo.effective_ratio == pytest.approx(r) and grpo.signal == pytest.approx(4 * r)
+    assert grpo.effective_ratio == pytest.approx(r) and grpo.informative == pytest.approx(4 * r)
+    assert grpo.signal == pytest.approx(4 * r * 7)  # informative contrasts: each group's 8 rows less its mean
     # generated 4 x 8 rollouts x 10 tokens x 2 s; updated 2 informative groups x 8 rows x 15 tokens x 1 s
     assert grpo.step_s == pytest.approx(4 * 8 * 10 * 2 + 2 * 8 * 15)
     assert base.clock == grpo.clock == pytest.approx(1.0)
     # replay: round 0 (5 of 10 steps) is all fresh, the rest half: 3 fresh prompts (1.5 informative) + 1 replayed
-    assert replay.signal == pytest.approx(2.5) and replay.effective_ratio == pytest.approx(2.5 / 4)
+    assert replay.informative == pytest.approx(2.5) and replay.effective_ratio == pytest.approx(2.5 / 4)
+    assert replay.signal == pytest.approx(2.5 * 7)  # replayed groups count 7 contrasts as fresh ones do
     assert replay.step_s == pytest.approx(3 * 8 * 10 * 2 + 2.5 * 8 * 15)
     # dynamic, one round: asks ceil(2 x 4) = 8 prompts and keeps min(y, 4) of y ~ Binomial(8, 1/2) informative:
     # 4 - (4 x 1 + 3 x 8 + 2 x 28 + 1 x 56) / 256
     kept = 4 - 140 / 256
-    assert dyn.generated == pytest.approx(64) and dyn.signal == pytest.approx(kept) and dyn.effective_ratio == 1.0
+    assert dyn.generated == pytest.approx(64) and dyn.informative == pytest.approx(kept)
+    assert dyn.effective_ratio == 1.0 and dyn.signal == pytest.approx(kept * 7)
     assert dyn.step_s == pytest.approx(64 * 10 * 2 + kept * 8 * 15)
     # screen f = 2: the two best-screened prompts at their calibrated chance r2; 8 candidates x (5 + 7) tokens x
     # 0.5 s forward
     r2 = float(group_chance(Composition("screen", 4, 8, 8, screen=2), POOL)[[1, 2]].mean())
-    assert screen.signal == pytest.approx(4 * r2)
+    assert screen.informative == pytest.approx(4 * r2) and screen.signal == pytest.approx(4 * r2 * 7)
     assert screen.step_s == pytest.approx(4 * 8 * 10 * 2 + 4 * r2 * 8 * 15 + 2 * 4 * 12 * 0.5)
     assert screen.clock == pytest.approx(screen.step_s / grpo.step_s)
 
@@ -539,16 +554,16 @@ def test_what_the_run_spent_before_the_choice_is_shown_not_weighed():
     base, dots = clocked("grpo", 10, 1.0), clocked("dots", 10, 0.9, upfront_s=0.5)
     best, why = choose(base, [dots], 0.8, plan_s=3.0)
     assert best is dots and why.startswith("dots: predicted 0.95x plain GRPO's training clock, 1.20x with the plan's "
-                                           "own 3 s with 1.00x its informative groups")
+                                           "own 3 s with 1.00x its informative contrasts")
     assert run_clock(dots, base, 3.0).with_plan == pytest.approx(1.2)
     best, why = choose(base, [dots], 0.8, plan_s=0.8)
     assert best is dots and why.startswith("dots: predicted 0.95x plain GRPO's training clock, 0.98x with the plan's "
-                                           "own 1 s with 1.00x its informative groups")
+                                           "own 1 s with 1.00x its informative contrasts")
     assert run_clock(dots, base, 0.8).with_plan == pytest.approx(0.98)
     assert choose(base, [dots], 0.8)[0] is dots  # nothing spent: the cheaper step wins
     slow = clocked("slow", 10, 1.0)
     assert choose(base, [slow], 0.8, plan_s=3.0) == (base, "grpo: no candidate is predicted cheaper than plain GRPO "
-                                                            "with at least 80% of its informative groups a step")
+                                                            "with at least 80% of its informative contrasts a step")
 
 
 def test_only_a_choice_that_reads_the_scores_pays_the_pools_scoring():
@@ -574,7 +589,7 @@ def test_only_a_choice_that_reads_the_scores_pays_the_pools_scoring():
 
 
 def test_the_tie_break_goes_to_the_signal_whatever_was_spent():
-    """a: 10 steps of 0.8 s, 8 informative groups; b: 0.82 s (within the tie band of a), 12 groups: b, with 1 s
+    """a: 10 steps of 0.8 s, 8 informative contrasts; b: 0.82 s (within the tie band of a), 12: b, with 1 s
     or 1.9 s spent (with 1.9 s b's clock is 1.01x and a's 0.99x, but both are spent either way)."""
     base, a, b = clocked("grpo", 10, 1.0), clocked("a", 8, 0.8), clocked("b", 12, 0.82)
     assert choose(base, [a, b], 0.8, plan_s=1.9)[0] is b
@@ -600,7 +615,7 @@ def test_out_of_reach_hand_worked():
     spent ((9 + 0.5) / 10 = 0.95x) it is in reach."""
     base = clocked("grpo", 10, 1.0)
     assert out_of_reach(clocked("weak", 7, 0.5), base, 0.8, 0.0) == (
-        "0.70x grpo's informative groups a step, under 80%")
+        "0.70x grpo's informative contrasts a step, under 80%")
     assert out_of_reach(clocked("slow", 10, 1.0), base, 0.8, 0.0) == "its step at least 1 s against grpo's 1 s"
     assert out_of_reach(clocked("late", 10, 0.9), base, 0.8, 1.5) == (
         "at least 1.05x grpo's clock with the 2 s spent before its first step")
@@ -781,9 +796,11 @@ def test_waves_and_the_skip_hand_worked():
     1/2: GRPO's ratio 2 / 4 becomes 2 / 3."""
     wave = Composition("w", 4, 4, 4, rules=(WaveRule(2, 1.5, 0.5, 2.0),))
     base, (w, whole) = predict([wave, Composition("whole", 4, 4, 4)], Composition("grpo", 4, 8, 8), POOL, COSTS)
-    assert w.generated == pytest.approx(15) and w.signal == pytest.approx(1.5) and w.effective_ratio == 1.0
+    assert w.generated == pytest.approx(15) and w.informative == pytest.approx(1.5) and w.effective_ratio == 1.0
+    assert w.signal == pytest.approx(1.5 * 3)  # completed to 4 rows: 3 contrasts a group
     assert w.step_s == pytest.approx(12 * 10 * 2 + 3 * 10 * 2 + 1.5 * 4 * 15)
-    assert whole.generated == 16 and whole.signal == pytest.approx(4 * 123 / 280)
+    assert whole.generated == 16 and whole.informative == pytest.approx(4 * 123 / 280)
+    assert whole.signal == pytest.approx(4 * 123 / 280 * 3)
     skip = Composition("skip", 4, 8, 8, rules=(SkipRule(0.5, 0.9),))
     assert draw_ratio(skip, POOL) == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="waves"):
@@ -816,4 +833,4 @@ def test_waves_on_a_pool_that_is_never_mixed():
     pool = PoolStats(successes=(0, 8, 8, 0), g=8, levels=(1, 1, 2, 2))
     _, (w,) = predict([Composition("w", 4, 4, 4, rules=(WaveRule(2, 1.5, 0.5, 2.0),))], Composition("grpo", 4, 8, 8),
                       pool, COSTS)
-    assert (w.effective_ratio, w.signal, w.generated) == (0.0, 0.0, 12.0)
+    assert (w.effective_ratio, w.signal, w.informative, w.generated) == (0.0, 0.0, 0.0, 12.0)

@@ -68,10 +68,10 @@ def test_the_line_shows_this_runs_clock_with_the_plans_cost_once():
 
     plan = plan_choosing("dots_n4")
     weighed = replace(plan, reason="dots_n4: predicted 0.50x plain GRPO's training clock, 0.60x with the plan's own "
-                                   "8 s with 1.00x its informative groups a step")
+                                   "8 s with 1.00x its informative contrasts a step")
     line = weighed.line()
     assert line == ("dots_n4: predicted 0.50x plain GRPO's training clock, 0.73x with the plan's own 12 s with 1.00x "
-                    "its informative groups a step")
+                    "its informative contrasts a step")
     assert line.count("with the plan's own") == 1
     # a reason without the clause gets it added after, as before
     assert plan.line() == "dots_n4: test; 0.73x with the plan's own cost (12 s before the first step)"
@@ -150,14 +150,15 @@ def test_a_cost_the_probe_cannot_trust_is_said_so_never_0_ms():
 
 def test_where_20_screened_prompts_fall_short_of_grpos_signal_the_plan_takes_24_not_plain_grpo():
     """The screened uniform draw on 24 and 28 prompts (conf/bench/grpo_screen_24.yaml, _28; docs/benchmarks.md,
-    S36): where the reference set puts grpo_screen's 20 groups under plain GRPO's informative groups a step,
-    the default candidates keep the draw on 24 prompts instead of falling back to plain GRPO."""
+    S36): where the reference set puts grpo_screen's 20 groups of 4 under the floor of plain GRPO's informative
+    contrasts a step, the default candidates keep the draw on 24 prompts instead of falling back to plain GRPO."""
     from rlcore.plan import predict
     from rlcore.plan_choice import choose
     from rlcore.plan_draw import PoolStats, group_chance
 
-    # plain GRPO (32 x 8): 4 of 8 reference prompts mixed, 16 informative groups a step; the screen keeps the 2 of
-    # 8 it rates likeliest (pass rates 4/8 and 1/8), each at the chance its calibration gives a group of 4
+    # plain GRPO (32 x 8): 4 of 8 reference prompts mixed, 16 informative groups of 7 contrasts a step; the screen
+    # keeps the 2 of 8 it rates likeliest (pass rates 4/8 and 1/8), each at the chance its calibration gives a
+    # group of 4, of 3 contrasts
     pool = PoolStats(successes=(0, 0, 8, 8, 4, 1, 6, 3), g=8, levels=(1,) * 8,
                      screen=(0.01, 0.01, 0.99, 0.99, 0.5, 0.4, 0.95, 0.05))
     costs = UnitCosts(generate=CallCost(0.0, 2.0), update=CallCost(0.0, 1.0), forward=CallCost(0.0, 0.5),
@@ -168,9 +169,9 @@ def test_where_20_screened_prompts_fall_short_of_grpos_signal_the_plan_takes_24_
     base, preds = predict([composition(n, candidate_config(cfg, n)) for n in names],
                           composition("grpo", candidate_config(cfg, "grpo")), pool, costs)
     per_prompt = float(group_chance(composition(names[0], candidate_config(cfg, names[0])), pool)[[4, 5]].mean())
-    assert base.signal == pytest.approx(16) and [p.signal for p in preds] == pytest.approx(
-        [20 * per_prompt, 24 * per_prompt, 28 * per_prompt])
-    assert 20 * per_prompt < 16 <= 24 * per_prompt  # 15.6 < 16 <= 18.7
-    assert choose(base, preds[:1], 1.0)[0] is base  # 20 prompts alone, at a floor of GRPO's whole signal: plain GRPO
-    assert choose(base, preds, 1.0)[0].name == "grpo_screen_24"
-    assert choose(base, preds, cfg.plan.min_signal)[0].name == "grpo_screen"  # 0.975x passes the default 0.95
+    assert base.signal == pytest.approx(16 * 7) and [p.signal for p in preds] == pytest.approx(
+        [20 * per_prompt * 3, 24 * per_prompt * 3, 28 * per_prompt * 3])
+    assert 20 * per_prompt * 3 < cfg.plan.min_signal * 16 * 7 <= 24 * per_prompt * 3  # 46.8 < 50.4 <= 56.2
+    assert choose(base, preds[:1], cfg.plan.min_signal)[0] is base  # 20 prompts alone, under the floor: plain GRPO
+    assert choose(base, preds, cfg.plan.min_signal)[0].name == "grpo_screen_24"
+    assert choose(base, preds, 0.4)[0].name == "grpo_screen"  # 0.42x passes a floor of 0.4
