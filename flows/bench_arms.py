@@ -23,7 +23,7 @@ ARMS = ("grpo_n4", "drop_solved", "dots_noreplay", "dots_informative", "dots_n4"
         "dots_screen_inline", "dots_screen_round_ahead", "grpo_waves", "dots_screen_skip", "dots_screen_waves",
         "dots_screen_waves_carry", "dots_screen_waves_1x", "grpo_screen", "grpo_screen_24", "grpo_screen_28",
         "grpo_screen6_16", "grpo_prescreen", "grpo_prescreen_18", "grpo_prescreen_20", "grpo_screen_waves",
-        "grpo_prescreen_n6", "grpo_prescreen_n6_14", "grpo_prescreen_n8")
+        "grpo_prescreen_n6", "grpo_prescreen_n6_14")
 #: Arms ``<preset>-sync``: the preset with generation and update one after the other (``overlap.lag=0``).
 SYNC = "-sync"
 #: The baseline every arm is measured against: plain GRPO, generation then update (what TRL's GRPOTrainer does).
