@@ -229,7 +229,7 @@ def test_the_plan_counts_a_groups_prompt_once_where_the_update_does():
     rows, shared = (Composition(name="g", prompts=8, n=4, m=4, shared_prefix=s) for s in (False, True))
     p_rows, p_shared = predict([shared], rows, pool, costs)[0], predict([shared], rows, pool, costs)[1][0]
     # the informative groups' rows: 4 each; rows cost 30 + 10 tokens, with one prompt a group 4 x 30 + 10
-    groups = p_rows.signal
+    groups = p_rows.informative
     assert p_rows.updated_tokens == pytest.approx(groups * 4 * 40)
     assert p_shared.updated_tokens == pytest.approx(groups * (4 * 30 + 10))
     assert p_shared.update_s < p_rows.update_s
