@@ -81,9 +81,9 @@ class PlanConfig(_Frozen):
     min_signal: float = Field(0.45, ge=0, le=1, description=(
         "A candidate qualifies when its predicted informative contrasts a step (each informative group's trained "
         "rows less one: rlcore/plan.py) are at least this share of the baseline's; the cheapest qualifying one is "
-        "chosen. 1: GRPO's signal. The prescreen's groups of 4 stand at 0.33-0.43 of plain GRPO's groups of 8, and "
-        "those it took on `balanced` ended 0.1-1.0 points below GRPO in every benchmark S52-S59; at 0.45 they fall "
-        "out and groups of 6 (0.47-0.65) are chosen, at a higher effective share for about the same step "
+        "chosen. 1: GRPO's signal. The prescreen's groups of 4 on 16-20 prompts stand at 0.33-0.41 of plain GRPO's "
+        "groups of 8 on `balanced`, where they ended 0.1-1.0 points below GRPO in every benchmark S52-S59; at 0.45 "
+        "they fall out and groups of 6 (0.47-0.65) are chosen, at a higher effective share for about the same step "
         "(docs/benchmarks.md, 'Every idea tried', the signal floor's rows)."))
     prune: bool = Field(True, description=(
         "Once the probe has timed what every step pays (generation, the update, the optimizer step, a checkpoint, "
