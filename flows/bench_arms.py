@@ -14,16 +14,11 @@ from __future__ import annotations
 import json
 
 from tasks.config import Config
-from tasks.config.load import load_config
+from tasks.config.load import conf_dir, load_config
 from tasks.config.load import preset_overrides as named_overrides
 
-#: The user presets (conf/presets) and the benchmark's arms (conf/bench: experimental variants), in report order.
+#: The user presets (conf/presets), in report order; the benchmark's arms are the files of conf/bench (:func:`arms`).
 PRESETS = ("grpo", "auto", "dapo", "dots", "pods", "scalingrl", "gain", "all")
-ARMS = ("grpo_n4", "drop_solved", "dots_noreplay", "dots_informative", "dots_n4", "dots_screen", "dots_screen_24",
-        "dots_screen_inline", "dots_screen_round_ahead", "grpo_waves", "dots_screen_skip", "dots_screen_waves",
-        "dots_screen_waves_carry", "dots_screen_waves_1x", "grpo_screen", "grpo_screen_24", "grpo_screen_28",
-        "grpo_screen6_16", "grpo_prescreen", "grpo_prescreen_18", "grpo_prescreen_20", "grpo_screen_waves",
-        "grpo_prescreen_n6", "grpo_prescreen_n6_14")
 #: Arms ``<preset>-sync``: the preset with generation and update one after the other (``overlap.lag=0``).
 SYNC = "-sync"
 #: The baseline every arm is measured against: plain GRPO, generation then update (what TRL's GRPOTrainer does).
@@ -36,8 +31,6 @@ LEAVE_ONE_OUT: dict[str, tuple[str, ...]] = {
     "all-pods": ("pods.enabled=false",), "all-scalingrl": ("curriculum.enabled=false",),
     "all-gain": ("gain.enabled=false",), "all-adapt": ("adapt.enabled=false",),
 }
-#: ``--presets ablation``: every preset and every leave-one-out arm.
-ABLATION = (*PRESETS, *ARMS, *LEAVE_ONE_OUT)
 #: Benchmark settings under every configuration: evaluate on a fixed schedule; don't register models.
 DEFAULTS = ("eval.every=10", "tracking.register_model=false")
 #: ``--quick``: two seeds of a short budget on 300 held-out prompts (6-8 minutes on 2 cores with the warm start
@@ -47,6 +40,17 @@ QUICK_SEEDS = 2
 #: ``--quick`` without ``--presets``: what a user chooses between (with the baseline and TRL).
 QUICK_PRESETS = ("auto", "dapo")
 SEEDS = 3
+
+
+def arms() -> tuple[str, ...]:
+    """The benchmark's arms, experimental variants: every file of ``conf/bench``, by name (adding a file adds the
+    arm)."""
+    return tuple(sorted(p.stem for p in (conf_dir() / "bench").glob("*.yaml")))
+
+
+def ablation() -> tuple[str, ...]:
+    """``--presets ablation``: every preset, every arm and every leave-one-out arm."""
+    return (*PRESETS, *arms(), *LEAVE_ONE_OUT)
 
 
 def preset_overrides(name: str) -> list[str]:
@@ -81,7 +85,7 @@ def composition_of(arm: str) -> str | None:
     """The preset or bench-arm file whose composition an arm runs (``-sync`` arms run their preset's), or None for
     arms the plan cannot predict: TRL, the leave-one-out arms and ``auto`` (its own plan chooses)."""
     name = arm[:-len(SYNC)] if arm.endswith(SYNC) else arm
-    return name if name in (*PRESETS, *ARMS) and name != "auto" else None
+    return name if name in (*PRESETS, *arms()) and name != "auto" else None
 
 
 def plan_base(names: list[str]) -> str:

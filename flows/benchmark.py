@@ -29,13 +29,13 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.bench_arms import (
-    ABLATION,
     BASELINE,
     PRESETS,
     QUICK_PRESETS,
     QUICK_SEEDS,
     SEEDS,
     SYNC,
+    ablation,
     composition_of,
     configuration,
     plan_arms,
@@ -232,7 +232,7 @@ def benchmark(config: str | None = None, overrides: list[str] | None = None, qui
     """
     overrides = list(overrides or [])
     asked = [p.strip() for p in presets or (QUICK_PRESETS if quick else PRESETS) if p.strip()]
-    asked = [n for p in asked for n in (ABLATION if p == "ablation" else (p,))]
+    asked = [n for p in asked for n in (ablation() if p == "ablation" else (p,))]
     names = list(dict.fromkeys([BASELINE, *asked]))  # baseline first
     if seeds is not None and seeds < 1:
         raise ConfigError(f"seeds must be at least 1, got {seeds}")

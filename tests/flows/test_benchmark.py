@@ -174,3 +174,14 @@ def test_bench_jobs_run_side_by_side_in_lanes(tmp_path, capsys, prefect_harness)
             assert child["params"]["model.threads"] == str(max(1, (__import__("os").cpu_count() or 1) // 2))
     assert "| dapo | 1 |" in out["table"] and "--jobs 2" in json.loads(
         (Path(out["report_dir"]) / "results.json").read_text())["meta"]["command"]
+
+
+def test_every_file_of_conf_bench_is_an_arm():
+    """An arm is added by its file alone: conf/bench's files are the arms, the ablation runs them, and the plan's
+    check of the arms predicts each as its own composition."""
+    from flows.bench_arms import ablation, arms, composition_of
+
+    files = sorted(p.stem for p in Path("conf/bench").glob("*.yaml"))
+    assert list(arms()) == files and "grpo_prescreen_n6" in files
+    assert set(files) <= set(ablation()) and composition_of("grpo_prescreen_n6") == "grpo_prescreen_n6"
+    assert composition_of("grpo_prescreen_n6-sync") == "grpo_prescreen_n6" and composition_of("nope") is None

@@ -326,12 +326,12 @@ def test_every_configuration_gets_its_own_colour_in_the_curves(tmp_path, monkeyp
     repeat colours after 10."""
     import matplotlib.pyplot as plt
 
-    from flows.bench_arms import ABLATION
+    from flows.bench_arms import ablation
     from tasks.bench import plots
 
     curve = {"wall_s": [0, 1], "rollouts": [0, 8], "steps": [0, 1], "mean": [0.2, 0.3], "lo": [0.2, 0.3],
              "hi": [0.2, 0.3]}
-    names = [*ABLATION, "trl"]
+    names = [*ablation(), "trl"]
     result = {"targets": {"final": 0.3}, "configurations": [{"name": n, "seeds": [0], "curve": curve} for n in names]}
     figures = []
     monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to look at its lines
