@@ -96,7 +96,7 @@ def test_bench_arms_switch_what_their_names_say():
     for size in (18, 20):
         assert get(f"grpo_prescreen_{size}") == pre.model_copy(update={"train": pre.train.model_copy(
             update={"prompts_per_step": size})}), "a bigger batch its one change"
-    for name, prompts in (("grpo_prescreen_n6", 12), ("grpo_prescreen_n6_14", 14)):  # fewer, bigger groups
+    for name, prompts in (("grpo_prescreen_n6", 12), ("grpo_prescreen_n6_11", 11), ("grpo_prescreen_n6_14", 14)):
         assert get(name) == pre.model_copy(update={"rollout": pre.rollout.model_copy(update={"n": 6}),
                                                    "train": pre.train.model_copy(update={"prompts_per_step": prompts})})
     screen_waves = get("grpo_screen_waves")  # grpo_screen's draw with carried waves, no skip

@@ -70,7 +70,8 @@ class PlanConfig(_Frozen):
     candidates: tuple[str, ...] = Field(
         ("grpo", "dapo", "dots", "pods", "dots_n4", "dots_screen", "dots_screen_24", "dots_screen_waves",
          "grpo_screen", "grpo_screen_24", "grpo_screen_28", "grpo_prescreen", "grpo_prescreen_18",
-         "grpo_prescreen_20", "grpo_prescreen_n6", "grpo_prescreen_n6_14", "grpo_screen_waves"),
+         "grpo_prescreen_20", "grpo_prescreen_n6", "grpo_prescreen_n6_11", "grpo_prescreen_n6_14",
+         "grpo_screen_waves"),
         min_length=1,
         description=(
             "Compositions the plan predicts and chooses from: names of conf/presets or conf/bench files. "

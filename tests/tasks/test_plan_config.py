@@ -175,3 +175,30 @@ def test_where_20_screened_prompts_fall_short_of_grpos_signal_the_plan_takes_24_
     assert choose(base, preds[:1], cfg.plan.min_signal)[0] is base  # 20 prompts alone, under the floor: plain GRPO
     assert choose(base, preds, cfg.plan.min_signal)[0].name == "grpo_screen_24"
     assert choose(base, preds, 0.4)[0].name == "grpo_screen"  # 0.42x passes a floor of 0.4
+
+
+def test_the_plan_takes_the_fewest_groups_of_6_that_keep_the_floor():
+    """Groups of 6 on 11, 12 and 14 prompts (conf/bench/grpo_prescreen_n6_11.yaml, _n6, _n6_14; docs/benchmarks.md,
+    S60): the same draw, so each one's informative contrasts a step and its step grow with its prompts; the plan takes
+    11 where they clear the floor and 12 where only those do, so the floor alone decides how few groups a pool
+    gets."""
+    from rlcore.plan import predict
+    from rlcore.plan_choice import choose
+    from rlcore.plan_draw import PoolStats
+
+    pool = PoolStats(successes=(0, 0, 8, 8, 4, 1, 6, 3), g=8, levels=(1,) * 8,
+                     screen=(0.01, 0.01, 0.99, 0.99, 0.5, 0.4, 0.95, 0.05))
+    costs = UnitCosts(generate=CallCost(0.0, 2.0), update=CallCost(0.0, 1.0), forward=CallCost(0.0, 0.5),
+                      completion_tokens=10, prompt_tokens=5, solution_tokens=7)
+    cfg = load_config(None)
+    names = ("grpo_prescreen_n6_11", "grpo_prescreen_n6", "grpo_prescreen_n6_14")
+    assert set(names) <= set(cfg.plan.candidates)
+    base, preds = predict([composition(n, candidate_config(cfg, n)) for n in names],
+                          composition("grpo", candidate_config(cfg, "grpo")), pool, costs)
+    per_prompt = preds[1].signal / 12
+    assert per_prompt > 0 and [p.signal for p in preds] == pytest.approx([11 * per_prompt, 12 * per_prompt,
+                                                                          14 * per_prompt])
+    assert preds[0].step_s < preds[1].step_s < preds[2].step_s
+    at_11, at_12 = preds[0].signal / base.signal, preds[1].signal / base.signal
+    assert choose(base, preds, at_11)[0].name == "grpo_prescreen_n6_11"
+    assert choose(base, preds, (at_11 + at_12) / 2)[0].name == "grpo_prescreen_n6"  # 11 under it, 12 over
