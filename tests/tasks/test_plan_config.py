@@ -148,26 +148,36 @@ def test_a_cost_the_probe_cannot_trust_is_said_so_never_0_ms():
     assert "cannot trust" not in plan.summary()
 
 
-def test_where_20_screened_prompts_fall_short_of_grpos_signal_the_plan_takes_24_not_plain_grpo():
-    """The screened uniform draw on 24 and 28 prompts (conf/bench/grpo_screen_24.yaml, _28; docs/benchmarks.md,
-    S36): where the reference set puts grpo_screen's 20 groups of 4 under the floor of plain GRPO's informative
-    contrasts a step, the default candidates keep the draw on 24 prompts instead of falling back to plain GRPO."""
+def predicted(names: tuple[str, ...]):
+    """The default config, the pool and the predictions of plain GRPO and of ``names`` (default candidates each) on 8
+    reference prompts with the screen's likelihoods (4 of them mixed at g = 8), at 2 s a generated token, 1 s an
+    updated one and 0.5 s a screened one."""
     from rlcore.plan import predict
-    from rlcore.plan_choice import choose
-    from rlcore.plan_draw import PoolStats, group_chance
+    from rlcore.plan_draw import PoolStats
 
-    # plain GRPO (32 x 8): 4 of 8 reference prompts mixed, 16 informative groups of 7 contrasts a step; the screen
-    # keeps the 2 of 8 it rates likeliest (pass rates 4/8 and 1/8), each at the chance its calibration gives a
-    # group of 4, of 3 contrasts
     pool = PoolStats(successes=(0, 0, 8, 8, 4, 1, 6, 3), g=8, levels=(1,) * 8,
                      screen=(0.01, 0.01, 0.99, 0.99, 0.5, 0.4, 0.95, 0.05))
     costs = UnitCosts(generate=CallCost(0.0, 2.0), update=CallCost(0.0, 1.0), forward=CallCost(0.0, 0.5),
                       completion_tokens=10, prompt_tokens=5, solution_tokens=7)
     cfg = load_config(None)
-    names = ("grpo_screen", "grpo_screen_24", "grpo_screen_28")
     assert set(names) <= set(cfg.plan.candidates)
     base, preds = predict([composition(n, candidate_config(cfg, n)) for n in names],
                           composition("grpo", candidate_config(cfg, "grpo")), pool, costs)
+    return cfg, pool, base, preds
+
+
+def test_where_20_screened_prompts_fall_short_of_grpos_signal_the_plan_takes_24_not_plain_grpo():
+    """The screened uniform draw on 24 and 28 prompts (conf/bench/grpo_screen_24.yaml, _28; docs/benchmarks.md,
+    S36): where the reference set puts grpo_screen's 20 groups of 4 under the floor of plain GRPO's informative
+    contrasts a step, the default candidates keep the draw on 24 prompts instead of falling back to plain GRPO."""
+    from rlcore.plan_choice import choose
+    from rlcore.plan_draw import group_chance
+
+    # plain GRPO (32 x 8): 4 of 8 reference prompts mixed, 16 informative groups of 7 contrasts a step; the screen
+    # keeps the 2 of 8 it rates likeliest (pass rates 4/8 and 1/8), each at the chance its calibration gives a
+    # group of 4, of 3 contrasts
+    names = ("grpo_screen", "grpo_screen_24", "grpo_screen_28")
+    cfg, pool, base, preds = predicted(names)
     per_prompt = float(group_chance(composition(names[0], candidate_config(cfg, names[0])), pool)[[4, 5]].mean())
     assert base.signal == pytest.approx(16 * 7) and [p.signal for p in preds] == pytest.approx(
         [20 * per_prompt * 3, 24 * per_prompt * 3, 28 * per_prompt * 3])
@@ -182,19 +192,9 @@ def test_the_plan_takes_the_fewest_groups_of_6_that_keep_the_floor():
     S60): the same draw, so each one's informative contrasts a step and its step grow with its prompts; the plan takes
     11 where they clear the floor and 12 where only those do, so the floor alone decides how few groups a pool
     gets."""
-    from rlcore.plan import predict
     from rlcore.plan_choice import choose
-    from rlcore.plan_draw import PoolStats
 
-    pool = PoolStats(successes=(0, 0, 8, 8, 4, 1, 6, 3), g=8, levels=(1,) * 8,
-                     screen=(0.01, 0.01, 0.99, 0.99, 0.5, 0.4, 0.95, 0.05))
-    costs = UnitCosts(generate=CallCost(0.0, 2.0), update=CallCost(0.0, 1.0), forward=CallCost(0.0, 0.5),
-                      completion_tokens=10, prompt_tokens=5, solution_tokens=7)
-    cfg = load_config(None)
-    names = ("grpo_prescreen_n6_11", "grpo_prescreen_n6", "grpo_prescreen_n6_14")
-    assert set(names) <= set(cfg.plan.candidates)
-    base, preds = predict([composition(n, candidate_config(cfg, n)) for n in names],
-                          composition("grpo", candidate_config(cfg, "grpo")), pool, costs)
+    _, _, base, preds = predicted(("grpo_prescreen_n6_11", "grpo_prescreen_n6", "grpo_prescreen_n6_14"))
     per_prompt = preds[1].signal / 12
     assert per_prompt > 0 and [p.signal for p in preds] == pytest.approx([11 * per_prompt, 12 * per_prompt,
                                                                           14 * per_prompt])
