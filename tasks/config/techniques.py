@@ -83,9 +83,10 @@ class PlanConfig(_Frozen):
         "A candidate qualifies when its predicted informative contrasts a step (each informative group's trained "
         "rows less one: rlcore/plan.py) are at least this share of the baseline's; the cheapest qualifying one is "
         "chosen. 1: GRPO's signal. The prescreen's groups of 4 on 16-20 prompts stand at 0.33-0.41 of plain GRPO's "
-        "groups of 8 on `balanced`, where they ended 0.1-1.0 points below GRPO in every benchmark S52-S59; at 0.45 "
-        "they fall out and groups of 6 (0.47-0.65) are chosen, at a higher effective share for about the same step "
-        "(docs/benchmarks.md, 'Every idea tried', the signal floor's rows)."))
+        "contrasts on `balanced`, where they ended 0.1-1.0 points below GRPO in every benchmark S52-S59; at 0.45 "
+        "they fall out and the fewest groups of 6 that clear it are chosen (11 prompts at 0.55-0.59 on the default "
+        "pool, 12 at 0.47 on `balanced`), at a higher effective share for about the same step (docs/benchmarks.md, "
+        "'Every idea tried', the rows of the signal floor and of groups of 6)."))
     prune: bool = Field(True, description=(
         "Once the probe has timed what every step pays (generation, the update, the optimizer step, a checkpoint, "
         "the bookkeeping), stop measuring for the candidates that could not be chosen even if what they alone pay "
