@@ -91,8 +91,9 @@ def test_bench_arms_switch_what_their_names_say():
     assert wider == uniform_screen.model_copy(update={
         "select": uniform_screen.select.model_copy(update={"screen": 6}),
         "train": uniform_screen.train.model_copy(update={"prompts_per_step": 16})})
-    pre = get("grpo_prescreen")  # the wider screen scoring 3 of its 6 candidates a prompt
-    assert pre == wider.model_copy(update={"select": wider.select.model_copy(update={"prescreen": 3})})
+    pre = get("grpo_prescreen")  # the wider screen scoring 3 of its 6 candidates a prompt, each round started ahead
+    assert pre == wider.model_copy(update={"select": wider.select.model_copy(update={"prescreen": 3,
+                                                                                     "round_ahead": True})})
     for size in (18, 20):
         assert get(f"grpo_prescreen_{size}") == pre.model_copy(update={"train": pre.train.model_copy(
             update={"prompts_per_step": size})}), "a bigger batch its one change"

@@ -566,3 +566,30 @@ def test_posterior_weighting_uses_each_prompts_own_groups(smoke_cfg, pool):
     same = posterior_informative_weights(torch.full((3,), 0.5), 4, sel.own_successes[[5, 6, 7]],
                                          sel.own_trials[[5, 6, 7]], concentration=sel.concentration)
     assert same[0] > same[1] and same[0] > same[2]
+
+
+def test_training_leaves_the_heap_before_it_out_of_the_collectors_passes_and_gives_it_back(smoke_cfg, pool):
+    """tasks/training/entry.py ``frozen_heap``: every step runs with the objects alive before training frozen
+    (``gc.freeze``: a full pass scans only what training made), and they are unfrozen after, also when a run fails."""
+    import gc
+
+    from tasks.training.entry import decided_lag, training
+
+    cfg = smoke_cfg(*SMALL, "eval.every=1", path=PRESETS.format("grpo"))
+    frozen: list[int] = []
+
+    def play(evaluate) -> None:
+        policy, feats, run = fresh_run(cfg, pool)
+        try:
+            with training(run, policy, pool, feats, decided_lag(run, policy, pool, None), evaluate=evaluate) as tr:
+                for round_ in tr.rounds():
+                    tr.play_round(round_)
+        finally:
+            run.close("completed", {})
+
+    assert gc.get_freeze_count() == 0
+    play(dies_at(-1, before=lambda: frozen.append(gc.get_freeze_count())))
+    assert len(frozen) == 4 and min(frozen) > 10_000 and gc.get_freeze_count() == 0
+    with pytest.raises(RuntimeError, match="killed"):
+        play(dies_at(2))
+    assert gc.get_freeze_count() == 0
