@@ -118,7 +118,9 @@ class SelectConfig(_Frozen):
         "screen_ahead, also the screen of the round's first candidates) beside the generate call of the round's "
         "last step, on the labels observed until then (one step's fewer than at the round's first draw). Off by "
         "default: 4 % off dots_screen's clock on 2 CPU cores, at -0.4 points on the balanced mix (noise-level; "
-        "docs/benchmarks.md, 'Every idea tried'). false: the round starts in its first step's draw (ours)."))
+        "docs/benchmarks.md, 'Every idea tried'); on in the prescreened arms (conf/bench/grpo_prescreen.yaml), whose "
+        "uniform draw reads no label at a round's start: -7.5 % of their training stage with the screen in the "
+        "generator process. false: the round starts in its first step's draw (ours)."))
     predictor: PredictorConfig = Field(PredictorConfig(), description="The DOTS difficulty predictor.")
 
     @model_validator(mode="after")

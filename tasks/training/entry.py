@@ -68,9 +68,9 @@ def frozen_heap() -> Iterator[None]:
     """The objects alive before training left out of the garbage collector's passes during it (``gc.freeze``),
     given back after (``gc.unfreeze``: a cycle among them is collected then). A full pass scans every tracked object,
     and a run's imports and setup leave hundreds of thousands (torch, transformers, MLflow, Prefect): on 2 cores one
-    took 0.46-0.61 s, holding the GIL, so it stopped the trainer, the draw thread and the tracking threads at once, at
-    any step (three such in four 100-step runs); a pass now scans what training made. Training frees its step
-    objects by reference counting, so the heap it freezes does not grow."""
+    took 0.46-0.61 s, holding the GIL, so it stopped the trainer, the draw thread and the tracking threads at once,
+    at any step (two such in four 100-step runs; docs/performance.md); a pass now scans what training made.
+    Training frees its step objects by reference counting, so the heap it freezes does not grow."""
     gc.freeze()
     try:
         yield
