@@ -719,3 +719,16 @@ def test_a_draws_wait_for_the_update_ends_with_it_or_when_the_trainer_collects()
     assert out == "rollouts" and sorted(order) == ["generate", "look-ahead", "update ended"]
     assert order.index("update ended") < order.index("look-ahead")
     overlap.close()
+
+
+def test_the_prescreened_arms_start_each_round_beside_the_last_generate_call(smoke_cfg, pool):
+    """conf/bench/grpo_prescreen.yaml (and the arms built on it) turn on select.round_ahead: in a lag-1 run every round
+    after the first starts ahead (``select/round_ahead`` 1), and its first step reads every score it keeps from the
+    look-ahead of the round's last generate call, none scored before its own call; with the option off, that step
+    scores its candidates itself."""
+    base = (*LAG1, "train.steps=8", "train.round_steps=4")
+    on = run_train(smoke_cfg(*base, path=ARMS.format("grpo_prescreen_n6_11")), pool)[4]
+    off = run_train(smoke_cfg(*base, "select.round_ahead=false", path=ARMS.format("grpo_prescreen_n6_11")), pool)[4]
+    first = {m["step"]: m for m in on}[4]
+    assert first["select/round_ahead"] == 1.0 and first["select/screen_ahead_share"] == 1.0
+    assert {m["step"]: m for m in off}[4]["select/screen_ahead_share"] == 0.0
