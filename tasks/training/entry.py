@@ -70,7 +70,12 @@ def frozen_heap() -> Iterator[None]:
     and a run's imports and setup leave hundreds of thousands (torch, transformers, MLflow, Prefect): on 2 cores one
     took 0.46-0.61 s, holding the GIL, so it stopped the trainer, the draw thread and the tracking threads at once,
     at any step (two such in four 100-step runs; docs/performance.md); a pass now scans what training made.
-    Training frees its step objects by reference counting, so the heap it freezes does not grow."""
+    Training frees its step objects by reference counting, so the heap it freezes does not grow. A heap its caller
+    froze already stays as the caller left it (``gc.unfreeze`` would give back every frozen object, the caller's
+    too)."""
+    if gc.get_freeze_count():
+        yield
+        return
     gc.freeze()
     try:
         yield

@@ -593,3 +593,10 @@ def test_training_leaves_the_heap_before_it_out_of_the_collectors_passes_and_giv
     with pytest.raises(RuntimeError, match="killed"):
         play(dies_at(2))
     assert gc.get_freeze_count() == 0
+    gc.freeze()  # a caller that froze its heap before training keeps it frozen after
+    try:
+        held = gc.get_freeze_count()
+        play(dies_at(-1))
+        assert gc.get_freeze_count() > held * 0.9  # still frozen (less what was freed meanwhile)
+    finally:
+        gc.unfreeze()
