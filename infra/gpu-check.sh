@@ -4,28 +4,29 @@
 # line appended to $OUT/verdicts.txt the moment it ends, so what was measured survives whatever comes after.
 # Prepared and run on the CPU first (`CHECK_DEVICE=cpu bash infra/gpu-check.sh` runs each part's CPU twin at small
 # shapes), so that a GPU call spends its time on what only a GPU shows. Budgets on one H200 (s; the CPU twin's on
-# 2 cores in brackets), each about 1.25x what the part took on an H200 (2026-11-29, docs/performance.md; the LoRA
-# profile's and the prefix's from 2026-11-30); limits sum to 535 s, 570 s with every part's grace, so one lent call of
-# 10 minutes holds the whole check, and $OUT holds 8 files (7 logs and verdicts.txt, whose first line names the card
-# and the versions), what one call brings back:
+# 2 cores in brackets), each about 1.25x the longest the part took on an H200 (2026-11-29 to 2026-12-04,
+# docs/performance.md); the default list's limits sum to 535 s, 565 s with every part's grace, so one lent call of
+# 10 minutes holds it, and $OUT holds 7 files (6 logs and verdicts.txt, whose first line names the card and the
+# versions), what one call brings back:
 #
 #   attention  40 (60)  infra/attention-check.py: does the cuDNN SDPA backward return NaN at the training layout of
 #                       earlier releases (explicit mask, padded length 64 mod 128), and is the mask-free layout clean?
-#   update    110 (150) infra/gpu-bench.py at the shape users train (random Qwen2.5-1.5B, 64 prompts x 8 rollouts,
+#   update    135 (150) infra/gpu-bench.py at the shape users train (random Qwen2.5-1.5B, 64 prompts x 8 rollouts,
 #                       completions to 1,024 tokens, 8,192-token micro-batches, bf16-mixed), full weights and LoRA,
 #                       both with activation checkpointing: s / step, MFU on the tokens the passes computed (real,
 #                       padded beside), peak against the memory check's estimate; each arm's row printed as it ends;
 #                       an arm whose update is skipped fails and is bisected (one model, at most 30 s).
-#   learning  120 (200) infra/learning-check.py: 6 steps at lr 3e-5 on a fixed batch (64 rows to 1,152 tokens),
+#   learning  145 (200) infra/learning-check.py: 6 steps at lr 3e-5 on a fixed batch (64 rows to 1,152 tokens),
 #                       random weights and weights with Qwen2.5-like massive activations: loss and gradient norm each
 #                       step, finite, the loss falling; bf16 against float32 gradients beside plain transformers'.
 #   lora       60 (90)  infra/lora-speed.py --target 1.2: LoRA against full weights on the same batch (128 rows),
 #                       steps interleaved; exit 1 below 1.2x.
-#   lora_profile 55 (60) infra/lora-speed.py --profile: where each arm's step goes, by op category and costliest
-#                       ops, on one micro-batch of 8 rows (why LoRA was 0.88x full weights on the H200).
+#   lora_profile 70 (60) not in the default list (a call of its own: `bash infra/gpu-check.sh lora_profile`):
+#                       infra/lora-speed.py --profile: where each arm's step goes, by op category and costliest ops,
+#                       on one micro-batch of 8 rows (why LoRA was 0.88x full weights on the H200).
 #   decode     80 (90)  infra/gpu_bench_generation.py: the decoder's first call at 256 rows, a profile of one decode
 #                       step by part, and 512 rows x 256 new tokens against the card's floor.
-#   pipeline   70 (240) infra/pipeline-check.py: `rlsift run -c conf/smoke.yaml model.device=cuda`, the tiny default
+#   pipeline   75 (240) infra/pipeline-check.py: `rlsift run -c conf/smoke.yaml model.device=cuda`, the tiny default
 #                       end to end: its stages timed, held-out accuracy required to rise.
 #   prefix    105 (150) not in the default list (a call of its own: `bash infra/gpu-check.sh prefix`): the update
 #                       part's full-weights arm with each group's prompt computed once (train.shared_prefix=true,
@@ -33,9 +34,9 @@
 #                       has no flash kernel): finite, s / step and peak against `update`'s.
 #   default   180 (240) not in the default list (a call of its own: `bash infra/gpu-check.sh default`): the default
 #                       `rlsift run` (conf/presets/auto.yaml: calibration, the plan's probe on the GPU, its choice,
-#                       100 steps) end to end on cuda: the choice, its stages timed, held-out accuracy required to rise.
+#                       150 steps) end to end on cuda: the choice, its stages timed, held-out accuracy required to rise.
 #
-# Usage: bash infra/gpu-check.sh [PART ...]          (default: every part, in the order above)
+# Usage: bash infra/gpu-check.sh [PART ...]          (default: the parts above but lora_profile, prefix and default)
 #   CHECK_DEVICE=cuda|cpu   (default cuda)    OUT=./gpu-check    PY=python3    GRACE=5 (s between SIGTERM and SIGKILL)
 #   RUNS=DIR                the pipeline's run root (default $OUT/runs; elsewhere, $OUT holds only the logs and verdicts)
 #   LIMIT_<part>=S          a part's limit in seconds instead of its budget
@@ -57,11 +58,11 @@ fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PREFECT_UI_ENABLED=false PREFECT_HOME=${PREFECT_HOME:-/tmp/rlsift-prefect} \
   HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 PARTS=("$@")
-[ ${#PARTS[@]} -eq 0 ] && PARTS=(attention update learning lora lora_profile decode pipeline)
+[ ${#PARTS[@]} -eq 0 ] && PARTS=(attention update learning lora decode pipeline)
 
 declare -A BUDGET
 if [ "$DEVICE" = cuda ]; then
-  BUDGET=([attention]=40 [update]=110 [learning]=120 [lora]=60 [lora_profile]=55 [decode]=80 [pipeline]=70
+  BUDGET=([attention]=40 [update]=135 [learning]=145 [lora]=60 [lora_profile]=70 [decode]=80 [pipeline]=75
           [prefix]=105 [default]=180)
   CARD="$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader); "
   ATTENTION=()
