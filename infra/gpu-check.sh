@@ -98,16 +98,23 @@ subprocess.Popen([sys.executable, "-c", "import time; time.sleep(86400)"], start
 print("hanging on purpose", flush=True)
 time.sleep(86400)'
 
-reap() {  # TAG: SIGKILL every process whose environment still carries the part's tag; prints how many there were
-  local pids
+reap() {  # TAG PGID: SIGKILL every process whose environment still carries the part's tag; prints how many of them
+          # had left the part's process group PGID (the strays). A member of the group that the group's SIGKILL has
+          # reached but that has not finished exiting still shows its tag for a moment: it is killed, not counted.
+  local pids p stat pgrp strays=0
   pids=$(grep -lsz "^RLSIFT_CHECK_TAG=$1\$" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | grep -vx "$$")
+  for p in $pids; do
+    stat=$(cat "/proc/$p/stat" 2>/dev/null) || continue  # gone since: it was exiting
+    read -r _ _ pgrp _ <<<"${stat##*) }"                  # after the command name: state, parent, group
+    [ "$pgrp" != "$2" ] && strays=$((strays + 1))
+  done
   [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
-  echo "$pids" | grep -c .
+  echo "$strays"
 }
 
 CURRENT=""
 stop_current() {  # on Ctrl-C or SIGTERM of the check: the running part's group and its tagged processes go too
-  [ -n "$CURRENT" ] && { kill -KILL -- "-${CURRENT%%:*}" 2>/dev/null; reap "${CURRENT#*:}" >/dev/null; }
+  [ -n "$CURRENT" ] && { kill -KILL -- "-${CURRENT%%:*}" 2>/dev/null; reap "${CURRENT#*:}" "${CURRENT%%:*}" >/dev/null; }
   echo "gpu-check: interrupted" | tee -a "$OUT/verdicts.txt"
   exit 130
 }
@@ -133,7 +140,7 @@ run_part() {  # NAME COMMAND...: the command under the part's limit, in a sessio
   local rc=$?
   kill -KILL -- "-$pid" 2>/dev/null  # the part's group: what timeout's signals reached, should any remain
   local stray
-  stray=$(reap "$tag")
+  stray=$(reap "$tag" "$pid")
   CURRENT=""
   wait "$tailer" 2>/dev/null
   local took=$((SECONDS - t0)) status

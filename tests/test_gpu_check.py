@@ -82,6 +82,26 @@ def test_a_part_that_hangs_is_killed_at_its_limit_and_the_others_results_are_kep
     assert took < 300
 
 
+def test_reap_kills_every_tagged_process_and_counts_only_those_outside_the_parts_group(tmp_path):
+    """gpu-check.sh's ``reap``, run on its own: two tagged processes, one still in the part's process group (as a
+    member the group's SIGKILL reached but that has not finished exiting looks) and one in a session of its own.
+    Both are killed; only the second is a stray (CI once saw "2 stray processes" for one)."""
+    script = (ROOT / "infra" / "gpu-check.sh").read_text()
+    reap = re.search(r"^reap\(\) \{.*?^\}$", script, re.S | re.M).group(0)
+    tag = f"rlsift-reap-test-{os.getpid()}"
+    env = {**os.environ, "RLSIFT_CHECK_TAG": tag}
+    member = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)  # the part: its group is its pid
+    stray = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
+    try:
+        out = subprocess.run(["bash", "-c", f"{reap}\nreap {tag} {member.pid}"], capture_output=True, text=True,
+                             timeout=60, env={k: v for k, v in os.environ.items() if k != "RLSIFT_CHECK_TAG"})
+        assert out.stdout.strip() == "1", out
+        assert member.wait(timeout=10) == -9 and stray.wait(timeout=10) == -9
+    finally:
+        member.kill()
+        stray.kill()
+
+
 def test_the_learning_check_learns_on_massive_activation_weights(capsys):
     """The CPU twin of infra/learning-check.py on the injected weights: the outlier channels reach the size asked
     for, one head's log-sum-exp is far below -88.7, every step is finite and the loss falls, rlsift's float32
