@@ -4,10 +4,11 @@ step's cost told apart from a token's (``rlcore.step_costs.CallCost.fit``).
 Rollouts are generated and verified (the training step's rollout phase, tasks/calibration/reference.py) in a call as
 small as the smallest first call a candidate makes and one as large as the baseline's largest, after a one-prompt
 warm-up, from the probe's prompts (repeated where a call needs more). Where the calibrate stage drew its rollouts in
-this process in calls at least as large as the large one (``Calibration.draw``), they are the large call, as drawn
-and timed (once): only the small one is timed, and without a warm-up, unless that one sample cost a token almost as
-much as the small call (:data:`CHEAPER_A_TOKEN`: a cold first call, a busy moment), when the large call is timed as
-without it.
+this process in calls at least as large as the large one (``Calibration.draw``) and that took at least
+:data:`RETIME_BELOW_S`, they are the large call, as drawn and timed (once): only the small one is timed, and without a
+warm-up, unless that one sample cost a token almost as much as the small call (:data:`CHEAPER_A_TOKEN`: a cold first
+call, a busy moment), when the large call is timed as without it. A quicker calibration call is timed again at the
+large size, warm (the calibration's call warmed the engine): its one sample was the run's first call at its size.
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ from tasks.policy import Policy
 #: call in a cold process that took twice as long as the same call later).
 CHEAPER_A_TOKEN = 0.95
 
+#: The calibration's call stands for the large call only where it took at least this many seconds. It is one
+#: sample and the run's first call at its size, which costs more than the same call again: 1.08-1.15x in
+#: `rlsift run` and 1.24-1.41x in `rlsift bench`'s runs on 2 CPU cores (the tiny default, 512 rollouts; the first
+#: call's allocations), enough to charge plain GRPO's step 15-20 % too much. Below it, timing the large call again
+#: costs a few tenths of a second; above it, the first call's extra is a small share of a call that would cost
+#: seconds to repeat.
+RETIME_BELOW_S = 2.0
+
 #: One timed generate call: its rollouts, its seconds, its decode steps (each engine call to its longest completion).
 TimedCall = tuple[Generation, float, int]
 
@@ -41,11 +50,15 @@ def probe_generation(policy: Policy, rc: RolloutConfig, records: list[PromptReco
     rollouts; with the calls' prompts and timed calls, whose rollouts the probe reuses (lengths, update groups)."""
     small, large = sizes
     drawn = calibration_call(drawn_by_calibration, large * rc.n, rc.chunk if rc.engine == "hf" else 0)
+    warm = drawn is not None  # the calibration's call warmed the engine
+    if drawn is not None and drawn[1][1] < RETIME_BELOW_S:
+        drawn = None
     first = (small,) if drawn is not None else (small, large)
     say(f"probe: generation, calls of {' and '.join(map(str, first))} prompts x {rc.n} rollouts" + (
         f" (the calibration's {len(drawn[0])} x {drawn[1][0].n}, drawn and timed already, as the largest)"
-        if drawn is not None else ""))
-    if drawn is None:  # warm-up: first-call costs are not a token's (the calibration's call warmed the engine)
+        if drawn is not None else " (the calibration's call, a first call, timed again at this size)" if warm
+        else ""))
+    if not warm:  # warm-up: first-call costs are not a token's
         rollout_rewards(policy, records[:1], rc.n, seed)
     batches: list[list[PromptRecord]] = []
     draws: list[TimedCall] = []

@@ -325,16 +325,20 @@ def test_the_probe_does_not_score_for_a_candidate_a_measured_one_beats(setting, 
     assert plan.costs.score_s > 0 and plan.costs.fixed.fit_s > 0
 
 
-def test_the_calibrations_rollouts_are_the_probes_largest_generate_call(setting, tmp_path):
+def test_the_calibrations_rollouts_are_the_probes_largest_generate_call(setting, tmp_path, monkeypatch):
     """Where the calibrate stage drew its rollouts in this process (``Calibration.draw``) in calls at least as
-    large as the baseline's, the probe times only the small call and takes the calibration's as its largest: its
-    tokens, seconds and decode steps (each engine call to its longest completion) as they were, one generate call
-    fewer, and its rollouts for the lengths by level and the update's groups. Without the draw (a loaded
-    calibration), with a draw smaller than the baseline's call, or with one no cheaper a token than the small call
-    (a cold first call, a busy moment: the fit cannot then tell a decode step's cost from a token's), the probe
-    times the large call itself."""
+    large as the baseline's and took at least ``RETIME_BELOW_S``, the probe times only the small call and takes the
+    calibration's as its largest: its tokens, seconds and decode steps (each engine call to its longest
+    completion) as they were, one generate call fewer, and its rollouts for the lengths by level and the update's
+    groups. Without the draw (a loaded calibration), with a draw smaller than the baseline's call, or with one no
+    cheaper a token than the small call (a cold first call, a busy moment: the fit cannot then tell a decode step's
+    cost from a token's), the probe times the large call itself; and, without a warm-up, where the calibration's
+    call was quicker than ``RETIME_BELOW_S`` (its one sample a first call, dearer than the call again)."""
     from tasks.calibration.record import CalibrationDraw
     from tasks.calibration.reference import rollout_rewards
+    from tasks.plan import probe_generation
+
+    monkeypatch.setattr(probe_generation, "RETIME_BELOW_S", 0.0)  # first the reuse, however quick the draw
 
     cfg, pool, calibration = setting
     cfg = with_overrides(cfg, ["rollout.chunk=16"])  # the calibration's 8 x 4 rollouts in two calls of 16
@@ -375,6 +379,11 @@ def test_the_calibrations_rollouts_are_the_probes_largest_generate_call(setting,
     few = CalibrationDraw(tuple(records[:1]), rollout_rewards(policy, records[:1], 2, 5)[0], 1.25)
     _, made = probe(few)  # 2 rollouts: smaller than the baseline's call
     assert large * cfg.rollout.n in made
+    monkeypatch.undo()  # RETIME_BELOW_S as shipped: the same draw, quicker than it, is timed again, warm
+    assert probe_generation.RETIME_BELOW_S > 0.5
+    again, made = probe(CalibrationDraw(tuple(records), gen, 0.5))
+    assert set(made) == {small * cfg.rollout.n, large * cfg.rollout.n}  # no warm-up: the calibration warmed it
+    assert len(again.generate.tokens) == 2 and 0.5 not in again.generate.seconds
 
 
 def test_the_probe_times_each_sides_share_of_the_threads_only_where_a_candidate_overlaps(setting, tmp_path,
