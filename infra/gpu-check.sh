@@ -114,7 +114,8 @@ reap() {  # TAG PGID: SIGKILL every process whose environment still carries the 
 
 CURRENT=""
 stop_current() {  # on Ctrl-C or SIGTERM of the check: the running part's group and its tagged processes go too
-  [ -n "$CURRENT" ] && { kill -KILL -- "-${CURRENT%%:*}" 2>/dev/null; reap "${CURRENT#*:}" "${CURRENT%%:*}" >/dev/null; }
+  [ -n "$CURRENT" ] && { kill -KILL -- "-${CURRENT%%:*}" 2>/dev/null
+                         reap "${CURRENT#*:}" "${CURRENT%%:*}" >/dev/null; }
   echo "gpu-check: interrupted" | tee -a "$OUT/verdicts.txt"
   exit 130
 }
