@@ -82,6 +82,26 @@ def test_a_part_that_hangs_is_killed_at_its_limit_and_the_others_results_are_kep
     assert took < 300
 
 
+def test_a_check_stopped_midway_takes_its_running_part_and_the_parts_strays_with_it(tmp_path):
+    """SIGTERM to the check while ``update`` hangs (it ignores SIGTERM, its child sits in a session of its own):
+    the check says it was interrupted, exits 130 at once, and leaves no process that carries the part's tag."""
+    env = {**os.environ, "CHECK_DEVICE": "cpu", "CHECK_HANG": "update", "LIMIT_update": "120", "OUT": str(tmp_path),
+           "PY": sys.executable, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(["bash", str(ROOT / "infra" / "gpu-check.sh"), "update", "attention"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "update.log"
+    deadline = time.monotonic() + 120
+    while not (log.exists() and "hanging on purpose" in log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.terminate()
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert (tmp_path / "verdicts.txt").read_text().splitlines()[-1] == "gpu-check: interrupted"
+    assert "== attention" not in out
+    time.sleep(0.5)  # a SIGKILLed process may take a moment to go
+    assert not _tagged(f"rlsift-check-{proc.pid}-update"), "a process of the stopped part outlived the check"
+
+
 def test_reap_kills_every_tagged_process_and_counts_only_those_outside_the_parts_group(tmp_path):
     """gpu-check.sh's ``reap``, run on its own: two tagged processes, one still in the part's process group (as a
     member the group's SIGKILL reached but that has not finished exiting looks) and one in a session of its own.
