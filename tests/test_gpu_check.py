@@ -98,8 +98,10 @@ def test_a_check_stopped_midway_takes_its_running_part_and_the_parts_strays_with
     assert proc.returncode == 130, out
     assert (tmp_path / "verdicts.txt").read_text().splitlines()[-1] == "gpu-check: interrupted"
     assert "== attention" not in out
-    time.sleep(0.5)  # a SIGKILLed process may take a moment to go
-    assert not _tagged(f"rlsift-check-{proc.pid}-update"), "a process of the stopped part outlived the check"
+    tag, deadline = f"rlsift-check-{proc.pid}-update", time.monotonic() + 30
+    while _tagged(tag) and time.monotonic() < deadline:  # a SIGKILLed process may take a moment to go
+        time.sleep(0.2)
+    assert not _tagged(tag), "a process of the stopped part outlived the check"
 
 
 def test_reap_kills_every_tagged_process_and_counts_only_those_outside_the_parts_group(tmp_path):

@@ -32,11 +32,11 @@ from tasks.policy import Policy
 CHEAPER_A_TOKEN = 0.95
 
 #: The calibration's call stands for the large call only where it took at least this many seconds. It is one
-#: sample and the run's first call at its size, which costs more than the same call again: 1.08-1.15x in
-#: `rlsift run` and 1.24-1.41x in `rlsift bench`'s runs on 2 CPU cores (the tiny default, 512 rollouts; the first
-#: call's allocations), enough to charge plain GRPO's step 15-20 % too much. Below it, timing the large call again
-#: costs a few tenths of a second; above it, the first call's extra is a small share of a call that would cost
-#: seconds to repeat.
+#: sample and the run's first call at its size, which costs more than the same call again: 1.06-1.15x in
+#: `rlsift run` and `rlsift plan`, 1.08-1.39x in `rlsift bench`'s runs on 2 CPU cores (the tiny default, 512
+#: rollouts; the first call's allocations), enough to charge plain GRPO's step 15 % too much. Below it, timing the
+#: large call again costs a few tenths of a second; above it, the first call's extra is a small share of a call that
+#: would cost seconds to repeat.
 RETIME_BELOW_S = 2.0
 
 #: One timed generate call: its rollouts, its seconds, its decode steps (each engine call to its longest completion).
@@ -51,13 +51,13 @@ def probe_generation(policy: Policy, rc: RolloutConfig, records: list[PromptReco
     small, large = sizes
     drawn = calibration_call(drawn_by_calibration, large * rc.n, rc.chunk if rc.engine == "hf" else 0)
     warm = drawn is not None  # the calibration's call warmed the engine
+    why = ""
     if drawn is not None and drawn[1][1] < RETIME_BELOW_S:
-        drawn = None
+        drawn, why = None, " (the calibration's call, a first call, timed again at this size)"
+    elif drawn is not None:
+        why = f" (the calibration's {len(drawn[0])} x {drawn[1][0].n}, drawn and timed already, as the largest)"
     first = (small,) if drawn is not None else (small, large)
-    say(f"probe: generation, calls of {' and '.join(map(str, first))} prompts x {rc.n} rollouts" + (
-        f" (the calibration's {len(drawn[0])} x {drawn[1][0].n}, drawn and timed already, as the largest)"
-        if drawn is not None else " (the calibration's call, a first call, timed again at this size)" if warm
-        else ""))
+    say(f"probe: generation, calls of {' and '.join(map(str, first))} prompts x {rc.n} rollouts{why}")
     if not warm:  # warm-up: first-call costs are not a token's
         rollout_rewards(policy, records[:1], rc.n, seed)
     batches: list[list[PromptRecord]] = []
